@@ -1,0 +1,41 @@
+# keda-gpu-scaler: `make run` starts the demo, `make test` installs what is missing and runs the tests.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: help run test proto lint bench image clean
+
+help: ## show the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml setup.py
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+keda_gpu_scaler/_proto/externalscaler_pb2.py: proto/externalscaler.proto scripts/gen_proto.py $(STAMP)
+	$(PY) scripts/gen_proto.py
+
+proto: keda_gpu_scaler/_proto/externalscaler_pb2.py ## generate the gRPC stubs (never committed)
+
+run: proto ## start the scaler with the simulated demo GPU fleet on loopback
+	$(PY) -m keda_gpu_scaler demo
+
+test: proto ## install what is missing and run the whole test suite
+	bash scripts/ensure-system-deps.sh
+	$(PY) -m pytest -q
+
+lint: proto ## ruff and mypy --strict
+	$(PY) -m ruff check keda_gpu_scaler tests bench
+	$(PY) -m ruff format --check keda_gpu_scaler tests bench
+	$(PY) -m mypy
+
+bench: proto ## run the benchmarks and rewrite docs/BENCHMARKS.md
+	$(PY) -m bench
+
+image: ## build the container image
+	docker build -t keda-gpu-scaler:dev .
+
+clean: ## remove the virtual environment and generated files
+	rm -rf $(VENV) keda_gpu_scaler/_proto build *.egg-info

@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench` measures them and writes docs/BENCHMARKS.md."""

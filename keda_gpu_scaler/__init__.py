@@ -1,0 +1,1 @@
+"""keda-gpu-scaler: a KEDA external scaler for GPU workloads."""

@@ -1,0 +1,149 @@
+"""Composition root: builds every part from Settings, owns start-up and the ordered shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import grpc
+from aiohttp import web
+
+from keda_gpu_scaler.collect.scrape import Interest, ScrapeCollector, ScrapeLimits
+from keda_gpu_scaler.collect.store import Store
+from keda_gpu_scaler.evaluator import Evaluator
+from keda_gpu_scaler.service import ExternalScalerService, HealthStatus, add_services
+from keda_gpu_scaler.settings import Settings
+from keda_gpu_scaler.telemetry import Telemetry, http_app
+
+log = logging.getLogger(__name__)
+
+
+def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    if settings.tls_cert_file is None or settings.tls_key_file is None:
+        return None
+    key = settings.tls_key_file.read_bytes()
+    chain = settings.tls_cert_file.read_bytes()
+    client_ca = settings.tls_client_ca_file.read_bytes() if settings.tls_client_ca_file else None
+    return grpc.ssl_server_credentials(
+        [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class App:
+    """The running scaler. start() binds the ports (port 0 picks a free one), stop() shuts down in order."""
+
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.telemetry = Telemetry()
+        self.store = Store()
+        self.interest = Interest(settings.interest_ttl, clock)
+        self.evaluator = Evaluator(
+            store=self.store,
+            interest=self.interest,
+            telemetry=self.telemetry,
+            max_staleness=settings.max_staleness,
+            clock=clock,
+        )
+        self.service = ExternalScalerService(
+            evaluator=self.evaluator,
+            store=self.store,
+            telemetry=self.telemetry,
+            stream_recheck_seconds=settings.scrape_interval,
+        )
+        self.health = HealthStatus()
+        self.grpc_port = 0
+        self.http_port = 0
+        self._session: aiohttp.ClientSession | None = None
+        self._collector: ScrapeCollector | None = None
+        self._server: grpc.aio.Server | None = None
+        self._http: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=s.scrape_concurrency), auto_decompress=True
+        )
+        self._collector = ScrapeCollector(
+            session=self._session,
+            store=self.store,
+            interest=self.interest,
+            limits=ScrapeLimits(s.scrape_interval, s.scrape_timeout, s.max_page_bytes, s.scrape_concurrency),
+            telemetry=self.telemetry,
+            clock=self.clock,
+        )
+        for url in s.exporter_urls:
+            self._collector.add(url)
+
+        self._server = grpc.aio.server()
+        add_services(self._server, self.service, self.health)
+        credentials = server_credentials(s)
+        if credentials is None:
+            self.grpc_port = self._server.add_insecure_port(s.grpc_address)
+        else:
+            self.grpc_port = self._server.add_secure_port(s.grpc_address, credentials)
+        await self._server.start()
+        await self.health.set_serving(True)
+
+        self._http = web.AppRunner(http_app(self.telemetry), access_log=None)
+        await self._http.setup()
+        host, port = _split_address(s.http_address)
+        site = web.TCPSite(self._http, host, port)
+        await site.start()
+        self.http_port = self._http.addresses[0][1]
+        self.telemetry.ready = True
+        log.info(
+            "serving gRPC on %s (port %d, %s), HTTP on %s (port %d); %d exporter(s)",
+            s.grpc_address,
+            self.grpc_port,
+            "plaintext" if credentials is None else "mTLS" if s.tls_client_ca_file else "TLS",
+            s.http_address,
+            self.http_port,
+            len(s.exporter_urls),
+        )
+
+    def add_exporter(self, url: str) -> None:
+        assert self._collector is not None, "start() first"
+        self._collector.add(url)
+
+    async def stop(self) -> None:
+        """Health NOT_SERVING, streams end with OK, in-flight calls finish within the grace, then the rest."""
+        self.telemetry.ready = False
+        await self.health.set_serving(False)
+        self.service.close_streams()
+        if self._server is not None:
+            await self._server.stop(self.settings.shutdown_grace)
+        if self._collector is not None:
+            await self._collector.stop()
+        if self._http is not None:
+            await self._http.cleanup()
+        if self._session is not None:
+            await self._session.close()
+        log.info("stopped")
+
+
+async def run_until_signalled(app: App, alongside: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Start the app (and `alongside`, if given), wait for SIGTERM or SIGINT, stop both."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await app.start()
+    extra = asyncio.create_task(alongside()) if alongside else None
+    try:
+        await stopping.wait()
+        log.info("signal received: shutting down")
+    finally:
+        if extra is not None:
+            extra.cancel()
+            await asyncio.gather(extra, return_exceptions=True)
+        await app.stop()

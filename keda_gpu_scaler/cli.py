@@ -1,0 +1,131 @@
+"""Command line: `serve` (the main job), `demo` (serve + a simulated GPU fleet) and `explain` (one-shot)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from keda_gpu_scaler.settings import FLAGS, SettingsError, build_settings, env_values, kubernetes_available
+from keda_gpu_scaler.telemetry import configure_logging
+
+log = logging.getLogger("keda_gpu_scaler")
+
+DESCRIPTION = """\
+KEDA external scaler that scales GPU workloads on the GPU utilisation or memory of their own pods.
+
+  keda-gpu-scaler serve --exporter-url http://node-a:9400/metrics   the main job (KEDA calls it on :6000)
+  keda-gpu-scaler demo                                             try it: a simulated GPU fleet on loopback
+  keda-gpu-scaler explain --exporter-url URL --namespace NS podNamePrefix=vllm- threshold=70
+"""
+
+
+def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
+    for flag in FLAGS:
+        default_text = f" (default: {flag.default})" if flag.default else ""
+        parser.add_argument(
+            flag.name,
+            dest=flag.dest,
+            action="append" if flag.repeatable else "store",
+            choices=flag.choices,
+            metavar=None if flag.choices else flag.dest.split("_")[-1].upper(),
+            help=f"{flag.help}{default_text}; env {flag.env}",
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="keda-gpu-scaler", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{serve,demo,explain}")
+
+    serve = commands.add_parser("serve", help="run the external scaler (the main job)")
+    _add_serve_flags(serve)
+
+    demo = commands.add_parser("demo", help="run the scaler with a simulated GPU fleet on loopback")
+    demo.add_argument("--grpc-address", default="127.0.0.1:6000", help="gRPC address (default: 127.0.0.1:6000)")
+    demo.add_argument("--http-address", default="127.0.0.1:8080", help="HTTP address (default: 127.0.0.1:8080)")
+    demo.add_argument(
+        "--control-port", type=int, default=8081, help="port of the fleet's load control endpoint (default: 8081)"
+    )
+    demo.add_argument("--scrape-interval", default="2", help="seconds between scrapes (default: 2)")
+    demo.add_argument("--watch-interval", type=float, default=5.0, help="seconds between status lines (0: off)")
+
+    explain = commands.add_parser("explain", help="scrape once and print what the scaler sees for a target")
+    explain.add_argument("--exporter-url", action="append", required=True, help="exporter endpoint; repeatable")
+    explain.add_argument("--namespace", required=True, help="the ScaledObject's namespace")
+    explain.add_argument("--name", default="explain", help="a ScaledObject name to show (default: explain)")
+    explain.add_argument("--scrape-timeout", default="3", help="seconds per scrape (default: 3)")
+    explain.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    explain.add_argument("metadata", nargs="+", metavar="KEY=VALUE", help="trigger metadata, e.g. threshold=70")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "demo":
+            return _demo(args)
+        return _explain(args)
+    except SettingsError as error:
+        print(f"keda-gpu-scaler: {error}", file=sys.stderr)
+        return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from keda_gpu_scaler.app import App, run_until_signalled
+
+    values = env_values()
+    values.update({flag.dest: v for flag in FLAGS if (v := getattr(args, flag.dest)) is not None})
+    settings = build_settings(values)
+    configure_logging(settings.log_level, settings.log_format)
+    if settings.prometheus_url:
+        raise SettingsError("--prometheus-url: the Prometheus source is not available in this version")
+    if settings.kubernetes == "on":
+        raise SettingsError("--kubernetes=on: Kubernetes discovery is not available in this version; use off")
+    if settings.kubernetes == "auto" and kubernetes_available(os.environ):
+        log.warning("Kubernetes found, but discovery is not available in this version: triggers need podNamePrefix")
+    if not settings.exporter_urls:
+        log.warning("no --exporter-url given: every call will answer UNAVAILABLE until exporters are configured")
+    asyncio.run(run_until_signalled(App(settings)))
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from keda_gpu_scaler.demo_runner import run_demo
+
+    configure_logging("info", "text")
+    settings = build_settings(
+        {
+            "grpc_address": args.grpc_address,
+            "http_address": args.http_address,
+            "scrape_interval": args.scrape_interval,
+            "kubernetes": "off",
+        }
+    )
+    asyncio.run(run_demo(settings, control_port=args.control_port, watch_interval=args.watch_interval))
+    return 0
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from keda_gpu_scaler.explain import explain_once, render_table
+
+    configure_logging("warning", "text")
+    metadata: dict[str, str] = {}
+    for item in args.metadata:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SettingsError(f"metadata {item!r} is not KEY=VALUE")
+        metadata[key] = value
+    settings = build_settings(
+        {"exporter_url": args.exporter_url, "scrape_timeout": args.scrape_timeout, "kubernetes": "off"}
+    )
+    entry = asyncio.run(explain_once(settings, args.namespace, args.name, metadata))
+    print(json.dumps(entry, indent=2, default=str) if args.json else render_table(entry))
+    return 0 if "error" not in entry else 1

@@ -1,0 +1,161 @@
+"""Scrape collector: fetches exporter pages in the background, only while some trigger wants them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from keda_gpu_scaler.collect.store import Page, Store
+from keda_gpu_scaler.exposition import ExpositionError, parse_exposition
+from keda_gpu_scaler.telemetry import Telemetry
+from keda_gpu_scaler.vendors import SAMPLE_NAMES, readings_from_samples
+
+log = logging.getLogger(__name__)
+
+# Failures back off exponentially up to this, so a dead exporter is not hammered every interval.
+MAX_BACKOFF_SECONDS = 60.0
+JITTER = 0.1
+
+
+class PageTooLarge(Exception):
+    pass
+
+
+class Interest:
+    """Remembers when triggers last asked for data; collection runs only while that is recent."""
+
+    def __init__(self, ttl: float, clock: Callable[[], float]) -> None:
+        self._ttl = ttl
+        self._clock = clock
+        self._last_touch: float | None = None
+        self._woken = asyncio.Event()
+
+    def touch(self) -> None:
+        first = not self.wanted()
+        self._last_touch = self._clock()
+        if first:
+            # Start collecting at once rather than at the next idle check.
+            self._woken.set()
+
+    def wanted(self) -> bool:
+        return self._last_touch is not None and self._clock() - self._last_touch < self._ttl
+
+    async def wait_until_wanted(self, timeout: float) -> None:
+        if self.wanted():
+            return
+        self._woken.clear()
+        try:
+            await asyncio.wait_for(self._woken.wait(), timeout)
+        except TimeoutError:
+            pass
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeLimits:
+    interval: float
+    timeout: float
+    max_page_bytes: int
+    concurrency: int
+
+
+async def fetch_page(session: aiohttp.ClientSession, url: str, timeout: float, max_bytes: int) -> bytes:
+    """GET an exporter page; errors are exceptions whose text says what went wrong."""
+    async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
+        if response.status != 200:
+            raise aiohttp.ClientResponseError(
+                response.request_info, (), status=response.status, message=response.reason or ""
+            )
+        if response.content_length is not None and response.content_length > max_bytes:
+            raise PageTooLarge(f"page is {response.content_length} bytes; the limit is {max_bytes}")
+        body = bytearray()
+        async for chunk in response.content.iter_chunked(65536):
+            body += chunk
+            if len(body) > max_bytes:
+                raise PageTooLarge(f"page exceeds the limit of {max_bytes} bytes")
+        return bytes(body)
+
+
+def describe_error(error: BaseException, timeout: float) -> str:
+    if isinstance(error, TimeoutError):
+        return f"timed out after {timeout:g}s"
+    if isinstance(error, aiohttp.ClientResponseError):
+        return f"HTTP {error.status} {error.message}".strip()
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+class ScrapeCollector:
+    """One task per exporter URL: scrape, parse only the wanted families, normalise, store."""
+
+    def __init__(
+        self,
+        *,
+        session: aiohttp.ClientSession,
+        store: Store,
+        interest: Interest,
+        limits: ScrapeLimits,
+        telemetry: Telemetry,
+        clock: Callable[[], float],
+    ) -> None:
+        self._session = session
+        self._store = store
+        self._interest = interest
+        self._limits = limits
+        self._telemetry = telemetry
+        self._clock = clock
+        self._semaphore = asyncio.Semaphore(limits.concurrency)
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def add(self, url: str) -> None:
+        if url in self._tasks:
+            return
+        self._store.add_source(url)
+        self._tasks[url] = asyncio.create_task(self._run(url), name=f"scrape {url}")
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def scrape_once(self, url: str) -> bool:
+        """Scrape one exporter now; records the page or the failure in the store. True on success."""
+        started = self._clock()
+        try:
+            async with self._semaphore:
+                body = await fetch_page(self._session, url, self._limits.timeout, self._limits.max_page_bytes)
+            samples = parse_exposition(body, SAMPLE_NAMES)
+            page = Page.from_readings(url, self._clock(), readings_from_samples(samples))
+        except asyncio.CancelledError:
+            raise
+        except (aiohttp.ClientError, TimeoutError, OSError, PageTooLarge, ExpositionError) as error:
+            message = describe_error(error, self._limits.timeout)
+            if isinstance(error, ExpositionError):
+                message = f"not a valid metrics page: {error}"
+            self._store.record_failure(url, message, self._clock())
+            self._telemetry.scrape_done(url, ok=False, seconds=self._clock() - started)
+            log.warning("scrape of %s failed: %s", url, message)
+            return False
+        self._store.record_page(page)
+        self._telemetry.scrape_done(url, ok=True, seconds=self._clock() - started)
+        return True
+
+    async def _run(self, url: str) -> None:
+        interval = self._limits.interval
+        # Spread the first scrapes so many exporters are not fetched in one burst.
+        await asyncio.sleep(random.uniform(0, min(interval, 1.0) * JITTER))
+        failures = 0
+        while True:
+            await self._interest.wait_until_wanted(timeout=interval)
+            if not self._interest.wanted():
+                continue
+            ok = await self.scrape_once(url)
+            failures = 0 if ok else failures + 1
+            delay = interval if ok else min(interval * 2 ** (failures - 1), max(MAX_BACKOFF_SECONDS, interval))
+            # Jitter only shortens the wait: data must never be older than one interval because of it.
+            await asyncio.sleep(delay * random.uniform(1 - JITTER, 1))

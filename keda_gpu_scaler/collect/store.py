@@ -1,0 +1,133 @@
+"""The sample store: the last page of every exporter, normalised to GPU readings, each knowing its age."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from keda_gpu_scaler.vendors import GpuReading
+
+# Without Kubernetes, pods seen this recently on an exporter that is now failing or stale still count as
+# target pods (as missing ones), so one dead exporter cannot shrink the value (SPEC §4).
+RECENTLY_SEEN_SECONDS = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One successful collection from one source, grouped by namespace for per-trigger look-ups."""
+
+    source: str
+    collected_at: float  # monotonic seconds
+    by_namespace: dict[str, tuple[GpuReading, ...]]
+
+    @classmethod
+    def from_readings(cls, source: str, collected_at: float, readings: Iterable[GpuReading]) -> Page:
+        grouped: defaultdict[str, list[GpuReading]] = defaultdict(list)
+        for reading in readings:
+            grouped[reading.namespace].append(reading)
+        return cls(source, collected_at, {ns: tuple(rs) for ns, rs in grouped.items()})
+
+
+@dataclass(slots=True)
+class SourceState:
+    source: str
+    last_page: Page | None = None
+    last_error: str | None = None
+    last_attempt_at: float | None = None
+    consecutive_failures: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class NamespaceView:
+    """What the store knows of one namespace at one instant."""
+
+    readings: tuple[GpuReading, ...]  # from fresh pages only
+    fresh_sources: int
+    sources: int
+    # pod → reason, for pods seen recently on a source that is now failing or stale
+    recently_seen: dict[str, str] = field(default_factory=dict)
+    problems: tuple[str, ...] = ()  # one line per source without fresh data
+
+
+class Store:
+    """Holds each source's last good page and its failures; tells waiters when anything changes."""
+
+    def __init__(self) -> None:
+        self._sources: dict[str, SourceState] = {}
+        self._version = 0
+        self._changed = asyncio.Event()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def sources(self) -> list[SourceState]:
+        return list(self._sources.values())
+
+    def add_source(self, source: str) -> None:
+        self._sources.setdefault(source, SourceState(source))
+
+    def remove_source(self, source: str) -> None:
+        if self._sources.pop(source, None) is not None:
+            self._bump()
+
+    def record_page(self, page: Page) -> None:
+        state = self._sources.setdefault(page.source, SourceState(page.source))
+        state.last_page = page
+        state.last_error = None
+        state.last_attempt_at = page.collected_at
+        state.consecutive_failures = 0
+        self._bump()
+
+    def record_failure(self, source: str, error: str, at: float) -> None:
+        state = self._sources.setdefault(source, SourceState(source))
+        state.last_error = error
+        state.last_attempt_at = at
+        state.consecutive_failures += 1
+        self._bump()
+
+    def view(self, namespace: str, now: float, max_staleness: float) -> NamespaceView:
+        readings: list[GpuReading] = []
+        recently_seen: dict[str, str] = {}
+        problems: list[str] = []
+        fresh = 0
+        for state in self._sources.values():
+            page = state.last_page
+            age = None if page is None else now - page.collected_at
+            if page is not None and age is not None and age <= max_staleness:
+                fresh += 1
+                readings.extend(page.by_namespace.get(namespace, ()))
+                continue
+            reason = (
+                f"{state.source}: {state.last_error or 'no data yet'}"
+                if age is None or state.last_error
+                else f"{state.source}: last data {age:.1f}s old (max staleness {max_staleness:g}s)"
+            )
+            if age is not None and state.last_error:
+                reason += f"; last data {age:.1f}s old"
+            problems.append(reason)
+            if page is not None and age is not None and age <= RECENTLY_SEEN_SECONDS:
+                for reading in page.by_namespace.get(namespace, ()):
+                    recently_seen.setdefault(reading.pod, reason)
+        return NamespaceView(tuple(readings), fresh, len(self._sources), recently_seen, tuple(problems))
+
+    async def wait_for_change(self, seen_version: int, timeout: float) -> None:
+        """Return once the store has moved past seen_version, or after timeout (data also ages)."""
+        if self._version != seen_version:
+            return
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        except TimeoutError:
+            pass
+
+    def wake_all(self) -> None:
+        """Wake every waiter (used at shutdown)."""
+        self._bump()
+
+    def _bump(self) -> None:
+        self._version += 1
+        # Replace the event so waiters that arrive later block until the next change, not this one.
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()

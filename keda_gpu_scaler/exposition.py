@@ -1,0 +1,242 @@
+"""Fast, filtered parser for the Prometheus text exposition format (version 0.0.4)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Set
+from typing import NamedTuple
+
+
+class Sample(NamedTuple):
+    name: str
+    labels: dict[str, str]
+    value: float
+    timestamp_ms: int | None
+
+
+class ExpositionError(ValueError):
+    """A page that is not valid text exposition; the message names the line and the reason."""
+
+
+# One C-speed match takes a sample line apart: name, label set, value, optional timestamp. Blanks and
+# tabs are the only whitespace the format knows inside a line. The label set runs to the last "}" since
+# neither a value nor a timestamp may hold one; what is inside is checked separately (_parse_labels).
+# Braces are kept out of the value and the timestamp so that backtracking over the "}"s stays linear, and
+# all whitespace, because float() and int() would quietly strip it.
+_SAMPLE = re.compile(
+    r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:[ \t]*\{(.*)\}[ \t]*|[ \t]+)([^\s{}]+)(?:[ \t]+([^\s{}]+))?"
+)
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+# The label sets exporters actually print: no blanks, no escapes, maybe a trailing comma. In such a set
+# every '",' ends a value, so after this one C-speed check it can be taken apart with str.split.
+_PLAIN_PAIR = r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*"'
+_PLAIN_LABELS = re.compile(rf"(?:{_PLAIN_PAIR},)*{_PLAIN_PAIR},?")
+_BLANKS = (" ", "\t")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def parse_exposition(page: str | bytes, names: Set[str] | None = None) -> list[Sample]:
+    """Return the samples of `page` whose name is in `names` (all samples when `names` is None).
+
+    Samples come back in page order. Only the lines that are kept are validated: a line whose name is not
+    wanted is skipped on its first characters without reading the rest, even if the rest is garbage.
+    That is where the speed comes from (a dcgm-exporter page has ~30 families, a trigger needs ~5), and
+    a broken line of another family cannot change what our lines mean.
+    """
+    text = _decode(page)
+    # str.startswith with a tuple runs in C; on most lines of a filtered parse it is the only work done.
+    wanted = None if names is None else tuple(names)
+    # Exporters repeat each GPU's label set in every family, so each distinct set is parsed once per page.
+    # Bounded by the page: a cache that lives only for this call.
+    label_sets: dict[str, dict[str, str]] = {}
+    samples: list[Sample] = []
+    for index, line in enumerate(text.split("\n")):
+        if wanted is not None and not line.startswith(wanted):
+            # The format allows blanks before a sample; they are rare, so only then pay for a strip.
+            if not line.startswith(_BLANKS):
+                continue
+            line = line.lstrip(" \t")
+            if not line.startswith(wanted):
+                continue
+        # "\r" is stripped too, so CRLF pages parse like LF pages.
+        line = line.strip(" \t\r")
+        if not line or line[0] == "#":  # blank line, or # HELP / # TYPE / any other comment
+            continue
+        sample = _parse_sample(line, index + 1, names, label_sets)
+        if sample is not None:
+            samples.append(sample)
+    return samples
+
+
+def _decode(page: str | bytes) -> str:
+    if isinstance(page, str):
+        return page
+    try:
+        return page.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line_number = page.count(b"\n", 0, exc.start) + 1
+        raise ExpositionError(f"line {line_number}: invalid UTF-8") from None
+
+
+def _error(line_number: int, reason: str) -> ExpositionError:
+    return ExpositionError(f"line {line_number}: {reason}")
+
+
+def _parse_sample(
+    line: str, line_number: int, names: Set[str] | None, label_sets: dict[str, dict[str, str]]
+) -> Sample | None:
+    """Parse one sample line (stripped, not a comment); None if its name is not wanted."""
+    match = _SAMPLE.fullmatch(line)
+    if match is None:
+        _reject(line, line_number, names)
+        return None
+    name, block, value_text, timestamp_text = match.groups()
+    # startswith only showed that a wanted name is a prefix: "gpu_used_vram" also starts "gpu_used_vram_x".
+    if names is not None and name not in names:
+        return None
+    if block is None:
+        labels = {}
+    else:
+        labels = label_sets.get(block)
+        if labels is None:
+            labels = label_sets[block] = _parse_labels(block, line_number)
+        labels = dict(labels)  # samples must not share a mutable dict
+    return Sample(
+        name,
+        labels,
+        _parse_value(value_text, line_number),
+        None if timestamp_text is None else _parse_timestamp(timestamp_text, line_number),
+    )
+
+
+def _reject(line: str, line_number: int, names: Set[str] | None) -> None:
+    """Say what is wrong with a line that _SAMPLE does not match, unless its name is not wanted."""
+    match = _METRIC_NAME.match(line)
+    if match is None:
+        raise _error(line_number, f"invalid metric name in {_excerpt(line)}")
+    name = match.group()
+    if names is not None and name not in names:
+        return
+    rest = line[match.end() :]
+    if rest and rest[0] not in " \t{":
+        raise _error(line_number, f"invalid character {rest[0]!r} in metric name {name!r}")
+    rest = rest.lstrip(" \t")
+    if rest.startswith("{"):
+        close = rest.rfind("}")
+        if close < 0:
+            raise _error(line_number, f"label set of {name!r} not closed")
+        _parse_labels(rest[1:close], line_number)  # an error here comes first on the line
+        rest = rest[close + 1 :]
+    fields = rest.split()
+    if not fields:
+        raise _error(line_number, f"missing value for {name!r}")
+    if len(fields) > 2:
+        raise _error(line_number, f"unexpected text after the timestamp of {name!r}: {_excerpt(rest)}")
+    raise _error(line_number, f"malformed value or timestamp of {name!r}: {_excerpt(rest)}")
+
+
+def _parse_labels(block: str, line_number: int) -> dict[str, str]:
+    """Parse the text between "{" and "}": `name="value"` pairs separated by commas."""
+    if not block:
+        return {}
+    if _PLAIN_LABELS.fullmatch(block):
+        # Drop a trailing comma and the last value's closing quote; then '",' separates the pairs.
+        pairs = block.removesuffix(",")[:-1].split('",')
+        labels = dict(pair.split('="', 1) for pair in pairs)
+        # A duplicate or reserved name is an error: leave it to the full parser below to report it.
+        if len(labels) == len(pairs) and "__name__" not in labels:
+            return labels
+    return _parse_labels_fully(block, line_number)
+
+
+def _parse_labels_fully(block: str, line_number: int) -> dict[str, str]:
+    """Parse any label set the format allows (blanks, escapes), or say what is wrong with it."""
+    labels: dict[str, str] = {}
+    pos = 0
+    while True:
+        while block.startswith(_BLANKS, pos):
+            pos += 1
+        if pos == len(block):  # the end of the block is the "}": empty set, or after a trailing comma
+            return labels
+        equals = block.find("=", pos)
+        if equals < 0:
+            raise _error(line_number, f'expected label="value" in label set, got {_excerpt(block[pos:])}')
+        label = block[pos:equals].rstrip(" \t")
+        # ASCII identifiers are exactly the format's label names: [a-zA-Z_][a-zA-Z0-9_]*.
+        if not (label.isascii() and label.isidentifier()):
+            raise _error(line_number, f"invalid label name {_excerpt(label)}")
+        if label == "__name__":
+            raise _error(line_number, "label name '__name__' is reserved")
+        pos = equals + 1
+        while block.startswith(_BLANKS, pos):
+            pos += 1
+        if not block.startswith('"', pos):
+            raise _error(line_number, f"value of label {label!r} is not quoted")
+        value, pos = _read_label_value(block, pos + 1, line_number, label)
+        if label in labels:
+            raise _error(line_number, f"duplicate label name {label!r}")
+        labels[label] = value
+        while block.startswith(_BLANKS, pos):
+            pos += 1
+        if block.startswith(",", pos):
+            pos += 1
+        elif pos != len(block):
+            raise _error(line_number, f"expected ',' or '}}' after the value of label {label!r}")
+
+
+def _read_label_value(block: str, start: int, line_number: int, label: str) -> tuple[str, int]:
+    """Read a label value from `start` (after its opening quote); return it and the index after its end.
+
+    \\\\, \\" and \\n are the format's escapes. Any other backslash is kept as it is, as the Prometheus
+    server and prometheus_client do, rather than failing a whole page on it.
+    """
+    parts: list[str] = []
+    pos = start
+    quote = -1
+    while True:
+        # Each quote and each backslash is searched for once, so a value full of escapes stays linear.
+        if quote < pos:
+            quote = block.find('"', pos)
+            if quote < 0:
+                raise _error(line_number, f"unterminated value of label {label!r}")
+        backslash = block.find("\\", pos, quote)
+        if backslash < 0:
+            parts.append(block[pos:quote])
+            return "".join(parts), quote + 1
+        parts.append(block[pos:backslash])
+        escaped = block[backslash + 1]  # exists: the quote comes after the backslash
+        if escaped == "n":
+            parts.append("\n")
+        elif escaped in ('"', "\\"):
+            parts.append(escaped)
+        else:
+            parts.append("\\" + escaped)
+        pos = backslash + 2
+
+
+def _parse_value(text: str, line_number: int) -> float:
+    # float() also takes "1_000" and non-ASCII digits; Go's ParseFloat, which defines the format, does not.
+    # Both take NaN, Inf, +Inf and -Inf in any case.
+    if text.isascii() and "_" not in text:
+        try:
+            return float(text)
+        except ValueError:
+            pass
+    raise _error(line_number, f"value {_excerpt(text)} is not a number")
+
+
+def _parse_timestamp(text: str, line_number: int) -> int:
+    if text.isascii() and "_" not in text:
+        try:
+            timestamp = int(text)
+        except ValueError:
+            pass
+        else:
+            if _INT64_MIN <= timestamp <= _INT64_MAX:
+                return timestamp
+    raise _error(line_number, f"timestamp {_excerpt(text)} is not a 64-bit integer of milliseconds")
+
+
+def _excerpt(text: str, limit: int = 60) -> str:
+    """Quote a piece of a bad line for an error message without copying a huge line into it."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")

@@ -1,0 +1,169 @@
+"""Pure arithmetic: GPU readings → pod values → the workload value, missing pods, activation, HPA what-if."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+from keda_gpu_scaler.errors import NoData
+from keda_gpu_scaler.trigger import Aggregation, GpuAggregation, Metric, TriggerSpec
+from keda_gpu_scaler.vendors import Family, GpuReading, utilization_for
+
+# Kubernetes' HPA leaves replicas alone while the usage ratio is within 10 % of 1.
+HPA_TOLERANCE = 0.1
+# Order in which one pod's families are preferred; a pod's value never mixes two families.
+FAMILY_PRIORITY: tuple[Family, ...] = (Family.ACK, Family.NVIDIA, Family.AMD)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuValue:
+    gpu: str
+    host: str
+    value: float
+
+
+@dataclass(frozen=True, slots=True)
+class PodValue:
+    pod: str
+    family: Family
+    value: float
+    gpus: tuple[GpuValue, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIf:
+    """The replicas an HPA would ask for given the returned value and the current replica count."""
+
+    current_replicas: int
+    average_value: int  # metricType AverageValue (KEDA's default): ceil(value / target)
+    value: int  # metricType Value: ceil(current × value / target)
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    value: float
+    active: bool
+    aggregation: Aggregation
+    pods: tuple[PodValue, ...]  # pods with fresh data
+    missing_pods: tuple[str, ...]  # target pods without fresh data
+    missing_pod_value: float  # what each missing pod counted as (0 or threshold)
+    what_if: WhatIf
+
+
+def gpu_value(reading: GpuReading, spec: TriggerSpec) -> float | None:
+    if spec.metric is Metric.MEMORY:
+        return reading.memory
+    return utilization_for(reading, spec.nvidia_field)
+
+
+def pod_values(readings: Iterable[GpuReading], spec: TriggerSpec) -> dict[str, PodValue]:
+    """One value per pod: the pod's GPUs of its preferred family, combined with gpuAggregation."""
+    allowed = spec.vendor.families
+    by_pod: dict[str, dict[Family, dict[str, GpuValue]]] = {}
+    for reading in readings:
+        if reading.family not in allowed:
+            continue
+        value = gpu_value(reading, spec)
+        if value is None:
+            continue
+        gpus = by_pod.setdefault(reading.pod, {}).setdefault(reading.family, {})
+        # Keyed by GPU so the same GPU reported twice (e.g. by two scrapes of one page) counts once.
+        gpus[reading.gpu] = GpuValue(reading.gpu, reading.host, value)
+    result: dict[str, PodValue] = {}
+    for pod, families in by_pod.items():
+        family = next(f for f in FAMILY_PRIORITY if f in families)
+        gpus = tuple(families[family].values())
+        values = [g.value for g in gpus]
+        combined = max(values) if spec.gpu_aggregation is GpuAggregation.MAX else sum(values) / len(values)
+        result[pod] = PodValue(pod, family, combined, gpus)
+    return result
+
+
+def aggregate(values: Collection[float], aggregation: Aggregation) -> float:
+    if not values:
+        return 0.0
+    if aggregation is Aggregation.SUM:
+        return math.fsum(values)
+    if aggregation is Aggregation.MEAN:
+        return math.fsum(values) / len(values)
+    return max(values)
+
+
+def desired_replicas_average_value(value: float, target: float, current: int) -> int:
+    """HPA External metric, AverageValue: ceil(total / target), unless within tolerance of current."""
+    if current > 0 and abs(value / (target * current) - 1) <= HPA_TOLERANCE:
+        return current
+    return math.ceil(value / target)
+
+
+def desired_replicas_value(value: float, target: float, current: int) -> int:
+    """HPA External metric, Value: ceil(current × value / target), unless within tolerance."""
+    ratio = value / target
+    if abs(ratio - 1) <= HPA_TOLERANCE:
+        return current
+    return math.ceil(current * ratio)
+
+
+def _replicas_called_for(value: float, aggregation: Aggregation, threshold: float, pods: int) -> int:
+    # A total is read as AverageValue; a per-pod mean or max as Value (the metricType each suits).
+    if aggregation is Aggregation.SUM:
+        return math.ceil(value / threshold)
+    return math.ceil(pods * value / threshold)
+
+
+def evaluate(
+    reporting: dict[str, PodValue],
+    missing: Collection[str],
+    spec: TriggerSpec,
+    aggregation: Aggregation,
+) -> Evaluation:
+    """The workload value over the target pods = reporting pods ∪ missing pods (SPEC §4, missing data).
+
+    Raises NoData when fewer than half of the target pods, or none, have fresh data.
+    """
+    missing = tuple(sorted(set(missing) - reporting.keys()))
+    total = len(reporting) + len(missing)
+    pods = tuple(reporting[name] for name in sorted(reporting))
+    if total == 0:
+        return _result(0.0, spec, aggregation, pods, missing, 0.0)
+    if not reporting or 2 * len(reporting) < total:
+        raise NoData(
+            f"only {len(reporting)} of {total} target pods have fresh GPU data"
+            f" (missing: {', '.join(missing[:10])}{' …' if len(missing) > 10 else ''}); at least half are needed"
+        )
+    reported = [p.value for p in pods]
+    fill = 0.0
+    if missing:
+        # Like the HPA for Pods metrics: missing pods count as 0 only when the reporting pods alone already
+        # call for more replicas than exist; otherwise as exactly the target, so a gap never scales down.
+        with_zero = aggregate(reported + [0.0] * len(missing), aggregation)
+        if _replicas_called_for(with_zero, aggregation, spec.threshold, total) <= total:
+            fill = spec.threshold
+    value = aggregate(reported + [fill] * len(missing), aggregation)
+    return _result(value, spec, aggregation, pods, missing, fill)
+
+
+def _result(
+    value: float,
+    spec: TriggerSpec,
+    aggregation: Aggregation,
+    pods: tuple[PodValue, ...],
+    missing: tuple[str, ...],
+    fill: float,
+) -> Evaluation:
+    current = len(pods) + len(missing)
+    what_if = WhatIf(
+        current_replicas=current,
+        average_value=desired_replicas_average_value(value, spec.threshold, current),
+        value=desired_replicas_value(value, spec.threshold, current),
+    )
+    return Evaluation(
+        value=value,
+        active=value > spec.activation_threshold,
+        aggregation=aggregation,
+        pods=pods,
+        missing_pods=missing,
+        missing_pod_value=fill,
+        what_if=what_if,
+    )

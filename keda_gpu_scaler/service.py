@@ -1,0 +1,187 @@
+"""The ExternalScaler gRPC servicer, health and reflection; maps domain errors to gRPC status codes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_gpu_scaler.collect.store import Store
+from keda_gpu_scaler.errors import ConfigError, NoData, ScalerError, UnknownMetric
+from keda_gpu_scaler.evaluator import Evaluator
+from keda_gpu_scaler.telemetry import Telemetry
+from keda_gpu_scaler.trigger import TriggerSpec, parse_trigger
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExternalScaler"].full_name
+HEALTH_SERVICES = ("", "liveness", "readiness")
+_STATUS_FOR_ERROR: dict[type[ScalerError], grpc.StatusCode] = {
+    ConfigError: grpc.StatusCode.INVALID_ARGUMENT,
+    NoData: grpc.StatusCode.UNAVAILABLE,
+    UnknownMetric: grpc.StatusCode.NOT_FOUND,
+}
+
+
+def round_half_up(value: float) -> int:
+    return math.floor(value + 0.5)
+
+
+class ExternalScalerService(pb_grpc.ExternalScalerServicer):
+    def __init__(
+        self,
+        *,
+        evaluator: Evaluator,
+        store: Store,
+        telemetry: Telemetry,
+        stream_recheck_seconds: float,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._evaluator = evaluator
+        self._store = store
+        self._telemetry = telemetry
+        self._stream_recheck = stream_recheck_seconds
+        self._clock = clock
+        self._closing = False
+
+    def close_streams(self) -> None:
+        """End every open StreamIsActive with status OK (KEDA then reconnects without backoff)."""
+        self._closing = True
+        self._store.wake_all()
+
+    @contextmanager
+    def _observe(self, method: str) -> Iterator[None]:
+        started = self._clock()
+        code = grpc.StatusCode.OK
+        try:
+            yield
+        except ScalerError as error:
+            code = _STATUS_FOR_ERROR[type(error)]
+            raise
+        except Exception:
+            code = grpc.StatusCode.INTERNAL
+            raise
+        finally:
+            self._telemetry.rpc_requests.labels(method, code.name).inc()
+            self._telemetry.rpc_duration.labels(method).observe(self._clock() - started)
+
+    async def GetMetricSpec(self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            with self._observe("GetMetricSpec"):
+                # No I/O here: KEDA calls it on every poll and HPA request, and its failure defeats fallback.
+                # KEDA calls it first, when it reconciles the ScaledObject: collection starts then, so
+                # data is there by the first GetMetrics.
+                spec = self._spec(request)
+                self._evaluator.want(spec)
+                metric = pb.MetricSpec(
+                    metricName=spec.metric_name,
+                    targetSize=math.ceil(spec.threshold),
+                    targetSizeFloat=spec.threshold,
+                )
+                return pb.GetMetricSpecResponse(metricSpecs=[metric])
+        except ScalerError as error:
+            await _abort(context, error)
+
+    async def GetMetrics(self, request: pb.GetMetricsRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            with self._observe("GetMetrics"):
+                ref = request.scaledObjectRef
+                spec = self._spec(ref)
+                if request.metricName.lower() != spec.metric_name.lower():
+                    raise UnknownMetric(
+                        f"metric {request.metricName!r} is not served by this trigger; it serves {spec.metric_name!r}"
+                    )
+                evaluation = self._evaluator.evaluate(ref.namespace, ref.name, spec)
+                value = pb.MetricValue(
+                    metricName=spec.metric_name,
+                    metricValue=round_half_up(evaluation.value),
+                    metricValueFloat=evaluation.value,
+                )
+                return pb.GetMetricsResponse(metricValues=[value])
+        except ScalerError as error:
+            await _abort(context, error)
+
+    async def IsActive(self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            with self._observe("IsActive"):
+                spec = self._spec(request)
+                evaluation = self._evaluator.evaluate(request.namespace, request.name, spec)
+                return pb.IsActiveResponse(result=evaluation.active)
+        except ScalerError as error:
+            await _abort(context, error)
+
+    async def StreamIsActive(
+        self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.IsActiveResponse]:
+        try:
+            with self._observe("StreamIsActive"):
+                spec = self._spec(request)
+                self._evaluator.check(spec)
+        except ScalerError as error:
+            await _abort(context, error)
+        self._telemetry.open_streams.inc()
+        try:
+            async for _ in self._activations(request, spec):
+                self._telemetry.stream_pushes.inc()
+                yield pb.IsActiveResponse(result=True)
+        finally:
+            self._telemetry.open_streams.dec()
+
+    async def _activations(self, ref: pb.ScaledObjectRef, spec: TriggerSpec) -> AsyncIterator[None]:
+        """Yield once per inactive→active transition (and at once if active when opened). Never false.
+
+        Every `true` restarts KEDA's cooldown, so repeating it while active would delay scale-to-zero.
+        While data is missing the last known state is kept: an outage is not a transition.
+        """
+        was_active = False
+        while not self._closing:
+            seen = self._store.version
+            try:
+                active = self._evaluator.evaluate(ref.namespace, ref.name, spec).active
+            except NoData:
+                active = was_active
+            if active and not was_active:
+                yield None
+            was_active = active
+            # Data also ages without any change, so re-check at least every recheck interval.
+            await self._store.wait_for_change(seen, self._stream_recheck)
+
+    def _spec(self, ref: pb.ScaledObjectRef) -> TriggerSpec:
+        return parse_trigger(ref.scalerMetadata)
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: ScalerError) -> NoReturn:
+    await context.abort(_STATUS_FOR_ERROR[type(error)], str(error))
+    raise AssertionError("unreachable: abort raises")
+
+
+class HealthStatus:
+    """The grpc.health.v1 services of the scaler: SERVING while running, NOT_SERVING once shutting down."""
+
+    def __init__(self) -> None:
+        self.servicer = health.aio.HealthServicer()
+
+    async def set_serving(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in (*HEALTH_SERVICES, SERVICE_NAME):
+            await self.servicer.set(name, status)
+
+
+def add_services(server: grpc.aio.Server, scaler: ExternalScalerService, health_status: HealthStatus) -> None:
+    pb_grpc.add_ExternalScalerServicer_to_server(scaler, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_status.servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
+    )
+
+

@@ -1,0 +1,197 @@
+"""Trigger metadata → a typed, validated, immutable TriggerSpec (SPEC §3), parsed once per distinct map."""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import lru_cache
+from typing import Any
+
+from keda_gpu_scaler.errors import ConfigError
+from keda_gpu_scaler.vendors import Family, NvidiaField
+
+
+class Metric(StrEnum):
+    UTILIZATION = "utilization"
+    MEMORY = "memory"
+
+
+class GpuAggregation(StrEnum):
+    MEAN = "mean"
+    MAX = "max"
+
+
+class Aggregation(StrEnum):
+    SUM = "sum"
+    MEAN = "mean"
+    MAX = "max"
+
+
+class Vendor(StrEnum):
+    AUTO = "auto"
+    NVIDIA = "nvidia"
+    AMD = "amd"
+    ACK = "ack"
+
+    @property
+    def families(self) -> frozenset[Family]:
+        if self is Vendor.AUTO:
+            return frozenset(Family)
+        return frozenset({Family(self.value)})
+
+
+class Source(StrEnum):
+    SCRAPE = "scrape"
+    PROMETHEUS = "prometheus"
+
+
+# KEDA forwards these with every call; they configure KEDA's side of the connection, not ours.
+KEDA_OWN_KEYS = frozenset({"scalerAddress", "enableTLS", "unsafeSsl"})
+
+MAX_METADATA_KEYS = 64
+MAX_METADATA_VALUE_CHARS = 1024
+# A metric name becomes a path segment of the HPA's external metric (`s0-<name>`).
+_METRIC_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,198}[A-Za-z0-9])?$")
+_POD_NAME_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251})?$")
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerSpec:
+    metric: Metric
+    threshold: float
+    activation_threshold: float
+    pod_selector: str | None
+    pod_name_prefix: str | None
+    gpu_aggregation: GpuAggregation
+    aggregation: Aggregation | None  # None: not given, chosen from the trigger's metricType (sum by default)
+    vendor: Vendor
+    nvidia_field: NvidiaField
+    source: Source | None  # None: the server's default source
+    metric_name: str
+
+    @property
+    def effective_aggregation(self) -> Aggregation:
+        return self.aggregation or Aggregation.SUM
+
+
+def _enum_parser(enum: type[StrEnum]) -> Callable[[str, str], Any]:
+    allowed = ", ".join(member.value for member in enum)
+
+    def parse(key: str, raw: str) -> StrEnum:
+        try:
+            return enum(raw)
+        except ValueError:
+            raise ConfigError(f"metadata {key}={raw!r} is not allowed; use one of: {allowed}") from None
+
+    return parse
+
+
+def _number(key: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"metadata {key}={raw!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"metadata {key}={raw!r} must be a finite number")
+    return value
+
+
+def _threshold(key: str, raw: str) -> float:
+    value = _number(key, raw)
+    if not 0 < value <= 100:
+        raise ConfigError(f"metadata {key}={raw!r} is out of range; allowed: a percentage with 0 < {key} <= 100")
+    return value
+
+
+def _activation_threshold(key: str, raw: str) -> float:
+    value = _number(key, raw)
+    if value < 0:
+        raise ConfigError(f"metadata {key}={raw!r} is out of range; allowed: a finite number >= 0")
+    return value
+
+
+def _metric_name(key: str, raw: str) -> str:
+    if not _METRIC_NAME.match(raw):
+        raise ConfigError(
+            f"metadata {key}={raw!r} is not a valid metric name; allowed: 1-200 letters, digits, '-', '_' or '.',"
+            " starting and ending with a letter or digit"
+        )
+    return raw
+
+
+def _pod_name_prefix(key: str, raw: str) -> str:
+    if not _POD_NAME_PREFIX.match(raw):
+        raise ConfigError(
+            f"metadata {key}={raw!r} is not a pod name prefix; allowed: lower-case letters, digits, '-' and '.',"
+            " starting with a letter or digit"
+        )
+    return raw
+
+
+def _pod_selector(key: str, raw: str) -> str:
+    if not raw.strip():
+        raise ConfigError(f"metadata {key}={raw!r} is empty; allowed: a Kubernetes label selector")
+    return raw.strip()
+
+
+# The one table of keys: metadata key → (TriggerSpec field, parser, default when absent).
+_REQUIRED = object()
+_KEYS: dict[str, tuple[str, Callable[[str, str], Any], Any]] = {
+    "metric": ("metric", _enum_parser(Metric), Metric.UTILIZATION),
+    "threshold": ("threshold", _threshold, _REQUIRED),
+    "activationThreshold": ("activation_threshold", _activation_threshold, 0.0),
+    "podSelector": ("pod_selector", _pod_selector, None),
+    "podNamePrefix": ("pod_name_prefix", _pod_name_prefix, None),
+    "gpuAggregation": ("gpu_aggregation", _enum_parser(GpuAggregation), GpuAggregation.MEAN),
+    "aggregation": ("aggregation", _enum_parser(Aggregation), None),
+    "vendor": ("vendor", _enum_parser(Vendor), Vendor.AUTO),
+    "nvidiaField": ("nvidia_field", _enum_parser(NvidiaField), NvidiaField.AUTO),
+    "source": ("source", _enum_parser(Source), None),
+    "metricName": ("metric_name", _metric_name, None),
+}
+METADATA_KEYS: tuple[str, ...] = tuple(_KEYS)
+DEFAULT_METRIC_NAMES = {Metric.UTILIZATION: "gpu-utilization", Metric.MEMORY: "gpu-memory"}
+
+
+def parse_trigger(metadata: Mapping[str, str]) -> TriggerSpec:
+    """Validate trigger metadata; raises ConfigError naming the key, the value and what is allowed."""
+    if len(metadata) > MAX_METADATA_KEYS:
+        raise ConfigError(f"metadata has {len(metadata)} keys; at most {MAX_METADATA_KEYS} are allowed")
+    return _parse_cached(frozenset(metadata.items()))
+
+
+@lru_cache(maxsize=4096)
+def _parse_cached(items: frozenset[tuple[str, str]]) -> TriggerSpec:
+    # KEDA sends the same map on every poll: parsing once per distinct map keeps validation off the hot path.
+    fields: dict[str, Any] = {}
+    for key, raw in sorted(items):
+        if key in KEDA_OWN_KEYS:
+            continue
+        if key not in _KEYS:
+            raise ConfigError(_unknown_key_message(key))
+        if len(raw) > MAX_METADATA_VALUE_CHARS:
+            raise ConfigError(f"metadata {key} is {len(raw)} characters long; at most {MAX_METADATA_VALUE_CHARS}")
+        field, parser, _ = _KEYS[key]
+        fields[field] = parser(key, raw)
+    for key, (field, _, default) in _KEYS.items():
+        if field in fields:
+            continue
+        if default is _REQUIRED:
+            raise ConfigError(f"metadata {key} is required; allowed: a percentage with 0 < {key} <= 100")
+        fields[field] = default
+    if fields["metric_name"] is None:
+        fields["metric_name"] = DEFAULT_METRIC_NAMES[fields["metric"]]
+    if fields["pod_selector"] is not None and fields["pod_name_prefix"] is not None:
+        raise ConfigError("metadata podSelector and podNamePrefix exclude each other; give one of them")
+    return TriggerSpec(**fields)
+
+
+def _unknown_key_message(key: str) -> str:
+    allowed = sorted(set(_KEYS) | KEDA_OWN_KEYS)
+    close = difflib.get_close_matches(key, allowed, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"metadata key {key!r} is unknown{hint}; allowed keys: {', '.join(allowed)}"

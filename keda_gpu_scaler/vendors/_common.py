@@ -1,0 +1,120 @@
+"""Types and helpers shared by the vendor modules: readings, pod identity, value normalisation."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from keda_gpu_scaler.exposition import Sample
+
+
+class Family(StrEnum):
+    """Pod-value source families, in priority order for one pod (see SPEC §4)."""
+
+    ACK = "ack"
+    NVIDIA = "nvidia"
+    AMD = "amd"
+
+
+class NvidiaField(StrEnum):
+    AUTO = "auto"
+    GPU_UTIL = "gpu_util"
+    GR_ENGINE_ACTIVE = "gr_engine_active"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU (or MIG instance, or time-sliced share) as used by one pod, normalised to percentages."""
+
+    family: Family
+    namespace: str
+    pod: str
+    gpu: str
+    host: str
+    utilization: float | None
+    engine_active: float | None
+    mig: bool
+    memory: float | None
+
+
+PodKey = tuple[str, str]
+"""(namespace, pod)."""
+
+# Label pairs naming a sample's pod, most specific first. `exported_*` first: when a page comes through
+# Prometheus with honorLabels false, `namespace`/`pod` are the scrape target (the exporter's own pod) and
+# the workload moved to `exported_*`. ACK's CamelCase per-process pair and dcgm-exporter's
+# `--use-old-namespace` pair come before `namespace`/`pod` for the same reason: where both exist, the
+# plain pair is the target's.
+POD_LABELS: tuple[tuple[str, str], ...] = (
+    ("exported_namespace", "exported_pod"),
+    ("NamespaceName", "PodName"),
+    ("pod_namespace", "pod_name"),
+    ("namespace", "pod"),
+)
+
+
+class PodResolver:
+    """Finds the pod a sample belongs to; knows the scrape targets' own pods so it never reports them.
+
+    Through Prometheus with honorLabels false, a GPU that has no workload pod still carries the exporter's
+    own `namespace`/`pod` target labels. Those pairs are learnt from the samples that show both a workload
+    (`exported_pod`) and a target pair, and are then read as "no pod" everywhere on the page.
+    """
+
+    __slots__ = ("_targets",)
+
+    def __init__(self, samples: Iterable[Sample] = ()) -> None:
+        targets: set[PodKey] = set()
+        for sample in samples:
+            labels = sample.labels
+            if labels.get("exported_pod") and labels.get("pod") and labels.get("namespace"):
+                targets.add((labels["namespace"], labels["pod"]))
+        self._targets = frozenset(targets)
+
+    def pod_of(self, labels: Mapping[str, str]) -> PodKey | None:
+        for namespace_key, pod_key in POD_LABELS:
+            namespace = labels.get(namespace_key, "")
+            pod = labels.get(pod_key, "")
+            if namespace and pod:
+                if (namespace_key, pod_key) == ("namespace", "pod") and (namespace, pod) in self._targets:
+                    return None
+                return namespace, pod
+        return None
+
+
+def finite_or_none(value: float) -> float | None:
+    """NaN and ±Inf samples carry no reading (a dcgm field that failed, a stale gauge)."""
+    return value if math.isfinite(value) else None
+
+
+def clamp_percent(value: float | None) -> float | None:
+    if value is None:
+        return None
+    return min(100.0, max(0.0, value))
+
+
+def percent_of(used: float | None, total: float | None) -> float | None:
+    if used is None or total is None or total <= 0:
+        return None
+    return clamp_percent(used / total * 100.0)
+
+
+def remember(values: dict[str, float | None], name: str, value: float) -> None:
+    """Keep one value per name: the last finite one; NaN/Inf only marks the series as present.
+
+    A page can print one series twice (two scrape jobs behind one Prometheus, one value per container of
+    a pod): they are the same quantity, so the last one wins instead of being added.
+    """
+    number = finite_or_none(value)
+    if number is not None or name not in values:
+        values[name] = number
+
+
+def host_of(labels: Mapping[str, str], keys: Iterable[str]) -> str:
+    for key in keys:
+        host = labels.get(key)
+        if host:
+            return host
+    return ""

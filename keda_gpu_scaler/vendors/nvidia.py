@@ -1,0 +1,141 @@
+"""NVIDIA dcgm-exporter pages (and the DCGM_FI_* families of ACK's exporter) turned into per-pod readings."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from keda_gpu_scaler.exposition import Sample
+from keda_gpu_scaler.vendors._common import (
+    Family,
+    GpuReading,
+    PodKey,
+    PodResolver,
+    clamp_percent,
+    host_of,
+    percent_of,
+    remember,
+)
+
+GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # %, integer duty cycle
+GR_ENGINE_ACTIVE = "DCGM_FI_PROF_GR_ENGINE_ACTIVE"  # ratio 0-1
+FB_USED = "DCGM_FI_DEV_FB_USED"  # MiB
+FB_FREE = "DCGM_FI_DEV_FB_FREE"  # MiB
+FB_RESERVED = "DCGM_FI_DEV_FB_RESERVED"  # MiB, since 4.3.1-4.4.0
+FB_TOTAL = "DCGM_FI_DEV_FB_TOTAL"  # MiB, not exported by default; ACK prints it
+
+SAMPLE_NAMES = frozenset({GPU_UTIL, GR_ENGINE_ACTIVE, FB_USED, FB_FREE, FB_RESERVED, FB_TOTAL})
+
+# Families whose pod-labelled series can be the pod's own value rather than a copy of the device's.
+# dcgm-exporter (internal/pkg/transformation/kubernetes.go and process_metrics.go, main 2026) with
+# --kubernetes-virtual-gpus: for the fields isPerProcessMetric() names (GPU_UTIL and FB_USED; one
+# revision adds GR_ENGINE_ACTIVE) it keeps the original device-level series, without pod labels, and
+# adds one series per sharing pod whose value is the sum of that pod's processes (NVML per-PID data,
+# "0" for a pod with no process), always labelled `pod_uid`, plus `vgpu` when the device plugin names a
+# replica. Every other field, and these fields when no per-process data exist for the device, is
+# replaced by one copy of the device value per sharing pod (`vgpu`; `pod_uid` only with
+# --kubernetes-enable-pod-uid). So neither `pod_uid` nor `vgpu` alone tells a true value from a copy:
+# what does is a device-level series of the same family on the same GPU beside pod-labelled ones
+# carrying `pod_uid`. That is the test below, made per family so the GR_ENGINE_ACTIVE revision works too.
+_MAYBE_PER_POD = (GPU_UTIL, GR_ENGINE_ACTIVE, FB_USED)
+
+_HOST_LABELS = ("Hostname", "hostname", "NodeName")  # `hostname` after dcgm-exporter #655; ACK NodeName
+
+
+@dataclass(slots=True)
+class _PodSeries:
+    values: dict[str, float | None] = field(default_factory=dict)
+    with_uid: set[str] = field(default_factory=set)  # families whose series for this pod carried pod_uid
+
+
+@dataclass(slots=True)
+class _Gpu:
+    gpu: str
+    host: str
+    mig: bool
+    device: dict[str, float | None] = field(default_factory=dict)  # series without a pod
+    pods: dict[PodKey, _PodSeries] = field(default_factory=dict)
+
+    def per_pod(self, name: str) -> bool:
+        return name in self.device and any(name in series.with_uid for series in self.pods.values())
+
+    def device_value(self, name: str, pod: PodKey) -> float | None:
+        """A device-wide quantity (FB_FREE, the GPU's total FB_USED, ...) for the memory denominator."""
+        if name in self.device:
+            return self.device[name]
+        # Copies of a device value are identical on every sharing pod: the pod's own first, then any.
+        own = self.pods[pod].values.get(name)
+        if own is not None:
+            return own
+        return next((s.values[name] for s in self.pods.values() if s.values.get(name) is not None), None)
+
+    def pod_value(self, name: str, pod: PodKey) -> float | None:
+        """The pod's share of a utilisation or memory-used family, or None when it cannot be known."""
+        series = self.pods[pod]
+        if self.per_pod(name):
+            return series.values.get(name)
+        if len(self.pods) > 1:
+            # A device value copied onto several pods belongs to none of them alone: counting it for
+            # each would add the GPU up once per sharing pod.
+            return None
+        if name in series.values:
+            return series.values[name]
+        return self.device.get(name)
+
+
+def _gpu_key(labels: dict[str, str]) -> tuple[str, str, str]:
+    """(host, GPU identity, MIG instance); UUIDs are global, the host only keeps index fallbacks apart."""
+    host = host_of(labels, _HOST_LABELS)
+    uuid = labels.get("UUID") or labels.get("uuid") or labels.get("device") or labels.get("gpu", "")
+    return host, uuid, labels.get("GPU_I_ID", "")
+
+
+def readings(samples: Sequence[Sample], resolver: PodResolver) -> list[GpuReading]:
+    gpus: dict[tuple[str, str, str], _Gpu] = {}
+    for sample in samples:
+        host, uuid, instance = _gpu_key(sample.labels)
+        key = (host, uuid, instance)
+        gpu = gpus.get(key)
+        if gpu is None:
+            identity = f"{uuid}/{instance}" if instance else uuid
+            gpu = gpus[key] = _Gpu(gpu=identity, host=host, mig=bool(instance))
+        pod = resolver.pod_of(sample.labels)
+        if pod is None:
+            remember(gpu.device, sample.name, sample.value)
+            continue
+        series = gpu.pods.get(pod)
+        if series is None:
+            series = gpu.pods[pod] = _PodSeries()
+        remember(series.values, sample.name, sample.value)
+        if sample.labels.get("pod_uid"):
+            series.with_uid.add(sample.name)
+
+    result: list[GpuReading] = []
+    for gpu in gpus.values():
+        for pod in gpu.pods:
+            result.append(_reading(gpu, pod))
+    return result
+
+
+def _reading(gpu: _Gpu, pod: PodKey) -> GpuReading:
+    engine = gpu.pod_value(GR_ENGINE_ACTIVE, pod)
+    used = gpu.pod_value(FB_USED, pod)
+    total = gpu.device_value(FB_TOTAL, pod)
+    if total is None:
+        # The whole GPU's memory, also for a time-sliced pod whose `used` is only its own share.
+        device_used = gpu.device_value(FB_USED, pod) if gpu.per_pod(FB_USED) else used
+        free = gpu.device_value(FB_FREE, pod)
+        reserved = gpu.device_value(FB_RESERVED, pod) or 0.0
+        if device_used is not None and free is not None:
+            total = device_used + free + reserved
+    return GpuReading(
+        family=Family.NVIDIA,
+        namespace=pod[0],
+        pod=pod[1],
+        gpu=gpu.gpu,
+        host=gpu.host,
+        utilization=clamp_percent(gpu.pod_value(GPU_UTIL, pod)),
+        engine_active=clamp_percent(None if engine is None else engine * 100.0),
+        mig=gpu.mig,
+        memory=percent_of(used, total),
+    )

@@ -1,0 +1,396 @@
+"""The demo fleet on loopback: realistic exporter pages, a load control, loads that move with the clock."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from keda_gpu_scaler.demo import DemoFleet
+
+SEED = 7
+START = 1_000.0
+
+DCGM_LABEL_ORDER = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"]
+DCGM_POD_LABELS = ["container", "namespace", "pod"]
+AMD_MANDATORY_LABELS = {
+    "gpu_id",
+    "card_model",
+    "serial_number",
+    "hostname",
+    "gpu_partition_id",
+    "gpu_compute_partition_type",
+    "gpu_memory_partition_type",
+    "deployment_mode",
+    "pod",
+    "namespace",
+    "container",
+    "job_id",
+    "job_user",
+    "job_partition",
+}
+GO_FLOAT = re.compile(r"^-?(?:\d+(?:\.\d+)?(?:e[+-]\d{2,})?|NaN|\+Inf|-Inf)$")
+SERIES_LINE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = START
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def fleet(clock: FakeClock) -> AsyncIterator[DemoFleet]:
+    fleet = DemoFleet(clock=clock, seed=SEED)
+    await fleet.start()
+    try:
+        yield fleet
+    finally:
+        await fleet.stop()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        yield session
+
+
+async def fetch(http: aiohttp.ClientSession, url: str) -> str:
+    async with http.get(url) as response:
+        assert response.status == 200, await response.text()
+        assert response.headers["Content-Type"].startswith("text/plain")
+        return await response.text()
+
+
+async def control(http: aiohttp.ClientSession, fleet: DemoFleet, path: str, **query: str) -> tuple[int, Any]:
+    async with http.get(fleet.control_url + path, params=query) as response:
+        return response.status, await response.json()
+
+
+def url_of(fleet: DemoFleet, node: str) -> str:
+    return fleet.exporter_urls[fleet.nodes.index(node)]
+
+
+def samples(page: str, family: str) -> list[Sample]:
+    found = [s for f in text_string_to_metric_families(page) if f.name == family for s in f.samples]
+    assert found, f"no {family} on the page"
+    return found
+
+
+def series_lines(page: str) -> list[re.Match[str]]:
+    lines = [line for line in page.splitlines() if line and not line.startswith("#")]
+    matches = [SERIES_LINE.match(line) for line in lines]
+    assert all(matches), [line for line, m in zip(lines, matches, strict=True) if m is None]
+    return [m for m in matches if m is not None]
+
+
+def label_keys(match: re.Match[str]) -> list[str]:
+    return re.findall(r'([A-Za-z_][A-Za-z0-9_]*)="', match["labels"])
+
+
+def utilisation_by_pod(pages: dict[str, str]) -> dict[str, list[float]]:
+    """Per pod, the utilisation each of its GPUs prints (DCGM_FI_DEV_GPU_UTIL or gpu_gfx_activity)."""
+    result: dict[str, list[float]] = {}
+    for page in pages.values():
+        family = "DCGM_FI_DEV_GPU_UTIL" if "DCGM_FI_DEV_GPU_UTIL" in page else "gpu_gfx_activity"
+        for sample in samples(page, family):
+            pod = sample.labels.get("pod", "")
+            if pod:
+                result.setdefault(pod, []).append(sample.value)
+    return result
+
+
+async def all_pages(http: aiohttp.ClientSession, fleet: DemoFleet) -> dict[str, str]:
+    return {node: await fetch(http, url) for node, url in zip(fleet.nodes, fleet.exporter_urls, strict=True)}
+
+
+async def test_every_exporter_serves_the_page_of_its_node(
+    fleet: DemoFleet, http: aiohttp.ClientSession
+) -> None:
+    assert fleet.nodes == ("gpu-node-a", "gpu-node-b", "mi300x-node-1")
+    assert len(fleet.exporter_urls) == 3
+    for node, url in zip(fleet.nodes, fleet.exporter_urls, strict=True):
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
+        page = await fetch(http, url)
+        assert page == fleet.render_page(node)
+        assert page.endswith("\n")
+        assert list(text_string_to_metric_families(page))
+
+
+async def test_fleet_contents(fleet: DemoFleet) -> None:
+    workloads = {w.name: w for w in fleet.workloads}
+    assert set(workloads) == {"vllm-qwen", "trainer", "vllm-llama"}
+    assert (workloads["vllm-qwen"].vendor, workloads["vllm-qwen"].gpus_per_pod) == ("nvidia", 1)
+    assert (workloads["trainer"].vendor, workloads["trainer"].gpus_per_pod) == ("nvidia", 4)
+    assert (workloads["vllm-llama"].vendor, workloads["vllm-llama"].gpus_per_pod) == ("amd", 1)
+    assert [len(w.pods) for w in (workloads["vllm-qwen"], workloads["trainer"], workloads["vllm-llama"])] == [
+        3,
+        1,
+        2,
+    ]
+    for workload in fleet.workloads:
+        assert all(pod.startswith(workload.name + "-") for pod in workload.pods)
+
+
+async def test_nvidia_pages_follow_the_dcgm_exporter_format(
+    fleet: DemoFleet, http: aiohttp.ClientSession
+) -> None:
+    gpus_of_pod: dict[str, list[tuple[str, str]]] = {}
+    for node in ("gpu-node-a", "gpu-node-b"):
+        page = await fetch(http, url_of(fleet, node))
+        names = {f.name for f in text_string_to_metric_families(page)}
+        for family in (
+            "DCGM_FI_DEV_GPU_UTIL",
+            "DCGM_FI_DEV_MEM_COPY_UTIL",
+            "DCGM_FI_DEV_FB_USED",
+            "DCGM_FI_DEV_FB_FREE",
+            "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+            "DCGM_FI_DEV_GPU_TEMP",
+            "DCGM_FI_DEV_POWER_USAGE",
+        ):
+            assert family in names
+            assert f"# HELP {family} " in page
+            assert f"# TYPE {family} gauge\n" in page
+        assert "# EOF" not in page
+        for match in series_lines(page):
+            keys = label_keys(match)
+            assert keys in (DCGM_LABEL_ORDER, DCGM_LABEL_ORDER + DCGM_POD_LABELS), match[0]
+            assert f'Hostname="{node}"' in match["labels"]
+            assert 'modelName="NVIDIA H100 80GB HBM3"' in match["labels"]
+            if match["name"] in ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"):
+                assert re.fullmatch(r"\d+", match["value"]), match[0]
+            if match["name"].startswith("DCGM_FI_PROF_"):
+                assert re.fullmatch(r"\d\.\d{6}", match["value"]), match[0]
+        for sample in samples(page, "DCGM_FI_DEV_GPU_UTIL"):
+            assert 0 <= sample.value <= 100
+            if "pod" in sample.labels:
+                assert sample.labels["namespace"] == DemoFleet.NAMESPACE
+                gpus_of_pod.setdefault(sample.labels["pod"], []).append((node, sample.labels["UUID"]))
+    workloads = {w.name: w for w in fleet.workloads}
+    qwen = workloads["vllm-qwen"].pods
+    assert all(len(gpus_of_pod[pod]) == 1 for pod in qwen)
+    assert {gpus_of_pod[pod][0][0] for pod in qwen} == {"gpu-node-a", "gpu-node-b"}
+    assert len({uuid for _, uuid in gpus_of_pod["trainer-0"]}) == 4
+
+
+async def test_the_idle_gpu_prints_no_pod_labels(fleet: DemoFleet, http: aiohttp.ClientSession) -> None:
+    page = await fetch(http, url_of(fleet, "gpu-node-a"))
+    idle = [s for s in samples(page, "DCGM_FI_DEV_GPU_UTIL") if "pod" not in s.labels]
+    assert len(idle) == 1
+    assert idle[0].value == 0
+    assert not {"pod", "namespace", "container"} & set(idle[0].labels)
+    idle_uuid = idle[0].labels["UUID"]
+    for match in series_lines(page):
+        if idle_uuid in match["labels"]:
+            assert label_keys(match) == DCGM_LABEL_ORDER
+
+
+async def test_amd_page_follows_the_device_metrics_exporter_format(
+    fleet: DemoFleet, http: aiohttp.ClientSession
+) -> None:
+    page = await fetch(http, url_of(fleet, "mi300x-node-1"))
+    names = [f.name for f in text_string_to_metric_families(page)]
+    for family in (
+        "gpu_gfx_activity",
+        "gpu_used_vram",
+        "gpu_free_vram",
+        "gpu_total_vram",
+        "gpu_package_power",
+        "gpu_junction_temperature",
+    ):
+        assert family in names
+    assert not [name for name in names if name.startswith("DCGM_")]
+    # Empty labels are printed, not left out.
+    assert 'pod=""' in page and 'namespace=""' in page and 'container=""' in page
+    lines = series_lines(page)
+    for match in lines:
+        keys = label_keys(match)
+        assert keys == sorted(keys), match[0]
+        assert set(keys) >= AMD_MANDATORY_LABELS, match[0]
+        assert GO_FLOAT.match(match["value"]), match[0]
+        assert not match["value"].endswith(".0"), match[0]
+    assert any("e+" in m["value"] for m in lines if m["name"] == "gpu_energy_consumed")
+    activity = samples(page, "gpu_gfx_activity")
+    assert {s.labels["pod"] for s in activity} == {"", "vllm-llama-0", "vllm-llama-1"}
+    for sample in activity:
+        if sample.labels["pod"]:
+            assert sample.labels["namespace"] == DemoFleet.NAMESPACE
+        else:
+            assert sample.labels["namespace"] == "" and sample.labels["container"] == ""
+
+
+async def test_pinning_a_pod_through_the_control_endpoint_changes_what_its_exporter_prints(
+    fleet: DemoFleet, clock: FakeClock, http: aiohttp.ClientSession
+) -> None:
+    twin = DemoFleet(clock=clock, seed=SEED)  # never pinned: what the pattern prints
+    qwen_pod = next(w for w in fleet.workloads if w.name == "vllm-qwen").pods[2]
+    pins = {qwen_pod: 83, "trainer-0": 42, "vllm-llama-1": 17}
+    for pod, value in pins.items():
+        status, body = await control(http, fleet, "/load", pod=pod, value=str(value))
+        assert status == 200, body
+        assert body["changed"] == {"pod": pod, "pinned": value}
+        listed = {p["name"]: p for w in body["workloads"] for p in w["pods"]}
+        assert listed[pod]["pinned"] == value
+        assert listed[pod]["load"] == value
+
+    for elapsed in (0.0, 37.0, 95.0):  # pinned means pinned, whatever the pattern does meanwhile
+        clock.now = START + elapsed
+        printed = utilisation_by_pod(await all_pages(http, fleet))
+        assert printed[qwen_pod] == [83]
+        assert printed["trainer-0"] == [42, 42, 42, 42]
+        assert printed["vllm-llama-1"] == [17]
+
+    status, body = await control(http, fleet, "/load", pod=qwen_pod, value="auto")
+    assert status == 200, body
+    assert body["changed"] == {"pod": qwen_pod, "pinned": None}
+    node_b = await fetch(http, url_of(fleet, "gpu-node-b"))
+    assert (
+        utilisation_by_pod({"b": node_b})[qwen_pod]
+        == utilisation_by_pod({"b": twin.render_page("gpu-node-b")})[qwen_pod]
+    )
+
+
+@pytest.mark.parametrize(
+    ("query", "parameter", "mentions"),
+    [
+        ({"pod": "no-such-pod", "value": "50"}, "'pod'", ["no-such-pod", "vllm-llama-0", "trainer-0"]),
+        ({"value": "50"}, "'pod'", ["vllm-llama-0"]),
+        ({"pod": "vllm-llama-0", "value": "lots"}, "'value'", ["lots", "0 to 100", "auto"]),
+        ({"pod": "vllm-llama-0", "value": "150"}, "'value'", ["150", "0 to 100", "auto"]),
+        ({"pod": "vllm-llama-0", "value": "-1"}, "'value'", ["-1", "0 to 100"]),
+        ({"pod": "vllm-llama-0", "value": "nan"}, "'value'", ["nan", "0 to 100"]),
+        ({"pod": "vllm-llama-0"}, "'value'", ["0 to 100", "auto"]),
+    ],
+)
+async def test_a_bad_load_request_gets_400_naming_the_parameter(
+    fleet: DemoFleet,
+    http: aiohttp.ClientSession,
+    query: dict[str, str],
+    parameter: str,
+    mentions: list[str],
+) -> None:
+    status, body = await control(http, fleet, "/load", **query)
+    assert status == 400
+    assert parameter in body["error"]
+    for text in mentions:
+        assert text in body["error"]
+    _, state = await control(http, fleet, "/")
+    assert all(p["pinned"] is None for w in state["workloads"] for p in w["pods"])
+
+
+async def test_control_root_lists_workloads_pods_and_loads(
+    fleet: DemoFleet, http: aiohttp.ClientSession
+) -> None:
+    status, state = await control(http, fleet, "/")
+    assert status == 200
+    assert state["namespace"] == "demo"
+    assert sorted(state["exporters"].values()) == sorted(fleet.exporter_urls)
+    assert {w["name"]: [p["name"] for p in w["pods"]] for w in state["workloads"]} == {
+        w.name: list(w.pods) for w in fleet.workloads
+    }
+    printed = utilisation_by_pod(await all_pages(http, fleet))
+    for workload in state["workloads"]:
+        for pod in workload["pods"]:
+            assert pod["load"] == sum(printed[pod["name"]]) / len(printed[pod["name"]])
+
+
+def test_set_load_names_the_unknown_pod_and_the_known_ones() -> None:
+    fleet = DemoFleet(seed=SEED)
+    with pytest.raises(ValueError, match="ghost") as caught:
+        fleet.set_load("ghost", 50)
+    assert not isinstance(caught.value, KeyError)
+    assert "vllm-llama-0" in str(caught.value) and "trainer-0" in str(caught.value)
+    with pytest.raises(ValueError, match="0 to 100"):
+        fleet.set_load("trainer-0", 101)
+
+
+async def test_loads_move_with_the_clock_and_activity_flips_within_minutes(
+    fleet: DemoFleet, clock: FakeClock, http: aiohttp.ClientSession
+) -> None:
+    step_s = 5
+    sums: dict[str, list[float]] = {w.name: [] for w in fleet.workloads}
+    for elapsed in range(0, 301, step_s):  # five simulated minutes, no sleeping
+        clock.now = START + elapsed
+        printed = utilisation_by_pod(await all_pages(http, fleet))
+        for workload in fleet.workloads:
+            sums[workload.name].append(sum(sum(printed[pod]) / len(printed[pod]) for pod in workload.pods))
+
+    for name in ("vllm-qwen", "vllm-llama"):
+        values = sums[name]
+        assert min(values) == 0, (name, values)  # idle: would scale to zero
+        assert max(values) >= 150, (name, values)  # well above a threshold of 60 per pod
+        assert len(set(values)) > 20, (name, values)  # it moves, not a step function
+        active = [value > 0 for value in values]
+        flips = [i for i in range(1, len(active)) if active[i] != active[i - 1]]
+        assert len(flips) >= 2, (name, values)
+        # Activity never stays the same for more than two minutes.
+        runs = [b - a for a, b in zip([0, *flips], [*flips, len(active)], strict=True)]
+        assert max(runs[1:-1], default=0) * step_s <= 120, (name, values)
+    # Training runs near 100 % but pauses for checkpoints.
+    assert max(sums["trainer"]) >= 90 and min(sums["trainer"]) <= 5
+
+
+def test_memory_is_flat_for_vllm_and_moves_for_training(clock: FakeClock) -> None:
+    fleet = DemoFleet(clock=clock, seed=SEED)
+    ratios: dict[str, list[float]] = {}
+    for elapsed in range(0, 301, 10):
+        clock.now = START + elapsed
+        for node in ("gpu-node-a", "gpu-node-b"):
+            page = fleet.render_page(node)
+            used = {
+                s.labels["UUID"]: (s.value, s.labels.get("pod")) for s in samples(page, "DCGM_FI_DEV_FB_USED")
+            }
+            free = {s.labels["UUID"]: s.value for s in samples(page, "DCGM_FI_DEV_FB_FREE")}
+            reserved = {s.labels["UUID"]: s.value for s in samples(page, "DCGM_FI_DEV_FB_RESERVED")}
+            for uuid, (value, pod) in used.items():
+                if pod:
+                    ratios.setdefault(pod, []).append(value / (value + free[uuid] + reserved[uuid]))
+        page = fleet.render_page("mi300x-node-1")
+        total = {s.labels["gpu_id"]: s.value for s in samples(page, "gpu_total_vram")}
+        for sample in samples(page, "gpu_used_vram"):
+            if sample.labels["pod"]:
+                ratios.setdefault(sample.labels["pod"], []).append(
+                    sample.value / total[sample.labels["gpu_id"]]
+                )
+    for pod, values in ratios.items():
+        if pod.startswith("vllm-"):
+            assert all(0.88 <= value <= 0.92 for value in values), (pod, values)
+    assert max(ratios["trainer-0"]) - min(ratios["trainer-0"]) > 0.05
+
+
+def test_pages_depend_only_on_seed_clock_and_pins(clock: FakeClock) -> None:
+    first, second, other = (DemoFleet(clock=clock, seed=s) for s in (SEED, SEED, SEED + 1))
+    for elapsed in (0.0, 61.5, 250.0):
+        clock.now = START + elapsed
+        for node in first.nodes:
+            assert first.render_page(node) == second.render_page(node)
+            assert first.render_page(node) != other.render_page(node)
+    with pytest.raises(ValueError, match="gpu-node-a"):
+        first.render_page("gpu-node-z")
+
+
+async def test_stop_closes_every_server(clock: FakeClock, http: aiohttp.ClientSession) -> None:
+    fleet = DemoFleet(clock=clock, seed=SEED)
+    await fleet.start()
+    urls = [*fleet.exporter_urls, fleet.control_url + "/"]
+    await fetch(http, urls[0])
+    await fleet.stop()
+    for url in urls:
+        with pytest.raises(aiohttp.ClientConnectionError):
+            async with http.get(url):
+                pass
+    with pytest.raises(RuntimeError):
+        _ = fleet.exporter_urls
+    await fleet.stop()  # a second stop is harmless

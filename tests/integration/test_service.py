@@ -1,0 +1,316 @@
+"""The ExternalScaler over real gRPC on loopback, fed by real loopback exporters."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support import ExporterServer, GpuLine, dcgm_page, eventually
+
+from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+
+METADATA = {"podNamePrefix": "vllm-", "threshold": "70", "scalerAddress": "keda-gpu-scaler.keda:6000"}
+
+
+def ref(metadata: dict[str, str] | None = None, name: str = "vllm", namespace: str = "llm") -> pb.ScaledObjectRef:
+    return pb.ScaledObjectRef(name=name, namespace=namespace, scalerMetadata=metadata or METADATA)
+
+
+def metrics_request(metadata: dict[str, str] | None = None, name: str = "gpu-utilization") -> pb.GetMetricsRequest:
+    return pb.GetMetricsRequest(scaledObjectRef=ref(metadata), metricName=name)
+
+
+def four_pods_at(util: float) -> str:
+    return dcgm_page([GpuLine("llm", f"vllm-{i}", util, gpu=i) for i in range(4)])
+
+
+async def value_of(scaler, metadata=None) -> float:  # type: ignore[no-untyped-def]
+    response = await scaler.stub.GetMetrics(metrics_request(metadata))
+    assert len(response.metricValues) == 1
+    return response.metricValues[0].metricValueFloat
+
+
+async def test_get_metric_spec_fills_int_and_float(make_scaler) -> None:  # type: ignore[no-untyped-def]
+    scaler = await make_scaler()
+    response = await scaler.stub.GetMetricSpec(ref(METADATA | {"threshold": "70.5"}))
+    assert len(response.metricSpecs) == 1
+    spec = response.metricSpecs[0]
+    assert (spec.metricName, spec.targetSize, spec.targetSizeFloat) == ("gpu-utilization", 71, 70.5)
+
+
+async def test_get_metric_spec_needs_no_data(make_scaler) -> None:  # type: ignore[no-untyped-def]
+    # No exporter at all: GetMetricSpec still answers (KEDA's fallback needs it to), GetMetrics does not.
+    scaler = await make_scaler()
+    assert (await scaler.stub.GetMetricSpec(ref())).metricSpecs[0].targetSizeFloat == 70
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await scaler.stub.GetMetrics(metrics_request())
+    assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
+
+
+async def test_four_pods_at_90_give_360(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    exporter = await make_exporter(four_pods_at(90))
+    scaler = await make_scaler(exporter)
+
+    async def check() -> None:
+        response = await scaler.stub.GetMetrics(metrics_request(name="GPU-Utilization"))
+        assert len(response.metricValues) == 1
+        value = response.metricValues[0]
+        assert (value.metricName, value.metricValue, value.metricValueFloat) == ("gpu-utilization", 360, 360.0)
+
+    await eventually(check)
+    assert (await scaler.stub.IsActive(ref())).result is True
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{scaler.http}/explain", params={"namespace": "llm", "name": "vllm"}) as r:
+            explanation = json.loads(await r.text())
+    assert explanation["value"] == 360
+    assert explanation["hpa"] == {"currentReplicas": 4, "desiredReplicasAverageValue": 6, "desiredReplicasValue": 21}
+    assert [p["pod"] for p in explanation["pods"]] == ["vllm-0", "vllm-1", "vllm-2", "vllm-3"]
+
+
+async def test_value_rounded_half_up(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    exporter = await make_exporter(dcgm_page([GpuLine("llm", "vllm-0", 40.5)]))
+    scaler = await make_scaler(exporter)
+
+    async def check() -> None:
+        value = (await scaler.stub.GetMetrics(metrics_request())).metricValues[0]
+        assert (value.metricValue, value.metricValueFloat) == (41, 40.5)
+
+    await eventually(check)
+
+
+async def test_unknown_metric_name_is_not_found(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    scaler = await make_scaler(await make_exporter(four_pods_at(90)))
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await scaler.stub.GetMetrics(metrics_request(name="gpu-memory"))
+    assert raised.value.code() is grpc.StatusCode.NOT_FOUND
+    assert "gpu-memory" in (raised.value.details() or "")
+
+
+async def test_other_namespace_and_other_prefix_never_counted(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    page = dcgm_page(
+        [
+            GpuLine("llm", "vllm-0", 50, gpu=0),
+            GpuLine("other", "vllm-0", 99, gpu=1),  # same pod name, another tenant
+            GpuLine("llm", "trainer-0", 99, gpu=2),
+            GpuLine("", "", 77, gpu=3),  # a GPU with no pod
+        ]
+    )
+    scaler = await make_scaler(await make_exporter(page))
+
+    async def check() -> None:
+        assert await value_of(scaler) == 50
+
+    await eventually(check)
+
+
+async def test_zero_matching_pods_is_zero_and_inactive(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    scaler = await make_scaler(await make_exporter(dcgm_page([GpuLine("llm", "trainer-0", 99)])))
+    # Wait until the exporter has been scraped (the zero must come from fresh data, not from no data).
+    await eventually(lambda: _has_page(scaler))
+    assert await value_of(scaler) == 0
+    assert (await scaler.stub.IsActive(ref())).result is False
+
+
+async def _has_page(scaler) -> None:  # type: ignore[no-untyped-def]
+    await scaler.stub.GetMetricSpec(ref())  # as KEDA does first; starts collection
+    assert any(s.last_page is not None for s in scaler.app.store.sources())
+
+
+@pytest.mark.parametrize("failure", ["status", "stopped"])
+async def test_exporter_down_is_unavailable_never_zero(make_exporter, make_scaler, failure: str) -> None:  # type: ignore[no-untyped-def]
+    exporter = await make_exporter(four_pods_at(90))
+    scaler = await make_scaler(exporter)
+
+    async def fresh() -> None:
+        assert await value_of(scaler) == 360
+
+    await eventually(fresh)
+    if failure == "status":
+        exporter.status = 500
+    else:
+        await exporter.stop()
+
+    async def unavailable() -> None:
+        for call in (scaler.stub.GetMetrics(metrics_request()), scaler.stub.IsActive(ref())):
+            try:
+                await call
+            except grpc.aio.AioRpcError as error:
+                assert error.code() is grpc.StatusCode.UNAVAILABLE
+                assert "fresh" in (error.details() or "")
+            else:
+                raise AssertionError("answered with a value while the exporter is down")
+
+    await eventually(unavailable)
+
+
+async def test_one_dead_exporter_cannot_shrink_the_value(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    a = await make_exporter(dcgm_page([GpuLine("llm", "vllm-0", 30, gpu=0), GpuLine("llm", "vllm-1", 30, gpu=1)]))
+    b = await make_exporter(dcgm_page([GpuLine("llm", "vllm-2", 30)], host="gpu-node-b"))
+    scaler = await make_scaler(a, b)
+
+    async def both() -> None:
+        assert await value_of(scaler) == 90
+
+    await eventually(both)
+    b.status = 503
+
+    async def with_missing() -> None:
+        # vllm-2 is now missing; the two reporting pods (60) do not call for more than 3 replicas,
+        # so it counts as the threshold (70): 130, never 60.
+        assert await value_of(scaler) == 130
+
+    await eventually(with_missing)
+
+
+async def test_change_at_exporter_reaches_get_metrics(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    exporter = await make_exporter(four_pods_at(10))
+    scaler = await make_scaler(exporter)
+
+    async def at(value: float) -> None:
+        assert await value_of(scaler) == value
+
+    await eventually(lambda: at(40))
+    exporter.page = four_pods_at(80)
+    await eventually(lambda: at(320), timeout=5)
+
+
+BAD_METADATA = [
+    ({"threshold": "70", "podNamePrefix": "vllm-", "thresold": "1"}, "thresold"),
+    ({"podNamePrefix": "vllm-"}, "threshold"),
+    ({"threshold": "abc", "podNamePrefix": "vllm-"}, "threshold"),
+    ({"threshold": "170", "podNamePrefix": "vllm-"}, "threshold"),
+    ({"threshold": "70", "podNamePrefix": "vllm-", "aggregation": "avg"}, "aggregation"),
+    ({"threshold": "70"}, "podNamePrefix"),
+    ({"threshold": "70", "podSelector": "app=vllm"}, "podSelector"),
+    ({"threshold": "70", "podNamePrefix": "vllm-", "source": "prometheus"}, "source"),
+]
+
+
+@pytest.mark.parametrize(("metadata", "key"), BAD_METADATA)
+async def test_bad_metadata_is_invalid_argument_on_every_rpc(make_scaler, metadata, key) -> None:  # type: ignore[no-untyped-def]
+    scaler = await make_scaler()
+    calls = [
+        scaler.stub.GetMetricSpec(ref(metadata)),
+        scaler.stub.GetMetrics(metrics_request(metadata)),
+        scaler.stub.IsActive(ref(metadata)),
+    ]
+    for call in calls:
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await call
+        assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert key in (raised.value.details() or "")
+    stream = scaler.stub.StreamIsActive(ref(metadata))
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await stream.read()
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_stream_pushes_true_once_per_activation(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    exporter = await make_exporter(four_pods_at(0))
+    scaler = await make_scaler(exporter)
+    await eventually(lambda: _has_page(scaler))
+    stream = scaler.stub.StreamIsActive(ref(METADATA | {"activationThreshold": "5"}))
+    received: list[bool] = []
+
+    async def reader() -> None:
+        async for message in stream:
+            received.append(message.result)
+
+    task = asyncio.create_task(reader())
+    pushes = scaler.app.telemetry.stream_pushes
+
+    async def scrapes_after(count: int) -> int:
+        start = exporter.requests
+
+        async def check() -> int:
+            assert exporter.requests >= start + count
+            return exporter.requests
+
+        return await eventually(check)
+
+    await scrapes_after(3)  # inactive for several collections: nothing sent
+    assert received == []
+    exporter.page = four_pods_at(50)
+
+    async def one_true() -> None:
+        assert received == [True]
+
+    await eventually(one_true)
+    await scrapes_after(4)  # stays active: no repeat (each true restarts KEDA's cooldown)
+    assert received == [True]
+    exporter.page = four_pods_at(0)
+    await eventually(lambda: _inactive(scaler))
+    await scrapes_after(2)
+    exporter.page = four_pods_at(60)
+
+    async def two_trues() -> None:
+        assert received == [True, True]
+
+    await eventually(two_trues)
+    assert pushes._value.get() == 2
+    scaler.app.service.close_streams()
+    await asyncio.wait_for(task, 5)  # the stream ended without error
+    assert await stream.code() is grpc.StatusCode.OK
+
+
+async def _inactive(scaler) -> None:  # type: ignore[no-untyped-def]
+    assert (await scaler.stub.IsActive(ref(METADATA | {"activationThreshold": "5"}))).result is False
+
+
+async def test_stream_opened_on_active_workload_sends_true_at_once(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    scaler = await make_scaler(await make_exporter(four_pods_at(50)))
+    await eventually(lambda: _has_page(scaler))
+    stream = scaler.stub.StreamIsActive(ref())
+    first = await asyncio.wait_for(stream.read(), 5)
+    assert first.result is True
+    stream.cancel()
+
+
+async def test_shutdown_health_not_serving_and_streams_end_ok(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    scaler = await make_scaler(await make_exporter(four_pods_at(50)))
+    health = health_pb2_grpc.HealthStub(scaler.channel)
+    for service in ("", "liveness", "readiness", "externalscaler.ExternalScaler"):
+        reply = await health.Check(health_pb2.HealthCheckRequest(service=service))
+        assert reply.status == health_pb2.HealthCheckResponse.SERVING
+    await eventually(lambda: _has_page(scaler))
+    stream = scaler.stub.StreamIsActive(ref())
+    assert (await asyncio.wait_for(stream.read(), 5)).result is True
+    watch = health.Watch(health_pb2.HealthCheckRequest(service="readiness"))
+    assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+    stopping = asyncio.create_task(scaler.app.stop())
+    assert (await asyncio.wait_for(watch.read(), 5)).status == health_pb2.HealthCheckResponse.NOT_SERVING
+    assert await asyncio.wait_for(stream.read(), 5) is grpc.aio.EOF
+    assert await stream.code() is grpc.StatusCode.OK
+    await asyncio.wait_for(stopping, 10)
+
+
+async def test_metrics_endpoint(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    scaler = await make_scaler(await make_exporter(four_pods_at(90)))
+    await eventually(lambda: value_of(scaler))
+    with pytest.raises(grpc.aio.AioRpcError):
+        await scaler.stub.GetMetrics(metrics_request(name="nope"))
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{scaler.http}/metrics") as r:
+            text = await r.text()
+        async with session.get(f"{scaler.http}/readyz") as r:
+            assert r.status == 200
+    assert 'keda_gpu_scaler_rpc_requests_total{code="OK",method="GetMetrics"}' in text
+    assert 'keda_gpu_scaler_rpc_requests_total{code="NOT_FOUND",method="GetMetrics"}' in text
+    assert 'keda_gpu_scaler_trigger_value{metric="gpu-utilization",namespace="llm",scaledobject="vllm"} 360.0' in text
+    assert "keda_gpu_scaler_rpc_duration_seconds_bucket" in text
+    assert "keda_gpu_scaler_open_streams 0.0" in text
+    assert 'keda_gpu_scaler_scrapes_total{result="ok"}' in text
+
+
+async def test_no_scraping_without_interest(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    exporter = await make_exporter(four_pods_at(90))
+    scaler = await make_scaler(exporter)
+    # Nothing has asked for data: a few intervals pass and the exporter is never fetched.
+    await asyncio.wait_for(scaler.app.store.wait_for_change(scaler.app.store.version, 0.6), 2)
+    assert exporter.requests == 0
+    await eventually(lambda: value_of(scaler))
+    assert exporter.requests >= 1

@@ -1,0 +1,92 @@
+"""Test support: loopback exporter servers, small exporter pages, and polling with a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import grpc
+from aiohttp import web
+
+T = TypeVar("T")
+
+
+@dataclass
+class GpuLine:
+    namespace: str
+    pod: str
+    util: float
+    gpu: int = 0
+    fb_used: int = 40000
+    fb_free: int = 41000
+
+
+def dcgm_page(gpus: list[GpuLine], host: str = "gpu-node-a") -> str:
+    """A dcgm-exporter page (GPU_UTIL, FB_USED, FB_FREE) in the exporter's own format."""
+    families = {
+        "DCGM_FI_DEV_GPU_UTIL": ("GPU utilization (in %).", lambda g: f"{g.util:g}"),
+        "DCGM_FI_DEV_FB_USED": ("Framebuffer memory used (in MiB).", lambda g: str(g.fb_used)),
+        "DCGM_FI_DEV_FB_FREE": ("Framebuffer memory free (in MiB).", lambda g: str(g.fb_free)),
+    }
+    out: list[str] = []
+    for name, (help_text, render) in families.items():
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} gauge")
+        for g in gpus:
+            pod_labels = f',container="main",namespace="{g.namespace}",pod="{g.pod}"' if g.pod else ""
+            out.append(
+                f'{name}{{gpu="{g.gpu}",UUID="GPU-{host}-{g.gpu}",pci_bus_id="00000000:{g.gpu:02d}:00.0",'
+                f'device="nvidia{g.gpu}",modelName="NVIDIA H100 80GB HBM3",Hostname="{host}",'
+                f'DCGM_FI_DRIVER_VERSION="550.144.03"{pod_labels}}} {render(g)}'
+            )
+    return "\n".join(out) + "\n"
+
+
+@dataclass
+class ExporterServer:
+    """A real aiohttp exporter on 127.0.0.1 whose page, status and delay tests change at will."""
+
+    page: str = ""
+    status: int = 200
+    delay: float = 0.0
+    requests: int = 0
+    _runner: web.AppRunner | None = field(default=None, repr=False)
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    async def start(self) -> None:
+        async def metrics(_: web.Request) -> web.Response:
+            self.requests += 1
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            return web.Response(text=self.page, status=self.status, content_type="text/plain")
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+async def eventually(check: Callable[[], Awaitable[T]], *, timeout: float = 10.0, interval: float = 0.02) -> T:
+    """Poll `check` until it returns without an assertion or RPC error, or fail at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await check()
+        except (AssertionError, grpc.RpcError):
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(interval)

@@ -1,0 +1,185 @@
+"""The replica arithmetic: pod values, aggregation, missing pods, quorum, activation, HPA what-if."""
+
+from __future__ import annotations
+
+import pytest
+
+from keda_gpu_scaler.errors import NoData
+from keda_gpu_scaler.scaling import (
+    desired_replicas_average_value,
+    desired_replicas_value,
+    evaluate,
+    pod_values,
+)
+from keda_gpu_scaler.trigger import Aggregation, parse_trigger
+from keda_gpu_scaler.vendors import Family, GpuReading
+
+
+def reading(
+    pod: str,
+    value: float,
+    *,
+    gpu: str = "GPU-0",
+    family: Family = Family.NVIDIA,
+    memory: float | None = None,
+    engine: float | None = None,
+    mig: bool = False,
+    util_present: bool = True,
+) -> GpuReading:
+    return GpuReading(
+        family=family,
+        namespace="llm",
+        pod=pod,
+        gpu=gpu,
+        host="node-a",
+        utilization=value if util_present else None,
+        engine_active=engine,
+        mig=mig,
+        memory=memory,
+    )
+
+
+def spec(**metadata: str):  # type: ignore[no-untyped-def]
+    return parse_trigger({"threshold": "70", "podNamePrefix": "p-"} | metadata)
+
+
+def run(readings: list[GpuReading], missing: tuple[str, ...] = (), **metadata: str):  # type: ignore[no-untyped-def]
+    s = spec(**metadata)
+    return evaluate(pod_values(readings, s), missing, s, s.effective_aggregation)
+
+
+def test_four_pods_at_90_sum_to_360_and_hpa_wants_6() -> None:
+    result = run([reading(f"p-{i}", 90) for i in range(4)])
+    assert result.value == 360
+    assert result.what_if.current_replicas == 4
+    assert result.what_if.average_value == 6
+    assert result.active
+
+
+def test_averaging_trap_from_the_tutorials() -> None:
+    # The same four pods averaged: AverageValue would scale 4 → 2 (reference/hpa-math.md).
+    result = run([reading(f"p-{i}", 90) for i in range(4)], aggregation="mean")
+    assert result.value == 90
+    assert result.what_if.average_value == 2
+    assert result.what_if.value == 6  # mean is right only for metricType Value
+
+
+@pytest.mark.parametrize(("gpu_aggregation", "expected"), [("mean", 75.0), ("max", 90.0)])
+def test_one_pod_four_gpus(gpu_aggregation: str, expected: float) -> None:
+    gpus = [reading("p-0", v, gpu=f"GPU-{i}") for i, v in enumerate([90, 80, 70, 60])]
+    result = run(gpus, gpuAggregation=gpu_aggregation)
+    assert result.value == expected
+    assert [g.value for g in result.pods[0].gpus] == [90, 80, 70, 60]
+
+
+def test_pod_gpus_collapse_before_summing() -> None:
+    # Summing GPUs instead of pods would count this pod 4 times (360 → 6 replicas); one pod at 90 → 2.
+    result = run([reading("p-0", 90, gpu=f"GPU-{i}") for i in range(4)])
+    assert result.value == 90
+    assert result.what_if.average_value == 2
+
+
+def test_ack_family_preferred_over_dcgm_series_of_the_same_pod() -> None:
+    readings = [reading("p-0", 40, family=Family.ACK), reading("p-0", 95, family=Family.NVIDIA)]
+    result = run(readings)
+    assert result.value == 40
+    assert result.pods[0].family is Family.ACK
+
+
+def test_vendor_filter() -> None:
+    readings = [reading("p-0", 40, family=Family.AMD), reading("p-1", 95, family=Family.NVIDIA)]
+    assert run(readings, vendor="amd").value == 40
+    assert run(readings, vendor="nvidia").value == 95
+    assert run(readings).value == 135
+
+
+def test_memory_metric() -> None:
+    readings = [reading("p-0", 10, memory=91.0), reading("p-1", 10, memory=89.0)]
+    assert run(readings, metric="memory").value == pytest.approx(180.0)
+
+
+def test_mig_uses_engine_active_under_auto() -> None:
+    readings = [reading("p-0", 0, engine=41.238, mig=True)]
+    assert run(readings).value == pytest.approx(41.238)
+    assert run(readings, nvidiaField="gpu_util").value == 0
+
+
+def test_pods_without_value_for_the_metric_are_not_reporting() -> None:
+    assert pod_values([reading("p-0", 50, memory=None)], spec(metric="memory")) == {}
+
+
+def test_missing_pod_counts_as_threshold_when_others_do_not_call_for_more() -> None:
+    # 2 reporting at 50 + 1 missing: with 0 → 100 → 2 replicas ≤ 3, so the missing pod counts as 70.
+    result = run([reading("p-0", 50), reading("p-1", 50)], missing=("p-2",))
+    assert result.missing_pods == ("p-2",)
+    assert result.missing_pod_value == 70
+    assert result.value == 170
+
+
+def test_missing_pod_counts_as_zero_when_others_already_call_for_more() -> None:
+    # 2 reporting at 100 + 1 missing: with 0 → 200 → 3 replicas... equal, not more: threshold fill.
+    result = run([reading("p-0", 100), reading("p-1", 100)], missing=("p-2",))
+    assert result.missing_pod_value == 70
+    # 3 reporting at 100 + 1 missing: 300/70 → 5 > 4 → missing counts as 0.
+    result = run([reading(f"p-{i}", 100) for i in range(3)], missing=("p-3",))
+    assert result.missing_pod_value == 0
+    assert result.value == 300
+
+
+def test_missing_pods_with_mean_aggregation() -> None:
+    result = run([reading("p-0", 20), reading("p-1", 40)], missing=("p-2",), aggregation="mean")
+    assert result.missing_pod_value == 70
+    assert result.value == pytest.approx((20 + 40 + 70) / 3)
+
+
+@pytest.mark.parametrize(("reporting", "missing"), [(1, 2), (0, 1), (2, 5)])
+def test_fewer_than_half_fresh_is_unavailable(reporting: int, missing: int) -> None:
+    with pytest.raises(NoData, match="fresh"):
+        run([reading(f"p-{i}", 50) for i in range(reporting)], missing=tuple(f"m-{i}" for i in range(missing)))
+
+
+def test_exactly_half_fresh_is_enough() -> None:
+    result = run([reading("p-0", 50)], missing=("p-1",))
+    assert result.value == 120
+
+
+def test_no_target_pods_is_zero_and_inactive() -> None:
+    result = run([])
+    assert result.value == 0
+    assert not result.active
+    assert result.what_if.current_replicas == 0
+
+
+def test_activation_threshold_is_strictly_greater() -> None:
+    assert not run([reading("p-0", 10)], activationThreshold="10").active
+    assert run([reading("p-0", 10.5)], activationThreshold="10").active
+
+
+def test_max_aggregation() -> None:
+    assert run([reading("p-0", 10), reading("p-1", 60)], aggregation="max").value == 60
+    assert run([reading("p-0", 10), reading("p-1", 60)], aggregation="max").aggregation is Aggregation.MAX
+
+
+# Worked examples of reference/hpa-math.md.
+@pytest.mark.parametrize(
+    ("value", "target", "current", "expected"),
+    [
+        (360, 70, 4, 6),  # the correct total
+        (90, 70, 4, 2),  # the averaging trap: scales 4 → 2 while every GPU is over target
+        (100, 5, 20, 20),  # Azure's threshold 5 caps at ceil(100/5) = 20
+        (160, 80, 1, 2),  # DOKS: demand worth 160 % at 1 replica → 2
+    ],
+)
+def test_hpa_average_value(value: float, target: float, current: int, expected: int) -> None:
+    assert desired_replicas_average_value(value, target, current) == expected
+
+
+def test_doks_average_oscillates_back_to_one() -> None:
+    # At 2 replicas the DOKS form returns 160/2 = 80: ceil(80/80) = 1 → scale-down pressure.
+    assert desired_replicas_average_value(80, 80, 2) == 1
+
+
+def test_hpa_tolerance() -> None:
+    assert desired_replicas_average_value(300, 70, 4) == 4  # ratio 1.07: within 10 %
+    assert desired_replicas_value(75, 70, 4) == 4
+    assert desired_replicas_value(90, 70, 4) == 6

@@ -1,0 +1,110 @@
+"""Trigger metadata parsing: defaults, KEDA's own keys, and a clear error for every bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from keda_gpu_scaler.errors import ConfigError
+from keda_gpu_scaler.trigger import (
+    Aggregation,
+    GpuAggregation,
+    Metric,
+    Source,
+    Vendor,
+    parse_trigger,
+)
+from keda_gpu_scaler.vendors import NvidiaField
+
+
+def test_defaults_and_keda_keys_ignored() -> None:
+    spec = parse_trigger(
+        {"threshold": "70", "scalerAddress": "keda-gpu-scaler.keda:6000", "enableTLS": "false", "unsafeSsl": "true"}
+    )
+    assert spec.metric is Metric.UTILIZATION
+    assert spec.threshold == 70.0
+    assert spec.activation_threshold == 0.0
+    assert spec.gpu_aggregation is GpuAggregation.MEAN
+    assert spec.aggregation is None
+    assert spec.effective_aggregation is Aggregation.SUM
+    assert spec.vendor is Vendor.AUTO
+    assert spec.nvidia_field is NvidiaField.AUTO
+    assert spec.source is None
+    assert spec.metric_name == "gpu-utilization"
+    assert spec.pod_name_prefix is None and spec.pod_selector is None
+
+
+def test_every_key_parsed() -> None:
+    spec = parse_trigger(
+        {
+            "metric": "memory",
+            "threshold": "85.5",
+            "activationThreshold": "10",
+            "podNamePrefix": "vllm-qwen-",
+            "gpuAggregation": "max",
+            "aggregation": "mean",
+            "vendor": "amd",
+            "nvidiaField": "gr_engine_active",
+            "source": "scrape",
+            "metricName": "llm.gpu-mem",
+        }
+    )
+    assert spec.metric is Metric.MEMORY
+    assert spec.threshold == 85.5
+    assert spec.activation_threshold == 10.0
+    assert spec.pod_name_prefix == "vllm-qwen-"
+    assert spec.gpu_aggregation is GpuAggregation.MAX
+    assert spec.aggregation is Aggregation.MEAN
+    assert spec.vendor is Vendor.AMD
+    assert spec.nvidia_field is NvidiaField.GR_ENGINE_ACTIVE
+    assert spec.source is Source.SCRAPE
+    assert spec.metric_name == "llm.gpu-mem"
+
+
+def test_memory_metric_default_name() -> None:
+    assert parse_trigger({"metric": "memory", "threshold": "80"}).metric_name == "gpu-memory"
+
+
+def test_same_map_parsed_once() -> None:
+    metadata = {"threshold": "42", "podNamePrefix": "a-"}
+    assert parse_trigger(metadata) is parse_trigger(dict(metadata))
+
+
+BAD = [
+    ({"threshold": "70", "thresold": "70"}, ["thresold", "did you mean 'threshold'"]),
+    ({}, ["threshold", "required"]),
+    ({"threshold": "abc"}, ["threshold", "'abc'", "not a number"]),
+    ({"threshold": "0"}, ["threshold", "'0'", "0 < threshold <= 100"]),
+    ({"threshold": "100.5"}, ["threshold", "'100.5'", "0 < threshold <= 100"]),
+    ({"threshold": "-3"}, ["threshold", "'-3'"]),
+    ({"threshold": "nan"}, ["threshold", "'nan'", "finite"]),
+    ({"threshold": "inf"}, ["threshold", "'inf'", "finite"]),
+    ({"threshold": "70", "activationThreshold": "-1"}, ["activationThreshold", "'-1'", ">= 0"]),
+    ({"threshold": "70", "activationThreshold": "x"}, ["activationThreshold", "'x'", "not a number"]),
+    ({"threshold": "70", "metric": "power"}, ["metric", "'power'", "utilization, memory"]),
+    ({"threshold": "70", "aggregation": "avg"}, ["aggregation", "'avg'", "sum, mean, max"]),
+    ({"threshold": "70", "gpuAggregation": "sum"}, ["gpuAggregation", "'sum'", "mean, max"]),
+    ({"threshold": "70", "vendor": "intel"}, ["vendor", "'intel'", "auto, nvidia, amd, ack"]),
+    ({"threshold": "70", "nvidiaField": "sm"}, ["nvidiaField", "'sm'", "gpu_util"]),
+    ({"threshold": "70", "source": "http"}, ["source", "'http'", "scrape, prometheus"]),
+    ({"threshold": "70", "metricName": "a/b"}, ["metricName", "'a/b'", "letters"]),
+    ({"threshold": "70", "podNamePrefix": "Bad_Prefix"}, ["podNamePrefix", "'Bad_Prefix'", "lower-case"]),
+    ({"threshold": "70", "podSelector": " "}, ["podSelector", "label selector"]),
+    ({"threshold": "70", "podSelector": "app=x", "podNamePrefix": "x-"}, ["podSelector", "podNamePrefix"]),
+    ({"threshold": "70", "url": "http://evil"}, ["'url'", "unknown"]),
+    ({"threshold": "70", "namespace": "other"}, ["'namespace'", "unknown"]),
+    ({"threshold": "70", "podNamePrefix": "a" * 2000}, ["podNamePrefix", "at most"]),
+]
+
+
+@pytest.mark.parametrize(("metadata", "fragments"), BAD)
+def test_bad_metadata_is_a_clear_error(metadata: dict[str, str], fragments: list[str]) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_trigger(metadata)
+    for fragment in fragments:
+        assert fragment in str(raised.value)
+
+
+def test_too_many_keys() -> None:
+    metadata = {f"k{i}": "v" for i in range(100)} | {"threshold": "5"}
+    with pytest.raises(ConfigError, match="keys"):
+        parse_trigger(metadata)
