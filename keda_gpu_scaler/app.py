@@ -6,7 +6,8 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import aiohttp
 import grpc
@@ -131,7 +132,9 @@ class App:
         log.info("stopped")
 
 
-async def run_until_signalled(app: App, alongside: Callable[[], Awaitable[None]] | None = None) -> None:
+async def run_until_signalled(
+    app: App, alongside: Callable[[], Coroutine[Any, Any, None]] | None = None
+) -> None:
     """Start the app (and `alongside`, if given), wait for SIGTERM or SIGINT, stop both."""
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()

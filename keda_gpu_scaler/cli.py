@@ -47,21 +47,34 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_flags(serve)
 
     demo = commands.add_parser("demo", help="run the scaler with a simulated GPU fleet on loopback")
-    demo.add_argument("--grpc-address", default="127.0.0.1:6000", help="gRPC address (default: 127.0.0.1:6000)")
-    demo.add_argument("--http-address", default="127.0.0.1:8080", help="HTTP address (default: 127.0.0.1:8080)")
     demo.add_argument(
-        "--control-port", type=int, default=8081, help="port of the fleet's load control endpoint (default: 8081)"
+        "--grpc-address", default="127.0.0.1:6000", help="gRPC address (default: 127.0.0.1:6000)"
+    )
+    demo.add_argument(
+        "--http-address", default="127.0.0.1:8080", help="HTTP address (default: 127.0.0.1:8080)"
+    )
+    demo.add_argument(
+        "--control-port",
+        type=int,
+        default=8081,
+        help="port of the fleet's load control endpoint (default: 8081)",
     )
     demo.add_argument("--scrape-interval", default="2", help="seconds between scrapes (default: 2)")
-    demo.add_argument("--watch-interval", type=float, default=5.0, help="seconds between status lines (0: off)")
+    demo.add_argument(
+        "--watch-interval", type=float, default=5.0, help="seconds between status lines (0: off)"
+    )
 
     explain = commands.add_parser("explain", help="scrape once and print what the scaler sees for a target")
-    explain.add_argument("--exporter-url", action="append", required=True, help="exporter endpoint; repeatable")
+    explain.add_argument(
+        "--exporter-url", action="append", required=True, help="exporter endpoint; repeatable"
+    )
     explain.add_argument("--namespace", required=True, help="the ScaledObject's namespace")
     explain.add_argument("--name", default="explain", help="a ScaledObject name to show (default: explain)")
     explain.add_argument("--scrape-timeout", default="3", help="seconds per scrape (default: 3)")
     explain.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    explain.add_argument("metadata", nargs="+", metavar="KEY=VALUE", help="trigger metadata, e.g. threshold=70")
+    explain.add_argument(
+        "metadata", nargs="+", metavar="KEY=VALUE", help="trigger metadata, e.g. threshold=70"
+    )
     return parser
 
 
@@ -90,9 +103,13 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.kubernetes == "on":
         raise SettingsError("--kubernetes=on: Kubernetes discovery is not available in this version; use off")
     if settings.kubernetes == "auto" and kubernetes_available(os.environ):
-        log.warning("Kubernetes found, but discovery is not available in this version: triggers need podNamePrefix")
+        log.warning(
+            "Kubernetes found, but discovery is not available in this version: triggers need podNamePrefix"
+        )
     if not settings.exporter_urls:
-        log.warning("no --exporter-url given: every call will answer UNAVAILABLE until exporters are configured")
+        log.warning(
+            "no --exporter-url given: every call will answer UNAVAILABLE until exporters are configured"
+        )
     asyncio.run(run_until_signalled(App(settings)))
     return 0
 

@@ -30,14 +30,18 @@ def banner(fleet: DemoFleet, grpc_port: int, http_port: int) -> str:
     workload = fleet.workloads[0]
     ref = {"name": workload.name, "namespace": fleet.NAMESPACE, "scalerMetadata": demo_metadata(workload)}
     ref_json = json.dumps(ref, separators=(",", ":"))
-    metrics_json = json.dumps({"scaledObjectRef": ref, "metricName": "gpu-utilization"}, separators=(",", ":"))
+    metrics_json = json.dumps(
+        {"scaledObjectRef": ref, "metricName": "gpu-utilization"}, separators=(",", ":")
+    )
     pod = workload.pods[0]
     lines = [
         "",
         "keda-gpu-scaler demo: a simulated GPU fleet on loopback, scraped by the scaler.",
         f"  gRPC (KEDA's side)  {target}        HTTP  http://127.0.0.1:{http_port}/metrics",
         "  workloads (namespace demo): "
-        + ", ".join(f"{w.name} ({w.vendor}, {len(w.pods)} pods x {w.gpus_per_pod} GPU)" for w in fleet.workloads),
+        + ", ".join(
+            f"{w.name} ({w.vendor}, {len(w.pods)} pods x {w.gpus_per_pod} GPU)" for w in fleet.workloads
+        ),
         "",
         "Try, in another terminal:",
         f"  {grpcurl} -plaintext {target} list",
@@ -65,7 +69,9 @@ async def watch(app: App, fleet: DemoFleet, interval: float, out: TextIO) -> Non
                     name=workload.name, namespace=fleet.NAMESPACE, scalerMetadata=demo_metadata(workload)
                 )
                 try:
-                    metrics = await stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref, metricName="gpu-utilization"))
+                    metrics = await stub.GetMetrics(
+                        pb.GetMetricsRequest(scaledObjectRef=ref, metricName="gpu-utilization")
+                    )
                     active = await stub.IsActive(ref)
                     value = metrics.metricValues[0].metricValueFloat
                     entry = app.telemetry.explanation(fleet.NAMESPACE, workload.name) or {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -17,7 +18,9 @@ from keda_gpu_scaler.telemetry import Telemetry
 from keda_gpu_scaler.trigger import parse_trigger
 
 
-async def explain_once(settings: Settings, namespace: str, name: str, metadata: Mapping[str, str]) -> dict[str, Any]:
+async def explain_once(
+    settings: Settings, namespace: str, name: str, metadata: Mapping[str, str]
+) -> dict[str, Any]:
     """The same entry /explain shows, after one scrape of every exporter; errors become an "error" field."""
     telemetry = Telemetry()
     store = Store()
@@ -39,10 +42,8 @@ async def explain_once(settings: Settings, namespace: str, name: str, metadata: 
         for url in settings.exporter_urls:
             store.add_source(url)
             await collector.scrape_once(url)
-    try:
+    with contextlib.suppress(ScalerError):  # recorded in the explanation with its message
         evaluator.evaluate(namespace, name, spec)
-    except ScalerError:
-        pass  # recorded in the explanation with its message
     entry = telemetry.explanation(namespace, name)
     assert entry is not None
     problems = [f"{s.source}: {s.last_error}" for s in store.sources() if s.last_error]
@@ -73,7 +74,9 @@ def render_table(entry: Mapping[str, Any]) -> str:
             pod_value = f"{pod['value']:7.1f}" if index == 0 else ""
             lines.append(f"  {pod_cell} {gpu['gpu']:<44} {gpu['host']:<16} {gpu['value']:7.1f} {pod_value}")
     for pod in entry["missingPods"]:
-        lines.append(f"  {pod:<36} {'-':<7} {'(no fresh data)':<44} {'':<16} {'':>7} {entry['missingPodValue']:7.1f}")
+        lines.append(
+            f"  {pod:<36} {'-':<7} {'(no fresh data)':<44} {'':<16} {'':>7} {entry['missingPodValue']:7.1f}"
+        )
     hpa = entry["hpa"]
     lines.append(
         f"  value = {entry['value']:.2f} ({entry['aggregation']} over {hpa['currentReplicas']} pods)"

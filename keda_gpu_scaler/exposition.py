@@ -94,13 +94,12 @@ def _parse_sample(
     # startswith only showed that a wanted name is a prefix: "gpu_used_vram" also starts "gpu_used_vram_x".
     if names is not None and name not in names:
         return None
-    if block is None:
-        labels = {}
-    else:
-        labels = label_sets.get(block)
-        if labels is None:
-            labels = label_sets[block] = _parse_labels(block, line_number)
-        labels = dict(labels)  # samples must not share a mutable dict
+    labels: dict[str, str] = {}
+    if block is not None:
+        parsed = label_sets.get(block)
+        if parsed is None:
+            parsed = label_sets[block] = _parse_labels(block, line_number)
+        labels = dict(parsed)  # samples must not share a mutable dict
     return Sample(
         name,
         labels,

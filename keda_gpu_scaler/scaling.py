@@ -73,10 +73,10 @@ def pod_values(readings: Iterable[GpuReading], spec: TriggerSpec) -> dict[str, P
     result: dict[str, PodValue] = {}
     for pod, families in by_pod.items():
         family = next(f for f in FAMILY_PRIORITY if f in families)
-        gpus = tuple(families[family].values())
-        values = [g.value for g in gpus]
+        chosen = tuple(families[family].values())
+        values = [g.value for g in chosen]
         combined = max(values) if spec.gpu_aggregation is GpuAggregation.MAX else sum(values) / len(values)
-        result[pod] = PodValue(pod, family, combined, gpus)
+        result[pod] = PodValue(pod, family, combined, chosen)
     return result
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
@@ -75,7 +74,9 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
             self._telemetry.rpc_requests.labels(method, code.name).inc()
             self._telemetry.rpc_duration.labels(method).observe(self._clock() - started)
 
-    async def GetMetricSpec(self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    async def GetMetricSpec(
+        self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
         try:
             with self._observe("GetMetricSpec"):
                 # No I/O here: KEDA calls it on every poll and HPA request, and its failure defeats fallback.
@@ -92,7 +93,9 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         except ScalerError as error:
             await _abort(context, error)
 
-    async def GetMetrics(self, request: pb.GetMetricsRequest, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    async def GetMetrics(
+        self, request: pb.GetMetricsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
         try:
             with self._observe("GetMetrics"):
                 ref = request.scaledObjectRef
@@ -169,10 +172,13 @@ class HealthStatus:
     """The grpc.health.v1 services of the scaler: SERVING while running, NOT_SERVING once shutting down."""
 
     def __init__(self) -> None:
-        self.servicer = health.aio.HealthServicer()
+        # grpc-stubs predates grpc_health's asyncio servicer.
+        self.servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
 
     async def set_serving(self, serving: bool) -> None:
-        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         for name in (*HEALTH_SERVICES, SERVICE_NAME):
             await self.servicer.set(name, status)
 
@@ -181,7 +187,6 @@ def add_services(server: grpc.aio.Server, scaler: ExternalScalerService, health_
     pb_grpc.add_ExternalScalerServicer_to_server(scaler, server)
     health_pb2_grpc.add_HealthServicer_to_server(health_status.servicer, server)
     reflection.enable_server_reflection(
-        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME), server
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server,
     )
-
-

@@ -31,7 +31,9 @@ class Flag:
 
 # The one table of `serve` flags: the CLI is built from it and the README's table is checked against it.
 FLAGS: tuple[Flag, ...] = (
-    Flag("--grpc-address", "0.0.0.0:6000", "address of the gRPC ExternalScaler, health and reflection services"),
+    Flag(
+        "--grpc-address", "0.0.0.0:6000", "address of the gRPC ExternalScaler, health and reflection services"
+    ),
     Flag("--http-address", "0.0.0.0:8080", "address of /metrics, /healthz, /readyz and /explain"),
     Flag(
         "--exporter-url",
@@ -51,8 +53,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--scrape-timeout", "3", "seconds an exporter may take to answer one scrape"),
     Flag("--max-page-bytes", "16777216", "largest exporter page accepted, in bytes"),
     Flag("--scrape-concurrency", "64", "most exporter scrapes in flight at once"),
-    Flag("--interest-ttl", "600", "seconds exporters keep being scraped after the last call that wanted them"),
-    Flag("--prometheus-url", None, "read GPU metrics from this Prometheus-compatible API (not available yet)"),
+    Flag(
+        "--interest-ttl", "600", "seconds exporters keep being scraped after the last call that wanted them"
+    ),
+    Flag(
+        "--prometheus-url", None, "read GPU metrics from this Prometheus-compatible API (not available yet)"
+    ),
     Flag("--tls-cert-file", None, "serve gRPC over TLS with this PEM certificate (chain)"),
     Flag("--tls-key-file", None, "PEM private key of --tls-cert-file"),
     Flag("--tls-client-ca-file", None, "require client certificates signed by this PEM CA (mTLS)"),
@@ -98,7 +104,7 @@ def _positive(name: str, raw: str, kind: type[float] | type[int]) -> float:
 
 
 def _address(name: str, raw: str) -> str:
-    host, sep, port = raw.rpartition(":")
+    _, sep, port = raw.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
         raise SettingsError(f"{name}={raw!r} is not an address; allowed: HOST:PORT, e.g. 0.0.0.0:6000")
     return raw
@@ -106,7 +112,9 @@ def _address(name: str, raw: str) -> str:
 
 def kubernetes_available(environ: Mapping[str, str]) -> bool:
     token = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
-    return bool(environ.get("KUBERNETES_SERVICE_HOST")) and token.exists() or bool(environ.get("KUBECONFIG"))
+    return (bool(environ.get("KUBERNETES_SERVICE_HOST")) and token.exists()) or bool(
+        environ.get("KUBECONFIG")
+    )
 
 
 def build_settings(values: Mapping[str, str | list[str] | None]) -> Settings:
@@ -125,7 +133,10 @@ def build_settings(values: Mapping[str, str | list[str] | None]) -> Settings:
     interval = _positive("--scrape-interval", raw("scrape_interval") or "5", float)
     staleness_raw = raw("max_staleness")
     staleness = _positive("--max-staleness", staleness_raw, float) if staleness_raw else 3 * interval
-    tls = {name: Path(v) if (v := raw(name)) else None for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file")}
+    tls = {
+        name: Path(v) if (v := raw(name)) else None
+        for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file")
+    }
     if (tls["tls_cert_file"] is None) != (tls["tls_key_file"] is None):
         raise SettingsError("--tls-cert-file and --tls-key-file must be given together")
     if tls["tls_client_ca_file"] is not None and tls["tls_cert_file"] is None:

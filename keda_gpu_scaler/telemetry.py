@@ -27,10 +27,17 @@ class Telemetry:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.rpc_requests = Counter(
-            f"{PREFIX}_rpc_requests", "gRPC calls answered, by method and status code", ["method", "code"], registry=r
+            f"{PREFIX}_rpc_requests",
+            "gRPC calls answered, by method and status code",
+            ["method", "code"],
+            registry=r,
         )
         self.rpc_duration = Histogram(
-            f"{PREFIX}_rpc_duration_seconds", "gRPC call latency", ["method"], buckets=_RPC_BUCKETS, registry=r
+            f"{PREFIX}_rpc_duration_seconds",
+            "gRPC call latency",
+            ["method"],
+            buckets=_RPC_BUCKETS,
+            registry=r,
         )
         self.open_streams = Gauge(f"{PREFIX}_open_streams", "StreamIsActive streams open now", registry=r)
         self.stream_pushes = Counter(

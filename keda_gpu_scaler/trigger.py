@@ -103,7 +103,9 @@ def _number(key: str, raw: str) -> float:
 def _threshold(key: str, raw: str) -> float:
     value = _number(key, raw)
     if not 0 < value <= 100:
-        raise ConfigError(f"metadata {key}={raw!r} is out of range; allowed: a percentage with 0 < {key} <= 100")
+        raise ConfigError(
+            f"metadata {key}={raw!r} is out of range; allowed: a percentage with 0 < {key} <= 100"
+        )
     return value
 
 
@@ -174,7 +176,9 @@ def _parse_cached(items: frozenset[tuple[str, str]]) -> TriggerSpec:
         if key not in _KEYS:
             raise ConfigError(_unknown_key_message(key))
         if len(raw) > MAX_METADATA_VALUE_CHARS:
-            raise ConfigError(f"metadata {key} is {len(raw)} characters long; at most {MAX_METADATA_VALUE_CHARS}")
+            raise ConfigError(
+                f"metadata {key} is {len(raw)} characters long; at most {MAX_METADATA_VALUE_CHARS}"
+            )
         field, parser, _ = _KEYS[key]
         fields[field] = parser(key, raw)
     for key, (field, _, default) in _KEYS.items():

@@ -13,11 +13,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from support import ExporterServer  # noqa: E402
+from support import ExporterServer
 
-from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc  # noqa: E402
-from keda_gpu_scaler.app import App  # noqa: E402
-from keda_gpu_scaler.settings import Settings  # noqa: E402
+from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_gpu_scaler.app import App
+from keda_gpu_scaler.settings import Settings
 
 FAST = Settings(
     grpc_address="127.0.0.1:0",

@@ -80,7 +80,9 @@ class ExporterServer:
             await self._runner.cleanup()
 
 
-async def eventually(check: Callable[[], Awaitable[T]], *, timeout: float = 10.0, interval: float = 0.02) -> T:
+async def eventually(
+    check: Callable[[], Awaitable[T]], *, timeout: float = 10.0, interval: float = 0.02
+) -> T:
     """Poll `check` until it returns without an assertion or RPC error, or fail at the deadline."""
     deadline = time.monotonic() + timeout
     while True:

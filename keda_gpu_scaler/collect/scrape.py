@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Callable
@@ -49,10 +50,8 @@ class Interest:
         if self.wanted():
             return
         self._woken.clear()
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._woken.wait(), timeout)
-        except TimeoutError:
-            pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +155,8 @@ class ScrapeCollector:
                 continue
             ok = await self.scrape_once(url)
             failures = 0 if ok else failures + 1
-            delay = interval if ok else min(interval * 2 ** (failures - 1), max(MAX_BACKOFF_SECONDS, interval))
+            delay = (
+                interval if ok else min(interval * 2 ** (failures - 1), max(MAX_BACKOFF_SECONDS, interval))
+            )
             # Jitter only shortens the wait: data must never be older than one interval because of it.
             await asyncio.sleep(delay * random.uniform(1 - JITTER, 1))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -117,10 +118,8 @@ class Store:
         """Return once the store has moved past seen_version, or after timeout (data also ages)."""
         if self._version != seen_version:
             return
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._changed.wait(), timeout)
-        except TimeoutError:
-            pass
 
     def wake_all(self) -> None:
         """Wake every waiter (used at shutdown)."""

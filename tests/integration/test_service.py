@@ -9,18 +9,22 @@ import aiohttp
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from support import ExporterServer, GpuLine, dcgm_page, eventually
+from support import GpuLine, dcgm_page, eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 
 METADATA = {"podNamePrefix": "vllm-", "threshold": "70", "scalerAddress": "keda-gpu-scaler.keda:6000"}
 
 
-def ref(metadata: dict[str, str] | None = None, name: str = "vllm", namespace: str = "llm") -> pb.ScaledObjectRef:
+def ref(
+    metadata: dict[str, str] | None = None, name: str = "vllm", namespace: str = "llm"
+) -> pb.ScaledObjectRef:
     return pb.ScaledObjectRef(name=name, namespace=namespace, scalerMetadata=metadata or METADATA)
 
 
-def metrics_request(metadata: dict[str, str] | None = None, name: str = "gpu-utilization") -> pb.GetMetricsRequest:
+def metrics_request(
+    metadata: dict[str, str] | None = None, name: str = "gpu-utilization"
+) -> pb.GetMetricsRequest:
     return pb.GetMetricsRequest(scaledObjectRef=ref(metadata), metricName=name)
 
 
@@ -59,15 +63,25 @@ async def test_four_pods_at_90_give_360(make_exporter, make_scaler) -> None:  # 
         response = await scaler.stub.GetMetrics(metrics_request(name="GPU-Utilization"))
         assert len(response.metricValues) == 1
         value = response.metricValues[0]
-        assert (value.metricName, value.metricValue, value.metricValueFloat) == ("gpu-utilization", 360, 360.0)
+        assert (value.metricName, value.metricValue, value.metricValueFloat) == (
+            "gpu-utilization",
+            360,
+            360.0,
+        )
 
     await eventually(check)
     assert (await scaler.stub.IsActive(ref())).result is True
-    async with aiohttp.ClientSession() as session:
-        async with session.get(f"{scaler.http}/explain", params={"namespace": "llm", "name": "vllm"}) as r:
-            explanation = json.loads(await r.text())
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{scaler.http}/explain", params={"namespace": "llm", "name": "vllm"}) as r,
+    ):
+        explanation = json.loads(await r.text())
     assert explanation["value"] == 360
-    assert explanation["hpa"] == {"currentReplicas": 4, "desiredReplicasAverageValue": 6, "desiredReplicasValue": 21}
+    assert explanation["hpa"] == {
+        "currentReplicas": 4,
+        "desiredReplicasAverageValue": 6,
+        "desiredReplicasValue": 21,
+    }
     assert [p["pod"] for p in explanation["pods"]] == ["vllm-0", "vllm-1", "vllm-2", "vllm-3"]
 
 
@@ -148,7 +162,9 @@ async def test_exporter_down_is_unavailable_never_zero(make_exporter, make_scale
 
 
 async def test_one_dead_exporter_cannot_shrink_the_value(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
-    a = await make_exporter(dcgm_page([GpuLine("llm", "vllm-0", 30, gpu=0), GpuLine("llm", "vllm-1", 30, gpu=1)]))
+    a = await make_exporter(
+        dcgm_page([GpuLine("llm", "vllm-0", 30, gpu=0), GpuLine("llm", "vllm-1", 30, gpu=1)])
+    )
     b = await make_exporter(dcgm_page([GpuLine("llm", "vllm-2", 30)], host="gpu-node-b"))
     scaler = await make_scaler(a, b)
 
@@ -300,7 +316,10 @@ async def test_metrics_endpoint(make_exporter, make_scaler) -> None:  # type: ig
             assert r.status == 200
     assert 'keda_gpu_scaler_rpc_requests_total{code="OK",method="GetMetrics"}' in text
     assert 'keda_gpu_scaler_rpc_requests_total{code="NOT_FOUND",method="GetMetrics"}' in text
-    assert 'keda_gpu_scaler_trigger_value{metric="gpu-utilization",namespace="llm",scaledobject="vllm"} 360.0' in text
+    assert (
+        'keda_gpu_scaler_trigger_value{metric="gpu-utilization",namespace="llm",scaledobject="vllm"} 360.0'
+        in text
+    )
     assert "keda_gpu_scaler_rpc_duration_seconds_bucket" in text
     assert "keda_gpu_scaler_open_streams 0.0" in text
     assert 'keda_gpu_scaler_scrapes_total{result="ok"}' in text

@@ -135,7 +135,9 @@ def test_missing_pods_with_mean_aggregation() -> None:
 @pytest.mark.parametrize(("reporting", "missing"), [(1, 2), (0, 1), (2, 5)])
 def test_fewer_than_half_fresh_is_unavailable(reporting: int, missing: int) -> None:
     with pytest.raises(NoData, match="fresh"):
-        run([reading(f"p-{i}", 50) for i in range(reporting)], missing=tuple(f"m-{i}" for i in range(missing)))
+        run(
+            [reading(f"p-{i}", 50) for i in range(reporting)], missing=tuple(f"m-{i}" for i in range(missing))
+        )
 
 
 def test_exactly_half_fresh_is_enough() -> None:

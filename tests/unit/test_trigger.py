@@ -18,7 +18,12 @@ from keda_gpu_scaler.vendors import NvidiaField
 
 def test_defaults_and_keda_keys_ignored() -> None:
     spec = parse_trigger(
-        {"threshold": "70", "scalerAddress": "keda-gpu-scaler.keda:6000", "enableTLS": "false", "unsafeSsl": "true"}
+        {
+            "threshold": "70",
+            "scalerAddress": "keda-gpu-scaler.keda:6000",
+            "enableTLS": "false",
+            "unsafeSsl": "true",
+        }
     )
     assert spec.metric is Metric.UTILIZATION
     assert spec.threshold == 70.0

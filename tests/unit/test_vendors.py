@@ -47,11 +47,15 @@ def nvidia(
     return GpuReading(Family.NVIDIA, namespace, pod, gpu, host, util, engine, mig, memory)
 
 
-def amd(namespace: str, pod: str, gpu: str, host: str, *, util: float | None, memory: float | None) -> GpuReading:
+def amd(
+    namespace: str, pod: str, gpu: str, host: str, *, util: float | None, memory: float | None
+) -> GpuReading:
     return GpuReading(Family.AMD, namespace, pod, gpu, host, util, None, False, memory)
 
 
-def ack(namespace: str, pod: str, gpu: str, host: str, *, util: float | None, memory: float | None) -> GpuReading:
+def ack(
+    namespace: str, pod: str, gpu: str, host: str, *, util: float | None, memory: float | None
+) -> GpuReading:
     return GpuReading(Family.ACK, namespace, pod, gpu, host, util, None, False, memory)
 
 
@@ -73,10 +77,16 @@ TRAINER = "trainer-5c9f7d8b9-qp2xz"
 VIRTUAL_GPU_READINGS = [
     # Time-sliced pods: their own per-process GPU_UTIL/FB_USED, memory over the whole GPU; the
     # GR_ENGINE_ACTIVE copies on GPU 0 belong to neither pod alone.
-    nvidia("ml", "chat-7f6d9c5b8-abcde", L4[0], "l4-node-5", util=48, engine=None, memory=9000 / L4_TOTAL * 100),
-    nvidia("ml", "chat-7f6d9c5b8-fghij", L4[0], "l4-node-5", util=23, engine=None, memory=5500 / L4_TOTAL * 100),
+    nvidia(
+        "ml", "chat-7f6d9c5b8-abcde", L4[0], "l4-node-5", util=48, engine=None, memory=9000 / L4_TOTAL * 100
+    ),
+    nvidia(
+        "ml", "chat-7f6d9c5b8-fghij", L4[0], "l4-node-5", util=23, engine=None, memory=5500 / L4_TOTAL * 100
+    ),
     # The only pod on GPU 1: the device value copied onto it is its own.
-    nvidia("ml", "embed-6b5c4d3e2-klmno", L4[1], "l4-node-5", util=40, engine=38.1, memory=5800 / 23034 * 100),
+    nvidia(
+        "ml", "embed-6b5c4d3e2-klmno", L4[1], "l4-node-5", util=40, engine=38.1, memory=5800 / 23034 * 100
+    ),
 ]
 
 FIXTURE_CASES = [
@@ -155,7 +165,14 @@ FIXTURE_CASES = [
                 mig=True,
             ),
             nvidia(
-                "speech", "asr-1", f"{MIG_A100}/2", "gpu-node-c", util=0, engine=12.4873, memory=50.0, mig=True
+                "speech",
+                "asr-1",
+                f"{MIG_A100}/2",
+                "gpu-node-c",
+                util=0,
+                engine=12.4873,
+                memory=50.0,
+                mig=True,
             ),
         ],
         id="dcgm-mig-gpu-util-zero",
@@ -276,8 +293,22 @@ FIXTURE_CASES = [
         "ack_gpushare.prom",
         [
             # Two processes of infer-a on GPU 0: 30 + 25 SM, (4000 + 2000) MiB of its 8192 MiB.
-            ack("inference", "infer-a-5c7d8f9b6-q2w3e", ACK_GPU[0], ACK_NODE, util=55, memory=6000 / 8192 * 100),
-            ack("inference", "infer-b-7f8a9b0c1-r4t5y", ACK_GPU[0], ACK_NODE, util=20, memory=3000 / 8192 * 100),
+            ack(
+                "inference",
+                "infer-a-5c7d8f9b6-q2w3e",
+                ACK_GPU[0],
+                ACK_NODE,
+                util=55,
+                memory=6000 / 8192 * 100,
+            ),
+            ack(
+                "inference",
+                "infer-b-7f8a9b0c1-r4t5y",
+                ACK_GPU[0],
+                ACK_NODE,
+                util=20,
+                memory=3000 / 8192 * 100,
+            ),
             ack("research", "train-0", ACK_GPU[1], ACK_NODE, util=88, memory=20000 / 23028 * 100),
             # The same page's DCGM_FI_* families, returned beside them for the scaling code to set aside.
             nvidia(
@@ -289,7 +320,9 @@ FIXTURE_CASES = [
                 engine=None,
                 memory=9500 / 23028 * 100,
             ),
-            nvidia("research", "train-0", ACK_GPU[1], ACK_NODE, util=91, engine=None, memory=20250 / 23028 * 100),
+            nvidia(
+                "research", "train-0", ACK_GPU[1], ACK_NODE, util=91, engine=None, memory=20250 / 23028 * 100
+            ),
         ],
         id="ack-gpu-sharing-with-dcgm-families",
     ),
@@ -309,6 +342,8 @@ def test_every_fixture_is_covered() -> None:
 # Small pages for the rules no real exporter page shows on its own.
 DCGM_LABELS = 'gpu="0",UUID="GPU-1",device="nvidia0",modelName="NVIDIA L4",Hostname="n1"'
 POD = 'container="c",namespace="ns",pod="p"'
+TARGET = 'namespace="gpu-operator",pod="dcgm-x"'  # the exporter's own pod, as Prometheus target labels
+ACK = 'NamespaceName="ns",UUID="GPU-1",NodeName="n"'
 
 INLINE_CASES = [
     pytest.param(
@@ -370,9 +405,9 @@ DCGM_FI_DEV_GPU_UTIL{{{DCGM_LABELS},container="c",namespace="ns",pod="q",pod_uid
     ),
     pytest.param(
         f"""
-DCGM_FI_DEV_GPU_UTIL{{{DCGM_LABELS},namespace="gpu-operator",pod="dcgm-x",exported_namespace="ns",exported_pod="p"}} 20
-DCGM_FI_DEV_GPU_UTIL{{gpu="1",UUID="GPU-2",Hostname="n1",namespace="gpu-operator",pod="dcgm-x"}} 0
-DCGM_FI_DEV_GPU_UTIL{{gpu="2",UUID="GPU-3",Hostname="n1",exported_namespace="",exported_pod="",pod_namespace="ns",pod_name="r"}} 5
+DCGM_FI_DEV_GPU_UTIL{{{DCGM_LABELS},{TARGET},exported_namespace="ns",exported_pod="p"}} 20
+DCGM_FI_DEV_GPU_UTIL{{gpu="1",UUID="GPU-2",Hostname="n1",{TARGET}}} 0
+DCGM_FI_DEV_GPU_UTIL{{UUID="GPU-3",Hostname="n1",exported_pod="",pod_namespace="ns",pod_name="r"}} 5
 """,
         [
             nvidia("ns", "p", "GPU-1", "n1", util=20, engine=None, memory=None),
@@ -398,15 +433,15 @@ amd_gpu_gfx_activity{gpu_id="2",hostname="h",namespace="ns",pod="new"} 40
         id="amd-clamp-free-fallback-prefix-mixed-two-pods-on-one-gpu",
     ),
     pytest.param(
-        """
-DCGM_CUSTOM_PROCESS_SM_UTIL{NamespaceName="ns",PodName="p",ContainerName="c",ProcessId="1",UUID="GPU-1",NodeName="n",instance="a"} 70
-DCGM_CUSTOM_PROCESS_SM_UTIL{NamespaceName="ns",PodName="p",ContainerName="c",ProcessId="1",UUID="GPU-1",NodeName="n",instance="b"} 70
-DCGM_CUSTOM_PROCESS_SM_UTIL{NamespaceName="ns",PodName="p",ContainerName="c",ProcessId="2",UUID="GPU-1",NodeName="n"} 60
-DCGM_CUSTOM_PROCESS_MEM_USED{NamespaceName="ns",PodName="p",ContainerName="c",ProcessId="1",UUID="GPU-1",NodeName="n"} 3000
-DCGM_CUSTOM_CONTAINER_MEM_ALLOCATED{NamespaceName="ns",PodName="p",ContainerName="c",UUID="GPU-1",NodeName="n"} 2000
-DCGM_CUSTOM_CONTAINER_MEM_ALLOCATED{NamespaceName="ns",PodName="p",ContainerName="d",UUID="GPU-1",NodeName="n"} 2000
-DCGM_CUSTOM_CONTAINER_MEM_ALLOCATED{NamespaceName="ns",PodName="idle",ContainerName="c",UUID="GPU-1",NodeName="n"} 4096
-DCGM_CUSTOM_PROCESS_SM_UTIL{NamespaceName="ns",PodName="nan",ContainerName="c",ProcessId="9",UUID="GPU-1",NodeName="n"} NaN
+        f"""
+DCGM_CUSTOM_PROCESS_SM_UTIL{{{ACK},PodName="p",ContainerName="c",ProcessId="1",instance="a"}} 70
+DCGM_CUSTOM_PROCESS_SM_UTIL{{{ACK},PodName="p",ContainerName="c",ProcessId="1",instance="b"}} 70
+DCGM_CUSTOM_PROCESS_SM_UTIL{{{ACK},PodName="p",ContainerName="c",ProcessId="2"}} 60
+DCGM_CUSTOM_PROCESS_MEM_USED{{{ACK},PodName="p",ContainerName="c",ProcessId="1"}} 3000
+DCGM_CUSTOM_CONTAINER_MEM_ALLOCATED{{{ACK},PodName="p",ContainerName="c"}} 2000
+DCGM_CUSTOM_CONTAINER_MEM_ALLOCATED{{{ACK},PodName="p",ContainerName="d"}} 2000
+DCGM_CUSTOM_CONTAINER_MEM_ALLOCATED{{{ACK},PodName="idle",ContainerName="c"}} 4096
+DCGM_CUSTOM_PROCESS_SM_UTIL{{{ACK},PodName="nan",ContainerName="c",ProcessId="9"}} NaN
 """,
         [
             ack("ns", "idle", "GPU-1", "n", util=0, memory=0),
@@ -504,6 +539,11 @@ UTILIZATION_CASES = [
 
 @pytest.mark.parametrize(("family", "util", "engine", "mig", "field", "expected"), UTILIZATION_CASES)
 def test_utilization_for(
-    family: Family, util: float | None, engine: float | None, mig: bool, field: NvidiaField, expected: float | None
+    family: Family,
+    util: float | None,
+    engine: float | None,
+    mig: bool,
+    field: NvidiaField,
+    expected: float | None,
 ) -> None:
     assert utilization_for(_reading(family, util, engine, mig), field) == expected
