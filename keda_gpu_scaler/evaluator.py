@@ -1,15 +1,59 @@
-"""Answers "what is this ScaledObject's value now?" from the store, without any I/O."""
+"""Answers "what is this ScaledObject's value now?" from the store and discovery caches, without any I/O."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
-from keda_gpu_scaler.collect.scrape import Interest
-from keda_gpu_scaler.collect.store import Store
+from keda_gpu_scaler.collect.scrape import SCRAPE_INTEREST, Interest
+from keda_gpu_scaler.collect.store import SourceKind, Store
 from keda_gpu_scaler.errors import ConfigError, NoData
 from keda_gpu_scaler.scaling import Evaluation, evaluate, pod_values
 from keda_gpu_scaler.telemetry import Telemetry
-from keda_gpu_scaler.trigger import Source, TriggerSpec
+from keda_gpu_scaler.trigger import Aggregation, Source, TriggerSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Targets:
+    """A ScaledObject's target pods as discovery knows them."""
+
+    pods: frozenset[str]
+    metric_type: str | None = None  # the trigger's metricType ("AverageValue" or "Value") when read
+
+
+class TargetResolver(Protocol):
+    """Discovery (Kubernetes): answers from its caches, never waits on the API server."""
+
+    def check(self, spec: TriggerSpec) -> None:
+        """Raise ConfigError for metadata this resolver cannot serve."""
+
+    def resolve(self, namespace: str, name: str, spec: TriggerSpec) -> Targets:
+        """The target pods now; raises NoData while unknown or when discovery is failing."""
+
+
+def prometheus_interest(namespace: str) -> tuple[str, str]:
+    return ("prometheus", namespace)
+
+
+def aggregation_for(spec: TriggerSpec, metric_type: str | None) -> tuple[Aggregation, str | None]:
+    """The aggregation to use and, when the trigger's explicit choice contradicts metricType, why that is wrong."""
+    matching = Aggregation.MEAN if metric_type == "Value" else Aggregation.SUM
+    if spec.aggregation is None:
+        return (matching if metric_type else Aggregation.SUM), None
+    if metric_type is None:
+        return spec.aggregation, None
+    fits = (spec.aggregation is Aggregation.SUM) == (metric_type == "AverageValue")
+    if fits:
+        return spec.aggregation, None
+    return spec.aggregation, (
+        f"aggregation={spec.aggregation.value} contradicts metricType={metric_type}: the HPA computes"
+        f" {'ceil(value / target)' if metric_type == 'AverageValue' else 'ceil(pods × value / target)'},"
+        f" which needs aggregation={matching.value}"
+    )
 
 
 class Evaluator:
@@ -21,24 +65,36 @@ class Evaluator:
         telemetry: Telemetry,
         max_staleness: float,
         clock: Callable[[], float],
+        default_source: Source = Source.SCRAPE,
+        prometheus_enabled: bool = False,
+        targets: TargetResolver | None = None,
     ) -> None:
         self._store = store
         self._interest = interest
         self._telemetry = telemetry
         self._max_staleness = max_staleness
         self._clock = clock
+        self._default_source = default_source
+        self._prometheus_enabled = prometheus_enabled
+        self._targets = targets
+
+    def source_of(self, spec: TriggerSpec) -> Source:
+        return spec.source or self._default_source
 
     def check(self, spec: TriggerSpec) -> None:
         """Reject triggers this server's configuration cannot serve (INVALID_ARGUMENT), before any data."""
-        if spec.source is Source.PROMETHEUS:
+        if self.source_of(spec) is Source.PROMETHEUS and not self._prometheus_enabled:
             raise ConfigError(
-                "metadata source='prometheus' is not available: this server has no Prometheus source configured;"
+                "metadata source='prometheus' is not available: this server has no --prometheus-url;"
                 " allowed: scrape"
             )
+        if self._targets is not None:
+            self._targets.check(spec)
+            return
         if spec.pod_selector is not None:
             raise ConfigError(
-                f"metadata podSelector={spec.pod_selector!r} needs Kubernetes discovery, which is off on this server;"
-                " use podNamePrefix"
+                f"metadata podSelector={spec.pod_selector!r} needs Kubernetes discovery, which is off on this"
+                " server; use podNamePrefix"
             )
         if spec.pod_name_prefix is None:
             raise ConfigError(
@@ -46,37 +102,52 @@ class Evaluator:
                 " allowed: the common name prefix of the target's pods, e.g. 'vllm-qwen-'"
             )
 
-    def want(self, spec: TriggerSpec) -> None:
+    def want(self, namespace: str, spec: TriggerSpec) -> None:
         """Note that a trigger wants data, so collection starts (or goes on) without any I/O here."""
         self.check(spec)
-        self._interest.touch()
+        if self.source_of(spec) is Source.PROMETHEUS:
+            self._interest.touch(prometheus_interest(namespace))
+        else:
+            self._interest.touch(SCRAPE_INTEREST)
 
     def evaluate(self, namespace: str, name: str, spec: TriggerSpec) -> Evaluation:
-        self.want(spec)
+        self.want(namespace, spec)
         try:
-            evaluation = self._evaluate(namespace, spec)
+            evaluation, notes = self._evaluate(namespace, name, spec)
         except NoData as error:
             self._telemetry.record_evaluation(namespace, name, spec, None, str(error))
             raise
-        self._telemetry.record_evaluation(namespace, name, spec, evaluation, None)
+        self._telemetry.record_evaluation(namespace, name, spec, evaluation, None, notes)
         return evaluation
 
-    def _evaluate(self, namespace: str, spec: TriggerSpec) -> Evaluation:
-        prefix = spec.pod_name_prefix or ""
-        view = self._store.view(namespace, self._clock(), self._max_staleness)
+    def _evaluate(self, namespace: str, name: str, spec: TriggerSpec) -> tuple[Evaluation, tuple[str, ...]]:
+        kind = SourceKind.PROMETHEUS if self.source_of(spec) is Source.PROMETHEUS else SourceKind.SCRAPE
+        targets = self._targets.resolve(namespace, name, spec) if self._targets is not None else None
+        view = self._store.view(namespace, self._clock(), self._max_staleness, kind)
         problems = "; ".join(view.problems[:5])
         if view.sources == 0:
-            raise NoData("no exporters are configured (--exporter-url) and no other source is available")
+            raise NoData(f"no {kind.value} source is configured or discovered for namespace {namespace!r}")
         if view.fresh_sources == 0:
-            raise NoData(f"no exporter has fresh data: {problems}")
+            raise NoData(f"no source has fresh data: {problems}")
         families = spec.vendor.families
-        readings = [r for r in view.readings if r.pod.startswith(prefix) and r.family in families]
+        if targets is None:
+            # Without Kubernetes the targets are the pods the fresh pages name (with or without a usable
+            # value) plus those recently seen on sources now failing or stale; the prefix selects them.
+            prefix = spec.pod_name_prefix or ""
+            readings = [r for r in view.readings if r.pod.startswith(prefix) and r.family in families]
+            target_pods = {r.pod for r in readings}
+            target_pods.update(pod for pod in view.recently_seen if pod.startswith(prefix))
+        else:
+            readings = [r for r in view.readings if r.pod in targets.pods and r.family in families]
+            target_pods = set(targets.pods)
+        aggregation, mismatch = aggregation_for(spec, targets.metric_type if targets else None)
+        notes: tuple[str, ...] = ()
+        if mismatch:
+            log.warning("ScaledObject %s/%s: %s", namespace, name, mismatch)
+            self._telemetry.aggregation_mismatches.inc()
+            notes = (mismatch,)
         reporting = pod_values(readings, spec)
-        # Target pods = pods the fresh pages name (with or without a usable value) + pods recently seen on
-        # exporters that are now failing or stale; those without a value count as missing.
-        named = {r.pod for r in readings}
-        named.update(pod for pod in view.recently_seen if pod.startswith(prefix))
         try:
-            return evaluate(reporting, named - reporting.keys(), spec, spec.effective_aggregation)
+            return evaluate(reporting, target_pods - reporting.keys(), spec, aggregation), notes
         except NoData as error:
             raise NoData(f"{error}{'; ' + problems if problems else ''}") from None

@@ -118,20 +118,24 @@ def _reject(line: str, line_number: int, names: Set[str] | None) -> None:
         return
     rest = line[match.end() :]
     if rest and rest[0] not in " \t{":
-        raise _error(line_number, f"invalid character {rest[0]!r} in metric name {name!r}")
+        raise _error(line_number, f"invalid character {rest[0]!r} in metric name {_excerpt(name)}")
     rest = rest.lstrip(" \t")
     if rest.startswith("{"):
         close = rest.rfind("}")
+        # An error in the labels comes first on the line. Without any "}", the labels' own error (an
+        # unterminated value, say) explains the line best; if they have none, the set is not closed.
+        _parse_labels(rest[1:close] if close >= 0 else rest[1:], line_number)
         if close < 0:
-            raise _error(line_number, f"label set of {name!r} not closed")
-        _parse_labels(rest[1:close], line_number)  # an error here comes first on the line
+            raise _error(line_number, f"label set of {_excerpt(name)} not closed")
         rest = rest[close + 1 :]
     fields = rest.split()
     if not fields:
-        raise _error(line_number, f"missing value for {name!r}")
+        raise _error(line_number, f"missing value for {_excerpt(name)}")
     if len(fields) > 2:
-        raise _error(line_number, f"unexpected text after the timestamp of {name!r}: {_excerpt(rest)}")
-    raise _error(line_number, f"malformed value or timestamp of {name!r}: {_excerpt(rest)}")
+        raise _error(
+            line_number, f"unexpected text after the timestamp of {_excerpt(name)}: {_excerpt(rest)}"
+        )
+    raise _error(line_number, f"malformed value or timestamp of {_excerpt(name)}: {_excerpt(rest)}")
 
 
 def _parse_labels(block: str, line_number: int) -> dict[str, str]:
@@ -170,17 +174,17 @@ def _parse_labels_fully(block: str, line_number: int) -> dict[str, str]:
         while block.startswith(_BLANKS, pos):
             pos += 1
         if not block.startswith('"', pos):
-            raise _error(line_number, f"value of label {label!r} is not quoted")
+            raise _error(line_number, f"value of label {_excerpt(label)} is not quoted")
         value, pos = _read_label_value(block, pos + 1, line_number, label)
         if label in labels:
-            raise _error(line_number, f"duplicate label name {label!r}")
+            raise _error(line_number, f"duplicate label name {_excerpt(label)}")
         labels[label] = value
         while block.startswith(_BLANKS, pos):
             pos += 1
         if block.startswith(",", pos):
             pos += 1
         elif pos != len(block):
-            raise _error(line_number, f"expected ',' or '}}' after the value of label {label!r}")
+            raise _error(line_number, f"expected ',' or '}}' after the value of label {_excerpt(label)}")
 
 
 def _read_label_value(block: str, start: int, line_number: int, label: str) -> tuple[str, int]:
@@ -197,7 +201,7 @@ def _read_label_value(block: str, start: int, line_number: int, label: str) -> t
         if quote < pos:
             quote = block.find('"', pos)
             if quote < 0:
-                raise _error(line_number, f"unterminated value of label {label!r}")
+                raise _error(line_number, f"unterminated value of label {_excerpt(label)}")
         backslash = block.find("\\", pos, quote)
         if backslash < 0:
             parts.append(block[pos:quote])

@@ -83,7 +83,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 # KEDA calls it first, when it reconciles the ScaledObject: collection starts then, so
                 # data is there by the first GetMetrics.
                 spec = self._spec(request)
-                self._evaluator.want(spec)
+                self._evaluator.want(request.namespace, spec)
                 metric = pb.MetricSpec(
                     metricName=spec.metric_name,
                     targetSize=math.ceil(spec.threshold),

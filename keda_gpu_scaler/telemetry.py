@@ -58,6 +58,11 @@ class Telemetry:
             ["namespace", "scaledobject", "metric"],
             registry=r,
         )
+        self.aggregation_mismatches = Counter(
+            f"{PREFIX}_aggregation_mismatches",
+            "evaluations whose explicit aggregation contradicts the trigger's metricType",
+            registry=r,
+        )
         self.scrapes = Counter(f"{PREFIX}_scrapes", "exporter scrapes, by result", ["result"], registry=r)
         self.scrape_duration = Histogram(
             f"{PREFIX}_scrape_duration_seconds", "exporter scrape latency including parsing", registry=r
@@ -70,7 +75,13 @@ class Telemetry:
         self.scrape_duration.observe(seconds)
 
     def record_evaluation(
-        self, namespace: str, name: str, spec: TriggerSpec, evaluation: Evaluation | None, error: str | None
+        self,
+        namespace: str,
+        name: str,
+        spec: TriggerSpec,
+        evaluation: Evaluation | None,
+        error: str | None,
+        notes: tuple[str, ...] = (),
     ) -> None:
         self.evaluations.labels("ok" if evaluation else "no_data").inc()
         entry: dict[str, Any] = {
@@ -86,6 +97,8 @@ class Telemetry:
             entry.update(evaluation_json(evaluation, spec))
         else:
             entry["error"] = error
+        if notes:
+            entry["notes"] = list(notes)
         self._explanations[(namespace, name)] = entry
 
     def explanation(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import aiohttp
@@ -27,29 +27,41 @@ class PageTooLarge(Exception):
     pass
 
 
+# Interest key of the exporters scraped directly (per namespace keys serve the Prometheus source).
+SCRAPE_INTEREST = "scrape"
+
+
 class Interest:
-    """Remembers when triggers last asked for data; collection runs only while that is recent."""
+    """Remembers when triggers last asked for each kind of data; collection runs only while that is recent."""
 
     def __init__(self, ttl: float, clock: Callable[[], float]) -> None:
         self._ttl = ttl
         self._clock = clock
-        self._last_touch: float | None = None
+        self._last_touch: dict[Hashable, float] = {}
         self._woken = asyncio.Event()
 
-    def touch(self) -> None:
-        first = not self.wanted()
-        self._last_touch = self._clock()
+    def touch(self, key: Hashable = SCRAPE_INTEREST) -> None:
+        first = not self.wanted(key)
+        self._last_touch[key] = self._clock()
         if first:
             # Start collecting at once rather than at the next idle check.
-            self._woken.set()
+            woken, self._woken = self._woken, asyncio.Event()
+            woken.set()
 
-    def wanted(self) -> bool:
-        return self._last_touch is not None and self._clock() - self._last_touch < self._ttl
+    def wanted(self, key: Hashable = SCRAPE_INTEREST) -> bool:
+        touched = self._last_touch.get(key)
+        return touched is not None and self._clock() - touched < self._ttl
 
-    async def wait_until_wanted(self, timeout: float) -> None:
-        if self.wanted():
+    def wanted_keys(self) -> list[Hashable]:
+        now = self._clock()
+        expired = [k for k, t in self._last_touch.items() if now - t >= self._ttl]
+        for key in expired:
+            del self._last_touch[key]
+        return list(self._last_touch)
+
+    async def wait_until_wanted(self, timeout: float, key: Hashable = SCRAPE_INTEREST) -> None:
+        if self.wanted(key):
             return
-        self._woken.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._woken.wait(), timeout)
 

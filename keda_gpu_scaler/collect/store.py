@@ -7,6 +7,7 @@ import contextlib
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from keda_gpu_scaler.vendors import GpuReading
 
@@ -31,9 +32,16 @@ class Page:
         return cls(source, collected_at, {ns: tuple(rs) for ns, rs in grouped.items()})
 
 
+class SourceKind(StrEnum):
+    SCRAPE = "scrape"  # an exporter page, naming pods of any namespace
+    PROMETHEUS = "prometheus"  # one namespace's query results from a Prometheus-compatible API
+
+
 @dataclass(slots=True)
 class SourceState:
     source: str
+    kind: SourceKind = SourceKind.SCRAPE
+    namespace: str | None = None  # None: the source may name pods of any namespace
     last_page: Page | None = None
     last_error: str | None = None
     last_attempt_at: float | None = None
@@ -67,8 +75,8 @@ class Store:
     def sources(self) -> list[SourceState]:
         return list(self._sources.values())
 
-    def add_source(self, source: str) -> None:
-        self._sources.setdefault(source, SourceState(source))
+    def add_source(self, source: str, kind: SourceKind = SourceKind.SCRAPE, namespace: str | None = None) -> None:
+        self._sources.setdefault(source, SourceState(source, kind, namespace))
 
     def remove_source(self, source: str) -> None:
         if self._sources.pop(source, None) is not None:
@@ -89,12 +97,17 @@ class Store:
         state.consecutive_failures += 1
         self._bump()
 
-    def view(self, namespace: str, now: float, max_staleness: float) -> NamespaceView:
+    def view(
+        self, namespace: str, now: float, max_staleness: float, kind: SourceKind = SourceKind.SCRAPE
+    ) -> NamespaceView:
         readings: list[GpuReading] = []
         recently_seen: dict[str, str] = {}
         problems: list[str] = []
         fresh = 0
-        for state in self._sources.values():
+        states = [
+            s for s in self._sources.values() if s.kind is kind and (s.namespace is None or s.namespace == namespace)
+        ]
+        for state in states:
             page = state.last_page
             age = None if page is None else now - page.collected_at
             if page is not None and age is not None and age <= max_staleness:
@@ -112,7 +125,7 @@ class Store:
             if page is not None and age is not None and age <= RECENTLY_SEEN_SECONDS:
                 for reading in page.by_namespace.get(namespace, ()):
                     recently_seen.setdefault(reading.pod, reason)
-        return NamespaceView(tuple(readings), fresh, len(self._sources), recently_seen, tuple(problems))
+        return NamespaceView(tuple(readings), fresh, len(states), recently_seen, tuple(problems))
 
     async def wait_for_change(self, seen_version: int, timeout: float) -> None:
         """Return once the store has moved past seen_version, or after timeout (data also ages)."""

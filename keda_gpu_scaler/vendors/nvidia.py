@@ -37,6 +37,8 @@ SAMPLE_NAMES = frozenset({GPU_UTIL, GR_ENGINE_ACTIVE, FB_USED, FB_FREE, FB_RESER
 # --kubernetes-enable-pod-uid). So neither `pod_uid` nor `vgpu` alone tells a true value from a copy:
 # what does is a device-level series of the same family on the same GPU beside pod-labelled ones
 # carrying `pod_uid`. That is the test below, made per family so the GR_ENGINE_ACTIVE revision works too.
+# The per-pod value is keyed by pod UID but printed once per container (and per vgpu replica) of the
+# pod, so a pod's several series for one GPU are one value, never added.
 _MAYBE_PER_POD = (GPU_UTIL, GR_ENGINE_ACTIVE, FB_USED)
 
 _HOST_LABELS = ("Hostname", "hostname", "NodeName")  # `hostname` after dcgm-exporter #655; ACK NodeName
@@ -57,7 +59,9 @@ class _Gpu:
     pods: dict[PodKey, _PodSeries] = field(default_factory=dict)
 
     def per_pod(self, name: str) -> bool:
-        return name in self.device and any(name in series.with_uid for series in self.pods.values())
+        if name not in _MAYBE_PER_POD or name not in self.device:
+            return False
+        return any(name in series.with_uid for series in self.pods.values())
 
     def device_value(self, name: str, pod: PodKey) -> float | None:
         """A device-wide quantity (FB_FREE, the GPU's total FB_USED, ...) for the memory denominator."""
