@@ -19,19 +19,9 @@ from keda_gpu_scaler.evaluator import Evaluator
 from keda_gpu_scaler.service import ExternalScalerService, HealthStatus, add_services
 from keda_gpu_scaler.settings import Settings
 from keda_gpu_scaler.telemetry import Telemetry, http_app
+from keda_gpu_scaler.tls import ReloadingServerCredentials
 
 log = logging.getLogger(__name__)
-
-
-def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
-    if settings.tls_cert_file is None or settings.tls_key_file is None:
-        return None
-    key = settings.tls_key_file.read_bytes()
-    chain = settings.tls_cert_file.read_bytes()
-    client_ca = settings.tls_client_ca_file.read_bytes() if settings.tls_client_ca_file else None
-    return grpc.ssl_server_credentials(
-        [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
-    )
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -63,6 +53,7 @@ class App:
         )
         self.health = HealthStatus()
         self.grpc_port = 0
+        self.tls: ReloadingServerCredentials | None = None
         self.http_port = 0
         self._session: aiohttp.ClientSession | None = None
         self._collector: ScrapeCollector | None = None
@@ -87,11 +78,11 @@ class App:
 
         self._server = grpc.aio.server()
         add_services(self._server, self.service, self.health)
-        credentials = server_credentials(s)
-        if credentials is None:
+        if s.tls_cert_file is None or s.tls_key_file is None:
             self.grpc_port = self._server.add_insecure_port(s.grpc_address)
         else:
-            self.grpc_port = self._server.add_secure_port(s.grpc_address, credentials)
+            self.tls = ReloadingServerCredentials(s.tls_cert_file, s.tls_key_file, s.tls_client_ca_file)
+            self.grpc_port = self._server.add_secure_port(s.grpc_address, self.tls.credentials)
         await self._server.start()
         await self.health.set_serving(True)
 
@@ -106,7 +97,7 @@ class App:
             "serving gRPC on %s (port %d, %s), HTTP on %s (port %d); %d exporter(s)",
             s.grpc_address,
             self.grpc_port,
-            "plaintext" if credentials is None else "mTLS" if s.tls_client_ca_file else "TLS",
+            "plaintext" if self.tls is None else "mTLS" if s.tls_client_ca_file else "TLS",
             s.http_address,
             self.http_port,
             len(s.exporter_urls),

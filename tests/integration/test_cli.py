@@ -1,0 +1,170 @@
+"""The command line as a user runs it: serve (flags, env, SIGTERM), explain, --help."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+from support import GpuLine, dcgm_page
+
+from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_gpu_scaler.settings import FLAGS
+
+READY_LINE = re.compile(r"serving gRPC on \S+ \(port (\d+), \w+\), HTTP on \S+ \(port (\d+)\)")
+METADATA = {"podNamePrefix": "vllm-", "threshold": "70"}
+
+
+async def start_serve(
+    *args: str, env: dict[str, str] | None = None
+) -> tuple[asyncio.subprocess.Process, int]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "keda_gpu_scaler",
+        "serve",
+        "--grpc-address",
+        "127.0.0.1:0",
+        "--http-address",
+        "127.0.0.1:0",
+        "--kubernetes",
+        "off",
+        *args,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
+    assert process.stderr is not None
+    async with asyncio.timeout(20):
+        while True:
+            line = (await process.stderr.readline()).decode()
+            assert line, "serve exited before it was ready"
+            if match := READY_LINE.search(line):
+                return process, int(match.group(1))
+
+
+@pytest.fixture
+async def processes() -> AsyncIterator[list[asyncio.subprocess.Process]]:
+    started: list[asyncio.subprocess.Process] = []
+    yield started
+    for process in started:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_sigterm_ends_streams_ok_and_exits_zero(make_exporter, processes) -> None:  # type: ignore[no-untyped-def]
+    exporter = await make_exporter(dcgm_page([GpuLine("llm", "vllm-0", 90)]))
+    process, port = await start_serve("--exporter-url", exporter.url, "--scrape-interval", "0.2")
+    processes.append(process)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.ExternalScalerStub(channel)
+        ref = pb.ScaledObjectRef(name="vllm", namespace="llm", scalerMetadata=METADATA)
+        await stub.GetMetricSpec(ref)
+        stream = stub.StreamIsActive(ref)
+        first = await asyncio.wait_for(stream.read(), 10)
+        assert first.result is True
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(stream.read(), 10) is grpc.aio.EOF
+        assert await stream.code() is grpc.StatusCode.OK
+    assert await asyncio.wait_for(process.wait(), 20) == 0
+
+
+async def test_environment_variables_configure_serve_and_flags_win(make_exporter, processes) -> None:  # type: ignore[no-untyped-def]
+    a = await make_exporter(dcgm_page([GpuLine("llm", "vllm-0", 30)]))
+    b = await make_exporter(dcgm_page([GpuLine("llm", "vllm-1", 40)], host="gpu-node-b"))
+    env = {"KEDA_GPU_SCALER_EXPORTER_URL": f"{a.url},{b.url}", "KEDA_GPU_SCALER_SCRAPE_INTERVAL": "0.2"}
+    process, port = await start_serve(env=env)
+    processes.append(process)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = pb_grpc.ExternalScalerStub(channel)
+        request = pb.GetMetricsRequest(
+            scaledObjectRef=pb.ScaledObjectRef(name="vllm", namespace="llm", scalerMetadata=METADATA),
+            metricName="gpu-utilization",
+        )
+        deadline = asyncio.get_running_loop().time() + 10
+        while True:
+            try:
+                value = (await stub.GetMetrics(request)).metricValues[0].metricValueFloat
+                if value == 70:
+                    break
+            except grpc.aio.AioRpcError:
+                pass
+            assert asyncio.get_running_loop().time() < deadline, "never saw both exporters' pods"
+            await asyncio.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    assert await asyncio.wait_for(process.wait(), 20) == 0
+
+
+async def run_cli(*args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "keda_gpu_scaler",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_serve_help_lists_every_flag_and_its_environment_variable() -> None:
+    code, out, _ = await run_cli("serve", "--help")
+    assert code == 0
+    for flag in FLAGS:
+        assert flag.name in out
+        assert flag.env in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--scrape-interval", "0"], "--scrape-interval='0' must be a finite number > 0"),
+        (["--grpc-address", "6000"], "--grpc-address='6000' is not an address"),
+        (["--exporter-url", "node-a:9400"], "--exporter-url='node-a:9400' is not an http(s) URL"),
+        (["--tls-cert-file", "/nonexistent.pem", "--tls-key-file", "/nonexistent.key"], "no such file"),
+        (["--tls-cert-file", "/etc/hostname"], "must be given together"),
+    ],
+)
+async def test_bad_flags_are_clear_errors(args: list[str], message: str) -> None:
+    code, _, err = await run_cli("serve", "--kubernetes", "off", *args)
+    assert code == 2
+    assert message in err
+
+
+async def test_explain_prints_the_table(make_exporter) -> None:  # type: ignore[no-untyped-def]
+    page = dcgm_page([GpuLine("llm", f"vllm-{i}", 90, gpu=i) for i in range(4)])
+    exporter = await make_exporter(page)
+    code, out, _ = await run_cli(
+        "explain", "--exporter-url", exporter.url, "--namespace", "llm", "podNamePrefix=vllm-", "threshold=70"
+    )
+    assert code == 0, out
+    assert "vllm-3" in out
+    assert "value = 360.00 (sum over 4 pods)" in out
+    assert "HPA would choose 6 replicas with metricType AverageValue" in out
+
+
+async def test_explain_reports_bad_metadata_and_dead_exporters(make_exporter) -> None:  # type: ignore[no-untyped-def]
+    code, out, _ = await run_cli(
+        "explain",
+        "--exporter-url",
+        "http://127.0.0.1:9/metrics",
+        "--namespace",
+        "llm",
+        "podNamePrefix=a-",
+        "threshold=70",
+    )
+    assert code == 1
+    assert "no source has fresh data" in out
+    code, out, _ = await run_cli(
+        "explain", "--exporter-url", "http://127.0.0.1:9/metrics", "--namespace", "llm", "threshold=700"
+    )
+    assert code == 1
+    assert "threshold='700' is out of range" in out
