@@ -32,7 +32,9 @@ class ReloadingServerCredentials:
         self._stamps = self._stat()
         self.reloads = 0
         self.credentials = grpc.dynamic_ssl_server_credentials(
-            self._configuration(), self._fetch, require_client_authentication=client_ca_file is not None
+            self._configuration(),
+            self._fetch,  # type: ignore[arg-type]  # grpc-stubs omit that None means "no change"
+            require_client_authentication=client_ca_file is not None,
         )
 
     def _stat(self) -> list[_Stamp]:
