@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: help run test proto lint bench image clean
+.PHONY: help run test proto lint bench image docs clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -33,6 +33,9 @@ lint: proto ## ruff and mypy --strict
 
 bench: proto ## run the benchmarks and rewrite docs/BENCHMARKS.md
 	$(PY) -m bench
+
+docs: proto ## refresh the README's flag and metadata tables from the code
+	$(PY) -m keda_gpu_scaler.reference_tables
 
 image: ## build the container image
 	docker build -t keda-gpu-scaler:dev .

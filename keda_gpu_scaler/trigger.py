@@ -140,21 +140,112 @@ def _pod_selector(key: str, raw: str) -> str:
     return raw.strip()
 
 
-# The one table of keys: metadata key → (TriggerSpec field, parser, default when absent).
+# The one table of keys: it drives parsing, the defaults, and the README's metadata table.
 _REQUIRED = object()
-_KEYS: dict[str, tuple[str, Callable[[str, str], Any], Any]] = {
-    "metric": ("metric", _enum_parser(Metric), Metric.UTILIZATION),
-    "threshold": ("threshold", _threshold, _REQUIRED),
-    "activationThreshold": ("activation_threshold", _activation_threshold, 0.0),
-    "podSelector": ("pod_selector", _pod_selector, None),
-    "podNamePrefix": ("pod_name_prefix", _pod_name_prefix, None),
-    "gpuAggregation": ("gpu_aggregation", _enum_parser(GpuAggregation), GpuAggregation.MEAN),
-    "aggregation": ("aggregation", _enum_parser(Aggregation), None),
-    "vendor": ("vendor", _enum_parser(Vendor), Vendor.AUTO),
-    "nvidiaField": ("nvidia_field", _enum_parser(NvidiaField), NvidiaField.AUTO),
-    "source": ("source", _enum_parser(Source), None),
-    "metricName": ("metric_name", _metric_name, None),
-}
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataKey:
+    key: str
+    field: str
+    parse: Callable[[str, str], Any]
+    default: Any
+    default_text: str
+    help: str
+
+
+KEYS: tuple[MetadataKey, ...] = (
+    MetadataKey(
+        "metric",
+        "metric",
+        _enum_parser(Metric),
+        Metric.UTILIZATION,
+        "`utilization`",
+        "`utilization` (GPU busy %, 0–100 per GPU) or `memory` (GPU memory used %, 0–100 per GPU)",
+    ),
+    MetadataKey(
+        "threshold",
+        "threshold",
+        _threshold,
+        _REQUIRED,
+        "required",
+        "target per pod, in %, 0 < threshold <= 100",
+    ),
+    MetadataKey(
+        "activationThreshold",
+        "activation_threshold",
+        _activation_threshold,
+        0.0,
+        "`0`",
+        "active when the returned value is greater than this (a finite number >= 0)",
+    ),
+    MetadataKey(
+        "podSelector",
+        "pod_selector",
+        _pod_selector,
+        None,
+        "the scale target's selector",
+        "Kubernetes label selector for the target pods (Kubernetes on only)",
+    ),
+    MetadataKey(
+        "podNamePrefix",
+        "pod_name_prefix",
+        _pod_name_prefix,
+        None,
+        "none",
+        "without Kubernetes (required there): the target pods are the namespace's pods whose name starts with this",
+    ),
+    MetadataKey(
+        "gpuAggregation",
+        "gpu_aggregation",
+        _enum_parser(GpuAggregation),
+        GpuAggregation.MEAN,
+        "`mean`",
+        "how one pod's GPUs combine: `mean` or `max`",
+    ),
+    MetadataKey(
+        "aggregation",
+        "aggregation",
+        _enum_parser(Aggregation),
+        None,
+        "from `metricType`, else `sum`",
+        "how pods combine into the returned value: `sum` (for AverageValue), `mean` (for Value), `max`",
+    ),
+    MetadataKey(
+        "vendor",
+        "vendor",
+        _enum_parser(Vendor),
+        Vendor.AUTO,
+        "`auto`",
+        "`auto`, `nvidia`, `amd`, `ack`: which exporters' series may count",
+    ),
+    MetadataKey(
+        "nvidiaField",
+        "nvidia_field",
+        _enum_parser(NvidiaField),
+        NvidiaField.AUTO,
+        "`auto`",
+        "`gpu_util` (DCGM_FI_DEV_GPU_UTIL), `gr_engine_active` (DCGM_FI_PROF_GR_ENGINE_ACTIVE × 100), or `auto`"
+        " (gr_engine_active for MIG instances, else gpu_util where present)",
+    ),
+    MetadataKey(
+        "source",
+        "source",
+        _enum_parser(Source),
+        None,
+        "the server's default",
+        "`scrape` (exporters directly) or `prometheus`",
+    ),
+    MetadataKey(
+        "metricName",
+        "metric_name",
+        _metric_name,
+        None,
+        "`gpu-utilization` / `gpu-memory`",
+        "the name GetMetricSpec returns (KEDA prefixes it with `sN-`)",
+    ),
+)
+_KEYS = {k.key: k for k in KEYS}
 METADATA_KEYS: tuple[str, ...] = tuple(_KEYS)
 DEFAULT_METRIC_NAMES = {Metric.UTILIZATION: "gpu-utilization", Metric.MEMORY: "gpu-memory"}
 
@@ -179,14 +270,14 @@ def _parse_cached(items: frozenset[tuple[str, str]]) -> TriggerSpec:
             raise ConfigError(
                 f"metadata {key} is {len(raw)} characters long; at most {MAX_METADATA_VALUE_CHARS}"
             )
-        field, parser, _ = _KEYS[key]
-        fields[field] = parser(key, raw)
-    for key, (field, _, default) in _KEYS.items():
-        if field in fields:
+        spec_key = _KEYS[key]
+        fields[spec_key.field] = spec_key.parse(key, raw)
+    for spec_key in KEYS:
+        if spec_key.field in fields:
             continue
-        if default is _REQUIRED:
-            raise ConfigError(f"metadata {key} is required; allowed: a percentage with 0 < {key} <= 100")
-        fields[field] = default
+        if spec_key.default is _REQUIRED:
+            raise ConfigError(f"metadata {spec_key.key} is required; allowed: {spec_key.help}")
+        fields[spec_key.field] = spec_key.default
     if fields["metric_name"] is None:
         fields["metric_name"] = DEFAULT_METRIC_NAMES[fields["metric"]]
     if fields["pod_selector"] is not None and fields["pod_name_prefix"] is not None:

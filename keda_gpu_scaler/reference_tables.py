@@ -1,0 +1,39 @@
+"""The README's tables of `serve` flags and trigger metadata, made from the tables the code runs on."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from keda_gpu_scaler.settings import FLAGS
+from keda_gpu_scaler.trigger import KEYS
+
+_BLOCK = re.compile(r"(<!-- (?P<name>[a-z-]+):begin -->\n).*?(<!-- (?P=name):end -->)", re.S)
+
+
+def flags_table() -> str:
+    rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
+    for flag in FLAGS:
+        default = f"`{flag.default}`" if flag.default else "none"
+        choices = f" (`{'`, `'.join(flag.choices)}`)" if flag.choices else ""
+        rows.append(f"| `{flag.name}` | `{flag.env}` | {default} | {flag.help}{choices} |")
+    return "\n".join(rows) + "\n"
+
+
+def metadata_table() -> str:
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{k.key}` | {k.default_text} | {k.help} |" for k in KEYS]
+    return "\n".join(rows) + "\n"
+
+
+TABLES = {"flags": flags_table, "metadata": metadata_table}
+
+
+def render(readme: str) -> str:
+    """The README with every `<!-- NAME:begin -->…<!-- NAME:end -->` block made anew from the code."""
+    return _BLOCK.sub(lambda m: m.group(1) + TABLES[m.group("name")]() + m.group(3), readme)
+
+
+if __name__ == "__main__":
+    path = Path(__file__).resolve().parent.parent / "README.md"
+    path.write_text(render(path.read_text()))

@@ -1,0 +1,31 @@
+"""The README's tables of flags and metadata keys stay in step with the code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from keda_gpu_scaler.reference_tables import TABLES, render
+from keda_gpu_scaler.settings import FLAGS
+from keda_gpu_scaler.trigger import KEYS
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_tables_match_the_code() -> None:
+    text = README.read_text()
+    for name in TABLES:
+        assert f"<!-- {name}:begin -->" in text and f"<!-- {name}:end -->" in text
+    assert render(text) == text, "README tables are out of date: run `make docs`"
+
+
+def test_every_flag_and_key_is_in_the_readme() -> None:
+    text = README.read_text()
+    for flag in FLAGS:
+        assert f"| `{flag.name}` | `{flag.env}` |" in text
+    for key in KEYS:
+        assert f"| `{key.key}` |" in text
+
+
+def test_readme_starts_with_the_two_commands() -> None:
+    head = README.read_text()[:1500]
+    assert "make run" in head and "make test" in head
