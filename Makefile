@@ -34,8 +34,9 @@ lint: proto ## ruff and mypy --strict
 bench: proto ## run the benchmarks and rewrite docs/BENCHMARKS.md
 	$(PY) -m bench
 
-docs: proto ## refresh the README's flag and metadata tables from the code
+docs: proto ## refresh the README's tables and docs/RELIABILITY.md from the code and the fault table
 	$(PY) -m keda_gpu_scaler.reference_tables
+	cd tests && ../$(PY) -c "import faults, pathlib; pathlib.Path('../docs/RELIABILITY.md').write_text(faults.reliability_markdown())"
 
 image: ## build the container image
 	docker build -t keda-gpu-scaler:dev .

@@ -1,0 +1,170 @@
+"""Exporter faults used by the reliability tests, and the behaviour each must produce (docs/RELIABILITY.md)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from aiohttp import web
+
+HEALTHY_PAGE_LINE = (
+    'DCGM_FI_DEV_GPU_UTIL{{gpu="{gpu}",UUID="GPU-{gpu}",device="nvidia{gpu}",modelName="NVIDIA H100 80GB HBM3",'
+    'Hostname="faulty-node",container="main",namespace="llm",pod="{pod}"}} {value}'
+)
+
+
+def page(*lines: str) -> str:
+    return (
+        "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).\n# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+
+
+def line(pod: str, value: str, gpu: int = 0) -> str:
+    return HEALTHY_PAGE_LINE.format(pod=pod, value=value, gpu=gpu)
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    description: str
+    # UNAVAILABLE: the affected trigger answers UNAVAILABLE (never 0/false); otherwise the exact value.
+    expected: str | float
+    behaviour: str
+
+
+FAULTS: tuple[Fault, ...] = (
+    Fault(
+        "slow",
+        "exporter answers after the scrape timeout",
+        "UNAVAILABLE",
+        "scrape times out; once the last data is older than --max-staleness: UNAVAILABLE",
+    ),
+    Fault(
+        "refused", "nothing listens on the exporter's port", "UNAVAILABLE", "connection refused; UNAVAILABLE"
+    ),
+    Fault("reset", "connection reset in the middle of the body", "UNAVAILABLE", "scrape fails; UNAVAILABLE"),
+    Fault(
+        "http_500", "exporter answers HTTP 500", "UNAVAILABLE", "scrape fails with 'HTTP 500'; UNAVAILABLE"
+    ),
+    Fault(
+        "truncated",
+        "page cut in the middle of a sample line",
+        "UNAVAILABLE",
+        "page rejected as not valid exposition (line named); UNAVAILABLE",
+    ),
+    Fault(
+        "garbage",
+        "random bytes instead of a page",
+        "UNAVAILABLE",
+        "page rejected (invalid UTF-8 or syntax); UNAVAILABLE",
+    ),
+    Fault(
+        "huge",
+        "a 100 MB body",
+        "UNAVAILABLE",
+        "read stops at --max-page-bytes; page refused; memory bounded by the cap; UNAVAILABLE",
+    ),
+    Fault(
+        "nan_inf",
+        "NaN and +Inf values for every GPU of the target",
+        "UNAVAILABLE",
+        "samples dropped; the pods have no value (missing); fewer than half fresh: UNAVAILABLE",
+    ),
+    Fault("negative_huge", "values -5 and 1e300", 100.0, "clamped to 0 and 100 per GPU: value 100"),
+    Fault("duplicates", "every series printed twice", 60.0, "counted once: value 60"),
+    Fault(
+        "escapes", "label values with escapes and unicode in other labels", 60.0, "parsed exactly: value 60"
+    ),
+    Fault(
+        "restart",
+        "exporter restarts between scrapes (down, then up again)",
+        60.0,
+        "UNAVAILABLE while down, value again after the restart",
+    ),
+)
+
+
+class FaultyExporter:
+    """An aiohttp exporter on 127.0.0.1 that serves two healthy pods until told to misbehave."""
+
+    def __init__(self) -> None:
+        self.fault: str | None = None
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def healthy(self) -> str:
+        return page(line("vllm-0", "30", 0), line("vllm-1", "30", 1))
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        fault = self.fault
+        if fault == "slow":
+            await asyncio.sleep(2)
+        elif fault == "http_500":
+            return web.Response(status=500, text="internal error")
+        elif fault == "reset":
+            response = web.StreamResponse(headers={"Content-Length": "100000"})
+            await response.prepare(request)
+            await response.write(self.healthy().encode()[:80])
+            assert request.transport is not None
+            request.transport.close()
+            return response
+        elif fault == "truncated":
+            return web.Response(text=self.healthy()[:-30])
+        elif fault == "garbage":
+            return web.Response(body=bytes(range(256)) * 64)
+        elif fault == "huge":
+            response = web.StreamResponse()
+            await response.prepare(request)
+            chunk = ("# padding " + "x" * 1013 + "\n").encode() * 1024  # 1 MiB of comment lines
+            for _ in range(100):
+                await response.write(chunk)
+            return response
+        elif fault == "nan_inf":
+            return web.Response(text=page(line("vllm-0", "NaN", 0), line("vllm-1", "+Inf", 1)))
+        elif fault == "negative_huge":
+            return web.Response(text=page(line("vllm-0", "-5", 0), line("vllm-1", "1e300", 1)))
+        elif fault == "duplicates":
+            lines = [line("vllm-0", "30", 0), line("vllm-1", "30", 1)]
+            return web.Response(text=page(*lines, *lines))
+        elif fault == "escapes":
+            tricky = 'modelName="H100 \\"SXM\\" \\\\ 80GB\\nπ✓"'
+            lines = [line("vllm-0", "30", 0), line("vllm-1", "30", 1)]
+            return web.Response(
+                text=page(*(ln.replace('modelName="NVIDIA H100 80GB HBM3"', tricky) for ln in lines))
+            )
+        return web.Response(text=self.healthy())
+
+    async def start(self, port: int = 0) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", port).start()
+        self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+
+def reliability_markdown() -> str:
+    rows = [
+        "# Reliability: exporter faults and what the scaler does",
+        "",
+        "Each row is a case of `tests/integration/test_faults.py`, which injects the fault on a loopback",
+        "exporter and checks the behaviour through the real gRPC API, while a second, healthy exporter",
+        "serving another namespace keeps its exact value and the process keeps serving.",
+        "This page is generated from the same table (`tests/faults.py`); a test keeps them in step.",
+        "",
+        "| fault | observed behaviour of the affected trigger |",
+        "|---|---|",
+    ]
+    rows += [f"| {f.description} | {f.behaviour} |" for f in FAULTS]
+    return "\n".join(rows) + "\n"

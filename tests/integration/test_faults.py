@@ -1,0 +1,95 @@
+"""Exporter faults: the process keeps serving, affected triggers get UNAVAILABLE (never 0 or false),
+unaffected triggers keep their exact values."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from faults import FAULTS, Fault, FaultyExporter, reliability_markdown
+from support import GpuLine, dcgm_page, eventually
+
+from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+
+AFFECTED = {"podNamePrefix": "vllm-", "threshold": "70"}
+UNAFFECTED = {"podNamePrefix": "other-", "threshold": "70"}
+DOC = Path(__file__).resolve().parents[2] / "docs" / "RELIABILITY.md"
+
+
+def request(namespace: str, metadata: dict[str, str]) -> pb.GetMetricsRequest:
+    ref = pb.ScaledObjectRef(name="so", namespace=namespace, scalerMetadata=metadata)
+    return pb.GetMetricsRequest(scaledObjectRef=ref, metricName="gpu-utilization")
+
+
+@pytest.fixture
+async def faulty() -> AsyncIterator[FaultyExporter]:
+    exporter = FaultyExporter()
+    await exporter.start()
+    yield exporter
+    await exporter.stop()
+
+
+async def outcome(stub, namespace: str, metadata: dict[str, str]) -> str | float:  # type: ignore[no-untyped-def]
+    try:
+        response = await stub.GetMetrics(request(namespace, metadata))
+    except grpc.aio.AioRpcError as error:
+        if error.code() is grpc.StatusCode.UNAVAILABLE:
+            return "UNAVAILABLE"
+        raise
+    (value,) = response.metricValues
+    return value.metricValueFloat
+
+
+async def is_active(stub, namespace: str, metadata: dict[str, str]) -> str | bool:  # type: ignore[no-untyped-def]
+    try:
+        return (
+            await stub.IsActive(pb.ScaledObjectRef(name="so", namespace=namespace, scalerMetadata=metadata))
+        ).result
+    except grpc.aio.AioRpcError as error:
+        return error.code().name
+
+
+@pytest.mark.parametrize("fault", FAULTS, ids=[f.name for f in FAULTS])
+async def test_fault(fault: Fault, faulty: FaultyExporter, make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    healthy = await make_exporter(dcgm_page([GpuLine("team-b", "other-0", 55)], host="healthy-node"))
+    scaler = await make_scaler(faulty, healthy, max_page_bytes=1024 * 1024)
+    stub = scaler.stub
+
+    async def before() -> None:
+        assert await outcome(stub, "llm", AFFECTED) == 60
+        assert await outcome(stub, "team-b", UNAFFECTED) == 55
+
+    await eventually(before)
+    if fault.name == "refused" or fault.name == "restart":
+        port = faulty.port
+        await faulty.stop()
+    else:
+        faulty.fault = fault.name
+
+    async def during_for(expected: str | float) -> None:
+        assert await outcome(stub, "llm", AFFECTED) == expected
+        assert await outcome(stub, "team-b", UNAFFECTED) == 55
+        if expected == "UNAVAILABLE":
+            assert await is_active(stub, "llm", AFFECTED) == "UNAVAILABLE"
+
+    if fault.name == "restart":
+        await eventually(lambda: during_for("UNAVAILABLE"))
+        await faulty.start(port)
+        await eventually(lambda: during_for(60.0), timeout=90)  # failed scrapes back off: allow for it
+    else:
+        await eventually(lambda: during_for(fault.expected))
+    if fault.expected == "UNAVAILABLE" and fault.name != "nan_inf":
+        reasons = {"huge": "limit", "truncated": "line", "slow": "timed out", "http_500": "HTTP 500"}
+
+        async def failure_recorded() -> None:
+            failures = [s.last_error for s in scaler.app.store.sources() if s.last_error]
+            assert failures, "the failure must be recorded with its reason"
+            assert any(reasons.get(fault.name, "") in f for f in failures), failures
+
+        await eventually(failure_recorded)
+
+
+def test_reliability_doc_matches_the_fault_table() -> None:
+    assert DOC.read_text() == reliability_markdown(), "docs/RELIABILITY.md is out of date: run `make docs`"
