@@ -50,6 +50,7 @@ class App:
             store=self.store,
             telemetry=self.telemetry,
             stream_recheck_seconds=settings.scrape_interval,
+            max_streams=settings.max_streams,
         )
         self.health = HealthStatus()
         self.grpc_port = 0

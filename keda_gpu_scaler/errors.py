@@ -17,3 +17,7 @@ class NoData(ScalerError):
 
 class UnknownMetric(ScalerError):
     """GetMetrics asked for a metric name this trigger does not serve (NOT_FOUND)."""
+
+
+class TooManyStreams(ScalerError):
+    """More StreamIsActive streams than --max-streams (RESOURCE_EXHAUSTED)."""

@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.collect.store import Store
-from keda_gpu_scaler.errors import ConfigError, NoData, ScalerError, UnknownMetric
+from keda_gpu_scaler.errors import ConfigError, NoData, ScalerError, TooManyStreams, UnknownMetric
 from keda_gpu_scaler.evaluator import Evaluator
 from keda_gpu_scaler.telemetry import Telemetry
 from keda_gpu_scaler.trigger import TriggerSpec, parse_trigger
@@ -29,6 +29,7 @@ _STATUS_FOR_ERROR: dict[type[ScalerError], grpc.StatusCode] = {
     ConfigError: grpc.StatusCode.INVALID_ARGUMENT,
     NoData: grpc.StatusCode.UNAVAILABLE,
     UnknownMetric: grpc.StatusCode.NOT_FOUND,
+    TooManyStreams: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 
@@ -44,6 +45,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         store: Store,
         telemetry: Telemetry,
         stream_recheck_seconds: float,
+        max_streams: int = 10000,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._evaluator = evaluator
@@ -52,6 +54,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         self._stream_recheck = stream_recheck_seconds
         self._clock = clock
         self._closing = False
+        self._max_streams = max_streams
+        self._open_streams = 0
 
     def close_streams(self) -> None:
         """End every open StreamIsActive with status OK (KEDA then reconnects without backoff)."""
@@ -130,14 +134,21 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
             with self._observe("StreamIsActive"):
                 spec = self._spec(request)
                 self._evaluator.check(spec)
+                if self._open_streams >= self._max_streams:
+                    raise TooManyStreams(
+                        f"{self._open_streams} StreamIsActive streams are open, the limit (--max-streams) is"
+                        f" {self._max_streams}"
+                    )
         except ScalerError as error:
             await _abort(context, error)
+        self._open_streams += 1
         self._telemetry.open_streams.inc()
         try:
             async for _ in self._activations(request, spec):
                 self._telemetry.stream_pushes.inc()
                 yield pb.IsActiveResponse(result=True)
         finally:
+            self._open_streams -= 1
             self._telemetry.open_streams.dec()
 
     async def _activations(self, ref: pb.ScaledObjectRef, spec: TriggerSpec) -> AsyncIterator[None]:

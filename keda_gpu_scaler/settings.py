@@ -62,6 +62,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--tls-cert-file", None, "serve gRPC over TLS with this PEM certificate (chain)"),
     Flag("--tls-key-file", None, "PEM private key of --tls-cert-file"),
     Flag("--tls-client-ca-file", None, "require client certificates signed by this PEM CA (mTLS)"),
+    Flag("--max-streams", "10000", "most StreamIsActive streams open at once (more: RESOURCE_EXHAUSTED)"),
     Flag("--shutdown-grace", "10", "seconds in-flight calls may take to finish on SIGTERM"),
     Flag("--log-level", "info", "log level", choices=("debug", "info", "warning", "error")),
     Flag("--log-format", "text", "log format", choices=("text", "json")),
@@ -88,6 +89,7 @@ class Settings:
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     tls_client_ca_file: Path | None = None
+    max_streams: int = 10000
     shutdown_grace: float = 10.0
     log_level: str = "info"
     log_format: str = "text"
@@ -159,6 +161,7 @@ def build_settings(values: Mapping[str, str | list[str] | None]) -> Settings:
         tls_cert_file=tls["tls_cert_file"],
         tls_key_file=tls["tls_key_file"],
         tls_client_ca_file=tls["tls_client_ca_file"],
+        max_streams=int(_positive("--max-streams", raw("max_streams") or "10000", int)),
         shutdown_grace=_positive("--shutdown-grace", raw("shutdown_grace") or "10", float),
         log_level=raw("log_level") or "info",
         log_format=raw("log_format") or "text",

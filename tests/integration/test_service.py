@@ -333,3 +333,28 @@ async def test_no_scraping_without_interest(make_exporter, make_scaler) -> None:
     assert exporter.requests == 0
     await eventually(lambda: value_of(scaler))
     assert exporter.requests >= 1
+
+
+async def test_stream_limit_is_resource_exhausted(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    scaler = await make_scaler(await make_exporter(four_pods_at(0)), max_streams=2)
+    streams = [scaler.stub.StreamIsActive(ref()) for _ in range(2)]
+
+    async def two_open() -> None:
+        assert scaler.app.telemetry.open_streams._value.get() == 2
+
+    await eventually(two_open)
+    third = scaler.stub.StreamIsActive(ref())
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await third.read()
+    assert raised.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "--max-streams" in (raised.value.details() or "")
+    streams[0].cancel()
+
+    async def one_open() -> None:
+        assert scaler.app.telemetry.open_streams._value.get() == 1
+
+    await eventually(one_open)
+    fourth = scaler.stub.StreamIsActive(ref())
+    await eventually(two_open)
+    for stream in (streams[1], fourth):
+        stream.cancel()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from keda_gpu_scaler.errors import ConfigError
 from keda_gpu_scaler.trigger import (
@@ -113,3 +115,32 @@ def test_too_many_keys() -> None:
     metadata = {f"k{i}": "v" for i in range(100)} | {"threshold": "5"}
     with pytest.raises(ConfigError, match="keys"):
         parse_trigger(metadata)
+
+
+KNOWN_KEYS = [
+    "metric",
+    "threshold",
+    "activationThreshold",
+    "podNamePrefix",
+    "aggregation",
+    "vendor",
+    "metricName",
+]
+VALUES = st.one_of(
+    st.text(max_size=40),
+    st.sampled_from(
+        ["70", "0", "100", "1e3", "-1", "nan", "inf", "sum", "mean", "max", "memory", "vllm-", ""]
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.one_of(st.sampled_from(KNOWN_KEYS), st.text(max_size=20)), VALUES, max_size=12))
+def test_any_metadata_is_a_valid_spec_or_a_config_error(metadata: dict[str, str]) -> None:
+    try:
+        spec = parse_trigger(metadata)
+    except ConfigError as error:
+        assert str(error)  # always a message
+        return
+    assert 0 < spec.threshold <= 100
+    assert spec.activation_threshold >= 0
