@@ -88,6 +88,21 @@ _DCGM_FAMILIES: list[tuple[str, str, str, bool]] = [
     ),
 ]
 
+# Plausible ranges for the integer fields whose size differs from a 0-100 percentage.
+_DCGM_INT_RANGES = {
+    "DCGM_FI_DEV_SM_CLOCK": (345, 1980),
+    "DCGM_FI_DEV_MEM_CLOCK": (2619, 2619),
+    "DCGM_FI_DEV_MEMORY_TEMP": (30, 85),
+    "DCGM_FI_DEV_GPU_TEMP": (28, 80),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": (10**9, 10**11),
+    "DCGM_FI_DEV_FB_USED": (70000, 76000),
+    "DCGM_FI_DEV_FB_FREE": (4000, 81000),
+    "DCGM_FI_DEV_FB_RESERVED": (591, 591),
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": (10**6, 10**12),
+    "DCGM_FI_PROF_PCIE_TX_BYTES": (10**5, 10**9),
+    "DCGM_FI_PROF_PCIE_RX_BYTES": (10**5, 10**9),
+}
+
 # The families a scaling trigger reads from each page.
 DCGM_TRIGGER_FAMILIES = frozenset(
     {
@@ -141,14 +156,29 @@ def dcgm_page(gpus: int = 8, seed: int = 1) -> str:
                 value = f"{rng.uniform(0.2, 0.95) if busy else 0.0:f}"
                 if name == "DCGM_FI_DEV_POWER_USAGE":
                     value = f"{rng.uniform(350, 690) if busy else rng.uniform(68, 75):f}"
-            elif name == "DCGM_FI_DEV_FB_USED":
-                value = str(rng.randint(70000, 76000) if busy else 0)
+            elif name in _DCGM_INT_RANGES:
+                low, high = _DCGM_INT_RANGES[name]
+                value = str(rng.randint(low, high) if busy or name != "DCGM_FI_DEV_FB_USED" else 0)
             else:
                 value = str(rng.randint(0, 100) if busy else 0)
             lines.append(f"{name}{{{labels}}} {value}")
     return "\n".join(lines) + "\n"
 
 
+# The blocks the exporter counts ECC errors in, each with a correctable and an uncorrectable family.
+_AMD_ECC_BLOCKS: tuple[str, ...] = (
+    "sdma",
+    "gfx",
+    "mmhub",
+    "athub",
+    "bif",
+    "hdp",
+    "xgmi_wafl",
+    "df",
+    "smn",
+    "sem",
+)
+_AMD_ECC_BLOCKS += ("mp0", "mp1", "fuse", "umc", "mca", "vcn", "jpeg", "ih", "mpio")
 # AMD device-metrics-exporter families (no prefix: the exporter's own default), name and help.
 _AMD_FAMILIES: list[tuple[str, str]] = [
     ("gpu_junction_temperature", "Current junction/hotspot temperature in Celsius"),
@@ -179,31 +209,8 @@ _AMD_FAMILIES: list[tuple[str, str]] = [
     ("gpu_ecc_correct_total", "Total correctable ECC error count"),
     ("gpu_ecc_uncorrect_total", "Total uncorrectable ECC error count"),
     *(
-        (
-            f"gpu_ecc_{kind}_{block}",
-            f"{'Correctable' if kind == 'correct' else 'Uncorrectable'} ECC error in {block.upper()}",
-        )
-        for block in (
-            "sdma",
-            "gfx",
-            "mmhub",
-            "athub",
-            "bif",
-            "hdp",
-            "xgmi_wafl",
-            "df",
-            "smn",
-            "sem",
-            "mp0",
-            "mp1",
-            "fuse",
-            "umc",
-            "mca",
-            "vcn",
-            "jpeg",
-            "ih",
-            "mpio",
-        )
+        (f"gpu_ecc_{kind}_{block}", f"{kind.capitalize()}able ECC error count in {block.upper()}")
+        for block in _AMD_ECC_BLOCKS
         for kind in ("correct", "uncorrect")
     ),
     ("gpu_violation_ppt_residency_accumulated", "PPT residency accumulated"),

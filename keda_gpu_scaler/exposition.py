@@ -27,10 +27,10 @@ _SAMPLE = re.compile(
     r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:[ \t]*\{(.*)\}[ \t]*|[ \t]+)([^\s{}]+)(?:[ \t]+([^\s{}]+))?"
 )
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-# The label sets exporters actually print: no blanks, no escapes, maybe a trailing comma. In such a set
-# every '",' ends a value, so after this one C-speed check it can be taken apart with str.split.
-_PLAIN_PAIR = r'[a-zA-Z_][a-zA-Z0-9_]*="[^"\\]*"'
-_PLAIN_LABELS = re.compile(rf"(?:{_PLAIN_PAIR},)*{_PLAIN_PAIR},?")
+# The label sets exporters actually print: no blanks, no escapes, maybe a trailing comma. Once a set
+# passes this one C-speed check, findall can pick out its pairs: no value holds a quote to confuse it.
+_PLAIN_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*)"')
+_PLAIN_LABELS = re.compile(rf"(?:{_PLAIN_PAIR.pattern},)*{_PLAIN_PAIR.pattern},?")
 _BLANKS = (" ", "\t")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
@@ -41,7 +41,8 @@ def parse_exposition(page: str | bytes, names: Set[str] | None = None) -> list[S
     Samples come back in page order. Only the lines that are kept are validated: a line whose name is not
     wanted is skipped on its first characters without reading the rest, even if the rest is garbage.
     That is where the speed comes from (a dcgm-exporter page has ~30 families, a trigger needs ~5), and
-    a broken line of another family cannot change what our lines mean.
+    a broken line of another family cannot change what our lines mean. For the same reasons comment
+    lines, # HELP and # TYPE included, are skipped unread: they hold nothing a sample needs.
     """
     text = _decode(page)
     # str.startswith with a tuple runs in C; on most lines of a filtered parse it is the only work done.
@@ -143,9 +144,8 @@ def _parse_labels(block: str, line_number: int) -> dict[str, str]:
     if not block:
         return {}
     if _PLAIN_LABELS.fullmatch(block):
-        # Drop a trailing comma and the last value's closing quote; then '",' separates the pairs.
-        pairs = block.removesuffix(",")[:-1].split('",')
-        labels = dict(pair.split('="', 1) for pair in pairs)
+        pairs = _PLAIN_PAIR.findall(block)
+        labels = dict(pairs)
         # A duplicate or reserved name is an error: leave it to the full parser below to report it.
         if len(labels) == len(pairs) and "__name__" not in labels:
             return labels
