@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: help run test proto lint bench image docs clean
+.PHONY: help run test test-container proto lint bench image docs clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -26,20 +26,33 @@ test: proto ## install what is missing and run the whole test suite
 	bash scripts/ensure-system-deps.sh
 	$(PY) -m pytest -q
 
+test-container: proto ## build the image and run its tests in Docker (starts dockerd if none runs; see README)
+	PY=$(PY) bash scripts/container-test.sh
+
 lint: proto ## ruff and mypy --strict
 	$(PY) -m ruff check keda_gpu_scaler tests bench
 	$(PY) -m ruff format --check keda_gpu_scaler tests bench
 	$(PY) -m mypy
 
-bench: proto ## run the benchmarks and rewrite docs/BENCHMARKS.md
+$(VENV)/.bench-stamp: pyproject.toml $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $@
+
+bench: proto $(VENV)/.bench-stamp ## run the benchmarks (about 15 min) and rewrite docs/BENCHMARKS.md
+	bash scripts/ensure-system-deps.sh
 	$(PY) -m bench
 
 docs: proto ## refresh the README's tables and docs/RELIABILITY.md from the code and the fault table
 	$(PY) -m keda_gpu_scaler.reference_tables
 	cd tests && ../$(PY) -c "import faults, pathlib; pathlib.Path('../docs/RELIABILITY.md').write_text(faults.reliability_markdown())"
 
-image: ## build the container image
-	docker build -t keda-gpu-scaler:dev .
+IMAGE ?= keda-gpu-scaler:dev
+BASE_IMAGE ?= python:3.11-slim
+# e.g. --network=host where the engine runs without a bridge, as `make test-container` starts it here.
+DOCKER_BUILD_FLAGS ?=
+
+image: ## build the container image (IMAGE=..., BASE_IMAGE=..., DOCKER_BUILD_FLAGS=...)
+	docker build $(DOCKER_BUILD_FLAGS) --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(IMAGE) .
 
 clean: ## remove the virtual environment and generated files
 	rm -rf $(VENV) keda_gpu_scaler/_proto build *.egg-info

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable, Coroutine
@@ -13,13 +14,17 @@ import aiohttp
 import grpc
 from aiohttp import web
 
+from keda_gpu_scaler.collect.prometheus import PrometheusClient, PrometheusCollector, prometheus_ssl
 from keda_gpu_scaler.collect.scrape import Interest, ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
+from keda_gpu_scaler.discovery.kube import ConnectError
+from keda_gpu_scaler.discovery.resolver import DiscoveryConfig, KubeDiscovery
 from keda_gpu_scaler.evaluator import Evaluator
 from keda_gpu_scaler.service import ExternalScalerService, HealthStatus, add_services
-from keda_gpu_scaler.settings import Settings
+from keda_gpu_scaler.settings import Settings, SettingsError, resolve_kubernetes
 from keda_gpu_scaler.telemetry import Telemetry, http_app
 from keda_gpu_scaler.tls import ReloadingServerCredentials
+from keda_gpu_scaler.trigger import Source
 
 log = logging.getLogger(__name__)
 
@@ -33,17 +38,37 @@ class App:
     """The running scaler. start() binds the ports (port 0 picks a free one), stop() shuts down in order."""
 
     def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+        if settings.kubernetes == "auto":
+            settings = resolve_kubernetes(settings, os.environ)
         self.settings = settings
         self.clock = clock
         self.telemetry = Telemetry()
         self.store = Store()
         self.interest = Interest(settings.interest_ttl, clock)
+        self.discovery = (
+            KubeDiscovery(
+                DiscoveryConfig(
+                    kubeconfig=settings.kubeconfig,
+                    exporter_selectors=settings.exporter_selectors,
+                    refresh_interval=settings.discovery_interval,
+                    interest_ttl=settings.interest_ttl,
+                    static_urls=frozenset(settings.exporter_urls),
+                ),
+                self.telemetry,
+                clock,
+            )
+            if settings.kubernetes == "on"
+            else None
+        )
         self.evaluator = Evaluator(
             store=self.store,
             interest=self.interest,
             telemetry=self.telemetry,
             max_staleness=settings.max_staleness,
             clock=clock,
+            targets=self.discovery,
+            default_source=Source(settings.default_source),
+            prometheus_enabled=settings.prometheus_url is not None,
         )
         self.service = ExternalScalerService(
             evaluator=self.evaluator,
@@ -60,9 +85,13 @@ class App:
         self._collector: ScrapeCollector | None = None
         self._server: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
+        self._prometheus_session: aiohttp.ClientSession | None = None
+        self._prometheus: PrometheusCollector | None = None
 
     async def start(self) -> None:
         s = self.settings
+        # Certificate files are loaded first: a bad one stops start-up before anything runs.
+        prometheus_tls = prometheus_ssl(s) if s.prometheus_url is not None else True
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=s.scrape_concurrency), auto_decompress=True
         )
@@ -76,6 +105,27 @@ class App:
         )
         for url in s.exporter_urls:
             self._collector.add(url)
+        if self.discovery is not None:
+            try:
+                await self.discovery.start(self._collector)
+            except ConnectError as error:
+                await self._collector.stop()
+                await self._session.close()
+                raise SettingsError(f"--kubernetes={s.kubernetes}: {error}") from None
+        if s.prometheus_url is not None:
+            # Its own session: its own TLS settings, and queries never wait behind exporter scrapes.
+            self._prometheus_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=prometheus_tls), auto_decompress=True
+            )
+            self._prometheus = PrometheusCollector(
+                client=PrometheusClient(self._prometheus_session, s, self.telemetry, self.clock),
+                store=self.store,
+                interest=self.interest,
+                interval=s.scrape_interval,
+                max_staleness=s.max_staleness,
+                clock=self.clock,
+            )
+            self._prometheus.start()
 
         self._server = grpc.aio.server()
         add_services(self._server, self.service, self.health)
@@ -115,8 +165,14 @@ class App:
         self.service.close_streams()
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace)
+        if self.discovery is not None:
+            await self.discovery.stop()
         if self._collector is not None:
             await self._collector.stop()
+        if self._prometheus is not None:
+            await self._prometheus.stop()
+        if self._prometheus_session is not None:
+            await self._prometheus_session.close()
         if self._http is not None:
             await self._http.cleanup()
         if self._session is not None:

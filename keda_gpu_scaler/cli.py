@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from keda_gpu_scaler.settings import FLAGS, SettingsError, build_settings, env_values, kubernetes_available
+from keda_gpu_scaler.settings import FLAGS, SettingsError, build_settings, env_values, resolve_kubernetes
 from keda_gpu_scaler.telemetry import configure_logging
 
 log = logging.getLogger("keda_gpu_scaler")
@@ -93,20 +93,29 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from keda_gpu_scaler.app import App, run_until_signalled
+    from keda_gpu_scaler.collect.prometheus import sample_window
 
     values = env_values()
     values.update({flag.dest: v for flag in FLAGS if (v := getattr(args, flag.dest)) is not None})
     settings = build_settings(values)
     configure_logging(settings.log_level, settings.log_format)
+    settings = resolve_kubernetes(settings, os.environ)
+    log.info(
+        "Kubernetes discovery %s",
+        f"on ({settings.kubeconfig or 'in-cluster service account'})"
+        if settings.kubernetes == "on"
+        else "off",
+    )
     if settings.prometheus_url:
-        raise SettingsError("--prometheus-url: the Prometheus source is not available in this version")
-    if settings.kubernetes == "on":
-        raise SettingsError("--kubernetes=on: Kubernetes discovery is not available in this version; use off")
-    if settings.kubernetes == "auto" and kubernetes_available(os.environ):
-        log.warning(
-            "Kubernetes found, but discovery is not available in this version: triggers need podNamePrefix"
+        log.info(
+            "Prometheus source: %s (default source for triggers: %s); samples older than %gs when"
+            " queried are not used: --max-staleness must exceed Prometheus' scrape interval plus"
+            " --scrape-interval",
+            settings.prometheus_url,
+            settings.default_source,
+            sample_window(settings.max_staleness, settings.scrape_interval),
         )
-    if not settings.exporter_urls:
+    if settings.kubernetes == "off" and not settings.exporter_urls and settings.default_source == "scrape":
         log.warning(
             "no --exporter-url given: every call will answer UNAVAILABLE until exporters are configured"
         )

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from keda_gpu_scaler.collect.prometheus import prometheus_interest
 from keda_gpu_scaler.collect.scrape import SCRAPE_INTEREST, Interest
 from keda_gpu_scaler.collect.store import SourceKind, Store
 from keda_gpu_scaler.errors import ConfigError, NoData
@@ -31,12 +32,11 @@ class TargetResolver(Protocol):
     def check(self, spec: TriggerSpec) -> None:
         """Raise ConfigError for metadata this resolver cannot serve."""
 
+    def track(self, namespace: str, name: str, spec: TriggerSpec) -> None:
+        """Start (or keep) discovering this ScaledObject in the background, without waiting."""
+
     def resolve(self, namespace: str, name: str, spec: TriggerSpec) -> Targets:
         """The target pods now; raises NoData while unknown or when discovery is failing."""
-
-
-def prometheus_interest(namespace: str) -> tuple[str, str]:
-    return ("prometheus", namespace)
 
 
 def aggregation_for(spec: TriggerSpec, metric_type: str | None) -> tuple[Aggregation, str | None]:
@@ -102,9 +102,11 @@ class Evaluator:
                 " allowed: the common name prefix of the target's pods, e.g. 'vllm-qwen-'"
             )
 
-    def want(self, namespace: str, spec: TriggerSpec) -> None:
+    def want(self, namespace: str, spec: TriggerSpec, name: str | None = None) -> None:
         """Note that a trigger wants data, so collection starts (or goes on) without any I/O here."""
         self.check(spec)
+        if self._targets is not None and name is not None:
+            self._targets.track(namespace, name, spec)
         if self.source_of(spec) is Source.PROMETHEUS:
             self._interest.touch(prometheus_interest(namespace))
         else:
@@ -123,6 +125,9 @@ class Evaluator:
     def _evaluate(self, namespace: str, name: str, spec: TriggerSpec) -> tuple[Evaluation, tuple[str, ...]]:
         kind = SourceKind.PROMETHEUS if self.source_of(spec) is Source.PROMETHEUS else SourceKind.SCRAPE
         targets = self._targets.resolve(namespace, name, spec) if self._targets is not None else None
+        if targets is not None and not targets.pods:
+            # Scaled to zero with discovery healthy: 0 and inactive, whatever the sources say (SPEC §4).
+            return evaluate({}, (), spec, aggregation_for(spec, targets.metric_type)[0]), ()
         view = self._store.view(namespace, self._clock(), self._max_staleness, kind)
         problems = "; ".join(view.problems[:5])
         if view.sources == 0:

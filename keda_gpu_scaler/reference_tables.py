@@ -8,7 +8,6 @@ from pathlib import Path
 from keda_gpu_scaler.settings import FLAGS
 from keda_gpu_scaler.trigger import KEYS
 
-_BLOCK = re.compile(r"(<!-- (?P<name>[a-z-]+):begin -->\n).*?(<!-- (?P=name):end -->)", re.S)
 
 
 def flags_table() -> str:
@@ -27,6 +26,8 @@ def metadata_table() -> str:
 
 
 TABLES = {"flags": flags_table, "metadata": metadata_table}
+# Only our own blocks: other generated blocks (e.g. the benchmark summary) belong to their generators.
+_BLOCK = re.compile(rf"(<!-- (?P<name>{'|'.join(TABLES)}):begin -->\n).*?(<!-- (?P=name):end -->)", re.S)
 
 
 def render(readme: str) -> str:

@@ -87,7 +87,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 # KEDA calls it first, when it reconciles the ScaledObject: collection starts then, so
                 # data is there by the first GetMetrics.
                 spec = self._spec(request)
-                self._evaluator.want(request.namespace, spec)
+                self._evaluator.want(request.namespace, spec, request.name)
                 metric = pb.MetricSpec(
                     metricName=spec.metric_name,
                     targetSize=math.ceil(spec.threshold),

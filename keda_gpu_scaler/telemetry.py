@@ -67,6 +67,19 @@ class Telemetry:
         self.scrape_duration = Histogram(
             f"{PREFIX}_scrape_duration_seconds", "exporter scrape latency including parsing", registry=r
         )
+        # What the Prometheus source costs the Prometheus it reads: queries by purpose (namespace, gpus,
+        # liveness, fleet) and result.
+        self.prometheus_queries = Counter(
+            f"{PREFIX}_prometheus_queries",
+            "instant queries sent by the Prometheus source, by purpose and result",
+            ["query", "result"],
+            registry=r,
+        )
+        self.prometheus_query_duration = Histogram(
+            f"{PREFIX}_prometheus_query_duration_seconds",
+            "Prometheus source query latency including parsing",
+            registry=r,
+        )
         self.ready = False
         self._explanations: dict[tuple[str, str], dict[str, Any]] = {}
 

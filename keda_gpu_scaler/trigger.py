@@ -51,6 +51,7 @@ class Source(StrEnum):
 
 # KEDA forwards these with every call; they configure KEDA's side of the connection, not ours.
 KEDA_OWN_KEYS = frozenset({"scalerAddress", "enableTLS", "unsafeSsl"})
+FROM_ENV = "FromEnv"
 
 MAX_METADATA_KEYS = 64
 MAX_METADATA_VALUE_CHARS = 1024
@@ -264,13 +265,18 @@ def _parse_cached(items: frozenset[tuple[str, str]]) -> TriggerSpec:
     for key, raw in sorted(items):
         if key in KEDA_OWN_KEYS:
             continue
-        if key not in _KEYS:
+        # KEDA resolves `<key>FromEnv` from the target container's environment and forwards the value
+        # under that same name: it means `<key>`.
+        base = key.removesuffix(FROM_ENV) if key.endswith(FROM_ENV) else key
+        if base not in _KEYS:
             raise ConfigError(_unknown_key_message(key))
         if len(raw) > MAX_METADATA_VALUE_CHARS:
             raise ConfigError(
                 f"metadata {key} is {len(raw)} characters long; at most {MAX_METADATA_VALUE_CHARS}"
             )
-        spec_key = _KEYS[key]
+        spec_key = _KEYS[base]
+        if spec_key.field in fields:
+            raise ConfigError(f"metadata {base} and {base}{FROM_ENV} are both given; give one of them")
         fields[spec_key.field] = spec_key.parse(key, raw)
     for spec_key in KEYS:
         if spec_key.field in fields:

@@ -127,6 +127,13 @@ class ScrapeCollector:
         self._store.add_source(url)
         self._tasks[url] = asyncio.create_task(self._run(url), name=f"scrape {url}")
 
+    def remove(self, url: str) -> None:
+        """Stop scraping url and forget its data (discovery: no target pod runs on its node any more)."""
+        task = self._tasks.pop(url, None)
+        if task is not None:
+            task.cancel()
+        self._store.remove_source(url)
+
     async def stop(self) -> None:
         tasks = list(self._tasks.values())
         self._tasks.clear()

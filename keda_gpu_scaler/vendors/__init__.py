@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 from keda_gpu_scaler.exposition import Sample
 from keda_gpu_scaler.vendors import ack, amd, nvidia
-from keda_gpu_scaler.vendors._common import Family, GpuReading, NvidiaField, PodResolver
+from keda_gpu_scaler.vendors._common import POD_LABELS, Family, GpuReading, NvidiaField, PodResolver
 
 __all__ = [
+    "POD_LABELS",
     "SAMPLE_NAMES",
     "VENDORS",
     "Family",
@@ -28,12 +29,16 @@ class Vendor:
     family: Family
     sample_names: frozenset[str]
     readings: Callable[[Sequence[Sample], PodResolver], list[GpuReading]]
+    # Labels naming one GPU across a whole fleet, for vendors whose reading of a pod also needs the GPU's
+    # other series (device-level ones, other pods sharing it). A source that fetches one namespace's
+    # series (Prometheus) fetches the rest of those GPUs' series by these labels; () = not needed.
+    gpu_id_labels: tuple[str, ...] = ()
 
 
 # Adding a vendor: a module with SAMPLE_NAMES and readings(), one line here (docs/ADDING_A_VENDOR.md).
 VENDORS: tuple[Vendor, ...] = (
     Vendor(Family.ACK, ack.SAMPLE_NAMES, ack.readings),
-    Vendor(Family.NVIDIA, nvidia.SAMPLE_NAMES, nvidia.readings),
+    Vendor(Family.NVIDIA, nvidia.SAMPLE_NAMES, nvidia.readings, nvidia.GPU_ID_LABELS),
     Vendor(Family.AMD, amd.SAMPLE_NAMES, amd.readings),
 )
 

@@ -87,6 +87,11 @@ class _Gpu:
         return self.device.get(name)
 
 
+# GPU UUIDs are unique across a fleet (a MIG instance shares its parent's): a GPU's device-level series and
+# the series of every pod on it carry the same one, so all of them can be fetched by it.
+GPU_ID_LABELS = ("UUID", "uuid")  # `uuid` with --use-old-namespace
+
+
 def _gpu_key(labels: dict[str, str]) -> tuple[str, str, str]:
     """(host, GPU identity, MIG instance); UUIDs are global, the host only keeps index fallbacks apart."""
     host = host_of(labels, _HOST_LABELS)

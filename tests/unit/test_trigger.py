@@ -144,3 +144,14 @@ def test_any_metadata_is_a_valid_spec_or_a_config_error(metadata: dict[str, str]
         return
     assert 0 < spec.threshold <= 100
     assert spec.activation_threshold >= 0
+
+
+def test_from_env_keys_arrive_resolved_and_mean_the_base_key() -> None:
+    spec = parse_trigger({"thresholdFromEnv": "65", "podNamePrefix": "a-", "activationThresholdFromEnv": "3"})
+    assert (spec.threshold, spec.activation_threshold) == (65.0, 3.0)
+    with pytest.raises(ConfigError, match="thresholdFromEnv='abc' is not a number"):
+        parse_trigger({"thresholdFromEnv": "abc"})
+    with pytest.raises(ConfigError, match="both given"):
+        parse_trigger({"threshold": "70", "thresholdFromEnv": "65"})
+    with pytest.raises(ConfigError, match="'urlFromEnv' is unknown"):
+        parse_trigger({"threshold": "70", "urlFromEnv": "http://x"})

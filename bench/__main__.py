@@ -1,0 +1,186 @@
+"""`python -m bench`: run every benchmark and write docs/BENCHMARKS.md (and the README's summary table)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import importlib
+import importlib.metadata
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.harness import ROOT, Section
+
+# Name → module; each has run(quick) → Section (bench_parse: run() → str, no quick mode of its own).
+BENCHMARKS: dict[str, str] = {
+    "parse": "bench.bench_parse",
+    "scrape": "bench.bench_scrape",
+    "freshness": "bench.bench_freshness",
+    "rpc": "bench.bench_rpc",
+    "scale": "bench.bench_scale",
+    "decisions": "bench.bench_decisions",
+}
+OUTPUT = ROOT / "docs" / "BENCHMARKS.md"
+README = ROOT / "README.md"
+README_BLOCK = re.compile(r"(<!-- bench:begin -->\n).*?(<!-- bench:end -->)", re.S)
+PACKAGES = ("keda-gpu-scaler", "grpcio", "protobuf", "aiohttp", "prometheus-client", "matplotlib", "py-spy")
+
+
+def _run_one(name: str, quick: bool) -> Section:
+    module: Any = importlib.import_module(BENCHMARKS[name])
+    runner: Callable[..., Any] = module.run
+    if name == "parse":
+        result = runner()
+    else:
+        result = runner(quick)
+        if asyncio.iscoroutine(result):
+            result = asyncio.run(result)
+    if isinstance(result, Section):
+        return result
+    return Section(str(result), _parse_headlines(str(result)))
+
+
+def _parse_headlines(markdown: str) -> list[tuple[str, str, str, bool | None]]:
+    """The parse section is plain markdown: take its filtered speed-up column back out for the summary."""
+    headlines: list[tuple[str, str, str, bool | None]] = []
+    for line in markdown.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 7 and (m := re.fullmatch(r"([\d,.]+)×", cells[5])):
+            ratio = float(m.group(1).replace(",", ""))
+            headlines.append(
+                (f"Parse, {cells[0]}: speed-up over prometheus_client", f"{ratio:g}×", "≥ 50×", ratio >= 50)
+            )
+    return headlines
+
+
+def _first_line(command: list[str]) -> str:
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "not installed"
+    text = (out.stdout or out.stderr).strip()
+    return text.splitlines()[0] if text else "unknown"
+
+
+def machine() -> str:
+    cpu = "unknown"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.partition(":")[2].strip()
+            break
+    mem_kib = 0
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            mem_kib = int(line.split()[1])
+    versions = []
+    for package in PACKAGES:
+        try:
+            versions.append(f"{package} {importlib.metadata.version(package)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{package} (not installed)")
+    return (
+        f"| CPUs (nproc) | {len(os.sched_getaffinity(0))} |\n"
+        f"| CPU model | {cpu} |\n"
+        f"| memory | {mem_kib / 1024 / 1024:.1f} GiB |\n"
+        f"| kernel | {platform.system()} {platform.release()} |\n"
+        f"| Python | {platform.python_implementation()} {platform.python_version()} |\n"
+        f"| packages | {', '.join(versions)} |\n"
+        f"| Prometheus | {_first_line(['prometheus', '--version'])} |"
+    )
+
+
+def summary(sections: list[Section]) -> str:
+    rows = []
+    for section in sections:
+        for what, measured, goal, met in section.headlines:
+            verdict = "–" if met is None else ("met" if met else "**missed**")
+            rows.append(f"| {what} | {measured} | {goal} | {verdict} |")
+    return "| benchmark | measured | goal | |\n|---|---|---|---|\n" + "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="short smoke run (figures not for publishing)")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=sorted(BENCHMARKS),
+        metavar="NAME",
+        help="run only NAME; repeatable",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        help="where to write the markdown (default: docs/BENCHMARKS.md for a full run; stdout otherwise)",
+    )
+    args = parser.parse_args(argv)
+    names = [n for n in BENCHMARKS if not args.only or n in args.only]
+    full = not args.quick and not args.only
+    arguments = sys.argv[1:] if argv is None else argv
+    command = (
+        "make bench` (`.venv/bin/python -m bench"
+        if full
+        else shlex.join([".venv/bin/python", "-m", "bench", *arguments])
+    )
+
+    started = time.monotonic()
+    sections: list[Section] = []
+    failed = []
+    for name in names:
+        print(f"bench: {name} …", file=sys.stderr, flush=True)
+        t0 = time.monotonic()
+        try:
+            sections.append(_run_one(name, args.quick))
+        except Exception:
+            # One broken benchmark must not lose the others' figures; the document says what failed.
+            failed.append(name)
+            sections.append(Section(f"## {name}\n\nFailed:\n\n```\n{traceback.format_exc()}```\n"))
+        print(f"bench: {name} done in {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    elapsed = time.monotonic() - started
+
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    document = f"""# Benchmarks
+
+Measured {now} with `{command}`, in {elapsed / 60:.1f} minutes, on this machine:
+
+| | |
+|---|---|
+{machine()}
+
+All traffic is on 127.0.0.1; every process a benchmark starts (page servers, `keda-gpu-scaler serve`,
+Prometheus, load generators, py-spy) is stopped before the next one starts. Figures are medians of the
+repeats each section states. `python -m bench --quick` is a smoke run; `--only NAME` runs one of
+{", ".join(BENCHMARKS)}.
+
+## Summary
+
+{summary(sections)}
+
+{chr(10).join(section.markdown.rstrip() + chr(10) for section in sections)}"""
+    if args.output or full:
+        output = args.output or OUTPUT
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(document)
+        print(f"bench: wrote {output}", file=sys.stderr)
+    else:
+        print(document)
+    if full and README.exists():
+        text = README.read_text()
+        block = f"Measured {now} by `make bench` on {len(os.sched_getaffinity(0))} CPUs; details, method and profiles in [docs/BENCHMARKS.md](docs/BENCHMARKS.md).\n\n{summary(sections)}\n\n![step trace](docs/sim-step.png)\n"
+        if README_BLOCK.search(text):
+            README.write_text(README_BLOCK.sub(lambda m: m.group(1) + block + m.group(2), text))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

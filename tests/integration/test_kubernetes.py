@@ -1,0 +1,479 @@
+"""Kubernetes discovery end to end: the real kubernetes_asyncio client against a loopback API server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from fake_kube import (
+    DAEMONSET,
+    DEPLOYMENT,
+    LEADER_WORKER_SET,
+    POD,
+    SCALED_OBJECT,
+    FakeKube,
+    deployment,
+    pod,
+    scaled_object,
+)
+from support import ExporterServer, GpuLine, dcgm_page, eventually
+
+from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler.discovery.selectors import parse_exporter_selector
+
+NS = "llm"
+EXPORTERS_NS = "gpu-operator"
+EXPORTER_LABELS = {"app": "test-dcgm-exporter"}
+APP = {"app": "vllm"}
+METADATA = {"threshold": "70", "scalerAddress": "keda-gpu-scaler.keda:6000"}
+CPU_TRIGGER = {"type": "cpu", "metricType": "Utilization", "metadata": {"value": "60"}}
+
+
+def external(metadata: dict[str, str] = METADATA, metric_type: str | None = None) -> dict[str, Any]:
+    trigger: dict[str, Any] = {"type": "external", "metadata": metadata}
+    if metric_type:
+        trigger["metricType"] = metric_type
+    return trigger
+
+
+def ref(name: str = "vllm", metadata: dict[str, str] = METADATA) -> pb.ScaledObjectRef:
+    return pb.ScaledObjectRef(name=name, namespace=NS, scalerMetadata=metadata)
+
+
+@dataclass
+class Cluster:
+    """The fake API server plus one real loopback exporter per GPU node, whose pages follow the pods."""
+
+    kube: FakeKube
+    make_exporter: Callable[..., Awaitable[ExporterServer]]
+    exporters: dict[str, ExporterServer] = field(default_factory=dict)
+    load: dict[str, tuple[str, float]] = field(default_factory=dict)  # pod → (node, utilization)
+
+    async def gpu_node(self, node: str) -> ExporterServer:
+        exporter = await self.make_exporter()
+        self.exporters[node] = exporter
+        # Every fake pod has IP 127.0.0.1, so each exporter pod declares its own port by name, as the
+        # GPU Operator's dcgm-exporter does ("metrics"), and the scaler is told to use that name.
+        self.kube.put(
+            POD,
+            pod(
+                f"dcgm-exporter-{node}",
+                EXPORTERS_NS,
+                EXPORTER_LABELS,
+                node,
+                ports=[("metrics", exporter.port)],
+            ),
+        )
+        self._pages()
+        return exporter
+
+    def run(
+        self, name: str, node: str | None, util: float, labels: dict[str, str] = APP, **status: Any
+    ) -> None:
+        """Create or move a pod; its GPU shows on its node's exporter page (even when not ready)."""
+        self.kube.put(POD, pod(name, NS, labels, node, **status))
+        self.load.pop(name, None)
+        if node is not None:
+            self.load[name] = (node, util)
+        self._pages()
+
+    def remove(self, name: str) -> None:
+        self.kube.delete(POD, NS, name)
+        self.load.pop(name, None)
+        self._pages()
+
+    def _pages(self) -> None:
+        for node, exporter in self.exporters.items():
+            lines = [
+                GpuLine(NS, pod_name, util, gpu=i)
+                for i, (pod_name, (pod_node, util)) in enumerate(sorted(self.load.items()))
+                if pod_node == node
+            ]
+            exporter.page = dcgm_page(lines, host=node)
+
+    def scraped(self, scaler: Any) -> set[str]:
+        return {s.source for s in scaler.app.store.sources()}
+
+
+@pytest.fixture
+async def kube() -> AsyncIterator[FakeKube]:
+    server = FakeKube()
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+def cluster(kube: FakeKube, make_exporter: Callable[..., Awaitable[ExporterServer]]) -> Cluster:
+    return Cluster(kube, make_exporter)
+
+
+@pytest.fixture
+def kube_scaler(make_scaler, kube: FakeKube, tmp_path: Path):  # type: ignore[no-untyped-def]
+    async def make(**overrides: Any) -> Any:
+        settings: dict[str, Any] = {
+            "kubernetes": "on",
+            "kubeconfig": str(kube.kubeconfig(tmp_path)),
+            "exporter_selectors": (parse_exporter_selector("app=test-dcgm-exporter:metrics"),),
+            "discovery_interval": 0.2,
+        }
+        return await make_scaler(**(settings | overrides))
+
+    return make
+
+
+def three_pods_on_two_nodes(cluster: Cluster) -> None:
+    cluster.kube.put(DEPLOYMENT, deployment("vllm", NS, APP, replicas=3))
+    cluster.kube.put(
+        SCALED_OBJECT,
+        scaled_object("vllm", NS, {"name": "vllm"}, [CPU_TRIGGER, external()]),
+    )
+    cluster.run("vllm-0", "node-a", 50)
+    cluster.run("vllm-1", "node-a", 60)
+    cluster.run("vllm-2", "node-b", 70)
+    # Another workload on a third GPU node, and pods of this namespace that are not the target's.
+    cluster.run("trainer-0", "node-c", 99, labels={"app": "trainer"})
+
+
+async def value(scaler: Any, name: str = "vllm", metadata: dict[str, str] = METADATA) -> float:
+    request = pb.GetMetricsRequest(scaledObjectRef=ref(name, metadata), metricName="gpu-utilization")
+    response = await scaler.stub.GetMetrics(request)
+    assert len(response.metricValues) == 1
+    result: float = response.metricValues[0].metricValueFloat
+    return result
+
+
+async def explain(scaler: Any, name: str = "vllm") -> dict[str, Any]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{scaler.http}/explain", params={"namespace": NS, "name": name}) as response,
+    ):
+        result: dict[str, Any] = json.loads(await response.text())
+        return result
+
+
+async def unavailable(scaler: Any, *needles: str, name: str = "vllm") -> str:
+    """Assert that GetMetrics and IsActive both answer UNAVAILABLE (never a value) naming each needle."""
+    details = ""
+    for call in (
+        scaler.stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref(name), metricName="gpu-utilization")),
+        scaler.stub.IsActive(ref(name)),
+    ):
+        try:
+            await call
+        except grpc.aio.AioRpcError as error:
+            assert error.code() is grpc.StatusCode.UNAVAILABLE, error
+            details = error.details() or ""
+            for needle in needles:
+                assert needle in details, details
+        else:
+            raise AssertionError("answered with a value")
+    return details
+
+
+async def test_three_pods_on_two_nodes_scrape_exactly_their_exporters(cluster: Cluster, kube_scaler) -> None:  # type: ignore[no-untyped-def]
+    a = await cluster.gpu_node("node-a")
+    b = await cluster.gpu_node("node-b")
+    c = await cluster.gpu_node("node-c")
+    three_pods_on_two_nodes(cluster)
+    scaler = await kube_scaler()
+    assert (await scaler.stub.GetMetricSpec(ref())).metricSpecs[0].targetSizeFloat == 70
+
+    async def summed() -> None:
+        # AverageValue (KEDA's default, and the trigger says nothing): the sum over the target's pods.
+        assert await value(scaler) == 180
+
+    await eventually(summed)
+    assert cluster.scraped(scaler) == {a.url, b.url}
+    assert c.requests == 0
+    explanation = await explain(scaler)
+    assert [p["pod"] for p in explanation["pods"]] == ["vllm-0", "vllm-1", "vllm-2"]
+    assert explanation["aggregation"] == "sum"
+    assert explanation["hpa"]["desiredReplicasAverageValue"] == 3
+    assert (await scaler.stub.IsActive(ref())).result is True
+
+
+async def test_pods_added_deleted_and_rescheduled_are_followed(cluster: Cluster, kube_scaler) -> None:  # type: ignore[no-untyped-def]
+    a = await cluster.gpu_node("node-a")
+    b = await cluster.gpu_node("node-b")
+    c = await cluster.gpu_node("node-c")
+    three_pods_on_two_nodes(cluster)
+    scaler = await kube_scaler()
+
+    async def at(expected: float, exporters: set[str]) -> None:
+        assert await value(scaler) == expected
+        assert cluster.scraped(scaler) == exporters
+
+    await eventually(lambda: at(180, {a.url, b.url}))
+    cluster.run("vllm-3", "node-c", 40)  # scaled up onto the third node
+    await eventually(lambda: at(220, {a.url, b.url, c.url}))
+    cluster.remove("vllm-2")  # the only target pod on node-b goes
+    await eventually(lambda: at(150, {a.url, c.url}))
+    cluster.remove("vllm-1")  # rescheduled: same name, another node, another load
+    cluster.run("vllm-1", "node-b", 20)
+    await eventually(lambda: at(110, {a.url, b.url, c.url}))
+
+
+async def test_pending_not_ready_and_terminating_pods_are_not_targets(cluster: Cluster, kube_scaler) -> None:  # type: ignore[no-untyped-def]
+    await cluster.gpu_node("node-a")
+    three_pods_on_two_nodes(cluster)
+    cluster.kube.delete(POD, NS, "vllm-2")  # keep node-a only
+    cluster.run("vllm-starting", "node-a", 90, ready=False)
+    cluster.run("vllm-leaving", "node-a", 90, deleting=True)
+    cluster.run("vllm-pending", None, 0, phase="Pending", ready=False)
+    scaler = await kube_scaler()
+
+    async def only_ready() -> None:
+        # Neither counted with their GPU's value nor as missing pods (which would count as the threshold).
+        assert await value(scaler) == 110
+        explanation = await explain(scaler)
+        assert [p["pod"] for p in explanation["pods"]] == ["vllm-0", "vllm-1"]
+        assert explanation["missingPods"] == []
+
+    await eventually(only_ready)
+
+
+async def test_target_pod_without_fresh_data_is_missing(cluster: Cluster, kube_scaler) -> None:  # type: ignore[no-untyped-def]
+    await cluster.gpu_node("node-a")
+    b = await cluster.gpu_node("node-b")
+    three_pods_on_two_nodes(cluster)
+    scaler = await kube_scaler()
+    await eventually(lambda: _equals(value(scaler), 180))
+    b.status = 503
+
+    async def filled() -> None:
+        # vllm-2 is known from Kubernetes but its exporter fails: it counts as the threshold, never 0.
+        assert await value(scaler) == 50 + 60 + 70
+        assert (await explain(scaler))["missingPods"] == ["vllm-2"]
+
+    await eventually(filled)
+
+
+async def _equals(coroutine: Awaitable[float], expected: float) -> None:
+    assert await coroutine == expected
+
+
+async def test_scaled_to_zero_is_zero_and_inactive(cluster: Cluster, kube_scaler) -> None:  # type: ignore[no-untyped-def]
+    cluster.kube.put(DEPLOYMENT, deployment("vllm", NS, APP, replicas=0))
+    cluster.kube.put(SCALED_OBJECT, scaled_object("vllm", NS, {"name": "vllm"}, [external()]))
+    scaler = await kube_scaler()
+    await eventually(lambda: _equals(value(scaler), 0))
+    assert (await scaler.stub.IsActive(ref())).result is False
+
+
+@pytest.mark.parametrize(
+    ("metric_type", "metadata", "expected", "aggregation"),
+    [
+        (None, METADATA, 180, "sum"),
+        ("AverageValue", METADATA, 180, "sum"),
+        ("Value", METADATA, 60, "mean"),
+        ("Value", METADATA | {"aggregation": "max"}, 70, "max"),
+    ],
+)
+async def test_metric_type_selects_the_aggregation(  # type: ignore[no-untyped-def]
+    cluster: Cluster, kube_scaler, metric_type, metadata, expected, aggregation
+) -> None:
+    await cluster.gpu_node("node-a")
+    await cluster.gpu_node("node-b")
+    three_pods_on_two_nodes(cluster)
+    # A second external trigger with other metadata must not be taken for this call's.
+    other = external(
+        {"threshold": "80", "metric": "memory"}, "AverageValue" if metric_type == "Value" else "Value"
+    )
+    cluster.kube.put(
+        SCALED_OBJECT,
+        scaled_object("vllm", NS, {"name": "vllm"}, [CPU_TRIGGER, other, external(metadata, metric_type)]),
+    )
+    scaler = await kube_scaler()
+
+    async def check() -> None:
+        assert await value(scaler, metadata=metadata) == expected
+        assert (await explain(scaler))["aggregation"] == aggregation
+
+    await eventually(check)
+
+
+async def test_aggregation_contradicting_metric_type_is_noted(cluster: Cluster, kube_scaler) -> None:  # type: ignore[no-untyped-def]
+    await cluster.gpu_node("node-a")
+    await cluster.gpu_node("node-b")
+    three_pods_on_two_nodes(cluster)
+    metadata = METADATA | {"aggregation": "mean"}
+    cluster.kube.put(SCALED_OBJECT, scaled_object("vllm", NS, {"name": "vllm"}, [external(metadata)]))
+    scaler = await kube_scaler()
+
+    async def noted() -> None:
+        assert await value(scaler, metadata=metadata) == 60  # as asked, but wrong for AverageValue
+        notes = (await explain(scaler)).get("notes", [])
+        assert any("contradicts metricType=AverageValue" in n for n in notes), notes
+
+    await eventually(noted)
+    assert scaler.app.telemetry.aggregation_mismatches._value.get() >= 1
+
+
+async def test_api_server_down_is_unavailable_never_zero_then_recovers(
+    cluster: Cluster, kube: FakeKube, kube_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    await cluster.gpu_node("node-a")
+    await cluster.gpu_node("node-b")
+    three_pods_on_two_nodes(cluster)
+    scaler = await kube_scaler()
+    await eventually(lambda: _equals(value(scaler), 180))
+    port = kube.port
+    await kube.stop()
+    # The exporters still answer; without the API server the scaler cannot know the target's pods.
+    await eventually(lambda: unavailable(scaler, "unreachable"))
+    await kube.start(port)
+    await eventually(lambda: _equals(value(scaler), 180))
+
+
+@pytest.mark.parametrize(
+    ("verb", "resource", "namespace", "needle"),
+    [
+        ("list", "pods", NS, "list pods in namespace 'llm'"),
+        ("watch", "pods", NS, "watch pods in namespace 'llm'"),
+        ("get", "scaledobjects.keda.sh", NS, "get scaledobjects.keda.sh in namespace 'llm'"),
+        ("get", "deployments/scale.apps", NS, "get deployments/scale.apps in namespace 'llm'"),
+        ("list", "pods", None, "list pods cluster-wide"),
+    ],
+)
+async def test_rbac_denied_names_the_missing_permission(  # type: ignore[no-untyped-def]
+    cluster: Cluster, kube: FakeKube, kube_scaler, verb, resource, namespace, needle
+) -> None:
+    await cluster.gpu_node("node-a")
+    await cluster.gpu_node("node-b")
+    three_pods_on_two_nodes(cluster)
+    kube.deny(verb, resource, namespace)
+    scaler = await kube_scaler()
+    details = await eventually(lambda: unavailable(scaler, needle, "RBAC"))
+    assert "verbs: [" in details  # says which rule to add
+    kube.allow_all()
+    await eventually(lambda: _equals(value(scaler), 180))
+
+
+async def test_watch_410_gone_relists_and_recovers(cluster: Cluster, kube: FakeKube, kube_scaler) -> None:  # type: ignore[no-untyped-def]
+    await cluster.gpu_node("node-a")
+    await cluster.gpu_node("node-b")
+    three_pods_on_two_nodes(cluster)
+    scaler = await kube_scaler()
+    await eventually(lambda: _equals(value(scaler), 180))
+    lists = kube.count(f"/api/v1/namespaces/{NS}/pods", watch=False)
+    # A change the watch never delivers, then the history is compacted and the watch ends: resuming
+    # from the last resourceVersion seen gets 410 Gone, and only a new list shows the change.
+    kube.put(POD, pod("vllm-2", NS, APP, "node-b", ready=False), notify=False)
+    kube.compact()
+    kube.end_watches()
+
+    async def relisted() -> None:
+        assert await value(scaler) == 110
+        assert kube.count(f"/api/v1/namespaces/{NS}/pods", watch=False) > lists
+
+    await eventually(relisted)
+    restarts = scaler.app.discovery.watch_restarts.labels("gone")._value.get()
+    assert restarts >= 1
+
+
+async def test_bookmarks_keep_the_watch_resumable(cluster: Cluster, kube: FakeKube, kube_scaler) -> None:  # type: ignore[no-untyped-def]
+    await cluster.gpu_node("node-a")
+    await cluster.gpu_node("node-b")
+    three_pods_on_two_nodes(cluster)
+    scaler = await kube_scaler()
+    await eventually(lambda: _equals(value(scaler), 180))
+    path = f"/api/v1/namespaces/{NS}/pods"
+
+    async def watching() -> None:
+        # The namespace's pod watch and the exporter pods' watch are both open.
+        assert len(kube.watchers) == 2
+
+    await eventually(watching)
+    lists, watches = kube.count(path, watch=False), kube.count(path, watch=True)
+    # Changes elsewhere move the resourceVersion on without any event for these watches; the bookmark
+    # tells them, so after compaction they resume where the bookmark was: no 410, no relist.
+    for i in range(3):
+        kube.put(POD, pod(f"other-{i}", "elsewhere", {"app": "other"}, "node-z"))
+    kube.bookmark()
+    bookmarked = kube.revision
+    kube.compact()
+    kube.end_watches()  # queued after the bookmark, so each watch reads the bookmark first
+
+    async def resumed() -> None:
+        assert kube.count(path, watch=True) > watches
+        last = [q for p, q in kube.requests if p == path and "watch=true" in q.lower()][-1]
+        assert f"resourceVersion={bookmarked}" in last
+        assert len(kube.watchers) == 2
+
+    await eventually(resumed)
+    assert kube.count(path, watch=False) == lists
+    assert scaler.app.discovery.watch_restarts.labels("gone")._value.get() == 0
+    assert await value(scaler) == 180
+
+
+async def test_any_kind_with_a_scale_subresource(cluster: Cluster, kube: FakeKube, kube_scaler) -> None:  # type: ignore[no-untyped-def]
+    await cluster.gpu_node("node-a")
+    await cluster.gpu_node("node-b")
+    three_pods_on_two_nodes(cluster)
+    leaders = {"leaderworkerset.sigs.k8s.io/name": "vllm", "leaderworkerset.sigs.k8s.io/worker-index": "0"}
+    kube.put(
+        LEADER_WORKER_SET,
+        {
+            "metadata": {"name": "vllm-lws", "namespace": NS},
+            "spec": {"replicas": 1},
+            "status": {"hpaPodSelector": ",".join(f"{k}={v}" for k, v in leaders.items())},
+        },
+    )
+    cluster.run("vllm-lws-0", "node-b", 30, labels=leaders)
+    target = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": "vllm-lws"}
+    kube.put(SCALED_OBJECT, scaled_object("lws", NS, target, [external()]))
+    scaler = await kube_scaler()
+    await eventually(lambda: _equals(value(scaler, "lws"), 30))
+    # A kind without /scale: KEDA cannot scale it either, and the message says so.
+    kube.put(DAEMONSET, {"metadata": {"name": "agent", "namespace": NS}, "spec": {}})
+    no_scale = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agent"}
+    kube.put(SCALED_OBJECT, scaled_object("agent", NS, no_scale, [external()]))
+    await eventually(lambda: unavailable(scaler, "no /scale subresource", name="agent"))
+
+
+async def test_pod_selector_overrides_the_target_selector(cluster: Cluster, kube_scaler) -> None:  # type: ignore[no-untyped-def]
+    await cluster.gpu_node("node-a")
+    c = await cluster.gpu_node("node-c")
+    three_pods_on_two_nodes(cluster)
+    metadata = METADATA | {"podSelector": "app=trainer"}
+    cluster.kube.put(SCALED_OBJECT, scaled_object("vllm", NS, {"name": "vllm"}, [external(metadata)]))
+    scaler = await kube_scaler()
+    await eventually(lambda: _equals(value(scaler, metadata=metadata), 99))
+    assert c.url in cluster.scraped(scaler)
+
+
+async def test_pod_name_prefix_is_rejected_with_kubernetes_on(cluster: Cluster, kube_scaler) -> None:  # type: ignore[no-untyped-def]
+    scaler = await kube_scaler()
+    metadata = METADATA | {"podNamePrefix": "vllm-"}
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await scaler.stub.GetMetricSpec(ref(metadata=metadata))
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "podNamePrefix" in (raised.value.details() or "")
+    assert "--kubernetes off" in (raised.value.details() or "")
+
+
+async def test_missing_scaled_object_and_target_are_unavailable(
+    cluster: Cluster, kube: FakeKube, kube_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    scaler = await kube_scaler()
+    await eventually(lambda: unavailable(scaler, "ScaledObject llm/vllm", "not found"))
+    kube.put(SCALED_OBJECT, scaled_object("vllm", NS, {"name": "vllm"}, [external()]))
+    await eventually(lambda: unavailable(scaler, "Deployment vllm", "not found"))
+
+
+async def test_target_node_without_exporter_is_unavailable(cluster: Cluster, kube_scaler) -> None:  # type: ignore[no-untyped-def]
+    await cluster.gpu_node("node-a")
+    cluster.kube.put(DEPLOYMENT, deployment("vllm", NS, APP))
+    cluster.kube.put(SCALED_OBJECT, scaled_object("vllm", NS, {"name": "vllm"}, [external()]))
+    cluster.run("vllm-0", "node-x", 50)  # a node where no exporter pod runs
+    scaler = await kube_scaler()
+    await eventually(
+        lambda: unavailable(scaler, "no GPU exporter pod runs", "node-x", "app=test-dcgm-exporter")
+    )

@@ -1,0 +1,539 @@
+"""The Prometheus source against a real Prometheus server scraping loopback exporters."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import ssl
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from certs import CertificateAuthority, write
+from prometheus_support import (
+    JOBS,
+    PASSWORD,
+    PROMETHEUS_BIN,
+    USERNAME,
+    ExporterThread,
+    PrometheusProxy,
+    PrometheusServer,
+    address_of,
+    operator_labels,
+    with_timestamps,
+)
+from support import ExporterServer, GpuLine, dcgm_page, eventually
+
+from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_gpu_scaler.collect.prometheus import PrometheusClient, PrometheusCollector, namespace_query
+from keda_gpu_scaler.collect.scrape import Interest
+from keda_gpu_scaler.collect.store import Store
+from keda_gpu_scaler.settings import Settings
+from keda_gpu_scaler.telemetry import Telemetry
+
+pytestmark = pytest.mark.prometheus
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+# Every page of a kind the scaler reads, behind one of the two scrape jobs (see prometheus_support.JOBS).
+FLEET = {
+    "dcgm_2xh100.prom": "operator",
+    "dcgm_virtual_gpus_pod_uid.prom": "operator",
+    "dcgm_mig_no_gpu_util.prom": "operator",
+    "dcgm_empty_pod_labels.prom": "operator",
+    "amd_mi300x.prom": "operator",
+    "ack_gpushare.prom": "operator",
+    "dcgm_virtual_gpus.prom": "direct",
+    "dcgm_old_namespace.prom": "direct",
+    "dcgm_fb_total.prom": "direct",
+    "dcgm_same_pod_two_namespaces.prom": "direct",
+    "dcgm_4gpu_pod.prom": "direct",
+    "dcgm_mig_gpu_util_zero.prom": "direct",
+    "amd_mi300x_prefixed.prom": "direct",
+}
+
+# (namespace, podNamePrefix) of the workloads on those pages.
+WORKLOADS = [
+    ("llm", "vllm-qwen-"),  # NVIDIA, exported_pod
+    ("llm", "vllm-llama-"),  # AMD, exported_pod
+    ("llm", "embedder-"),  # MIG
+    ("llm", "reranker-"),
+    ("research", "trainer-"),  # AMD trainer-0 and a 4-GPU NVIDIA pod
+    ("research", "train-"),  # ACK, exclusive GPU
+    ("inference", "infer-"),  # ACK, shared GPU
+    ("ml", "chat-"),  # time-sliced, --kubernetes-virtual-gpus, two exporters
+    ("ml", "embed-"),
+    ("docs", "ocr-"),
+    ("audio", "whisper-"),  # --use-old-namespace
+    ("vision", "detector-"),
+    ("team-a", "worker-"),
+    ("team-b", "worker-"),
+    ("speech", "asr-"),
+    ("chat", "sglang-"),  # AMD with the amd_ prefix
+]
+
+# Collection every 0.5 s from a Prometheus scraping every 1 s: data may be up to 3 s old.
+THROUGH_PROMETHEUS: dict[str, Any] = {
+    "scrape_interval": 0.5,
+    "max_staleness": 3.0,
+    "prometheus_timeout": 2.0,
+    "prometheus_username": USERNAME,
+    "prometheus_password": PASSWORD,
+    "default_source": "prometheus",
+}
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    if PROMETHEUS_BIN is None:
+        pytest.skip(
+            "no `prometheus` binary (Debian package prometheus; `make test` installs it where it can)"
+        )
+    server = PrometheusServer(tmp_path_factory.mktemp("prometheus"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@dataclass
+class Fleet:
+    exporters: list[ExporterServer]
+
+
+@pytest.fixture(scope="module")
+def fleet(prometheus: PrometheusServer) -> Iterator[Fleet]:
+    """Every fixture page served on loopback, scraped by Prometheus and queryable there."""
+    thread = ExporterThread()
+    exporters = []
+    targets: dict[str, list[tuple[str, dict[str, str]]]] = {job: [] for job in JOBS}
+    for index, (name, job) in enumerate(FLEET.items()):
+        exporter = thread.start((FIXTURES / name).read_text())
+        exporters.append(exporter)
+        labels = operator_labels(f"nvidia-dcgm-exporter-{index}") if job == "operator" else {}
+        targets[job].append((address_of(exporter), labels))
+    for job, group in targets.items():
+        prometheus.set_targets(job, "fleet", group)
+    deadline = time.monotonic() + 60
+    while len(prometheus.query('up{job=~"operator|direct"} == 1')) < len(FLEET):
+        assert time.monotonic() < deadline, "Prometheus did not scrape the fleet in time"
+        time.sleep(0.1)
+    yield Fleet(exporters)
+    for job in JOBS:
+        prometheus.set_targets(job, "fleet", [])
+    thread.stop()
+
+
+@pytest.fixture
+async def proxy(prometheus: PrometheusServer) -> AsyncIterator[PrometheusProxy]:
+    gateway = PrometheusProxy(prometheus.url)
+    await gateway.start()
+    yield gateway
+    await gateway.stop()
+
+
+@pytest.fixture
+def test_targets(prometheus: PrometheusServer) -> Iterator[Any]:
+    """Register a test's own exporters with Prometheus (removed afterwards)."""
+    registered: set[str] = set()
+
+    def register(job: str, *exporters: ExporterServer, exporter_pod: str = "nvidia-dcgm-exporter-t") -> None:
+        labels = operator_labels(exporter_pod) if job == "operator" else {}
+        prometheus.set_targets(job, "test", [(address_of(e), labels) for e in exporters])
+        registered.add(job)
+
+    yield register
+    for job in registered:
+        prometheus.set_targets(job, "test", [])
+
+
+def request(namespace: str, metadata: dict[str, str]) -> pb.GetMetricsRequest:
+    name = "gpu-memory" if metadata.get("metric") == "memory" else "gpu-utilization"
+    ref = pb.ScaledObjectRef(name="so", namespace=namespace, scalerMetadata=metadata)
+    return pb.GetMetricsRequest(scaledObjectRef=ref, metricName=name)
+
+
+async def outcome(scaler: Any, namespace: str, metadata: dict[str, str]) -> float | str:
+    """The value, or the status code and message of the error."""
+    try:
+        response = await scaler.stub.GetMetrics(request(namespace, metadata))
+    except grpc.aio.AioRpcError as error:
+        return f"{error.code().name}: {error.details()}"
+    value: float = response.metricValues[0].metricValueFloat
+    return value
+
+
+def trigger(prefix: str, **more: str) -> dict[str, str]:
+    return {"podNamePrefix": prefix, "threshold": "70", **more}
+
+
+async def test_same_values_as_direct_scraping(
+    fleet: Fleet, prometheus: PrometheusServer, make_scaler: Any
+) -> None:
+    # The operator job really relabelled: the workload's labels arrive as exported_namespace/exported_pod.
+    assert prometheus.query('DCGM_FI_DEV_GPU_UTIL{exported_namespace="llm",exported_pod!=""}')
+    direct = await make_scaler(*fleet.exporters)
+    through = await make_scaler(
+        prometheus_url=prometheus.url, **(THROUGH_PROMETHEUS | {"default_source": "scrape"})
+    )
+    cases = [
+        (namespace, prefix, metric) for namespace, prefix in WORKLOADS for metric in ("utilization", "memory")
+    ]
+
+    async def same() -> None:
+        scraped, queried = {}, {}
+        for namespace, prefix, metric in cases:
+            key = f"{namespace}/{prefix}*/{metric}"
+            scraped[key] = await outcome(direct, namespace, trigger(prefix, metric=metric))
+            # `source: prometheus` per trigger, on a server whose default is scrape.
+            queried[key] = await outcome(
+                through, namespace, trigger(prefix, metric=metric, source="prometheus")
+            )
+        assert all(isinstance(v, float) for v in scraped.values()), scraped
+        assert any(v > 0 for v in scraped.values() if isinstance(v, float))
+        assert queried == scraped
+
+    await eventually(same, timeout=30)
+
+
+async def test_default_source_prometheus_answers_triggers_without_source(
+    fleet: Fleet, prometheus: PrometheusServer, make_scaler: Any
+) -> None:
+    scaler = await make_scaler(prometheus_url=prometheus.url, **THROUGH_PROMETHEUS)
+
+    async def value() -> None:
+        # dcgm_2xh100: the pod's one GPU at 87 % (DCGM_FI_DEV_GPU_UTIL).
+        assert await outcome(scaler, "llm", trigger("vllm-qwen-")) == 87.0
+
+    await eventually(value, timeout=20)
+    async with aiohttp.ClientSession() as session, session.get(f"{scaler.http}/metrics") as response:
+        text = await response.text()
+    assert 'keda_gpu_scaler_prometheus_queries_total{query="namespace",result="ok"}' in text
+
+
+async def test_few_queries_per_namespace(fleet: Fleet, proxy: PrometheusProxy) -> None:
+    """One query per namespace and collection, plus one for the rest of its NVIDIA GPUs' series; an empty
+    namespace also asks whether Prometheus has GPU series at all, at most once per interval."""
+    settings = Settings(prometheus_url=proxy.url, prometheus_timeout=5.0)
+    store = Store()
+    async with aiohttp.ClientSession() as session:
+        collector = PrometheusCollector(
+            client=PrometheusClient(session, settings, Telemetry(), time.monotonic),
+            store=store,
+            interest=Interest(600, time.monotonic),
+            interval=30.0,
+            max_staleness=60.0,
+            clock=time.monotonic,
+        )
+        expected = {"llm": 2, "inference": 2, "chat": 1, "nothing-here": 2}
+        for namespace, queries in expected.items():
+            before = proxy.requests
+            assert await collector.collect_once(namespace)
+            assert proxy.requests - before == queries, namespace
+        before = proxy.requests
+        assert await collector.collect_once("nothing-either")
+        assert proxy.requests - before == 1  # the fleet check is not repeated within an interval
+
+
+@pytest.mark.parametrize(
+    "namespace",
+    ['we"ird', "back\\slash", "new\nline", "dot.*star", "ünïcode", "close}brace", 'a",namespace!="'],
+)
+async def test_any_namespace_is_quoted_safely(prometheus: PrometheusServer, namespace: str) -> None:
+    settings = Settings(
+        prometheus_url=prometheus.url, prometheus_username=USERNAME, prometheus_password=PASSWORD
+    )
+    async with aiohttp.ClientSession() as session:
+        client = PrometheusClient(session, settings, Telemetry(), time.monotonic)
+        # Prometheus parses it and finds nothing: the value was one string, never PromQL.
+        assert await client.query(namespace_query(namespace), time.time(), "namespace") == []
+
+
+async def _unavailable(scaler: Any, namespace: str, metadata: dict[str, str], *texts: str) -> str:
+    async def check() -> str:
+        result = await outcome(scaler, namespace, metadata)
+        assert isinstance(result, str) and result.startswith("UNAVAILABLE"), result
+        for text in texts:
+            assert text in result, result
+        return result
+
+    return await eventually(check, timeout=20)
+
+
+FAILURES = {
+    "down": ("stop", "Cannot connect"),
+    "slow": ("delay", "timed out after 1s"),
+    "http-error": (
+        (422, b'{"status":"error","errorType":"execution","error":"query would load too many samples"}'),
+        "HTTP 422 Unprocessable Entity: execution: query would load too many samples",
+    ),
+    "error-status": ((200, b'{"status":"error","errorType":"internal","error":"boom"}'), "internal: boom"),
+    "not-json": ((200, b"<html>maintenance</html>"), "not JSON"),
+    "not-a-vector": (
+        (200, b'{"status":"success","data":{"resultType":"scalar","result":[1,"2"]}}'),
+        "scalar",
+    ),
+    "oversized": ((200, b'{"status":"success","pad":"' + b"x" * 300_000 + b'"}'), "answer too large"),
+}
+
+
+@pytest.mark.parametrize("failure", list(FAILURES))
+async def test_prometheus_down_slow_or_failing_is_unavailable(
+    fleet: Fleet, proxy: PrometheusProxy, make_scaler: Any, failure: str
+) -> None:
+    scaler = await make_scaler(
+        prometheus_url=proxy.url,
+        max_page_bytes=100_000,
+        **(
+            THROUGH_PROMETHEUS
+            | {"prometheus_timeout": 1.0, "prometheus_username": None, "prometheus_password": None}
+        ),
+    )
+    metadata = trigger("vllm-qwen-")
+
+    async def fresh() -> None:
+        assert await outcome(scaler, "llm", metadata) == 87.0
+
+    await eventually(fresh, timeout=20)
+    how, text = FAILURES[failure]
+    if how == "stop":
+        await proxy.stop()
+    elif how == "delay":
+        proxy.delay = 2.0
+    else:
+        assert isinstance(how, tuple)
+        proxy.answer = how
+    # The last good value is used while it is fresh, then never again: UNAVAILABLE, saying why.
+    await _unavailable(scaler, "llm", metadata, "prometheus llm", text)
+
+
+async def test_is_active_unavailable_too(fleet: Fleet, proxy: PrometheusProxy, make_scaler: Any) -> None:
+    scaler = await make_scaler(
+        prometheus_url=proxy.url,
+        **(THROUGH_PROMETHEUS | {"prometheus_username": None, "prometheus_password": None}),
+    )
+    ref = pb.ScaledObjectRef(name="so", namespace="llm", scalerMetadata=trigger("vllm-qwen-"))
+
+    async def active() -> None:
+        assert (await scaler.stub.IsActive(ref)).result is True
+
+    await eventually(active, timeout=20)
+    await proxy.stop()
+
+    async def unavailable() -> None:
+        # Not pytest.raises: its failure is no AssertionError, and eventually() would not poll again.
+        try:
+            result = await scaler.stub.IsActive(ref)
+        except grpc.aio.AioRpcError as error:
+            assert error.code() is grpc.StatusCode.UNAVAILABLE
+        else:
+            raise AssertionError(f"answered {result.result} without fresh data")
+
+    await eventually(unavailable, timeout=20)
+
+
+def _pods(*lines: GpuLine, host: str) -> str:
+    return dcgm_page(list(lines), host=host)
+
+
+async def test_series_with_frozen_timestamps_are_not_used(
+    prometheus: PrometheusServer, make_exporter: Any, make_scaler: Any, test_targets: Any
+) -> None:
+    """Prometheus keeps showing a series with explicit timestamps for 5 minutes after its last sample (no
+    staleness marker applies to them); the scaler reads the sample time and stops using it."""
+    page = _pods(GpuLine("frozen", "vllm-0", 50), host="node-f")
+    exporter = await make_exporter(with_timestamps(page, int(time.time() * 1000)))
+    test_targets("direct", exporter)
+    scaler = await make_scaler(prometheus_url=prometheus.url, **THROUGH_PROMETHEUS)
+
+    async def refresh() -> None:
+        while True:
+            exporter.page = with_timestamps(page, int(time.time() * 1000))
+            await asyncio.sleep(0.1)
+
+    ticking = asyncio.create_task(refresh())
+    try:
+
+        async def fresh() -> None:
+            assert await outcome(scaler, "frozen", trigger("vllm-")) == 50.0
+
+        await eventually(fresh, timeout=20)
+    finally:
+        ticking.cancel()
+    # The exporter now prints the same old sample time forever; Prometheus still returns the series.
+    result = await _unavailable(scaler, "frozen", trigger("vllm-"), "old")
+    assert prometheus.query('DCGM_FI_DEV_GPU_UTIL{namespace="frozen"}'), "Prometheus should still show it"
+    assert "max staleness 3s" in result
+
+
+async def test_dead_exporter_pods_count_as_missing(
+    prometheus: PrometheusServer, make_exporter: Any, make_scaler: Any, test_targets: Any
+) -> None:
+    a = await make_exporter(_pods(GpuLine("dead", "vllm-0", 50), host="node-a"))
+    b = await make_exporter(_pods(GpuLine("dead", "vllm-1", 30), host="node-b"))
+    test_targets("operator", a, b)
+    scaler = await make_scaler(prometheus_url=prometheus.url, **THROUGH_PROMETHEUS)
+
+    async def at(value: float) -> None:
+        assert await outcome(scaler, "dead", trigger("vllm-")) == value
+
+    await eventually(lambda: at(80), timeout=20)
+    await b.stop()
+    # vllm-1's series go stale in Prometheus; its pod counts as missing, as the threshold (70): the
+    # value cannot shrink to 50 because one exporter died.
+    await eventually(lambda: at(120), timeout=20)
+
+
+async def test_pods_gone_from_live_exporters_are_gone(
+    prometheus: PrometheusServer, make_exporter: Any, make_scaler: Any, test_targets: Any
+) -> None:
+    a = await make_exporter(
+        _pods(GpuLine("gone", "vllm-0", 50, gpu=0), GpuLine("gone", "vllm-2", 20, gpu=1), host="node-a")
+    )
+    b = await make_exporter(
+        _pods(GpuLine("gone", "vllm-1", 30, gpu=0), GpuLine("", "", 0, gpu=1), host="node-b")
+    )
+    test_targets("operator", a, b)
+    scaler = await make_scaler(prometheus_url=prometheus.url, **THROUGH_PROMETHEUS)
+
+    async def at(value: float) -> None:
+        assert await outcome(scaler, "gone", trigger("vllm-")) == value
+
+    await eventually(lambda: at(100), timeout=20)
+    # vllm-2 ends on node a (which still runs vllm-0), vllm-1 on node b (whose exporter goes on printing
+    # its idle GPUs): both pods are gone, not missing.
+    a.page = _pods(GpuLine("gone", "vllm-0", 50, gpu=0), GpuLine("", "", 0, gpu=1), host="node-a")
+    b.page = _pods(GpuLine("", "", 0, gpu=0), GpuLine("", "", 0, gpu=1), host="node-b")
+    await eventually(lambda: at(50), timeout=20)
+
+
+async def test_basic_auth_wrong_password_names_http_401(
+    fleet: Fleet, prometheus: PrometheusServer, make_scaler: Any
+) -> None:
+    scaler = await make_scaler(
+        prometheus_url=prometheus.url, **(THROUGH_PROMETHEUS | {"prometheus_password": "not-the-password"})
+    )
+    await _unavailable(scaler, "llm", trigger("vllm-qwen-"), "HTTP 401 Unauthorized", "--prometheus-username")
+
+
+async def test_basic_auth_password_file(
+    fleet: Fleet, prometheus: PrometheusServer, make_scaler: Any, tmp_path: Path
+) -> None:
+    password_file = tmp_path / "password"
+    password_file.write_text(PASSWORD + "\n")
+    scaler = await make_scaler(
+        prometheus_url=prometheus.url,
+        **(THROUGH_PROMETHEUS | {"prometheus_password": None, "prometheus_password_file": password_file}),
+    )
+
+    async def value() -> None:
+        assert await outcome(scaler, "llm", trigger("vllm-qwen-")) == 87.0
+
+    await eventually(value, timeout=20)
+
+
+async def test_bearer_token_file_is_read_again_when_it_changes(
+    fleet: Fleet, proxy: PrometheusProxy, make_scaler: Any, tmp_path: Path
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("token-1\n")
+    proxy.bearer = "token-1"
+    proxy.required_headers = {"X-Scope-OrgID": "team-a"}
+    scaler = await make_scaler(
+        prometheus_url=proxy.url,
+        prometheus_bearer_token_file=token,
+        prometheus_headers=(("X-Scope-OrgID", "team-a"),),
+        **(THROUGH_PROMETHEUS | {"prometheus_username": None, "prometheus_password": None}),
+    )
+    metadata = trigger("vllm-qwen-")
+
+    async def value() -> None:
+        assert await outcome(scaler, "llm", metadata) == 87.0
+
+    await eventually(value, timeout=20)
+    proxy.bearer = "token-2"  # the gateway rotated its token; the sidecar has not caught up yet
+    await _unavailable(scaler, "llm", metadata, "HTTP 401")
+    token.write_text("token-2\n")
+    await eventually(value, timeout=20)
+    assert proxy.seen_headers[-1]["Authorization"] == "Bearer token-2"
+    assert proxy.seen_headers[-1]["X-Scope-OrgID"] == "team-a"
+
+
+async def test_ca_bundle_and_client_certificate(
+    fleet: Fleet, prometheus: PrometheusServer, make_scaler: Any, tmp_path: Path
+) -> None:
+    ca = CertificateAuthority()
+    server_cert, server_key = write(tmp_path, "server", ca.issue("localhost", ["localhost"]))
+    client_cert, client_key = write(tmp_path, "client", ca.issue("keda-gpu-scaler", [], client=True))
+    (tmp_path / "ca.crt").write_bytes(ca.cert_pem)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(tmp_path / "ca.crt"))
+    tls.load_cert_chain(server_cert, server_key)
+    tls.verify_mode = ssl.CERT_REQUIRED
+    gateway = PrometheusProxy(prometheus.url, tls=tls)
+    await gateway.start()
+    try:
+        url = f"https://localhost:{gateway.port}"
+        without_credentials = THROUGH_PROMETHEUS | {"prometheus_username": None, "prometheus_password": None}
+        scaler = await make_scaler(
+            prometheus_url=url,
+            prometheus_ca_file=tmp_path / "ca.crt",
+            prometheus_cert_file=client_cert,
+            prometheus_key_file=client_key,
+            **without_credentials,
+        )
+
+        async def value() -> None:
+            assert await outcome(scaler, "llm", trigger("vllm-qwen-")) == 87.0
+
+        await eventually(value, timeout=20)
+        # Without the client certificate the gateway refuses the handshake.
+        refused = await make_scaler(
+            prometheus_url=url, prometheus_ca_file=tmp_path / "ca.crt", **without_credentials
+        )
+        await _unavailable(refused, "llm", trigger("vllm-qwen-"), "prometheus llm")
+    finally:
+        await gateway.stop()
+
+
+async def test_serve_with_prometheus_flags_and_password_from_the_environment(
+    fleet: Fleet, prometheus: PrometheusServer
+) -> None:
+    """As an operator runs it: flags, the password only in the environment, no `source` in the trigger."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "keda_gpu_scaler",
+        "serve",
+        "--grpc-address=127.0.0.1:0",
+        "--http-address=127.0.0.1:0",
+        "--kubernetes=off",
+        f"--prometheus-url={prometheus.url}/",
+        f"--prometheus-username={USERNAME}",
+        "--scrape-interval=0.5",
+        "--max-staleness=3",
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "KEDA_GPU_SCALER_PROMETHEUS_PASSWORD": PASSWORD},
+    )
+    try:
+        assert process.stderr is not None
+        ready = re.compile(r"serving gRPC on \S+ \(port (\d+)")
+        async with asyncio.timeout(20):
+            while not (match := ready.search((await process.stderr.readline()).decode())):
+                pass
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{match.group(1)}") as channel:
+            scaler = type("Scaler", (), {"stub": pb_grpc.ExternalScalerStub(channel)})
+
+            async def value() -> None:
+                assert await outcome(scaler, "llm", trigger("vllm-qwen-")) == 87.0
+
+            await eventually(value, timeout=20)
+    finally:
+        process.terminate()
+        await process.wait()

@@ -1,0 +1,364 @@
+"""The Prometheus source's pure parts: PromQL quoting, answers, freshness of pages, and its settings."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from keda_gpu_scaler.collect.prometheus import (
+    TIMESTAMP_LABEL,
+    Element,
+    PrometheusCollector,
+    PrometheusError,
+    gpu_queries,
+    liveness_query,
+    namespace_query,
+    parse_vector,
+    promql_string,
+    regex_literal,
+    samples_with_times,
+)
+from keda_gpu_scaler.collect.scrape import Interest
+from keda_gpu_scaler.collect.store import SourceKind, Store
+from keda_gpu_scaler.exposition import Sample
+from keda_gpu_scaler.settings import (
+    PROMETHEUS_PASSWORD_ENV,
+    SettingsError,
+    build_settings,
+    env_values,
+)
+from keda_gpu_scaler.vendors import POD_LABELS, SAMPLE_NAMES
+
+# ---- PromQL ---------------------------------------------------------------------------------------
+
+
+@given(st.text())
+def test_promql_string_holds_exactly_the_value(value: str) -> None:
+    literal = promql_string(value)
+    # The escapes used (\\, \", \u00XX) mean the same in Go and JSON strings.
+    assert json.loads(literal) == value
+    assert "\n" not in literal and "\r" not in literal
+
+
+@given(st.text())
+def test_regex_literal_matches_only_itself(value: str) -> None:
+    pattern = regex_literal(value)
+    assert re.fullmatch(pattern, value, re.DOTALL)
+    assert re.fullmatch(pattern, value + "x", re.DOTALL) is None
+
+
+@pytest.mark.parametrize(("value", "other"), [("GPU-a.b", "GPU-aXb"), ("a|b", "a"), ("(x)*", "")])
+def test_regex_literal_is_not_a_pattern(value: str, other: str) -> None:
+    assert re.fullmatch(regex_literal(value), other) is None
+
+
+def test_namespace_query_covers_every_pod_label_pair_and_family() -> None:
+    query = namespace_query('llm"} or up{x="')
+    for ns_key, pod_key in POD_LABELS:
+        assert f'{ns_key}="llm\\"}} or up{{x=\\"",{pod_key}!=""' in query
+    for name in SAMPLE_NAMES:
+        assert f'timestamp({{__name__="{name}",' in query
+    assert query.count("timestamp(") == len(SAMPLE_NAMES) * len(POD_LABELS)
+
+
+def test_gpu_queries_only_for_vendors_that_need_them() -> None:
+    nvidia = Sample("DCGM_FI_DEV_GPU_UTIL", {"UUID": "GPU-1.2", "namespace": "a", "pod": "p"}, 5, 0)
+    old = Sample("DCGM_FI_DEV_FB_USED", {"uuid": "GPU-3", "pod_namespace": "a", "pod_name": "p"}, 5, 0)
+    amd = Sample("gpu_gfx_activity", {"gpu_id": "0", "namespace": "a", "pod": "q"}, 5, 0)
+    assert gpu_queries([amd]) == []
+    (query,) = gpu_queries([nvidia, old, amd])
+    assert 'UUID=~"GPU-1\\\\.2"' in query and 'uuid=~"GPU-3"' in query
+    assert "gpu_gfx_activity" not in query
+
+
+def test_liveness_query_asks_per_target() -> None:
+    query = liveness_query([("operator", "10.0.0.1:9400"), ("operator", "10.0.0.2:9400")])
+    assert query.startswith("max by (job, instance) (")
+    assert 'instance=~"10\\\\.0\\\\.0\\\\.1:9400|10\\\\.0\\\\.0\\\\.2:9400"' in query
+
+
+# ---- answers --------------------------------------------------------------------------------------
+
+
+def answer(result: list[dict[str, Any]], result_type: str = "vector") -> bytes:
+    return json.dumps({"status": "success", "data": {"resultType": result_type, "result": result}}).encode()
+
+
+def test_parse_vector_reads_special_values() -> None:
+    body = answer(
+        [
+            {"metric": {"__name__": "a", "x": "1"}, "value": [1.5, "NaN"]},
+            {"metric": {"__name__": "a", "x": "2"}, "value": [1.5, "+Inf"]},
+            {"metric": {"__name__": "a", "x": "3"}, "value": [1.5, "-12.5e3"]},
+        ]
+    )
+    elements, warnings = parse_vector(body)
+    assert [e.labels["x"] for e in elements] == ["1", "2", "3"]
+    assert elements[0].value != elements[0].value and elements[1].value == float("inf")
+    assert elements[2].value == -12500.0 and warnings == []
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"<html>", "not JSON"),
+        (b"\xff\xfe", "not JSON"),
+        (b"[]", "not a Prometheus API response"),
+        (b'{"status":"error","errorType":"bad_data","error":"parse error"}', "bad_data: parse error"),
+        (b'{"status":"success"}', "no data.result"),
+        (answer([], "matrix"), "'matrix', not an instant vector"),
+        (answer([{"metric": {}, "value": [1, 2]}]), "malformed vector element"),
+        (answer([{"metric": {"a": 1}, "value": [1, "2"]}]), "malformed vector element"),
+        (answer([{"metric": {}, "value": [1, "two"]}]), "malformed sample value"),
+    ],
+)
+def test_parse_vector_rejects(body: bytes, message: str) -> None:
+    with pytest.raises(PrometheusError, match=re.escape(message)):
+        parse_vector(body)
+
+
+def elements_of(samples: list[Sample]) -> list[Element]:
+    """What Prometheus answers to values_and_times() for these samples (timestamps in ms)."""
+    result = []
+    for s in samples:
+        result.append(Element({"__name__": s.name, **s.labels}, s.value))
+        result.append(Element({**s.labels, TIMESTAMP_LABEL: "1"}, (s.timestamp_ms or 0) / 1000))
+    return result
+
+
+def test_samples_take_the_time_of_their_label_set() -> None:
+    labels = {"gpu": "0", "namespace": "a", "pod": "p"}
+    elements = [
+        Element({"__name__": "DCGM_FI_DEV_GPU_UTIL", **labels}, 40),
+        Element({"__name__": "DCGM_FI_DEV_FB_USED", **labels}, 100),
+        Element({"__name__": "DCGM_FI_DEV_FB_FREE", "gpu": "1"}, 100),  # no time: dropped
+        Element({**labels, TIMESTAMP_LABEL: "1"}, 1700000000.123),
+    ]
+    samples, untimed = samples_with_times(elements)
+    assert untimed == 1
+    assert samples == [
+        Sample("DCGM_FI_DEV_GPU_UTIL", labels, 40, 1700000000123),
+        Sample("DCGM_FI_DEV_FB_USED", labels, 100, 1700000000123),
+    ]
+
+
+# ---- the collector's freshness, with a scripted Prometheus and clocks -------------------------------
+
+WALL = 1_800_000_000.0
+
+
+class ScriptedPrometheus:
+    """Answers queries by purpose from lists the test sets; records the purposes asked."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, list[Element]] = {}
+        self.asked: list[str] = []
+
+    async def query(self, promql: str, at: float, purpose: str) -> list[Element]:
+        self.asked.append(purpose)
+        return self.answers.get(purpose, [])
+
+
+def gpu(pod: str, value: float, age: float, instance: str = "node-a:9400", gpu_id: str = "0") -> list[Sample]:
+    labels = {
+        "gpu": gpu_id,
+        "UUID": f"GPU-{instance}-{gpu_id}",
+        "Hostname": instance,
+        "namespace": "llm",
+        "pod": pod,
+        "job": "dcgm",
+        "instance": instance,
+    }
+    at = round((WALL - age) * 1000)
+    return [
+        Sample("DCGM_FI_DEV_GPU_UTIL", labels, value, at),
+        Sample("DCGM_FI_DEV_FB_USED", labels, 10, at),
+        Sample("DCGM_FI_DEV_FB_FREE", labels, 30, at),
+    ]
+
+
+def collector(
+    prometheus: ScriptedPrometheus, store: Store, now: list[float] | None = None
+) -> PrometheusCollector:
+    """A collector whose monotonic clock reads now[0] (1000.0 by default) while the wall clock says WALL."""
+    clock = now or [1000.0]
+    return PrometheusCollector(
+        client=prometheus,  # type: ignore[arg-type]
+        store=store,
+        interest=Interest(600, lambda: clock[0]),
+        interval=1.0,
+        max_staleness=4.0,
+        clock=lambda: clock[0],
+        wall_clock=lambda: WALL,
+    )
+
+
+async def test_page_is_as_old_as_its_samples() -> None:
+    prometheus, store = ScriptedPrometheus(), Store()
+    prometheus.answers["namespace"] = elements_of(gpu("vllm-0", 40, age=2.0))
+    assert await collector(prometheus, store).collect_once("llm")
+    assert prometheus.asked == ["namespace", "gpus"]
+    view = store.view("llm", 1000.0, 4.0, SourceKind.PROMETHEUS)
+    assert [r.utilization for r in view.readings] == [40]
+    # Collected "now" but the samples are 2 s old: stale 2 s later, not 4.
+    assert store.view("llm", 1002.5, 4.0, SourceKind.PROMETHEUS).readings == ()
+
+
+async def test_stale_series_are_never_used() -> None:
+    prometheus, store = ScriptedPrometheus(), Store()
+    # Prometheus' lookback still shows vllm-1's last sample, 10 s old; the exporter's other series are
+    # current: vllm-1 is gone from that exporter.
+    prometheus.answers["namespace"] = elements_of(
+        gpu("vllm-0", 40, age=0.5) + gpu("vllm-1", 90, age=10.0, gpu_id="1")
+    )
+    assert await collector(prometheus, store).collect_once("llm")
+    view = store.view("llm", 1000.0, 4.0, SourceKind.PROMETHEUS)
+    assert [r.pod for r in view.readings] == ["vllm-0"]
+
+
+async def test_target_with_only_stale_series_counts_its_pods_missing() -> None:
+    prometheus, store = ScriptedPrometheus(), Store()
+    prometheus.answers["namespace"] = elements_of(
+        gpu("vllm-0", 40, age=0.5) + gpu("vllm-1", 90, age=10.0, instance="node-b:9400")
+    )
+    assert await collector(prometheus, store).collect_once("llm")
+    view = store.view("llm", 1000.0, 4.0, SourceKind.PROMETHEUS)
+    assert [r.pod for r in view.readings] == ["vllm-0"]
+    assert list(view.recently_seen) == ["vllm-1"]
+    assert any("node-b:9400: last data 10.0s old (max staleness 4s)" in p for p in view.problems)
+
+
+@pytest.mark.parametrize(("alive", "sources_left"), [(True, 2), (False, 3)])
+async def test_target_naming_no_pod_any_more(alive: bool, sources_left: int) -> None:
+    prometheus, store = ScriptedPrometheus(), Store()
+    prometheus.answers["namespace"] = elements_of(
+        gpu("vllm-0", 40, age=0.5) + gpu("vllm-1", 90, age=0.5, instance="node-b:9400")
+    )
+    now = [1000.0]
+    source = collector(prometheus, store, now)
+    assert await source.collect_once("llm")
+    prometheus.answers["namespace"] = elements_of(gpu("vllm-0", 40, age=0.5))
+    newest = WALL - (0.5 if alive else 60)
+    prometheus.answers["liveness"] = [Element({"job": "dcgm", "instance": "node-b:9400"}, newest)]
+    now[0] = 1001.0
+    assert await source.collect_once("llm")
+    assert prometheus.asked[-1] == "liveness"
+    view = store.view("llm", 1001.0, 4.0, SourceKind.PROMETHEUS)
+    assert view.sources == sources_left
+    if alive:  # still scraped: the pod is gone
+        assert view.recently_seen == {}
+    else:  # not scraped any more: once its last data is stale, the pod is missing, and the problem says why
+        assert [r.pod for r in view.readings] == ["vllm-0", "vllm-1"]  # its last data is 1.5 s old
+        later = store.view("llm", 1005.0, 4.0, SourceKind.PROMETHEUS)
+        assert "vllm-1" in later.recently_seen
+        assert "no current series in Prometheus" in later.recently_seen["vllm-1"]
+
+
+async def test_empty_namespace_is_zero_only_when_prometheus_has_gpu_series() -> None:
+    prometheus, store = ScriptedPrometheus(), Store()
+    assert not await collector(prometheus, store).collect_once("llm")
+    view = store.view("llm", 1000.0, 4.0, SourceKind.PROMETHEUS)
+    assert view.fresh_sources == 0
+    assert "holds no current series of any GPU exporter family" in view.problems[0]
+    prometheus.answers["fleet"] = [Element({}, 1)]
+    assert await collector(prometheus, store).collect_once("llm")
+    view = store.view("llm", 1000.0, 4.0, SourceKind.PROMETHEUS)
+    assert (view.fresh_sources, view.readings) == (1, ())
+
+
+# ---- settings -------------------------------------------------------------------------------------
+
+
+def settings_error(**values: Any) -> str:
+    with pytest.raises(SettingsError) as raised:
+        build_settings(values)
+    return str(raised.value)
+
+
+def test_default_source_follows_the_configuration() -> None:
+    url = "http://prometheus:9090"
+    assert build_settings({}).default_source == "scrape"
+    assert build_settings({"prometheus_url": url}).default_source == "prometheus"
+    assert build_settings(
+        {"prometheus_url": url, "exporter_url": ["http://n:9400/metrics"]}
+    ).default_source == ("scrape")
+    assert build_settings({"prometheus_url": url + "/", "default_source": "scrape"}).prometheus_url == url
+    assert "needs --prometheus-url" in settings_error(default_source="prometheus")
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"prometheus_url": "prometheus:9090"}, "not an http(s) URL"),
+        ({"prometheus_url": "http://u:p@prometheus:9090"}, "no credentials in the URL"),
+        ({"prometheus_url": "http://prometheus:9090/api/v1/query"}, "base URL"),
+        ({"prometheus_username": "u"}, "needs a password"),
+        ({"prometheus_url": "http://p", "prometheus_username": "u"}, "needs a password"),
+        ({"prometheus_url": "http://p", "prometheus_password": "x"}, "--prometheus-username is not"),
+        ({"prometheus_url": "http://p", "prometheus_ca_file": "/nonexistent"}, "no such file"),
+        ({"prometheus_url": "http://p", "prometheus_cert_file": "/etc/hostname"}, "given together"),
+        ({"prometheus_url": "http://p", "prometheus_header": ["no colon"]}, "not `Name: value`"),
+        ({"prometheus_url": "http://p", "prometheus_header": ["Bad Name: v"]}, "not `Name: value`"),
+        ({"prometheus_url": "http://p", "prometheus_timeout": "0"}, "--prometheus-timeout"),
+        ({"prometheus_header": ["X-Scope-OrgID: a"]}, "--prometheus-header needs --prometheus-url"),
+    ],
+)
+def test_bad_prometheus_settings(values: dict[str, Any], message: str) -> None:
+    assert message in settings_error(**values)
+
+
+def test_credentials_and_headers(tmp_path: Path) -> None:
+    token, password = tmp_path / "token", tmp_path / "password"
+    token.write_text("t")
+    password.write_text("p")
+    url = "https://prometheus:9090"
+    assert "not both" in settings_error(
+        prometheus_url=url,
+        prometheus_username="u",
+        prometheus_password_file=str(password),
+        prometheus_bearer_token_file=str(token),
+    )
+    assert "conflicts" in settings_error(
+        prometheus_url=url,
+        prometheus_bearer_token_file=str(token),
+        prometheus_header=["Authorization: Basic x"],
+    )
+    settings = build_settings(
+        {
+            "prometheus_url": url,
+            "prometheus_header": ["X-Scope-OrgID: team-a\nX-Api-Key: secret-key", "Accept-Encoding: gzip"],
+            "prometheus_username": "u",
+            "prometheus_password": "secret-password",
+        }
+    )
+    assert settings.prometheus_headers == (
+        ("X-Scope-OrgID", "team-a"),
+        ("X-Api-Key", "secret-key"),
+        ("Accept-Encoding", "gzip"),
+    )
+    assert "secret" not in repr(settings)
+
+
+def test_password_only_from_the_environment() -> None:
+    values = env_values({PROMETHEUS_PASSWORD_ENV: "from-env", "KEDA_GPU_SCALER_PROMETHEUS_USERNAME": "u"})
+    assert values["prometheus_password"] == "from-env"
+    settings = build_settings(values | {"prometheus_url": "http://p"})
+    assert (settings.prometheus_username, settings.prometheus_password) == ("u", "from-env")
+
+
+async def test_a_server_without_sample_times_is_reported(caplog: pytest.LogCaptureFixture) -> None:
+    prometheus, store = ScriptedPrometheus(), Store()
+    prometheus.answers["namespace"] = elements_of(gpu("vllm-0", 40, age=0.0))
+    source = collector(prometheus, store)
+    assert await source.collect_once("llm")
+    assert await source.collect_once("llm")
+    assert [r.message for r in caplog.records].count(
+        "the Prometheus API reports every sample as taken at the query time: the age of its data cannot be"
+        " checked against --max-staleness"
+    ) == 1
