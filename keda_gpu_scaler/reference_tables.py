@@ -9,7 +9,6 @@ from keda_gpu_scaler.settings import FLAGS
 from keda_gpu_scaler.trigger import KEYS
 
 
-
 def flags_table() -> str:
     rows = ["| flag | environment | default | meaning |", "|---|---|---|---|"]
     for flag in FLAGS:
