@@ -60,7 +60,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     def close_streams(self) -> None:
         """End every open StreamIsActive with status OK (KEDA then reconnects without backoff)."""
         self._closing = True
-        self._store.wake_all()
+        self._store.close()
 
     @contextmanager
     def _observe(self, method: str) -> Iterator[None]:
@@ -159,7 +159,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         """
         was_active = False
         while not self._closing:
-            seen = self._store.version
+            seen = self._store.version(ref.namespace)
             try:
                 active = self._evaluator.evaluate(ref.namespace, ref.name, spec).active
             except NoData:
@@ -168,7 +168,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 yield None
             was_active = active
             # Data also ages without any change, so re-check at least every recheck interval.
-            await self._store.wait_for_change(seen, self._stream_recheck)
+            await self._store.wait_for_change(ref.namespace, seen, self._stream_recheck)
 
     def _spec(self, ref: pb.ScaledObjectRef) -> TriggerSpec:
         return parse_trigger(ref.scalerMetadata)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
+import hypothesis
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -18,6 +20,11 @@ from support import ExporterServer
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App
 from keda_gpu_scaler.settings import Settings
+
+# A few hundred fuzzing examples per property in CI; `make soak` runs the `soak` profile (10,000 each).
+hypothesis.settings.register_profile("ci", max_examples=200)
+hypothesis.settings.register_profile("soak", max_examples=10_000)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 FAST = Settings(
     grpc_address="127.0.0.1:0",

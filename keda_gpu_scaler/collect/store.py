@@ -65,37 +65,55 @@ class Store:
 
     def __init__(self) -> None:
         self._sources: dict[str, SourceState] = {}
-        self._version = 0
-        self._changed = asyncio.Event()
+        # Per namespace, so a stream wakes only when its own namespace's data changed: with many streams,
+        # waking all of them on every scrape of every exporter would cost an evaluation each.
+        self._versions: defaultdict[str, int] = defaultdict(int)
+        self._changed: dict[str, asyncio.Event] = {}
+        self._closed = False
 
-    @property
-    def version(self) -> int:
-        return self._version
+    def version(self, namespace: str) -> int:
+        return self._versions[namespace]
 
     def sources(self) -> list[SourceState]:
         return list(self._sources.values())
 
-    def add_source(self, source: str, kind: SourceKind = SourceKind.SCRAPE, namespace: str | None = None) -> None:
+    def add_source(
+        self, source: str, kind: SourceKind = SourceKind.SCRAPE, namespace: str | None = None
+    ) -> None:
         self._sources.setdefault(source, SourceState(source, kind, namespace))
 
     def remove_source(self, source: str) -> None:
-        if self._sources.pop(source, None) is not None:
-            self._bump()
+        state = self._sources.pop(source, None)
+        if state is not None and state.last_page is not None:
+            self._bump(state.last_page.by_namespace)
 
     def record_page(self, page: Page) -> None:
         state = self._sources.setdefault(page.source, SourceState(page.source))
+        old = state.last_page
+        recovered = old is None or state.last_error is not None
         state.last_page = page
         state.last_error = None
         state.last_attempt_at = page.collected_at
         state.consecutive_failures = 0
-        self._bump()
+        if recovered:
+            self._bump(page.by_namespace.keys() | (old.by_namespace.keys() if old else set()))
+            return
+        assert old is not None
+        # Exporters refresh slower than we scrape (dcgm-exporter: 30 s): an unchanged namespace wakes nobody.
+        self._bump(
+            ns
+            for ns in page.by_namespace.keys() | old.by_namespace.keys()
+            if page.by_namespace.get(ns) != old.by_namespace.get(ns)
+        )
 
     def record_failure(self, source: str, error: str, at: float) -> None:
         state = self._sources.setdefault(source, SourceState(source))
+        first = state.last_error is None
         state.last_error = error
         state.last_attempt_at = at
         state.consecutive_failures += 1
-        self._bump()
+        if first and state.last_page is not None:
+            self._bump(state.last_page.by_namespace)
 
     def view(
         self, namespace: str, now: float, max_staleness: float, kind: SourceKind = SourceKind.SCRAPE
@@ -105,7 +123,9 @@ class Store:
         problems: list[str] = []
         fresh = 0
         states = [
-            s for s in self._sources.values() if s.kind is kind and (s.namespace is None or s.namespace == namespace)
+            s
+            for s in self._sources.values()
+            if s.kind is kind and (s.namespace is None or s.namespace == namespace)
         ]
         for state in states:
             page = state.last_page
@@ -127,19 +147,23 @@ class Store:
                     recently_seen.setdefault(reading.pod, reason)
         return NamespaceView(tuple(readings), fresh, len(states), recently_seen, tuple(problems))
 
-    async def wait_for_change(self, seen_version: int, timeout: float) -> None:
-        """Return once the store has moved past seen_version, or after timeout (data also ages)."""
-        if self._version != seen_version:
+    async def wait_for_change(self, namespace: str, seen_version: int, timeout: float) -> None:
+        """Return once the namespace's data moved past seen_version, or after timeout (data also ages)."""
+        if self._closed or self._versions[namespace] != seen_version:
             return
+        event = self._changed.setdefault(namespace, asyncio.Event())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+            await asyncio.wait_for(event.wait(), timeout)
 
-    def wake_all(self) -> None:
-        """Wake every waiter (used at shutdown)."""
-        self._bump()
+    def close(self) -> None:
+        """Wake every waiter now and from now on (shutdown: streams must end at once)."""
+        self._closed = True
+        self._bump(list(self._changed))
 
-    def _bump(self) -> None:
-        self._version += 1
-        # Replace the event so waiters that arrive later block until the next change, not this one.
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+    def _bump(self, namespaces: Iterable[str]) -> None:
+        for namespace in namespaces:
+            self._versions[namespace] += 1
+            # Waiters that arrive after this change block until the next one, not this one.
+            event = self._changed.pop(namespace, None)
+            if event is not None:
+                event.set()

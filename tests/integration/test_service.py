@@ -329,7 +329,8 @@ async def test_no_scraping_without_interest(make_exporter, make_scaler) -> None:
     exporter = await make_exporter(four_pods_at(90))
     scaler = await make_scaler(exporter)
     # Nothing has asked for data: a few intervals pass and the exporter is never fetched.
-    await asyncio.wait_for(scaler.app.store.wait_for_change(scaler.app.store.version, 0.6), 2)
+    store = scaler.app.store
+    await asyncio.wait_for(store.wait_for_change("llm", store.version("llm"), 0.6), 2)
     assert exporter.requests == 0
     await eventually(lambda: value_of(scaler))
     assert exporter.requests >= 1

@@ -389,7 +389,7 @@ def pages(draw: st.DrawFn) -> tuple[str, list[str]]:
     return page, names
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(pages())
 def test_agrees_with_prometheus_client(page_and_names: tuple[str, list[str]]) -> None:
     page, _ = page_and_names
@@ -397,7 +397,7 @@ def test_agrees_with_prometheus_client(page_and_names: tuple[str, list[str]]) ->
     assert normalise(parse_exposition(page.encode())) == normalise(parse_exposition(page))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(pages(), st.data())
 def test_filtering_equals_filtering_the_full_result(
     page_and_names: tuple[str, list[str]], data: st.DataObject
@@ -420,7 +420,7 @@ def mangled_pages(draw: st.DrawFn) -> str:
     return page
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(
     st.one_of(st.text(), st.binary(), mangled_pages()),
     st.one_of(st.none(), st.sets(st.sampled_from(["a", "b", "up", "x_total", ""]))),

@@ -134,7 +134,7 @@ VALUES = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(st.dictionaries(st.one_of(st.sampled_from(KNOWN_KEYS), st.text(max_size=20)), VALUES, max_size=12))
 def test_any_metadata_is_a_valid_spec_or_a_config_error(metadata: dict[str, str]) -> None:
     try:

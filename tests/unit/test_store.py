@@ -1,0 +1,69 @@
+"""The store: freshness, recently seen pods, and per-namespace change notification."""
+
+from __future__ import annotations
+
+import asyncio
+
+from keda_gpu_scaler.collect.store import Page, Store
+from keda_gpu_scaler.vendors import Family, GpuReading
+
+
+def reading(namespace: str, pod: str, value: float) -> GpuReading:
+    return GpuReading(Family.NVIDIA, namespace, pod, "GPU-0", "node", value, None, False, None)
+
+
+def page(at: float, *readings: GpuReading, source: str = "http://a/metrics") -> Page:
+    return Page.from_readings(source, at, readings)
+
+
+def test_only_changed_namespaces_move() -> None:
+    store = Store()
+    store.record_page(page(0, reading("a", "p", 10), reading("b", "q", 20)))
+    a, b = store.version("a"), store.version("b")
+    store.record_page(page(5, reading("a", "p", 10), reading("b", "q", 20)))  # same content, later
+    assert (store.version("a"), store.version("b")) == (a, b)
+    store.record_page(page(10, reading("a", "p", 11), reading("b", "q", 20)))
+    assert (store.version("a"), store.version("b")) == (a + 1, b)
+    store.record_page(page(15, reading("a", "p", 11)))  # b's pod is gone
+    assert store.version("b") == b + 1
+
+
+def test_failure_and_recovery_move_the_page_namespaces() -> None:
+    store = Store()
+    store.record_page(page(0, reading("a", "p", 10)))
+    before = store.version("a")
+    store.record_failure("http://a/metrics", "HTTP 500", 5)
+    assert store.version("a") == before + 1
+    store.record_failure("http://a/metrics", "HTTP 500", 6)  # still failing: no news
+    assert store.version("a") == before + 1
+    store.record_page(page(10, reading("a", "p", 10)))  # same content, but recovered
+    assert store.version("a") == before + 2
+
+
+def test_view_freshness_and_recently_seen() -> None:
+    store = Store()
+    store.record_page(page(0, reading("a", "p", 10)))
+    store.record_page(page(0, reading("a", "r", 30), source="http://b/metrics"))
+    fresh = store.view("a", now=10, max_staleness=15)
+    assert fresh.fresh_sources == 2 and {r.pod for r in fresh.readings} == {"p", "r"}
+    store.record_page(page(20, reading("a", "p", 12)))
+    store.record_failure("http://b/metrics", "timed out after 3s", 20)
+    view = store.view("a", now=20, max_staleness=15)
+    assert view.fresh_sources == 1 and [r.pod for r in view.readings] == ["p"]
+    assert "timed out" in view.recently_seen["r"]
+    assert store.view("a", now=400, max_staleness=15).recently_seen == {}
+
+
+async def test_waiters_wake_on_their_namespace_and_on_close() -> None:
+    store = Store()
+    store.record_page(page(0, reading("a", "p", 10), reading("b", "q", 20)))
+    seen_a, seen_b = store.version("a"), store.version("b")
+    waiter_a = asyncio.create_task(store.wait_for_change("a", seen_a, 30))
+    waiter_b = asyncio.create_task(store.wait_for_change("b", seen_b, 30))
+    await asyncio.sleep(0)
+    store.record_page(page(5, reading("a", "p", 99), reading("b", "q", 20)))
+    await asyncio.wait_for(waiter_a, 1)
+    assert not waiter_b.done()
+    store.close()
+    await asyncio.wait_for(waiter_b, 1)
+    await asyncio.wait_for(store.wait_for_change("b", store.version("b"), 30), 1)  # closed: no waiting
