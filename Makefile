@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: help run test test-container proto lint bench image docs clean
+.PHONY: help run test test-container proto lint bench soak image docs clean
 
 help: ## show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -41,6 +41,10 @@ $(VENV)/.bench-stamp: pyproject.toml $(STAMP)
 bench: proto $(VENV)/.bench-stamp ## run the benchmarks (about 15 min) and rewrite docs/BENCHMARKS.md
 	bash scripts/ensure-system-deps.sh
 	$(PY) -m bench
+
+soak: proto ## fuzz with 10,000 examples per property, then 10 minutes of 1,000 streams (docs/SOAK.md)
+	HYPOTHESIS_PROFILE=soak $(PY) -m pytest -q tests/unit/test_exposition.py tests/unit/test_trigger.py
+	$(PY) -m bench.soak --minutes 10 --streams 1000
 
 docs: proto ## refresh the README's tables and docs/RELIABILITY.md from the code and the fault table
 	$(PY) -m keda_gpu_scaler.reference_tables

@@ -571,7 +571,8 @@ class PrometheusCollector:
                     "no current series in Prometheus (exporter down or not scraped any more?)",
                     now,
                 )
-        self._store.record_page(Page(source, now, {}))
+        # Empty, but under the namespace's name: waiters on that namespace hear of failures and recoveries.
+        self._store.record_page(Page(source, now, {namespace: ()}))
         return True
 
     def _no_sample_times(self) -> None:
