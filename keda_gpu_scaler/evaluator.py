@@ -26,6 +26,31 @@ class Targets:
     metric_type: str | None = None  # the trigger's metricType ("AverageValue" or "Value") when read
 
 
+# GetMetrics is always followed by IsActive, and many streams and polls ask about the same data: one
+# evaluation serves them all until the namespace's data changes, a page ages out, or targets move.
+MAX_MEMO_ENTRIES = 10_000
+# A "no data" answer is kept briefly only: its message names ages that move on.
+NO_DATA_MEMO_SECONDS = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Memo:
+    version: int
+    epoch: int
+    targets: Targets | None
+    valid_until: float
+    evaluation: Evaluation | None
+    error: str | None
+
+    def still_right(self, version: int, epoch: int, targets: Targets | None, now: float) -> bool:
+        return (
+            self.version == version
+            and self.epoch == epoch
+            and self.targets == targets
+            and now < self.valid_until
+        )
+
+
 class TargetResolver(Protocol):
     """Discovery (Kubernetes): answers from its caches, never waits on the API server."""
 
@@ -77,6 +102,7 @@ class Evaluator:
         self._default_source = default_source
         self._prometheus_enabled = prometheus_enabled
         self._targets = targets
+        self._memo: dict[tuple[str, str, TriggerSpec], _Memo] = {}
 
     def source_of(self, spec: TriggerSpec) -> Source:
         return spec.source or self._default_source
@@ -114,21 +140,41 @@ class Evaluator:
 
     def evaluate(self, namespace: str, name: str, spec: TriggerSpec) -> Evaluation:
         self.want(namespace, spec)
+        targets = self._targets.resolve(namespace, name, spec) if self._targets is not None else None
+        now = self._clock()
+        key = (namespace, name, spec)
+        version, epoch = self._store.version(namespace), self._store.epoch
+        memo = self._memo.get(key)
+        if memo is not None and memo.still_right(version, epoch, targets, now):
+            if memo.error is not None:
+                raise NoData(memo.error)
+            assert memo.evaluation is not None
+            return memo.evaluation
+        valid_until = float("inf")
         try:
-            evaluation, notes = self._evaluate(namespace, name, spec)
+            evaluation, notes, valid_until = self._evaluate(namespace, name, spec, targets, now)
         except NoData as error:
+            self._remember(key, _Memo(version, epoch, targets, now + NO_DATA_MEMO_SECONDS, None, str(error)))
             self._telemetry.record_evaluation(namespace, name, spec, None, str(error))
             raise
+        self._remember(key, _Memo(version, epoch, targets, valid_until, evaluation, None))
         self._telemetry.record_evaluation(namespace, name, spec, evaluation, None, notes)
         return evaluation
 
-    def _evaluate(self, namespace: str, name: str, spec: TriggerSpec) -> tuple[Evaluation, tuple[str, ...]]:
+    def _remember(self, key: tuple[str, str, TriggerSpec], memo: _Memo) -> None:
+        if len(self._memo) >= MAX_MEMO_ENTRIES:
+            self._memo.clear()  # ScaledObjects come and go; a full clear only costs one evaluation each
+        self._memo[key] = memo
+
+    def _evaluate(
+        self, namespace: str, name: str, spec: TriggerSpec, targets: Targets | None, now: float
+    ) -> tuple[Evaluation, tuple[str, ...], float]:
+        """The evaluation, its notes, and until when it stays right if the store does not change."""
         kind = SourceKind.PROMETHEUS if self.source_of(spec) is Source.PROMETHEUS else SourceKind.SCRAPE
-        targets = self._targets.resolve(namespace, name, spec) if self._targets is not None else None
         if targets is not None and not targets.pods:
             # Scaled to zero with discovery healthy: 0 and inactive, whatever the sources say (SPEC §4).
-            return evaluate({}, (), spec, aggregation_for(spec, targets.metric_type)[0]), ()
-        view = self._store.view(namespace, self._clock(), self._max_staleness, kind)
+            return evaluate({}, (), spec, aggregation_for(spec, targets.metric_type)[0]), (), float("inf")
+        view = self._store.view(namespace, now, self._max_staleness, kind)
         problems = "; ".join(view.problems[:5])
         if view.sources == 0:
             raise NoData(f"no {kind.value} source is configured or discovered for namespace {namespace!r}")
@@ -153,6 +199,10 @@ class Evaluator:
             notes = (mismatch,)
         reporting = pod_values(readings, spec)
         try:
-            return evaluate(reporting, target_pods - reporting.keys(), spec, aggregation), notes
+            return (
+                evaluate(reporting, target_pods - reporting.keys(), spec, aggregation),
+                notes,
+                view.valid_until,
+            )
         except NoData as error:
             raise NoData(f"{error}{'; ' + problems if problems else ''}") from None

@@ -58,6 +58,9 @@ class NamespaceView:
     # pod → reason, for pods seen recently on a source that is now failing or stale
     recently_seen: dict[str, str] = field(default_factory=dict)
     problems: tuple[str, ...] = ()  # one line per source without fresh data
+    # Until when this view stays right without any change to the store: the first moment a page turns
+    # stale or stops counting as recently seen.
+    valid_until: float = float("inf")
 
 
 class Store:
@@ -70,6 +73,7 @@ class Store:
         self._versions: defaultdict[str, int] = defaultdict(int)
         self._changed: dict[str, asyncio.Event] = {}
         self._closed = False
+        self._epoch = 0  # moves when sources come or go
 
     def version(self, namespace: str) -> int:
         return self._versions[namespace]
@@ -77,18 +81,28 @@ class Store:
     def sources(self) -> list[SourceState]:
         return list(self._sources.values())
 
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
     def add_source(
         self, source: str, kind: SourceKind = SourceKind.SCRAPE, namespace: str | None = None
     ) -> None:
-        self._sources.setdefault(source, SourceState(source, kind, namespace))
+        if source not in self._sources:
+            self._sources[source] = SourceState(source, kind, namespace)
+            self._epoch += 1
 
     def remove_source(self, source: str) -> None:
         state = self._sources.pop(source, None)
-        if state is not None and state.last_page is not None:
+        if state is None:
+            return
+        self._epoch += 1
+        if state.last_page is not None:
             self._bump(state.last_page.by_namespace)
 
     def record_page(self, page: Page) -> None:
-        state = self._sources.setdefault(page.source, SourceState(page.source))
+        self.add_source(page.source)
+        state = self._sources[page.source]
         old = state.last_page
         recovered = old is None or state.last_error is not None
         state.last_page = page
@@ -107,7 +121,8 @@ class Store:
         )
 
     def record_failure(self, source: str, error: str, at: float) -> None:
-        state = self._sources.setdefault(source, SourceState(source))
+        self.add_source(source)
+        state = self._sources[source]
         first = state.last_error is None
         state.last_error = error
         state.last_attempt_at = at
@@ -122,6 +137,7 @@ class Store:
         recently_seen: dict[str, str] = {}
         problems: list[str] = []
         fresh = 0
+        valid_until = float("inf")
         states = [
             s
             for s in self._sources.values()
@@ -133,6 +149,7 @@ class Store:
             if page is not None and age is not None and age <= max_staleness:
                 fresh += 1
                 readings.extend(page.by_namespace.get(namespace, ()))
+                valid_until = min(valid_until, page.collected_at + max_staleness)
                 continue
             reason = (
                 f"{state.source}: {state.last_error or 'no data yet'}"
@@ -145,7 +162,8 @@ class Store:
             if page is not None and age is not None and age <= RECENTLY_SEEN_SECONDS:
                 for reading in page.by_namespace.get(namespace, ()):
                     recently_seen.setdefault(reading.pod, reason)
-        return NamespaceView(tuple(readings), fresh, len(states), recently_seen, tuple(problems))
+                valid_until = min(valid_until, page.collected_at + RECENTLY_SEEN_SECONDS)
+        return NamespaceView(tuple(readings), fresh, len(states), recently_seen, tuple(problems), valid_until)
 
     async def wait_for_change(self, namespace: str, seen_version: int, timeout: float) -> None:
         """Return once the namespace's data moved past seen_version, or after timeout (data also ages)."""
