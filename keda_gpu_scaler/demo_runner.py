@@ -63,6 +63,14 @@ async def watch(app: App, fleet: DemoFleet, interval: float, out: TextIO) -> Non
     """Print one status line per workload, asking the scaler through its own gRPC API as KEDA would."""
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
         stub = pb_grpc.ExternalScalerStub(channel)
+        # As KEDA does: GetMetricSpec first (it starts collection), so the first status line has data.
+        for workload in fleet.workloads:
+            await stub.GetMetricSpec(
+                pb.ScaledObjectRef(
+                    name=workload.name, namespace=fleet.NAMESPACE, scalerMetadata=demo_metadata(workload)
+                )
+            )
+        await asyncio.sleep(min(interval, 1.0))
         while True:
             for workload in fleet.workloads:
                 ref = pb.ScaledObjectRef(
@@ -76,9 +84,14 @@ async def watch(app: App, fleet: DemoFleet, interval: float, out: TextIO) -> Non
                     value = metrics.metricValues[0].metricValueFloat
                     entry = app.telemetry.explanation(fleet.NAMESPACE, workload.name) or {}
                     hpa = entry.get("hpa", {})
+                    wants = (
+                        f"HPA wants {hpa.get('desiredReplicasAverageValue', '?')}"
+                        if active.result
+                        else "idle: KEDA scales to minReplicaCount after cooldownPeriod"
+                    )
                     line = (
                         f"{workload.name:<12} value {value:7.1f}  active {str(active.result).lower():<5}"
-                        f"  pods {hpa.get('currentReplicas', '?')}  → HPA wants {hpa.get('desiredReplicasAverageValue', '?')}"
+                        f"  pods {hpa.get('currentReplicas', '?')}  → {wants}"
                     )
                 except grpc.aio.AioRpcError as error:
                     line = f"{workload.name:<12} {error.code().name}: {error.details()}"
