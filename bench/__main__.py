@@ -128,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     full = not args.quick and not args.only
     arguments = sys.argv[1:] if argv is None else argv
     command = (
-        "make bench` (`.venv/bin/python -m bench"
+        "`make bench` (`.venv/bin/python -m bench`)"
         if full
-        else shlex.join([".venv/bin/python", "-m", "bench", *arguments])
+        else f"`{shlex.join(['.venv/bin/python', '-m', 'bench', *arguments])}`"
     )
 
     started = time.monotonic()
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     document = f"""# Benchmarks
 
-Measured {now} with `{command}`, in {elapsed / 60:.1f} minutes, on this machine:
+Measured {now} with {command}, in {elapsed / 60:.1f} minutes, on this machine:
 
 | | |
 |---|---|

@@ -22,6 +22,7 @@ from bench.harness import (
 )
 from bench.pages import dcgm_page
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_gpu_scaler.vendors import SAMPLE_NAMES
 
 GOAL = 0.4
 PROFILE_RULES = (
@@ -143,7 +144,7 @@ What would close it, cheapest first:
   interval five scrapes in six return the same bytes; comparing a hash of the body with the last one
   skips the parse and the readings (Prometheus must store every sample either way). This benchmark's
   pages never change, so it would overstate that gain here.
-- Parse less: the line filter tests every line against a tuple of all {17} wanted names (`str.startswith`
+- Parse less: the line filter tests every line against a tuple of all {len(SAMPLE_NAMES)} wanted names (`str.startswith`
   with a tuple), and every kept sample becomes a label dict and then a `GpuReading`; looking names up in
   a set by the text before `{{` and building readings straight from the few wanted lines would cut the
   parse and readings shares.

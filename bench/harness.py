@@ -67,10 +67,19 @@ def trigger_ref(name: str, namespace: str, **metadata: str) -> pb.ScaledObjectRe
     return pb.ScaledObjectRef(name=name, namespace=namespace, scalerMetadata=meta)
 
 
-async def _drain(stream: asyncio.StreamReader, keep: deque[str]) -> None:
+GC_PROBE = Path(__file__).resolve().parent / "gcprobe"
+GC_PAUSE = "bench-gc-pause "
+
+
+async def _drain(stream: asyncio.StreamReader, keep: deque[str], pauses: list[tuple[int, float]]) -> None:
     # The child blocks once a pipe it writes to is full: keep reading, remember the tail for errors.
     while line := await stream.readline():
-        keep.append(line.decode(errors="replace").rstrip())
+        text = line.decode(errors="replace").rstrip()
+        if text.startswith(GC_PAUSE):
+            generation, milliseconds = text.removeprefix(GC_PAUSE).split()
+            pauses.append((int(generation), float(milliseconds)))
+        else:
+            keep.append(text)
 
 
 @dataclass
@@ -79,6 +88,7 @@ class Child:
 
     process: asyncio.subprocess.Process
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=50))
+    gc_pauses: list[tuple[int, float]] = field(default_factory=list)  # (generation, ms), with gc_probe
     _drains: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
@@ -88,7 +98,7 @@ class Child:
     def drain(self, *streams: asyncio.StreamReader | None) -> None:
         for stream in streams:
             if stream is not None:
-                self._drains.append(asyncio.create_task(_drain(stream, self.tail)))
+                self._drains.append(asyncio.create_task(_drain(stream, self.tail, self.gc_pauses)))
 
     def cpu(self) -> float:
         return cpu_seconds(self.pid)
@@ -127,12 +137,16 @@ class PageServer:
 
 
 @contextlib.asynccontextmanager
-async def page_server(count: int, *, namespace_per_port: bool = False) -> AsyncIterator[PageServer]:
-    args = ["-m", "bench.pageserver", "--count", str(count)]
+async def page_server(
+    count: int, *, namespace_per_port: bool = False, cpu: int | None = None
+) -> AsyncIterator[PageServer]:
+    args = [sys.executable, "-m", "bench.pageserver", "--count", str(count)]
     if namespace_per_port:
         args.append("--namespace-per-port")
+    if cpu is not None:
+        args = ["taskset", "-c", str(cpu), *args]
     process = await asyncio.create_subprocess_exec(
-        sys.executable, *args, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        *args, cwd=ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
     child = Child(process)
     try:
@@ -160,14 +174,25 @@ class Scaler:
 
 @contextlib.asynccontextmanager
 async def scaler(
-    urls: Sequence[str], *, cpu: int | None = None, extra_env: Mapping[str, str] | None = None, **flags: str
+    urls: Sequence[str],
+    *,
+    cpu: int | None = None,
+    gc_probe: bool = False,
+    extra_env: Mapping[str, str] | None = None,
+    **flags: str,
 ) -> AsyncIterator[Scaler]:
-    """A real `keda-gpu-scaler serve` subprocess on loopback; flags as name=value (scrape_interval="1")."""
+    """A real `keda-gpu-scaler serve` subprocess on loopback; flags as name=value (scrape_interval="1").
+
+    gc_probe: report the process's garbage-collection pauses (Child.gc_pauses) through a sitecustomize
+    module put first on its PYTHONPATH; the scaler's own code is not touched."""
     args = ["serve", "--grpc-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0", "--kubernetes", "off"]
     for name, value in flags.items():
         args += [f"--{name.replace('_', '-')}", value]
     # Exporter URLs go through the environment: 1,000 of them would make an unwieldy command line.
     env = {**os.environ, "KEDA_GPU_SCALER_EXPORTER_URL": ",".join(urls), **(extra_env or {})}
+    if gc_probe:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(GC_PROBE), env.get("PYTHONPATH")) if p)
+        env["BENCH_GC_PROBE"] = "1"
     command = [sys.executable, "-m", "keda_gpu_scaler", *args]
     if cpu is not None:
         command = ["taskset", "-c", str(cpu), *command]
@@ -311,17 +336,26 @@ def _read_stacks(path: Path) -> list[tuple[list[str], int]]:
     return stacks
 
 
-def categorise(stacks: list[tuple[list[str], int]], rules: Sequence[tuple[str, str]], rest: str) -> str:
-    """A markdown table of where the samples went: the first rule whose text is in a frame wins."""
+def shares(
+    stacks: list[tuple[list[str], int]], rules: Sequence[tuple[str, str]], rest: str
+) -> dict[str, float]:
+    """Fraction of the samples per label: the first rule whose text is in one of a sample's frames wins."""
     total = sum(count for _, count in stacks)
-    if not total:
-        return "(no profile: py-spy is not installed or could not attach)"
-    shares: dict[str, int] = {label: 0 for label, _ in rules}
-    shares[rest] = 0
+    counts: dict[str, int] = {label: 0 for label, _ in rules}
+    counts[rest] = 0
     for frames, count in stacks:
         label = next((lbl for lbl, text in rules if any(text in frame for frame in frames)), rest)
-        shares[label] += count
-    rows = "\n".join(f"| {label} | {100 * n / total:.0f} % |" for label, n in shares.items() if n)
+        counts[label] += count
+    return {label: n / total for label, n in counts.items()} if total else {}
+
+
+def categorise(stacks: list[tuple[list[str], int]], rules: Sequence[tuple[str, str]], rest: str) -> str:
+    """A markdown table of where the samples went (see shares)."""
+    found = shares(stacks, rules, rest)
+    if not found:
+        return "(no profile: py-spy is not installed or could not attach)"
+    total = sum(count for _, count in stacks)
+    rows = "\n".join(f"| {label} | {100 * f:.0f} % |" for label, f in found.items() if f >= 0.005)
     return f"| where the CPU went (py-spy, {total} samples) | share |\n|---|---|\n{rows}"
 
 
