@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -144,6 +145,9 @@ class App:
         await site.start()
         self.http_port = self._http.addresses[0][1]
         self.telemetry.ready = True
+        # Everything built so far lives as long as the process: keeping it out of the collector's
+        # generations shortens the full collections that otherwise show as tens of ms in RPC tails.
+        gc.freeze()
         log.info(
             "serving gRPC on %s (port %d, %s), HTTP on %s (port %d); %d exporter(s)",
             s.grpc_address,

@@ -388,3 +388,36 @@ async def test_one_evaluation_serves_repeated_calls_until_data_changes(make_expo
 
     await eventually(changed)
     assert evaluations._value.get() > before
+
+
+async def test_unchanged_page_is_not_parsed_again_but_stays_fresh(
+    make_exporter, make_scaler, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    from keda_gpu_scaler.collect import scrape
+
+    parsed: list[int] = []
+    real_parse = scrape.parse_exposition
+
+    def counting_parse(page, names=None):  # type: ignore[no-untyped-def]
+        parsed.append(1)
+        return real_parse(page, names)
+
+    monkeypatch.setattr(scrape, "parse_exposition", counting_parse)
+    exporter = await make_exporter(four_pods_at(50))
+    scaler = await make_scaler(exporter)
+
+    async def value_is(expected: float) -> None:
+        assert await value_of(scaler) == expected
+
+    await eventually(lambda: value_is(200))
+    parses, scrapes = len(parsed), exporter.requests
+
+    async def several_scrapes_later() -> None:
+        assert exporter.requests >= scrapes + 5  # well past max staleness (3 intervals)
+        assert await value_of(scaler) == 200  # still fresh: the unchanged page's age was renewed
+
+    await eventually(several_scrapes_later)
+    assert len(parsed) == parses
+    exporter.page = four_pods_at(70)
+    await eventually(lambda: value_is(280))
+    assert len(parsed) > parses
