@@ -30,6 +30,12 @@ class Exporter:
         self.lines = page.split("\n")
         self.util_lines = [i for i, line in enumerate(self.lines) if line.startswith(_UTIL)]
         self.body = page.encode()
+        # A second version of the page (one GPU's utilisation moved by one point), for --refresh.
+        other = list(self.lines)
+        first = self.util_lines[0]
+        name_labels, _, value = other[first].rpartition(" ")
+        other[first] = f"{name_labels} {(float(value) + 1) % 100:g}"
+        self.versions = (self.body, "\n".join(other).encode())
         self.requests = 0
 
     def set_util(self, value: float) -> None:
@@ -37,14 +43,23 @@ class Exporter:
             self.lines[i] = f"{self.lines[i].rpartition(' ')[0]} {value:g}"
         self.body = "\n".join(self.lines).encode()
 
+    def page(self, refresh: float | None, now: float) -> bytes:
+        """The page to answer: fixed (refresh None), new on every request (0), or new every `refresh` s."""
+        if refresh is None:
+            return self.body
+        if refresh == 0:
+            return self.versions[self.requests % 2]
+        return self.versions[int(now // refresh) % 2]
 
-async def serve(count: int, gpus: int, namespace_per_port: bool) -> None:
+
+async def serve(count: int, gpus: int, namespace_per_port: bool, refresh: float | None) -> None:
     exporters: dict[int, Exporter] = {}
+    loop = asyncio.get_running_loop()
 
     async def metrics(request: web.Request) -> web.Response:
         exporter = exporters[request.transport.get_extra_info("sockname")[1]]  # type: ignore[union-attr]
         exporter.requests += 1
-        return web.Response(body=exporter.body, headers=_HEADERS)
+        return web.Response(body=exporter.page(refresh, loop.time()), headers=_HEADERS)
 
     async def set_value(request: web.Request) -> web.Response:
         exporters[int(request.query["port"])].set_util(float(request.query["value"]))
@@ -77,7 +92,6 @@ async def serve(count: int, gpus: int, namespace_per_port: bool) -> None:
 
     print(json.dumps({"ports": ports, "control": control_port}), flush=True)
     stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     await stopping.wait()
@@ -92,8 +106,14 @@ def main() -> None:
     parser.add_argument(
         "--namespace-per-port", action="store_true", help="pods of port i in namespace lane<i>"
     )
+    parser.add_argument(
+        "--refresh",
+        type=float,
+        default=None,
+        help="seconds between page changes (0: a different page on every request; default: never)",
+    )
     args = parser.parse_args()
-    asyncio.run(serve(args.count, args.gpus, args.namespace_per_port))
+    asyncio.run(serve(args.count, args.gpus, args.namespace_per_port, args.refresh))
     sys.exit(0)
 
 
