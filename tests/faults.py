@@ -86,6 +86,41 @@ FAULTS: tuple[Fault, ...] = (
 )
 
 
+# Faults of the other sources, each proven by the named test (a unit test checks the tests exist).
+OTHER_FAULTS: tuple[tuple[str, str, str], ...] = (
+    (
+        "Prometheus down, slower than --prometheus-timeout, HTTP error, error status, not JSON, too large",
+        "UNAVAILABLE naming the reason, from GetMetrics and IsActive",
+        "test_prometheus.py::test_prometheus_down_slow_or_failing_is_unavailable, test_is_active_unavailable_too",
+    ),
+    (
+        "a series whose sample stopped moving (stale in Prometheus)",
+        "not used; its pods count as missing",
+        "test_prometheus.py::test_series_with_frozen_timestamps_are_not_used, test_dead_exporter_pods_count_as_missing",
+    ),
+    (
+        "Prometheus refuses the credentials",
+        "UNAVAILABLE naming HTTP 401",
+        "test_prometheus.py::test_basic_auth_wrong_password_names_http_401",
+    ),
+    (
+        "Kubernetes API server down",
+        "UNAVAILABLE (never 0), recovers when it is back",
+        "test_kubernetes.py::test_api_server_down_is_unavailable_never_zero_then_recovers",
+    ),
+    (
+        "RBAC denies a call",
+        "UNAVAILABLE naming the verb, resource and namespace to grant",
+        "test_kubernetes.py::test_rbac_denied_names_the_missing_permission",
+    ),
+    (
+        "watch answered 410 Gone",
+        "relist, then values follow again",
+        "test_kubernetes.py::test_watch_410_gone_relists_and_recovers",
+    ),
+)
+
+
 class FaultyExporter:
     """An aiohttp exporter on 127.0.0.1 that serves two healthy pods until told to misbehave."""
 
@@ -167,4 +202,12 @@ def reliability_markdown() -> str:
         "|---|---|",
     ]
     rows += [f"| {f.description} | {f.behaviour} |" for f in FAULTS]
+    rows += [
+        "",
+        "Faults of the other sources (each proven by the named test in `tests/integration/`):",
+        "",
+        "| fault | observed behaviour | test |",
+        "|---|---|---|",
+    ]
+    rows += [f"| {fault} | {behaviour} | `{tests}` |" for fault, behaviour, tests in OTHER_FAULTS]
     return "\n".join(rows) + "\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from faults import FAULTS, Fault, FaultyExporter, reliability_markdown
+from faults import FAULTS, OTHER_FAULTS, Fault, FaultyExporter, reliability_markdown
 from support import GpuLine, dcgm_page, eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
@@ -93,3 +93,12 @@ async def test_fault(fault: Fault, faulty: FaultyExporter, make_exporter, make_s
 
 def test_reliability_doc_matches_the_fault_table() -> None:
     assert DOC.read_text() == reliability_markdown(), "docs/RELIABILITY.md is out of date: run `make docs`"
+
+
+def test_other_faults_name_tests_that_exist() -> None:
+    here = Path(__file__).resolve().parent
+    for _, _, tests in OTHER_FAULTS:
+        module, _, names = tests.partition("::")
+        source = (here / module).read_text()
+        for name in names.split(", "):
+            assert f"def {name}(" in source, f"{module}::{name} does not exist"
