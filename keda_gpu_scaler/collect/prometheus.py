@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from keda_gpu_scaler.collect.scrape import JITTER, Interest, PageTooLarge, describe_error
+from keda_gpu_scaler.collect.scrape import JITTER, Interest, PageTooLarge, describe_error, read_limited
 from keda_gpu_scaler.collect.store import RECENTLY_SEEN_SECONDS, Page, SourceKind, Store
 from keda_gpu_scaler.exposition import Sample
 from keda_gpu_scaler.settings import Settings, SettingsError
@@ -330,17 +330,6 @@ def prometheus_ssl(settings: Settings) -> ssl.SSLContext | bool:
     return context
 
 
-async def _read_limited(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
-    if response.content_length is not None and response.content_length > max_bytes:
-        raise PageTooLarge(f"{response.content_length} bytes; the limit is {max_bytes} (--max-page-bytes)")
-    body = bytearray()
-    async for chunk in response.content.iter_chunked(65536):
-        body += chunk
-        if len(body) > max_bytes:
-            raise PageTooLarge(f"more than the limit of {max_bytes} bytes (--max-page-bytes)")
-    return bytes(body)
-
-
 def _http_error(response: aiohttp.ClientResponse, body: bytes) -> str:
     message = f"HTTP {response.status} {response.reason or ''}".strip()
     try:
@@ -402,7 +391,7 @@ class PrometheusClient:
                     # A redirect could carry the credentials to another host.
                     allow_redirects=False,
                 ) as response:
-                    body = await _read_limited(response, self._max_bytes)
+                    body = await read_limited(response, self._max_bytes)
                     if response.status != 200:
                         raise PrometheusError(_http_error(response, body))
                 elements, warnings = parse_vector(body)

@@ -82,14 +82,23 @@ async def fetch_page(session: aiohttp.ClientSession, url: str, timeout: float, m
             raise aiohttp.ClientResponseError(
                 response.request_info, (), status=response.status, message=response.reason or ""
             )
-        if response.content_length is not None and response.content_length > max_bytes:
-            raise PageTooLarge(f"page is {response.content_length} bytes; the limit is {max_bytes}")
-        body = bytearray()
-        async for chunk in response.content.iter_chunked(65536):
-            body += chunk
-            if len(body) > max_bytes:
-                raise PageTooLarge(f"page exceeds the limit of {max_bytes} bytes")
-        return bytes(body)
+        return await read_limited(response, max_bytes)
+
+
+async def read_limited(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
+    """The body, refused once it exceeds max_bytes, so a hostile or broken server cannot fill memory."""
+    length = response.content_length
+    if length is not None:
+        if length > max_bytes:
+            raise PageTooLarge(f"{length} bytes; the limit is {max_bytes} (--max-page-bytes)")
+        # The length is known and allowed: one read (aiohttp stops at Content-Length).
+        return await response.read()
+    body = bytearray()
+    async for chunk in response.content.iter_chunked(65536):
+        body += chunk
+        if len(body) > max_bytes:
+            raise PageTooLarge(f"more than the limit of {max_bytes} bytes (--max-page-bytes)")
+    return bytes(body)
 
 
 def describe_error(error: BaseException, timeout: float) -> str:
