@@ -176,7 +176,7 @@ def render(plan: Plan, results: list[ModeResult]) -> Section:
         explanation = f"""
 ### Why the goal is missed when every page is new, and what would close it
 
-A page whose bytes did not change since the last scrape is not parsed again (a 16-byte BLAKE2 digest of
+A page whose bytes did not change since the last scrape is not parsed again (a SHA-256 digest of
 the body is compared): only its age is renewed. That is what makes the usual case cheap; when every
 page is new, the scaler does the whole work each time. What would close the gap there, cheapest first:
 
