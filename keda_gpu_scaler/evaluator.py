@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from keda_gpu_scaler.collect.prometheus import prometheus_interest
 from keda_gpu_scaler.collect.scrape import SCRAPE_INTEREST, Interest
@@ -155,10 +155,12 @@ class Evaluator:
             evaluation, notes, valid_until = self._evaluate(namespace, name, spec, targets, now)
         except NoData as error:
             self._remember(key, _Memo(version, epoch, targets, now + NO_DATA_MEMO_SECONDS, None, str(error)))
-            self._telemetry.record_evaluation(namespace, name, spec, None, str(error))
+            self._telemetry.record_evaluation(
+                namespace, name, spec, None, str(error), (), _discovery(targets)
+            )
             raise
         self._remember(key, _Memo(version, epoch, targets, valid_until, evaluation, None))
-        self._telemetry.record_evaluation(namespace, name, spec, evaluation, None, notes)
+        self._telemetry.record_evaluation(namespace, name, spec, evaluation, None, notes, _discovery(targets))
         return evaluation
 
     def _remember(self, key: tuple[str, str, TriggerSpec], memo: _Memo) -> None:
@@ -206,3 +208,10 @@ class Evaluator:
             )
         except NoData as error:
             raise NoData(f"{error}{'; ' + problems if problems else ''}") from None
+
+
+def _discovery(targets: Targets | None) -> dict[str, Any] | None:
+    """What Kubernetes discovery said, for /explain (None without Kubernetes)."""
+    if targets is None:
+        return None
+    return {"targetPods": sorted(targets.pods), "metricType": targets.metric_type}

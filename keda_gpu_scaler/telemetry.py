@@ -95,6 +95,7 @@ class Telemetry:
         evaluation: Evaluation | None,
         error: str | None,
         notes: tuple[str, ...] = (),
+        discovery: dict[str, Any] | None = None,
     ) -> None:
         self.evaluations.labels("ok" if evaluation else "no_data").inc()
         entry: dict[str, Any] = {
@@ -112,6 +113,8 @@ class Telemetry:
             entry["error"] = error
         if notes:
             entry["notes"] = list(notes)
+        if discovery is not None:
+            entry["discovery"] = discovery
         self._explanations[(namespace, name)] = entry
 
     def explanation(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -195,6 +195,10 @@ async def test_three_pods_on_two_nodes_scrape_exactly_their_exporters(cluster: C
     explanation = await explain(scaler)
     assert [p["pod"] for p in explanation["pods"]] == ["vllm-0", "vllm-1", "vllm-2"]
     assert explanation["aggregation"] == "sum"
+    assert explanation["discovery"] == {
+        "targetPods": ["vllm-0", "vllm-1", "vllm-2"],
+        "metricType": "AverageValue",
+    }
     assert explanation["hpa"]["desiredReplicasAverageValue"] == 3
     assert (await scaler.stub.IsActive(ref())).result is True
 
