@@ -66,6 +66,7 @@ class App:
             interest=self.interest,
             telemetry=self.telemetry,
             max_staleness=settings.max_staleness,
+            prometheus_max_staleness=settings.prometheus_max_staleness,
             clock=clock,
             targets=self.discovery,
             default_source=Source(settings.default_source),
@@ -123,7 +124,7 @@ class App:
                 store=self.store,
                 interest=self.interest,
                 interval=s.scrape_interval,
-                max_staleness=s.max_staleness,
+                max_staleness=s.prometheus_max_staleness,
                 clock=self.clock,
             )
             self._prometheus.start()

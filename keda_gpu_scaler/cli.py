@@ -109,11 +109,11 @@ def _serve(args: argparse.Namespace) -> int:
     if settings.prometheus_url:
         log.info(
             "Prometheus source: %s (default source for triggers: %s); samples older than %gs when"
-            " queried are not used: --max-staleness must exceed Prometheus' scrape interval plus"
-            " --scrape-interval",
+            " queried are not used: --prometheus-max-staleness must exceed Prometheus' scrape interval"
+            " plus --scrape-interval",
             settings.prometheus_url,
             settings.default_source,
-            sample_window(settings.max_staleness, settings.scrape_interval),
+            sample_window(settings.prometheus_max_staleness, settings.scrape_interval),
         )
     if settings.kubernetes == "off" and not settings.exporter_urls and settings.default_source == "scrape":
         log.warning(

@@ -89,6 +89,7 @@ class Evaluator:
         interest: Interest,
         telemetry: Telemetry,
         max_staleness: float,
+        prometheus_max_staleness: float | None = None,
         clock: Callable[[], float],
         default_source: Source = Source.SCRAPE,
         prometheus_enabled: bool = False,
@@ -98,6 +99,7 @@ class Evaluator:
         self._interest = interest
         self._telemetry = telemetry
         self._max_staleness = max_staleness
+        self._prometheus_max_staleness = prometheus_max_staleness or max_staleness
         self._clock = clock
         self._default_source = default_source
         self._prometheus_enabled = prometheus_enabled
@@ -176,7 +178,8 @@ class Evaluator:
         if targets is not None and not targets.pods:
             # Scaled to zero with discovery healthy: 0 and inactive, whatever the sources say (SPEC §4).
             return evaluate({}, (), spec, aggregation_for(spec, targets.metric_type)[0]), (), float("inf")
-        view = self._store.view(namespace, now, self._max_staleness, kind)
+        staleness = self._prometheus_max_staleness if kind is SourceKind.PROMETHEUS else self._max_staleness
+        view = self._store.view(namespace, now, staleness, kind)
         problems = "; ".join(view.problems[:5])
         if view.sources == 0:
             raise NoData(f"no {kind.value} source is configured or discovered for namespace {namespace!r}")

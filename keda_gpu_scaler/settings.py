@@ -19,6 +19,9 @@ from keda_gpu_scaler.discovery.selectors import (
 )
 
 ENV_PREFIX = "KEDA_GPU_SCALER_"
+# Data read through Prometheus is already as old as Prometheus' own scrape interval (15–60 s in the
+# common setups) when the scaler reads it: its default staleness allows for that.
+PROMETHEUS_STALENESS_MARGIN = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,12 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag("--scrape-interval", "5", "seconds between scrapes of each wanted exporter"),
     Flag("--max-staleness", None, "seconds after which data is not used (default: 3 x scrape interval)"),
+    Flag(
+        "--prometheus-max-staleness",
+        None,
+        "seconds after which data read from Prometheus is not used; it must exceed Prometheus' own scrape"
+        " interval plus --scrape-interval (default: --max-staleness + 60)",
+    ),
     Flag("--scrape-timeout", "3", "seconds an exporter may take to answer one scrape"),
     Flag("--max-page-bytes", "16777216", "largest exporter page or Prometheus answer accepted, in bytes"),
     Flag("--scrape-concurrency", "64", "most exporter scrapes in flight at once"),
@@ -153,6 +162,7 @@ class Settings:
     discovery_interval: float = 30.0
     scrape_interval: float = 5.0
     max_staleness: float = 15.0
+    prometheus_max_staleness: float = 75.0
     scrape_timeout: float = 3.0
     max_page_bytes: int = 16 * 1024 * 1024
     scrape_concurrency: int = 64
@@ -354,6 +364,11 @@ def build_settings(values: Mapping[str, str | list[str] | None]) -> Settings:
         discovery_interval=_positive("--discovery-interval", raw("discovery_interval") or "30", float),
         scrape_interval=interval,
         max_staleness=staleness,
+        prometheus_max_staleness=(
+            _positive("--prometheus-max-staleness", prometheus_staleness_raw, float)
+            if (prometheus_staleness_raw := raw("prometheus_max_staleness"))
+            else staleness + PROMETHEUS_STALENESS_MARGIN
+        ),
         scrape_timeout=_positive("--scrape-timeout", raw("scrape_timeout") or "3", float),
         max_page_bytes=int(_positive("--max-page-bytes", raw("max_page_bytes") or "16777216", int)),
         scrape_concurrency=int(_positive("--scrape-concurrency", raw("scrape_concurrency") or "64", int)),

@@ -84,6 +84,7 @@ WORKLOADS = [
 THROUGH_PROMETHEUS: dict[str, Any] = {
     "scrape_interval": 0.5,
     "max_staleness": 3.0,
+    "prometheus_max_staleness": 3.0,
     "prometheus_timeout": 2.0,
     "prometheus_username": USERNAME,
     "prometheus_password": PASSWORD,
@@ -518,6 +519,7 @@ async def test_serve_with_prometheus_flags_and_password_from_the_environment(
         f"--prometheus-username={USERNAME}",
         "--scrape-interval=0.5",
         "--max-staleness=3",
+        "--prometheus-max-staleness=3",
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "KEDA_GPU_SCALER_PROMETHEUS_PASSWORD": PASSWORD},
     )
