@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 .PHONY: help run test test-container proto lint bench soak image docs clean
 
 help: ## show the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml setup.py
 	python3 -m venv $(VENV)
