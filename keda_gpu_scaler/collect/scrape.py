@@ -189,9 +189,11 @@ class ScrapeCollector:
         # Spread the first scrapes so many exporters are not fetched in one burst.
         await asyncio.sleep(random.uniform(0, min(interval, 1.0) * JITTER))
         failures = 0
+        spread = True
         while True:
             await self._interest.wait_until_wanted(timeout=interval)
             if not self._interest.wanted():
+                spread = True
                 continue
             ok = await self.scrape_once(url)
             failures = 0 if ok else failures + 1
@@ -199,4 +201,7 @@ class ScrapeCollector:
                 interval if ok else min(interval * 2 ** (failures - 1), max(MAX_BACKOFF_SECONDS, interval))
             )
             # Jitter only shortens the wait: data must never be older than one interval because of it.
-            await asyncio.sleep(delay * random.uniform(1 - JITTER, 1))
+            # When interest starts, every exporter is scraped at once (data at once); the wait after that
+            # first scrape is drawn from the whole interval, so later rounds are spread out, not bursts.
+            await asyncio.sleep(delay * random.uniform(0 if spread else 1 - JITTER, 1))
+            spread = False
