@@ -159,10 +159,6 @@ class App:
             len(s.exporter_urls),
         )
 
-    def add_exporter(self, url: str) -> None:
-        assert self._collector is not None, "start() first"
-        self._collector.add(url)
-
     async def stop(self) -> None:
         """Health NOT_SERVING, streams end with OK, in-flight calls finish within the grace, then the rest."""
         self.telemetry.ready = False

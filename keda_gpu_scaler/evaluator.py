@@ -105,6 +105,7 @@ class Evaluator:
         self._prometheus_enabled = prometheus_enabled
         self._targets = targets
         self._memo: dict[tuple[str, str, TriggerSpec], _Memo] = {}
+        self._mismatches_logged: set[tuple[str, str, str]] = set()
 
     def source_of(self, spec: TriggerSpec) -> Source:
         return spec.source or self._default_source
@@ -152,7 +153,6 @@ class Evaluator:
                 raise NoData(memo.error)
             assert memo.evaluation is not None
             return memo.evaluation
-        valid_until = float("inf")
         try:
             evaluation, notes, valid_until = self._evaluate(namespace, name, spec, targets, now)
         except NoData as error:
@@ -199,7 +199,10 @@ class Evaluator:
         aggregation, mismatch = aggregation_for(spec, targets.metric_type if targets else None)
         notes: tuple[str, ...] = ()
         if mismatch:
-            log.warning("ScaledObject %s/%s: %s", namespace, name, mismatch)
+            # Every new evaluation counts it; the log says it once per ScaledObject, not on every scrape.
+            if (namespace, name, mismatch) not in self._mismatches_logged:
+                self._mismatches_logged.add((namespace, name, mismatch))
+                log.warning("ScaledObject %s/%s: %s", namespace, name, mismatch)
             self._telemetry.aggregation_mismatches.inc()
             notes = (mismatch,)
         reporting = pod_values(readings, spec)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Mapping
@@ -39,9 +40,7 @@ async def explain_once(
         collector = ScrapeCollector(
             session=session, store=store, interest=interest, limits=limits, telemetry=telemetry, clock=clock
         )
-        for url in settings.exporter_urls:
-            store.add_source(url)
-            await collector.scrape_once(url)
+        await asyncio.gather(*(collector.scrape_once(url) for url in settings.exporter_urls))
     with contextlib.suppress(ScalerError):  # recorded in the explanation with its message
         evaluator.evaluate(namespace, name, spec)
     entry = telemetry.explanation(namespace, name)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -20,8 +19,6 @@ from keda_gpu_scaler.errors import ConfigError, NoData, ScalerError, TooManyStre
 from keda_gpu_scaler.evaluator import Evaluator
 from keda_gpu_scaler.telemetry import Telemetry
 from keda_gpu_scaler.trigger import TriggerSpec, parse_trigger
-
-log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExternalScaler"].full_name
 HEALTH_SERVICES = ("", "liveness", "readiness")

@@ -83,7 +83,7 @@ class Telemetry:
         self.ready = False
         self._explanations: dict[tuple[str, str], dict[str, Any]] = {}
 
-    def scrape_done(self, source: str, *, ok: bool, seconds: float) -> None:
+    def scrape_done(self, *, ok: bool, seconds: float) -> None:
         self.scrapes.labels("ok" if ok else "error").inc()
         self.scrape_duration.observe(seconds)
 

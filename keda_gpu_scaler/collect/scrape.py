@@ -102,6 +102,8 @@ async def read_limited(response: aiohttp.ClientResponse, max_bytes: int) -> byte
 
 
 def describe_error(error: BaseException, timeout: float) -> str:
+    if isinstance(error, ExpositionError):
+        return f"not a valid metrics page: {error}"
     if isinstance(error, TimeoutError):
         return f"timed out after {timeout:g}s"
     if isinstance(error, aiohttp.ClientResponseError):
@@ -174,20 +176,16 @@ class ScrapeCollector:
             raise
         except (aiohttp.ClientError, TimeoutError, OSError, PageTooLarge, ExpositionError) as error:
             message = describe_error(error, self._limits.timeout)
-            if isinstance(error, ExpositionError):
-                message = f"not a valid metrics page: {error}"
             self._store.record_failure(url, message, self._clock())
-            self._telemetry.scrape_done(url, ok=False, seconds=self._clock() - started)
+            self._telemetry.scrape_done(ok=False, seconds=self._clock() - started)
             log.warning("scrape of %s failed: %s", url, message)
             return False
         self._store.record_page(page)
-        self._telemetry.scrape_done(url, ok=True, seconds=self._clock() - started)
+        self._telemetry.scrape_done(ok=True, seconds=self._clock() - started)
         return True
 
     async def _run(self, url: str) -> None:
         interval = self._limits.interval
-        # Spread the first scrapes so many exporters are not fetched in one burst.
-        await asyncio.sleep(random.uniform(0, min(interval, 1.0) * JITTER))
         failures = 0
         spread = True
         while True:
