@@ -7,7 +7,7 @@ import copy
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -338,7 +338,7 @@ class FakeKube:
             return None, None
         return kind, self.objects.get(self._key(kind, info["namespace"], info["name"]))
 
-    def _not_found(self, kind: Kind | None, name: str, subresource: str = "") -> web.Response:
+    def _not_found(self, kind: Kind | None, name: str) -> web.Response:
         what = f"{kind.plural}.{kind.group}" if kind else "resource"
         message = f'{what} "{name}" not found' if kind else "the server could not find the requested resource"
         return web.json_response(status(404, "NotFound", message, kind.plural if kind else None), status=404)
@@ -468,7 +468,7 @@ def pod(
     phase: str = "Running",
     ready: bool = True,
     deleting: bool = False,
-    ports: list[tuple[str, int]] = (),  # type: ignore[assignment]
+    ports: Sequence[tuple[str, int]] = (),
     ip: str | None = "127.0.0.1",
 ) -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}

@@ -244,6 +244,8 @@ class KubeApi:
                 if not line.strip():
                     continue
                 event = json.loads(line)
+                if not isinstance(event, dict):
+                    raise ValueError(event)
                 if event.get("type") == "ERROR":
                     status = event.get("object") or {}
                     raise api_error(int(status.get("code") or 500), json.dumps(status).encode(), permission)
@@ -252,10 +254,14 @@ class KubeApi:
             raise transport_error(error, permission) from None
         except ValueError:
             raise KubeError(
-                f"the Kubernetes API sent a watch event that is not JSON ({permission})"
+                f"the Kubernetes API sent a watch event that is not a JSON object ({permission})"
             ) from None
         finally:
             response.release()
+
+
+def _backoff(failures: int) -> float:
+    return min(MAX_BACKOFF_SECONDS, 0.2 * 2.0 ** min(failures - 1, 10))
 
 
 def _resource_version(obj: Mapping[str, Any]) -> str | None:
@@ -280,16 +286,12 @@ class PodInformer:
         label_selector: str | None,
         on_change: Callable[[], None],
         on_restart: Callable[[str], None] = lambda reason: None,
-        watch_timeout: float = WATCH_TIMEOUT_SECONDS,
-        max_backoff: float = MAX_BACKOFF_SECONDS,
     ) -> None:
         self._api = api
         self.namespace = namespace
         self.label_selector = label_selector
         self._on_change = on_change
         self._on_restart = on_restart
-        self._watch_timeout = watch_timeout
-        self._max_backoff = max_backoff
         self.pods: dict[str, PodInfo] = {}
         self.synced = False
         self.error: str | None = None
@@ -325,7 +327,7 @@ class PodInformer:
                         self.namespace,
                         self.label_selector,
                         version,
-                        self._watch_timeout * random.uniform(1.0, 2.0),
+                        WATCH_TIMEOUT_SECONDS * random.uniform(1.0, 2.0),
                         on_open=lambda: self._set_error(None),
                     )
                 ) as stream:
@@ -341,14 +343,24 @@ class PodInformer:
                 failures += 1
                 self._set_error(str(error))
                 self._on_restart("error")
-                delay = min(self._max_backoff, 0.2 * 2 ** min(failures - 1, 10))
+                delay = _backoff(failures)
                 log.warning("%s: %s; retrying in %.1fs", self.what, error, delay)
                 await asyncio.sleep(delay * random.uniform(0.8, 1.0))
+                continue
+            except Exception as error:
+                # Anything else (an object this code cannot read) must not end the watcher silently and
+                # leave a cache that looks current: report it (calls answer UNAVAILABLE) and list again.
+                failures += 1
+                self._set_error(f"unexpected error watching {self.what}: {error!r}")
+                self._on_restart("error")
+                log.exception("%s: unexpected error; listing again", self.what)
+                version = None
+                await asyncio.sleep(_backoff(failures) * random.uniform(0.8, 1.0))
                 continue
             # The server ended the watch. Reconnect at once, unless it keeps ending watches straight away.
             if events == 0 and loop.time() - started < 1.0:
                 failures += 1
-                await asyncio.sleep(min(self._max_backoff, 0.2 * 2 ** min(failures - 1, 10)))
+                await asyncio.sleep(_backoff(failures))
             else:
                 failures = 0
 

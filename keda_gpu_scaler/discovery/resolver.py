@@ -51,7 +51,14 @@ class DiscoveryConfig:
     refresh_interval: float  # seconds between re-reads of a ScaledObject and its /scale
     interest_ttl: float  # a ScaledObject no call asked about for this long is forgotten
     static_urls: frozenset[str] = frozenset()  # --exporter-url: never removed by discovery
-    watch_timeout: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Selection:
+    """What one selector picks in a namespace's pod cache, as of the last reconciliation."""
+
+    targets: frozenset[str]  # names of the pods that count as targets
+    nodes: frozenset[str]  # the nodes those pods run on
 
 
 @dataclass(eq=False)
@@ -68,6 +75,7 @@ class _Tracked:
     overrides: dict[str, Selector] = field(default_factory=dict)  # podSelector metadata seen in calls
     task: asyncio.Task[None] | None = None
     notes_logged: set[str] = field(default_factory=set)
+    selections: dict[Selector, _Selection] = field(default_factory=dict)  # of selectors(), by _sync
 
     @property
     def ref(self) -> str:
@@ -138,7 +146,7 @@ class KubeDiscovery:
                 " podNamePrefix, or give podSelector (a label selector) to choose other pods"
             )
         if spec.pod_selector is not None:
-            self._override(spec.pod_selector)
+            _pod_selector(spec.pod_selector)
 
     def track(self, namespace: str, name: str, spec: TriggerSpec) -> None:
         """Start following a ScaledObject (or note that it is still wanted), without waiting for anything."""
@@ -156,7 +164,7 @@ class KubeDiscovery:
             tracked.task = asyncio.create_task(self._follow(tracked), name=f"follow {tracked.ref}")
         tracked.last_wanted = now
         if spec.pod_selector is not None and spec.pod_selector not in tracked.overrides:
-            tracked.overrides[spec.pod_selector] = self._override(spec.pod_selector)
+            tracked.overrides[spec.pod_selector] = _pod_selector(spec.pod_selector)
             self._schedule_sync()
 
     def resolve(self, namespace: str, name: str, spec: TriggerSpec) -> Targets:
@@ -181,9 +189,11 @@ class KubeDiscovery:
             raise NoData(informer.error)
         if not informer.synced:
             raise NoData(f"listing the {informer.what} (first list)")
-        targets = [p for p in informer.pods.values() if p.counts_as_target and selector.matches(p.labels)]
-        if targets:
-            self._check_exporters({p.node for p in targets if p.node is not None})
+        # A pod event may have arrived since the last reconciliation: bring it up to date first.
+        self._sync_if_pending()
+        selection = tracked.selections[selector]
+        if selection.targets:
+            self._check_exporters(selection.nodes)
         metric_type, note = metric_type_for(tracked.info, spec)
         if note is not None and note not in tracked.notes_logged:
             tracked.notes_logged.add(note)
@@ -193,22 +203,15 @@ class KubeDiscovery:
                 tracked.ref,
                 note,
             )
-        return Targets(frozenset(p.name for p in targets), metric_type)
+        return Targets(selection.targets, metric_type)
 
     # --- internals ------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _override(text: str) -> Selector:
-        return _pod_selector(text)
-
-    def _check_exporters(self, nodes: set[str]) -> None:
-        if self._sync_pending:
-            # A pod event may have arrived since the last reconciliation: bring exporters up to date first.
-            self._sync()
+    def _check_exporters(self, nodes: frozenset[str]) -> None:
         failing = [i.error for _, i in self._exporters if i.error is not None]
         if failing and len(failing) == len(self._exporters):
             raise NoData(f"cannot find the GPU exporters: {failing[0]}")
-        if self._settings.static_urls or nodes & set(self._discovered.values()):
+        if self._settings.static_urls or not nodes.isdisjoint(self._discovered.values()):
             return
         if any(not i.synced for _, i in self._exporters):
             raise NoData("listing the GPU exporter pods (first list)")
@@ -227,7 +230,6 @@ class KubeDiscovery:
             label_selector=None,
             on_change=self._schedule_sync,
             on_restart=self._restarted,
-            watch_timeout=self._settings.watch_timeout,
         )
         self._namespaces[namespace] = informer
         informer.start()
@@ -242,7 +244,6 @@ class KubeDiscovery:
                 label_selector=str(exporter.selector),
                 on_change=self._schedule_sync,
                 on_restart=self._restarted,
-                watch_timeout=self._settings.watch_timeout,
             )
             self._exporters.append((exporter, informer))
             informer.start()
@@ -309,6 +310,9 @@ class KubeDiscovery:
                 raise KubeError(
                     "its /scale subresource has no status.selector; give podSelector in the trigger metadata"
                 )
+            tracked.selector = selector
+            tracked.scale_error = None
+            return True
         except (KubeError, SelectorError) as error:
             # The last selector stays in use for exporter discovery, so a blip does not stop scraping.
             tracked.scale_error = (
@@ -317,9 +321,6 @@ class KubeDiscovery:
             return False
         finally:
             self._schedule_sync()
-        tracked.selector = selector
-        tracked.scale_error = None
-        return True
 
     async def _plural(self, target: ScaleTarget) -> str:
         """Kind → resource name through API discovery, so any kind with a /scale subresource works."""
@@ -353,21 +354,29 @@ class KubeDiscovery:
         # Coalesce bursts (a relist, many watch events) into one reconciliation on the next loop turn.
         if not self._sync_pending:
             self._sync_pending = True
-            asyncio.get_running_loop().call_soon(self._sync)
+            asyncio.get_running_loop().call_soon(self._sync_if_pending)
+
+    def _sync_if_pending(self) -> None:
+        # resolve() may have reconciled already since this was scheduled: then there is nothing to do.
+        if self._sync_pending:
+            self._sync()
 
     def _sync(self) -> None:
-        """Scrape exactly the exporters on the nodes where the followed ScaledObjects' pods run."""
+        """Select each followed ScaledObject's pods, and scrape exactly the exporters on their nodes."""
         self._sync_pending = False
         nodes: set[str] = set()
         for tracked in self._tracked.values():
             informer = self._namespaces.get(tracked.namespace)
-            selectors = tracked.selectors()
-            if informer is None or not selectors:
-                continue
-            for pod in informer.pods.values():
-                if pod.occupies_node and any(s.matches(pod.labels) for s in selectors):
-                    assert pod.node is not None
-                    nodes.add(pod.node)
+            pods = list(informer.pods.values()) if informer is not None else []
+            tracked.selections = {}
+            for selector in tracked.selectors():
+                matching = [p for p in pods if selector.matches(p.labels)]
+                targets = [p for p in matching if p.counts_as_target]
+                tracked.selections[selector] = _Selection(
+                    frozenset(p.name for p in targets),
+                    frozenset(p.node for p in targets if p.node is not None),
+                )
+                nodes.update(p.node for p in matching if p.occupies_node and p.node is not None)
         wanted: dict[str, str] = {}
         for exporter, informer in self._exporters:
             for pod in informer.pods.values():

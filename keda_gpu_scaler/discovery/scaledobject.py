@@ -7,11 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from keda_gpu_scaler.errors import ConfigError
-from keda_gpu_scaler.trigger import TriggerSpec, parse_trigger
+from keda_gpu_scaler.trigger import FROM_ENV, TriggerSpec, parse_trigger
 
 EXTERNAL_TRIGGER_TYPES = frozenset({"external", "external-push"})
 METRIC_TYPES = frozenset({"AverageValue", "Value"})
-_FROM_ENV = "FromEnv"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +34,7 @@ class ScaleTarget:
 
 @dataclass(frozen=True, slots=True)
 class ExternalTrigger:
-    metadata: Mapping[str, str]
+    spec: TriggerSpec | None  # its metadata as this scaler reads it; None: metadata this scaler rejects
     metric_type: str  # as written; "AverageValue" when absent (KEDA's default)
 
 
@@ -58,21 +57,20 @@ def parse_scaled_object(obj: Mapping[str, Any]) -> ScaledObjectInfo:
     # KEDA's defaults for a ScaledObject's target.
     target = ScaleTarget(ref.get("apiVersion") or "apps/v1", ref.get("kind") or "Deployment", name)
     triggers = tuple(
-        ExternalTrigger(
-            {str(k): str(v) for k, v in (t.get("metadata") or {}).items()},
-            t.get("metricType") or "AverageValue",
-        )
+        # Parsed here, once per read of the ScaledObject, not on every call that compares with it.
+        ExternalTrigger(_spec_of(t.get("metadata") or {}), t.get("metricType") or "AverageValue")
         for t in spec.get("triggers") or ()
         if t.get("type") in EXTERNAL_TRIGGER_TYPES
     )
     return ScaledObjectInfo(target, triggers)
 
 
-def _spec_of(metadata: Mapping[str, str]) -> TriggerSpec | None:
+def _spec_of(metadata: Mapping[str, Any]) -> TriggerSpec | None:
     # KEDA sends `…FromEnv` keys with the value read from the target's environment (or drops them when
     # empty), so they cannot be compared with what the ScaledObject says; the other keys can.
+    kept = {str(k): str(v) for k, v in metadata.items() if not str(k).endswith(FROM_ENV)}
     try:
-        return parse_trigger({k: v for k, v in metadata.items() if not k.endswith(_FROM_ENV)})
+        return parse_trigger(kept)
     except ConfigError:
         return None
 
@@ -83,7 +81,7 @@ def metric_type_for(info: ScaledObjectInfo, spec: TriggerSpec) -> tuple[str | No
     The trigger is the external one whose metadata parses to the same TriggerSpec as the call's (KEDA's
     own keys and `…FromEnv` keys aside). With no match and exactly one external trigger, that one.
     """
-    matching = [t for t in info.triggers if _spec_of(t.metadata) == spec]
+    matching = [t for t in info.triggers if t.spec == spec]
     if not matching and len(info.triggers) == 1:
         matching = list(info.triggers)
     types = {t.metric_type for t in matching}

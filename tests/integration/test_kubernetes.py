@@ -247,8 +247,9 @@ async def test_target_pod_without_fresh_data_is_missing(cluster: Cluster, kube_s
     await cluster.gpu_node("node-a")
     b = await cluster.gpu_node("node-b")
     three_pods_on_two_nodes(cluster)
+    cluster.run("vllm-2", "node-b", 90)  # not the threshold (70), so the value tells which one is used
     scaler = await kube_scaler()
-    await eventually(lambda: _equals(value(scaler), 180))
+    await eventually(lambda: _equals(value(scaler), 200))
     b.status = 503
 
     async def filled() -> None:
