@@ -7,27 +7,25 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from keda_gpu_scaler.errors import NoData
-from keda_gpu_scaler.scaling import aggregate, evaluate, pod_values
+from keda_gpu_scaler.scaling import (
+    HPA_TOLERANCE,
+    aggregate,
+    desired_replicas_average_value,
+    evaluate,
+    pod_values,
+)
 from keda_gpu_scaler.trigger import Aggregation, TriggerSpec, parse_trigger
 from keda_gpu_scaler.vendors import Family, GpuReading
 
 # ---------------------------------------------------------------------------------------------------------
 # The HPA (Kubernetes pkg/controller/podautoscaler), written from its documented behaviour; pure functions.
-
-TOLERANCE = 0.1
-
-
-def average_value_replicas(total: float, target: float, current: int) -> int:
-    """External metric, AverageValue: ceil(total / target); the current count only enters the tolerance."""
-    if current > 0 and abs(total / (target * current) - 1) <= TOLERANCE:
-        return current
-    return math.ceil(total / target)
+# Its AverageValue formula is the product's own what-if (scaling.desired_replicas_average_value).
 
 
 def value_replicas(value: float, target: float, current: int, ready: int) -> int:
     """External metric, Value: ceil(ready pods × value / target), unless within tolerance of 1."""
     ratio = value / target
-    if abs(ratio - 1) <= TOLERANCE:
+    if abs(ratio - 1) <= HPA_TOLERANCE:
         return current
     return math.ceil(ratio * ready)
 
@@ -142,15 +140,10 @@ class Pod:
 
 @dataclass(frozen=True)
 class World:
-    """What exists at one instant: pods and their GPUs' utilisation (the same on every GPU of a pod)."""
+    """What exists at one instant: the pods, starting or ready."""
 
     now: float
     pods: tuple[Pod, ...]
-    utilization: dict[str, float]  # pod → % (0 while starting)
-
-    @property
-    def ready(self) -> int:
-        return sum(1 for p in self.pods if p.ready_at <= self.now)
 
 
 def utilization(demand: float, pods: Sequence[Pod], now: float) -> dict[str, float]:
@@ -389,7 +382,7 @@ def simulate(policy_type: type[Policy], trace: Trace, timing: Timing = Timing())
         now = float(step)
         demand = trace.demand(now)
         util = utilization(demand, pods, now)
-        world = World(now, tuple(pods), util)
+        world = World(now, tuple(pods))
         if _due(now, timing.exporter_refresh, timing.exporter_phase):
             exporter = Snapshot(now, dict(util))
         if _due(now, policy.interval, timing.collector_phase):
@@ -408,7 +401,7 @@ def simulate(policy_type: type[Policy], trace: Trace, timing: Timing = Timing())
         if _due(now, behavior.sync, timing.hpa_phase) and pods:
             value = policy.value(world)
             if value is not None:  # a failed metric: the HPA leaves the replica count alone
-                desired = average_value_replicas(value, policy.target, len(pods))
+                desired = desired_replicas_average_value(value, policy.target, len(pods))
                 resize(hpa.decide(now, len(pods), desired), now)
         ideal = math.ceil(demand * 100 / timing.target_utilization - 1e-9)
         ready = sum(1 for p in pods if p.ready_at <= now)

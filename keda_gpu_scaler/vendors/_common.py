@@ -112,9 +112,21 @@ def remember(values: dict[str, float | None], name: str, value: float) -> None:
         values[name] = number
 
 
-def host_of(labels: Mapping[str, str], keys: Iterable[str]) -> str:
+def first_label(labels: Mapping[str, str], keys: Iterable[str]) -> str:
+    """The first non-empty value among `keys` (most trusted first), or "" when none is set."""
     for key in keys:
-        host = labels.get(key)
-        if host:
-            return host
+        value = labels.get(key)
+        if value:
+            return value
     return ""
+
+
+def dcgm_gpu(labels: Mapping[str, str]) -> tuple[str, str]:
+    """(GPU, MIG instance) of a DCGM-style sample (dcgm-exporter, ACK's exporter); instance "" outside MIG.
+
+    The GPU is its UUID (`uuid` with --use-old-namespace), else the device or index an older page carries;
+    a MIG instance is "<uuid>/<GPU_I_ID>", since it shares its parent's UUID.
+    """
+    gpu = first_label(labels, ("UUID", "uuid", "device", "gpu"))
+    instance = labels.get("GPU_I_ID", "")
+    return (f"{gpu}/{instance}" if instance else gpu), instance

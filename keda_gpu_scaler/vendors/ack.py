@@ -12,7 +12,8 @@ from keda_gpu_scaler.vendors._common import (
     PodKey,
     PodResolver,
     clamp_percent,
-    host_of,
+    dcgm_gpu,
+    first_label,
     percent_of,
     remember,
 )
@@ -53,13 +54,11 @@ def readings(samples: Sequence[Sample], resolver: PodResolver) -> list[GpuReadin
         pod = resolver.pod_of(labels)
         if pod is None:
             continue
-        host = host_of(labels, _HOST_LABELS)
-        uuid = labels.get("UUID") or labels.get("uuid") or labels.get("device") or labels.get("gpu", "")
-        instance = labels.get("GPU_I_ID", "")
-        key = (pod, host, uuid, instance)
+        host = first_label(labels, _HOST_LABELS)
+        identity, instance = dcgm_gpu(labels)
+        key = (pod, host, identity, instance)
         entry = entries.get(key)
         if entry is None:
-            identity = f"{uuid}/{instance}" if instance else uuid
             entry = entries[key] = _PodOnGpu(gpu=identity, host=host, mig=bool(instance))
         if sample.name == CONTAINER_MEM_ALLOCATED:
             remember(entry.allocated, labels.get("ContainerName", ""), sample.value)

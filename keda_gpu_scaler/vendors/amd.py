@@ -12,7 +12,7 @@ from keda_gpu_scaler.vendors._common import (
     PodKey,
     PodResolver,
     clamp_percent,
-    host_of,
+    first_label,
     percent_of,
     remember,
 )
@@ -42,10 +42,10 @@ def readings(samples: Sequence[Sample], resolver: PodResolver) -> list[GpuReadin
         pod = resolver.pod_of(labels)
         if pod is None:
             continue
-        host = host_of(labels, ("hostname",))
+        host = labels.get("hostname", "")
         # gpu_id is unique on its exporter (one per partition on partitioned GPUs); serial and UUID are
         # fallbacks for pages that lost it.
-        identity = labels.get("gpu_id") or labels.get("gpu_uuid") or labels.get("serial_number", "")
+        identity = first_label(labels, ("gpu_id", "gpu_uuid", "serial_number"))
         gpu = gpus.get((host, identity))
         if gpu is None:
             gpu = gpus[(host, identity)] = _Gpu(gpu=identity, host=host)

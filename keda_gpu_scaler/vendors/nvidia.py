@@ -12,7 +12,8 @@ from keda_gpu_scaler.vendors._common import (
     PodKey,
     PodResolver,
     clamp_percent,
-    host_of,
+    dcgm_gpu,
+    first_label,
     percent_of,
     remember,
 )
@@ -92,21 +93,15 @@ class _Gpu:
 GPU_ID_LABELS = ("UUID", "uuid")  # `uuid` with --use-old-namespace
 
 
-def _gpu_key(labels: dict[str, str]) -> tuple[str, str, str]:
-    """(host, GPU identity, MIG instance); UUIDs are global, the host only keeps index fallbacks apart."""
-    host = host_of(labels, _HOST_LABELS)
-    uuid = labels.get("UUID") or labels.get("uuid") or labels.get("device") or labels.get("gpu", "")
-    return host, uuid, labels.get("GPU_I_ID", "")
-
-
 def readings(samples: Sequence[Sample], resolver: PodResolver) -> list[GpuReading]:
     gpus: dict[tuple[str, str, str], _Gpu] = {}
     for sample in samples:
-        host, uuid, instance = _gpu_key(sample.labels)
-        key = (host, uuid, instance)
+        # UUIDs are global; the host only keeps the index fallbacks of different nodes apart.
+        host = first_label(sample.labels, _HOST_LABELS)
+        identity, instance = dcgm_gpu(sample.labels)
+        key = (host, identity, instance)
         gpu = gpus.get(key)
         if gpu is None:
-            identity = f"{uuid}/{instance}" if instance else uuid
             gpu = gpus[key] = _Gpu(gpu=identity, host=host, mig=bool(instance))
         pod = resolver.pod_of(sample.labels)
         if pod is None:
@@ -119,11 +114,7 @@ def readings(samples: Sequence[Sample], resolver: PodResolver) -> list[GpuReadin
         if sample.labels.get("pod_uid"):
             series.with_uid.add(sample.name)
 
-    result: list[GpuReading] = []
-    for gpu in gpus.values():
-        for pod in gpu.pods:
-            result.append(_reading(gpu, pod))
-    return result
+    return [_reading(gpu, pod) for gpu in gpus.values() for pod in gpu.pods]
 
 
 def _reading(gpu: _Gpu, pod: PodKey) -> GpuReading:

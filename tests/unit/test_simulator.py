@@ -23,17 +23,19 @@ from bench.simulator import (  # noqa: E402
     Snapshot,
     Trace,
     World,
-    average_value_replicas,
     scale_up_limit,
     settling,
     simulate,
     value_replicas,
 )
+from keda_gpu_scaler.scaling import (  # noqa: E402
+    desired_replicas_average_value as average_value_replicas,
+)
 
 
 def world_with(utils: dict[str, float]) -> World:
     pods = tuple(Pod(name, -100.0, -100.0) for name in utils)
-    return World(0.0, pods, dict(utils))
+    return World(0.0, pods)
 
 
 def seen_by(policy_type: type, utils: dict[str, float], gpus: int = 1):  # type: ignore[no-untyped-def]
