@@ -174,7 +174,8 @@ def parse_vector(body: bytes) -> tuple[list[Element], list[str]]:
     """The elements and warnings of a /api/v1/query answer; PrometheusError for anything else."""
     try:
         document = json.loads(body)
-    except ValueError as error:  # UnicodeDecodeError is a ValueError too
+    # UnicodeDecodeError is a ValueError too; RecursionError: nested deeper than the decoder goes.
+    except (ValueError, RecursionError) as error:
         raise PrometheusError(f"the answer is not JSON ({error})") from None
     if not isinstance(document, dict):
         raise PrometheusError("the answer is not a Prometheus API response")
@@ -213,8 +214,12 @@ def _api_error(document: Any) -> str | None:
     return None
 
 
-def samples_with_times(elements: Iterable[Element]) -> tuple[list[Sample], int]:
-    """The value elements as Samples stamped with their own sample time; and how many had no time."""
+def samples_with_times(elements: Iterable[Element]) -> list[Sample]:
+    """The value elements as Samples stamped with their own sample time.
+
+    A value without a time is left out: the two halves of the query read the series one after the
+    other, so a series that appeared in between has only one of them; the next collection has both.
+    """
     times: dict[frozenset[tuple[str, str]], float] = {}
     values: list[Element] = []
     for element in elements:
@@ -224,16 +229,13 @@ def samples_with_times(elements: Iterable[Element]) -> tuple[list[Sample], int]:
             labels = {k: v for k, v in element.labels.items() if k != TIMESTAMP_LABEL}
             times[frozenset(labels.items())] = element.value
     samples = []
-    untimed = 0
     for element in values:
         labels = dict(element.labels)
         name = labels.pop("__name__")
         at = times.get(frozenset(labels.items()))
-        if at is None:
-            untimed += 1
-            continue
-        samples.append(Sample(name, labels, element.value, round(at * 1000)))
-    return samples, untimed
+        if at is not None:
+            samples.append(Sample(name, labels, element.value, round(at * 1000)))
+    return samples
 
 
 def _merged(*parts: Iterable[Sample]) -> list[Sample]:
@@ -334,7 +336,7 @@ def _http_error(response: aiohttp.ClientResponse, body: bytes) -> str:
     message = f"HTTP {response.status} {response.reason or ''}".strip()
     try:
         detail = _api_error(json.loads(body))
-    except ValueError:
+    except (ValueError, RecursionError):
         detail = None
     if detail:
         message += f": {detail}"
@@ -382,32 +384,34 @@ class PrometheusClient:
         async with self._in_flight:
             started = self._clock()
             try:
-                headers = self._credentials.headers()
-                async with self._session.post(
-                    self._url,
-                    data=form,
-                    headers=headers,
-                    timeout=aiohttp.ClientTimeout(total=self._timeout),
-                    # A redirect could carry the credentials to another host.
-                    allow_redirects=False,
-                ) as response:
-                    body = await read_limited(response, self._max_bytes)
-                    if response.status != 200:
-                        raise PrometheusError(_http_error(response, body))
-                elements, warnings = parse_vector(body)
+                elements, warnings = parse_vector(await self._post(form))
             except PrometheusError:
                 self._count(purpose, "error", started)
                 raise
-            except PageTooLarge as error:
-                self._count(purpose, "error", started)
-                raise PrometheusError(f"answer too large: {error}") from None
-            except (aiohttp.ClientError, TimeoutError, OSError) as error:
-                self._count(purpose, "error", started)
-                raise PrometheusError(describe_error(error, self._timeout)) from None
         self._count(purpose, "ok", started)
         if warnings:
             log.debug("Prometheus warnings for a %s query: %s", purpose, "; ".join(warnings))
         return elements
+
+    async def _post(self, form: dict[str, str]) -> bytes:
+        """The body of a 200 answer; PrometheusError saying why there is none."""
+        try:
+            async with self._session.post(
+                self._url,
+                data=form,
+                headers=self._credentials.headers(),
+                timeout=aiohttp.ClientTimeout(total=self._timeout),
+                # A redirect could carry the credentials to another host.
+                allow_redirects=False,
+            ) as response:
+                body = await read_limited(response, self._max_bytes)
+        except PageTooLarge as error:
+            raise PrometheusError(f"answer too large: {error}") from None
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise PrometheusError(describe_error(error, self._timeout)) from None
+        if response.status != 200:
+            raise PrometheusError(_http_error(response, body))
+        return body
 
     def _count(self, purpose: str, result: str, started: float) -> None:
         self._telemetry.prometheus_queries.labels(purpose, result).inc()
@@ -518,11 +522,11 @@ class PrometheusCollector:
         self._store.add_source(source, SourceKind.PROMETHEUS, namespace)
         known = self._targets.setdefault(namespace, {})
         try:
-            samples, _ = samples_with_times(
+            samples = samples_with_times(
                 await self._client.query(namespace_query(namespace), at, "namespace")
             )
             for query in gpu_queries(samples):
-                more, _ = samples_with_times(await self._client.query(query, at, "gpus"))
+                more = samples_with_times(await self._client.query(query, at, "gpus"))
                 samples = _merged(samples, more)
             by_target: dict[Target, list[Sample]] = {}
             for sample in samples:

@@ -175,6 +175,17 @@ def trigger(prefix: str, **more: str) -> dict[str, str]:
     return {"podNamePrefix": prefix, "threshold": "70", **more}
 
 
+# dcgm_2xh100: the pod's one GPU at 87 % (DCGM_FI_DEV_GPU_UTIL).
+QWEN = trigger("vllm-qwen-")
+
+
+async def _answers(scaler: Any, namespace: str, metadata: dict[str, str], value: float) -> None:
+    async def check() -> None:
+        assert await outcome(scaler, namespace, metadata) == value
+
+    await eventually(check, timeout=20)
+
+
 async def test_same_values_as_direct_scraping(
     fleet: Fleet, prometheus: PrometheusServer, make_scaler: Any
 ) -> None:
@@ -208,12 +219,7 @@ async def test_default_source_prometheus_answers_triggers_without_source(
     fleet: Fleet, prometheus: PrometheusServer, make_scaler: Any
 ) -> None:
     scaler = await make_scaler(prometheus_url=prometheus.url, **THROUGH_PROMETHEUS)
-
-    async def value() -> None:
-        # dcgm_2xh100: the pod's one GPU at 87 % (DCGM_FI_DEV_GPU_UTIL).
-        assert await outcome(scaler, "llm", trigger("vllm-qwen-")) == 87.0
-
-    await eventually(value, timeout=20)
+    await _answers(scaler, "llm", QWEN, 87.0)
     async with aiohttp.ClientSession() as session, session.get(f"{scaler.http}/metrics") as response:
         text = await response.text()
     assert 'keda_gpu_scaler_prometheus_queries_total{query="namespace",result="ok"}' in text
@@ -245,15 +251,18 @@ async def test_few_queries_per_namespace(fleet: Fleet, proxy: PrometheusProxy) -
 
 @pytest.mark.parametrize(
     "namespace",
-    ['we"ird', "back\\slash", "new\nline", "dot.*star", "ünïcode", "close}brace", 'a",namespace!="'],
+    ['we"ird', "back\\slash", "new\nline", "dot.*star", "ünïcode", "close}brace", 'llm",pod!="'],
 )
-async def test_any_namespace_is_quoted_safely(prometheus: PrometheusServer, namespace: str) -> None:
+async def test_any_namespace_is_quoted_safely(
+    fleet: Fleet, prometheus: PrometheusServer, namespace: str
+) -> None:
     settings = Settings(
         prometheus_url=prometheus.url, prometheus_username=USERNAME, prometheus_password=PASSWORD
     )
     async with aiohttp.ClientSession() as session:
         client = PrometheusClient(session, settings, Telemetry(), time.monotonic)
-        # Prometheus parses it and finds nothing: the value was one string, never PromQL.
+        # Prometheus parses it and finds nothing: the value was one string, never PromQL (unquoted,
+        # 'llm",pod!="' would find the fleet's llm series).
         assert await client.query(namespace_query(namespace), time.time(), "namespace") == []
 
 
@@ -297,12 +306,7 @@ async def test_prometheus_down_slow_or_failing_is_unavailable(
             | {"prometheus_timeout": 1.0, "prometheus_username": None, "prometheus_password": None}
         ),
     )
-    metadata = trigger("vllm-qwen-")
-
-    async def fresh() -> None:
-        assert await outcome(scaler, "llm", metadata) == 87.0
-
-    await eventually(fresh, timeout=20)
+    await _answers(scaler, "llm", QWEN, 87.0)
     how, text = FAILURES[failure]
     if how == "stop":
         await proxy.stop()
@@ -312,7 +316,7 @@ async def test_prometheus_down_slow_or_failing_is_unavailable(
         assert isinstance(how, tuple)
         proxy.answer = how
     # The last good value is used while it is fresh, then never again: UNAVAILABLE, saying why.
-    await _unavailable(scaler, "llm", metadata, "prometheus llm", text)
+    await _unavailable(scaler, "llm", QWEN, "prometheus llm", text)
 
 
 async def test_is_active_unavailable_too(fleet: Fleet, proxy: PrometheusProxy, make_scaler: Any) -> None:
@@ -320,7 +324,7 @@ async def test_is_active_unavailable_too(fleet: Fleet, proxy: PrometheusProxy, m
         prometheus_url=proxy.url,
         **(THROUGH_PROMETHEUS | {"prometheus_username": None, "prometheus_password": None}),
     )
-    ref = pb.ScaledObjectRef(name="so", namespace="llm", scalerMetadata=trigger("vllm-qwen-"))
+    ref = pb.ScaledObjectRef(name="so", namespace="llm", scalerMetadata=QWEN)
 
     async def active() -> None:
         assert (await scaler.stub.IsActive(ref)).result is True
@@ -361,11 +365,7 @@ async def test_series_with_frozen_timestamps_are_not_used(
 
     ticking = asyncio.create_task(refresh())
     try:
-
-        async def fresh() -> None:
-            assert await outcome(scaler, "frozen", trigger("vllm-")) == 50.0
-
-        await eventually(fresh, timeout=20)
+        await _answers(scaler, "frozen", trigger("vllm-"), 50.0)
     finally:
         ticking.cancel()
     # The exporter now prints the same old sample time forever; Prometheus still returns the series.
@@ -381,15 +381,11 @@ async def test_dead_exporter_pods_count_as_missing(
     b = await make_exporter(_pods(GpuLine("dead", "vllm-1", 30), host="node-b"))
     test_targets("operator", a, b)
     scaler = await make_scaler(prometheus_url=prometheus.url, **THROUGH_PROMETHEUS)
-
-    async def at(value: float) -> None:
-        assert await outcome(scaler, "dead", trigger("vllm-")) == value
-
-    await eventually(lambda: at(80), timeout=20)
+    await _answers(scaler, "dead", trigger("vllm-"), 80.0)
     await b.stop()
     # vllm-1's series go stale in Prometheus; its pod counts as missing, as the threshold (70): the
     # value cannot shrink to 50 because one exporter died.
-    await eventually(lambda: at(120), timeout=20)
+    await _answers(scaler, "dead", trigger("vllm-"), 120.0)
 
 
 async def test_pods_gone_from_live_exporters_are_gone(
@@ -403,16 +399,12 @@ async def test_pods_gone_from_live_exporters_are_gone(
     )
     test_targets("operator", a, b)
     scaler = await make_scaler(prometheus_url=prometheus.url, **THROUGH_PROMETHEUS)
-
-    async def at(value: float) -> None:
-        assert await outcome(scaler, "gone", trigger("vllm-")) == value
-
-    await eventually(lambda: at(100), timeout=20)
+    await _answers(scaler, "gone", trigger("vllm-"), 100.0)
     # vllm-2 ends on node a (which still runs vllm-0), vllm-1 on node b (whose exporter goes on printing
     # its idle GPUs): both pods are gone, not missing.
     a.page = _pods(GpuLine("gone", "vllm-0", 50, gpu=0), GpuLine("", "", 0, gpu=1), host="node-a")
     b.page = _pods(GpuLine("", "", 0, gpu=0), GpuLine("", "", 0, gpu=1), host="node-b")
-    await eventually(lambda: at(50), timeout=20)
+    await _answers(scaler, "gone", trigger("vllm-"), 50.0)
 
 
 async def test_basic_auth_wrong_password_names_http_401(
@@ -421,7 +413,7 @@ async def test_basic_auth_wrong_password_names_http_401(
     scaler = await make_scaler(
         prometheus_url=prometheus.url, **(THROUGH_PROMETHEUS | {"prometheus_password": "not-the-password"})
     )
-    await _unavailable(scaler, "llm", trigger("vllm-qwen-"), "HTTP 401 Unauthorized", "--prometheus-username")
+    await _unavailable(scaler, "llm", QWEN, "HTTP 401 Unauthorized", "--prometheus-username")
 
 
 async def test_basic_auth_password_file(
@@ -433,11 +425,7 @@ async def test_basic_auth_password_file(
         prometheus_url=prometheus.url,
         **(THROUGH_PROMETHEUS | {"prometheus_password": None, "prometheus_password_file": password_file}),
     )
-
-    async def value() -> None:
-        assert await outcome(scaler, "llm", trigger("vllm-qwen-")) == 87.0
-
-    await eventually(value, timeout=20)
+    await _answers(scaler, "llm", QWEN, 87.0)
 
 
 async def test_bearer_token_file_is_read_again_when_it_changes(
@@ -453,16 +441,11 @@ async def test_bearer_token_file_is_read_again_when_it_changes(
         prometheus_headers=(("X-Scope-OrgID", "team-a"),),
         **(THROUGH_PROMETHEUS | {"prometheus_username": None, "prometheus_password": None}),
     )
-    metadata = trigger("vllm-qwen-")
-
-    async def value() -> None:
-        assert await outcome(scaler, "llm", metadata) == 87.0
-
-    await eventually(value, timeout=20)
+    await _answers(scaler, "llm", QWEN, 87.0)
     proxy.bearer = "token-2"  # the gateway rotated its token; the sidecar has not caught up yet
-    await _unavailable(scaler, "llm", metadata, "HTTP 401")
+    await _unavailable(scaler, "llm", QWEN, "HTTP 401")
     token.write_text("token-2\n")
-    await eventually(value, timeout=20)
+    await _answers(scaler, "llm", QWEN, 87.0)
     assert proxy.seen_headers[-1]["Authorization"] == "Bearer token-2"
     assert proxy.seen_headers[-1]["X-Scope-OrgID"] == "team-a"
 
@@ -489,16 +472,12 @@ async def test_ca_bundle_and_client_certificate(
             prometheus_key_file=client_key,
             **without_credentials,
         )
-
-        async def value() -> None:
-            assert await outcome(scaler, "llm", trigger("vllm-qwen-")) == 87.0
-
-        await eventually(value, timeout=20)
+        await _answers(scaler, "llm", QWEN, 87.0)
         # Without the client certificate the gateway refuses the handshake.
         refused = await make_scaler(
             prometheus_url=url, prometheus_ca_file=tmp_path / "ca.crt", **without_credentials
         )
-        await _unavailable(refused, "llm", trigger("vllm-qwen-"), "prometheus llm")
+        await _unavailable(refused, "llm", QWEN, "prometheus llm")
     finally:
         await gateway.stop()
 
@@ -531,11 +510,7 @@ async def test_serve_with_prometheus_flags_and_password_from_the_environment(
                 pass
         async with grpc.aio.insecure_channel(f"127.0.0.1:{match.group(1)}") as channel:
             scaler = type("Scaler", (), {"stub": pb_grpc.ExternalScalerStub(channel)})
-
-            async def value() -> None:
-                assert await outcome(scaler, "llm", trigger("vllm-qwen-")) == 87.0
-
-            await eventually(value, timeout=20)
+            await _answers(scaler, "llm", QWEN, 87.0)
     finally:
         process.terminate()
         await process.wait()

@@ -116,6 +116,7 @@ def test_parse_vector_reads_special_values() -> None:
         (answer([{"metric": {}, "value": [1, 2]}]), "malformed vector element"),
         (answer([{"metric": {"a": 1}, "value": [1, "2"]}]), "malformed vector element"),
         (answer([{"metric": {}, "value": [1, "two"]}]), "malformed sample value"),
+        (b"[" * 100_000, "not JSON"),  # deeper than the JSON decoder goes
     ],
 )
 def test_parse_vector_rejects(body: bytes, message: str) -> None:
@@ -140,9 +141,7 @@ def test_samples_take_the_time_of_their_label_set() -> None:
         Element({"__name__": "DCGM_FI_DEV_FB_FREE", "gpu": "1"}, 100),  # no time: dropped
         Element({**labels, TIMESTAMP_LABEL: "1"}, 1700000000.123),
     ]
-    samples, untimed = samples_with_times(elements)
-    assert untimed == 1
-    assert samples == [
+    assert samples_with_times(elements) == [
         Sample("DCGM_FI_DEV_GPU_UTIL", labels, 40, 1700000000123),
         Sample("DCGM_FI_DEV_FB_USED", labels, 100, 1700000000123),
     ]
@@ -210,28 +209,26 @@ async def test_page_is_as_old_as_its_samples() -> None:
     assert store.view("llm", 1002.5, 4.0, SourceKind.PROMETHEUS).readings == ()
 
 
-async def test_stale_series_are_never_used() -> None:
+@pytest.mark.parametrize(
+    ("instance", "problems"),
+    [
+        # The exporter's other series are current: vllm-1 is gone from that exporter.
+        ("node-a:9400", []),
+        # Every series of that exporter is stale: its pods count as missing.
+        ("node-b:9400", ["prometheus llm dcgm/node-b:9400: last data 10.0s old (max staleness 4s)"]),
+    ],
+)
+async def test_stale_series_are_never_used(instance: str, problems: list[str]) -> None:
     prometheus, store = ScriptedPrometheus(), Store()
-    # Prometheus' lookback still shows vllm-1's last sample, 10 s old; the exporter's other series are
-    # current: vllm-1 is gone from that exporter.
+    # Prometheus' lookback still shows vllm-1's last sample, 10 s old.
     prometheus.answers["namespace"] = elements_of(
-        gpu("vllm-0", 40, age=0.5) + gpu("vllm-1", 90, age=10.0, gpu_id="1")
+        gpu("vllm-0", 40, age=0.5) + gpu("vllm-1", 90, age=10.0, instance=instance, gpu_id="1")
     )
     assert await collector(prometheus, store).collect_once("llm")
     view = store.view("llm", 1000.0, 4.0, SourceKind.PROMETHEUS)
     assert [r.pod for r in view.readings] == ["vllm-0"]
-
-
-async def test_target_with_only_stale_series_counts_its_pods_missing() -> None:
-    prometheus, store = ScriptedPrometheus(), Store()
-    prometheus.answers["namespace"] = elements_of(
-        gpu("vllm-0", 40, age=0.5) + gpu("vllm-1", 90, age=10.0, instance="node-b:9400")
-    )
-    assert await collector(prometheus, store).collect_once("llm")
-    view = store.view("llm", 1000.0, 4.0, SourceKind.PROMETHEUS)
-    assert [r.pod for r in view.readings] == ["vllm-0"]
-    assert list(view.recently_seen) == ["vllm-1"]
-    assert any("node-b:9400: last data 10.0s old (max staleness 4s)" in p for p in view.problems)
+    assert list(view.recently_seen) == (["vllm-1"] if problems else [])
+    assert list(view.problems) == problems
 
 
 @pytest.mark.parametrize(("alive", "sources_left"), [(True, 2), (False, 3)])
