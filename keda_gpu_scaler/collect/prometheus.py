@@ -538,7 +538,7 @@ class PrometheusCollector:
         except PrometheusError as error:
             message = str(error)
             # Said once, on the namespace's source; the targets' pages just age ("last data 5.2s old").
-            self._store.record_failure(source, message, self._clock())
+            self._store.record_failure(source, message)
             if namespace not in self._failing:
                 self._failing.add(namespace)
                 log.warning("Prometheus source, namespace %s: %s", namespace, message)
@@ -562,7 +562,6 @@ class PrometheusCollector:
                 self._store.record_failure(
                     state.source,
                     "no current series in Prometheus (exporter down or not scraped any more?)",
-                    now,
                 )
         # Empty, but under the namespace's name: waiters on that namespace hear of failures and recoveries.
         self._store.record_page(Page(source, now, {namespace: ()}))

@@ -176,7 +176,7 @@ class ScrapeCollector:
             raise
         except (aiohttp.ClientError, TimeoutError, OSError, PageTooLarge, ExpositionError) as error:
             message = describe_error(error, self._limits.timeout)
-            self._store.record_failure(url, message, self._clock())
+            self._store.record_failure(url, message)
             self._telemetry.scrape_done(ok=False, seconds=self._clock() - started)
             log.warning("scrape of %s failed: %s", url, message)
             return False

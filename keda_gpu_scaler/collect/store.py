@@ -44,8 +44,6 @@ class SourceState:
     namespace: str | None = None  # None: the source may name pods of any namespace
     last_page: Page | None = None
     last_error: str | None = None
-    last_attempt_at: float | None = None
-    consecutive_failures: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +105,6 @@ class Store:
         recovered = old is None or state.last_error is not None
         state.last_page = page
         state.last_error = None
-        state.last_attempt_at = page.collected_at
-        state.consecutive_failures = 0
         if recovered:
             self._bump(page.by_namespace.keys() | (old.by_namespace.keys() if old else set()))
             return
@@ -120,13 +116,11 @@ class Store:
             if page.by_namespace.get(ns) != old.by_namespace.get(ns)
         )
 
-    def record_failure(self, source: str, error: str, at: float) -> None:
+    def record_failure(self, source: str, error: str) -> None:
         self.add_source(source)
         state = self._sources[source]
         first = state.last_error is None
         state.last_error = error
-        state.last_attempt_at = at
-        state.consecutive_failures += 1
         if first and state.last_page is not None:
             self._bump(state.last_page.by_namespace)
 

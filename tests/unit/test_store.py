@@ -32,9 +32,9 @@ def test_failure_and_recovery_move_the_page_namespaces() -> None:
     store = Store()
     store.record_page(page(0, reading("a", "p", 10)))
     before = store.version("a")
-    store.record_failure("http://a/metrics", "HTTP 500", 5)
+    store.record_failure("http://a/metrics", "HTTP 500")
     assert store.version("a") == before + 1
-    store.record_failure("http://a/metrics", "HTTP 500", 6)  # still failing: no news
+    store.record_failure("http://a/metrics", "HTTP 500")  # still failing: no news
     assert store.version("a") == before + 1
     store.record_page(page(10, reading("a", "p", 10)))  # same content, but recovered
     assert store.version("a") == before + 2
@@ -47,7 +47,7 @@ def test_view_freshness_and_recently_seen() -> None:
     fresh = store.view("a", now=10, max_staleness=15)
     assert fresh.fresh_sources == 2 and {r.pod for r in fresh.readings} == {"p", "r"}
     store.record_page(page(20, reading("a", "p", 12)))
-    store.record_failure("http://b/metrics", "timed out after 3s", 20)
+    store.record_failure("http://b/metrics", "timed out after 3s")
     view = store.view("a", now=20, max_staleness=15)
     assert view.fresh_sources == 1 and [r.pod for r in view.readings] == ["p"]
     assert "timed out" in view.recently_seen["r"]
