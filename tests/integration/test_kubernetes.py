@@ -482,3 +482,19 @@ async def test_target_node_without_exporter_is_unavailable(cluster: Cluster, kub
     await eventually(
         lambda: unavailable(scaler, "no GPU exporter pod runs", "node-x", "app=test-dcgm-exporter")
     )
+
+
+async def test_a_pod_object_discovery_cannot_read_is_unavailable_not_a_frozen_cache(
+    cluster: Cluster, kube: FakeKube, kube_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    await cluster.gpu_node("node-a")
+    await cluster.gpu_node("node-b")
+    three_pods_on_two_nodes(cluster)
+    scaler = await kube_scaler()
+    await eventually(lambda: _equals(value(scaler), 180))
+    broken = pod("vllm-9", NS, APP, "node-a")
+    broken["status"]["conditions"] = ["Ready"]  # not an object: the watcher cannot read this pod
+    kube.put(POD, broken)
+    await eventually(lambda: unavailable(scaler, "unexpected error watching"))
+    kube.delete(POD, NS, "vllm-9")
+    await eventually(lambda: _equals(value(scaler), 180))
