@@ -93,7 +93,32 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--max-page-bytes", "16777216", "largest exporter page or Prometheus answer accepted, in bytes"),
     Flag("--scrape-concurrency", "64", "most exporter scrapes in flight at once"),
     Flag(
-        "--interest-ttl", "600", "seconds exporters keep being scraped after the last call that wanted them"
+        "--exporter-bearer-token-file",
+        None,
+        "send `Authorization: Bearer` with the token in this file to exporters (and inference servers) over"
+        " HTTPS, e.g. behind kube-rbac-proxy; read again whenever it changes",
+    ),
+    Flag(
+        "--exporter-ca-file",
+        None,
+        "PEM CA bundle to verify HTTPS exporters' certificates (default: the system's CAs)",
+    ),
+    Flag(
+        "--inference-url",
+        None,
+        "without Kubernetes: an inference server's metrics page and the pod it belongs to, as"
+        " NAMESPACE/POD=URL; repeatable (environment: comma-separated)",
+        repeatable=True,
+    ),
+    Flag(
+        "--interest-ttl",
+        "600",
+        "seconds a ScaledObject is remembered (and its sources collected) after the last call about it",
+    ),
+    Flag(
+        "--max-scaledobjects",
+        "5000",
+        "most ScaledObjects followed at once; calls for more are RESOURCE_EXHAUSTED until others expire",
     ),
     Flag(
         "--prometheus-url",
@@ -139,6 +164,13 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--tls-key-file", None, "PEM private key of --tls-cert-file"),
     Flag("--tls-client-ca-file", None, "require client certificates signed by this PEM CA (mTLS)"),
     Flag("--max-streams", "10000", "most StreamIsActive streams open at once (more: RESOURCE_EXHAUSTED)"),
+    Flag(
+        "--explain",
+        "off",
+        "serve /explain (every followed ScaledObject's pods and values) on the HTTP address; `make run`"
+        " and the explain command have it on",
+        choices=("on", "off"),
+    ),
     Flag("--shutdown-grace", "10", "seconds in-flight calls may take to finish on SIGTERM"),
     Flag("--log-level", "info", "log level", choices=("debug", "info", "warning", "error")),
     Flag("--log-format", "text", "log format", choices=("text", "json")),
@@ -167,6 +199,12 @@ class Settings:
     max_page_bytes: int = 16 * 1024 * 1024
     scrape_concurrency: int = 64
     interest_ttl: float = 600.0
+    max_scaledobjects: int = 5000
+    exporter_bearer_token_file: Path | None = None
+    exporter_ca_file: Path | None = None
+    # (namespace, pod, url) of each --inference-url
+    inference_urls: tuple[tuple[str, str, str], ...] = ()
+    explain: bool = False
     prometheus_url: str | None = None
     default_source: str = "scrape"  # resolved from --default-source: "scrape" or "prometheus"
     prometheus_timeout: float = 5.0
@@ -203,6 +241,42 @@ def _address(name: str, raw: str) -> str:
     if not sep or not port.isdigit() or int(port) > 65535:
         raise SettingsError(f"{name}={raw!r} is not an address; allowed: HOST:PORT, e.g. 0.0.0.0:6000")
     return raw
+
+
+def _existing_file(name: str, raw: str | None) -> Path | None:
+    if not raw:
+        return None
+    if not Path(raw).is_file():
+        raise SettingsError(f"{name}={raw!r}: no such file")
+    return Path(raw)
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+
+
+def _inference_urls(items: str | list[str] | None) -> tuple[tuple[str, str, str], ...]:
+    texts = [items] if isinstance(items, str) else items or []
+    found: dict[tuple[str, str], str] = {}
+    for part in (p.strip() for text in texts for p in text.split(",")):
+        if not part:
+            continue
+        ref, sep, url = part.partition("=")
+        namespace, slash, pod = ref.partition("/")
+        if not sep or not slash:
+            raise SettingsError(
+                f"--inference-url={part[:100]!r} is not NAMESPACE/POD=URL, e.g. llm/vllm-0=http://10.0.0.5:8000/metrics"
+            )
+        if not _DNS_LABEL.fullmatch(namespace) or len(namespace) > 63:
+            raise SettingsError(f"--inference-url={part[:100]!r}: {namespace[:100]!r} is not a namespace name")
+        if not _DNS_SUBDOMAIN.fullmatch(pod) or len(pod) > 253:
+            raise SettingsError(f"--inference-url={part[:100]!r}: {pod[:100]!r} is not a pod name")
+        if not url.startswith(("http://", "https://")):
+            raise SettingsError(f"--inference-url={part[:100]!r}: {url[:100]!r} is not an http(s) URL")
+        if (namespace, pod) in found and found[(namespace, pod)] != url:
+            raise SettingsError(f"--inference-url: pod {namespace}/{pod} is given two URLs")
+        found[(namespace, pod)] = url
+    return tuple((ns, pod, url) for (ns, pod), url in found.items())
 
 
 def kubernetes_available(environ: Mapping[str, str]) -> bool:
@@ -373,6 +447,11 @@ def build_settings(values: Mapping[str, str | list[str] | None]) -> Settings:
         max_page_bytes=int(_positive("--max-page-bytes", raw("max_page_bytes") or "16777216", int)),
         scrape_concurrency=int(_positive("--scrape-concurrency", raw("scrape_concurrency") or "64", int)),
         interest_ttl=_positive("--interest-ttl", raw("interest_ttl") or "600", float),
+        max_scaledobjects=int(_positive("--max-scaledobjects", raw("max_scaledobjects") or "5000", int)),
+        exporter_bearer_token_file=_existing_file("--exporter-bearer-token-file", raw("exporter_bearer_token_file")),
+        exporter_ca_file=_existing_file("--exporter-ca-file", raw("exporter_ca_file")),
+        inference_urls=_inference_urls(values.get("inference_url")),
+        explain=(raw("explain") or "off") == "on",
         **prometheus_settings(values, has_exporters=bool(urls)),
         tls_cert_file=tls["tls_cert_file"],
         tls_key_file=tls["tls_key_file"],
