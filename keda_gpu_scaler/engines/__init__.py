@@ -1,0 +1,184 @@
+"""Inference-engine layer: a pod's inference-server page turned into its load (pure: no I/O, no clock).
+
+The counterpart of vendors/ for SPEC §6: one module per engine (family names, the rules of its labels,
+and `read`), one registry line each. Everything here works on parsed samples; fetching pages, choosing
+pods and turning a missing value into a status are the caller's job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from keda_gpu_scaler.engines import sglang, tgi, triton, trtllm, vllm
+from keda_gpu_scaler.engines._common import (
+    AUTO,
+    MODEL_LABELS,
+    POD_LABELS,
+    Engine,
+    InferenceMetric,
+    InferenceReading,
+    Missing,
+    MissingKind,
+    PodKey,
+    Value,
+    pod_of,
+)
+from keda_gpu_scaler.exposition import Sample
+
+__all__ = [
+    "AUTO",
+    "ENGINES",
+    "ENGINE_CHOICES",
+    "ENGINE_SAMPLE_NAMES",
+    "MODEL_LABELS",
+    "POD_LABELS",
+    "Engine",
+    "EngineModule",
+    "InferenceMetric",
+    "InferenceReading",
+    "Missing",
+    "MissingKind",
+    "PodKey",
+    "Value",
+    "engine_supports",
+    "pod_of",
+    "pod_reading",
+    "readings_by_pod",
+    "recognise",
+    "supported_metrics",
+    "unsupported_message",
+    "value_for",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineModule:
+    """A registry entry: the sample names one engine module reads, what it can serve, and its reader."""
+
+    engine: Engine
+    sample_names: frozenset[str]
+    metrics: frozenset[InferenceMetric]
+    read: Callable[[Sequence[Sample], str | None], InferenceReading]
+
+
+# Adding an engine: a module with SAMPLE_NAMES, METRICS and read(), one line here (docs/ADDING_A_VENDOR.md).
+# The order is the order `auto` tries them in: a Triton page that also carries the TensorRT-LLM backend's
+# families is that backend's (its own counts; Triton's pending count is only the queue in front of it).
+ENGINES: tuple[EngineModule, ...] = (
+    EngineModule(Engine.VLLM, vllm.SAMPLE_NAMES, vllm.METRICS, vllm.read),
+    EngineModule(Engine.SGLANG, sglang.SAMPLE_NAMES, sglang.METRICS, sglang.read),
+    EngineModule(Engine.TGI, tgi.SAMPLE_NAMES, tgi.METRICS, tgi.read),
+    EngineModule(Engine.TRTLLM, trtllm.SAMPLE_NAMES, trtllm.METRICS, trtllm.read),
+    EngineModule(Engine.TRITON, triton.SAMPLE_NAMES, triton.METRICS, triton.read),
+)
+_BY_ENGINE = {module.engine: module for module in ENGINES}
+
+ENGINE_SAMPLE_NAMES: frozenset[str] = frozenset(name for module in ENGINES for name in module.sample_names)
+"""Every sample name an engine reads: the filter to parse inference pages (and Prometheus queries) with."""
+
+ENGINE_CHOICES: tuple[str, ...] = (AUTO, *(engine.value for engine in Engine))
+"""The values the trigger key `engine` allows, `auto` first."""
+
+
+def _engine(engine: Engine | str) -> Engine | None:
+    """The engine a choice names; None for `auto`. ValueError for anything else."""
+    if engine == AUTO:
+        return None
+    return Engine(engine)
+
+
+def recognise(samples: Iterable[Sample]) -> Engine | None:
+    """The engine whose families are on a page (registry order decides), or None when there are none."""
+    names = {sample.name for sample in samples}
+    for module in ENGINES:
+        if not names.isdisjoint(module.sample_names):
+            return module.engine
+    return None
+
+
+def supported_metrics(engine: Engine | str) -> tuple[InferenceMetric, ...]:
+    """The metrics an engine can serve, in InferenceMetric order (every metric for `auto`)."""
+    named = _engine(engine)
+    allowed = frozenset(InferenceMetric) if named is None else _BY_ENGINE[named].metrics
+    return tuple(metric for metric in InferenceMetric if metric in allowed)
+
+
+def engine_supports(engine: Engine | str, metric: InferenceMetric | str) -> bool:
+    """False when a trigger names an engine that does not export what `metric` needs (INVALID_ARGUMENT).
+
+    `auto` supports every metric: what the page turns out to be is only known when it is read, and a
+    metric the recognised engine lacks is then a Missing(NOT_EXPORTED) reading (UNAVAILABLE).
+    """
+    return InferenceMetric(metric) in supported_metrics(engine)
+
+
+def unsupported_message(engine: Engine | str, metric: InferenceMetric | str) -> str:
+    """The INVALID_ARGUMENT text for a metric the named engine does not export."""
+    allowed = ", ".join(supported_metrics(engine))
+    return f"engine {engine!s} does not export what metric {metric!s} needs; with {engine!s} use: {allowed}"
+
+
+def _no_engine() -> InferenceReading:
+    missing = Missing(
+        MissingKind.NO_ENGINE,
+        "none of the inference servers' families is on the page (vLLM prints its own only once its "
+        f"engine has started); looked for: {', '.join(sorted(ENGINE_SAMPLE_NAMES))}",
+    )
+    return InferenceReading(None, missing, missing, missing)
+
+
+def pod_reading(
+    samples: Iterable[Sample], engine: Engine | str = AUTO, model: str | None = None
+) -> InferenceReading:
+    """One pod's reading from its own page's samples (unfiltered or parsed with ENGINE_SAMPLE_NAMES).
+
+    `engine` is a trigger's choice: `auto` reads the page as the engine recognise() finds (a reading with
+    engine None and Missing(NO_ENGINE) values when there is none); a named engine reads the page as that
+    engine, whatever else it carries. `model` keeps only series whose `model_name`/`model` equals it.
+    """
+    page = [sample for sample in samples if sample.name in ENGINE_SAMPLE_NAMES]
+    named = _engine(engine)
+    chosen = named if named is not None else recognise(page)
+    if chosen is None:
+        return _no_engine()
+    module = _BY_ENGINE[chosen]
+    return module.read([s for s in page if s.name in module.sample_names], model)
+
+
+def readings_by_pod(
+    samples: Iterable[Sample], engine: Engine | str = AUTO, model: str | None = None
+) -> dict[PodKey, InferenceReading]:
+    """Per-pod readings of a page holding many pods' series (a Prometheus answer), by POD_LABELS.
+
+    Series without a pod are left out, and so are pods without any engine family: a pod missing here is
+    a pod without data, for the caller's missing-pod rule. Each pod is read as in pod_reading, so `auto`
+    recognises each pod's engine from that pod's own series.
+    """
+    by_pod: dict[PodKey, list[Sample]] = {}
+    for sample in samples:
+        if sample.name not in ENGINE_SAMPLE_NAMES:
+            continue
+        pod = pod_of(sample.labels)
+        if pod is not None:
+            by_pod.setdefault(pod, []).append(sample)
+    return {pod: pod_reading(series, engine, model) for pod, series in sorted(by_pod.items())}
+
+
+def value_for(reading: InferenceReading, metric: InferenceMetric | str) -> Value:
+    """A pod's value for a trigger metric: requests = running + waiting, queue = waiting, kv_cache = KV %.
+
+    A Missing is never to be read as 0: the caller turns it into a missing pod or an error naming
+    `missing.family` / `missing.reason`.
+    """
+    chosen = InferenceMetric(metric)
+    if chosen is InferenceMetric.QUEUE:
+        return reading.waiting
+    if chosen is InferenceMetric.KV_CACHE:
+        return reading.kv_cache
+    # requests: the running count is what engines lack most often (Triton), so its reason comes first.
+    if isinstance(reading.running, Missing):
+        return reading.running
+    if isinstance(reading.waiting, Missing):
+        return reading.waiting
+    return reading.running + reading.waiting

@@ -1,0 +1,219 @@
+"""Types and helpers shared by the inference-engine modules: readings, missing-data reasons, series rules."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from keda_gpu_scaler.exposition import Sample
+
+
+class Engine(StrEnum):
+    """An inference server whose own page the scaler reads (SPEC §6)."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+    TGI = "tgi"
+    TRITON = "triton"
+    TRTLLM = "trtllm"
+
+
+AUTO = "auto"
+"""The `engine` choice meaning: recognise the engine from the families on the pod's page."""
+
+
+class InferenceMetric(StrEnum):
+    """The trigger `metric` values of SPEC §6 and what each is per pod."""
+
+    REQUESTS = "requests"  # running + waiting
+    QUEUE = "queue"  # waiting
+    KV_CACHE = "kv_cache"  # KV-cache in use, %
+
+
+class MissingKind(StrEnum):
+    """Why a pod's reading has no value, so the caller can pick the status and the words."""
+
+    # Under `auto`: the page carries none of any engine's families. A vLLM server prints its families only
+    # once its engine has started, so this is also what a starting vLLM pod looks like.
+    NO_ENGINE = "no_engine"
+    # The engine never exports what the metric needs (Triton has no running count, TGI no KV-cache %).
+    # INVALID_ARGUMENT when the trigger names the engine (see engine_supports), UNAVAILABLE under `auto`.
+    NOT_EXPORTED = "not_exported"
+    # The engine exports the family but this page lacks it (an engine not started yet, an older release).
+    FAMILY_ABSENT = "family_absent"
+    # The trigger's `model` matches none of the family's series.
+    NO_MODEL = "no_model"
+    # The family's series are there, but an engine's samples are all NaN, ±Inf or negative.
+    NO_VALUE = "no_value"
+
+
+@dataclass(frozen=True, slots=True)
+class Missing:
+    """A value a reading does not have: never a 0. `family` names the missing family where there is one."""
+
+    kind: MissingKind
+    reason: str
+    family: str | None = None
+
+
+Value = float | Missing
+"""A reading's quantity: a number, or why there is none."""
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceReading:
+    """One pod's inference-server load, summed over its engines and models (SPEC §6)."""
+
+    engine: Engine | None  # what the page was read as; None: no engine recognised under `auto`
+    waiting: Value  # requests waiting (queued), sum over engines and models
+    running: Value  # requests being executed, sum over engines and models
+    kv_cache: Value  # KV-cache in use, % 0–100, mean over engines
+    engines: int = (
+        0  # separate engines counted (vLLM `engine`, SGLang `dp_rank`, Triton model versions, × models)
+    )
+    models: tuple[str, ...] = ()  # models the engine's series name on the page (before any `model` filter)
+
+
+PodKey = tuple[str, str]
+"""(namespace, pod)."""
+
+# Pairs naming a series' pod in a Prometheus answer, first match wins. `exported_*` first: a page that
+# carries its own `namespace`/`pod` labels keeps them as `exported_*` when Prometheus attaches the scrape
+# target's (honor_labels false), as for the GPU exporters (vendors/_common.POD_LABELS).
+POD_LABELS: tuple[tuple[str, str], ...] = (
+    ("exported_namespace", "exported_pod"),
+    ("namespace", "pod"),
+)
+
+# The labels that name a series' model (SPEC §6: `model_name` for vLLM and SGLang, `model` for Triton).
+MODEL_LABELS: tuple[str, ...] = ("model_name", "model")
+
+
+def pod_of(labels: Mapping[str, str]) -> PodKey | None:
+    """The pod a series belongs to, from the first pair with both labels set; an empty label is "no pod"."""
+    for namespace_key, pod_key in POD_LABELS:
+        namespace = labels.get(namespace_key, "")
+        pod = labels.get(pod_key, "")
+        if namespace and pod:
+            return namespace, pod
+    return None
+
+
+def model_of(labels: Mapping[str, str]) -> str:
+    for key in MODEL_LABELS:
+        value = labels.get(key)
+        if value:
+            return value
+    return ""
+
+
+def usable(value: float) -> bool:
+    """A count or fraction gauge sample that can be read: finite and not negative.
+
+    NaN/±Inf carry no reading (SPEC §4). A negative request count or cache fraction cannot be a
+    measurement either; clamping it to 0 would make up a 0, so it is dropped like NaN.
+    """
+    return math.isfinite(value) and value >= 0
+
+
+def selector_text(name: str, where: Mapping[str, str] = {}) -> str:
+    """How a reason names a family: `name` or `name{label="value"}`."""
+    if not where:
+        return name
+    return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(where.items())) + "}"
+
+
+def models_on(samples: Iterable[Sample], names: Iterable[str]) -> tuple[str, ...]:
+    wanted = frozenset(names)
+    return tuple(sorted({model_of(s.labels) for s in samples if s.name in wanted} - {""}))
+
+
+@dataclass(frozen=True, slots=True)
+class Gauge:
+    """Per-engine values of one gauge on a pod's page, after the model filter; or why there are none."""
+
+    values: Mapping[tuple[str, ...], float]  # engine identity → value (copies already collapsed)
+    missing: Missing | None
+
+    def total(self) -> Value:
+        return self.missing if self.missing is not None else math.fsum(self.values.values())
+
+    def mean(self) -> Value:
+        if self.missing is not None:
+            return self.missing
+        return math.fsum(self.values.values()) / len(self.values)
+
+
+def gauge(
+    samples: Sequence[Sample],
+    name: str,
+    *,
+    model: str | None,
+    engine_labels: Sequence[str],
+    where: Mapping[str, str] = {},
+) -> Gauge:
+    """The per-engine values of family `name` (series matching `where`) on one pod's page.
+
+    One engine is one (model, values of `engine_labels`): vLLM's `engine`, SGLang's `dp_rank`, Triton's
+    `version`. Series that differ in anything else (`tp_rank`/`pp_rank` copies of one value, one page seen
+    by two scrape jobs) are copies of that engine's value and count once: the largest copy is taken, so
+    the result does not depend on series order. An engine whose samples are all unusable makes the whole
+    gauge missing: summing the other engines would understate the pod.
+    """
+    family = selector_text(name, where)
+    series = [s for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in where.items())]
+    if not series:
+        return Gauge({}, Missing(MissingKind.FAMILY_ABSENT, f"{family} is not on the page", family))
+    if model is not None:
+        present = sorted({model_of(s.labels) for s in series} - {""})
+        series = [s for s in series if model_of(s.labels) == model]
+        if not series:
+            on_page = ", ".join(present) if present else "none"
+            return Gauge(
+                {},
+                Missing(
+                    MissingKind.NO_MODEL,
+                    f"no {family} series has model {model!r} (models on the page: {on_page})",
+                    family,
+                ),
+            )
+    per_engine: dict[tuple[str, ...], float | None] = {}
+    for sample in series:
+        key = (model_of(sample.labels), *(sample.labels.get(label, "") for label in engine_labels))
+        before = per_engine.get(key)
+        if usable(sample.value):
+            per_engine[key] = sample.value if before is None else max(before, sample.value)
+        elif key not in per_engine:
+            per_engine[key] = None
+    for key, value in sorted(per_engine.items()):
+        if value is None:
+            where_engine = {"model": key[0]} if key[0] else {}
+            where_engine.update((label, v) for label, v in zip(engine_labels, key[1:], strict=True) if v)
+            return Gauge(
+                {},
+                Missing(
+                    MissingKind.NO_VALUE,
+                    f"{family} has no finite, non-negative sample for engine "
+                    f"{selector_text('', where_engine) or '(unlabelled)'}",
+                    family,
+                ),
+            )
+    return Gauge({k: v for k, v in per_engine.items() if v is not None}, None)
+
+
+def fraction_percent(value: Value) -> Value:
+    """A 0–1 fraction as a percentage clamped to 0–100 (SPEC §4's percentage rule)."""
+    if isinstance(value, Missing):
+        return value
+    return min(100.0, max(0.0, value * 100.0))
+
+
+def not_exported(engine: Engine, what: str) -> Missing:
+    return Missing(MissingKind.NOT_EXPORTED, f"{engine.value} exports no {what}")
+
+
+def engine_count(*gauges: Gauge) -> int:
+    """How many separate engines (× models) the gauges saw on the page."""
+    return len({key for g in gauges for key in g.values})

@@ -1,0 +1,44 @@
+"""SGLang: requests running and queued and KV-pool use from the server's own /metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from keda_gpu_scaler.engines._common import (
+    Engine,
+    InferenceMetric,
+    InferenceReading,
+    engine_count,
+    fraction_percent,
+    gauge,
+    models_on,
+)
+from keda_gpu_scaler.exposition import Sample
+
+ENGINE = Engine.SGLANG
+
+# python/sglang/srt/metrics/collector.py (scheduler gauges), labelled model_name; recent releases add
+# tp_rank, pp_rank and dp_rank (and moe_ep_rank, engine_type).
+RUNNING = "sglang:num_running_reqs"
+WAITING = "sglang:num_queue_reqs"
+KV_CACHE = "sglang:token_usage"  # fraction 0–1 of the KV pool's tokens in use
+
+SAMPLE_NAMES = frozenset({RUNNING, WAITING, KV_CACHE})
+METRICS = frozenset(InferenceMetric)
+# dp_rank: data-parallel ranks are separate schedulers, each with its own queue. tp_rank, pp_rank (and
+# moe_ep_rank) are ranks of one scheduler repeating its value: they are not engine labels, so they count once.
+ENGINE_LABELS = ("dp_rank",)
+
+
+def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
+    waiting = gauge(samples, WAITING, model=model, engine_labels=ENGINE_LABELS)
+    running = gauge(samples, RUNNING, model=model, engine_labels=ENGINE_LABELS)
+    kv = gauge(samples, KV_CACHE, model=model, engine_labels=ENGINE_LABELS)
+    return InferenceReading(
+        ENGINE,
+        waiting=waiting.total(),
+        running=running.total(),
+        kv_cache=fraction_percent(kv.mean()),
+        engines=engine_count(waiting, running, kv),
+        models=models_on(samples, SAMPLE_NAMES),
+    )

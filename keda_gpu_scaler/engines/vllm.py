@@ -1,0 +1,74 @@
+"""vLLM (V1 engine): requests running and waiting and KV-cache use from the server's own /metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from keda_gpu_scaler.engines._common import (
+    Engine,
+    InferenceMetric,
+    InferenceReading,
+    Missing,
+    MissingKind,
+    engine_count,
+    fraction_percent,
+    gauge,
+    models_on,
+)
+from keda_gpu_scaler.exposition import Sample
+
+ENGINE = Engine.VLLM
+
+# vllm/v1/metrics/loggers.py: gauges labelled model_name and engine (one series per data-parallel engine).
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_CACHE = "vllm:kv_cache_usage_perc"  # fraction 0–1 despite the name
+# The older name of the same gauge: deprecated in 0.9 and hidden by default after it. Read only where
+# the new one is absent, so a release that prints both does not count the cache twice.
+KV_CACHE_OLD = "vllm:gpu_cache_usage_perc"
+# Never read: newer releases break vllm:num_requests_waiting down by reason; adding it would count the
+# same waiting requests twice. Named here so that the test can say so.
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+
+SAMPLE_NAMES = frozenset({RUNNING, WAITING, KV_CACHE, KV_CACHE_OLD})
+METRICS = frozenset(InferenceMetric)
+ENGINE_LABELS = ("engine",)
+
+
+def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
+    if not samples:
+        return _not_started()
+    waiting = gauge(samples, WAITING, model=model, engine_labels=ENGINE_LABELS)
+    running = gauge(samples, RUNNING, model=model, engine_labels=ENGINE_LABELS)
+    has_new = any(s.name == KV_CACHE for s in samples)
+    kv = gauge(samples, KV_CACHE if has_new else KV_CACHE_OLD, model=model, engine_labels=ENGINE_LABELS)
+    kv_value = kv.mean()
+    if isinstance(kv_value, Missing) and kv_value.kind is MissingKind.FAMILY_ABSENT:
+        kv_value = Missing(
+            MissingKind.FAMILY_ABSENT,
+            f"neither {KV_CACHE} nor {KV_CACHE_OLD} (releases before 0.9) is on the page",
+            KV_CACHE,
+        )
+    return InferenceReading(
+        ENGINE,
+        waiting=waiting.total(),
+        running=running.total(),
+        kv_cache=fraction_percent(kv_value),
+        engines=engine_count(waiting, running, kv),
+        models=models_on(samples, SAMPLE_NAMES),
+    )
+
+
+def _not_started() -> InferenceReading:
+    """A page without any of the families: vLLM prints them only once its engine exists."""
+
+    def absent(family: str) -> Missing:
+        return Missing(
+            MissingKind.FAMILY_ABSENT,
+            f"{family} is not on the page (vLLM prints it once its engine has started)",
+            family,
+        )
+
+    return InferenceReading(
+        ENGINE, waiting=absent(WAITING), running=absent(RUNNING), kv_cache=absent(KV_CACHE)
+    )
