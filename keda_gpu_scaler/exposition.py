@@ -35,8 +35,20 @@ _BLANKS = (" ", "\t")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
-def parse_exposition(page: str | bytes, names: Set[str] | None = None) -> list[Sample]:
+def parse_exposition(
+    page: str | bytes,
+    names: Set[str] | None = None,
+    *,
+    max_samples: int | None = None,
+    reject_conflicts: bool = False,
+) -> list[Sample]:
     """Return the samples of `page` whose name is in `names` (all samples when `names` is None).
+
+    max_samples: more kept samples than this is an ExpositionError (what one page may contribute is
+    bounded, whatever its size in bytes). reject_conflicts: one series (name and label set, in any label
+    order) printed twice with different values is an ExpositionError naming both lines, since nothing
+    says which value is true; printed twice with the same value, it is kept twice (as the format's own
+    parsers do) and the readers count it once.
 
     Samples come back in page order. Only the lines that are kept are validated: a line whose name is not
     wanted is skipped on its first characters without reading the rest, even if the rest is garbage.
@@ -51,6 +63,11 @@ def parse_exposition(page: str | bytes, names: Set[str] | None = None) -> list[S
     # Bounded by the page: a cache that lives only for this call.
     label_sets: dict[str, dict[str, str]] = {}
     samples: list[Sample] = []
+    # series → (value, line number) of its first sample, when conflicts are looked for.
+    seen: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, int]] | None = (
+        {} if reject_conflicts else None
+    )
+    limit = -1 if max_samples is None else max_samples
     for index, line in enumerate(text.split("\n")):
         if wanted is not None and not line.startswith(wanted):
             # The format allows blanks before a sample; they are rare, so only then pay for a strip.
@@ -65,8 +82,30 @@ def parse_exposition(page: str | bytes, names: Set[str] | None = None) -> list[S
             continue
         sample = _parse_sample(line, index + 1, names, label_sets)
         if sample is not None:
+            if len(samples) == limit:
+                raise _error(index + 1, f"more than {limit:,} series on this page; the limit is {limit:,}")
+            if seen is not None:
+                _check_conflict(seen, sample, index + 1)
             samples.append(sample)
     return samples
+
+
+def _check_conflict(
+    seen: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, int]], sample: Sample, line_number: int
+) -> None:
+    key = (sample.name, tuple(sorted(sample.labels.items())))
+    first = seen.get(key)
+    if first is None:
+        seen[key] = (sample.value, line_number)
+        return
+    value, first_line = first
+    if value == sample.value or (value != value and sample.value != sample.value):  # NaN == NaN here
+        return
+    raise _error(
+        line_number,
+        f"series {_excerpt(sample.name)} with the labels of line {first_line} printed again with another"
+        f" value ({value:g} on line {first_line}, {sample.value:g} here): which one is true is unknown",
+    )
 
 
 def _decode(page: str | bytes) -> str:

@@ -3,68 +3,79 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
-import random
-from collections.abc import Callable, Hashable
+from collections import defaultdict
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
 
+from keda_gpu_scaler.backoff import JITTER, backoff_delay, jittered
+from keda_gpu_scaler.collect.http import (
+    BearerToken,
+    PageTooLarge,
+    RedirectRefused,
+    describe_error,
+    read_limited,
+    refuse_redirect,
+)
+from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, Interest
 from keda_gpu_scaler.collect.store import Page, Store
-from keda_gpu_scaler.exposition import ExpositionError, parse_exposition
+from keda_gpu_scaler import exposition
+from keda_gpu_scaler.exposition import ExpositionError, Sample
+from keda_gpu_scaler.secretfile import SecretFileError
+from keda_gpu_scaler.supervise import supervised
 from keda_gpu_scaler.telemetry import Telemetry
-from keda_gpu_scaler.vendors import SAMPLE_NAMES, readings_from_samples
+from keda_gpu_scaler.vendors import SAMPLE_NAMES, GpuReading, readings_from_samples
+
+__all__ = [
+    "GPU_EXPORTER_PAGES",
+    "JITTER",
+    "MAX_BACKOFF_INTERVALS",
+    "MAX_SERIES_PER_PAGE",
+    "SCRAPE_INTEREST",
+    "Interest",
+    "PageReader",
+    "PageTooLarge",
+    "ScrapeCollector",
+    "ScrapeLimits",
+    "describe_error",
+    "read_limited",
+]
 
 log = logging.getLogger(__name__)
 
-# Failures back off exponentially up to this, so a dead exporter is not hammered every interval.
-MAX_BACKOFF_SECONDS = 60.0
-JITTER = 0.1
+# A failing exporter is retried after 1, 2, then 3 intervals at most: it is spared, and a recovery is
+# seen within about two intervals.
+MAX_BACKOFF_INTERVALS = 3.0
+# What one page may contribute: more series of the wanted families than this is a failed scrape. A
+# dcgm-exporter page of an 8-GPU node has ~40 of them; 200,000 is far beyond any real node.
+MAX_SERIES_PER_PAGE = 200_000
+# Pages larger than this are hashed and parsed in a worker thread: a 15 MB page takes seconds to parse,
+# and the event loop answers every RPC. Smaller pages (a few ms at most) are cheaper on the loop than
+# the hand-off to a thread.
+PARSE_OFF_LOOP_BYTES = 256 * 1024
 
 
-class PageTooLarge(Exception):
+@dataclass(frozen=True, slots=True)
+class PageReader:
+    """What a scraped page is read for: the sample names kept, how they become readings, and which of
+    those names make a page one of ours. A page that holds none of `valid_names` is a failed scrape
+    ("no {what} on this page"): a wrong port, the scaler's own /metrics or a JSON page must not read
+    as a fleet with no pods, which would be a made-up 0."""
+
+    names: frozenset[str]
+    readings: Callable[[Sequence[Sample]], Iterable[GpuReading]]
+    valid_names: frozenset[str]
+    what: str
+
+
+GPU_EXPORTER_PAGES = PageReader(SAMPLE_NAMES, readings_from_samples, SAMPLE_NAMES, "GPU exporter metrics")
+
+
+class NotOurPage(Exception):
     pass
-
-
-# Interest key of the exporters scraped directly (per namespace keys serve the Prometheus source).
-SCRAPE_INTEREST = "scrape"
-
-
-class Interest:
-    """Remembers when triggers last asked for each kind of data; collection runs only while that is recent."""
-
-    def __init__(self, ttl: float, clock: Callable[[], float]) -> None:
-        self._ttl = ttl
-        self._clock = clock
-        self._last_touch: dict[Hashable, float] = {}
-        self._woken = asyncio.Event()
-
-    def touch(self, key: Hashable = SCRAPE_INTEREST) -> None:
-        first = not self.wanted(key)
-        self._last_touch[key] = self._clock()
-        if first:
-            # Start collecting at once rather than at the next idle check.
-            woken, self._woken = self._woken, asyncio.Event()
-            woken.set()
-
-    def wanted(self, key: Hashable = SCRAPE_INTEREST) -> bool:
-        touched = self._last_touch.get(key)
-        return touched is not None and self._clock() - touched < self._ttl
-
-    def wanted_keys(self) -> list[Hashable]:
-        now = self._clock()
-        expired = [k for k, t in self._last_touch.items() if now - t >= self._ttl]
-        for key in expired:
-            del self._last_touch[key]
-        return list(self._last_touch)
-
-    async def wait_until_wanted(self, timeout: float, key: Hashable = SCRAPE_INTEREST) -> None:
-        if self.wanted(key):
-            return
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._woken.wait(), timeout)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,40 +86,63 @@ class ScrapeLimits:
     concurrency: int
 
 
-async def fetch_page(session: aiohttp.ClientSession, url: str, timeout: float, max_bytes: int) -> bytes:
-    """GET an exporter page; errors are exceptions whose text says what went wrong."""
-    async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout)) as response:
-        if response.status != 200:
-            raise aiohttp.ClientResponseError(
-                response.request_info, (), status=response.status, message=response.reason or ""
-            )
-        return await read_limited(response, max_bytes)
+class AiohttpFetcher:
+    """GET one page with aiohttp: no redirects, the body capped after decompression, bearer on HTTPS."""
+
+    def __init__(self, session: aiohttp.ClientSession, limits: ScrapeLimits, token: BearerToken | None = None):
+        self._session = session
+        self._max_bytes = limits.max_page_bytes
+        # One timeout object for every request, not one per scrape.
+        self._timeout = aiohttp.ClientTimeout(total=limits.timeout)
+        self._token = token or BearerToken(None)
+
+    async def get(self, url: str) -> bytes:
+        headers = {"Accept-Encoding": "identity"}
+        bearer = self._token.header(url.startswith("https:"))
+        if bearer is not None:
+            headers["Authorization"] = bearer
+        async with self._session.get(
+            url, headers=headers, timeout=self._timeout, allow_redirects=False
+        ) as response:
+            if 300 <= response.status < 400:
+                raise refuse_redirect(response.status, response.reason or "", response.headers.get("Location"))
+            if response.status != 200:
+                raise aiohttp.ClientResponseError(
+                    response.request_info, (), status=response.status, message=response.reason or ""
+                )
+            return await read_limited(response, self._max_bytes)
 
 
-async def read_limited(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
-    """The body, refused once it exceeds max_bytes, so a hostile or broken server cannot fill memory."""
-    length = response.content_length
-    if length is not None:
-        if length > max_bytes:
-            raise PageTooLarge(f"{length} bytes; the limit is {max_bytes} (--max-page-bytes)")
-        # The length is known and allowed: one read (aiohttp stops at Content-Length).
-        return await response.read()
-    body = bytearray()
-    async for chunk in response.content.iter_chunked(65536):
-        body += chunk
-        if len(body) > max_bytes:
-            raise PageTooLarge(f"more than the limit of {max_bytes} bytes (--max-page-bytes)")
-    return bytes(body)
+def parse_exposition(page: bytes, names: frozenset[str]) -> list[Sample]:
+    """The scrape path's parse: at most MAX_SERIES_PER_PAGE series, conflicting duplicates refused.
+
+    One series printed twice with different values fails the page: either value could be the wrong one,
+    and a wrong value can scale a busy workload down; a failed page makes its pods missing (SPEC §4).
+    """
+    return exposition.parse_exposition(page, names, max_samples=MAX_SERIES_PER_PAGE, reject_conflicts=True)
 
 
-def describe_error(error: BaseException, timeout: float) -> str:
-    if isinstance(error, ExpositionError):
-        return f"not a valid metrics page: {error}"
-    if isinstance(error, TimeoutError):
-        return f"timed out after {timeout:g}s"
-    if isinstance(error, aiohttp.ClientResponseError):
-        return f"HTTP {error.status} {error.message}".strip()
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+def read_page(body: bytes, reader: PageReader) -> dict[str, tuple[GpuReading, ...]]:
+    """A page's readings by namespace (pure: runs on the loop or in a worker thread)."""
+    samples = parse_exposition(body, reader.names)
+    if not any(sample.name in reader.valid_names for sample in samples):
+        raise NotOurPage(f"no {reader.what} on this page")
+    grouped: defaultdict[str, list[GpuReading]] = defaultdict(list)
+    for reading in reader.readings(samples):
+        grouped[reading.namespace].append(reading)
+    return {ns: tuple(rs) for ns, rs in grouped.items()}
+
+
+def _digest_and_read(
+    body: bytes, previous: bytes | None, reader: PageReader
+) -> tuple[bytes, dict[str, tuple[GpuReading, ...]] | None]:
+    # dcgm-exporter refreshes every 30 s: most scrapes return the very page parsed last time, and then
+    # only its age changes. A digest (not the bytes) keeps 1,000 exporters' memory small; SHA-256 because
+    # CPUs hash it in hardware (about 2x faster than BLAKE2 here).
+    digest = hashlib.sha256(body).digest()
+    if digest == previous:
+        return digest, None
+    return digest, read_page(body, reader)
 
 
 class ScrapeCollector:
@@ -117,17 +151,26 @@ class ScrapeCollector:
     def __init__(
         self,
         *,
-        session: aiohttp.ClientSession,
         store: Store,
         interest: Interest,
         limits: ScrapeLimits,
         telemetry: Telemetry,
         clock: Callable[[], float],
+        session: aiohttp.ClientSession | None = None,
+        fetcher: AiohttpFetcher | None = None,
+        reader: PageReader = GPU_EXPORTER_PAGES,
+        interest_key: Hashable = SCRAPE_INTEREST,
     ) -> None:
-        self._session = session
+        if fetcher is None:
+            if session is None:
+                raise ValueError("a session or a fetcher is needed")
+            fetcher = AiohttpFetcher(session, limits)
+        self._fetcher = fetcher
         self._store = store
         self._interest = interest
+        self._interest_key = interest_key
         self._limits = limits
+        self._reader = reader
         self._telemetry = telemetry
         self._clock = clock
         self._semaphore = asyncio.Semaphore(limits.concurrency)
@@ -138,7 +181,8 @@ class ScrapeCollector:
         if url in self._tasks:
             return
         self._store.add_source(url)
-        self._tasks[url] = asyncio.create_task(self._run(url), name=f"scrape {url}")
+        # Supervised: a loop that ended on a bug would leave the URL registered but never scraped again.
+        self._tasks[url] = supervised(lambda: self._run(url), f"scrape {url}")
 
     def remove(self, url: str) -> None:
         """Stop scraping url and forget its data (discovery: no target pod runs on its node any more)."""
@@ -160,21 +204,30 @@ class ScrapeCollector:
         started = self._clock()
         try:
             async with self._semaphore:
-                body = await fetch_page(self._session, url, self._limits.timeout, self._limits.max_page_bytes)
-            # dcgm-exporter refreshes every 30 s: most scrapes return the very page parsed last time, and
-            # then only its age changes. A digest (not the bytes) keeps 1,000 exporters' memory small;
-            # SHA-256 because CPUs hash it in hardware (about 2x faster than BLAKE2 here).
-            digest = hashlib.sha256(body).digest()
+                body = await self._fetcher.get(url)
             previous = self._last.get(url)
-            if previous is not None and previous[0] == digest:
-                page = Page(url, self._clock(), previous[1].by_namespace)
+            args = (body, previous[0] if previous else None, self._reader)
+            if len(body) > PARSE_OFF_LOOP_BYTES:
+                digest, by_namespace = await asyncio.to_thread(_digest_and_read, *args)
             else:
-                samples = parse_exposition(body, SAMPLE_NAMES)
-                page = Page.from_readings(url, self._clock(), readings_from_samples(samples))
+                digest, by_namespace = _digest_and_read(*args)
+            if by_namespace is None:
+                assert previous is not None
+                by_namespace = previous[1].by_namespace
+            page = Page(url, self._clock(), by_namespace)
             self._last[url] = (digest, page)
         except asyncio.CancelledError:
             raise
-        except (aiohttp.ClientError, TimeoutError, OSError, PageTooLarge, ExpositionError) as error:
+        except (
+            aiohttp.ClientError,
+            TimeoutError,
+            OSError,
+            PageTooLarge,
+            RedirectRefused,
+            ExpositionError,
+            NotOurPage,
+            SecretFileError,
+        ) as error:
             message = describe_error(error, self._limits.timeout)
             self._store.record_failure(url, message)
             self._telemetry.scrape_done(ok=False, seconds=self._clock() - started)
@@ -184,22 +237,25 @@ class ScrapeCollector:
         self._telemetry.scrape_done(ok=True, seconds=self._clock() - started)
         return True
 
+    def retry_delay(self, failures: int) -> float:
+        """Seconds until the next scrape after `failures` consecutive failures (0: after a success)."""
+        interval = self._limits.interval
+        return backoff_delay(failures, first=interval, cap=MAX_BACKOFF_INTERVALS * interval)
+
     async def _run(self, url: str) -> None:
         interval = self._limits.interval
+        key = self._interest_key
         failures = 0
         spread = True
         while True:
-            await self._interest.wait_until_wanted(timeout=interval)
-            if not self._interest.wanted():
+            await self._interest.wait_until_wanted(timeout=interval, key=key)
+            if not self._interest.wanted(key):
                 spread = True
                 continue
             ok = await self.scrape_once(url)
             failures = 0 if ok else failures + 1
-            delay = (
-                interval if ok else min(interval * 2 ** (failures - 1), max(MAX_BACKOFF_SECONDS, interval))
-            )
             # Jitter only shortens the wait: data must never be older than one interval because of it.
             # When interest starts, every exporter is scraped at once (data at once); the wait after that
             # first scrape is drawn from the whole interval, so later rounds are spread out, not bursts.
-            await asyncio.sleep(delay * random.uniform(0 if spread else 1 - JITTER, 1))
+            await asyncio.sleep(jittered(self.retry_delay(failures), 1.0 if spread else JITTER))
             spread = False
