@@ -11,18 +11,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from keda_gpu_scaler.collect.prometheus import (
-    TIMESTAMP_LABEL,
+from keda_gpu_scaler.collect.prometheus import PrometheusCollector
+from keda_gpu_scaler.collect.prometheus_answer import (
     Element,
-    PrometheusCollector,
     PrometheusError,
+    parse_vector,
+    samples_with_times,
+)
+from keda_gpu_scaler.collect.promql import (
+    TIMESTAMP_LABEL,
     gpu_queries,
     liveness_query,
     namespace_query,
-    parse_vector,
     promql_string,
     regex_literal,
-    samples_with_times,
 )
 from keda_gpu_scaler.collect.scrape import Interest
 from keda_gpu_scaler.collect.store import SourceKind, Store

@@ -1,0 +1,160 @@
+"""The Prometheus query API over HTTP: credentials, TLS, size-capped answers, errors that say why."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import ssl
+from collections.abc import Callable
+
+import aiohttp
+
+from keda_gpu_scaler.collect.http import PageTooLarge, describe_error, read_limited
+from keda_gpu_scaler.collect.prometheus_answer import (
+    Element,
+    PrometheusError,
+    api_error,
+    parse_vector,
+    remote_text,
+)
+from keda_gpu_scaler.secretfile import SecretFile
+from keda_gpu_scaler.settings import Settings, SettingsError
+from keda_gpu_scaler.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+QUERIES_IN_FLIGHT = 8
+
+
+class Credentials:
+    """The headers every query carries: the configured extra headers, then bearer or basic auth."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._headers = dict(settings.prometheus_headers)
+        token = settings.prometheus_bearer_token_file
+        # A secret that cannot be read fails the query like any other reason Prometheus gives no answer.
+        self._token = SecretFile(token, "--prometheus-bearer-token-file", PrometheusError) if token else None
+        self._username = settings.prometheus_username
+        self._password = settings.prometheus_password
+        password_file = settings.prometheus_password_file
+        self._password_file = (
+            SecretFile(password_file, "--prometheus-password-file", PrometheusError)
+            if password_file
+            else None
+        )
+
+    def headers(self) -> dict[str, str]:
+        headers = dict(self._headers)
+        if self._token is not None:
+            headers["Authorization"] = f"Bearer {self._token.read()}"
+        elif self._username is not None:
+            password = self._password_file.read() if self._password_file else self._password or ""
+            # RFC 7617 with UTF-8: user-id ":" password, base64.
+            pair = base64.b64encode(f"{self._username}:{password}".encode()).decode()
+            headers["Authorization"] = f"Basic {pair}"
+        return headers
+
+
+def prometheus_ssl(settings: Settings) -> ssl.SSLContext | bool:
+    """The TLS context for the Prometheus API: a private CA and a client certificate when configured."""
+    ca, cert, key = settings.prometheus_ca_file, settings.prometheus_cert_file, settings.prometheus_key_file
+    if ca is None and cert is None:
+        return True  # the system's trust store
+    try:
+        context = ssl.create_default_context(cafile=str(ca) if ca else None)
+        if cert is not None:
+            context.load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as error:
+        raise SettingsError(
+            f"--prometheus-ca-file/--prometheus-cert-file/--prometheus-key-file: {error}"
+        ) from None
+    return context
+
+
+def http_error(status: int, reason: str | None, location: str | None, body: bytes) -> str:
+    """Why a non-200 answer is no answer, quoting at most a short part of what the server said."""
+    message = f"HTTP {status} {remote_text(reason or '')}".strip()
+    try:
+        detail = api_error(json.loads(body))
+    except (ValueError, RecursionError):
+        detail = None
+    if detail:
+        message += f": {detail}"
+    if status in (401, 403):
+        message += (
+            " (check the credentials: --prometheus-bearer-token-file, or --prometheus-username with"
+            " --prometheus-password-file or KEDA_GPU_SCALER_PROMETHEUS_PASSWORD)"
+        )
+    elif 300 <= status < 400:
+        message += f" (redirect to {remote_text(location or '?')}: give that URL as --prometheus-url)"
+    return message
+
+
+class PrometheusClient:
+    """Instant queries against /api/v1/query; every failure becomes a PrometheusError saying why."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        settings: Settings,
+        telemetry: Telemetry,
+        clock: Callable[[], float],
+    ) -> None:
+        assert settings.prometheus_url is not None
+        self._session = session
+        self._url = settings.prometheus_url.rstrip("/") + "/api/v1/query"
+        self._timeout = settings.prometheus_timeout
+        self._max_bytes = settings.max_page_bytes
+        self._credentials = Credentials(settings)
+        self._telemetry = telemetry
+        self._clock = clock
+        self._in_flight = asyncio.Semaphore(QUERIES_IN_FLIGHT)
+
+    async def query(self, promql: str, at: float, purpose: str) -> list[Element]:
+        """Evaluate `promql` at wall-clock time `at` (seconds); `purpose` labels the query counter."""
+        form = {
+            "query": promql,
+            "time": f"{at:.3f}",
+            # Thanos answers with part of the data when a store is down unless told not to; the others
+            # ignore the parameter. Part of the data would look like pods gone.
+            "partial_response": "false",
+        }
+        async with self._in_flight:
+            started = self._clock()
+            try:
+                elements, warnings = parse_vector(await self._post(form))
+            except PrometheusError:
+                self._count(purpose, "error", started)
+                raise
+        self._count(purpose, "ok", started)
+        if warnings:
+            log.debug("Prometheus warnings for a %s query: %s", purpose, "; ".join(warnings[:5]))
+        return elements
+
+    async def _post(self, form: dict[str, str]) -> bytes:
+        """The body of a 200 answer; PrometheusError saying why there is none."""
+        try:
+            async with self._session.post(
+                self._url,
+                data=form,
+                headers=self._credentials.headers(),
+                timeout=aiohttp.ClientTimeout(total=self._timeout),
+                # A redirect could carry the credentials to another host.
+                allow_redirects=False,
+            ) as response:
+                body = await read_limited(response, self._max_bytes)
+        except PageTooLarge as error:
+            raise PrometheusError(f"answer too large: {error}") from None
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise PrometheusError(remote_text(describe_error(error, self._timeout), 200)) from None
+        if response.status != 200:
+            raise PrometheusError(
+                http_error(response.status, response.reason, response.headers.get("Location"), body)
+            )
+        return body
+
+    def _count(self, purpose: str, result: str, started: float) -> None:
+        self._telemetry.prometheus_queries.labels(purpose, result).inc()
+        self._telemetry.prometheus_query_duration.observe(self._clock() - started)
