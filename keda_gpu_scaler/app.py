@@ -7,6 +7,7 @@ import gc
 import logging
 import os
 import signal
+import ssl
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -15,14 +16,19 @@ import aiohttp
 import grpc
 from aiohttp import web
 
-from keda_gpu_scaler.collect.prometheus import PrometheusClient, PrometheusCollector, prometheus_ssl
-from keda_gpu_scaler.collect.scrape import Interest, ScrapeCollector, ScrapeLimits
+from keda_gpu_scaler.collect.prometheus import PrometheusCollector
+from keda_gpu_scaler.collect.prometheus_client import PrometheusClient, prometheus_ssl
+from keda_gpu_scaler.collect.http import BearerToken, exporter_ssl
+from keda_gpu_scaler.collect.interest import Interest
+from keda_gpu_scaler.collect.scrape import AiohttpFetcher, ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.discovery.kube import ConnectError
 from keda_gpu_scaler.discovery.resolver import DiscoveryConfig, KubeDiscovery
 from keda_gpu_scaler.evaluator import Evaluator
+from keda_gpu_scaler.registry import Explanation, Followed, Registry
 from keda_gpu_scaler.service import ExternalScalerService, HealthStatus, add_services
 from keda_gpu_scaler.settings import Settings, SettingsError, resolve_kubernetes
+from keda_gpu_scaler.supervise import supervised
 from keda_gpu_scaler.telemetry import Telemetry, http_app
 from keda_gpu_scaler.tls import ReloadingServerCredentials
 from keda_gpu_scaler.trigger import Source
@@ -63,7 +69,6 @@ class App:
         )
         self.evaluator = Evaluator(
             store=self.store,
-            interest=self.interest,
             telemetry=self.telemetry,
             max_staleness=settings.max_staleness,
             prometheus_max_staleness=settings.prometheus_max_staleness,
@@ -72,8 +77,19 @@ class App:
             default_source=Source(settings.default_source),
             prometheus_enabled=settings.prometheus_url is not None,
         )
+        self.registry = Registry(
+            ttl=settings.interest_ttl,
+            cap=settings.max_scaledobjects,
+            clock=clock,
+            interest=self.interest,
+            interest_key=self.evaluator.interest_key,
+            tracker=self.discovery,
+            on_forget=self._forgotten,
+        )
+        self.telemetry.followed_scaled_objects.set_function(lambda: len(self.registry))
         self.service = ExternalScalerService(
             evaluator=self.evaluator,
+            registry=self.registry,
             store=self.store,
             telemetry=self.telemetry,
             stream_recheck_seconds=settings.scrape_interval,
@@ -89,19 +105,40 @@ class App:
         self._http: web.AppRunner | None = None
         self._prometheus_session: aiohttp.ClientSession | None = None
         self._prometheus: PrometheusCollector | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+
+    def _forgotten(self, followed: Followed) -> None:
+        self.telemetry.forget_labels(followed.metric_labels)
+
+    def explanation(self, namespace: str, name: str) -> Explanation | None:
+        """The last evaluation of a followed ScaledObject (for /explain and the demo's status lines)."""
+        followed = self.registry.get(namespace, name)
+        return followed.explanation if followed is not None else None
+
+    def explained(self) -> list[tuple[str, str]]:
+        return [key for key in self.registry.keys() if (f := self.registry.get(*key)) and f.explanation]
 
     async def start(self) -> None:
         s = self.settings
         # Certificate files are loaded first: a bad one stops start-up before anything runs.
         prometheus_tls = prometheus_ssl(s) if s.prometheus_url is not None else True
+        try:
+            exporter_tls = exporter_ssl(s.exporter_ca_file)
+        except (ssl.SSLError, OSError) as error:
+            raise SettingsError(f"--exporter-ca-file: {error}") from None
+        # No cookie jar and no proxy environment or ~/.netrc read on every request (trust_env=False).
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=s.scrape_concurrency), auto_decompress=True
+            connector=aiohttp.TCPConnector(limit=s.scrape_concurrency, ssl=exporter_tls),
+            cookie_jar=aiohttp.DummyCookieJar(),
+            trust_env=False,
+            read_bufsize=256 * 1024,
         )
+        limits = ScrapeLimits(s.scrape_interval, s.scrape_timeout, s.max_page_bytes, s.scrape_concurrency)
         self._collector = ScrapeCollector(
-            session=self._session,
+            fetcher=AiohttpFetcher(self._session, limits, BearerToken(s.exporter_bearer_token_file)),
             store=self.store,
             interest=self.interest,
-            limits=ScrapeLimits(s.scrape_interval, s.scrape_timeout, s.max_page_bytes, s.scrape_concurrency),
+            limits=limits,
             telemetry=self.telemetry,
             clock=self.clock,
         )
@@ -139,7 +176,10 @@ class App:
         await self._server.start()
         await self.health.set_serving(True)
 
-        self._http = web.AppRunner(http_app(self.telemetry), access_log=None)
+        self._sweeper = supervised(self.registry.sweep, "forget ScaledObjects past --interest-ttl")
+        self._http = web.AppRunner(
+            http_app(self.telemetry, self if s.explain else None), access_log=None
+        )
         await self._http.setup()
         host, port = _split_address(s.http_address)
         site = web.TCPSite(self._http, host, port)
@@ -166,6 +206,9 @@ class App:
         self.service.close_streams()
         if self._server is not None:
             await self._server.stop(self.settings.shutdown_grace)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
         if self.discovery is not None:
             await self.discovery.stop()
         if self._collector is not None:

@@ -82,16 +82,16 @@ async def watch(app: App, fleet: DemoFleet, interval: float, out: TextIO) -> Non
                     )
                     active = await stub.IsActive(ref)
                     value = metrics.metricValues[0].metricValueFloat
-                    entry = app.telemetry.explanation(fleet.NAMESPACE, workload.name) or {}
-                    hpa = entry.get("hpa", {})
+                    explanation = app.explanation(fleet.NAMESPACE, workload.name)
+                    what_if = explanation.evaluation.what_if if explanation and explanation.evaluation else None
                     wants = (
-                        f"HPA wants {hpa.get('desiredReplicasAverageValue', '?')}"
+                        f"HPA wants {what_if.average_value if what_if else '?'}"
                         if active.result
                         else "idle: KEDA scales to minReplicaCount after cooldownPeriod"
                     )
                     line = (
                         f"{workload.name:<12} value {value:7.1f}  active {str(active.result).lower():<5}"
-                        f"  pods {hpa.get('currentReplicas', '?')}  → {wants}"
+                        f"  pods {what_if.current_replicas if what_if else '?'}  → {wants}"
                     )
                 except grpc.aio.AioRpcError as error:
                     line = f"{workload.name:<12} {error.code().name}: {error.details()}"
@@ -104,7 +104,8 @@ async def run_demo(settings: Settings, *, control_port: int, watch_interval: flo
     fleet = DemoFleet()
     await fleet.start(control_port=control_port)
     try:
-        app = App(dataclasses.replace(settings, exporter_urls=tuple(fleet.exporter_urls)))
+        # The demo is local and for learning: /explain is on (it is off by default in `serve`).
+        app = App(dataclasses.replace(settings, exporter_urls=tuple(fleet.exporter_urls), explain=True))
 
         async def after_start() -> None:
             print(banner(fleet, app.grpc_port, app.http_port), file=sys.stdout, flush=True)

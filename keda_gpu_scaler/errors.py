@@ -1,4 +1,4 @@
-"""Error types of the domain; service.py maps each to one gRPC status code."""
+"""Error types of the domain; service.py maps each to one gRPC status code (walking the class hierarchy)."""
 
 from __future__ import annotations
 
@@ -19,5 +19,20 @@ class UnknownMetric(ScalerError):
     """GetMetrics asked for a metric name this trigger does not serve (NOT_FOUND)."""
 
 
-class TooManyStreams(ScalerError):
-    """More StreamIsActive streams than --max-streams (RESOURCE_EXHAUSTED)."""
+class ResourceExhausted(ScalerError):
+    """A limit of the server is reached (RESOURCE_EXHAUSTED); the message names the flag that sets it."""
+
+
+class TooManyStreams(ResourceExhausted):
+    """More StreamIsActive streams than --max-streams."""
+
+
+class TooManyScaledObjects(ResourceExhausted):
+    """More ScaledObjects followed at once than --max-scaledobjects."""
+
+
+def quoted(text: str, limit: int = 100) -> str:
+    """repr() of caller input for an error message, cut to `limit` characters so errors cannot echo megabytes."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}… ({len(text)} characters)"

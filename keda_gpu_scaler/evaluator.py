@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from keda_gpu_scaler.collect.prometheus import prometheus_interest
-from keda_gpu_scaler.collect.scrape import SCRAPE_INTEREST, Interest
+from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
 from keda_gpu_scaler.collect.store import SourceKind, Store
 from keda_gpu_scaler.errors import ConfigError, NoData
+from keda_gpu_scaler.registry import Explanation, Followed, Memo
 from keda_gpu_scaler.scaling import Evaluation, evaluate, pod_values
 from keda_gpu_scaler.telemetry import Telemetry
 from keda_gpu_scaler.trigger import Aggregation, Source, TriggerSpec
@@ -28,27 +30,8 @@ class Targets:
 
 # GetMetrics is always followed by IsActive, and many streams and polls ask about the same data: one
 # evaluation serves them all until the namespace's data changes, a page ages out, or targets move.
-MAX_MEMO_ENTRIES = 10_000
 # A "no data" answer is kept briefly only: its message names ages that move on.
 NO_DATA_MEMO_SECONDS = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class _Memo:
-    version: int
-    epoch: int
-    targets: Targets | None
-    valid_until: float
-    evaluation: Evaluation | None
-    error: str | None
-
-    def still_right(self, version: int, epoch: int, targets: Targets | None, now: float) -> bool:
-        return (
-            self.version == version
-            and self.epoch == epoch
-            and self.targets == targets
-            and now < self.valid_until
-        )
 
 
 class TargetResolver(Protocol):
@@ -62,6 +45,9 @@ class TargetResolver(Protocol):
 
     def resolve(self, namespace: str, name: str, spec: TriggerSpec) -> Targets:
         """The target pods now; raises NoData while unknown or when discovery is failing."""
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop everything kept for this ScaledObject (the registry evicted it)."""
 
 
 def aggregation_for(spec: TriggerSpec, metric_type: str | None) -> tuple[Aggregation, str | None]:
@@ -86,7 +72,6 @@ class Evaluator:
         self,
         *,
         store: Store,
-        interest: Interest,
         telemetry: Telemetry,
         max_staleness: float,
         prometheus_max_staleness: float | None = None,
@@ -96,7 +81,6 @@ class Evaluator:
         targets: TargetResolver | None = None,
     ) -> None:
         self._store = store
-        self._interest = interest
         self._telemetry = telemetry
         self._max_staleness = max_staleness
         self._prometheus_max_staleness = prometheus_max_staleness or max_staleness
@@ -104,8 +88,6 @@ class Evaluator:
         self._default_source = default_source
         self._prometheus_enabled = prometheus_enabled
         self._targets = targets
-        self._memo: dict[tuple[str, str, TriggerSpec], _Memo] = {}
-        self._mismatches_logged: set[tuple[str, str, str]] = set()
 
     def source_of(self, spec: TriggerSpec) -> Source:
         return spec.source or self._default_source
@@ -131,49 +113,56 @@ class Evaluator:
                 " allowed: the common name prefix of the target's pods, e.g. 'vllm-qwen-'"
             )
 
-    def want(self, namespace: str, spec: TriggerSpec, name: str | None = None) -> None:
-        """Note that a trigger wants data, so collection starts (or goes on) without any I/O here."""
-        self.check(spec)
-        if self._targets is not None and name is not None:
-            self._targets.track(namespace, name, spec)
+    def interest_key(self, namespace: str, spec: TriggerSpec) -> Hashable:
+        """What a trigger's data is collected under (interest keeps its collection running)."""
         if self.source_of(spec) is Source.PROMETHEUS:
-            self._interest.touch(prometheus_interest(namespace))
-        else:
-            self._interest.touch(SCRAPE_INTEREST)
+            return prometheus_interest(namespace)
+        return SCRAPE_INTEREST
 
-    def evaluate(self, namespace: str, name: str, spec: TriggerSpec) -> Evaluation:
-        self.want(namespace, spec)
+    def evaluate(self, followed: Followed, spec: TriggerSpec) -> Evaluation:
+        """The trigger's value now, from the caches only; raises NoData (UNAVAILABLE) when it cannot be known."""
+        namespace, name = followed.namespace, followed.name
         targets = self._targets.resolve(namespace, name, spec) if self._targets is not None else None
         now = self._clock()
-        key = (namespace, name, spec)
         version, epoch = self._store.version(namespace), self._store.epoch
-        memo = self._memo.get(key)
+        memo = followed.memos.get(spec)
         if memo is not None and memo.still_right(version, epoch, targets, now):
             if memo.error is not None:
                 raise NoData(memo.error)
             assert memo.evaluation is not None
             return memo.evaluation
         try:
-            evaluation, notes, valid_until = self._evaluate(namespace, name, spec, targets, now)
+            evaluation, notes, valid_until = self._evaluate(followed, spec, targets, now)
         except NoData as error:
-            self._remember(key, _Memo(version, epoch, targets, now + NO_DATA_MEMO_SECONDS, None, str(error)))
-            self._telemetry.record_evaluation(
-                namespace, name, spec, None, str(error), (), _discovery(targets)
-            )
+            followed.memos[spec] = Memo(version, epoch, targets, now + NO_DATA_MEMO_SECONDS, None, str(error))
+            self._record(followed, spec, None, str(error), (), targets)
             raise
-        self._remember(key, _Memo(version, epoch, targets, valid_until, evaluation, None))
-        self._telemetry.record_evaluation(namespace, name, spec, evaluation, None, notes, _discovery(targets))
+        followed.memos[spec] = Memo(version, epoch, targets, valid_until, evaluation, None)
+        self._record(followed, spec, evaluation, None, notes, targets)
         return evaluation
 
-    def _remember(self, key: tuple[str, str, TriggerSpec], memo: _Memo) -> None:
-        if len(self._memo) >= MAX_MEMO_ENTRIES:
-            self._memo.clear()  # ScaledObjects come and go; a full clear only costs one evaluation each
-        self._memo[key] = memo
+    def _record(
+        self,
+        followed: Followed,
+        spec: TriggerSpec,
+        evaluation: Evaluation | None,
+        error: str | None,
+        notes: tuple[str, ...],
+        targets: Targets | None,
+    ) -> None:
+        followed.explanation = Explanation(spec, time.time(), evaluation, error, notes, _discovery(targets))
+        self._telemetry.evaluations.labels("ok" if evaluation else "no_data").inc()
+        if evaluation is not None:
+            labels = (followed.namespace, followed.name, spec.metric_name)
+            followed.metric_labels.add(labels)
+            self._telemetry.trigger_value.labels(*labels).set(evaluation.value)
+            self._telemetry.trigger_active.labels(*labels).set(1 if evaluation.active else 0)
 
     def _evaluate(
-        self, namespace: str, name: str, spec: TriggerSpec, targets: Targets | None, now: float
+        self, followed: Followed, spec: TriggerSpec, targets: Targets | None, now: float
     ) -> tuple[Evaluation, tuple[str, ...], float]:
         """The evaluation, its notes, and until when it stays right if the store does not change."""
+        namespace = followed.namespace
         kind = SourceKind.PROMETHEUS if self.source_of(spec) is Source.PROMETHEUS else SourceKind.SCRAPE
         if targets is not None and not targets.pods:
             # Scaled to zero with discovery healthy: 0 and inactive, whatever the sources say (SPEC §4).
@@ -193,18 +182,29 @@ class Evaluator:
             readings = [r for r in view.readings if r.pod.startswith(prefix) and r.family in families]
             target_pods = {r.pod for r in readings}
             target_pods.update(pod for pod in view.recently_seen if pod.startswith(prefix))
+            if not target_pods and view.fresh_sources < view.sources:
+                # "Scaled to zero" is only an answer when every exporter could have named the pods.
+                raise NoData(
+                    f"no pod named {prefix}* is in the data and not every exporter answers, so zero pods"
+                    f" cannot be told from an outage: {problems}"
+                )
         else:
             readings = [r for r in view.readings if r.pod in targets.pods and r.family in families]
             target_pods = set(targets.pods)
         aggregation, mismatch = aggregation_for(spec, targets.metric_type if targets else None)
         notes: tuple[str, ...] = ()
+        if targets is None and not target_pods and view.readings:
+            # Legitimately 0 (scaled to zero), or a typo in podNamePrefix: show what there is to choose from.
+            others = sorted({r.pod for r in view.readings})
+            shown = ", ".join(others[:10]) + (f" and {len(others) - 10} more" if len(others) > 10 else "")
+            note = f"podNamePrefix {spec.pod_name_prefix!r} matches none of the namespace's GPU pods: {shown}"
+            followed.log_once(note, logging.INFO)
+            notes = (note,)
         if mismatch:
             # Every new evaluation counts it; the log says it once per ScaledObject, not on every scrape.
-            if (namespace, name, mismatch) not in self._mismatches_logged:
-                self._mismatches_logged.add((namespace, name, mismatch))
-                log.warning("ScaledObject %s/%s: %s", namespace, name, mismatch)
+            followed.log_once(mismatch)
             self._telemetry.aggregation_mismatches.inc()
-            notes = (mismatch,)
+            notes += (mismatch,)
         reporting = pod_values(readings, spec)
         try:
             return (

@@ -14,8 +14,9 @@ from keda_gpu_scaler.collect.scrape import Interest, ScrapeCollector, ScrapeLimi
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.errors import ScalerError
 from keda_gpu_scaler.evaluator import Evaluator
+from keda_gpu_scaler.registry import Registry
 from keda_gpu_scaler.settings import Settings
-from keda_gpu_scaler.telemetry import Telemetry
+from keda_gpu_scaler.telemetry import Telemetry, explanation_json
 from keda_gpu_scaler.trigger import parse_trigger
 
 
@@ -27,12 +28,14 @@ async def explain_once(
     store = Store()
     clock = time.monotonic
     interest = Interest(settings.interest_ttl, clock)
-    evaluator = Evaluator(
-        store=store, interest=interest, telemetry=telemetry, max_staleness=settings.max_staleness, clock=clock
+    evaluator = Evaluator(store=store, telemetry=telemetry, max_staleness=settings.max_staleness, clock=clock)
+    registry = Registry(
+        ttl=settings.interest_ttl, cap=1, clock=clock, interest=interest, interest_key=evaluator.interest_key
     )
     try:
         spec = parse_trigger(metadata)
         evaluator.check(spec)
+        followed = registry.follow(namespace, name, spec)
     except ScalerError as error:
         return {"namespace": namespace, "scaledObject": name, "error": str(error)}
     limits = ScrapeLimits(settings.scrape_interval, settings.scrape_timeout, settings.max_page_bytes, 8)
@@ -42,9 +45,9 @@ async def explain_once(
         )
         await asyncio.gather(*(collector.scrape_once(url) for url in settings.exporter_urls))
     with contextlib.suppress(ScalerError):  # recorded in the explanation with its message
-        evaluator.evaluate(namespace, name, spec)
-    entry = telemetry.explanation(namespace, name)
-    assert entry is not None
+        evaluator.evaluate(followed, spec)
+    assert followed.explanation is not None
+    entry = explanation_json(namespace, name, followed.explanation)
     problems = [f"{s.source}: {s.last_error}" for s in store.sources() if s.last_error]
     if problems:
         entry["exporterErrors"] = problems
@@ -58,7 +61,7 @@ def render_table(entry: Mapping[str, Any]) -> str:
     if trigger:
         lines[0] += (
             f"  metric={trigger['metric']} threshold={trigger['threshold']:g}"
-            f" podNamePrefix={trigger['pod_name_prefix']}"
+            f" podNamePrefix={trigger['podNamePrefix']}"
         )
     for problem in entry.get("exporterErrors", []):
         lines.append(f"  exporter error: {problem}")
@@ -82,7 +85,7 @@ def render_table(entry: Mapping[str, Any]) -> str:
         f"   active = {str(entry['active']).lower()} (> {entry['activationThreshold']:g})"
     )
     lines.append(
-        f"  HPA would choose {hpa['desiredReplicasAverageValue']} replicas with metricType AverageValue,"
-        f" {hpa['desiredReplicasValue']} with Value"
+        f"  HPA would ask for {hpa['desiredReplicasAverageValue']} replicas with metricType AverageValue,"
+        f" {hpa['desiredReplicasValue']} with Value (never fewer than minReplicaCount, and at least 1)"
     )
     return "\n".join(lines)

@@ -91,18 +91,21 @@ def aggregate(values: Collection[float], aggregation: Aggregation) -> float:
 
 
 def desired_replicas_average_value(value: float, target: float, current: int) -> int:
-    """HPA External metric, AverageValue: ceil(total / target), unless within tolerance of current."""
+    """HPA External metric, AverageValue: ceil(total / target), unless within tolerance of current.
+
+    Never below 1: the HPA itself never goes below one replica (only KEDA's activation reaches zero).
+    """
     if current > 0 and abs(value / (target * current) - 1) <= HPA_TOLERANCE:
         return current
-    return math.ceil(value / target)
+    return max(1, math.ceil(value / target))
 
 
 def desired_replicas_value(value: float, target: float, current: int) -> int:
-    """HPA External metric, Value: ceil(current × value / target), unless within tolerance."""
+    """HPA External metric, Value: ceil(current × value / target), unless within tolerance; never below 1."""
     ratio = value / target
     if abs(ratio - 1) <= HPA_TOLERANCE:
         return current
-    return math.ceil(current * ratio)
+    return max(1, math.ceil(current * ratio))
 
 
 def _replicas_called_for(value: float, aggregation: Aggregation, threshold: float, pods: int) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -15,19 +16,40 @@ from grpc_reflection.v1alpha import reflection
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.collect.store import Store
-from keda_gpu_scaler.errors import ConfigError, NoData, ScalerError, TooManyStreams, UnknownMetric
+from keda_gpu_scaler.errors import (
+    ConfigError,
+    NoData,
+    ResourceExhausted,
+    ScalerError,
+    TooManyStreams,
+    UnknownMetric,
+    quoted,
+)
 from keda_gpu_scaler.evaluator import Evaluator
+from keda_gpu_scaler.registry import Followed, Registry
 from keda_gpu_scaler.telemetry import Telemetry
 from keda_gpu_scaler.trigger import TriggerSpec, parse_trigger
 
+log = logging.getLogger(__name__)
+
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExternalScaler"].full_name
 HEALTH_SERVICES = ("", "liveness", "readiness")
-_STATUS_FOR_ERROR: dict[type[ScalerError], grpc.StatusCode] = {
+# Looked up along the class hierarchy, so a new subclass of a domain error maps like its parent.
+_STATUS_FOR_ERROR: dict[type[Exception], grpc.StatusCode] = {
     ConfigError: grpc.StatusCode.INVALID_ARGUMENT,
     NoData: grpc.StatusCode.UNAVAILABLE,
     UnknownMetric: grpc.StatusCode.NOT_FOUND,
-    TooManyStreams: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
+
+
+def status_for(error: BaseException) -> grpc.StatusCode:
+    """The gRPC status of an error: its nearest mapped class; anything unexpected is INTERNAL."""
+    for cls in type(error).__mro__:
+        code = _STATUS_FOR_ERROR.get(cls)
+        if code is not None:
+            return code
+    return grpc.StatusCode.INTERNAL
 
 
 def round_half_up(value: float) -> int:
@@ -39,6 +61,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         self,
         *,
         evaluator: Evaluator,
+        registry: Registry,
         store: Store,
         telemetry: Telemetry,
         stream_recheck_seconds: float,
@@ -46,6 +69,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._evaluator = evaluator
+        self._registry = registry
         self._store = store
         self._telemetry = telemetry
         self._stream_recheck = stream_recheck_seconds
@@ -66,11 +90,12 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         try:
             yield
         except ScalerError as error:
-            code = _STATUS_FOR_ERROR[type(error)]
+            code = status_for(error)
             raise
         except Exception:
             code = grpc.StatusCode.INTERNAL
-            raise
+            log.exception("%s failed unexpectedly", method)
+            raise _Internal(method) from None
         finally:
             self._telemetry.rpc_requests.labels(method, code.name).inc()
             self._telemetry.rpc_duration.labels(method).observe(self._clock() - started)
@@ -83,8 +108,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 # No I/O here: KEDA calls it on every poll and HPA request, and its failure defeats fallback.
                 # KEDA calls it first, when it reconciles the ScaledObject: collection starts then, so
                 # data is there by the first GetMetrics.
-                spec = self._spec(request)
-                self._evaluator.want(request.namespace, spec, request.name)
+                _, spec = self._follow(request)
                 metric = pb.MetricSpec(
                     metricName=spec.metric_name,
                     targetSize=math.ceil(spec.threshold),
@@ -99,13 +123,13 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     ) -> Any:
         try:
             with self._observe("GetMetrics"):
-                ref = request.scaledObjectRef
-                spec = self._spec(ref)
+                followed, spec = self._follow(request.scaledObjectRef)
                 if request.metricName.lower() != spec.metric_name.lower():
                     raise UnknownMetric(
-                        f"metric {request.metricName!r} is not served by this trigger; it serves {spec.metric_name!r}"
+                        f"metric {quoted(request.metricName)} is not served by this trigger; it serves"
+                        f" {spec.metric_name!r}"
                     )
-                evaluation = self._evaluator.evaluate(ref.namespace, ref.name, spec)
+                evaluation = self._evaluator.evaluate(followed, spec)
                 value = pb.MetricValue(
                     metricName=spec.metric_name,
                     metricValue=round_half_up(evaluation.value),
@@ -118,8 +142,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     async def IsActive(self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
             with self._observe("IsActive"):
-                spec = self._spec(request)
-                evaluation = self._evaluator.evaluate(request.namespace, request.name, spec)
+                followed, spec = self._follow(request)
+                evaluation = self._evaluator.evaluate(followed, spec)
                 return pb.IsActiveResponse(result=evaluation.active)
         except ScalerError as error:
             await _abort(context, error)
@@ -129,8 +153,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     ) -> AsyncIterator[pb.IsActiveResponse]:
         try:
             with self._observe("StreamIsActive"):
-                spec = self._spec(request)
-                self._evaluator.check(spec)
+                _, spec = self._follow(request)
                 if self._open_streams >= self._max_streams:
                     raise TooManyStreams(
                         f"{self._open_streams} StreamIsActive streams are open, the limit (--max-streams) is"
@@ -158,8 +181,10 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         while not self._closing:
             seen = self._store.version(ref.namespace)
             try:
-                active = self._evaluator.evaluate(ref.namespace, ref.name, spec).active
-            except NoData:
+                # Following on every round keeps the ScaledObject's state alive while its stream is open.
+                followed = self._registry.follow(ref.namespace, ref.name, spec)
+                active = self._evaluator.evaluate(followed, spec).active
+            except (NoData, ResourceExhausted):
                 active = was_active
             if active and not was_active:
                 yield None
@@ -167,12 +192,25 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
             # Data also ages without any change, so re-check at least every recheck interval.
             await self._store.wait_for_change(ref.namespace, seen, self._stream_recheck)
 
-    def _spec(self, ref: pb.ScaledObjectRef) -> TriggerSpec:
-        return parse_trigger(ref.scalerMetadata)
+    def _follow(self, ref: pb.ScaledObjectRef) -> tuple[Followed, TriggerSpec]:
+        """The one path of every call: metadata → trigger, checked against this server, ScaledObject followed."""
+        spec = parse_trigger(ref.scalerMetadata)
+        self._evaluator.check(spec)
+        return self._registry.follow(ref.namespace, ref.name, spec), spec
+
+
+class _Internal(ScalerError):
+    """An unexpected failure: INTERNAL on the wire (its trace is in the log, not in the answer)."""
+
+    def __init__(self, method: str) -> None:
+        super().__init__(f"{method} failed unexpectedly; the scaler's log has the details")
+
+
+_STATUS_FOR_ERROR[_Internal] = grpc.StatusCode.INTERNAL
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: ScalerError) -> NoReturn:
-    await context.abort(_STATUS_FOR_ERROR[type(error)], str(error))
+    await context.abort(status_for(error), str(error))
     raise AssertionError("unreachable: abort raises")
 
 

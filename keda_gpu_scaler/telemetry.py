@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
+import datetime
 import json
 import logging
 import sys
-import time
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from keda_gpu_scaler.registry import Explanation
 from keda_gpu_scaler.scaling import Evaluation
-from keda_gpu_scaler.trigger import TriggerSpec
+from keda_gpu_scaler.trigger import KEYS, TriggerSpec
 
 PREFIX = "keda_gpu_scaler"
 _RPC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -80,52 +84,51 @@ class Telemetry:
             "Prometheus source query latency including parsing",
             registry=r,
         )
+        self.followed_scaled_objects = Gauge(
+            f"{PREFIX}_scaledobjects_followed",
+            "ScaledObjects the scaler keeps state for (called within --interest-ttl)",
+            registry=r,
+        )
         self.ready = False
-        self._explanations: dict[tuple[str, str], dict[str, Any]] = {}
 
     def scrape_done(self, *, ok: bool, seconds: float) -> None:
         self.scrapes.labels("ok" if ok else "error").inc()
         self.scrape_duration.observe(seconds)
 
-    def record_evaluation(
-        self,
-        namespace: str,
-        name: str,
-        spec: TriggerSpec,
-        evaluation: Evaluation | None,
-        error: str | None,
-        notes: tuple[str, ...] = (),
-        discovery: dict[str, Any] | None = None,
-    ) -> None:
-        self.evaluations.labels("ok" if evaluation else "no_data").inc()
-        entry: dict[str, Any] = {
-            "namespace": namespace,
-            "scaledObject": name,
-            "evaluatedAt": time.time(),
-            "trigger": _spec_json(spec),
-        }
-        if evaluation is not None:
-            labels = (namespace, name, spec.metric_name)
-            self.trigger_value.labels(*labels).set(evaluation.value)
-            self.trigger_active.labels(*labels).set(1 if evaluation.active else 0)
-            entry.update(evaluation_json(evaluation, spec))
-        else:
-            entry["error"] = error
-        if notes:
-            entry["notes"] = list(notes)
-        if discovery is not None:
-            entry["discovery"] = discovery
-        self._explanations[(namespace, name)] = entry
-
-    def explanation(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._explanations.get((namespace, name))
-
-    def explained(self) -> list[tuple[str, str]]:
-        return sorted(self._explanations)
+    def forget_labels(self, label_sets: Iterable[tuple[str, str, str]]) -> None:
+        """Remove a forgotten ScaledObject's series, so /metrics does not grow with every name ever seen."""
+        for labels in label_sets:
+            for gauge in (self.trigger_value, self.trigger_active):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*labels)
 
 
 def _spec_json(spec: TriggerSpec) -> dict[str, Any]:
-    return {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    """The trigger as its metadata keys name it (camelCase, like the ScaledObject)."""
+    keys = {k.field: k.key for k in KEYS}
+    return {keys.get(f.name, f.name): getattr(spec, f.name) for f in dataclasses.fields(spec)}
+
+
+def explanation_json(namespace: str, name: str, explanation: Explanation) -> dict[str, Any]:
+    """What /explain and the explain command show for one ScaledObject's last evaluation."""
+    spec = explanation.spec
+    entry: dict[str, Any] = {
+        "namespace": namespace,
+        "scaledObject": name,
+        "evaluatedAt": datetime.datetime.fromtimestamp(explanation.evaluated_at, datetime.UTC).isoformat(
+            timespec="milliseconds"
+        ),
+        "trigger": _spec_json(spec),
+    }
+    if explanation.evaluation is not None:
+        entry.update(evaluation_json(explanation.evaluation, spec))
+    else:
+        entry["error"] = explanation.error
+    if explanation.notes:
+        entry["notes"] = list(explanation.notes)
+    if explanation.discovery is not None:
+        entry["discovery"] = explanation.discovery
+    return entry
 
 
 def evaluation_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]:
@@ -154,9 +157,22 @@ def evaluation_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]
     }
 
 
-def http_app(telemetry: Telemetry) -> web.Application:
+# Explanations of a big namespace run to megabytes of JSON: built on a worker thread, not the event loop.
+_JSON_OFF_LOOP_PODS = 200
+
+
+class ExplanationSource(Protocol):
+    def explanation(self, namespace: str, name: str) -> Explanation | None: ...
+
+    def explained(self) -> list[tuple[str, str]]: ...
+
+
+def http_app(telemetry: Telemetry, explanations: ExplanationSource | None = None) -> web.Application:
+    """/metrics, /healthz, /readyz, and /explain when `explanations` is given (--explain on)."""
+
     async def metrics(_: web.Request) -> web.Response:
-        body = generate_latest(telemetry.registry)
+        # Thousands of label sets take long to render: off the loop, so gRPC calls are not held up.
+        body = await asyncio.to_thread(generate_latest, telemetry.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_: web.Request) -> web.Response:
@@ -168,25 +184,36 @@ def http_app(telemetry: Telemetry) -> web.Application:
         return web.Response(status=503, text="not ready\n")
 
     async def explain(request: web.Request) -> web.Response:
+        assert explanations is not None
         namespace = request.query.get("namespace", "")
         name = request.query.get("name", "")
         if not namespace or not name:
-            known = [{"namespace": ns, "name": n} for ns, n in telemetry.explained()]
+            known = [{"namespace": ns, "name": n} for ns, n in explanations.explained()]
             return web.json_response(
                 {"error": "give ?namespace=NS&name=SCALEDOBJECT", "known": known}, status=400, dumps=_dumps
             )
-        entry = telemetry.explanation(namespace, name)
-        if entry is None:
+        explanation = explanations.explanation(namespace, name)
+        if explanation is None:
             return web.json_response(
-                {"error": f"no evaluation yet for ScaledObject {namespace}/{name}"}, status=404, dumps=_dumps
+                {"error": f"no evaluation yet for ScaledObject {namespace[:100]}/{name[:100]}"},
+                status=404,
+                dumps=_dumps,
             )
-        return web.json_response(entry, dumps=_dumps)
+        evaluation = explanation.evaluation
+        pods = 0 if evaluation is None else len(evaluation.pods) + len(evaluation.missing_pods)
+
+        def render() -> str:
+            return _dumps(explanation_json(namespace, name, explanation))
+
+        text = await asyncio.to_thread(render) if pods > _JSON_OFF_LOOP_PODS else render()
+        return web.Response(text=text, content_type="application/json")
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/explain", explain)
+    if explanations is not None:
+        app.router.add_get("/explain", explain)
     return app
 
 

@@ -34,6 +34,7 @@ FAST = Settings(
     max_staleness=0.6,
     scrape_timeout=0.5,
     shutdown_grace=2.0,
+    explain=True,
 )
 
 

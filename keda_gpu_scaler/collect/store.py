@@ -11,9 +11,12 @@ from enum import StrEnum
 
 from keda_gpu_scaler.vendors import GpuReading
 
-# Without Kubernetes, pods seen this recently on an exporter that is now failing or stale still count as
-# target pods (as missing ones), so one dead exporter cannot shrink the value (SPEC §4).
+# Without Kubernetes, the pods last seen on an exporter that is now failing or stale, or whose page lost
+# its pod labels, still count as target pods (as missing ones) for as long as that lasts, so one dead
+# exporter cannot shrink the value (SPEC §4).
+# The Prometheus source forgets a scrape target that Prometheus has not seen for this long.
 RECENTLY_SEEN_SECONDS = 300.0
+ATTRIBUTION_LOST = "its page has GPU series but no pod labels (dcgm-exporter lost the kubelet's pod-resources socket?)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,13 +26,20 @@ class Page:
     source: str
     collected_at: float  # monotonic seconds
     by_namespace: dict[str, tuple[GpuReading, ...]]
+    # The page had GPU series but none named a pod: either no pod uses a GPU there, or the exporter lost
+    # track of pods. Which one cannot be told from the page; pods seen there before stay missing pods.
+    unattributed: bool = False
 
     @classmethod
-    def from_readings(cls, source: str, collected_at: float, readings: Iterable[GpuReading]) -> Page:
+    def from_readings(
+        cls, source: str, collected_at: float, readings: Iterable[GpuReading], *, gpu_series: bool = False
+    ) -> Page:
+        """gpu_series: the page had series of a known GPU family (attributed to a pod or not)."""
         grouped: defaultdict[str, list[GpuReading]] = defaultdict(list)
         for reading in readings:
             grouped[reading.namespace].append(reading)
-        return cls(source, collected_at, {ns: tuple(rs) for ns, rs in grouped.items()})
+        by_namespace = {ns: tuple(rs) for ns, rs in grouped.items()}
+        return cls(source, collected_at, by_namespace, unattributed=gpu_series and not by_namespace)
 
 
 class SourceKind(StrEnum):
@@ -44,6 +54,8 @@ class SourceState:
     namespace: str | None = None  # None: the source may name pods of any namespace
     last_page: Page | None = None
     last_error: str | None = None
+    # The last page that named pods, kept while newer pages name none (see Page.unattributed).
+    last_attributed: Page | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +65,7 @@ class NamespaceView:
     readings: tuple[GpuReading, ...]  # from fresh pages only
     fresh_sources: int
     sources: int
-    # pod → reason, for pods seen recently on a source that is now failing or stale
+    # pod → reason, for pods last seen on a source that is now failing, stale or without pod labels
     recently_seen: dict[str, str] = field(default_factory=dict)
     problems: tuple[str, ...] = ()  # one line per source without fresh data
     # Until when this view stays right without any change to the store: the first moment a page turns
@@ -105,6 +117,10 @@ class Store:
         recovered = old is None or state.last_error is not None
         state.last_page = page
         state.last_error = None
+        if page.by_namespace:
+            state.last_attributed = None
+        elif page.unattributed and old is not None and old.by_namespace:
+            state.last_attributed = old
         if recovered:
             self._bump(page.by_namespace.keys() | (old.by_namespace.keys() if old else set()))
             return
@@ -144,6 +160,10 @@ class Store:
                 fresh += 1
                 readings.extend(page.by_namespace.get(namespace, ()))
                 valid_until = min(valid_until, page.collected_at + max_staleness)
+                if state.last_attributed is not None:
+                    reason = f"{state.source}: {ATTRIBUTION_LOST}"
+                    for reading in state.last_attributed.by_namespace.get(namespace, ()):
+                        recently_seen.setdefault(reading.pod, reason)
                 continue
             reason = (
                 f"{state.source}: {state.last_error or 'no data yet'}"
@@ -153,10 +173,11 @@ class Store:
             if age is not None and state.last_error:
                 reason += f"; last data {age:.1f}s old"
             problems.append(reason)
-            if page is not None and age is not None and age <= RECENTLY_SEEN_SECONDS:
-                for reading in page.by_namespace.get(namespace, ()):
-                    recently_seen.setdefault(reading.pod, reason)
-                valid_until = min(valid_until, page.collected_at + RECENTLY_SEEN_SECONDS)
+            # However long the outage lasts: forgetting these pods would shrink the value (made-up load drop).
+            for last in (page, state.last_attributed):
+                if last is not None:
+                    for reading in last.by_namespace.get(namespace, ()):
+                        recently_seen.setdefault(reading.pod, reason)
         return NamespaceView(tuple(readings), fresh, len(states), recently_seen, tuple(problems), valid_until)
 
     async def wait_for_change(self, namespace: str, seen_version: int, timeout: float) -> None:

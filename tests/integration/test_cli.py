@@ -148,7 +148,7 @@ async def test_explain_prints_the_table(make_exporter) -> None:  # type: ignore[
     assert code == 0, out
     assert "vllm-3" in out
     assert "value = 360.00 (sum over 4 pods)" in out
-    assert "HPA would choose 6 replicas with metricType AverageValue" in out
+    assert "HPA would ask for 6 replicas with metricType AverageValue" in out
 
 
 async def test_explain_reports_bad_metadata_and_dead_exporters(make_exporter) -> None:  # type: ignore[no-untyped-def]

@@ -421,3 +421,80 @@ async def test_unchanged_page_is_not_parsed_again_but_stays_fresh(
     exporter.page = four_pods_at(70)
     await eventually(lambda: value_is(280))
     assert len(parsed) > parses
+
+
+async def test_an_exporter_failing_since_start_is_not_read_as_zero_pods(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    # The namespace's only exporter answers 500 from the start; another exporter is fresh but names no pod
+    # of it. Zero pods cannot be told from an outage: UNAVAILABLE, never 0 / false.
+    broken = await make_exporter(four_pods_at(90))
+    broken.status = 500
+    other = await make_exporter(dcgm_page([GpuLine("other", "train-0", 50)]))
+    scaler = await make_scaler(broken, other)
+    await scaler.stub.GetMetricSpec(ref())
+    async def other_is_read() -> None:
+        assert scaler.app.store.view("other", 0, 1e9).readings
+
+    await eventually(other_is_read)
+    for call in (scaler.stub.GetMetrics(metrics_request()), scaler.stub.IsActive(ref())):
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await call
+        assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
+    broken.status = 200  # it recovers: the real value, not an invented one
+
+    async def recovered() -> None:
+        assert await value_of(scaler) == 360
+
+    await eventually(recovered)
+
+
+async def test_too_many_scaledobjects_is_resource_exhausted_naming_the_flag(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    exporter = await make_exporter(four_pods_at(90))
+    scaler = await make_scaler(exporter, max_scaledobjects=2)
+    await scaler.stub.GetMetricSpec(ref(name="one"))
+    await scaler.stub.GetMetricSpec(ref(name="two"))
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await scaler.stub.GetMetricSpec(ref(name="three"))
+    assert raised.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "--max-scaledobjects" in (raised.value.details() or "")
+    await scaler.stub.GetMetricSpec(ref(name="one"))  # the followed ones are still served
+
+
+@pytest.mark.parametrize(("namespace", "name"), [("LLM", "vllm"), ("llm", "x" * 300), ("", "vllm")])
+async def test_impossible_names_are_invalid_argument(make_scaler, namespace: str, name: str) -> None:  # type: ignore[no-untyped-def]
+    scaler = await make_scaler()
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await scaler.stub.GetMetricSpec(ref(name=name, namespace=namespace))
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert len(raised.value.details() or "") < 400
+    assert len(scaler.app.registry) == 0
+
+
+async def test_forgotten_scaledobjects_leave_no_series_behind(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    exporter = await make_exporter(four_pods_at(90))
+    scaler = await make_scaler(exporter, interest_ttl=0.5)
+    for index in range(20):
+
+        async def answered(i: int = index) -> None:
+            assert await value_of_named(scaler, f"so-{i}") == 360
+
+        await eventually(answered)
+    async with aiohttp.ClientSession() as session:
+
+        async def series() -> int:
+            async with session.get(f"{scaler.http}/metrics") as response:
+                return (await response.text()).count('scaledobject="so-')
+
+        assert await series() > 0
+
+        async def all_gone() -> None:
+            assert await series() == 0
+            assert len(scaler.app.registry) == 0
+
+        await eventually(all_gone)
+
+
+async def value_of_named(scaler, name: str) -> float:  # type: ignore[no-untyped-def]
+    response = await scaler.stub.GetMetrics(
+        pb.GetMetricsRequest(scaledObjectRef=ref(name=name), metricName="gpu-utilization")
+    )
+    return response.metricValues[0].metricValueFloat

@@ -51,7 +51,33 @@ def test_view_freshness_and_recently_seen() -> None:
     view = store.view("a", now=20, max_staleness=15)
     assert view.fresh_sources == 1 and [r.pod for r in view.readings] == ["p"]
     assert "timed out" in view.recently_seen["r"]
-    assert store.view("a", now=400, max_staleness=15).recently_seen == {}
+    # However long the outage lasts, the pods stay (as missing pods): forgetting them would read as a load drop.
+    late = store.view("a", now=100_000, max_staleness=15)
+    assert set(late.recently_seen) == {"p", "r"}
+    assert late.fresh_sources == 0
+
+
+def test_a_page_that_lost_its_pod_labels_keeps_its_pods_as_missing_until_pods_return() -> None:
+    store = Store()
+    store.record_page(page(0, reading("a", "p", 10), reading("b", "q", 5)))
+    # dcgm-exporter without the kubelet's pod-resources socket: GPU series, no pod labels.
+    store.record_page(Page.from_readings("http://a/metrics", 5, (), gpu_series=True))
+    view = store.view("a", now=6, max_staleness=15)
+    assert view.fresh_sources == 1 and view.readings == ()
+    assert "no pod labels" in view.recently_seen["p"]
+    assert set(store.view("b", now=6, max_staleness=15).recently_seen) == {"q"}
+    store.record_page(Page.from_readings("http://a/metrics", 10, (), gpu_series=True))  # still lost
+    assert set(store.view("a", now=11, max_staleness=15).recently_seen) == {"p"}
+    store.record_page(page(15, reading("a", "p", 12)))  # labels are back
+    assert store.view("a", now=16, max_staleness=15).recently_seen == {}
+    assert store.view("b", now=16, max_staleness=15).recently_seen == {}
+
+
+def test_an_empty_page_without_gpu_series_forgets_nothing_it_never_had() -> None:
+    store = Store()
+    store.record_page(page(0))
+    store.record_page(Page.from_readings("http://a/metrics", 5, (), gpu_series=True))
+    assert store.view("a", now=6, max_staleness=15).recently_seen == {}
 
 
 async def test_waiters_wake_on_their_namespace_and_on_close() -> None:

@@ -1,0 +1,191 @@
+"""One owner for every followed ScaledObject: its triggers' evaluation caches, interest, discovery
+tracking, explanation, metric label sets and logged notes — all forgotten together after the TTL."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from keda_gpu_scaler.errors import ConfigError, TooManyScaledObjects, quoted
+from keda_gpu_scaler.scaling import Evaluation
+from keda_gpu_scaler.trigger import TriggerSpec
+
+log = logging.getLogger(__name__)
+
+# Kubernetes object names: a namespace is a DNS-1123 label, a ScaledObject name a DNS-1123 subdomain.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+@dataclass(frozen=True, slots=True)
+class Memo:
+    """One trigger's last evaluation (or "no data" answer) and what must hold for it to still be right."""
+
+    version: int
+    epoch: int
+    targets: Any  # the discovery answer it was computed from (None without Kubernetes)
+    valid_until: float
+    evaluation: Evaluation | None
+    error: str | None
+
+    def still_right(self, version: int, epoch: int, targets: Any, now: float) -> bool:
+        return (
+            self.version == version
+            and self.epoch == epoch
+            and self.targets == targets
+            and now < self.valid_until
+        )
+
+
+@dataclass(slots=True)
+class Explanation:
+    """The inputs and result of one evaluation, kept as objects: /explain builds JSON only when asked."""
+
+    spec: TriggerSpec
+    evaluated_at: float  # wall-clock seconds (for people), not the monotonic clock
+    evaluation: Evaluation | None
+    error: str | None
+    notes: tuple[str, ...] = ()
+    discovery: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class Followed:
+    """Everything the scaler keeps about one ScaledObject."""
+
+    namespace: str
+    name: str
+    last_call: float
+    # One entry per trigger KEDA calls about (a ScaledObject may have several external triggers).
+    memos: dict[TriggerSpec, Memo] = field(default_factory=dict)
+    explanation: Explanation | None = None
+    metric_labels: set[tuple[str, str, str]] = field(default_factory=set)
+    notes_logged: set[str] = field(default_factory=set)
+
+    def log_once(self, note: str, level: int = logging.WARNING) -> bool:
+        """Log a note about this ScaledObject the first time it is seen; True when it was new."""
+        if note in self.notes_logged:
+            return False
+        self.notes_logged.add(note)
+        log.log(level, "ScaledObject %s/%s: %s", self.namespace, self.name, note)
+        return True
+
+
+class Tracker(Protocol):
+    """Discovery's side of a ScaledObject's life: start following it, and forget it."""
+
+    def track(self, namespace: str, name: str, spec: TriggerSpec) -> None: ...
+
+    def forget(self, namespace: str, name: str) -> None: ...
+
+
+class InterestSink(Protocol):
+    def touch(self, key: Hashable) -> None: ...
+
+
+class Registry:
+    """Followed ScaledObjects by (namespace, name), oldest call first, with one TTL and a cap.
+
+    Every call goes through follow(): it validates the reference, enforces the cap, keeps the entry
+    alive, notes interest in the data it needs and tells discovery. Entries not called for `ttl`
+    seconds are evicted with all their state, on the next call and by a background sweep.
+    """
+
+    def __init__(
+        self,
+        *,
+        ttl: float,
+        cap: int,
+        clock: Callable[[], float],
+        interest: InterestSink,
+        interest_key: Callable[[str, TriggerSpec], Hashable],
+        tracker: Tracker | None = None,
+        on_forget: Callable[[Followed], None] = lambda followed: None,
+    ) -> None:
+        self._ttl = ttl
+        self._cap = cap
+        self._clock = clock
+        self._interest = interest
+        self._interest_key = interest_key
+        self._tracker = tracker
+        self._on_forget = on_forget
+        self._entries: OrderedDict[tuple[str, str], Followed] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def follow(self, namespace: str, name: str, spec: TriggerSpec) -> Followed:
+        key = (namespace, name)
+        now = self._clock()
+        entry = self._entries.get(key)
+        if entry is None:
+            check_reference(namespace, name)
+            self.evict_expired(now)
+            if len(self._entries) >= self._cap:
+                raise TooManyScaledObjects(
+                    f"{len(self._entries)} ScaledObjects are followed, the limit (--max-scaledobjects) is"
+                    f" {self._cap}; ScaledObjects not called for {self._ttl:g}s (--interest-ttl) are forgotten"
+                )
+            entry = Followed(namespace, name, now)
+            self._entries[key] = entry
+        else:
+            self._entries.move_to_end(key)
+            entry.last_call = now
+        self._interest.touch(self._interest_key(namespace, spec))
+        if self._tracker is not None:
+            self._tracker.track(namespace, name, spec)
+        return entry
+
+    def get(self, namespace: str, name: str) -> Followed | None:
+        return self._entries.get((namespace, name))
+
+    def keys(self) -> list[tuple[str, str]]:
+        return sorted(self._entries)
+
+    def evict_expired(self, now: float | None = None) -> int:
+        """Forget every ScaledObject not called for the TTL; returns how many were forgotten."""
+        now = self._clock() if now is None else now
+        evicted = 0
+        while self._entries:
+            key, oldest = next(iter(self._entries.items()))
+            if now - oldest.last_call < self._ttl:
+                break
+            del self._entries[key]
+            self._forget(oldest)
+            evicted += 1
+        return evicted
+
+    def forget_all(self) -> None:
+        while self._entries:
+            _, entry = self._entries.popitem(last=False)
+            self._forget(entry)
+
+    def _forget(self, entry: Followed) -> None:
+        if self._tracker is not None:
+            self._tracker.forget(entry.namespace, entry.name)
+        self._on_forget(entry)
+
+    async def sweep(self) -> None:
+        """Evict in the background too, so state goes away even when no new call arrives."""
+        while True:
+            await asyncio.sleep(max(min(self._ttl / 10, 30.0), 0.05))
+            self.evict_expired()
+
+
+def check_reference(namespace: str, name: str) -> None:
+    """A ScaledObject reference must name a possible Kubernetes object (no state is kept for anything else)."""
+    if not _DNS_LABEL.fullmatch(namespace):
+        raise ConfigError(
+            f"namespace {quoted(namespace)} is not a Kubernetes namespace name; allowed: at most 63 lower-case"
+            " letters, digits and '-', starting and ending with a letter or digit"
+        )
+    if not _DNS_SUBDOMAIN.fullmatch(name):
+        raise ConfigError(
+            f"ScaledObject name {quoted(name)} is not a Kubernetes object name; allowed: at most 253 lower-case"
+            " letters, digits, '-' and '.', starting and ending with a letter or digit"
+        )

@@ -1,0 +1,167 @@
+"""The registry: one owner per ScaledObject, one TTL that forgets everything, a cap, valid names only."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import grpc
+import pytest
+
+from keda_gpu_scaler.errors import ConfigError, NoData, ResourceExhausted, TooManyScaledObjects, TooManyStreams
+from keda_gpu_scaler.registry import Memo, Registry
+from keda_gpu_scaler.service import status_for
+from keda_gpu_scaler.trigger import TriggerSpec, parse_trigger
+
+SPEC = parse_trigger({"threshold": "70", "podNamePrefix": "vllm-"})
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class RecordingInterest:
+    def __init__(self) -> None:
+        self.touched: list[Hashable] = []
+
+    def touch(self, key: Hashable) -> None:
+        self.touched.append(key)
+
+
+class RecordingTracker:
+    def __init__(self) -> None:
+        self.tracked: set[tuple[str, str]] = set()
+        self.forgotten: list[tuple[str, str]] = []
+
+    def track(self, namespace: str, name: str, spec: TriggerSpec) -> None:
+        self.tracked.add((namespace, name))
+
+    def forget(self, namespace: str, name: str) -> None:
+        self.tracked.discard((namespace, name))
+        self.forgotten.append((namespace, name))
+
+
+def make_registry(clock: Clock, cap: int = 100, ttl: float = 600.0):  # type: ignore[no-untyped-def]
+    tracker = RecordingTracker()
+    forgotten: list[str] = []
+    registry = Registry(
+        ttl=ttl,
+        cap=cap,
+        clock=clock,
+        interest=RecordingInterest(),
+        interest_key=lambda namespace, spec: ("scrape",),
+        tracker=tracker,
+        on_forget=lambda followed: forgotten.append(followed.name),
+    )
+    return registry, tracker, forgotten
+
+
+def test_follow_keeps_one_entry_per_scaledobject_and_tells_discovery() -> None:
+    clock = Clock()
+    registry, tracker, _ = make_registry(clock)
+    first = registry.follow("llm", "vllm", SPEC)
+    assert registry.follow("llm", "vllm", SPEC) is first
+    assert len(registry) == 1
+    assert tracker.tracked == {("llm", "vllm")}
+
+
+def test_ttl_forgets_every_piece_of_state_together() -> None:
+    clock = Clock()
+    registry, tracker, forgotten = make_registry(clock, ttl=600)
+    entry = registry.follow("llm", "old", SPEC)
+    entry.memos[SPEC] = Memo(1, 1, None, float("inf"), None, "x")
+    entry.metric_labels.add(("llm", "old", "gpu-utilization"))
+    clock.now += 300
+    registry.follow("llm", "young", SPEC)
+    clock.now += 301  # "old" is past the TTL, "young" is not
+    assert registry.evict_expired() == 1
+    assert registry.get("llm", "old") is None
+    assert registry.get("llm", "young") is not None
+    assert tracker.forgotten == [("llm", "old")]
+    assert forgotten == ["old"]
+    # A call for it again starts from nothing: no memo, no labels, no notes survive.
+    again = registry.follow("llm", "old", SPEC)
+    assert again is not entry and not again.memos and not again.metric_labels
+
+
+def test_a_call_keeps_a_scaledobject_alive() -> None:
+    clock = Clock()
+    registry, _, forgotten = make_registry(clock, ttl=600)
+    registry.follow("llm", "vllm", SPEC)
+    for _ in range(5):
+        clock.now += 500
+        registry.follow("llm", "vllm", SPEC)
+        registry.evict_expired()
+    assert forgotten == []
+
+
+def test_cap_refuses_new_scaledobjects_naming_the_flag_and_keeps_followed_ones() -> None:
+    clock = Clock()
+    registry, _, _ = make_registry(clock, cap=2)
+    registry.follow("a", "one", SPEC)
+    registry.follow("a", "two", SPEC)
+    with pytest.raises(TooManyScaledObjects, match="--max-scaledobjects"):
+        registry.follow("a", "three", SPEC)
+    registry.follow("a", "one", SPEC)  # already followed: still served
+    clock.now += 601
+    registry.follow("a", "three", SPEC)  # the others expired, so there is room again
+    assert registry.keys() == [("a", "three")]
+
+
+@pytest.mark.parametrize(
+    ("namespace", "name"),
+    [
+        ("", "vllm"),
+        ("llm", ""),
+        ("LLM", "vllm"),
+        ("llm", "Vllm"),
+        ("a" * 64, "vllm"),
+        ("llm", "a" * 254),
+        ("llm", "vllm/../x"),
+        ("llm ", "vllm"),
+    ],
+)
+def test_names_that_kubernetes_would_refuse_are_invalid_and_keep_no_state(namespace: str, name: str) -> None:
+    registry, _, _ = make_registry(Clock())
+    with pytest.raises(ConfigError) as raised:
+        registry.follow(namespace, name, SPEC)
+    assert len(str(raised.value)) < 400  # the message quotes at most ~100 characters of the input
+    assert len(registry) == 0
+
+
+def test_longest_valid_names_are_accepted() -> None:
+    registry, _, _ = make_registry(Clock())
+    registry.follow("a" * 63, "b" * 253, SPEC)
+    assert len(registry) == 1
+
+
+class NewKindOfNoData(NoData):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (ConfigError("x"), grpc.StatusCode.INVALID_ARGUMENT),
+        (NoData("x"), grpc.StatusCode.UNAVAILABLE),
+        (NewKindOfNoData("x"), grpc.StatusCode.UNAVAILABLE),
+        (TooManyStreams("x"), grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (TooManyScaledObjects("x"), grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (ResourceExhausted("x"), grpc.StatusCode.RESOURCE_EXHAUSTED),
+        (RuntimeError("x"), grpc.StatusCode.INTERNAL),
+    ],
+)
+def test_errors_map_along_the_class_hierarchy(error: Exception, code: grpc.StatusCode) -> None:
+    assert status_for(error) is code
+
+
+def test_memo_is_right_only_while_nothing_it_depends_on_moved() -> None:
+    memo = Memo(version=3, epoch=2, targets=frozenset({"a"}), valid_until=10.0, evaluation=None, error="e")
+    assert memo.still_right(3, 2, frozenset({"a"}), 9.9)
+    assert not memo.still_right(4, 2, frozenset({"a"}), 9.9)  # the namespace's data changed
+    assert not memo.still_right(3, 3, frozenset({"a"}), 9.9)  # a source came or went
+    assert not memo.still_right(3, 2, frozenset({"a", "b"}), 9.9)  # the targets moved
+    assert not memo.still_right(3, 2, frozenset({"a"}), 10.0)  # a page aged out
