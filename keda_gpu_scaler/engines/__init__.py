@@ -60,17 +60,19 @@ class EngineModule:
     sample_names: frozenset[str]
     metrics: frozenset[InferenceMetric]
     read: Callable[[Sequence[Sample], str | None], InferenceReading]
+    # The family that names the engine in messages (the one every release of it prints).
+    signature: str
 
 
 # Adding an engine: a module with SAMPLE_NAMES, METRICS and read(), one line here (docs/ADDING_A_VENDOR.md).
 # The order is the order `auto` tries them in: a Triton page that also carries the TensorRT-LLM backend's
 # families is that backend's (its own counts; Triton's pending count is only the queue in front of it).
 ENGINES: tuple[EngineModule, ...] = (
-    EngineModule(Engine.VLLM, vllm.SAMPLE_NAMES, vllm.METRICS, vllm.read),
-    EngineModule(Engine.SGLANG, sglang.SAMPLE_NAMES, sglang.METRICS, sglang.read),
-    EngineModule(Engine.TGI, tgi.SAMPLE_NAMES, tgi.METRICS, tgi.read),
-    EngineModule(Engine.TRTLLM, trtllm.SAMPLE_NAMES, trtllm.METRICS, trtllm.read),
-    EngineModule(Engine.TRITON, triton.SAMPLE_NAMES, triton.METRICS, triton.read),
+    EngineModule(Engine.VLLM, vllm.SAMPLE_NAMES, vllm.METRICS, vllm.read, vllm.WAITING),
+    EngineModule(Engine.SGLANG, sglang.SAMPLE_NAMES, sglang.METRICS, sglang.read, sglang.WAITING),
+    EngineModule(Engine.TGI, tgi.SAMPLE_NAMES, tgi.METRICS, tgi.read, tgi.WAITING),
+    EngineModule(Engine.TRTLLM, trtllm.SAMPLE_NAMES, trtllm.METRICS, trtllm.read, trtllm.REQUESTS),
+    EngineModule(Engine.TRITON, triton.SAMPLE_NAMES, triton.METRICS, triton.read, triton.WAITING),
 )
 _BY_ENGINE = {module.engine: module for module in ENGINES}
 
@@ -122,8 +124,9 @@ def unsupported_message(engine: Engine | str, metric: InferenceMetric | str) -> 
 def _no_engine() -> InferenceReading:
     missing = Missing(
         MissingKind.NO_ENGINE,
-        "none of the inference servers' families is on the page (vLLM prints its own only once its "
-        f"engine has started); looked for: {', '.join(sorted(ENGINE_SAMPLE_NAMES))}",
+        "no inference server's families on the page (none of "
+        f"{', '.join(module.signature for module in ENGINES)}, ...); vLLM prints its own only once its "
+        "engine has started",
     )
     return InferenceReading(None, missing, missing, missing)
 

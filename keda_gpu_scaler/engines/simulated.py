@@ -1,0 +1,145 @@
+"""Simulated inference-server pages for the demo fleet: a state of requests and KV-cache → page text (pure)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from keda_gpu_scaler.engines import sglang, tgi, vllm
+
+
+class EngineLoad(NamedTuple):
+    """One engine's state: requests running and waiting, and the KV-cache in use as a fraction 0–1."""
+
+    running: float
+    waiting: float
+    kv_cache: float
+
+
+def load_for(
+    in_flight: float, *, max_running: int = 64, kv_per_request: float = 0.012, kv_idle: float = 0.0
+) -> EngineLoad:
+    """What one engine shows with `in_flight` requests: up to `max_running` run, the rest wait.
+
+    vLLM's --max-num-seqs (SGLang's --max-running-requests) caps the batch; each running request holds
+    KV blocks, so the cache fills with the batch (`kv_per_request` of it each, clipped at full).
+    """
+    total = max(0, round(in_flight))
+    running = min(total, max_running)
+    kv = min(1.0, kv_idle + running * kv_per_request)
+    return EngineLoad(float(running), float(total - running), round(kv, 4))
+
+
+def split(in_flight: float, engines: int) -> list[float]:
+    """`in_flight` requests spread over data-parallel engines as a round-robin balancer leaves them."""
+    total = max(0, round(in_flight))
+    return [float(total // engines + (1 if index < total % engines else 0)) for index in range(engines)]
+
+
+def vllm_page(model: str, engines: Sequence[EngineLoad | tuple[float, float, float]]) -> str:
+    """A vLLM (V1) server's gauges for one pod: one engine per entry (data-parallel rank = index).
+
+    With no engines the page holds no vLLM family at all, as a server whose engine is still starting.
+    """
+    loads = [EngineLoad(*load) for load in engines]
+    labels = [f'engine="{index}",model_name="{_escape(model)}"' for index in range(len(loads))]
+    families: list[tuple[str, str, str, list[tuple[str, float]]]] = []
+    if loads:
+        families = [
+            (vllm.RUNNING, "gauge", "Number of requests in model execution batches.", []),
+            (vllm.WAITING, "gauge", "Number of requests waiting to be processed.", []),
+            (vllm.WAITING_BY_REASON, "gauge", "Number of requests waiting to be processed, by reason.", []),
+            (vllm.KV_CACHE, "gauge", "KV-cache usage. 1 means 100 percent usage.", []),
+        ]
+        for label, load in zip(labels, loads, strict=True):
+            families[0][3].append((label, load.running))
+            families[1][3].append((label, load.waiting))
+            # All waiting for room in the batch: the breakdown must never be added to the total.
+            families[2][3].append((label + ',reason="capacity"', load.waiting))
+            families[2][3].append((label + ',reason="deferred"', 0.0))
+            families[3][3].append((label, load.kv_cache))
+    return _page(_python_process_families() + families)
+
+
+def sglang_page(
+    model: str, dp_ranks: Sequence[EngineLoad | tuple[float, float, float]], *, tp_size: int = 1
+) -> str:
+    """An SGLang server's scheduler gauges: one scheduler per dp_rank, each repeated on its tp ranks.
+
+    Printed as SGLang's multiprocess client library does: HELP "Multiprocess metric", labels sorted.
+    """
+    max_tokens = 65536
+    rows: dict[str, list[tuple[str, float]]] = {
+        sglang.RUNNING: [],
+        "sglang:num_used_tokens": [],
+        sglang.KV_CACHE: [],
+        sglang.WAITING: [],
+        "sglang:max_total_num_tokens": [],
+    }
+    for dp_rank, load in enumerate(EngineLoad(*load) for load in dp_ranks):
+        for tp_rank in range(tp_size):
+            label = (
+                f'dp_rank="{dp_rank}",engine_type="unified",model_name="{_escape(model)}",'
+                f'moe_ep_rank="0",pp_rank="0",tp_rank="{tp_rank}"'
+            )
+            rows[sglang.RUNNING].append((label, load.running))
+            rows["sglang:num_used_tokens"].append((label, float(round(load.kv_cache * max_tokens))))
+            rows[sglang.KV_CACHE].append((label, load.kv_cache))
+            rows[sglang.WAITING].append((label, load.waiting))
+            rows["sglang:max_total_num_tokens"].append((label, float(max_tokens)))
+    families = [(name, "gauge", "Multiprocess metric", values) for name, values in rows.items() if values]
+    return _page(families)
+
+
+def tgi_page(load: EngineLoad | tuple[float, float, float]) -> str:
+    """A TGI router's gauges (unlabelled, integers as its Rust exporter prints them); no KV-cache %."""
+    state = EngineLoad(*load)
+    lines = [
+        "# HELP tgi_queue_size Current queue size",
+        "# TYPE tgi_queue_size gauge",
+        f"{tgi.WAITING} {int(state.waiting)}",
+        "# HELP tgi_batch_current_size Current batch size",
+        "# TYPE tgi_batch_current_size gauge",
+        f"{tgi.RUNNING} {int(state.running)}",
+        "# HELP tgi_batch_current_max_tokens Maximum tokens for the current batch",
+        "# TYPE tgi_batch_current_max_tokens gauge",
+        f"tgi_batch_current_max_tokens {int(state.running) * 1024}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _python_process_families() -> list[tuple[str, str, str, list[tuple[str, float]]]]:
+    """The client library's default families every vLLM page starts with (static values)."""
+    return [
+        (
+            "python_info",
+            "gauge",
+            "Python platform information",
+            [('implementation="CPython",major="3",minor="12",patchlevel="11",version="3.12.11"', 1.0)],
+        ),
+        ("process_open_fds", "gauge", "Number of open file descriptors.", [("", 73.0)]),
+    ]
+
+
+def _page(families: Sequence[tuple[str, str, str, Sequence[tuple[str, float]]]]) -> str:
+    lines: list[str] = []
+    for name, kind, help_text, samples in families:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            lines.append(f"{name}{{{labels}}} {_float(value)}" if labels else f"{name} {_float(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _float(value: float) -> str:
+    """A value as the Python client library prints it (Go's spelling for the infinities and NaN)."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
