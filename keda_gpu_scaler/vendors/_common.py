@@ -55,23 +55,44 @@ POD_LABELS: tuple[tuple[str, str], ...] = (
 )
 
 
+def target_pair(labels: Mapping[str, str]) -> PodKey | None:
+    """The plain `namespace`/`pod` pair when nothing more specific names the sample's pod.
+
+    That pair is where Prometheus puts a scrape target's own pod (the exporter's), so only such a pair can
+    be the exporter's; one beside `exported_pod` or `pod_name` is the target's while the other names the
+    workload.
+    """
+    if any(labels.get(ns_key) and labels.get(pod_key) for ns_key, pod_key in POD_LABELS[:-1]):
+        return None
+    namespace, pod = labels.get("namespace", ""), labels.get("pod", "")
+    return (namespace, pod) if namespace and pod else None
+
+
 class PodResolver:
     """Finds the pod a sample belongs to; knows the scrape targets' own pods so it never reports them.
 
-    Through Prometheus with honorLabels false, a GPU that has no workload pod still carries the exporter's
-    own `namespace`/`pod` target labels. Those pairs are learnt from the samples that show both a workload
-    (`exported_pod`) and a target pair, and are then read as "no pod" everywhere on the page.
+    Through Prometheus, a series that names no workload pod (an idle GPU, dcgm-exporter's device-level
+    series beside per-pod ones) still carries the exporter's own `namespace`/`pod` target labels. With
+    honorLabels false, those pairs are learnt from the samples that show both a workload (`exported_pod`)
+    and a target pair. With honorLabels true the workload's own pair wins and nothing shows both: a vendor
+    that can tell its exporter's series by their shape adds those pairs (with_targets). Either way they
+    are then read as "no pod" everywhere on the page.
     """
 
     __slots__ = ("_targets",)
 
-    def __init__(self, samples: Iterable[Sample] = ()) -> None:
-        targets: set[PodKey] = set()
+    def __init__(self, samples: Iterable[Sample] = (), targets: Iterable[PodKey] = ()) -> None:
+        learnt: set[PodKey] = set(targets)
         for sample in samples:
             labels = sample.labels
             if labels.get("exported_pod") and labels.get("pod") and labels.get("namespace"):
-                targets.add((labels["namespace"], labels["pod"]))
-        self._targets = frozenset(targets)
+                learnt.add((labels["namespace"], labels["pod"]))
+        self._targets = frozenset(learnt)
+
+    def with_targets(self, targets: Iterable[PodKey]) -> PodResolver:
+        """This resolver, also reading these `namespace`/`pod` pairs as a scrape target's own pod."""
+        more = frozenset(targets) - self._targets
+        return PodResolver(targets=self._targets | more) if more else self
 
     def pod_of(self, labels: Mapping[str, str]) -> PodKey | None:
         for namespace_key, pod_key in POD_LABELS:

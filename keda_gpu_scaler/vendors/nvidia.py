@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from keda_gpu_scaler.exposition import Sample
@@ -16,6 +16,7 @@ from keda_gpu_scaler.vendors._common import (
     first_label,
     percent_of,
     remember,
+    target_pair,
 )
 
 GPU_UTIL = "DCGM_FI_DEV_GPU_UTIL"  # %, integer duty cycle
@@ -93,13 +94,45 @@ class _Gpu:
 GPU_ID_LABELS = ("UUID", "uuid")  # `uuid` with --use-old-namespace
 
 
-def readings(samples: Sequence[Sample], resolver: PodResolver) -> list[GpuReading]:
-    gpus: dict[tuple[str, str, str], _Gpu] = {}
+GpuKey = tuple[str, str, str]
+"""(host, GPU, MIG instance): UUIDs are global; the host only keeps the index fallbacks of nodes apart."""
+
+
+def _gpu_key(labels: Mapping[str, str]) -> GpuKey:
+    identity, instance = dcgm_gpu(labels)
+    return first_label(labels, _HOST_LABELS), identity, instance
+
+
+def exporter_pods(samples: Sequence[Sample]) -> set[PodKey]:
+    """The exporter's own pod, where it shows as the pod of a device-level series.
+
+    Scraped through Prometheus with honorLabels true, the device-level series of a time-shared GPU gets
+    the exporter pod's `namespace`/`pod` target labels, while the sharing pods' series keep their own.
+    dcgm-exporter labels every per-pod series of such a family `pod_uid` and never labels the device's
+    series `pod_uid` or `vgpu`: a series without either, whose GPU has `pod_uid`-labelled series of the
+    same family, is the device's, and the pod it names is the scrape target's. (Copies of a device value
+    never sit beside `pod_uid` series of their family, so a workload pod is never taken for it.)
+    """
+    with_uid: set[tuple[GpuKey, str]] = set()
+    device_like: dict[tuple[GpuKey, str], set[PodKey]] = {}
     for sample in samples:
-        # UUIDs are global; the host only keeps the index fallbacks of different nodes apart.
-        host = first_label(sample.labels, _HOST_LABELS)
-        identity, instance = dcgm_gpu(sample.labels)
-        key = (host, identity, instance)
+        if sample.name not in _MAYBE_PER_POD:
+            continue
+        labels = sample.labels
+        key = (_gpu_key(labels), sample.name)
+        if labels.get("pod_uid"):
+            with_uid.add(key)
+        elif not labels.get("vgpu") and (pair := target_pair(labels)) is not None:
+            device_like.setdefault(key, set()).add(pair)
+    return {pair for key, pairs in device_like.items() if key in with_uid for pair in pairs}
+
+
+def readings(samples: Sequence[Sample], resolver: PodResolver) -> list[GpuReading]:
+    resolver = resolver.with_targets(exporter_pods(samples))
+    gpus: dict[GpuKey, _Gpu] = {}
+    for sample in samples:
+        key = _gpu_key(sample.labels)
+        host, identity, instance = key
         gpu = gpus.get(key)
         if gpu is None:
             gpu = gpus[key] = _Gpu(gpu=identity, host=host, mig=bool(instance))

@@ -147,8 +147,18 @@ def test_targets(prometheus: PrometheusServer) -> Iterator[Any]:
     """Register a test's own exporters with Prometheus (removed afterwards)."""
     registered: set[str] = set()
 
-    def register(job: str, *exporters: ExporterServer, exporter_pod: str = "nvidia-dcgm-exporter-t") -> None:
-        labels = operator_labels(exporter_pod) if job == "operator" else {}
+    def register(
+        job: str,
+        *exporters: ExporterServer,
+        exporter_pod: str = "nvidia-dcgm-exporter-t",
+        target_labels: bool | None = None,
+    ) -> None:
+        """target_labels: give the targets a dcgm-exporter pod's own labels (default: the operator job)."""
+        labels = (
+            operator_labels(exporter_pod)
+            if (job == "operator" if target_labels is None else target_labels)
+            else {}
+        )
         prometheus.set_targets(job, "test", [(address_of(e), labels) for e in exporters])
         registered.add(job)
 
@@ -215,6 +225,41 @@ async def test_same_values_as_direct_scraping(
         assert queried == scraped
 
     await eventually(same, timeout=30)
+
+
+@pytest.mark.parametrize("job", list(JOBS))
+async def test_time_shared_pods_as_scraped_directly_with_either_honor_labels(
+    prometheus: PrometheusServer, make_exporter: Any, make_scaler: Any, test_targets: Any, job: str
+) -> None:
+    """--kubernetes-virtual-gpus: each time-shared pod's own value is told from copies of the device's
+    by the GPU's device-level series beside it. Scraped by a ServiceMonitor, that series carries the
+    exporter pod's own namespace/pod target labels: moved to exported_* with honor_labels false, kept
+    as its only pod labels with honor_labels true. Either way it is the exporter, not a workload pod."""
+    # A namespace and an exporter pod of its own per case: the other job's series may linger in Prometheus.
+    namespace, exporter_pod = f"shared-{job}", f"nvidia-dcgm-exporter-{job}"
+    page = (FIXTURES / "dcgm_virtual_gpus_pod_uid.prom").read_text()
+    exporter = await make_exporter(page.replace('namespace="ml"', f'namespace="{namespace}"'))
+    test_targets(job, exporter, exporter_pod=exporter_pod, target_labels=True)
+    # The device-level series really arrive with the exporter's own pod on them.
+    device = f'DCGM_FI_DEV_GPU_UTIL{{job="{job}",pod="{exporter_pod}",exported_pod="",pod_uid=""}}'
+    deadline = time.monotonic() + 30
+    while len(prometheus.query(device)) != 2:
+        assert time.monotonic() < deadline, "Prometheus did not scrape the exporter in time"
+        await asyncio.sleep(0.2)
+    direct = await make_scaler(exporter)
+    through = await make_scaler(prometheus_url=prometheus.url, **THROUGH_PROMETHEUS)
+    # Per pod (48 + 23, and 40), not the device's 71 % copied onto each pod.
+    await _answers(direct, namespace, trigger("chat-"), 71.0)
+    await _answers(direct, namespace, trigger("embed-"), 40.0)
+    cases = [(prefix, metric) for prefix in ("chat-", "embed-") for metric in ("utilization", "memory")]
+
+    async def same() -> None:
+        scraped = {c: await outcome(direct, namespace, trigger(c[0], metric=c[1])) for c in cases}
+        queried = {c: await outcome(through, namespace, trigger(c[0], metric=c[1])) for c in cases}
+        assert all(isinstance(v, float) for v in scraped.values()), scraped
+        assert queried == scraped
+
+    await eventually(same, timeout=20)
 
 
 async def test_default_source_prometheus_answers_triggers_without_source(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from keda_gpu_scaler.exposition import parse_exposition
+from keda_gpu_scaler.exposition import Sample, parse_exposition
 from keda_gpu_scaler.vendors import (
     SAMPLE_NAMES,
     VENDORS,
@@ -550,3 +550,80 @@ def test_utilization_for(
     expected: float | None,
 ) -> None:
     assert utilization_for(_reading(family, util, engine, mig), field) == expected
+
+
+# ---- through Prometheus: the exporter's own target labels --------------------------------------------
+
+# What a kube-prometheus ServiceMonitor attaches to every series of a dcgm-exporter (or other exporter) pod.
+EXPORTER_TARGET = {
+    "namespace": "gpu-operator",
+    "pod": "nvidia-dcgm-exporter-7xk2p",
+    "container": "nvidia-dcgm-exporter",
+    "service": "nvidia-dcgm-exporter",
+    "endpoint": "gpu-metrics",
+    "job": "nvidia-dcgm-exporter",
+    "instance": "10.0.0.7:9400",
+}
+
+
+def through_prometheus(samples: list[Sample], honor_labels: bool) -> list[Sample]:
+    """The samples as Prometheus stores them with the exporter's target labels (its scrape rules)."""
+    stored = []
+    for sample in samples:
+        labels = {k: v for k, v in sample.labels.items() if v}  # an empty label is no label
+        for name, value in EXPORTER_TARGET.items():
+            if honor_labels:
+                labels.setdefault(name, value)
+            else:
+                if name in labels:
+                    labels[f"exported_{name}"] = labels[name]
+                labels[name] = value
+        stored.append(Sample(sample.name, labels, sample.value, sample.timestamp_ms))
+    return stored
+
+
+@pytest.mark.parametrize("honor_labels", [True, False], ids=["honor-labels", "exported-labels"])
+@pytest.mark.parametrize("fixture", sorted(p.name for p in FIXTURES.glob("*.prom")))
+def test_exporter_target_labels_change_no_reading(fixture: str, honor_labels: bool) -> None:
+    """The same readings as the page scraped directly, and none for the exporter's own pod: with
+    --kubernetes-virtual-gpus the device-level series (now naming the exporter pod) is what tells each
+    time-shared pod's own value from copies of the device's."""
+    samples = parse_exposition((FIXTURES / fixture).read_text(), SAMPLE_NAMES)
+    if not honor_labels and any("exported_pod" in s.labels for s in samples):
+        pytest.skip("a page already read through Prometheus: its exported_* labels would be renamed twice")
+    direct = readings_from_samples(samples)
+    stored = readings_from_samples(through_prometheus(samples, honor_labels))
+    workloads = [r for r in stored if r.namespace != EXPORTER_TARGET["namespace"]]
+    assert workloads == direct
+    if any(s.labels.get("pod_uid") for s in samples):
+        assert workloads == stored  # the exporter's pod is known: its device-level series are no pod's
+
+
+def test_exporter_pod_is_told_only_by_device_series_beside_pod_uid_series() -> None:
+    device = f'{DCGM_LABELS},namespace="ops",pod="exporter"'
+    page = f"""
+DCGM_FI_DEV_GPU_UTIL{{{device}}} 80
+DCGM_FI_DEV_GPU_UTIL{{{DCGM_LABELS},namespace="ns",pod="p",pod_uid="u1",vgpu="0"}} 30
+DCGM_FI_DEV_GPU_UTIL{{{DCGM_LABELS},namespace="ns",pod="q",pod_uid="u2",vgpu="1"}} 50
+DCGM_FI_DEV_FB_FREE{{{DCGM_LABELS},namespace="ns",pod="p",vgpu="0"}} 10
+DCGM_FI_DEV_GPU_UTIL{{gpu="1",UUID="GPU-2",Hostname="n1",namespace="ops",pod="exporter"}} 0
+DCGM_FI_DEV_GPU_UTIL{{gpu="2",UUID="GPU-3",Hostname="n1",namespace="ns",pod="r"}} 60
+"""
+    assert_readings(
+        read(page),
+        [
+            nvidia("ns", "p", "GPU-1", "n1", util=30, engine=None, memory=None),
+            nvidia("ns", "q", "GPU-1", "n1", util=50, engine=None, memory=None),
+            # Learnt on GPU-1, the exporter's pair is no pod on its idle GPU-2 either.
+            nvidia("ns", "r", "GPU-3", "n1", util=60, engine=None, memory=None),
+        ],
+    )
+    # Without pod_uid beside it, a series with a plain pair is a pod's: nothing is learnt.
+    unlearnt = read(page.replace('pod_uid="u1",', "").replace('pod_uid="u2",', ""))
+    assert sorted((r.pod, r.gpu) for r in unlearnt) == [
+        ("exporter", "GPU-1"),
+        ("exporter", "GPU-2"),
+        ("p", "GPU-1"),
+        ("q", "GPU-1"),
+        ("r", "GPU-3"),
+    ]
