@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from keda_gpu_scaler.collect.prometheus import prometheus_interest
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
 from keda_gpu_scaler.collect.store import SourceKind, Store
+from keda_gpu_scaler.discovery.targets import Targets  # defined beside discovery, re-exported here
 from keda_gpu_scaler.errors import ConfigError, NoData
 from keda_gpu_scaler.registry import Explanation, Followed, Memo
 from keda_gpu_scaler.scaling import Evaluation, evaluate, pod_values
@@ -18,14 +18,6 @@ from keda_gpu_scaler.telemetry import Telemetry
 from keda_gpu_scaler.trigger import Aggregation, Source, TriggerSpec
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Targets:
-    """A ScaledObject's target pods as discovery knows them."""
-
-    pods: frozenset[str]
-    metric_type: str | None = None  # the trigger's metricType ("AverageValue" or "Value") when read
 
 
 # GetMetrics is always followed by IsActive, and many streams and polls ask about the same data: one

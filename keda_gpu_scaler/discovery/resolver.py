@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Protocol
 
 from prometheus_client import Counter, Gauge
 
-from keda_gpu_scaler.discovery.kube import KubeApi, KubeError, PodInformer, connect
-from keda_gpu_scaler.discovery.pods import exporter_url
+from keda_gpu_scaler.backoff import backoff_delay, jittered
+from keda_gpu_scaler.discovery.api import KubeApi, KubeError, connect
+from keda_gpu_scaler.discovery.exporters import ExporterDiscovery, ExporterSink
+from keda_gpu_scaler.discovery.informer import PodInformer
 from keda_gpu_scaler.discovery.scaledobject import (
+    EXTERNAL_TRIGGER_TYPES,
     ScaledObjectError,
     ScaledObjectInfo,
     ScaleTarget,
@@ -23,10 +24,13 @@ from keda_gpu_scaler.discovery.scaledobject import (
     parse_scaled_object,
 )
 from keda_gpu_scaler.discovery.selectors import ExporterSelector, Selector, SelectorError, parse_selector
+from keda_gpu_scaler.discovery.targets import NamespaceIndex, Selection, Targets
 from keda_gpu_scaler.errors import ConfigError, NoData
-from keda_gpu_scaler.evaluator import Targets
+from keda_gpu_scaler.supervise import supervised
 from keda_gpu_scaler.telemetry import PREFIX, Telemetry
 from keda_gpu_scaler.trigger import TriggerSpec
+
+__all__ = ["DiscoveryConfig", "ExporterSink", "KubeDiscovery", "Targets"]
 
 log = logging.getLogger(__name__)
 
@@ -34,14 +38,10 @@ log = logging.getLogger(__name__)
 # installed after the scaler started must become usable without a restart).
 DISCOVERY_CACHE_SECONDS = 60.0
 FIRST_RETRY_SECONDS = 0.5
-
-
-class ExporterSink(Protocol):
-    """Where discovered exporter URLs go (the scrape collector)."""
-
-    def add(self, url: str) -> None: ...
-
-    def remove(self, url: str) -> None: ...
+# Distinct podSelector values and trigger metadata remembered per ScaledObject: a caller that sends ever
+# new ones must not grow discovery's state without bound (the oldest is dropped, and read again if asked).
+MAX_OVERRIDES = 8
+MAX_METRIC_TYPES = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,16 +49,10 @@ class DiscoveryConfig:
     kubeconfig: str | None  # None: the in-cluster service account
     exporter_selectors: tuple[ExporterSelector, ...]
     refresh_interval: float  # seconds between re-reads of a ScaledObject and its /scale
-    interest_ttl: float  # a ScaledObject no call asked about for this long is forgotten
+    # Not used by discovery: whoever calls track() decides when a ScaledObject is no longer followed and
+    # calls forget(). Kept so that callers built for the earlier interface need not change.
+    interest_ttl: float | None = None
     static_urls: frozenset[str] = frozenset()  # --exporter-url: never removed by discovery
-
-
-@dataclass(frozen=True, slots=True)
-class _Selection:
-    """What one selector picks in a namespace's pod cache, as of the last reconciliation."""
-
-    targets: frozenset[str]  # names of the pods that count as targets
-    nodes: frozenset[str]  # the nodes those pods run on
 
 
 @dataclass(eq=False)
@@ -67,7 +61,6 @@ class _Tracked:
 
     namespace: str
     name: str
-    last_wanted: float
     info: ScaledObjectInfo | None = None
     object_error: str | None = None
     selector: Selector | None = None  # the scale target's, from its /scale subresource
@@ -75,18 +68,35 @@ class _Tracked:
     overrides: dict[str, Selector] = field(default_factory=dict)  # podSelector metadata seen in calls
     task: asyncio.Task[None] | None = None
     notes_logged: set[str] = field(default_factory=set)
-    selections: dict[Selector, _Selection] = field(default_factory=dict)  # of selectors(), by _sync
+    # True once the ScaledObject was read and has an external trigger: only then are its namespace's pods
+    # watched (a caller naming objects that do not exist makes no watch).
+    holds_namespace: bool = False
+    selections: dict[Selector, Selection] = field(default_factory=dict)  # registered in the namespace
+    metric_types: dict[TriggerSpec, tuple[str | None, str | None]] = field(default_factory=dict)
+    covered: dict[Selector, tuple[int, int]] = field(default_factory=dict)  # exporter check passed at
 
     @property
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
 
-    def selectors(self) -> list[Selector]:
-        return [s for s in (self.selector, *self.overrides.values()) if s is not None]
+    def selectors(self) -> set[Selector]:
+        return {s for s in (self.selector, *self.overrides.values()) if s is not None}
+
+
+@dataclass(eq=False)
+class _Namespace:
+    informer: PodInformer
+    index: NamespaceIndex
+    holders: set[tuple[str, str]] = field(default_factory=set)
 
 
 class KubeDiscovery:
-    """ScaledObject → scaleTargetRef → /scale selector → pods; trigger metricType; exporters on those nodes."""
+    """ScaledObject → scaleTargetRef → /scale selector → pods; trigger metricType; exporters on those nodes.
+
+    Every ScaledObject asked about is read from the API in the background (track); its namespace's pods
+    are watched only once it was read and has an external trigger. Pod events update the target sets of
+    the selectors they touch, as they arrive; resolve() only reads. forget() drops everything at once.
+    """
 
     def __init__(
         self, settings: DiscoveryConfig, telemetry: Telemetry, clock: Callable[[], float] = time.monotonic
@@ -94,13 +104,9 @@ class KubeDiscovery:
         self._settings = settings
         self._clock = clock
         self._api: KubeApi | None = None
-        self._sink: ExporterSink | None = None
         self._tracked: dict[tuple[str, str], _Tracked] = {}
-        self._namespaces: dict[str, PodInformer] = {}
-        self._exporters: list[tuple[ExporterSelector, PodInformer]] = []
+        self._namespaces: dict[str, _Namespace] = {}
         self._plurals: dict[tuple[str, str], tuple[float, dict[str, tuple[str, bool]]]] = {}
-        self._discovered: dict[str, str] = {}  # exporter URL → node
-        self._sync_pending = False
         registry = telemetry.registry
         self.watch_restarts = Counter(
             f"{PREFIX}_kubernetes_watch_restarts",
@@ -116,10 +122,13 @@ class KubeDiscovery:
         self.tracked_scaled_objects = Gauge(
             f"{PREFIX}_kubernetes_tracked_scaledobjects", "ScaledObjects discovery follows", registry=registry
         )
+        self._exporters = ExporterDiscovery(
+            settings.exporter_selectors, settings.static_urls, self.discovered_exporters
+        )
 
     async def start(self, sink: ExporterSink) -> None:
-        """Load credentials (raises kube.ConnectError); nothing is read from the API until a call asks."""
-        self._sink = sink
+        """Load credentials (raises api.ConnectError); nothing is read from the API until a call asks."""
+        self._exporters.sink = sink
         self._api = KubeApi(await connect(self._settings.kubeconfig))
 
     async def stop(self) -> None:
@@ -128,10 +137,10 @@ class KubeDiscovery:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tracked.clear()
-        for informer in [*self._namespaces.values(), *(i for _, i in self._exporters)]:
-            await informer.stop()
-        self._namespaces.clear()
-        self._exporters.clear()
+        namespaces, self._namespaces = self._namespaces, {}
+        for space in namespaces.values():
+            await space.informer.stop()
+        await self._exporters.stop()
         if self._api is not None:
             await self._api.close()
             self._api = None
@@ -153,19 +162,28 @@ class KubeDiscovery:
         self.check(spec)
         key = (namespace, name)
         tracked = self._tracked.get(key)
-        now = self._clock()
         if tracked is None:
-            tracked = _Tracked(namespace, name, now)
+            tracked = _Tracked(namespace, name)
             self._tracked[key] = tracked
             self.tracked_scaled_objects.set(len(self._tracked))
         if tracked.task is None and self._api is not None:
-            self._watch_namespace(namespace)
-            self._watch_exporters()
-            tracked.task = asyncio.create_task(self._follow(tracked), name=f"follow {tracked.ref}")
-        tracked.last_wanted = now
+            tracked.task = supervised(lambda: self._follow(tracked), f"follow ScaledObject {tracked.ref}")
         if spec.pod_selector is not None and spec.pod_selector not in tracked.overrides:
+            if len(tracked.overrides) >= MAX_OVERRIDES:
+                del tracked.overrides[next(iter(tracked.overrides))]
             tracked.overrides[spec.pod_selector] = _pod_selector(spec.pod_selector)
-            self._schedule_sync()
+            self._register(tracked)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop everything discovery keeps for this ScaledObject, at once (its owner evicted it)."""
+        tracked = self._tracked.pop((namespace, name), None)
+        if tracked is None:
+            return
+        if tracked.task is not None:
+            tracked.task.cancel()
+            tracked.task = None
+        self._release(tracked)
+        self.tracked_scaled_objects.set(len(self._tracked))
 
     def resolve(self, namespace: str, name: str, spec: TriggerSpec) -> Targets:
         self.track(namespace, name, spec)
@@ -176,6 +194,10 @@ class KubeDiscovery:
             raise NoData(tracked.object_error)
         if tracked.info is None:
             raise NoData(f"reading ScaledObject {tracked.ref} from the Kubernetes API (first look-up)")
+        if not tracked.info.triggers:
+            raise NoData(
+                f"ScaledObject {tracked.ref} has no trigger of type {' or '.join(sorted(EXTERNAL_TRIGGER_TYPES))}"
+            )
         if spec.pod_selector is not None:
             selector = tracked.overrides[spec.pod_selector]
         elif tracked.scale_error is not None:
@@ -184,17 +206,35 @@ class KubeDiscovery:
             raise NoData(f"reading the pod selector of {tracked.info.target} (first look-up)")
         else:
             selector = tracked.selector
-        informer = self._namespaces[namespace]
+        space = self._namespaces.get(namespace)
+        selection = tracked.selections.get(selector)
+        if space is None or selection is None:
+            raise NoData(f"starting to watch the pods in namespace {namespace!r}")
+        informer = space.informer
         if informer.error is not None:
             raise NoData(informer.error)
         if not informer.synced:
             raise NoData(f"listing the {informer.what} (first list)")
-        # A pod event may have arrived since the last reconciliation: bring it up to date first.
-        self._sync_if_pending()
-        selection = tracked.selections[selector]
-        if selection.targets:
-            self._check_exporters(selection.nodes)
-        metric_type, note = metric_type_for(tracked.info, spec)
+        targets = selection.targets(self._metric_type(tracked, spec))
+        if targets.pods:
+            # Whether an exporter serves the target nodes only changes with them or with the exporters.
+            versions = (selection.version, self._exporters.version)
+            known = True if tracked.covered.get(selector) == versions else None
+            if self._exporters.check(selection.target_nodes, known):
+                tracked.covered[selector] = versions
+        return targets
+
+    # --- internals ------------------------------------------------------------------------------------
+
+    def _metric_type(self, tracked: _Tracked, spec: TriggerSpec) -> str | None:
+        found = tracked.metric_types.get(spec)
+        if found is None:
+            assert tracked.info is not None
+            found = metric_type_for(tracked.info, spec)
+            if len(tracked.metric_types) >= MAX_METRIC_TYPES:
+                tracked.metric_types.clear()
+            tracked.metric_types[spec] = found
+        metric_type, note = found
         if note is not None and note not in tracked.notes_logged:
             tracked.notes_logged.add(note)
             log.warning(
@@ -203,124 +243,120 @@ class KubeDiscovery:
                 tracked.ref,
                 note,
             )
-        return Targets(selection.targets, metric_type)
+        return metric_type
 
-    # --- internals ------------------------------------------------------------------------------------
-
-    def _check_exporters(self, nodes: frozenset[str]) -> None:
-        failing = [i.error for _, i in self._exporters if i.error is not None]
-        if failing and len(failing) == len(self._exporters):
-            raise NoData(f"cannot find the GPU exporters: {failing[0]}")
-        if self._settings.static_urls or not nodes.isdisjoint(self._discovered.values()):
+    def _hold(self, tracked: _Tracked) -> None:
+        """The ScaledObject exists and is ours to serve: watch its namespace's pods (and the exporters)."""
+        if tracked.holds_namespace or self._api is None:
             return
-        if any(not i.synced for _, i in self._exporters):
-            raise NoData("listing the GPU exporter pods (first list)")
-        selectors = ", ".join(repr(str(s)) for s, _ in self._exporters)
-        raise NoData(
-            f"no GPU exporter pod runs on the target pods' nodes ({', '.join(sorted(nodes))}); exporters are"
-            f" found by --exporter-selector {selectors}"
-        )
-
-    def _watch_namespace(self, namespace: str) -> None:
-        if namespace in self._namespaces or self._api is None:
-            return
-        informer = PodInformer(
-            self._api,
-            namespace=namespace,
-            label_selector=None,
-            on_change=self._schedule_sync,
-            on_restart=self._restarted,
-        )
-        self._namespaces[namespace] = informer
-        informer.start()
-
-    def _watch_exporters(self) -> None:
-        if self._exporters or self._api is None:
-            return
-        for exporter in self._settings.exporter_selectors:
+        space = self._namespaces.get(tracked.namespace)
+        if space is None:
+            index = NamespaceIndex(tracked.namespace, self._exporters.node)
             informer = PodInformer(
                 self._api,
-                namespace=None,
-                label_selector=str(exporter.selector),
-                on_change=self._schedule_sync,
+                namespace=tracked.namespace,
+                label_selector=None,
+                on_pod=index.on_pod,
                 on_restart=self._restarted,
             )
-            self._exporters.append((exporter, informer))
+            space = _Namespace(informer, index)
+            self._namespaces[tracked.namespace] = space
             informer.start()
+        if not self._exporters.running:
+            self._exporters.start(self._api, self._restarted)
+        space.holders.add((tracked.namespace, tracked.name))
+        tracked.holds_namespace = True
+        self._register(tracked)
+
+    def _release(self, tracked: _Tracked) -> None:
+        """The ScaledObject is gone or forgotten: its selections go, and the watch when nobody else needs it."""
+        if not tracked.holds_namespace:
+            return
+        tracked.holds_namespace = False
+        self._register(tracked)
+        space = self._namespaces.get(tracked.namespace)
+        if space is None:
+            return
+        space.holders.discard((tracked.namespace, tracked.name))
+        if not space.holders:
+            del self._namespaces[tracked.namespace]
+            space.informer.close()
+            space.index.release_all()
+        if not self._namespaces:
+            self._exporters.close()
+
+    def _register(self, tracked: _Tracked) -> None:
+        """Make the namespace follow exactly the selectors this ScaledObject needs now."""
+        space = self._namespaces.get(tracked.namespace)
+        wanted = tracked.selectors() if tracked.holds_namespace and space is not None else set()
+        for selector in [s for s in tracked.selections if s not in wanted]:
+            del tracked.selections[selector]
+            tracked.covered.pop(selector, None)
+            if space is not None:
+                space.index.release(selector, tracked)
+        if space is None:
+            return
+        for selector in wanted:
+            if selector not in tracked.selections:
+                tracked.selections[selector] = space.index.acquire(selector, tracked, space.informer.pods)
 
     def _restarted(self, reason: str) -> None:
         self.watch_restarts.labels(reason).inc()
 
     async def _follow(self, tracked: _Tracked) -> None:
-        """Re-read the ScaledObject and its /scale until no call has wanted it for the interest TTL."""
+        """Re-read the ScaledObject and its /scale for as long as it is tracked (forget() ends this)."""
         failures = 0
-        try:
-            while self._clock() - tracked.last_wanted < self._settings.interest_ttl:
-                try:
-                    ok = await self._refresh(tracked)
-                except Exception:
-                    # A bug must not stop following the object silently: say so, answer NoData, retry.
-                    log.exception("ScaledObject %s: discovery failed", tracked.ref)
-                    tracked.object_error = (
-                        f"discovery of ScaledObject {tracked.ref} failed; see the scaler's log"
-                    )
-                    ok = False
-                failures = 0 if ok else failures + 1
-                interval = self._settings.refresh_interval
-                delay = interval if ok else min(interval, FIRST_RETRY_SECONDS * 2 ** min(failures - 1, 10))
-                await asyncio.sleep(delay * random.uniform(0.9, 1.0))
-        finally:
-            if self._tracked.get((tracked.namespace, tracked.name)) is tracked and not _cancelling():
-                await self._forget(tracked)
-
-    async def _forget(self, tracked: _Tracked) -> None:
-        log.info(
-            "ScaledObject %s: no call for %.0fs, no longer followed", tracked.ref, self._settings.interest_ttl
-        )
-        del self._tracked[(tracked.namespace, tracked.name)]
-        self.tracked_scaled_objects.set(len(self._tracked))
-        if not any(t.namespace == tracked.namespace for t in self._tracked.values()):
-            informer = self._namespaces.pop(tracked.namespace, None)
-            if informer is not None:
-                await informer.stop()
-        if not self._tracked:
-            exporters, self._exporters = self._exporters, []
-            for _, informer in exporters:
-                await informer.stop()
-        self._schedule_sync()
+        while True:
+            try:
+                ok = await self._refresh(tracked)
+            except Exception:
+                # A bug must not stop following the object silently: say so, answer NoData, retry.
+                log.exception("ScaledObject %s: discovery failed", tracked.ref)
+                tracked.object_error = f"discovery of ScaledObject {tracked.ref} failed; see the scaler's log"
+                ok = False
+            failures = 0 if ok else failures + 1
+            interval = self._settings.refresh_interval
+            delay = interval if ok else backoff_delay(failures, first=FIRST_RETRY_SECONDS, cap=interval)
+            await asyncio.sleep(jittered(delay))
 
     async def _refresh(self, tracked: _Tracked) -> bool:
         assert self._api is not None
         try:
-            obj = await self._api.scaled_object(tracked.namespace, tracked.name)
-            tracked.info = parse_scaled_object(obj)
-            tracked.object_error = None
+            info = parse_scaled_object(await self._api.scaled_object(tracked.namespace, tracked.name))
         except (KubeError, ScaledObjectError) as error:
             tracked.object_error = f"cannot read ScaledObject {tracked.ref}: {error}"
+            if not isinstance(error, KubeError) or error.status == 404:
+                # Gone, or not one this scaler can follow: stop watching for it. Other failures (the API
+                # server unreachable, RBAC) keep the watch: the object is still there.
+                self._release(tracked)
             return False
-        target = tracked.info.target
+        if info != tracked.info:
+            tracked.metric_types.clear()
+        tracked.info = info
+        tracked.object_error = None
+        if not info.triggers:
+            self._release(tracked)  # no external trigger: KEDA never asks this scaler about it
+            return True
+        self._hold(tracked)
+        target = info.target
         try:
             plural = await self._plural(target)
-            scale = await self._api.scale(
-                target.group, target.version, tracked.namespace, plural, target.name
-            )
+            scale = await self._api.scale(target.group, target.version, tracked.namespace, plural, target.name)
             text = (scale.get("status") or {}).get("selector") or ""
             selector = parse_selector(text)
             if selector.empty:
                 raise KubeError(
                     "its /scale subresource has no status.selector; give podSelector in the trigger metadata"
                 )
-            tracked.selector = selector
             tracked.scale_error = None
+            if selector != tracked.selector:
+                tracked.selector = selector
+                self._register(tracked)
             return True
         except (KubeError, SelectorError) as error:
             # The last selector stays in use for exporter discovery, so a blip does not stop scraping.
-            tracked.scale_error = (
-                f"cannot read the pod selector of {target} for ScaledObject {tracked.ref}: {error}"
-            )
+            tracked.scale_error = f"cannot read the pod selector of {target} for ScaledObject {tracked.ref}: {error}"
             return False
-        finally:
-            self._schedule_sync()
 
     async def _plural(self, target: ScaleTarget) -> str:
         """Kind → resource name through API discovery, so any kind with a /scale subresource works."""
@@ -350,49 +386,6 @@ class KubeDiscovery:
             raise KubeError(f"kind {target.kind!r} has no /scale subresource, so KEDA cannot scale it either")
         return plural
 
-    def _schedule_sync(self) -> None:
-        # Coalesce bursts (a relist, many watch events) into one reconciliation on the next loop turn.
-        if not self._sync_pending:
-            self._sync_pending = True
-            asyncio.get_running_loop().call_soon(self._sync_if_pending)
-
-    def _sync_if_pending(self) -> None:
-        # resolve() may have reconciled already since this was scheduled: then there is nothing to do.
-        if self._sync_pending:
-            self._sync()
-
-    def _sync(self) -> None:
-        """Select each followed ScaledObject's pods, and scrape exactly the exporters on their nodes."""
-        self._sync_pending = False
-        nodes: set[str] = set()
-        for tracked in self._tracked.values():
-            informer = self._namespaces.get(tracked.namespace)
-            pods = list(informer.pods.values()) if informer is not None else []
-            tracked.selections = {}
-            for selector in tracked.selectors():
-                matching = [p for p in pods if selector.matches(p.labels)]
-                targets = [p for p in matching if p.counts_as_target]
-                tracked.selections[selector] = _Selection(
-                    frozenset(p.name for p in targets),
-                    frozenset(p.node for p in targets if p.node is not None),
-                )
-                nodes.update(p.node for p in matching if p.occupies_node and p.node is not None)
-        wanted: dict[str, str] = {}
-        for exporter, informer in self._exporters:
-            for pod in informer.pods.values():
-                if pod.node in nodes and (url := exporter_url(pod, exporter)) is not None:
-                    wanted[url] = pod.node
-        if self._sink is not None:
-            for url in self._discovered.keys() - wanted.keys():
-                if url not in self._settings.static_urls:
-                    log.info("exporter %s no longer serves a target node: not scraped", url)
-                    self._sink.remove(url)
-            for url in wanted.keys() - self._discovered.keys():
-                log.info("exporter %s on node %s serves target pods: scraped", url, wanted[url])
-                self._sink.add(url)
-        self._discovered = wanted
-        self.discovered_exporters.set(len(wanted))
-
 
 @lru_cache(maxsize=1024)
 def _pod_selector(text: str) -> Selector:
@@ -404,8 +397,3 @@ def _pod_selector(text: str) -> Selector:
     if selector.empty:
         raise ConfigError(f"metadata podSelector={text!r} selects every pod; allowed: a label selector")
     return selector
-
-
-def _cancelling() -> bool:
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0

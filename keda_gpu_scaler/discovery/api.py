@@ -1,0 +1,252 @@
+"""Kubernetes API access through kubernetes_asyncio: connection, the few calls discovery makes, errors that name permissions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client, config
+
+log = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT_SECONDS = 10.0
+
+
+class KubeError(Exception):
+    """A failed API call, with a message that says what was attempted and what to do about it."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Gone(KubeError):
+    """410 Gone: the resourceVersion to watch from is too old; the cache must be listed again."""
+
+
+class ConnectError(Exception):
+    """Kubernetes credentials could not be loaded (no in-cluster service account, bad kubeconfig)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Permission:
+    """One RBAC permission an API call needs, for messages that say exactly what to grant."""
+
+    verb: str
+    resource: str
+    group: str = ""
+    namespace: str | None = None  # None: cluster-wide
+
+    def __str__(self) -> str:
+        resource = f"{self.resource}.{self.group}" if self.group else self.resource
+        where = f"in namespace {self.namespace!r}" if self.namespace else "cluster-wide"
+        return f"{self.verb} {resource} {where}"
+
+    def rule(self) -> str:
+        return f"apiGroups: [{self.group!r}], resources: [{self.resource!r}], verbs: [{self.verb!r}]"
+
+
+def _status_message(body: bytes) -> str:
+    try:
+        status = json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace").strip()[:300]
+    if isinstance(status, dict):
+        return str(status.get("message") or status.get("reason") or "")
+    return ""
+
+
+def api_error(status: int, body: bytes, permission: Permission) -> KubeError:
+    said = _status_message(body)
+    if status == 403:
+        return KubeError(
+            f"Kubernetes RBAC denies the scaler permission to {permission}: grant its ServiceAccount a"
+            f" (Cluster)Role rule {{{permission.rule()}}} (the API server said: {said})",
+            status,
+        )
+    if status == 401:
+        return KubeError(
+            f"the Kubernetes API server rejected the scaler's credentials (401 Unauthorized) when trying to"
+            f" {permission}: {said}",
+            status,
+        )
+    if status == 410:
+        return Gone(f"410 Gone when trying to {permission}: {said}", status)
+    if status == 404:
+        return KubeError(f"not found ({permission}): {said}", status)
+    return KubeError(f"the Kubernetes API answered {status} when trying to {permission}: {said}", status)
+
+
+def transport_error(error: BaseException, permission: Permission) -> KubeError:
+    detail = "timed out" if isinstance(error, TimeoutError) else f"{type(error).__name__}: {error}"
+    return KubeError(f"the Kubernetes API server is unreachable ({detail}) when trying to {permission}")
+
+
+async def connect(kubeconfig: str | None) -> client.ApiClient:
+    """An API client from a kubeconfig (path, or several joined with ':') or the in-cluster service account."""
+    configuration = client.Configuration()
+    try:
+        if kubeconfig:
+            await config.load_kube_config(
+                config_file=kubeconfig, client_configuration=configuration, persist_config=False
+            )
+        else:
+            # Refreshes the projected service-account token as the kubelet rotates it.
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    except (config.ConfigException, OSError, ValueError) as error:
+        source = f"kubeconfig {kubeconfig!r}" if kubeconfig else "the in-cluster service account"
+        raise ConnectError(f"cannot load Kubernetes credentials from {source}: {error}") from None
+    # One long-lived connection per watched namespace: a pool limit would queue short requests behind them.
+    configuration.connection_pool_maxsize = None  # type: ignore[assignment]  # documented: no limit
+    return client.ApiClient(configuration)
+
+
+class KubeApi:
+    """The few calls discovery makes, answering parsed JSON (no model classes) and raising KubeError."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.api_client = api_client
+        self._core = client.CoreV1Api(api_client)
+        self._custom = client.CustomObjectsApi(api_client)
+
+    async def close(self) -> None:
+        await self.api_client.close()
+
+    async def _open(
+        self, permission: Permission, call: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> aiohttp.ClientResponse:
+        # _preload_content=False: the raw response, so lists are not turned into model objects and a
+        # watch can be streamed; the generated client still builds the request, URL and credentials.
+        try:
+            response: aiohttp.ClientResponse = await call(*args, _preload_content=False, **kwargs)
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            raise transport_error(error, permission) from None
+        except client.ApiException as error:  # raised by the client for statuses it sees itself
+            raise api_error(error.status or 0, str(error.body or error.reason).encode(), permission) from None
+        if response.status != 200:
+            try:
+                body = await response.read()
+            except (aiohttp.ClientError, TimeoutError):
+                body = b""
+            finally:
+                response.release()
+            raise api_error(response.status, body, permission)
+        return response
+
+    async def _json(
+        self, permission: Permission, call: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> dict[str, Any]:
+        response = await self._open(
+            permission, call, *args, _request_timeout=REQUEST_TIMEOUT_SECONDS, **kwargs
+        )
+        try:
+            body = await response.read()
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            raise transport_error(error, permission) from None
+        finally:
+            response.release()
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise KubeError(
+                f"the Kubernetes API answered something that is not JSON to {permission}"
+            ) from None
+        if not isinstance(data, dict):
+            raise KubeError(f"the Kubernetes API answered an unexpected document to {permission}")
+        return data
+
+    async def scaled_object(self, namespace: str, name: str) -> dict[str, Any]:
+        permission = Permission("get", "scaledobjects", "keda.sh", namespace)
+        return await self._json(
+            permission, self._custom.get_namespaced_custom_object, "keda.sh", "v1alpha1", namespace,
+            "scaledobjects", name,
+        )  # fmt: skip
+
+    async def api_resources(self, group: str, version: str) -> dict[str, Any]:
+        # Discovery documents are readable by every authenticated user (the system:discovery role).
+        permission = Permission("get", f"/apis/{group}/{version}", "(non-resource URL)")
+        return await self._json(permission, self._custom.get_api_resources, group, version)
+
+    async def scale(self, group: str, version: str, namespace: str, plural: str, name: str) -> dict[str, Any]:
+        permission = Permission("get", f"{plural}/scale", group, namespace)
+        return await self._json(
+            permission,
+            self._custom.get_namespaced_custom_object_scale,
+            group,
+            version,
+            namespace,
+            plural,
+            name,
+        )
+
+    def _pod_call(
+        self, namespace: str | None, label_selector: str | None
+    ) -> tuple[Permission, Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        kwargs: dict[str, Any] = {"label_selector": label_selector} if label_selector else {}
+        if namespace is None:
+            return Permission("list", "pods"), self._core.list_pod_for_all_namespaces, (), kwargs
+        return (
+            Permission("list", "pods", namespace=namespace),
+            self._core.list_namespaced_pod,
+            (namespace,),
+            kwargs,
+        )
+
+    async def list_pods(self, namespace: str | None, label_selector: str | None) -> dict[str, Any]:
+        permission, call, args, kwargs = self._pod_call(namespace, label_selector)
+        return await self._json(permission, call, *args, **kwargs)
+
+    async def watch_pods(
+        self,
+        namespace: str | None,
+        label_selector: str | None,
+        resource_version: str,
+        timeout: float,
+        on_open: Callable[[], None] = lambda: None,
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """Watch events from resource_version on, until the server ends the watch; raises Gone on 410.
+
+        on_open is called once the API server has accepted the watch (before any event arrives).
+        """
+        permission, call, args, kwargs = self._pod_call(namespace, label_selector)
+        permission = Permission("watch", permission.resource, permission.group, permission.namespace)
+        response = await self._open(
+            permission,
+            call,
+            *args,
+            watch=True,
+            allow_watch_bookmarks=True,
+            resource_version=resource_version,
+            timeout_seconds=int(timeout),
+            # No total deadline: the server ends the watch; a silent connection is caught by the read timeout.
+            _request_timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=REQUEST_TIMEOUT_SECONDS, sock_read=timeout + 30
+            ),
+            **kwargs,
+        )
+        on_open()
+        try:
+            # The watch wire format: one JSON event {"type": ..., "object": ...} per line.
+            async for line in response.content:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                if not isinstance(event, dict):
+                    raise ValueError(event)
+                if event.get("type") == "ERROR":
+                    status = event.get("object") or {}
+                    raise api_error(int(status.get("code") or 500), json.dumps(status).encode(), permission)
+                yield event
+        except (aiohttp.ClientError, OSError, TimeoutError) as error:
+            raise transport_error(error, permission) from None
+        except ValueError:
+            raise KubeError(
+                f"the Kubernetes API sent a watch event that is not a JSON object ({permission})"
+            ) from None
+        finally:
+            response.release()

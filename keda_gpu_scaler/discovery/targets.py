@@ -1,0 +1,194 @@
+"""Target resolution: which pods each followed selector picks in a namespace, kept current pod event by pod event.
+
+A pod event in a namespace touches only the selectors of that namespace that could match the pod (found
+through an index on their `key=value` requirements), and of those only the ones it matched before or
+matches now; resolve() then reads a set built once per change.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from keda_gpu_scaler.discovery.pods import PodInfo
+from keda_gpu_scaler.discovery.selectors import Op, Selector
+
+
+@dataclass(frozen=True, slots=True)
+class PodEndpoint:
+    """Where one selected pod can be reached: for talking to the pod itself (e.g. an inference server)."""
+
+    name: str
+    ip: str | None  # None until the pod has one
+    ready: bool  # Running, Ready and not being deleted: the HPA's (and a load balancer's) ready pod
+    ports: Mapping[str, int]  # named TCP container ports of all its containers: name → number
+    node: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Targets:
+    """A ScaledObject's target pods as discovery knows them."""
+
+    pods: frozenset[str]  # names of the pods that count as targets (Running, Ready, not being deleted)
+    metric_type: str | None = None  # the trigger's metricType ("AverageValue" or "Value") when read
+    # Every pod the selector picks that is scheduled and not finished (targets and pods not ready yet),
+    # by name. Not compared: the same target pods are the same Targets for the evaluation.
+    endpoints: Mapping[str, PodEndpoint] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+
+def endpoint(pod: PodInfo) -> PodEndpoint:
+    ports = {name: number for name, number in pod.ports if name}
+    return PodEndpoint(pod.name, pod.ip, pod.counts_as_target, MappingProxyType(ports), pod.node)
+
+
+# Called when a selection starts (+1) or stops (-1) having pods that occupy a node.
+NodeHandler = Callable[[str, int], None]
+
+
+class Selection:
+    """What one selector picks in one namespace's pods, updated one pod event at a time."""
+
+    def __init__(self, selector: Selector, on_node: NodeHandler) -> None:
+        self.selector = selector
+        self.users: set[object] = set()
+        self._on_node = on_node
+        self._members: dict[str, PodInfo] = {}  # every matching pod, by name
+        self._targets: set[str] = set()
+        self._target_nodes: Counter[str] = Counter()
+        self._occupied: Counter[str] = Counter()  # nodes of matching pods worth scraping
+        self.version = 0  # moves on with every change of the targets, their nodes or the endpoints
+        self._snapshot: tuple[int, frozenset[str], Mapping[str, PodEndpoint]] | None = None
+        self._answers: dict[str | None, Targets] = {}  # by metricType, for the current snapshot
+
+    def update(self, old: PodInfo | None, new: PodInfo | None) -> None:
+        name = (new or old).name  # type: ignore[union-attr]
+        was = self._members.pop(name, None)
+        if was is not None:
+            self._drop(was)
+        if new is not None and self.selector.matches(new.labels):
+            self._members[name] = new
+            self._add(new)
+        elif was is None:
+            return  # neither matched before nor matches now: nothing changed
+        self.version += 1
+
+    def _add(self, pod: PodInfo) -> None:
+        if pod.counts_as_target:
+            self._targets.add(pod.name)
+            if pod.node is not None:
+                self._target_nodes[pod.node] += 1
+        if pod.occupies_node and pod.node is not None:
+            self._occupied[pod.node] += 1
+            if self._occupied[pod.node] == 1:
+                self._on_node(pod.node, 1)
+
+    def _drop(self, pod: PodInfo) -> None:
+        if pod.counts_as_target:
+            self._targets.discard(pod.name)
+            if pod.node is not None:
+                self._target_nodes[pod.node] -= 1
+                if not self._target_nodes[pod.node]:
+                    del self._target_nodes[pod.node]
+        if pod.occupies_node and pod.node is not None:
+            self._occupied[pod.node] -= 1
+            if not self._occupied[pod.node]:
+                del self._occupied[pod.node]
+                self._on_node(pod.node, -1)
+
+    def release_nodes(self) -> None:
+        """The selection is dropped: give back every node it held."""
+        for node in list(self._occupied):
+            self._on_node(node, -1)
+        self._occupied.clear()
+
+    @property
+    def target_nodes(self) -> Mapping[str, int]:
+        return self._target_nodes
+
+    def targets(self, metric_type: str | None) -> Targets:
+        """The current Targets; the same object until something changes (built at most once per change)."""
+        if self._snapshot is None or self._snapshot[0] != self.version:
+            endpoints = MappingProxyType(
+                {name: endpoint(p) for name, p in self._members.items() if p.occupies_node or p.counts_as_target}
+            )
+            self._snapshot = (self.version, frozenset(self._targets), endpoints)
+            self._answers = {}
+        answer = self._answers.get(metric_type)
+        if answer is None:
+            answer = Targets(self._snapshot[1], metric_type, self._snapshot[2])
+            self._answers[metric_type] = answer
+        return answer
+
+
+def _index_key(selector: Selector) -> tuple[str, str] | None:
+    """A (label, value) every pod the selector matches must carry, if the selector has one."""
+    for requirement in selector.requirements:
+        if requirement.op is Op.EQUALS and len(requirement.values) == 1:
+            return requirement.key, next(iter(requirement.values))
+    return None
+
+
+class NamespaceIndex:
+    """The selections followed in one namespace, and which of them a pod event can touch."""
+
+    def __init__(self, namespace: str, on_node: NodeHandler) -> None:
+        self.namespace = namespace
+        self._on_node = on_node
+        self.selections: dict[Selector, Selection] = {}
+        self._by_label: dict[tuple[str, str], set[Selection]] = {}
+        self._scan: set[Selection] = set()  # selectors without a key=value requirement: always checked
+
+    def acquire(self, selector: Selector, user: object, pods: Mapping[str, PodInfo]) -> Selection:
+        """Follow selector for user; a new selection starts from the namespace's pods as cached now."""
+        selection = self.selections.get(selector)
+        if selection is None:
+            selection = Selection(selector, self._on_node)
+            self.selections[selector] = selection
+            key = _index_key(selector)
+            if key is None:
+                self._scan.add(selection)
+            else:
+                self._by_label.setdefault(key, set()).add(selection)
+            for pod in pods.values():
+                selection.update(None, pod)
+        selection.users.add(user)
+        return selection
+
+    def release(self, selector: Selector, user: object) -> None:
+        selection = self.selections.get(selector)
+        if selection is None:
+            return
+        selection.users.discard(user)
+        if selection.users:
+            return
+        del self.selections[selector]
+        key = _index_key(selector)
+        if key is None:
+            self._scan.discard(selection)
+        else:
+            group = self._by_label.get(key)
+            if group is not None:
+                group.discard(selection)
+                if not group:
+                    del self._by_label[key]
+        selection.release_nodes()
+
+    def release_all(self) -> None:
+        for selection in self.selections.values():
+            selection.release_nodes()
+        self.selections.clear()
+        self._by_label.clear()
+        self._scan.clear()
+
+    def on_pod(self, old: PodInfo | None, new: PodInfo | None) -> None:
+        touched = set(self._scan)
+        for pod in (old, new):
+            if pod is not None:
+                for item in pod.labels.items():
+                    group = self._by_label.get(item)
+                    if group:
+                        touched.update(group)
+        for selection in touched:
+            selection.update(old, new)
