@@ -167,8 +167,12 @@ ROWS: list[tuple[str, list[tuple[str, str, str, list[tuple[str, str]]]]]] = [
             (
                 "Followed ScaledObjects",
                 "short",
-                "ScaledObjects whose targets discovery follows, per replica.",
-                [("{{instance}}", f"keda_gpu_scaler_kubernetes_tracked_scaledobjects{{{SEL}}}")],
+                "ScaledObjects the scaler keeps state for (past --max-scaledobjects new ones are refused), and"
+                " those whose targets Kubernetes discovery follows, per replica.",
+                [
+                    ("all {{instance}}", f"keda_gpu_scaler_scaledobjects_followed{{{SEL}}}"),
+                    ("discovery {{instance}}", f"keda_gpu_scaler_kubernetes_tracked_scaledobjects{{{SEL}}}"),
+                ],
             ),
             (
                 "Discovered exporters",
