@@ -28,9 +28,10 @@ PROMETHEUS_BIN = shutil.which("prometheus")
 USERNAME = "keda"
 PASSWORD = "gpu-scaler-test-password"
 
-# Two scrape jobs, as clusters have them. "operator": honor_labels false (the default) with the target
-# labels kube-prometheus gives a dcgm-exporter pod, so the page's own namespace/pod/container become
-# exported_*. "direct": honor_labels true, the page's labels kept as printed.
+# Two scrape jobs, as clusters have them. "operator": honor_labels false (the default), so where a page
+# has its own namespace/pod/container, those become exported_* and the target labels kube-prometheus gives
+# a dcgm-exporter pod take their place. "direct": honor_labels true, the page's labels kept as printed and
+# the target's added only where the page has none (a device-level series then names the exporter pod).
 JOBS = {"operator": False, "direct": True}
 
 

@@ -120,8 +120,8 @@ def fleet(prometheus: PrometheusServer) -> Iterator[Fleet]:
     for index, (name, job) in enumerate(FLEET.items()):
         exporter = thread.start((FIXTURES / name).read_text())
         exporters.append(exporter)
-        labels = operator_labels(f"nvidia-dcgm-exporter-{index}") if job == "operator" else {}
-        targets[job].append((address_of(exporter), labels))
+        # Both jobs as a ServiceMonitor scrapes an exporter pod: with its own namespace/pod/container.
+        targets[job].append((address_of(exporter), operator_labels(f"nvidia-dcgm-exporter-{index}")))
     for job, group in targets.items():
         prometheus.set_targets(job, "fleet", group)
     deadline = time.monotonic() + 60
