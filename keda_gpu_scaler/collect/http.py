@@ -18,6 +18,10 @@ class PageTooLarge(Exception):
     pass
 
 
+class PageRefused(Exception):
+    """A page that arrived but is not one the source reads; the message says why."""
+
+
 class RedirectRefused(Exception):
     """A 3xx answer: redirects are never followed (a trigger must not read another host's page)."""
 
@@ -64,7 +68,7 @@ def describe_error(error: BaseException, timeout: float) -> str:
         return f"HTTP {error.status} {error.message}".strip()
     if isinstance(error, PageTooLarge):
         return f"page too large: {error}"
-    if isinstance(error, (RedirectRefused, SecretFileError)):
+    if isinstance(error, (PageRefused, RedirectRefused, SecretFileError)):
         return str(error)
     return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 

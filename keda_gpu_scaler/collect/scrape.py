@@ -14,6 +14,7 @@ import aiohttp
 from keda_gpu_scaler.backoff import JITTER, backoff_delay, jittered
 from keda_gpu_scaler.collect.http import (
     BearerToken,
+    PageRefused,
     PageTooLarge,
     RedirectRefused,
     describe_error,
@@ -74,7 +75,7 @@ class PageReader:
 GPU_EXPORTER_PAGES = PageReader(SAMPLE_NAMES, readings_from_samples, SAMPLE_NAMES, "GPU exporter metrics")
 
 
-class NotOurPage(Exception):
+class NotOurPage(PageRefused):
     pass
 
 

@@ -433,3 +433,63 @@ def test_any_input_parses_or_raises_exposition_error(page: str | bytes, names: s
     else:
         assert all(isinstance(sample, Sample) for sample in samples)
         assert names is None or all(sample.name in names for sample in samples)
+
+
+# ---- conflicting duplicates and the per-page series limit (the scrape path's options) ---------------
+
+
+def test_conflicting_duplicate_series_are_an_error_naming_both_lines() -> None:
+    page = 'a{x="1",y="2"} 30\nb 1\na{y="2",x="1"} 90\n'  # the same series, its labels in another order
+    assert [s.value for s in parse_exposition(page)] == [30, 1, 90]  # off by default, as the format's parsers
+    with pytest.raises(ExpositionError) as caught:
+        parse_exposition(page, reject_conflicts=True)
+    message = str(caught.value)
+    assert message.startswith("line 3: ") and "line 1" in message and "30" in message and "90" in message
+
+
+@pytest.mark.parametrize(
+    "page",
+    ['a{x="1"} 30\na{x="1"} 30\n', "a NaN\na NaN\n", 'a{x="1"} 1\na{x="2"} 2\na 3\nb 3\n', "a 1 100\na 1 200\n"],
+    ids=["same value", "NaN twice", "other series", "same value, other timestamps"],
+)
+def test_same_value_twice_or_distinct_series_are_not_conflicts(page: str) -> None:
+    assert normalise(parse_exposition(page, reject_conflicts=True)) == normalise(parse_exposition(page))
+
+
+def test_conflicts_among_unwanted_lines_are_not_looked_at() -> None:
+    assert len(parse_exposition("a 1\na 2\nb 3\n", {"b"}, reject_conflicts=True)) == 1
+
+
+def test_more_samples_than_the_limit_is_an_error_naming_it() -> None:
+    page = "".join(f'a{{i="{i}"}} 1\n' for i in range(6))
+    assert len(parse_exposition(page, max_samples=6)) == 6
+    with pytest.raises(ExpositionError, match=r"^line 6: more than 5 series on this page; the limit is 5"):
+        parse_exposition(page, max_samples=5)
+    # Only kept samples count.
+    assert len(parse_exposition(page + "b 1\n", {"b"}, max_samples=1)) == 1
+
+
+def _conflicting(samples: list[tuple[str, dict[str, str], Any, Any]]) -> bool:
+    first: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+    for name, labels, value, _ in samples:
+        key = (name, tuple(sorted(labels.items())))
+        if key in first and first[key] != value:
+            return True
+        first.setdefault(key, value)
+    return False
+
+
+@settings(deadline=None)
+@given(pages())
+def test_conflicts_are_refused_exactly_when_prometheus_client_reads_two_values_for_one_series(
+    page_and_names: tuple[str, list[str]],
+) -> None:
+    page, _ = page_and_names
+    try:
+        checked = parse_exposition(page, reject_conflicts=True)
+    except ExpositionError as error:
+        assert "printed again with another value" in str(error)
+        assert _conflicting(reference(page))
+    else:
+        assert not _conflicting(reference(page))
+        assert normalise(checked) == normalise(parse_exposition(page))

@@ -1,0 +1,377 @@
+"""The exporter scrape path against real loopback HTTP servers: limits, refusals, backoff, supervision."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import ssl
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from certs import CertificateAuthority, write
+from support import GpuLine, dcgm_page, eventually
+
+from keda_gpu_scaler.backoff import backoff_delay
+from keda_gpu_scaler.collect import scrape
+from keda_gpu_scaler.collect.http import BearerToken, exporter_ssl
+from keda_gpu_scaler.collect.interest import Interest
+from keda_gpu_scaler.collect.scrape import (
+    GPU_EXPORTER_PAGES,
+    AiohttpFetcher,
+    PageReader,
+    ScrapeCollector,
+    ScrapeLimits,
+)
+from keda_gpu_scaler.collect.store import Store
+from keda_gpu_scaler.telemetry import Telemetry
+
+PAGE = dcgm_page([GpuLine("llm", "vllm-0", 30), GpuLine("llm", "vllm-1", 40, gpu=1)])
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class Server:
+    """A loopback HTTP(S) server; each path answers with its handler."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.runner: web.AppRunner | None = None
+        self.seen_headers: list[dict[str, str]] = []
+        self.scheme = "http"
+        self.host = "127.0.0.1"
+
+    def url(self, path: str = "/metrics") -> str:
+        return f"{self.scheme}://{self.host}:{self.port}{path}"
+
+    async def start(self, routes: dict[str, Handler], ssl_context: ssl.SSLContext | None = None) -> None:
+        app = web.Application()
+        for path, handler in routes.items():
+
+            async def recorded(request: web.Request, handler: Handler = handler) -> web.StreamResponse:
+                self.seen_headers.append(dict(request.headers))
+                return await handler(request)
+
+            app.router.add_get(path, recorded)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=ssl_context).start()
+        self.port = self.runner.addresses[0][1]
+        if ssl_context is not None:
+            self.scheme, self.host = "https", "localhost"
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[..., Awaitable[Server]]]:
+    servers: list[Server] = []
+
+    async def start(routes: dict[str, Handler], ssl_context: ssl.SSLContext | None = None) -> Server:
+        server = Server()
+        await server.start(routes, ssl_context)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        assert server.runner is not None
+        await server.runner.cleanup()
+
+
+def text(body: str | bytes, **headers: str) -> Handler:
+    async def handler(_: web.Request) -> web.StreamResponse:
+        data = body.encode() if isinstance(body, str) else body
+        return web.Response(body=data, headers={"Content-Type": "text/plain", **headers})
+
+    return handler
+
+
+class Rig:
+    """A ScrapeCollector with its store, wanted from the start."""
+
+    def __init__(self, session: aiohttp.ClientSession, *, max_bytes: int = 1 << 20, **kwargs: object) -> None:
+        self.store = Store()
+        self.interest = Interest(600, time.monotonic)
+        self.interest.touch()
+        self.limits = ScrapeLimits(interval=0.05, timeout=2.0, max_page_bytes=max_bytes, concurrency=4)
+        fetcher = kwargs.pop("fetcher", None) or AiohttpFetcher(session, self.limits)
+        self.collector = ScrapeCollector(
+            fetcher=fetcher,  # type: ignore[arg-type]
+            store=self.store,
+            interest=self.interest,
+            limits=self.limits,
+            telemetry=Telemetry(),
+            clock=time.monotonic,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    def error(self, url: str) -> str | None:
+        (state,) = [s for s in self.store.sources() if s.source == url]
+        return state.last_error
+
+    def pods(self, url: str) -> set[str]:
+        (state,) = [s for s in self.store.sources() if s.source == url]
+        assert state.last_page is not None
+        return {r.pod for rs in state.last_page.by_namespace.values() for r in rs}
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar(), trust_env=False) as s:
+        yield s
+
+
+async def test_a_healthy_page_is_read(serve, session) -> None:  # type: ignore[no-untyped-def]
+    server = await serve({"/metrics": text(PAGE)})
+    rig = Rig(session)
+    assert await rig.collector.scrape_once(server.url())
+    assert rig.pods(server.url()) == {"vllm-0", "vllm-1"}
+
+
+# ---- issue 15 item 2: the size cap counts decompressed bytes ---------------------------------------
+
+
+async def test_gzip_bomb_is_refused_at_the_decompressed_cap(serve, session) -> None:  # type: ignore[no-untyped-def]
+    # 64 MiB of comment lines compress to ~64 kB: Content-Length says 64 kB, the page is 1,000 times that.
+    bomb = gzip.compress((b"# " + b"x" * 1021 + b"\n") * 65536, compresslevel=9)
+    assert len(bomb) < 1 << 20
+    server = await serve({"/metrics": text(bomb, **{"Content-Encoding": "gzip"})})
+    rig = Rig(session, max_bytes=1 << 20)
+    assert not await rig.collector.scrape_once(server.url())
+    error = rig.error(server.url())
+    assert error is not None and "limit of 1048576 bytes" in error, error
+
+
+async def test_a_gzip_page_within_the_cap_is_read(serve, session) -> None:  # type: ignore[no-untyped-def]
+    server = await serve({"/metrics": text(gzip.compress(PAGE.encode()), **{"Content-Encoding": "gzip"})})
+    rig = Rig(session)
+    assert await rig.collector.scrape_once(server.url())
+    assert rig.pods(server.url()) == {"vllm-0", "vllm-1"}
+
+
+# ---- issue 15 item 6: redirects are refused ----------------------------------------------------------
+
+
+async def test_a_redirect_is_a_failed_scrape_naming_the_location(serve, session) -> None:  # type: ignore[no-untyped-def]
+    elsewhere = await serve({"/metrics": text(PAGE)})
+
+    async def redirect(_: web.Request) -> web.StreamResponse:
+        raise web.HTTPFound(elsewhere.url())
+
+    server = await serve({"/metrics": redirect})
+    rig = Rig(session)
+    assert not await rig.collector.scrape_once(server.url())
+    error = rig.error(server.url())
+    assert error is not None and "302" in error and elsewhere.url() in error and "refused" in error, error
+    assert not elsewhere.seen_headers, "the redirect must not be followed"
+
+
+# ---- issue 12 item 6: a page with no GPU exporter family is a failure, not an empty fleet ------------
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "# HELP keda_gpu_scaler_rpcs_total RPCs.\n# TYPE keda_gpu_scaler_rpcs_total counter\nkeda_gpu_scaler_rpcs_total 3\n",
+        "",
+        "# HELP up up\n",
+        "{}",
+    ],
+    ids=["another exporter", "empty", "comments only", "json"],
+)
+async def test_a_page_without_gpu_exporter_metrics_is_a_failed_source(serve, session, body: str) -> None:  # type: ignore[no-untyped-def]
+    server = await serve({"/metrics": text(body)})
+    rig = Rig(session)
+    assert not await rig.collector.scrape_once(server.url())
+    error = rig.error(server.url())
+    assert error is not None and "no GPU exporter metrics on this page" in error, error
+
+
+async def test_which_families_make_a_page_valid_is_a_parameter(serve, session) -> None:  # type: ignore[no-untyped-def]
+    queue = "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 2\n"
+    server = await serve({"/metrics": text(queue)})
+    names = frozenset({"vllm:num_requests_waiting"})
+    reader = PageReader(names, lambda samples: [], names, "inference server metrics")
+    assert await Rig(session, reader=reader).collector.scrape_once(server.url())
+    # The same page read for GPU metrics is not one of ours; and a GPU page is not an inference page.
+    assert not await Rig(session).collector.scrape_once(server.url())
+    gpu = await serve({"/metrics": text(PAGE)})
+    rig = Rig(session, reader=reader)
+    assert not await rig.collector.scrape_once(gpu.url())
+    assert rig.error(gpu.url()) == "no inference server metrics on this page"
+
+
+# ---- issue 15 item 8: conflicting duplicate series -------------------------------------------------
+
+
+async def test_conflicting_duplicate_series_fail_the_page(serve, session) -> None:  # type: ignore[no-untyped-def]
+    one = dcgm_page([GpuLine("llm", "vllm-0", 30)])
+    other = dcgm_page([GpuLine("llm", "vllm-0", 90)])
+    server = await serve({"/metrics": text(one + other)})
+    rig = Rig(session)
+    assert not await rig.collector.scrape_once(server.url())
+    error = rig.error(server.url())
+    assert error is not None and "DCGM_FI_DEV_GPU_UTIL" in error and "30" in error and "90" in error, error
+
+
+async def test_identical_duplicate_series_are_read_once(serve, session) -> None:  # type: ignore[no-untyped-def]
+    server = await serve({"/metrics": text(PAGE + PAGE)})
+    rig = Rig(session)
+    assert await rig.collector.scrape_once(server.url())
+
+
+# ---- issue 15 item 3: what one page may contribute, and big pages off the loop ---------------------
+
+
+async def test_more_series_than_the_limit_fail_the_page(serve, session, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(scrape, "MAX_SERIES_PER_PAGE", 5)
+    server = await serve({"/metrics": text(PAGE)})  # 2 GPUs x 3 families = 6 series
+    rig = Rig(session)
+    assert not await rig.collector.scrape_once(server.url())
+    error = rig.error(server.url())
+    assert error is not None and "more than 5 series" in error, error
+
+
+def test_the_default_series_limit_is_far_above_a_real_node() -> None:
+    assert scrape.MAX_SERIES_PER_PAGE == 200_000
+
+
+async def test_a_large_page_is_parsed_in_a_worker_thread(serve, session, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    threads: list[str] = []
+    real = scrape.read_page
+
+    def recording(body, reader):  # type: ignore[no-untyped-def]
+        threads.append(threading.current_thread().name)
+        return real(body, reader)
+
+    monkeypatch.setattr(scrape, "read_page", recording)
+    big = PAGE + "# padding\n" * (scrape.PARSE_OFF_LOOP_BYTES // 10 + 1)
+    server = await serve({"/metrics": text(PAGE), "/big": text(big)})
+    rig = Rig(session)
+    assert await rig.collector.scrape_once(server.url())
+    assert await rig.collector.scrape_once(server.url("/big"))
+    main = threading.main_thread().name
+    assert threads[0] == main, "a small page is parsed on the loop"
+    assert threads[1] != main, "a large page is parsed off the loop"
+    assert rig.pods(server.url("/big")) == {"vllm-0", "vllm-1"}
+
+
+# ---- issue 12 item 1 and issue 15 item 9: backoff capped, loops supervised --------------------------
+
+
+def test_backoff_after_2000_failures_is_capped_at_three_intervals(session) -> None:  # type: ignore[no-untyped-def]
+    rig = Rig(session)
+    interval = rig.limits.interval
+    assert rig.collector.retry_delay(0) == interval
+    assert rig.collector.retry_delay(1) == interval
+    assert rig.collector.retry_delay(2) == 2 * interval
+    assert rig.collector.retry_delay(2000) == 3 * interval
+    assert rig.collector.retry_delay(10**9) == 3 * interval
+    assert backoff_delay(2000, first=5.0, cap=15.0) == 15.0
+
+
+async def test_a_scrape_loop_that_raises_is_restarted(serve, session, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    server = await serve({"/metrics": text(PAGE)})
+    rig = Rig(session)
+    calls: list[int] = []
+    real = rig.collector.scrape_once
+
+    async def buggy_once(url: str) -> bool:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in a reader")
+        return await real(url)
+
+    monkeypatch.setattr(rig.collector, "scrape_once", buggy_once)
+    rig.collector.add(server.url())
+    try:
+
+        async def scraped_after_the_bug() -> None:
+            assert len(calls) >= 2
+            assert rig.pods(server.url()) == {"vllm-0", "vllm-1"}
+
+        await eventually(scraped_after_the_bug)
+    finally:
+        await rig.collector.stop()
+
+
+# ---- HTTPS exporters behind kube-rbac-proxy: bearer token and CA -----------------------------------
+
+
+async def test_https_exporter_with_bearer_token_read_again_when_it_changes(  # type: ignore[no-untyped-def]
+    serve, tmp_path: Path
+) -> None:
+    ca = CertificateAuthority()
+    cert, key = write(tmp_path, "exporter", ca.issue("localhost", ["localhost"]))
+    ca_file = tmp_path / "ca.pem"
+    ca_file.write_bytes(ca.cert_pem)
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_tls.load_cert_chain(cert, key)
+
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        if request.headers.get("Authorization") not in ("Bearer first", "Bearer second"):
+            return web.Response(status=401, reason="Unauthorized")
+        return web.Response(text=PAGE)
+
+    server = await serve({"/metrics": guarded}, ssl_context=server_tls)
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    limits = ScrapeLimits(interval=0.05, timeout=2.0, max_page_bytes=1 << 20, concurrency=4)
+    connector = aiohttp.TCPConnector(ssl=exporter_ssl(ca_file))
+    async with aiohttp.ClientSession(connector=connector, trust_env=False) as tls_session:
+        rig = Rig(tls_session, fetcher=AiohttpFetcher(tls_session, limits, BearerToken(token)))
+        assert await rig.collector.scrape_once(server.url())
+        token.write_text("second-but-longer\n")
+        assert not await rig.collector.scrape_once(server.url())
+        assert "HTTP 401" in (rig.error(server.url()) or "")
+        token.write_text("second\n")
+        assert await rig.collector.scrape_once(server.url())
+    assert [h.get("Authorization") for h in server.seen_headers] == [
+        "Bearer first",
+        "Bearer second-but-longer",
+        "Bearer second",
+    ]
+    # Without the CA the exporter's certificate is not trusted.
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(ssl=exporter_ssl(None)), trust_env=False
+    ) as untrusting:
+        rig = Rig(untrusting, fetcher=AiohttpFetcher(untrusting, limits, BearerToken(token)))
+        assert not await rig.collector.scrape_once(server.url())
+        assert "certificate" in (rig.error(server.url()) or "").lower()
+
+
+async def test_the_token_is_never_sent_over_plain_http(serve, session, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    server = await serve({"/metrics": text(PAGE)})
+    token = tmp_path / "token"
+    token.write_text("secret")
+    rig = Rig(session)
+    rig.collector._fetcher = AiohttpFetcher(session, rig.limits, BearerToken(token))
+    assert await rig.collector.scrape_once(server.url())
+    assert "Authorization" not in server.seen_headers[0]
+
+
+async def test_a_missing_token_file_is_a_failed_scrape_naming_the_flag(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    limits = ScrapeLimits(interval=0.05, timeout=2.0, max_page_bytes=1 << 20, concurrency=4)
+    async with aiohttp.ClientSession(trust_env=False) as s:
+        rig = Rig(s, fetcher=AiohttpFetcher(s, limits, BearerToken(tmp_path / "absent")))
+        assert not await rig.collector.scrape_once("https://localhost:1/metrics")
+        assert "--exporter-bearer-token-file" in (rig.error("https://localhost:1/metrics") or "")
+
+
+def test_the_default_reader_reads_gpu_exporter_pages() -> None:
+    assert GPU_EXPORTER_PAGES.what == "GPU exporter metrics"
+    assert "DCGM_FI_DEV_GPU_UTIL" in GPU_EXPORTER_PAGES.valid_names
+
+
+async def test_interest_and_http_helpers_stay_importable_from_scrape() -> None:
+    from keda_gpu_scaler.collect.scrape import (  # noqa: F401
+        SCRAPE_INTEREST,
+        Interest,
+        PageTooLarge,
+        describe_error,
+        read_limited,
+    )
+
+    await asyncio.sleep(0)
