@@ -49,6 +49,7 @@ __all__ = [
     "supported_metrics",
     "unsupported_message",
     "value_for",
+    "wrong_types",
 ]
 
 
@@ -185,3 +186,28 @@ def value_for(reading: InferenceReading, metric: InferenceMetric | str) -> Value
     if isinstance(reading.waiting, Missing):
         return reading.waiting
     return reading.running + reading.waiting
+
+
+# What the families engines read may be declared as: a gauge, or untyped (Prometheus' /federate output).
+_LEVEL_TYPES = frozenset({"gauge", "untyped"})
+
+
+def wrong_types(page: str | bytes) -> dict[str, str]:
+    """The families engines read that a page declares with another type (`# TYPE name counter`): name → type.
+
+    The sample parser skips comment lines, so a server that exports, say, a counter under a gauge's name
+    would otherwise be read as a level. A caller can treat a non-empty answer as a page it cannot use,
+    naming the family. Pages are scanned with one substring search per family, never line by line.
+    """
+    text = page.decode("utf-8", "replace") if isinstance(page, bytes) else page
+    found: dict[str, str] = {}
+    for name in sorted(ENGINE_SAMPLE_NAMES):
+        marker = f"# TYPE {name} "
+        at = text.find(marker)
+        if at < 0:
+            continue
+        end = text.find("\n", at)
+        declared = text[at + len(marker) : None if end < 0 else end].strip()
+        if declared not in _LEVEL_TYPES:
+            found[name] = declared
+    return found

@@ -36,6 +36,7 @@ from keda_gpu_scaler.engines import (
     unsupported_message,
     value_for,
     vllm,
+    wrong_types,
 )
 from keda_gpu_scaler.exposition import Sample, parse_exposition
 
@@ -689,3 +690,24 @@ def test_simulated_load_and_split() -> None:
 def test_simulated_model_names_are_escaped() -> None:
     reading = pod_reading(parse_exposition(simulated.vllm_page('a"b\\c', [(1, 0, 0)])), model='a"b\\c')
     assert reading.running == 1
+
+
+# --- declared types -----------------------------------------------------------------------------------
+
+
+def test_no_fixture_declares_a_wrong_type() -> None:
+    for path in FIXTURES.glob("*.prom"):
+        assert wrong_types(path.read_text()) == {}, path.name
+        assert wrong_types(path.read_bytes()) == {}, path.name
+
+
+def test_a_family_declared_with_another_type_is_named() -> None:
+    text = (
+        "# TYPE vllm:num_requests_waiting counter\n"
+        "vllm:num_requests_waiting 3\n"
+        "# TYPE tgi_queue_size summary\n"
+        'tgi_queue_size{quantile="0.5"} 1\n'
+        "# TYPE vllm:num_requests_running gauge\n"
+        "# TYPE sglang:token_usage untyped"
+    )
+    assert wrong_types(text) == {"vllm:num_requests_waiting": "counter", "tgi_queue_size": "summary"}
