@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -11,13 +13,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from keda_gpu_scaler.collect.prometheus import PrometheusCollector
+from keda_gpu_scaler.collect import prometheus as prometheus_module
+from keda_gpu_scaler.collect.interest import Interest
+from keda_gpu_scaler.collect.prometheus import MAX_BACKOFF_INTERVALS, PrometheusCollector, prometheus_interest
 from keda_gpu_scaler.collect.prometheus_answer import (
+    REMOTE_TEXT_LIMIT,
     Element,
     PrometheusError,
     parse_vector,
+    remote_text,
     samples_with_times,
 )
+from keda_gpu_scaler.collect.prometheus_client import http_error
 from keda_gpu_scaler.collect.promql import (
     TIMESTAMP_LABEL,
     gpu_queries,
@@ -26,7 +33,6 @@ from keda_gpu_scaler.collect.promql import (
     promql_string,
     regex_literal,
 )
-from keda_gpu_scaler.collect.scrape import Interest
 from keda_gpu_scaler.collect.store import SourceKind, Store
 from keda_gpu_scaler.exposition import Sample
 from keda_gpu_scaler.settings import (
@@ -126,6 +132,54 @@ def test_parse_vector_rejects(body: bytes, message: str) -> None:
         parse_vector(body)
 
 
+LONG = "x" * 5_000 + "\n" + "y" * 5_000
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        {"status": "error", "errorType": LONG, "error": LONG},
+        {"status": LONG},
+        {"status": "success", "data": {"resultType": LONG, "result": []}},
+        {
+            "status": "success",
+            "data": {"resultType": "vector", "result": [{"metric": {}, "value": [1, LONG]}]},
+        },
+        {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {"a": LONG}}]}},
+    ],
+)
+def test_errors_quote_little_of_the_answer(document: dict[str, Any]) -> None:
+    with pytest.raises(PrometheusError) as raised:
+        parse_vector(json.dumps(document).encode())
+    message = str(raised.value)
+    # The longest run of the server's text: at most the limit (and the … that says it was cut).
+    assert max(len(run) for run in re.findall("[xy]+", message)) <= REMOTE_TEXT_LIMIT
+    assert "\n" not in message and len(message) < 3 * REMOTE_TEXT_LIMIT
+
+
+def test_warnings_are_quoted_short() -> None:
+    body = json.dumps(
+        {"status": "success", "data": {"resultType": "vector", "result": []}, "warnings": [LONG]}
+    )
+    _, warnings = parse_vector(body.encode())
+    assert warnings == [remote_text(LONG)] and len(warnings[0]) == REMOTE_TEXT_LIMIT + 1
+
+
+def test_http_errors_quote_little_of_the_answer() -> None:
+    body = json.dumps({"status": "error", "errorType": "execution", "error": LONG}).encode()
+    message = http_error(502, LONG, None, body)
+    assert message.startswith("HTTP 502 " + "x" * REMOTE_TEXT_LIMIT + "…: execution: ")
+    assert len(message) < 3 * REMOTE_TEXT_LIMIT
+    redirect = http_error(302, "Found", "https://elsewhere/" + LONG, b"")
+    assert "redirect to https://elsewhere/" in redirect and len(redirect) < 3 * REMOTE_TEXT_LIMIT
+
+
+def test_remote_text() -> None:
+    assert remote_text("short") == "short"
+    assert remote_text("a\nb\x1b") == "a\\nb\\x1b"
+    assert remote_text("z" * 150) == "z" * REMOTE_TEXT_LIMIT + "…"
+
+
 def elements_of(samples: list[Sample]) -> list[Element]:
     """What Prometheus answers to values_and_times() for these samples (timestamps in ms)."""
     result = []
@@ -159,10 +213,15 @@ class ScriptedPrometheus:
 
     def __init__(self) -> None:
         self.answers: dict[str, list[Element]] = {}
+        self.failures: dict[str, PrometheusError] = {}
         self.asked: list[str] = []
+        self.heard = asyncio.Event()  # set by the first query
 
     async def query(self, promql: str, at: float, purpose: str) -> list[Element]:
         self.asked.append(purpose)
+        self.heard.set()
+        if purpose in self.failures:
+            raise self.failures[purpose]
         return self.answers.get(purpose, [])
 
 
@@ -361,3 +420,90 @@ async def test_a_server_without_sample_times_is_reported(caplog: pytest.LogCaptu
         "the Prometheus API reports every sample as taken at the query time: the age of its data cannot be"
         " checked against --max-staleness"
     ) == 1
+
+
+@pytest.mark.parametrize("purpose", ["fleet", "liveness"])
+@pytest.mark.parametrize(
+    "body", [b"[" * 100_000, b'{"status":"success","pad":"' + b"x" * 300 + b'"}'], ids=["too-deep", "no-data"]
+)
+async def test_a_failed_fleet_or_liveness_answer_is_a_recorded_failure(purpose: str, body: bytes) -> None:
+    prometheus, store = ScriptedPrometheus(), Store()
+    with pytest.raises(PrometheusError) as raised:
+        parse_vector(body)
+    prometheus.failures[purpose] = raised.value
+    now = [1000.0]
+    source = collector(prometheus, store, now)
+    if purpose == "liveness":  # asked about an exporter whose series vanished from the answer
+        prometheus.answers["namespace"] = elements_of(gpu("vllm-0", 40, age=0.5))
+        assert await source.collect_once("llm")
+        prometheus.answers["namespace"] = []
+    assert not await source.collect_once("llm")
+    assert prometheus.asked[-1] == purpose
+    later = store.view("llm", 1005.0, 4.0, SourceKind.PROMETHEUS)
+    assert any(str(raised.value) in problem for problem in later.problems), later.problems
+
+
+class FailingPrometheus(ScriptedPrometheus):
+    async def query(self, promql: str, at: float, purpose: str) -> list[Element]:
+        raise PrometheusError("Cannot connect to host prometheus:9090")
+
+
+async def test_retry_delay_is_capped_however_long_prometheus_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exponential at first, then never more than MAX_BACKOFF_INTERVALS intervals: Prometheus coming back
+    is seen soon, and thousands of failures in a row neither overflow nor end the namespace's loop."""
+    delays: list[float] = []
+    enough = asyncio.Event()
+
+    def no_wait(delay: float) -> float:
+        delays.append(delay)
+        if len(delays) >= 1_100:  # past 2 ** 1024, which no float holds
+            enough.set()
+        return 0.0
+
+    monkeypatch.setattr(prometheus_module, "jittered", no_wait)
+    store = Store()
+    source = collector(FailingPrometheus(), store)
+    source._interest.touch(prometheus_interest("llm"))  # wanted for 600 s of a clock that does not move
+    loop = asyncio.create_task(source._run("llm"))
+    await asyncio.wait([loop, asyncio.create_task(enough.wait())], return_when=asyncio.FIRST_COMPLETED)
+    assert not loop.done(), loop
+    loop.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await loop
+    assert delays[:4] == [1.0, 2.0, MAX_BACKOFF_INTERVALS, MAX_BACKOFF_INTERVALS]
+    assert max(delays) == MAX_BACKOFF_INTERVALS
+
+
+class BrokenOnceInterest(Interest):
+    def __init__(self, ttl: float, clock: Any) -> None:
+        super().__init__(ttl, clock)
+        self.broken = True
+
+    def wanted_keys(self) -> list[Any]:
+        if self.broken:
+            self.broken = False
+            raise RuntimeError("a bug in the namespace loop")
+        return super().wanted_keys()
+
+
+async def test_the_namespace_supervisor_is_restarted_when_it_fails(caplog: pytest.LogCaptureFixture) -> None:
+    prometheus, store = ScriptedPrometheus(), Store()
+    prometheus.answers["namespace"] = elements_of(gpu("vllm-0", 40, age=0.5))
+    interest = BrokenOnceInterest(600, lambda: 1000.0)
+    source = PrometheusCollector(
+        client=prometheus,  # type: ignore[arg-type]
+        store=store,
+        interest=interest,
+        interval=1.0,
+        max_staleness=4.0,
+        clock=lambda: 1000.0,
+        wall_clock=lambda: WALL,
+    )
+    interest.touch(prometheus_interest("llm"))
+    source.start()
+    try:
+        async with asyncio.timeout(30):
+            await prometheus.heard.wait()
+    finally:
+        await source.stop()
+    assert any("a bug in the namespace loop" in r.getMessage() for r in caplog.records)
