@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import gzip
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -75,6 +77,30 @@ FAULTS: tuple[Fault, ...] = (
     Fault("negative_huge", "values -5 and 1e300", 100.0, "clamped to 0 and 100 per GPU: value 100"),
     Fault("duplicates", "every series printed twice", 60.0, "counted once: value 60"),
     Fault(
+        "conflicting",
+        "one series printed twice with different values",
+        "UNAVAILABLE",
+        "page refused naming the series, both values and their lines (neither can be trusted); UNAVAILABLE",
+    ),
+    Fault(
+        "gzip_bomb",
+        "a 400 kB gzip body that inflates to 200 MB",
+        "UNAVAILABLE",
+        "decompressed bytes count against --max-page-bytes: refused at the cap, memory bounded; UNAVAILABLE",
+    ),
+    Fault(
+        "redirect",
+        "HTTP 302 to a page with other values",
+        "UNAVAILABLE",
+        "redirect refused, naming the Location (never followed to another page or host); UNAVAILABLE",
+    ),
+    Fault(
+        "not_an_exporter",
+        "a valid page without any GPU exporter metrics (a wrong port, another program's /metrics)",
+        "UNAVAILABLE",
+        "failed source 'no GPU exporter metrics on this page', never an empty fleet read as 0; UNAVAILABLE",
+    ),
+    Fault(
         "escapes", "label values with escapes and unicode in other labels", 60.0, "parsed exactly: value 60"
     ),
     Fault(
@@ -119,6 +145,12 @@ OTHER_FAULTS: tuple[tuple[str, str, str], ...] = (
         "test_kubernetes.py::test_watch_410_gone_relists_and_recovers",
     ),
 )
+
+
+@functools.cache
+def gzip_bomb() -> bytes:
+    """200 MB of comment lines, gzip-compressed to about 400 kB (made once, when first served)."""
+    return gzip.compress((b"# " + b"x" * 1021 + b"\n") * 200_000, compresslevel=9)
 
 
 class FaultyExporter:
@@ -167,6 +199,15 @@ class FaultyExporter:
         elif fault == "duplicates":
             lines = [line("vllm-0", "30", 0), line("vllm-1", "30", 1)]
             return web.Response(text=page(*lines, *lines))
+        elif fault == "conflicting":
+            lines = [line("vllm-0", "30", 0), line("vllm-1", "30", 1), line("vllm-0", "90", 0)]
+            return web.Response(text=page(*lines))
+        elif fault == "gzip_bomb":
+            return web.Response(body=gzip_bomb(), headers={"Content-Encoding": "gzip"})
+        elif fault == "redirect":
+            raise web.HTTPFound("/elsewhere")
+        elif fault == "not_an_exporter":
+            return web.Response(text="# HELP process_cpu_seconds_total CPU.\nprocess_cpu_seconds_total 12.5\n")
         elif fault == "escapes":
             tricky = 'modelName="H100 \\"SXM\\" \\\\ 80GB\\nπ✓"'
             lines = [line("vllm-0", "30", 0), line("vllm-1", "30", 1)]
@@ -175,9 +216,14 @@ class FaultyExporter:
             )
         return web.Response(text=self.healthy())
 
+    async def _elsewhere(self, _: web.Request) -> web.Response:
+        # Where the redirect points: a page that would read 90 per pod if it were followed.
+        return web.Response(text=page(line("vllm-0", "90", 0), line("vllm-1", "90", 1)))
+
     async def start(self, port: int = 0) -> None:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/elsewhere", self._elsewhere)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", port).start()

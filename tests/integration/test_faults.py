@@ -81,7 +81,16 @@ async def test_fault(fault: Fault, faulty: FaultyExporter, make_exporter, make_s
     else:
         await eventually(lambda: during_for(fault.expected))
     if fault.expected == "UNAVAILABLE" and fault.name != "nan_inf":
-        reasons = {"huge": "limit", "truncated": "line", "slow": "timed out", "http_500": "HTTP 500"}
+        reasons = {
+            "huge": "limit",
+            "truncated": "line",
+            "slow": "timed out",
+            "http_500": "HTTP 500",
+            "conflicting": "printed again with another value",
+            "gzip_bomb": "limit of 1048576 bytes",
+            "redirect": "/elsewhere",
+            "not_an_exporter": "no GPU exporter metrics on this page",
+        }
 
         async def failure_recorded() -> None:
             failures = [s.last_error for s in scaler.app.store.sources() if s.last_error]
