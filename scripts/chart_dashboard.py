@@ -10,7 +10,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-DASHBOARD = Path(__file__).resolve().parents[1] / "charts" / "keda-gpu-scaler" / "dashboards" / "keda-gpu-scaler.json"
+DASHBOARD = (
+    Path(__file__).resolve().parents[1] / "charts" / "keda-gpu-scaler" / "dashboards" / "keda-gpu-scaler.json"
+)
 
 # Every scaler series of the dashboard is selected with this (the template variables below).
 SEL = 'job=~"$job"'
@@ -49,7 +51,12 @@ ROWS: list[tuple[str, list[tuple[str, str, str, list[tuple[str, str]]]]]] = [
                 "Evaluations by result",
                 "ops",
                 "no_data: too few target pods had fresh data; KEDA got UNAVAILABLE.",
-                [("{{result}}", f"sum by (result) (rate(keda_gpu_scaler_evaluations_total{{{SEL}}}[{RATE}]))")],
+                [
+                    (
+                        "{{result}}",
+                        f"sum by (result) (rate(keda_gpu_scaler_evaluations_total{{{SEL}}}[{RATE}]))",
+                    )
+                ],
             ),
             (
                 "UNAVAILABLE answers",
@@ -228,7 +235,14 @@ def dashboard() -> dict[str, Any]:
     for row_title, row_panels in ROWS:
         panel_id += 1
         panels.append(
-            {"id": panel_id, "type": "row", "title": row_title, "collapsed": False, "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": []}
+            {
+                "id": panel_id,
+                "type": "row",
+                "title": row_title,
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+                "panels": [],
+            }
         )
         y += 1
         for index, (title, unit, description, queries) in enumerate(row_panels):
@@ -242,9 +256,17 @@ def dashboard() -> dict[str, Any]:
                     "datasource": _DATASOURCE,
                     "gridPos": {"h": 8, "w": 12, "x": 12 * (index % 2), "y": y + 8 * (index // 2)},
                     "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-                    "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
+                    "options": {
+                        "legend": {"displayMode": "list", "placement": "bottom"},
+                        "tooltip": {"mode": "multi"},
+                    },
                     "targets": [
-                        {"refId": chr(ord("A") + n), "datasource": _DATASOURCE, "expr": expr, "legendFormat": legend}
+                        {
+                            "refId": chr(ord("A") + n),
+                            "datasource": _DATASOURCE,
+                            "expr": expr,
+                            "legendFormat": legend,
+                        }
                         for n, (legend, expr) in enumerate(queries)
                     ],
                 }
@@ -266,9 +288,19 @@ def dashboard() -> dict[str, Any]:
         "links": [],
         "templating": {
             "list": [
-                {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus", "current": {}},
+                {
+                    "name": "datasource",
+                    "label": "Data source",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "current": {},
+                },
                 _variable("job", "Job", "label_values(keda_gpu_scaler_rpc_requests_total, job)"),
-                _variable("namespace", "Namespace", 'label_values(keda_gpu_scaler_trigger_value{job=~"$job"}, namespace)'),
+                _variable(
+                    "namespace",
+                    "Namespace",
+                    'label_values(keda_gpu_scaler_trigger_value{job=~"$job"}, namespace)',
+                ),
                 _variable(
                     "scaledobject",
                     "ScaledObject",

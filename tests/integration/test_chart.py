@@ -43,14 +43,23 @@ KUBERNETES_VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
 
 
 def _object(properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
-    return {"type": "object", "properties": properties, "required": list(required), "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(required),
+        "additionalProperties": False,
+    }
 
 
 _STRING = {"type": "string"}
 _STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
-_DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
+_DURATION = {
+    "type": "string",
+    "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+}
 _METADATA = _object(
-    {"name": _STRING, "namespace": _STRING, "labels": _STRING_MAP, "annotations": _STRING_MAP}, ("name", "namespace")
+    {"name": _STRING, "namespace": _STRING, "labels": _STRING_MAP, "annotations": _STRING_MAP},
+    ("name", "namespace"),
 )
 _SELECTOR = _object({"matchLabels": _STRING_MAP})
 _RELABEL = {"type": "array", "items": {"type": "object"}}
@@ -77,7 +86,12 @@ def _monitor(kind: str, endpoints: str, extra: dict[str, Any]) -> dict[str, Any]
             "kind": {"const": kind},
             "metadata": _METADATA,
             "spec": _object(
-                {"selector": _SELECTOR, "namespaceSelector": _NAMESPACE_SELECTOR, endpoints: {"type": "array", "minItems": 1, "items": _ENDPOINT}, **extra},
+                {
+                    "selector": _SELECTOR,
+                    "namespaceSelector": _NAMESPACE_SELECTOR,
+                    endpoints: {"type": "array", "minItems": 1, "items": _ENDPOINT},
+                    **extra,
+                },
                 ("selector", endpoints),
             ),
         },
@@ -88,7 +102,13 @@ def _monitor(kind: str, endpoints: str, extra: dict[str, Any]) -> dict[str, Any]
 _RULE = {
     "oneOf": [
         _object(
-            {"alert": _STRING, "expr": _STRING, "for": _DURATION, "labels": _STRING_MAP, "annotations": _STRING_MAP},
+            {
+                "alert": _STRING,
+                "expr": _STRING,
+                "for": _DURATION,
+                "labels": _STRING_MAP,
+                "annotations": _STRING_MAP,
+            },
             ("alert", "expr"),
         ),
         _object({"record": _STRING, "expr": _STRING, "labels": _STRING_MAP}, ("record", "expr")),
@@ -96,7 +116,9 @@ _RULE = {
 }
 MONITORING_SCHEMAS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): _monitor(
-        "ServiceMonitor", "endpoints", {"jobLabel": _STRING, "targetLabels": {"type": "array", "items": _STRING}}
+        "ServiceMonitor",
+        "endpoints",
+        {"jobLabel": _STRING, "targetLabels": {"type": "array", "items": _STRING}},
     ),
     ("monitoring.coreos.com/v1", "PodMonitor"): _monitor("PodMonitor", "podMetricsEndpoints", {}),
     ("monitoring.coreos.com/v1", "PrometheusRule"): _object(
@@ -124,7 +146,9 @@ MONITORING_SCHEMAS = {
 
 
 def validate(doc: dict[str, Any]) -> None:
-    schema = SCHEMAS.get((doc["apiVersion"], doc["kind"])) or MONITORING_SCHEMAS.get((doc["apiVersion"], doc["kind"]))
+    schema = SCHEMAS.get((doc["apiVersion"], doc["kind"])) or MONITORING_SCHEMAS.get(
+        (doc["apiVersion"], doc["kind"])
+    )
     if schema is not None:
         jsonschema.validate(doc, schema)
         return
@@ -135,13 +159,17 @@ def validate(doc: dict[str, Any]) -> None:
 # --- rendering -----------------------------------------------------------------------------------------
 
 
-def render_files(values: dict[str, Any] | None = None, name: str = RELEASE, namespace: str = NAMESPACE) -> dict[str, str]:
+def render_files(
+    values: dict[str, Any] | None = None, name: str = RELEASE, namespace: str = NAMESPACE
+) -> dict[str, str]:
     with helm.Chart.load(str(CHART)) as chart:
         rendered: dict[str, str] = chart.render(values or {}, name=name, namespace=namespace, is_install=True)
     return rendered
 
 
-def render(values: dict[str, Any] | None = None, name: str = RELEASE, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+def render(
+    values: dict[str, Any] | None = None, name: str = RELEASE, namespace: str = NAMESPACE
+) -> list[dict[str, Any]]:
     docs: list[dict[str, Any]] = []
     for path, text in sorted(render_files(values, name, namespace).items()):
         if path.endswith(".yaml"):
@@ -185,7 +213,9 @@ def kustomize(directory: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(done.stdout) if d]
 
 
-def kustomize_with(tmp_path: Path, resources: list[Path], components: list[Path] = ()) -> list[dict[str, Any]]:  # type: ignore[assignment]
+def kustomize_with(
+    tmp_path: Path, resources: list[Path], components: list[Path] = ()
+) -> list[dict[str, Any]]:  # type: ignore[assignment]
     (tmp_path / "kustomization.yaml").write_text(
         yaml.safe_dump(
             {
@@ -256,7 +286,10 @@ EVERYTHING: dict[str, Any] = {
     ],
     "service": {"grpcPort": 7000, "httpPort": 9090, "annotations": {"x": "y"}},
     "serviceAccount": {"name": "gpu-scaler", "annotations": {"iam": "role"}},
-    "rbac": {"namespaces": ["llm", "genai"], "scaleTargets": [{"apiGroups": ["apps"], "resources": ["deployments/scale"]}]},
+    "rbac": {
+        "namespaces": ["llm", "genai"],
+        "scaleTargets": [{"apiGroups": ["apps"], "resources": ["deployments/scale"]}],
+    },
     "explain": {"enabled": True},
     "exporterSelectors": {"additional": ["app=custom-exporter:9500"], "ack": {"enabled": True}},
     "tls": {"enabled": True, "certManager": {"enabled": True}},
@@ -265,7 +298,10 @@ EVERYTHING: dict[str, Any] = {
     "extraVolumes": [{"name": "secrets", "secret": {"secretName": "scaler-secrets"}}],
     "extraVolumeMounts": [{"name": "secrets", "mountPath": "/etc/keda-gpu-scaler/secrets", "readOnly": True}],
     "flags": all_flags(),
-    "networkPolicy": {"enabled": True, "additionalIngress": [{"ports": [{"port": "http"}], "from": [{"podSelector": {}}]}]},
+    "networkPolicy": {
+        "enabled": True,
+        "additionalIngress": [{"ports": [{"port": "http"}], "from": [{"podSelector": {}}]}],
+    },
     "podDisruptionBudget": {"maxUnavailable": 1},
     "prometheus": {
         "serviceMonitor": {
@@ -279,7 +315,12 @@ EVERYTHING: dict[str, Any] = {
             "targetLabels": ["team"],
             "jobLabel": "app.kubernetes.io/name",
         },
-        "podMonitor": {"enabled": True, "interval": "30s", "scrapeTimeout": "5s", "additionalLabels": {"a": "b"}},
+        "podMonitor": {
+            "enabled": True,
+            "interval": "30s",
+            "scrapeTimeout": "5s",
+            "additionalLabels": {"a": "b"},
+        },
         "rules": {
             "enabled": True,
             "namespace": "monitoring",
@@ -322,7 +363,15 @@ def test_chart_lints_clean(values: dict[str, Any]) -> None:
 
 def test_defaults_render_and_validate(defaults: list[dict[str, Any]]) -> None:
     assert kinds(defaults) == sorted(
-        ["ClusterRole", "ClusterRoleBinding", "Deployment", "PodDisruptionBudget", "Service", "Service", "ServiceAccount"]
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Deployment",
+            "PodDisruptionBudget",
+            "Service",
+            "Service",
+            "ServiceAccount",
+        ]
     )
     for doc in defaults:
         validate(doc)
@@ -344,10 +393,19 @@ def test_every_option_renders_and_validates(everything: list[dict[str, Any]]) ->
     "values",
     [
         {"tls": {"enabled": True, "existingSecret": "my-tls", "mtls": {"enabled": False}}},
-        {"tls": {"enabled": True, "certManager": {"enabled": True, "issuerRef": {"kind": "ClusterIssuer", "name": "ca"}}}},
+        {
+            "tls": {
+                "enabled": True,
+                "certManager": {"enabled": True, "issuerRef": {"kind": "ClusterIssuer", "name": "ca"}},
+            }
+        },
         {"rbac": {"namespaces": ["llm"], "exporterDiscovery": False}},
         {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "keda-operator"}},
-        {"service": {"headless": {"enabled": False}}, "podDisruptionBudget": {"enabled": False}, "replicaCount": 1},
+        {
+            "service": {"headless": {"enabled": False}},
+            "podDisruptionBudget": {"enabled": False},
+            "replicaCount": 1,
+        },
         {"fullnameOverride": "gpu"},
     ],
     ids=["tls-secret", "tls-issuer", "rbac-namespaced", "no-rbac", "minimal", "fullname"],
@@ -378,7 +436,7 @@ def test_schema_rejects_typos_and_bad_values(values: dict[str, Any]) -> None:
 
 
 def test_tls_needs_a_certificate_source() -> None:
-    with pytest.raises(helm.HelmError, match="tls.existingSecret"):
+    with pytest.raises(helm.HelmError, match=r"tls\.existingSecret"):
         render_files({"tls": {"enabled": True}})
 
 
@@ -396,13 +454,17 @@ def test_every_flag_has_a_chart_value() -> None:
                 assert part in node, f"{flag.name}: no value {chart_docs.STRUCTURED[flag.name]}"
                 node = node[part]
         else:
-            assert chart_docs.value_name(flag) in chart_values, f"{flag.name} has no value flags.{chart_docs.value_name(flag)}"
+            assert chart_docs.value_name(flag) in chart_values, (
+                f"{flag.name} has no value flags.{chart_docs.value_name(flag)}"
+            )
     assert chart_values == {chart_docs.value_name(f) for f in chart_docs.chart_flags()}
 
 
 def test_only_flags_given_are_rendered(defaults: list[dict[str, Any]]) -> None:
     given = env(defaults)
-    assert set(given) == {f"{ENV_PREFIX}{n}" for n in ("GRPC_ADDRESS", "HTTP_ADDRESS", "KUBERNETES", "LOG_FORMAT")}
+    assert set(given) == {
+        f"{ENV_PREFIX}{n}" for n in ("GRPC_ADDRESS", "HTTP_ADDRESS", "KUBERNETES", "LOG_FORMAT")
+    }
 
 
 def test_every_flag_reaches_the_scaler(everything: list[dict[str, Any]]) -> None:
@@ -518,7 +580,10 @@ def test_chart_and_kustomize_base_agree(defaults: list[dict[str, Any]], base: li
         assert chart_svc["ports"] == base_svc["ports"], name
         assert chart_svc.get("clusterIP") == base_svc.get("clusterIP")
     assert _grants(find(defaults, "ClusterRole")) == _grants(find(base, "ClusterRole"))
-    assert find(defaults, "PodDisruptionBudget")["spec"]["minAvailable"] == find(base, "PodDisruptionBudget")["spec"]["minAvailable"]
+    assert (
+        find(defaults, "PodDisruptionBudget")["spec"]["minAvailable"]
+        == find(base, "PodDisruptionBudget")["spec"]["minAvailable"]
+    )
     binding = find(defaults, "ClusterRoleBinding")
     assert binding["subjects"] == find(base, "ClusterRoleBinding")["subjects"]
 
@@ -546,7 +611,7 @@ def test_chart_tls_agrees_with_the_tls_overlay() -> None:
         chart_spec = find(chart, kind, name)["spec"]
         overlay_spec = find(overlay, kind, name)["spec"]
         if kind == "Certificate":
-            assert set(overlay_spec["dnsNames"] if "dnsNames" in overlay_spec else []) <= set(chart_spec.get("dnsNames", []))
+            assert set(overlay_spec.get("dnsNames", [])) == set(chart_spec.get("dnsNames", []))
             chart_spec = {k: v for k, v in chart_spec.items() if k not in ("dnsNames", "issuerRef")}
             overlay_spec = {k: v for k, v in overlay_spec.items() if k not in ("dnsNames", "issuerRef")}
         assert chart_spec == overlay_spec, name
@@ -569,8 +634,13 @@ def test_network_policy_chart_and_component_agree(tmp_path: Path) -> None:
     assert [p["port"] for p in grpc_rule["ports"]] == ["grpc"]
     for peer in grpc_rule["from"]:
         assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "keda"}}
-        assert peer["podSelector"]["matchLabels"] in ({"app": "keda-operator"}, {"app.kubernetes.io/name": "keda-operator"})
-    assert http_rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+        assert peer["podSelector"]["matchLabels"] in (
+            {"app": "keda-operator"},
+            {"app.kubernetes.io/name": "keda-operator"},
+        )
+    assert http_rule["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
 
 
 def test_network_policy_selects_the_scaler_pods(everything: list[dict[str, Any]]) -> None:
@@ -596,12 +666,16 @@ def test_rbac_namespaced(everything: list[dict[str, Any]], base: list[dict[str, 
     bindings = [d for d in everything if d["kind"] == "RoleBinding"]
     assert {b["metadata"]["namespace"] for b in bindings} == set(roles)
     for binding in bindings:
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpu-scaler", "namespace": NAMESPACE}]
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "gpu-scaler", "namespace": NAMESPACE}
+        ]
     # Exporter discovery watches exporter pods in every namespace: only pods, only list and watch.
     assert _grants(find(everything, "ClusterRole")) == {("", "pods", "list"), ("", "pods", "watch")}
     narrow = render({"rbac": {"namespaces": ["llm"], "exporterDiscovery": False}})
     assert not [d for d in narrow if d["kind"].startswith("Cluster")]
-    assert _grants(find(base, "ClusterRole")) >= _grants(roles["llm"]) - {("apps", "deployments/scale", "get")}
+    assert _grants(find(base, "ClusterRole")) >= _grants(roles["llm"]) - {
+        ("apps", "deployments/scale", "get")
+    }
 
 
 def test_service_monitor_and_pod_monitor_find_the_scaler(everything: list[dict[str, Any]]) -> None:
@@ -612,7 +686,9 @@ def test_service_monitor_and_pod_monitor_find_the_scaler(everything: list[dict[s
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     (endpoint,) = monitor["spec"]["endpoints"]
-    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]} and endpoint["path"] == "/metrics"
+    assert (
+        endpoint["port"] in {p["name"] for p in service["spec"]["ports"]} and endpoint["path"] == "/metrics"
+    )
     assert endpoint["honorLabels"] is True  # trigger series keep the ScaledObject's namespace label
     assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("15s", "10s")
     pod_monitor = find(everything, "PodMonitor")
@@ -625,15 +701,23 @@ def test_service_monitor_and_pod_monitor_find_the_scaler(everything: list[dict[s
 @pytest.mark.parametrize("example", sorted((CHART / "examples").glob("*-values.yaml")), ids=lambda p: p.stem)
 def test_example_values_install(example: Path) -> None:
     values = yaml.safe_load(example.read_text())
-    assert f"helm install {RELEASE} charts/keda-gpu-scaler -n {NAMESPACE} -f charts/keda-gpu-scaler/examples/{example.name}" in example.read_text()
+    assert (
+        f"helm install {RELEASE} charts/keda-gpu-scaler -n {NAMESPACE} -f charts/keda-gpu-scaler/examples/{example.name}"
+        in example.read_text()
+    )
     report = helm.lint(str(CHART), values, strict=True, namespace=NAMESPACE)
     assert not report["errors"], report["errors"]
     docs = render(values)
     for doc in docs:
         validate(doc)
     # The examples' ScaledObjects name this release's Service.
-    setup = {"aks": "aks-nvidia-gpu-operator", "doks": "doks-amd-mi300x", "ack": "ack-shared-gpu"}[example.stem.removesuffix("-values")]
-    hosts = {find(docs, "Service", n)["metadata"]["name"] + "." + NAMESPACE for n in ("keda-gpu-scaler", "keda-gpu-scaler-headless")}
+    setup = {"aks": "aks-nvidia-gpu-operator", "doks": "doks-amd-mi300x", "ack": "ack-shared-gpu"}[
+        example.stem.removesuffix("-values")
+    ]
+    hosts = {
+        find(docs, "Service", n)["metadata"]["name"] + "." + NAMESPACE
+        for n in ("keda-gpu-scaler", "keda-gpu-scaler-headless")
+    }
     for path in (MANIFESTS / "examples" / setup).glob("scaledobject*.yaml"):
         for doc in yaml.safe_load_all(path.read_text()):
             for trigger in doc["spec"]["triggers"]:
@@ -663,7 +747,12 @@ def _metric_types() -> dict[str, str]:
 
 
 def exported_series() -> set[str]:
-    suffixes = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count")}
+    suffixes = {
+        "counter": ("_total",),
+        "gauge": ("",),
+        "histogram": ("_bucket", "_sum", "_count"),
+        "summary": ("_sum", "_count"),
+    }
     return {name + suffix for name, kind in _metric_types().items() for suffix in suffixes[kind]}
 
 
@@ -706,7 +795,9 @@ def promtool() -> str:
 
 
 def check_rules(path: Path) -> None:
-    done = subprocess.run([promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60, check=False)
+    done = subprocess.run(
+        [promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -741,7 +832,12 @@ def _alert(name: str, labels: dict[str, str]) -> dict[str, Any]:
     return {"exp_labels": {**labels, **rule["labels"]}, "exp_annotations": _annotations(rule, labels)}
 
 
-TARGET = {"job": "keda-gpu-scaler", "instance": "10.0.0.7:8080", "namespace": "keda", "pod": "keda-gpu-scaler-0"}
+TARGET = {
+    "job": "keda-gpu-scaler",
+    "instance": "10.0.0.7:8080",
+    "namespace": "keda",
+    "pod": "keda-gpu-scaler-0",
+}
 
 
 def _series(name: str, values: str, **labels: str) -> dict[str, str]:
@@ -753,19 +849,30 @@ def _series(name: str, values: str, **labels: str) -> dict[str, str]:
 ALERT_CASES: list[tuple[str, list[dict[str, str]], str, dict[str, str] | None]] = [
     ("KedaGpuScalerDown", [_series("up", "0x20")], "10m", {}),
     ("KedaGpuScalerDown", [_series("up", "1x20")], "10m", None),
-    ("KedaGpuScalerDown", [_series("up", "1x20", instance="a"), _series("up", "0x20", instance="b")], "10m", None),
+    (
+        "KedaGpuScalerDown",
+        [_series("up", "1x20", instance="a"), _series("up", "0x20", instance="b")],
+        "10m",
+        None,
+    ),
     ("KedaGpuScalerDown", [_series("other_job_up", "1x20")], "10m", {}),  # nothing scraped at all
     ("KedaGpuScalerReplicaDown", [_series("up", "0x20")], "15m", dict(TARGET)),
     ("KedaGpuScalerReplicaDown", [_series("up", "0x5 1x15")], "15m", None),
     (
         "KedaGpuScalerScrapeFailures",
-        [_series("keda_gpu_scaler_scrapes_total", "0+60x30", result="ok"), _series("keda_gpu_scaler_scrapes_total", "0+20x30", result="error")],
+        [
+            _series("keda_gpu_scaler_scrapes_total", "0+60x30", result="ok"),
+            _series("keda_gpu_scaler_scrapes_total", "0+20x30", result="error"),
+        ],
         "20m",
         dict(TARGET),
     ),
     (
         "KedaGpuScalerScrapeFailures",
-        [_series("keda_gpu_scaler_scrapes_total", "0+60x30", result="ok"), _series("keda_gpu_scaler_scrapes_total", "0+1x30", result="error")],
+        [
+            _series("keda_gpu_scaler_scrapes_total", "0+60x30", result="ok"),
+            _series("keda_gpu_scaler_scrapes_total", "0+1x30", result="error"),
+        ],
         "20m",
         None,
     ),
@@ -778,14 +885,25 @@ ALERT_CASES: list[tuple[str, list[dict[str, str]], str, dict[str, str] | None]] 
     (
         # Errors that stopped 10 minutes ago: resolved.
         "KedaGpuScalerTriggersUnavailable",
-        [_series("keda_gpu_scaler_rpc_requests_total", "0+4x5 20x25", method="GetMetrics", code="UNAVAILABLE")],
+        [
+            _series(
+                "keda_gpu_scaler_rpc_requests_total", "0+4x5 20x25", method="GetMetrics", code="UNAVAILABLE"
+            )
+        ],
         "20m",
         None,
     ),
     (
         # A 3-minute gap in data is not yet an alert.
         "KedaGpuScalerTriggersUnavailable",
-        [_series("keda_gpu_scaler_rpc_requests_total", "0x10 0+4x3 12x20", method="IsActive", code="UNAVAILABLE")],
+        [
+            _series(
+                "keda_gpu_scaler_rpc_requests_total",
+                "0x10 0+4x3 12x20",
+                method="IsActive",
+                code="UNAVAILABLE",
+            )
+        ],
         "13m",
         None,
     ),
@@ -795,16 +913,35 @@ ALERT_CASES: list[tuple[str, list[dict[str, str]], str, dict[str, str] | None]] 
         "15m",
         None,
     ),
-    ("KedaGpuScalerStreamsNearLimit", [_series("keda_gpu_scaler_open_streams", "9500x20")], "10m", dict(TARGET)),
+    (
+        "KedaGpuScalerStreamsNearLimit",
+        [_series("keda_gpu_scaler_open_streams", "9500x20")],
+        "10m",
+        dict(TARGET),
+    ),
     ("KedaGpuScalerStreamsNearLimit", [_series("keda_gpu_scaler_open_streams", "8000x20")], "10m", None),
-    ("KedaGpuScalerScaledObjectsNearLimit", [_series("keda_gpu_scaler_scaledobjects_followed", "4800x30")], "20m", dict(TARGET)),
-    ("KedaGpuScalerScaledObjectsNearLimit", [_series("keda_gpu_scaler_scaledobjects_followed", "4800x10 100x20")], "20m", None),
+    (
+        "KedaGpuScalerScaledObjectsNearLimit",
+        [_series("keda_gpu_scaler_scaledobjects_followed", "4800x30")],
+        "20m",
+        dict(TARGET),
+    ),
+    (
+        "KedaGpuScalerScaledObjectsNearLimit",
+        [_series("keda_gpu_scaler_scaledobjects_followed", "4800x10 100x20")],
+        "20m",
+        None,
+    ),
     (
         "KedaGpuScalerSlowCalls",
         [
             _series("keda_gpu_scaler_rpc_duration_seconds_bucket", "0+10x30", method="GetMetrics", le="0.1"),
-            _series("keda_gpu_scaler_rpc_duration_seconds_bucket", "0+100x30", method="GetMetrics", le="0.25"),
-            _series("keda_gpu_scaler_rpc_duration_seconds_bucket", "0+100x30", method="GetMetrics", le="+Inf"),
+            _series(
+                "keda_gpu_scaler_rpc_duration_seconds_bucket", "0+100x30", method="GetMetrics", le="0.25"
+            ),
+            _series(
+                "keda_gpu_scaler_rpc_duration_seconds_bucket", "0+100x30", method="GetMetrics", le="+Inf"
+            ),
         ],
         "20m",
         {**TARGET, "method": "GetMetrics"},
@@ -812,8 +949,12 @@ ALERT_CASES: list[tuple[str, list[dict[str, str]], str, dict[str, str] | None]] 
     (
         "KedaGpuScalerSlowCalls",
         [
-            _series("keda_gpu_scaler_rpc_duration_seconds_bucket", "0+100x30", method="GetMetrics", le="0.001"),
-            _series("keda_gpu_scaler_rpc_duration_seconds_bucket", "0+100x30", method="GetMetrics", le="+Inf"),
+            _series(
+                "keda_gpu_scaler_rpc_duration_seconds_bucket", "0+100x30", method="GetMetrics", le="0.001"
+            ),
+            _series(
+                "keda_gpu_scaler_rpc_duration_seconds_bucket", "0+100x30", method="GetMetrics", le="+Inf"
+            ),
         ],
         "20m",
         None,
@@ -843,7 +984,9 @@ ALERT_CASES: list[tuple[str, list[dict[str, str]], str, dict[str, str] | None]] 
 
 
 def test_every_alert_has_a_firing_case() -> None:
-    assert {r["alert"] for r in rule_file_rules()} == {name for name, *_, fires in ALERT_CASES if fires is not None}
+    assert {r["alert"] for r in rule_file_rules()} == {
+        name for name, *_, fires in ALERT_CASES if fires is not None
+    }
 
 
 def test_alerts_fire_on_synthetic_series(tmp_path: Path) -> None:
@@ -859,8 +1002,14 @@ def test_alerts_fire_on_synthetic_series(tmp_path: Path) -> None:
             }
         )
     spec = tmp_path / "rules_test.yaml"
-    spec.write_text(yaml.safe_dump({"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": tests}, sort_keys=False))
-    done = subprocess.run([promtool(), "test", "rules", str(spec)], capture_output=True, text=True, timeout=120, check=False)
+    spec.write_text(
+        yaml.safe_dump(
+            {"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": tests}, sort_keys=False
+        )
+    )
+    done = subprocess.run(
+        [promtool(), "test", "rules", str(spec)], capture_output=True, text=True, timeout=120, check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -881,7 +1030,10 @@ def test_chart_prometheus_rule_is_the_rules_file(tmp_path: Path) -> None:
     )
     rules = {r["alert"]: r for g in tuned["spec"]["groups"] for r in g["rules"]}
     assert rules["KedaGpuScalerStreamsNearLimit"]["expr"] == "keda_gpu_scaler_open_streams > 0.9 * 500"
-    assert rules["KedaGpuScalerScaledObjectsNearLimit"]["expr"] == "keda_gpu_scaler_scaledobjects_followed > 0.9 * 100"
+    assert (
+        rules["KedaGpuScalerScaledObjectsNearLimit"]["expr"]
+        == "keda_gpu_scaler_scaledobjects_followed > 0.9 * 100"
+    )
     assert rules["KedaGpuScalerDown"]["expr"] == 'absent(up{job=~"gpu"} == 1)'
     assert all(r["labels"]["team"] == "ml" and r["labels"]["severity"] for r in rules.values())
     everything = find(render(EVERYTHING), "PrometheusRule")
@@ -906,7 +1058,12 @@ def dashboard_queries() -> Iterator[tuple[str, str]]:
 
 
 def _grafana_to_promql(expr: str) -> str:
-    return expr.replace("$__rate_interval", "5m").replace("$job", ".*").replace("$namespace", ".*").replace("$scaledobject", ".*")
+    return (
+        expr.replace("$__rate_interval", "5m")
+        .replace("$job", ".*")
+        .replace("$namespace", ".*")
+        .replace("$scaledobject", ".*")
+    )
 
 
 def test_dashboard_is_generated() -> None:
@@ -924,7 +1081,9 @@ def test_dashboard_queries_parse_and_name_only_the_scalers_series(tmp_path: Path
         used |= names
     assert len(used) >= 10
     path = tmp_path / "dashboard_rules.yaml"
-    records = [{"record": f"dashboard:query{i}", "expr": _grafana_to_promql(e)} for i, (_, e) in enumerate(queries)]
+    records = [
+        {"record": f"dashboard:query{i}", "expr": _grafana_to_promql(e)} for i, (_, e) in enumerate(queries)
+    ]
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": records}]}))
     check_rules(path)
 
