@@ -1,0 +1,68 @@
+# keda-gpu-scaler: `make run` starts the demo, `make test` installs what is missing and runs the tests.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+# `make run` needs only the product and the stub generator, not the test and lint tools.
+RUN_STAMP := $(VENV)/.run-stamp
+
+.PHONY: help run test test-container proto lint bench soak image docs clean
+
+help: ## show the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
+
+$(RUN_STAMP): pyproject.toml setup.py
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e . 'grpcio-tools==1.75.1'
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP) pyproject.toml setup.py
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+keda_gpu_scaler/_proto/externalscaler_pb2.py: proto/externalscaler.proto scripts/gen_proto.py $(RUN_STAMP)
+	$(PY) scripts/gen_proto.py
+
+proto: keda_gpu_scaler/_proto/externalscaler_pb2.py ## generate the gRPC stubs (never committed)
+
+run: proto ## start the scaler with the simulated demo GPU fleet on loopback
+	$(PY) -m keda_gpu_scaler demo
+
+test: proto $(STAMP) ## install what is missing and run the whole test suite
+	bash scripts/ensure-system-deps.sh
+	$(PY) -m pytest -q
+
+test-container: proto $(STAMP) ## build the image and run its tests in Docker (starts dockerd if none runs; see README)
+	PY=$(PY) bash scripts/container-test.sh
+
+lint: proto $(STAMP) ## ruff and mypy --strict
+	$(PY) -m ruff check keda_gpu_scaler tests bench
+	$(PY) -m ruff format --check keda_gpu_scaler tests bench
+	$(PY) -m mypy
+
+$(VENV)/.bench-stamp: pyproject.toml $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $@
+
+bench: proto $(VENV)/.bench-stamp ## run the benchmarks (about 15 min) and rewrite docs/BENCHMARKS.md
+	bash scripts/ensure-system-deps.sh
+	$(PY) -m bench
+
+soak: proto $(STAMP) ## fuzz with 10,000 examples per property, then 10 minutes of 1,000 streams (docs/SOAK.md)
+	HYPOTHESIS_PROFILE=soak $(PY) -m pytest -q tests/unit/test_exposition.py tests/unit/test_trigger.py
+	$(PY) -m bench.soak --minutes 10 --streams 1000
+
+docs: proto $(STAMP) ## refresh the README's tables and docs/RELIABILITY.md from the code and the fault table
+	$(PY) scripts/readme_tables.py
+	cd tests && ../$(PY) -c "import faults, pathlib; pathlib.Path('../docs/RELIABILITY.md').write_text(faults.reliability_markdown())"
+
+IMAGE ?= keda-gpu-scaler:dev
+BASE_IMAGE ?= python:3.11-slim
+# e.g. --network=host where the engine runs without a bridge, as `make test-container` starts it here.
+DOCKER_BUILD_FLAGS ?=
+
+image: ## build the container image (IMAGE=..., BASE_IMAGE=..., DOCKER_BUILD_FLAGS=...)
+	docker build $(DOCKER_BUILD_FLAGS) --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(IMAGE) .
+
+clean: ## remove the virtual environment and generated files
+	rm -rf $(VENV) keda_gpu_scaler/_proto build *.egg-info

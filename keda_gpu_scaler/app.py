@@ -22,7 +22,7 @@ from keda_gpu_scaler.collect.http import BearerToken, exporter_ssl
 from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.scrape import AiohttpFetcher, ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
-from keda_gpu_scaler.discovery.kube import ConnectError
+from keda_gpu_scaler.discovery.api import ConnectError
 from keda_gpu_scaler.discovery.resolver import DiscoveryConfig, KubeDiscovery
 from keda_gpu_scaler.evaluator import Evaluator
 from keda_gpu_scaler.registry import Explanation, Followed, Registry
@@ -34,6 +34,21 @@ from keda_gpu_scaler.tls import ReloadingServerCredentials
 from keda_gpu_scaler.trigger import Source
 
 log = logging.getLogger(__name__)
+
+
+def grpc_server_options(settings: Settings) -> list[tuple[str, int]]:
+    """gRPC server channel options: no shared port, and dead peers found and dropped."""
+    return [
+        # gRPC sets SO_REUSEPORT by default: a second scaler on the same port would then share it silently
+        # and the two would answer alternately with different values. Refuse instead.
+        ("grpc.so_reuseport", 0),
+        # KEDA sends no keepalive pings. The server pings idle connections, so a peer that vanished
+        # (node lost, frozen process) is dropped and its StreamIsActive slots come back.
+        ("grpc.keepalive_time_ms", int(settings.keepalive_time * 1000)),
+        ("grpc.keepalive_timeout_ms", int(settings.keepalive_timeout * 1000)),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -166,13 +181,20 @@ class App:
             )
             self._prometheus.start()
 
-        self._server = grpc.aio.server()
+        self._server = grpc.aio.server(options=grpc_server_options(s))
         add_services(self._server, self.service, self.health)
-        if s.tls_cert_file is None or s.tls_key_file is None:
-            self.grpc_port = self._server.add_insecure_port(s.grpc_address)
-        else:
-            self.tls = ReloadingServerCredentials(s.tls_cert_file, s.tls_key_file, s.tls_client_ca_file)
-            self.grpc_port = self._server.add_secure_port(s.grpc_address, self.tls.credentials)
+        try:
+            if s.tls_cert_file is None or s.tls_key_file is None:
+                self.grpc_port = self._server.add_insecure_port(s.grpc_address)
+            else:
+                self.tls = ReloadingServerCredentials(s.tls_cert_file, s.tls_key_file, s.tls_client_ca_file)
+                self.grpc_port = self._server.add_secure_port(s.grpc_address, self.tls.credentials)
+        except RuntimeError:
+            await self.stop()
+            raise SettingsError(
+                f"--grpc-address {s.grpc_address}: cannot listen there (the port is in use, e.g. by another"
+                " scaler, or the address is not this host's)"
+            ) from None
         await self._server.start()
         await self.health.set_serving(True)
 
@@ -183,7 +205,13 @@ class App:
         await self._http.setup()
         host, port = _split_address(s.http_address)
         site = web.TCPSite(self._http, host, port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as error:
+            await self.stop()
+            raise SettingsError(
+                f"--http-address {s.http_address}: cannot listen there ({error.strerror or error})"
+            ) from None
         self.http_port = self._http.addresses[0][1]
         self.telemetry.ready = True
         # Everything built so far lives as long as the process: keeping it out of the collector's
@@ -230,7 +258,8 @@ async def run_until_signalled(
     """Start the app (and `alongside`, if given), wait for SIGTERM or SIGINT, stop both."""
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    # SIGHUP too: a closed terminal or a supervisor's "reload" must not skip the graceful path.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stopping.set)
     await app.start()
     extra = asyncio.create_task(alongside()) if alongside else None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import importlib.metadata
 import json
 import logging
 import os
@@ -41,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="keda-gpu-scaler", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="{serve,demo,explain}")
 
     serve = commands.add_parser("serve", help="run the external scaler (the main job)")
@@ -78,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("keda-gpu-scaler")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -89,6 +99,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SettingsError as error:
         print(f"keda-gpu-scaler: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # `keda-gpu-scaler explain --json | head`: the reader left; that is not an error worth a traceback.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -96,8 +111,21 @@ def _serve(args: argparse.Namespace) -> int:
     from keda_gpu_scaler.collect.prometheus import sample_window
 
     values = env_values()
-    values.update({flag.dest: v for flag in FLAGS if (v := getattr(args, flag.dest)) is not None})
-    settings = build_settings(values)
+    given = {flag.dest: v for flag in FLAGS if (v := getattr(args, flag.dest)) is not None}
+    values.update(given)
+    try:
+        settings = build_settings(values)
+    except SettingsError as error:
+        # Name the environment variable when the bad value came from there, not from a flag.
+        culprit = next(
+            (
+                f
+                for f in FLAGS
+                if str(error).startswith(f.name) and f.dest not in given and f.env in os.environ
+            ),
+            None,
+        )
+        raise SettingsError(f"{error} (from {culprit.env})" if culprit else str(error)) from None
     configure_logging(settings.log_level, settings.log_format)
     settings = resolve_kubernetes(settings, os.environ)
     log.info(

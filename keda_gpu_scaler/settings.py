@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,17 +22,174 @@ ENV_PREFIX = "KEDA_GPU_SCALER_"
 # Data read through Prometheus is already as old as Prometheus' own scrape interval (15–60 s in the
 # common setups) when the scaler reads it: its default staleness allows for that.
 PROMETHEUS_STALENESS_MARGIN = 60.0
+# A secret that has no flag (a flag's value shows in `ps`): read from the environment only.
+PROMETHEUS_PASSWORD_ENV = ENV_PREFIX + "PROMETHEUS_PASSWORD"
+
+
+class SettingsError(ValueError):
+    """A flag or environment value that cannot be used; the message names it and what is allowed."""
+
+
+Raw = str | list[str] | None
+Parser = Callable[[str, Raw], Any]
+
+
+def _text(name: str, raw: Raw) -> str | None:
+    return raw if isinstance(raw, str) and raw else None
+
+
+def _positive(kind: type[float] | type[int]) -> Parser:
+    def parse(name: str, raw: Raw) -> float | None:
+        if not isinstance(raw, str) or not raw:
+            return None
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise SettingsError(
+                f"{name}={raw[:100]!r} is not a{'n integer' if kind is int else ' number'}"
+            ) from None
+        if not value > 0 or value != value or value == float("inf"):
+            raise SettingsError(f"{name}={raw[:100]!r} must be a finite number > 0")
+        return value
+
+    return parse
+
+
+def _choice(*allowed: str) -> Parser:
+    # The same check for a flag and its environment variable: a value outside the list is an error, never
+    # silently something else (KEDA_GPU_SCALER_KUBERNETES=yes must not mean "off").
+    def parse(name: str, raw: Raw) -> str:
+        if not isinstance(raw, str) or raw not in allowed:
+            raise SettingsError(f"{name}={str(raw)[:100]!r} is not allowed; use one of: {', '.join(allowed)}")
+        return raw
+
+    return parse
+
+
+def _switch(name: str, raw: Raw) -> bool:
+    return bool(_choice("on", "off")(name, raw) == "on")
+
+
+def _address(name: str, raw: Raw) -> str:
+    text = raw if isinstance(raw, str) else ""
+    _, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise SettingsError(f"{name}={text[:100]!r} is not an address; allowed: HOST:PORT, e.g. 0.0.0.0:6000")
+    return text
+
+
+def _path(name: str, raw: Raw) -> Path | None:
+    """A file that must exist now (it is read at start-up or later, and a typo must stop start-up)."""
+    if not isinstance(raw, str) or not raw:
+        return None
+    if not Path(raw).is_file():
+        raise SettingsError(f"{name}={raw[:100]!r}: no such file")
+    return Path(raw)
+
+
+def _items(raw: Raw, separator: str) -> list[str]:
+    texts = [raw] if isinstance(raw, str) else raw or []
+    return [part.strip() for text in texts for part in text.split(separator) if part.strip()]
+
+
+def _urls(name: str, raw: Raw) -> tuple[str, ...]:
+    urls = _items(raw, ",")
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise SettingsError(f"{name}={url[:100]!r} is not an http(s) URL")
+    return tuple(dict.fromkeys(urls))
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+
+
+def _inference_urls(name: str, raw: Raw) -> tuple[tuple[str, str, str], ...]:
+    found: dict[tuple[str, str], str] = {}
+    for part in _items(raw, ","):
+        ref, sep, url = part.partition("=")
+        namespace, slash, pod = ref.partition("/")
+        if not sep or not slash:
+            raise SettingsError(
+                f"{name}={part[:100]!r} is not NAMESPACE/POD=URL, e.g. llm/vllm-0=http://10.0.0.5:8000/metrics"
+            )
+        if not _DNS_LABEL.fullmatch(namespace) or len(namespace) > 63:
+            raise SettingsError(f"{name}={part[:100]!r}: {namespace[:100]!r} is not a namespace name")
+        if not _DNS_SUBDOMAIN.fullmatch(pod) or len(pod) > 253:
+            raise SettingsError(f"{name}={part[:100]!r}: {pod[:100]!r} is not a pod name")
+        if not url.startswith(("http://", "https://")):
+            raise SettingsError(f"{name}={part[:100]!r}: {url[:100]!r} is not an http(s) URL")
+        if found.get((namespace, pod), url) != url:
+            raise SettingsError(f"{name}: pod {namespace}/{pod} is given two URLs")
+        found[(namespace, pod)] = url
+    return tuple((ns, pod, url) for (ns, pod), url in found.items())
+
+
+def _exporter_selectors(name: str, raw: Raw) -> tuple[ExporterSelector, ...]:
+    try:
+        return tuple(parse_exporter_selector(p) for p in _items(raw, ";") or DEFAULT_EXPORTER_SELECTORS)
+    except SelectorError as error:
+        raise SettingsError(f"{name}: {error}") from None
+
+
+def _prometheus_url(name: str, raw: Raw) -> str | None:
+    url = _text(name, raw)
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise SettingsError(f"{name}={url[:100]!r} is not an http(s) URL")
+    if parts.username or parts.password:
+        raise SettingsError(
+            f"{name}: no credentials in the URL; use --prometheus-username with"
+            f" --prometheus-password-file or {PROMETHEUS_PASSWORD_ENV}"
+        )
+    if parts.query or parts.fragment or "/api/v1" in parts.path:
+        raise SettingsError(
+            f"{name}={url[:100]!r}: give the base URL (what comes before /api/v1/query), e.g."
+            " http://prometheus.monitoring:9090 or http://mimir/prometheus"
+        )
+    return url.rstrip("/")
+
+
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+
+
+def _headers(name: str, raw: Raw) -> tuple[tuple[str, str], ...]:
+    headers: list[tuple[str, str]] = []
+    for line in _items(raw, "\n"):
+        header, sep, value = line.partition(":")
+        header, value = header.strip(), value.strip()
+        if not sep or not _HEADER_NAME.fullmatch(header):
+            # The value is not echoed: it may be a secret.
+            raise SettingsError(f"{name} {header[:40]!r}…: not `Name: value`")
+        headers.append((header, value))
+    return tuple(headers)
 
 
 @dataclass(frozen=True, slots=True)
 class Flag:
-    """One `serve` flag: its name, default (as the user would type it), and help text."""
+    """One `serve` flag: its name, default (as the user would type it), help, parser and Settings field."""
 
     name: str
     default: str | None
     help: str
     repeatable: bool = False
     choices: tuple[str, ...] | None = None
+    parse: Parser = _text
+    field: str | None = None  # the Settings field, when it is not the flag's own name
+
+    def __post_init__(self) -> None:
+        if self.choices is not None and self.parse is _text:
+            object.__setattr__(self, "parse", _choice(*self.choices))
+
+    @property
+    def settings_field(self) -> str:
+        return self.field or self.dest
+
+    @property
+    def typed_default(self) -> Any:
+        return self.parse(self.name, self.default)
 
     @property
     def env(self) -> str:
@@ -46,15 +203,25 @@ class Flag:
 # The one table of `serve` flags: the CLI is built from it and the README's table is checked against it.
 FLAGS: tuple[Flag, ...] = (
     Flag(
-        "--grpc-address", "0.0.0.0:6000", "address of the gRPC ExternalScaler, health and reflection services"
+        "--grpc-address",
+        "0.0.0.0:6000",
+        "address of the gRPC ExternalScaler, health and reflection services",
+        parse=_address,
     ),
-    Flag("--http-address", "0.0.0.0:8080", "address of /metrics, /healthz, /readyz and /explain"),
+    Flag(
+        "--http-address",
+        "0.0.0.0:8080",
+        "address of /metrics, /healthz, /readyz and /explain",
+        parse=_address,
+    ),
     Flag(
         "--exporter-url",
         None,
         "a static exporter endpoint (dcgm-exporter, AMD device-metrics-exporter, ACK); repeatable"
         " (environment: comma-separated)",
         repeatable=True,
+        parse=_urls,
+        field="exporter_urls",
     ),
     Flag(
         "--kubernetes",
@@ -75,33 +242,51 @@ FLAGS: tuple[Flag, ...] = (
         " name; none: the pod's first container port); repeatable, replaces the defaults (environment:"
         " ';'-separated)",
         repeatable=True,
+        parse=_exporter_selectors,
+        field="exporter_selectors",
     ),
     Flag(
         "--discovery-interval",
         "30",
         "seconds between re-reads of each followed ScaledObject and its scale target's /scale (pods are watched)",
+        parse=_positive(float),
     ),
-    Flag("--scrape-interval", "5", "seconds between scrapes of each wanted exporter"),
-    Flag("--max-staleness", None, "seconds after which data is not used (default: 3 x scrape interval)"),
+    Flag("--scrape-interval", "5", "seconds between scrapes of each wanted exporter", parse=_positive(float)),
+    Flag(
+        "--max-staleness",
+        None,
+        "seconds after which data is not used (default: 3 x scrape interval)",
+        parse=_positive(float),
+    ),
     Flag(
         "--prometheus-max-staleness",
         None,
         "seconds after which data read from Prometheus is not used; it must exceed Prometheus' own scrape"
         " interval plus --scrape-interval (default: --max-staleness + 60)",
+        parse=_positive(float),
     ),
-    Flag("--scrape-timeout", "3", "seconds an exporter may take to answer one scrape"),
-    Flag("--max-page-bytes", "16777216", "largest exporter page or Prometheus answer accepted, in bytes"),
-    Flag("--scrape-concurrency", "64", "most exporter scrapes in flight at once"),
+    Flag(
+        "--scrape-timeout", "3", "seconds an exporter may take to answer one scrape", parse=_positive(float)
+    ),
+    Flag(
+        "--max-page-bytes",
+        "16777216",
+        "largest exporter page or Prometheus answer accepted, in bytes",
+        parse=_positive(int),
+    ),
+    Flag("--scrape-concurrency", "64", "most exporter scrapes in flight at once", parse=_positive(int)),
     Flag(
         "--exporter-bearer-token-file",
         None,
         "send `Authorization: Bearer` with the token in this file to exporters (and inference servers) over"
         " HTTPS, e.g. behind kube-rbac-proxy; read again whenever it changes",
+        parse=_path,
     ),
     Flag(
         "--exporter-ca-file",
         None,
         "PEM CA bundle to verify HTTPS exporters' certificates (default: the system's CAs)",
+        parse=_path,
     ),
     Flag(
         "--inference-url",
@@ -109,22 +294,27 @@ FLAGS: tuple[Flag, ...] = (
         "without Kubernetes: an inference server's metrics page and the pod it belongs to, as"
         " NAMESPACE/POD=URL; repeatable (environment: comma-separated)",
         repeatable=True,
+        parse=_inference_urls,
+        field="inference_urls",
     ),
     Flag(
         "--interest-ttl",
         "600",
         "seconds a ScaledObject is remembered (and its sources collected) after the last call about it",
+        parse=_positive(float),
     ),
     Flag(
         "--max-scaledobjects",
         "5000",
         "most ScaledObjects followed at once; calls for more are RESOURCE_EXHAUSTED until others expire",
+        parse=_positive(int),
     ),
     Flag(
         "--prometheus-url",
         None,
         "read GPU metrics from this Prometheus-compatible query API (Prometheus, Thanos, Mimir,"
         " VictoriaMetrics, a managed Prometheus): the base URL, without /api/v1",
+        parse=_prometheus_url,
     ),
     Flag(
         "--default-source",
@@ -133,11 +323,12 @@ FLAGS: tuple[Flag, ...] = (
         " given and no --exporter-url, else scrape",
         choices=("auto", "scrape", "prometheus"),
     ),
-    Flag("--prometheus-timeout", "5", "seconds one Prometheus query may take"),
+    Flag("--prometheus-timeout", "5", "seconds one Prometheus query may take", parse=_positive(float)),
     Flag(
         "--prometheus-bearer-token-file",
         None,
         "send `Authorization: Bearer` with the token in this file, read again whenever it changes",
+        parse=_path,
     ),
     Flag(
         "--prometheus-username",
@@ -149,6 +340,7 @@ FLAGS: tuple[Flag, ...] = (
         "--prometheus-password-file",
         None,
         "file holding the basic auth password, read again whenever it changes",
+        parse=_path,
     ),
     Flag(
         "--prometheus-header",
@@ -156,127 +348,121 @@ FLAGS: tuple[Flag, ...] = (
         "extra header for every Prometheus query as `Name: value`, e.g. `X-Scope-OrgID: team-a` for Mimir;"
         " repeatable (environment: one per line)",
         repeatable=True,
+        parse=_headers,
+        field="prometheus_headers",
     ),
-    Flag("--prometheus-ca-file", None, "PEM CA bundle to verify the Prometheus server's certificate"),
-    Flag("--prometheus-cert-file", None, "PEM client certificate (chain) to present to Prometheus (mTLS)"),
-    Flag("--prometheus-key-file", None, "PEM private key of --prometheus-cert-file"),
-    Flag("--tls-cert-file", None, "serve gRPC over TLS with this PEM certificate (chain)"),
-    Flag("--tls-key-file", None, "PEM private key of --tls-cert-file"),
-    Flag("--tls-client-ca-file", None, "require client certificates signed by this PEM CA (mTLS)"),
-    Flag("--max-streams", "10000", "most StreamIsActive streams open at once (more: RESOURCE_EXHAUSTED)"),
+    Flag(
+        "--prometheus-ca-file",
+        None,
+        "PEM CA bundle to verify the Prometheus server's certificate",
+        parse=_path,
+    ),
+    Flag(
+        "--prometheus-cert-file",
+        None,
+        "PEM client certificate (chain) to present to Prometheus (mTLS)",
+        parse=_path,
+    ),
+    Flag("--prometheus-key-file", None, "PEM private key of --prometheus-cert-file", parse=_path),
+    Flag("--tls-cert-file", None, "serve gRPC over TLS with this PEM certificate (chain)", parse=_path),
+    Flag("--tls-key-file", None, "PEM private key of --tls-cert-file", parse=_path),
+    Flag(
+        "--tls-client-ca-file", None, "require client certificates signed by this PEM CA (mTLS)", parse=_path
+    ),
+    Flag(
+        "--max-streams",
+        "10000",
+        "most StreamIsActive streams open at once (more: RESOURCE_EXHAUSTED)",
+        parse=_positive(int),
+    ),
+    Flag(
+        "--keepalive-time",
+        "30",
+        "seconds of silence on a gRPC connection after which the scaler pings the peer (KEDA sends no"
+        " pings of its own)",
+        parse=_positive(float),
+    ),
+    Flag(
+        "--keepalive-timeout",
+        "10",
+        "seconds a pinged peer has to answer before its connection (and its StreamIsActive streams) is dropped",
+        parse=_positive(float),
+    ),
     Flag(
         "--explain",
         "off",
         "serve /explain (every followed ScaledObject's pods and values) on the HTTP address; `make run`"
         " and the explain command have it on",
         choices=("on", "off"),
+        parse=_switch,
     ),
-    Flag("--shutdown-grace", "10", "seconds in-flight calls may take to finish on SIGTERM"),
+    Flag(
+        "--shutdown-grace",
+        "10",
+        "seconds in-flight calls may take to finish on SIGTERM",
+        parse=_positive(float),
+    ),
     Flag("--log-level", "info", "log level", choices=("debug", "info", "warning", "error")),
     Flag("--log-format", "text", "log format", choices=("text", "json")),
 )
 
 
-class SettingsError(ValueError):
-    """A flag or environment value that cannot be used; the message names it and what is allowed."""
+_BY_NAME = {flag.name: flag for flag in FLAGS}
+
+
+def _default(name: str) -> Any:
+    """A Settings field's default: the flag's own default text, parsed by the flag's own parser."""
+    return _BY_NAME[name].typed_default
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    grpc_address: str = "0.0.0.0:6000"
-    http_address: str = "0.0.0.0:8080"
-    exporter_urls: tuple[str, ...] = ()
-    kubernetes: str = "auto"
-    kubeconfig: str | None = None
-    exporter_selectors: tuple[ExporterSelector, ...] = tuple(
-        parse_exporter_selector(s) for s in DEFAULT_EXPORTER_SELECTORS
-    )
-    discovery_interval: float = 30.0
-    scrape_interval: float = 5.0
-    max_staleness: float = 15.0
-    prometheus_max_staleness: float = 75.0
-    scrape_timeout: float = 3.0
-    max_page_bytes: int = 16 * 1024 * 1024
-    scrape_concurrency: int = 64
-    interest_ttl: float = 600.0
-    max_scaledobjects: int = 5000
-    exporter_bearer_token_file: Path | None = None
-    exporter_ca_file: Path | None = None
+    """Every `serve` setting, typed. Defaults come from FLAGS, so the CLI, the environment and code agree."""
+
+    grpc_address: str = _default("--grpc-address")
+    http_address: str = _default("--http-address")
+    exporter_urls: tuple[str, ...] = _default("--exporter-url")
+    kubernetes: str = _default("--kubernetes")
+    kubeconfig: str | None = _default("--kubeconfig")
+    exporter_selectors: tuple[ExporterSelector, ...] = _default("--exporter-selector")
+    discovery_interval: float = _default("--discovery-interval")
+    scrape_interval: float = _default("--scrape-interval")
+    # None in FLAGS: derived from --scrape-interval (see build_settings); these are the derived defaults.
+    max_staleness: float = 3 * _default("--scrape-interval")
+    prometheus_max_staleness: float = 3 * _default("--scrape-interval") + PROMETHEUS_STALENESS_MARGIN
+    scrape_timeout: float = _default("--scrape-timeout")
+    max_page_bytes: int = _default("--max-page-bytes")
+    scrape_concurrency: int = _default("--scrape-concurrency")
+    exporter_bearer_token_file: Path | None = _default("--exporter-bearer-token-file")
+    exporter_ca_file: Path | None = _default("--exporter-ca-file")
     # (namespace, pod, url) of each --inference-url
-    inference_urls: tuple[tuple[str, str, str], ...] = ()
-    explain: bool = False
-    prometheus_url: str | None = None
-    default_source: str = "scrape"  # resolved from --default-source: "scrape" or "prometheus"
-    prometheus_timeout: float = 5.0
-    prometheus_bearer_token_file: Path | None = None
-    prometheus_username: str | None = None
-    prometheus_password_file: Path | None = None
+    inference_urls: tuple[tuple[str, str, str], ...] = _default("--inference-url")
+    interest_ttl: float = _default("--interest-ttl")
+    max_scaledobjects: int = _default("--max-scaledobjects")
+    prometheus_url: str | None = _default("--prometheus-url")
+    default_source: str = "scrape"  # --default-source resolved: "scrape" or "prometheus"
+    prometheus_timeout: float = _default("--prometheus-timeout")
+    prometheus_bearer_token_file: Path | None = _default("--prometheus-bearer-token-file")
+    prometheus_username: str | None = _default("--prometheus-username")
+    prometheus_password_file: Path | None = _default("--prometheus-password-file")
     # Secrets never appear in a repr (logs, tracebacks): header values can be API keys too.
     prometheus_password: str | None = field(default=None, repr=False)
-    prometheus_headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
-    prometheus_ca_file: Path | None = None
-    prometheus_cert_file: Path | None = None
-    prometheus_key_file: Path | None = None
-    tls_cert_file: Path | None = None
-    tls_key_file: Path | None = None
-    tls_client_ca_file: Path | None = None
-    max_streams: int = 10000
-    shutdown_grace: float = 10.0
-    log_level: str = "info"
-    log_format: str = "text"
-
-
-def _positive(name: str, raw: str, kind: type[float] | type[int]) -> float:
-    try:
-        value = kind(raw)
-    except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not a{'n integer' if kind is int else ' number'}") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise SettingsError(f"{name}={raw!r} must be a finite number > 0")
-    return value
-
-
-def _address(name: str, raw: str) -> str:
-    _, sep, port = raw.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise SettingsError(f"{name}={raw!r} is not an address; allowed: HOST:PORT, e.g. 0.0.0.0:6000")
-    return raw
-
-
-def _existing_file(name: str, raw: str | None) -> Path | None:
-    if not raw:
-        return None
-    if not Path(raw).is_file():
-        raise SettingsError(f"{name}={raw!r}: no such file")
-    return Path(raw)
-
-
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
-
-
-def _inference_urls(items: str | list[str] | None) -> tuple[tuple[str, str, str], ...]:
-    texts = [items] if isinstance(items, str) else items or []
-    found: dict[tuple[str, str], str] = {}
-    for part in (p.strip() for text in texts for p in text.split(",")):
-        if not part:
-            continue
-        ref, sep, url = part.partition("=")
-        namespace, slash, pod = ref.partition("/")
-        if not sep or not slash:
-            raise SettingsError(
-                f"--inference-url={part[:100]!r} is not NAMESPACE/POD=URL, e.g. llm/vllm-0=http://10.0.0.5:8000/metrics"
-            )
-        if not _DNS_LABEL.fullmatch(namespace) or len(namespace) > 63:
-            raise SettingsError(f"--inference-url={part[:100]!r}: {namespace[:100]!r} is not a namespace name")
-        if not _DNS_SUBDOMAIN.fullmatch(pod) or len(pod) > 253:
-            raise SettingsError(f"--inference-url={part[:100]!r}: {pod[:100]!r} is not a pod name")
-        if not url.startswith(("http://", "https://")):
-            raise SettingsError(f"--inference-url={part[:100]!r}: {url[:100]!r} is not an http(s) URL")
-        if (namespace, pod) in found and found[(namespace, pod)] != url:
-            raise SettingsError(f"--inference-url: pod {namespace}/{pod} is given two URLs")
-        found[(namespace, pod)] = url
-    return tuple((ns, pod, url) for (ns, pod), url in found.items())
+    prometheus_headers: tuple[tuple[str, str], ...] = field(
+        default=_default("--prometheus-header"), repr=False
+    )
+    prometheus_ca_file: Path | None = _default("--prometheus-ca-file")
+    prometheus_cert_file: Path | None = _default("--prometheus-cert-file")
+    prometheus_key_file: Path | None = _default("--prometheus-key-file")
+    tls_cert_file: Path | None = _default("--tls-cert-file")
+    tls_key_file: Path | None = _default("--tls-key-file")
+    tls_client_ca_file: Path | None = _default("--tls-client-ca-file")
+    max_streams: int = _default("--max-streams")
+    keepalive_time: float = _default("--keepalive-time")
+    keepalive_timeout: float = _default("--keepalive-timeout")
+    explain: bool = _default("--explain")
+    shutdown_grace: float = _default("--shutdown-grace")
+    log_level: str = _default("--log-level")
+    log_format: str = _default("--log-format")
 
 
 def kubernetes_available(environ: Mapping[str, str]) -> bool:
@@ -284,15 +470,6 @@ def kubernetes_available(environ: Mapping[str, str]) -> bool:
     return (bool(environ.get("KUBERNETES_SERVICE_HOST")) and token.exists()) or bool(
         environ.get("KUBECONFIG")
     )
-
-
-def _exporter_selectors(items: str | list[str] | None) -> tuple[ExporterSelector, ...]:
-    texts = [items] if isinstance(items, str) else items or []
-    parts = [p.strip() for text in texts for p in text.split(";") if p.strip()]
-    try:
-        return tuple(parse_exporter_selector(p) for p in parts or DEFAULT_EXPORTER_SELECTORS)
-    except SelectorError as error:
-        raise SettingsError(f"--exporter-selector: {error}") from None
 
 
 def resolve_kubernetes(settings: Settings, environ: Mapping[str, str]) -> Settings:
@@ -304,163 +481,70 @@ def resolve_kubernetes(settings: Settings, environ: Mapping[str, str]) -> Settin
     return dataclasses.replace(settings, kubernetes=mode, kubeconfig=kubeconfig)
 
 
-# A secret that has no flag (a flag's value shows in `ps`): read from the environment only.
-PROMETHEUS_PASSWORD_ENV = ENV_PREFIX + "PROMETHEUS_PASSWORD"
-_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-
-
-def prometheus_settings(
-    values: Mapping[str, str | list[str] | None], *, has_exporters: bool
-) -> dict[str, Any]:
-    """The Prometheus source's Settings fields, checked together (they only make sense as a whole)."""
-
-    def raw(dest: str) -> str | None:
-        value = values.get(dest)
-        return value if isinstance(value, str) and value else None
-
-    url = raw("prometheus_url")
-    if url is not None:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise SettingsError(f"--prometheus-url={url!r} is not an http(s) URL")
-        if parts.username or parts.password:
-            raise SettingsError(
-                "--prometheus-url: no credentials in the URL; use --prometheus-username with"
-                f" --prometheus-password-file or {PROMETHEUS_PASSWORD_ENV}"
-            )
-        if parts.query or parts.fragment or "/api/v1" in parts.path:
-            raise SettingsError(
-                f"--prometheus-url={url!r}: give the base URL (what comes before /api/v1/query), e.g."
-                " http://prometheus.monitoring:9090 or http://mimir/prometheus"
-            )
-        url = url.rstrip("/")
-    choice = raw("default_source") or "auto"
-    if choice not in ("auto", "scrape", "prometheus"):
-        raise SettingsError(f"--default-source={choice!r}; allowed: auto, scrape, prometheus")
-    if choice == "prometheus" and url is None:
+def _check_prometheus(v: dict[str, Any]) -> None:
+    """The Prometheus source's flags only make sense together: check them as a whole."""
+    url = v["prometheus_url"]
+    if v["default_source"] == "prometheus" and url is None:
         raise SettingsError("--default-source=prometheus needs --prometheus-url")
-    if choice == "auto":
-        choice = "prometheus" if url is not None and not has_exporters else "scrape"
-
-    files: dict[str, Path | None] = {}
-    for dest in ("bearer_token_file", "password_file", "ca_file", "cert_file", "key_file"):
-        path = raw(f"prometheus_{dest}")
-        if path is not None and not Path(path).is_file():
-            raise SettingsError(f"--prometheus-{dest.replace('_', '-')}={path!r}: no such file")
-        files[dest] = Path(path) if path is not None else None
-    if (files["cert_file"] is None) != (files["key_file"] is None):
+    if v["default_source"] == "auto":
+        v["default_source"] = "prometheus" if url is not None and not v["exporter_urls"] else "scrape"
+    if (v["prometheus_cert_file"] is None) != (v["prometheus_key_file"] is None):
         raise SettingsError("--prometheus-cert-file and --prometheus-key-file must be given together")
-    username, password = raw("prometheus_username"), raw("prometheus_password")
-    if password is not None and files["password_file"] is not None:
+    username, password = v["prometheus_username"], v["prometheus_password"]
+    if password is not None and v["prometheus_password_file"] is not None:
         raise SettingsError(f"give --prometheus-password-file or {PROMETHEUS_PASSWORD_ENV}, not both")
-    has_password = password is not None or files["password_file"] is not None
+    has_password = password is not None or v["prometheus_password_file"] is not None
     if username is not None and not has_password:
         raise SettingsError(
             f"--prometheus-username needs a password: --prometheus-password-file or {PROMETHEUS_PASSWORD_ENV}"
         )
     if has_password and username is None:
         raise SettingsError("a Prometheus password is set but --prometheus-username is not")
-    if username is not None and files["bearer_token_file"] is not None:
+    if username is not None and v["prometheus_bearer_token_file"] is not None:
         raise SettingsError("give --prometheus-bearer-token-file or --prometheus-username, not both")
-
-    headers: list[tuple[str, str]] = []
-    items = values.get("prometheus_header") or []
-    for item in [items] if isinstance(items, str) else items:
-        for line in item.splitlines():
-            if not line.strip():
-                continue
-            name, sep, value = line.partition(":")
-            name, value = name.strip(), value.strip()
-            if not sep or not _HEADER_NAME.fullmatch(name):
-                # The value is not echoed: it may be a secret.
-                raise SettingsError(f"--prometheus-header {name[:40]!r}…: not `Name: value`")
-            if name.lower() == "authorization" and (username or files["bearer_token_file"]):
-                raise SettingsError(
-                    "--prometheus-header Authorization conflicts with the bearer token or basic auth"
-                )
-            headers.append((name, value))
-
-    given = [f for f in ("username", "timeout", "header") if values.get(f"prometheus_{f}")]
-    given += [f for f, path in files.items() if path is not None]
-    if url is None and (given or password is not None):
-        raise SettingsError(
-            f"--prometheus-{given[0].replace('_', '-') if given else 'password'} needs --prometheus-url"
-        )
-    return {
-        "prometheus_url": url,
-        "default_source": choice,
-        "prometheus_timeout": _positive("--prometheus-timeout", raw("prometheus_timeout") or "5", float),
-        "prometheus_bearer_token_file": files["bearer_token_file"],
-        "prometheus_username": username,
-        "prometheus_password_file": files["password_file"],
-        "prometheus_password": password,
-        "prometheus_headers": tuple(headers),
-        "prometheus_ca_file": files["ca_file"],
-        "prometheus_cert_file": files["cert_file"],
-        "prometheus_key_file": files["key_file"],
-    }
+    if any(name.lower() == "authorization" for name, _ in v["prometheus_headers"]) and (
+        username or v["prometheus_bearer_token_file"]
+    ):
+        raise SettingsError("--prometheus-header Authorization conflicts with the bearer token or basic auth")
+    if url is None:
+        dependent = [
+            flag.name
+            for flag in FLAGS
+            if flag.name.startswith("--prometheus-")
+            and flag.name not in ("--prometheus-url", "--prometheus-max-staleness")
+            and v[flag.settings_field] != flag.typed_default
+        ]
+        if dependent or password is not None:
+            raise SettingsError(
+                f"{dependent[0] if dependent else PROMETHEUS_PASSWORD_ENV} needs --prometheus-url"
+            )
 
 
 def build_settings(values: Mapping[str, str | list[str] | None]) -> Settings:
-    """values: flag dest → raw string (list for repeatable flags), already merged from flags and env."""
+    """values: flag dest → raw string (list for repeatable flags), already merged from flags and env.
 
-    def raw(dest: str) -> str | None:
-        value = values.get(dest)
-        return value if isinstance(value, str) else None
-
-    urls: list[str] = []
-    for item in values.get("exporter_url") or []:
-        urls.extend(u.strip() for u in item.split(",") if u.strip())
-    for url in urls:
-        if not url.startswith(("http://", "https://")):
-            raise SettingsError(f"--exporter-url={url!r} is not an http(s) URL")
-    interval = _positive("--scrape-interval", raw("scrape_interval") or "5", float)
-    staleness_raw = raw("max_staleness")
-    staleness = _positive("--max-staleness", staleness_raw, float) if staleness_raw else 3 * interval
-    tls = {
-        name: Path(v) if (v := raw(name)) else None
-        for name in ("tls_cert_file", "tls_key_file", "tls_client_ca_file")
-    }
-    if (tls["tls_cert_file"] is None) != (tls["tls_key_file"] is None):
+    Every flag is parsed by its own parser from FLAGS (a value from the environment is checked exactly
+    like one from the command line); then the flags that depend on each other are checked together.
+    """
+    parsed: dict[str, Any] = {}
+    for flag in FLAGS:
+        raw = values.get(flag.dest)
+        if raw is None or raw == "" or raw == []:
+            raw = flag.default
+        parsed[flag.settings_field] = flag.parse(flag.name, raw)
+    parsed["prometheus_password"] = _text(PROMETHEUS_PASSWORD_ENV, values.get("prometheus_password"))
+    if parsed["max_staleness"] is None:
+        parsed["max_staleness"] = 3 * parsed["scrape_interval"]
+    if parsed["prometheus_max_staleness"] is None:
+        parsed["prometheus_max_staleness"] = parsed["max_staleness"] + PROMETHEUS_STALENESS_MARGIN
+    if (parsed["tls_cert_file"] is None) != (parsed["tls_key_file"] is None):
         raise SettingsError("--tls-cert-file and --tls-key-file must be given together")
-    if tls["tls_client_ca_file"] is not None and tls["tls_cert_file"] is None:
+    if parsed["tls_client_ca_file"] is not None and parsed["tls_cert_file"] is None:
         raise SettingsError("--tls-client-ca-file (mTLS) needs --tls-cert-file and --tls-key-file")
-    for flag_name, path in tls.items():
-        if path is not None and not path.is_file():
-            raise SettingsError(f"--{flag_name.replace('_', '-')}={str(path)!r}: no such file")
-    return Settings(
-        grpc_address=_address("--grpc-address", raw("grpc_address") or "0.0.0.0:6000"),
-        http_address=_address("--http-address", raw("http_address") or "0.0.0.0:8080"),
-        exporter_urls=tuple(dict.fromkeys(urls)),
-        kubernetes=raw("kubernetes") or "auto",
-        kubeconfig=raw("kubeconfig") or None,
-        exporter_selectors=_exporter_selectors(values.get("exporter_selector")),
-        discovery_interval=_positive("--discovery-interval", raw("discovery_interval") or "30", float),
-        scrape_interval=interval,
-        max_staleness=staleness,
-        prometheus_max_staleness=(
-            _positive("--prometheus-max-staleness", prometheus_staleness_raw, float)
-            if (prometheus_staleness_raw := raw("prometheus_max_staleness"))
-            else staleness + PROMETHEUS_STALENESS_MARGIN
-        ),
-        scrape_timeout=_positive("--scrape-timeout", raw("scrape_timeout") or "3", float),
-        max_page_bytes=int(_positive("--max-page-bytes", raw("max_page_bytes") or "16777216", int)),
-        scrape_concurrency=int(_positive("--scrape-concurrency", raw("scrape_concurrency") or "64", int)),
-        interest_ttl=_positive("--interest-ttl", raw("interest_ttl") or "600", float),
-        max_scaledobjects=int(_positive("--max-scaledobjects", raw("max_scaledobjects") or "5000", int)),
-        exporter_bearer_token_file=_existing_file("--exporter-bearer-token-file", raw("exporter_bearer_token_file")),
-        exporter_ca_file=_existing_file("--exporter-ca-file", raw("exporter_ca_file")),
-        inference_urls=_inference_urls(values.get("inference_url")),
-        explain=(raw("explain") or "off") == "on",
-        **prometheus_settings(values, has_exporters=bool(urls)),
-        tls_cert_file=tls["tls_cert_file"],
-        tls_key_file=tls["tls_key_file"],
-        tls_client_ca_file=tls["tls_client_ca_file"],
-        max_streams=int(_positive("--max-streams", raw("max_streams") or "10000", int)),
-        shutdown_grace=_positive("--shutdown-grace", raw("shutdown_grace") or "10", float),
-        log_level=raw("log_level") or "info",
-        log_format=raw("log_format") or "text",
-    )
+    _check_prometheus(parsed)
+    for name in ("max_page_bytes", "scrape_concurrency", "max_scaledobjects", "max_streams"):
+        parsed[name] = int(parsed[name])
+    return Settings(**parsed)
 
 
 def env_values(environ: Mapping[str, str] | None = None) -> dict[str, str | list[str]]:

@@ -11,7 +11,7 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
-from keda_gpu_scaler.errors import ConfigError
+from keda_gpu_scaler.errors import ConfigError, quoted
 from keda_gpu_scaler.vendors import Family, NvidiaField
 
 
@@ -55,6 +55,7 @@ FROM_ENV = "FromEnv"
 
 MAX_METADATA_KEYS = 64
 MAX_METADATA_VALUE_CHARS = 1024
+MAX_METADATA_KEY_CHARS = 128
 # A metric name becomes a path segment of the HPA's external metric (`s0-<name>`).
 _METRIC_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,198}[A-Za-z0-9])?$")
 _POD_NAME_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251})?$")
@@ -86,26 +87,35 @@ def _enum_parser(enum: type[StrEnum]) -> Callable[[str, str], Any]:
         try:
             return enum(raw)
         except ValueError:
-            raise ConfigError(f"metadata {key}={raw!r} is not allowed; use one of: {allowed}") from None
+            raise ConfigError(f"metadata {key}={quoted(raw)} is not allowed; use one of: {allowed}") from None
 
     return parse
 
 
+# ASCII decimal only: float() also takes "５０", "٣", "5_0", "nan" and "1e-320", none of which a person
+# means as a threshold.
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
+# KEDA treats a target under 0.0005 as none at all (the HPA becomes invalid).
+MIN_THRESHOLD = 0.001
+
+
 def _number(key: str, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"metadata {key}={raw!r} is not a number") from None
+    if not _DECIMAL.fullmatch(raw):
+        raise ConfigError(
+            f"metadata {key}={quoted(raw)} is not a number; allowed: a finite decimal number like 70 or 0.5"
+        )
+    value = float(raw)
     if not math.isfinite(value):
-        raise ConfigError(f"metadata {key}={raw!r} must be a finite number")
+        raise ConfigError(f"metadata {key}={quoted(raw)} must be a finite number")
     return value
 
 
 def _threshold(key: str, raw: str) -> float:
     value = _number(key, raw)
-    if not 0 < value <= 100:
+    if not MIN_THRESHOLD <= value <= 100:
         raise ConfigError(
-            f"metadata {key}={raw!r} is out of range; allowed: a percentage with 0 < {key} <= 100"
+            f"metadata {key}={quoted(raw)} is out of range; allowed: a percentage with {MIN_THRESHOLD:g} <="
+            f" {key} <= 100"
         )
     return value
 
@@ -113,14 +123,14 @@ def _threshold(key: str, raw: str) -> float:
 def _activation_threshold(key: str, raw: str) -> float:
     value = _number(key, raw)
     if value < 0:
-        raise ConfigError(f"metadata {key}={raw!r} is out of range; allowed: a finite number >= 0")
+        raise ConfigError(f"metadata {key}={quoted(raw)} is out of range; allowed: a finite number >= 0")
     return value
 
 
 def _metric_name(key: str, raw: str) -> str:
     if not _METRIC_NAME.match(raw):
         raise ConfigError(
-            f"metadata {key}={raw!r} is not a valid metric name; allowed: 1-200 letters, digits, '-', '_' or '.',"
+            f"metadata {key}={quoted(raw)} is not a valid metric name; allowed: 1-200 letters, digits, '-', '_' or '.',"
             " starting and ending with a letter or digit"
         )
     return raw
@@ -129,7 +139,7 @@ def _metric_name(key: str, raw: str) -> str:
 def _pod_name_prefix(key: str, raw: str) -> str:
     if not _POD_NAME_PREFIX.match(raw):
         raise ConfigError(
-            f"metadata {key}={raw!r} is not a pod name prefix; allowed: lower-case letters, digits, '-' and '.',"
+            f"metadata {key}={quoted(raw)} is not a pod name prefix; allowed: lower-case letters, digits, '-' and '.',"
             " starting with a letter or digit"
         )
     return raw
@@ -137,7 +147,7 @@ def _pod_name_prefix(key: str, raw: str) -> str:
 
 def _pod_selector(key: str, raw: str) -> str:
     if not raw.strip():
-        raise ConfigError(f"metadata {key}={raw!r} is empty; allowed: a Kubernetes label selector")
+        raise ConfigError(f"metadata {key}={quoted(raw)} is empty; allowed: a Kubernetes label selector")
     return raw.strip()
 
 
@@ -170,7 +180,7 @@ KEYS: tuple[MetadataKey, ...] = (
         _threshold,
         _REQUIRED,
         "required",
-        "target per pod, in %, 0 < threshold <= 100",
+        "target per pod, in %, 0.001 <= threshold <= 100",
     ),
     MetadataKey(
         "activationThreshold",
@@ -255,7 +265,20 @@ def parse_trigger(metadata: Mapping[str, str]) -> TriggerSpec:
     """Validate trigger metadata; raises ConfigError naming the key, the value and what is allowed."""
     if len(metadata) > MAX_METADATA_KEYS:
         raise ConfigError(f"metadata has {len(metadata)} keys; at most {MAX_METADATA_KEYS} are allowed")
-    return _parse_cached(frozenset(metadata.items()))
+    ours: list[tuple[str, str]] = []
+    for key, raw in metadata.items():
+        if len(key) > MAX_METADATA_KEY_CHARS:
+            raise ConfigError(
+                f"metadata key {quoted(key)} is longer than {MAX_METADATA_KEY_CHARS} characters"
+            )
+        if len(raw) > MAX_METADATA_VALUE_CHARS:
+            raise ConfigError(
+                f"metadata {quoted(key)} is {len(raw)} characters long; at most {MAX_METADATA_VALUE_CHARS}"
+            )
+        # KEDA's own keys configure KEDA's side only: they are neither parsed nor kept in the cache key.
+        if key not in KEDA_OWN_KEYS:
+            ours.append((key, raw))
+    return _parse_cached(frozenset(ours))
 
 
 @lru_cache(maxsize=4096)
@@ -263,17 +286,11 @@ def _parse_cached(items: frozenset[tuple[str, str]]) -> TriggerSpec:
     # KEDA sends the same map on every poll: parsing once per distinct map keeps validation off the hot path.
     fields: dict[str, Any] = {}
     for key, raw in sorted(items):
-        if key in KEDA_OWN_KEYS:
-            continue
         # KEDA resolves `<key>FromEnv` from the target container's environment and forwards the value
         # under that same name: it means `<key>`.
         base = key.removesuffix(FROM_ENV) if key.endswith(FROM_ENV) else key
         if base not in _KEYS:
             raise ConfigError(_unknown_key_message(key))
-        if len(raw) > MAX_METADATA_VALUE_CHARS:
-            raise ConfigError(
-                f"metadata {key} is {len(raw)} characters long; at most {MAX_METADATA_VALUE_CHARS}"
-            )
         spec_key = _KEYS[base]
         if spec_key.field in fields:
             raise ConfigError(f"metadata {base} and {base}{FROM_ENV} are both given; give one of them")
@@ -295,4 +312,4 @@ def _unknown_key_message(key: str) -> str:
     allowed = sorted(set(_KEYS) | KEDA_OWN_KEYS)
     close = difflib.get_close_matches(key, allowed, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"metadata key {key!r} is unknown{hint}; allowed keys: {', '.join(allowed)}"
+    return f"metadata key {quoted(key)} is unknown{hint}; allowed keys: {', '.join(allowed)}"

@@ -78,8 +78,16 @@ async def test_sigterm_ends_streams_ok_and_exits_zero(make_exporter, processes) 
 async def test_environment_variables_configure_serve_and_flags_win(make_exporter, processes) -> None:  # type: ignore[no-untyped-def]
     a = await make_exporter(dcgm_page([GpuLine("llm", "vllm-0", 30)]))
     b = await make_exporter(dcgm_page([GpuLine("llm", "vllm-1", 40)], host="gpu-node-b"))
-    env = {"KEDA_GPU_SCALER_EXPORTER_URL": f"{a.url},{b.url}", "KEDA_GPU_SCALER_SCRAPE_INTERVAL": "0.2"}
+    env = {
+        "KEDA_GPU_SCALER_EXPORTER_URL": f"{a.url},{b.url}",
+        "KEDA_GPU_SCALER_SCRAPE_INTERVAL": "0.2",
+        # Both conflict with the flags start_serve gives (--kubernetes off, --grpc-address 127.0.0.1:0):
+        # were the environment to win, start-up would fail (no cluster) or listen on another port.
+        "KEDA_GPU_SCALER_KUBERNETES": "on",
+        "KEDA_GPU_SCALER_GRPC_ADDRESS": "127.0.0.1:1",
+    }
     process, port = await start_serve(env=env)
+    assert port != 1
     processes.append(process)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         stub = pb_grpc.ExternalScalerStub(channel)
@@ -101,7 +109,7 @@ async def test_environment_variables_configure_serve_and_flags_win(make_exporter
     assert await asyncio.wait_for(process.wait(), 20) == 0
 
 
-async def run_cli(*args: str) -> tuple[int, str, str]:
+async def run_cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -109,6 +117,7 @@ async def run_cli(*args: str) -> tuple[int, str, str]:
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
     )
     out, err = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode is not None
@@ -168,3 +177,54 @@ async def test_explain_reports_bad_metadata_and_dead_exporters(make_exporter) ->
     )
     assert code == 1
     assert "threshold='700' is out of range" in out
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("KEDA_GPU_SCALER_KUBERNETES", "yes"),
+        ("KEDA_GPU_SCALER_KUBERNETES", "ON"),
+        ("KEDA_GPU_SCALER_LOG_LEVEL", "verbose"),
+        ("KEDA_GPU_SCALER_LOG_FORMAT", "xml"),
+    ],
+)
+async def test_a_bad_choice_in_the_environment_is_one_line_and_exit_2(variable: str, value: str) -> None:
+    code, _, err = await run_cli(
+        "serve", "--grpc-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0", env={variable: value}
+    )
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err
+    assert repr(value) in lines[0] and variable in lines[0]
+
+
+async def test_a_taken_port_is_one_line_naming_the_address_and_no_second_scaler_shares_it(processes) -> None:  # type: ignore[no-untyped-def]
+    process, port = await start_serve()
+    processes.append(process)
+    # gRPC's default SO_REUSEPORT would let a second scaler share the port and answer every other call.
+    code, _, err = await run_cli(
+        "serve", "--kubernetes", "off", "--grpc-address", f"127.0.0.1:{port}", "--http-address", "127.0.0.1:0"
+    )
+    assert code == 2
+    last = err.strip().splitlines()[-1]
+    assert "Traceback" not in err
+    assert f"127.0.0.1:{port}" in last and "--grpc-address" in last
+
+
+async def test_a_taken_http_port_is_one_line_naming_the_address() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        code, _, err = await run_cli(
+            "serve", "--kubernetes", "off", "--grpc-address", "127.0.0.1:0", "--http-address", address
+        )
+    assert code == 2
+    assert "Traceback" not in err and address in err and "--http-address" in err
+
+
+async def test_version() -> None:
+    code, out, _ = await run_cli("--version")
+    assert code == 0 and out.startswith("keda-gpu-scaler ")

@@ -20,3 +20,52 @@ def test_staleness_defaults_follow_the_scrape_interval() -> None:
 def test_bad_durations_name_the_flag(flag: str) -> None:
     with pytest.raises(SettingsError, match=f"--{flag.replace('_', '-')}='-1'"):
         build_settings({flag: "-1"})
+
+
+def test_defaults_of_code_flags_and_environment_agree() -> None:
+    # Settings() (what code and tests build) equals what an empty command line and environment give.
+    from keda_gpu_scaler.settings import Settings, env_values
+
+    assert build_settings({}) == Settings()
+    assert build_settings(env_values({})) == Settings()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("KEDA_GPU_SCALER_KUBERNETES", "yes"),
+        ("KEDA_GPU_SCALER_KUBERNETES", "true"),
+        ("KEDA_GPU_SCALER_KUBERNETES", "ON"),
+        ("KEDA_GPU_SCALER_LOG_LEVEL", "verbose"),
+        ("KEDA_GPU_SCALER_LOG_FORMAT", "xml"),
+        ("KEDA_GPU_SCALER_DEFAULT_SOURCE", "both"),
+        ("KEDA_GPU_SCALER_EXPLAIN", "true"),
+    ],
+)
+def test_environment_values_of_choice_flags_are_checked_like_flags(variable: str, value: str) -> None:
+    from keda_gpu_scaler.settings import env_values
+
+    with pytest.raises(SettingsError, match=rf"{value!r} is not allowed; use one of"):
+        build_settings(env_values({variable: value}))
+
+
+def test_every_flag_has_a_parser_and_a_settings_field() -> None:
+    import dataclasses
+
+    from keda_gpu_scaler.settings import FLAGS, Settings
+
+    fields = {f.name for f in dataclasses.fields(Settings)}
+    for flag in FLAGS:
+        assert flag.settings_field in fields, flag.name
+        flag.typed_default  # noqa: B018 - parsing the default must not fail
+
+
+def test_inference_urls_name_the_pod_each_page_belongs_to() -> None:
+    settings = build_settings({"inference_url": ["llm/vllm-0=http://10.0.0.5:8000/metrics, llm/vllm-1=http://h:1/m"]})
+    assert settings.inference_urls == (
+        ("llm", "vllm-0", "http://10.0.0.5:8000/metrics"),
+        ("llm", "vllm-1", "http://h:1/m"),
+    )
+    for bad in ("vllm-0=http://h/m", "llm/vllm-0", "LLM/x=http://h/m", "llm/x=ftp://h/m"):
+        with pytest.raises(SettingsError, match="--inference-url"):
+            build_settings({"inference_url": [bad]})

@@ -80,8 +80,8 @@ BAD = [
     ({"threshold": "70", "thresold": "70"}, ["thresold", "did you mean 'threshold'"]),
     ({}, ["threshold", "required"]),
     ({"threshold": "abc"}, ["threshold", "'abc'", "not a number"]),
-    ({"threshold": "0"}, ["threshold", "'0'", "0 < threshold <= 100"]),
-    ({"threshold": "100.5"}, ["threshold", "'100.5'", "0 < threshold <= 100"]),
+    ({"threshold": "0"}, ["threshold", "'0'", "0.001 <= threshold <= 100"]),
+    ({"threshold": "100.5"}, ["threshold", "'100.5'", "0.001 <= threshold <= 100"]),
     ({"threshold": "-3"}, ["threshold", "'-3'"]),
     ({"threshold": "nan"}, ["threshold", "'nan'", "finite"]),
     ({"threshold": "inf"}, ["threshold", "'inf'", "finite"]),
@@ -155,3 +155,30 @@ def test_from_env_keys_arrive_resolved_and_mean_the_base_key() -> None:
         parse_trigger({"threshold": "70", "thresholdFromEnv": "65"})
     with pytest.raises(ConfigError, match="'urlFromEnv' is unknown"):
         parse_trigger({"threshold": "70", "urlFromEnv": "http://x"})
+
+
+@pytest.mark.parametrize("raw", ["５０", "٣", "5_0", "1e-320", "0x10", " 50", "50 ", "1e5000", "nan", "Infinity"])
+def test_only_ascii_decimal_thresholds_are_numbers(raw: str) -> None:
+    with pytest.raises(ConfigError, match="threshold"):
+        parse_trigger({"threshold": raw, "podNamePrefix": "p-"})
+
+
+def test_kedas_own_keys_are_limited_and_not_part_of_the_cache_key() -> None:
+    from keda_gpu_scaler.trigger import _parse_cached
+
+    with pytest.raises(ConfigError, match="at most 1024"):
+        parse_trigger({"threshold": "70", "scalerAddress": "x" * 2000})
+    before = _parse_cached.cache_info().currsize
+    for index in range(50):
+        parse_trigger({"threshold": "70", "podNamePrefix": "p-", "scalerAddress": f"scaler-{index}:6000"})
+    # Fifty different scalerAddress values are one trigger: they cost one cache entry, not fifty.
+    assert _parse_cached.cache_info().currsize - before <= 1
+
+
+def test_error_messages_quote_at_most_about_a_hundred_characters() -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_trigger({"threshold": "9" * 1000})
+    assert len(str(raised.value)) < 400
+    with pytest.raises(ConfigError) as raised:
+        parse_trigger({"threshold": "70", "x" * 120: "1"})
+    assert len(str(raised.value)) < 800
