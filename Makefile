@@ -56,6 +56,10 @@ docs: proto $(STAMP) ## refresh the README's tables and docs/RELIABILITY.md from
 	$(PY) scripts/readme_tables.py
 	cd tests && ../$(PY) -c "import faults, pathlib; pathlib.Path('../docs/RELIABILITY.md').write_text(faults.reliability_markdown())"
 
+chart-docs: proto $(STAMP) ## regenerate the chart's flag values, values schema, values tables (README) and dashboard
+	$(PY) scripts/chart_docs.py
+	$(PY) scripts/chart_dashboard.py
+
 IMAGE ?= keda-gpu-scaler:dev
 BASE_IMAGE ?= python:3.11-slim
 # e.g. --network=host where the engine runs without a bridge, as `make test-container` starts it here.
