@@ -41,6 +41,7 @@ __all__ = [
     "MissingKind",
     "PodKey",
     "Value",
+    "accepts_model",
     "engine_supports",
     "pod_of",
     "pod_reading",
@@ -63,6 +64,8 @@ class EngineModule:
     read: Callable[[Sequence[Sample], str | None], InferenceReading]
     # The family that names the engine in messages (the one every release of it prints).
     signature: str
+    # Whether its series carry a model label (`model_name`/`model`), i.e. whether `model` can select any.
+    has_model_label: bool = True
 
 
 # Adding an engine: a module with SAMPLE_NAMES, METRICS and read(), one line here (docs/ADDING_A_VENDOR.md).
@@ -71,7 +74,7 @@ class EngineModule:
 ENGINES: tuple[EngineModule, ...] = (
     EngineModule(Engine.VLLM, vllm.SAMPLE_NAMES, vllm.METRICS, vllm.read, vllm.WAITING),
     EngineModule(Engine.SGLANG, sglang.SAMPLE_NAMES, sglang.METRICS, sglang.read, sglang.WAITING),
-    EngineModule(Engine.TGI, tgi.SAMPLE_NAMES, tgi.METRICS, tgi.read, tgi.WAITING),
+    EngineModule(Engine.TGI, tgi.SAMPLE_NAMES, tgi.METRICS, tgi.read, tgi.WAITING, has_model_label=False),
     EngineModule(Engine.TRTLLM, trtllm.SAMPLE_NAMES, trtllm.METRICS, trtllm.read, trtllm.REQUESTS),
     EngineModule(Engine.TRITON, triton.SAMPLE_NAMES, triton.METRICS, triton.read, triton.WAITING),
 )
@@ -114,6 +117,13 @@ def engine_supports(engine: Engine | str, metric: InferenceMetric | str) -> bool
     metric the recognised engine lacks is then a Missing(NOT_EXPORTED) reading (UNAVAILABLE).
     """
     return InferenceMetric(metric) in supported_metrics(engine)
+
+
+def accepts_model(engine: Engine | str) -> bool:
+    """False when a trigger names an engine whose series carry no model label (TGI): `model` can match
+    nothing there, which trigger validation can reject up front. `auto` accepts it."""
+    named = _engine(engine)
+    return named is None or _BY_ENGINE[named].has_model_label
 
 
 def unsupported_message(engine: Engine | str, metric: InferenceMetric | str) -> str:

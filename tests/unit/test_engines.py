@@ -6,6 +6,7 @@ import json
 import math
 import random
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from keda_gpu_scaler.engines import (
     InferenceReading,
     Missing,
     MissingKind,
+    accepts_model,
     engine_supports,
     pod_reading,
     readings_by_pod,
@@ -316,6 +318,27 @@ def test_engine_choices_and_supported_metrics() -> None:
     )
     with pytest.raises(ValueError):
         supported_metrics("ollama")
+
+
+def test_a_trigger_metric_enum_of_its_own_is_accepted() -> None:
+    class TriggerMetric(StrEnum):
+        REQUESTS = "requests"
+        KV_CACHE = "kv_cache"
+
+    assert not engine_supports("triton", TriggerMetric.REQUESTS)
+    assert engine_supports("vllm", TriggerMetric.KV_CACHE)
+    assert value_for(pod_reading(page("vllm_v1.prom")), TriggerMetric.REQUESTS) == 15
+
+
+def test_which_engines_a_model_filter_can_match() -> None:
+    assert {choice: accepts_model(choice) for choice in ENGINE_CHOICES} == {
+        "auto": True,
+        "vllm": True,
+        "sglang": True,
+        "tgi": False,
+        "triton": True,
+        "trtllm": True,
+    }
 
 
 def test_what_a_reading_lacks_matches_what_the_engine_supports() -> None:
