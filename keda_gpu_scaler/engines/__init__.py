@@ -120,8 +120,11 @@ def engine_supports(engine: Engine | str, metric: InferenceMetric | str) -> bool
 
 
 def accepts_model(engine: Engine | str) -> bool:
-    """False when a trigger names an engine whose series carry no model label (TGI): `model` can match
-    nothing there, which trigger validation can reject up front. `auto` accepts it."""
+    """False when a named engine's series carry no model label (TGI), so that `model` can match nothing.
+
+    Trigger validation can reject such a `model` up front; `auto` accepts it (a reading whose family has
+    no series of the model is then Missing(NO_MODEL)).
+    """
     named = _engine(engine)
     return named is None or _BY_ENGINE[named].has_model_label
 
