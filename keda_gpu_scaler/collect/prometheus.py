@@ -21,22 +21,12 @@ from keda_gpu_scaler.collect.prometheus_answer import (
     seconds,
     target_of,
 )
-from keda_gpu_scaler.collect.prometheus_client import PrometheusClient, prometheus_ssl
+from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
 from keda_gpu_scaler.collect.promql import Target, fleet_query, gpu_queries, liveness_query, namespace_query
 from keda_gpu_scaler.collect.store import RECENTLY_SEEN_SECONDS, Page, SourceKind, Store
 from keda_gpu_scaler.exposition import Sample
 from keda_gpu_scaler.supervise import supervised
 from keda_gpu_scaler.vendors import readings_from_samples
-
-# prometheus_ssl: still importable from here while callers move to prometheus_client.
-__all__ = [
-    "PROMETHEUS_INTEREST",
-    "PrometheusClient",
-    "PrometheusCollector",
-    "prometheus_interest",
-    "prometheus_ssl",
-    "sample_window",
-]
 
 log = logging.getLogger(__name__)
 
