@@ -157,7 +157,10 @@ class ClusterState:
     def page(self, node: str) -> bytes:
         cached = self.pages.get(node)
         if cached is None:
-            lines = ["# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).", "# TYPE DCGM_FI_DEV_GPU_UTIL gauge"]
+            lines = [
+                "# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).",
+                "# TYPE DCGM_FI_DEV_GPU_UTIL gauge",
+            ]
             for gpu, key in enumerate(sorted(self.by_node.get(node, ()))):
                 pod = self.pods[key]
                 if pod.deleting or pod.phase != "Running":
@@ -183,7 +186,9 @@ def populate(state: ClusterState, exporter_ports: list[int]) -> None:
         node = state.node(index)
         kube.put(
             fake.POD,
-            fake.pod(f"dcgm-exporter-{node}", EXPORTER_NAMESPACE, EXPORTER_LABELS, node, ports=[("metrics", port)]),
+            fake.pod(
+                f"dcgm-exporter-{node}", EXPORTER_NAMESPACE, EXPORTER_LABELS, node, ports=[("metrics", port)]
+            ),
         )
     for namespace, name, kind in workloads(plan):
         labels = {"app": name}
@@ -193,7 +198,9 @@ def populate(state: ClusterState, exporter_ports: list[int]) -> None:
         ref = {"name": name, "kind": kind, "apiVersion": "apps/v1"}
         kube.put(fake.SCALED_OBJECT, fake.scaled_object(name, namespace, ref, [trigger]))
         for i in range(plan.pods_per_workload):
-            pod = _Pod(namespace, f"{name}-{i}", name, state.node(rng.randrange(plan.nodes)), rng.randint(10, 90))
+            pod = _Pod(
+                namespace, f"{name}-{i}", name, state.node(rng.randrange(plan.nodes)), rng.randint(10, 90)
+            )
             pod.phase, pod.ready = "Running", True
             state.place(pod)
             state.put(pod, count=False)
@@ -231,7 +238,12 @@ async def replace_one(state: ClusterState, rng: random.Random) -> None:
         new.ready = True
         state.put(new)  # MODIFIED: Ready
         state.readies.append(
-            {"namespace": namespace, "name": workload, "at": time.monotonic(), "value": state.expected(namespace, workload)}
+            {
+                "namespace": namespace,
+                "name": workload,
+                "at": time.monotonic(),
+                "value": state.expected(namespace, workload),
+            }
         )
         # The probe compares with this value: no other rollout of the workload until it has had its chance.
         await asyncio.sleep(COOLDOWN)
@@ -255,7 +267,7 @@ async def churn(state: ClusterState, events_per_second: float) -> None:
 
 async def serve_cluster(plan: Plan, directory: Path) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
-    import fake_kube  # noqa: PLC0415 - the tests' loopback API server
+    import fake_kube
 
     kube = fake_kube.FakeKube()
     await kube.start()
@@ -326,7 +338,7 @@ def requests_for(plan: Plan) -> list[tuple[bytes, bytes]]:
 
 
 async def client_main(plan: Plan, target: str, duration: float) -> dict[str, Any]:
-    from bench.loadgen import Client, open_loop  # noqa: PLC0415
+    from bench.loadgen import Client, open_loop
 
     requests = requests_for(plan)
     async with grpc.aio.insecure_channel(target) as channel:
@@ -352,7 +364,9 @@ async def client_main(plan: Plan, target: str, duration: float) -> dict[str, Any
 
 
 @contextlib.asynccontextmanager
-async def _child(args: list[str], *, cpu: int | None, cwd: Path = ROOT, env: dict[str, str] | None = None) -> AsyncIterator[Child]:
+async def _child(
+    args: list[str], *, cpu: int | None, cwd: Path = ROOT, env: dict[str, str] | None = None
+) -> AsyncIterator[Child]:
     command = [sys.executable, *args]
     if cpu is not None:
         command = ["taskset", "-c", str(cpu), *command]
@@ -408,7 +422,9 @@ async def scaler(kubeconfig: str) -> AsyncIterator[tuple[Child, str]]:
 async def _value(stub: Any, namespace: str, name: str) -> float | None:
     ref = pb.ScaledObjectRef(name=name, namespace=namespace, scalerMetadata=METADATA)
     try:
-        response = await stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref, metricName="gpu-utilization"))
+        response = await stub.GetMetrics(
+            pb.GetMetricsRequest(scaledObjectRef=ref, metricName="gpu-utilization")
+        )
     except grpc.aio.AioRpcError:
         return None
     return float(response.metricValues[0].metricValueFloat)
@@ -428,7 +444,9 @@ async def warm(stub: Any, plan: Plan, deadline: float) -> float:
     return time.monotonic() - started
 
 
-async def watch_readies(stub: Any, session: aiohttp.ClientSession, control: int, stop: asyncio.Event) -> list[float]:
+async def watch_readies(
+    stub: Any, session: aiohttp.ClientSession, control: int, stop: asyncio.Event
+) -> list[float]:
     """Seconds from each pod's Ready to its ScaledObject's GetMetrics including it (inf: not within 15 s)."""
     seen = 0
     delays: list[float] = []
@@ -468,7 +486,15 @@ class Window:
     lag_ms: float
 
 
-async def load_window(plan: Plan, target: str, scaler_child: Child, session: aiohttp.ClientSession, control: int, churn_rate: float, profile_for: float = 0.0) -> tuple[Window, list[tuple[list[str], int]]]:
+async def load_window(
+    plan: Plan,
+    target: str,
+    scaler_child: Child,
+    session: aiohttp.ClientSession,
+    control: int,
+    churn_rate: float,
+    profile_for: float = 0.0,
+) -> tuple[Window, list[tuple[list[str], int]]]:
     args = ["-m", "bench.bench_cluster", "client", "--plan", json.dumps(plan.__dict__), "--target", target]
     args += ["--duration", str(plan.window)]
     async with _child(args, cpu=OTHERS_CPU) as client:
@@ -515,25 +541,30 @@ class Result:
 
 
 async def measure(plan: Plan) -> Result:
-    async with cluster(plan) as (_, kubeconfig, control), scaler(kubeconfig) as (running, target):
-        async with grpc.aio.insecure_channel(target) as channel, aiohttp.ClientSession() as session:
-            stub = pb_grpc().ExternalScalerStub(channel)
-            warm_seconds = await warm(stub, plan, deadline=300)
-            steady, _ = await load_window(plan, target, running, session, control, 0.0)
-            stop = asyncio.Event()
-            readies = asyncio.create_task(watch_readies(stub, session, control, stop))
-            churned, stacks = await load_window(
-                plan, target, running, session, control, plan.events_per_second, profile_for=plan.window - 2
-            )
-            stop.set()
-            delays = await readies
-            rss = rss_mib(running.pid)
+    async with contextlib.AsyncExitStack() as stack:
+        _, kubeconfig, control = await stack.enter_async_context(cluster(plan))
+        running, target = await stack.enter_async_context(scaler(kubeconfig))
+        channel = await stack.enter_async_context(grpc.aio.insecure_channel(target))
+        session = await stack.enter_async_context(aiohttp.ClientSession())
+        stub = pb_grpc().ExternalScalerStub(channel)
+        warm_seconds = await warm(stub, plan, deadline=300)
+        steady, _ = await load_window(plan, target, running, session, control, 0.0)
+        stop = asyncio.Event()
+        readies = asyncio.create_task(watch_readies(stub, session, control, stop))
+        churned, stacks = await load_window(
+            plan, target, running, session, control, plan.events_per_second, profile_for=plan.window - 2
+        )
+        stop.set()
+        delays = await readies
+        rss = rss_mib(running.pid)
     found = shares(stacks, PROFILE_RULES, PROFILE_REST)
-    return Result(plan, warm_seconds, steady, churned, found.get(PROFILE_RULES[0][0], 0.0), rss, delays, stacks)
+    return Result(
+        plan, warm_seconds, steady, churned, found.get(PROFILE_RULES[0][0], 0.0), rss, delays, stacks
+    )
 
 
 def pb_grpc() -> Any:
-    from keda_gpu_scaler._proto import externalscaler_pb2_grpc  # noqa: PLC0415
+    from keda_gpu_scaler._proto import externalscaler_pb2_grpc
 
     return externalscaler_pb2_grpc
 
@@ -566,8 +597,18 @@ def render(results: list[Result]) -> Section:
         if p is results[0].plan:
             goal_ready = SCRAPE_INTERVAL + 0.5
             headlines += [
-                (f"Cluster {p.pods:,} pods, RPC p99 during churn", f"{r.churn.p99_ms:.1f} ms", "≤ 2 ms", r.churn.p99_ms <= 2),
-                ("Cluster: discovery CPU during churn", f"{100 * discovery_core:.0f} % of a core", "≤ 20 %", discovery_core <= 0.2),
+                (
+                    f"Cluster {p.pods:,} pods, RPC p99 during churn",
+                    f"{r.churn.p99_ms:.1f} ms",
+                    "≤ 2 ms",
+                    r.churn.p99_ms <= 2,
+                ),
+                (
+                    "Cluster: discovery CPU during churn",
+                    f"{100 * discovery_core:.0f} % of a core",
+                    "≤ 20 %",
+                    discovery_core <= 0.2,
+                ),
                 ("Cluster: scaler RSS (peak)", f"{r.rss[1]:.0f} MiB", "≤ 250 MiB", r.rss[1] <= 250),
                 (
                     "Cluster: pod Ready → in GetMetrics (worst)",
@@ -617,7 +658,7 @@ async def run(quick: bool = False) -> Section:
     for plan in plans:
         try:
             results.append(await measure(plan))
-        except Exception as error:  # noqa: BLE001 - a larger cluster that does not fit must not lose the first
+        except Exception as error:
             if not results:
                 raise
             print(f"bench cluster: {plan.pods:,} pods: {error}", file=sys.stderr)

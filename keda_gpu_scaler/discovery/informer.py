@@ -134,7 +134,9 @@ class PodInformer:
             # The server ended the watch. Reconnect at once, unless it keeps ending watches straight away.
             if events == 0 and loop.time() - started < 1.0:
                 failures += 1
-                await asyncio.sleep(backoff_delay(failures, first=FIRST_RETRY_SECONDS, cap=MAX_BACKOFF_SECONDS))
+                await asyncio.sleep(
+                    backoff_delay(failures, first=FIRST_RETRY_SECONDS, cap=MAX_BACKOFF_SECONDS)
+                )
             else:
                 failures = 0
 

@@ -341,7 +341,9 @@ class KubeDiscovery:
         target = info.target
         try:
             plural = await self._plural(target)
-            scale = await self._api.scale(target.group, target.version, tracked.namespace, plural, target.name)
+            scale = await self._api.scale(
+                target.group, target.version, tracked.namespace, plural, target.name
+            )
             text = (scale.get("status") or {}).get("selector") or ""
             selector = parse_selector(text)
             if selector.empty:
@@ -355,7 +357,9 @@ class KubeDiscovery:
             return True
         except (KubeError, SelectorError) as error:
             # The last selector stays in use for exporter discovery, so a blip does not stop scraping.
-            tracked.scale_error = f"cannot read the pod selector of {target} for ScaledObject {tracked.ref}: {error}"
+            tracked.scale_error = (
+                f"cannot read the pod selector of {target} for ScaledObject {tracked.ref}: {error}"
+            )
             return False
 
     async def _plural(self, target: ScaleTarget) -> str:

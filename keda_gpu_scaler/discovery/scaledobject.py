@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from keda_gpu_scaler.errors import ConfigError
-from keda_gpu_scaler.trigger import FROM_ENV, TriggerSpec, parse_trigger
+from keda_gpu_scaler.trigger import DEFAULT_METRIC_NAMES, FROM_ENV, KEDA_OWN_KEYS, KEYS, Metric, TriggerSpec
 
 EXTERNAL_TRIGGER_TYPES = frozenset({"external", "external-push"})
 METRIC_TYPES = frozenset({"AverageValue", "Value"})
@@ -34,8 +34,13 @@ class ScaleTarget:
 
 @dataclass(frozen=True, slots=True)
 class ExternalTrigger:
-    spec: TriggerSpec | None  # its metadata as this scaler reads it; None: metadata this scaler rejects
+    # The TriggerSpec fields its metadata fixes, as this scaler reads them (defaults included), leaving out
+    # those KEDA fills from the target's environment; None: metadata this scaler rejects.
+    fields: tuple[tuple[str, Any], ...] | None
     metric_type: str  # as written; "AverageValue" when absent (KEDA's default)
+
+    def matches(self, spec: TriggerSpec) -> bool:
+        return self.fields is not None and all(getattr(spec, name) == value for name, value in self.fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,30 +63,57 @@ def parse_scaled_object(obj: Mapping[str, Any]) -> ScaledObjectInfo:
     target = ScaleTarget(ref.get("apiVersion") or "apps/v1", ref.get("kind") or "Deployment", name)
     triggers = tuple(
         # Parsed here, once per read of the ScaledObject, not on every call that compares with it.
-        ExternalTrigger(_spec_of(t.get("metadata") or {}), t.get("metricType") or "AverageValue")
+        ExternalTrigger(_fields_of(t.get("metadata") or {}), t.get("metricType") or "AverageValue")
         for t in spec.get("triggers") or ()
         if t.get("type") in EXTERNAL_TRIGGER_TYPES
     )
     return ScaledObjectInfo(target, triggers)
 
 
-def _spec_of(metadata: Mapping[str, Any]) -> TriggerSpec | None:
-    # KEDA sends `…FromEnv` keys with the value read from the target's environment (or drops them when
-    # empty), so they cannot be compared with what the ScaledObject says; the other keys can.
-    kept = {str(k): str(v) for k, v in metadata.items() if not str(k).endswith(FROM_ENV)}
-    try:
-        return parse_trigger(kept)
-    except ConfigError:
-        return None
+_BY_KEY = {k.key: k for k in KEYS}
+
+
+def _fields_of(metadata: Mapping[str, Any]) -> tuple[tuple[str, Any], ...] | None:
+    """What a trigger's metadata fixes, for comparison with the metadata of a call.
+
+    KEDA sends a call the trigger's metadata as written, except for `<key>FromEnv`: that one carries the
+    value read from the target container's environment instead (or is left out when that is empty), and
+    a call may give `<key>` itself. So KEDA's own keys, and for every `<key>FromEnv` both it and `<key>`,
+    are left out of the comparison; every other key compares as parsed, an absent one as its default.
+    """
+    raw = {str(k): str(v) for k, v in metadata.items() if str(k) not in KEDA_OWN_KEYS}
+    from_env = {k.removesuffix(FROM_ENV) for k in raw if k.endswith(FROM_ENV)}
+    fields: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in from_env or key.removesuffix(FROM_ENV) in from_env:
+            continue
+        spec_key = _BY_KEY.get(key)
+        if spec_key is None:
+            return None
+        try:
+            fields[spec_key.field] = spec_key.parse(key, value)
+        except ConfigError:
+            return None
+    skipped = {_BY_KEY[b].field for b in from_env if b in _BY_KEY}
+    for spec_key in KEYS:
+        if spec_key.field in fields or spec_key.field in skipped or spec_key.key == "metricName":
+            continue
+        if spec_key.key == "threshold":
+            return None  # required, and neither given nor from the environment: KEDA's call fails too
+        fields[spec_key.field] = spec_key.default
+    if "metric_name" not in fields and "metric_name" not in skipped and "metric" in fields:
+        # Unless given, the metric name follows the metric (unknown when the metric comes from the env).
+        fields["metric_name"] = DEFAULT_METRIC_NAMES[Metric(fields["metric"])]
+    return tuple(sorted(fields.items()))
 
 
 def metric_type_for(info: ScaledObjectInfo, spec: TriggerSpec) -> tuple[str | None, str | None]:
     """The metricType of the trigger this call is for, and a note when it cannot be told.
 
-    The trigger is the external one whose metadata parses to the same TriggerSpec as the call's (KEDA's
-    own keys and `…FromEnv` keys aside). With no match and exactly one external trigger, that one.
+    The trigger is the external one whose metadata says what the call's does (KEDA's own keys, and every
+    `…FromEnv` key with its resolved twin, aside). With no match and exactly one external trigger, that one.
     """
-    matching = [t for t in info.triggers if t.spec == spec]
+    matching = [t for t in info.triggers if t.matches(spec)]
     if not matching and len(info.triggers) == 1:
         matching = list(info.triggers)
     types = {t.metric_type for t in matching}

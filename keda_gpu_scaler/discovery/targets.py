@@ -111,7 +111,11 @@ class Selection:
         """The current Targets; the same object until something changes (built at most once per change)."""
         if self._snapshot is None or self._snapshot[0] != self.version:
             endpoints = MappingProxyType(
-                {name: endpoint(p) for name, p in self._members.items() if p.occupies_node or p.counts_as_target}
+                {
+                    name: endpoint(p)
+                    for name, p in self._members.items()
+                    if p.occupies_node or p.counts_as_target
+                }
             )
             self._snapshot = (self.version, frozenset(self._targets), endpoints)
             self._answers = {}

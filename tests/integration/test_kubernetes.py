@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from support import ExporterServer, GpuLine, dcgm_page, eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.discovery.selectors import parse_exporter_selector
+from keda_gpu_scaler.trigger import parse_trigger
 
 NS = "llm"
 EXPORTERS_NS = "gpu-operator"
@@ -498,3 +500,79 @@ async def test_a_pod_object_discovery_cannot_read_is_unavailable_not_a_frozen_ca
     await eventually(lambda: unavailable(scaler, "unexpected error watching"))
     kube.delete(POD, NS, "vllm-9")
     await eventually(lambda: _equals(value(scaler), 180))
+
+
+async def test_calls_about_objects_that_are_not_there_open_no_pod_watch(
+    cluster: Cluster, kube: FakeKube, kube_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    """Any caller can name any namespace: only a ScaledObject that exists, with an external trigger, gets
+    its namespace's pods listed and watched."""
+    await cluster.gpu_node("node-a")
+    await cluster.gpu_node("node-b")
+    three_pods_on_two_nodes(cluster)
+    kube.put(SCALED_OBJECT, scaled_object("cpu-only", "other", {"name": "web"}, [CPU_TRIGGER]))
+    scaler = await kube_scaler()
+    names = [(f"tenant-{i}", "ghost") for i in range(20)] + [("other", "cpu-only")]
+
+    said: dict[str, str] = {}
+
+    async def refused() -> None:
+        for namespace, name in names:
+            request = pb.GetMetricsRequest(
+                scaledObjectRef=pb.ScaledObjectRef(name=name, namespace=namespace, scalerMetadata=METADATA),
+                metricName="gpu-utilization",
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await scaler.stub.GetMetrics(request)
+            assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
+            said[namespace] = raised.value.details() or ""
+            assert "first look-up" not in said[namespace]
+
+    await eventually(refused)
+    await eventually(lambda: _equals(value(scaler), 180))  # the real one is served
+    for namespace, _ in names:
+        assert kube.count(f"/api/v1/namespaces/{namespace}/pods") == 0, namespace
+    # One watch for the real ScaledObject's namespace, one for the exporter pods: nothing else.
+    assert {(w.namespace, w.selector) for w in kube.watchers} == {(NS, ""), (None, "app=test-dcgm-exporter")}
+    assert "not found" in said["tenant-0"]
+    assert "no trigger of type external" in said["other"]
+
+
+async def test_forget_drops_the_watches_and_exporters_then_a_call_follows_again(
+    cluster: Cluster, kube: FakeKube, kube_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    a = await cluster.gpu_node("node-a")
+    b = await cluster.gpu_node("node-b")
+    three_pods_on_two_nodes(cluster)
+    scaler = await kube_scaler()
+    await eventually(lambda: _equals(value(scaler), 180))
+    discovery = scaler.app.discovery
+    assert set(discovery._exporters.discovered) == {a.url, b.url}
+    discovery.forget(NS, "vllm")
+
+    async def dropped() -> None:
+        # The fake server notices a closed watch when it next writes to it.
+        kube.bookmark()
+        await asyncio.sleep(0.05)
+        assert kube.watchers == []
+        assert dict(discovery._exporters.discovered) == {}
+        assert discovery.tracked_scaled_objects._value.get() == 0
+
+    await eventually(dropped)
+    await eventually(lambda: _equals(value(scaler), 180))
+    assert set(discovery._exporters.discovered) == {a.url, b.url}
+
+
+async def test_targets_carry_each_pod_s_address_readiness_and_ports(cluster: Cluster, kube_scaler) -> None:  # type: ignore[no-untyped-def]
+    await cluster.gpu_node("node-a")
+    cluster.kube.put(DEPLOYMENT, deployment("vllm", NS, APP))
+    cluster.kube.put(SCALED_OBJECT, scaled_object("vllm", NS, {"name": "vllm"}, [external()]))
+    cluster.run("vllm-0", "node-a", 50, ports=[("http", 8000), ("metrics", 8001)])
+    cluster.run("vllm-1", "node-a", 60, ready=False, ports=[("http", 8000)])
+    scaler = await kube_scaler()
+    await eventually(lambda: _equals(value(scaler), 50))
+    targets = scaler.app.discovery.resolve(NS, "vllm", parse_trigger(METADATA))
+    assert targets.pods == {"vllm-0"}
+    ready, starting = targets.endpoints["vllm-0"], targets.endpoints["vllm-1"]
+    assert (ready.ip, ready.ready, dict(ready.ports)) == ("127.0.0.1", True, {"http": 8000, "metrics": 8001})
+    assert (starting.ready, dict(starting.ports)) == (False, {"http": 8000})

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import collections
+import random
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry, Gauge
 
-from keda_gpu_scaler.discovery.pods import exporter_url, pod_info
+from keda_gpu_scaler.discovery.exporters import ExporterDiscovery
+from keda_gpu_scaler.discovery.pods import PodInfo, exporter_url, pod_info
 from keda_gpu_scaler.discovery.scaledobject import metric_type_for, parse_scaled_object
 from keda_gpu_scaler.discovery.selectors import (
     DEFAULT_EXPORTER_SELECTORS,
@@ -14,6 +18,8 @@ from keda_gpu_scaler.discovery.selectors import (
     parse_exporter_selector,
     parse_selector,
 )
+from keda_gpu_scaler.discovery.targets import NamespaceIndex
+from keda_gpu_scaler.errors import NoData
 from keda_gpu_scaler.settings import SettingsError, build_settings, resolve_kubernetes
 from keda_gpu_scaler.trigger import parse_trigger
 
@@ -225,6 +231,35 @@ def test_metric_type_of_the_matching_trigger(
     assert (note is None) == (expected is not None)
 
 
+@pytest.mark.parametrize(
+    "call",
+    [
+        # KEDA resolves each `…FromEnv` key from the target's environment and sends the value under that key…
+        METADATA | {"thresholdFromEnv": "65", "activationThresholdFromEnv": "5"} | {"threshold": None},
+        # …or the call gives the resolved twin itself.
+        {"threshold": "65", "activationThreshold": "5", "scalerAddress": "elsewhere:6000"},
+        # An empty variable: KEDA leaves the key out, and the default applies on the call's side.
+        {"threshold": "65"},
+    ],
+)
+def test_metric_type_with_keys_keda_resolves_from_the_environment(call: dict[str, str | None]) -> None:
+    from_env = {"thresholdFromEnv": "GPU_TARGET", "activationThresholdFromEnv": "GPU_ACTIVATION"}
+    info = parse_scaled_object(
+        _scaled_object(
+            {"type": "external", "metricType": "AverageValue", "metadata": METADATA | {"metric": "memory"}},
+            {
+                "type": "external-push",
+                "metricType": "Value",
+                "metadata": {"scalerAddress": "x:6000"} | from_env,
+            },
+        )
+    )
+    metadata = {k: v for k, v in call.items() if v is not None}
+    assert metric_type_for(info, parse_trigger(metadata)) == ("Value", None)
+    # Keys not taken from the environment still have to agree.
+    assert metric_type_for(info, parse_trigger(metadata | {"gpuAggregation": "max"}))[0] is None
+
+
 def test_settings_flags() -> None:
     settings = build_settings(
         {
@@ -247,3 +282,132 @@ def test_kubernetes_auto() -> None:
     assert (on.kubernetes, on.kubeconfig) == ("on", "/tmp/kc")
     forced_off = resolve_kubernetes(build_settings({"kubernetes": "off"}), {"KUBECONFIG": "/tmp/kc"})
     assert forced_off.kubernetes == "off"
+
+
+# --- incremental target sets and exporter discovery ------------------------------------------------------
+
+
+def _info(
+    name: str, labels: dict[str, str], node: str | None, phase: str, ready: bool, deleting: bool
+) -> PodInfo:
+    ports = (("http", 8000), (None, 9000))
+    ip = "10.0.0.1" if phase == "Running" else None
+    return PodInfo("ns", name, labels, node, ip, phase, ready, deleting, ports)
+
+
+SELECTORS = ["app=a", "app=b,tier=gpu", "tier in (gpu)", "!canary", "app!=a", "app=a,canary"]
+
+
+def test_target_sets_follow_every_pod_event_as_a_full_rescan_would() -> None:
+    """Random pod events, applied one at a time, leave each selection equal to matching every pod again."""
+    rng = random.Random(7)
+    occupied: collections.Counter[str] = collections.Counter()
+
+    def on_node(node: str, delta: int) -> None:
+        occupied[node] += delta
+
+    index = NamespaceIndex("ns", on_node)
+    pods: dict[str, PodInfo] = {}
+    selections = {text: index.acquire(parse_selector(text), text, {}) for text in SELECTORS[:3]}
+    for step in range(1500):
+        name = f"p{rng.randrange(30)}"
+        old = pods.get(name)
+        if old is not None and rng.random() < 0.2:
+            new = None
+            del pods[name]
+        else:
+            labels = {"app": rng.choice("abc")}
+            if rng.random() < 0.5:
+                labels["tier"] = rng.choice(["gpu", "cpu"])
+            if rng.random() < 0.2:
+                labels["canary"] = "true"
+            phase = rng.choice(["Pending", "Running", "Running", "Succeeded"])
+            node = (
+                rng.choice([None, "n1", "n2", "n3"]) if phase == "Pending" else rng.choice(["n1", "n2", "n3"])
+            )
+            new = _info(name, labels, node, phase, rng.random() < 0.7, rng.random() < 0.1)
+            pods[name] = new
+        index.on_pod(old, new)
+        if step == 500:  # selections that start late begin from the pods as they are
+            for text in SELECTORS[3:]:
+                selections[text] = index.acquire(
+                    parse_selector(text), text, {p.key: p for p in pods.values()}
+                )
+        if step == 1000:  # one dropped: its nodes are given back
+            index.release(parse_selector("tier in (gpu)"), "tier in (gpu)")
+            del selections["tier in (gpu)"]
+        expected_nodes: collections.Counter[str] = collections.Counter()
+        for text, selection in selections.items():
+            selector = parse_selector(text)
+            matching = [p for p in pods.values() if selector.matches(p.labels)]
+            targets = selection.targets("Value")
+            assert targets.pods == {p.name for p in matching if p.counts_as_target}, (step, text)
+            assert targets.metric_type == "Value"
+            shown = [p for p in matching if p.occupies_node or p.counts_as_target]
+            assert set(targets.endpoints) == {p.name for p in shown}
+            expected_nodes.update({p.node for p in matching if p.occupies_node and p.node})
+        assert +occupied == expected_nodes, step
+
+
+def test_targets_are_the_same_object_until_something_changes() -> None:
+    index = NamespaceIndex("ns", lambda node, delta: None)
+    selection = index.acquire(parse_selector("app=a"), "so", {})
+    ready = _info("a-0", {"app": "a"}, "n1", "Running", True, False)
+    index.on_pod(None, ready)
+    first = selection.targets(None)
+    assert selection.targets(None) is first
+    index.on_pod(None, _info("b-0", {"app": "b"}, "n1", "Running", True, False))  # another workload's pod
+    assert selection.targets(None) is first
+    index.on_pod(ready, _info("a-0", {"app": "a"}, "n1", "Running", False, False))  # no longer ready
+    assert selection.targets(None).pods == frozenset()
+    endpoint = selection.targets(None).endpoints["a-0"]
+    assert (endpoint.ip, endpoint.ready, dict(endpoint.ports), endpoint.node) == (
+        "10.0.0.1",
+        False,
+        {"http": 8000},
+        "n1",
+    )
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.urls: set[str] = set()
+
+    def add(self, url: str) -> None:
+        assert url not in self.urls
+        self.urls.add(url)
+
+    def remove(self, url: str) -> None:
+        self.urls.remove(url)
+
+
+def test_exporters_are_scraped_exactly_on_wanted_nodes() -> None:
+    exporter = parse_exporter_selector("app=dcgm:9400")
+    discovery = ExporterDiscovery((exporter,), frozenset(), Gauge("g", "g", registry=CollectorRegistry()))
+    sink = _Sink()
+    discovery.sink = sink
+
+    def dcgm(node: str, ip: str | None) -> PodInfo:
+        return PodInfo("gpu", f"dcgm-{node}", {"app": "dcgm"}, node, ip, "Running", True, False, ())
+
+    a = dcgm("n1", "10.1.0.1")
+    discovery._exporter_pod(0, None, a)
+    assert sink.urls == set()  # no target pod on n1 yet
+    discovery.node("n1", 1)
+    discovery.node("n1", 1)  # a second selection on the same node
+    assert sink.urls == {"http://10.1.0.1:9400/metrics"}
+    moved = dcgm("n1", "10.1.0.2")  # the exporter restarted with another IP
+    discovery._exporter_pod(0, a, moved)
+    assert sink.urls == {"http://10.1.0.2:9400/metrics"}
+    discovery.node("n1", -1)
+    assert sink.urls == {"http://10.1.0.2:9400/metrics"}
+    discovery.node("n1", -1)
+    assert sink.urls == set()
+    discovery.node("n2", 1)
+    discovery._exporter_pod(0, None, dcgm("n2", "10.1.0.3"))
+    assert sink.urls == {"http://10.1.0.3:9400/metrics"}
+    assert discovery.check({"n2": 1}) is True
+    with pytest.raises(NoData, match="no GPU exporter pod runs"):
+        discovery.check({"n9": 1})
+    discovery.close()
+    assert sink.urls == set()
