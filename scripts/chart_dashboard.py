@@ -295,7 +295,7 @@ def dashboard() -> dict[str, Any]:
                     "query": "prometheus",
                     "current": {},
                 },
-                _variable("job", "Job", "label_values(keda_gpu_scaler_rpc_requests_total, job)"),
+                _variable("job", "Job", "label_values(keda_gpu_scaler_open_streams, job)"),
                 _variable(
                     "namespace",
                     "Namespace",
