@@ -46,8 +46,13 @@ def grpc_server_options(settings: Settings) -> list[tuple[str, int]]:
         # (node lost, frozen process) is dropped and its StreamIsActive slots come back.
         ("grpc.keepalive_time_ms", int(settings.keepalive_time * 1000)),
         ("grpc.keepalive_timeout_ms", int(settings.keepalive_timeout * 1000)),
+        # Newer gRPC cores time pings out by this one (default 60 s), whatever keepalive_timeout says.
+        ("grpc.http2.ping_timeout_ms", int(settings.keepalive_timeout * 1000)),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
+        # Without this, gRPC sends at most one ping per 5 minutes while a stream carries no data, and
+        # an idle StreamIsActive carries none for hours.
+        ("grpc.http2.min_sent_ping_interval_without_data_ms", int(settings.keepalive_time * 1000)),
     ]
 
 

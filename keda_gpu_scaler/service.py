@@ -78,6 +78,10 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         self._max_streams = max_streams
         self._open_streams = 0
 
+    @property
+    def open_streams(self) -> int:
+        return self._open_streams
+
     def close_streams(self) -> None:
         """End every open StreamIsActive with status OK (KEDA then reconnects without backoff)."""
         self._closing = True
