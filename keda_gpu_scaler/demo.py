@@ -1,4 +1,5 @@
-"""Simulated GPU fleet on loopback: NVIDIA and AMD exporter pages whose load moves, and a load control."""
+"""Simulated GPU fleet on loopback: NVIDIA and AMD exporter pages and LLM inference servers' pages whose
+load moves, and a load control."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from decimal import Decimal
 from typing import Any
 
 from aiohttp import web
+
+from keda_gpu_scaler.engines.simulated import EngineLoad, load_for, sglang_page, split, tgi_page, vllm_page
 
 # What the real exporters answer with; scrapers look at the media type, not only at the body.
 _EXPOSITION_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -35,6 +38,21 @@ _K8S_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 # A serving pod is idle (exactly 0 %) while its traffic wave is below this level: with
 # -0.2 a bit less than half of each period is idle, so activity flips every minute or so.
 _SERVING_IDLE_BELOW = -0.2
+
+# Inference pods: a workload's requests are zero (night, nobody asking) while its daily wave is below this.
+_REQUESTS_IDLE_BELOW = -0.25
+# The largest running/waiting count the load control accepts for one pod.
+_MAX_PINNED_REQUESTS = 10_000
+
+# What /load takes, and what the control server's / says about it.
+_INFERENCE_LOAD_PARAMETERS = ("running", "waiting", "kv_cache")
+_LOAD_PARAMETERS = ("pod", "value", *_INFERENCE_LOAD_PARAMETERS)
+_LOAD_USAGE = (
+    "GPU pods: GET /load?pod=NAME&value=PERCENT pins a pod's GPU utilisation (0-100). Inference pods:"
+    " GET /load?pod=NAME&running=N&waiting=N pins its requests running and waiting (the one left out is 0),"
+    " value=N pins N requests in flight (split as the server would), kv_cache=PERCENT pins its KV-cache"
+    " too. value=auto returns a pod to the moving pattern"
+)
 
 # (name, TYPE, HELP) in the order of dcgm-exporter's etc/default-counters.csv.
 _DCGM_FAMILIES: tuple[tuple[str, str, str], ...] = (
@@ -83,6 +101,55 @@ class DemoWorkload:
 
 
 @dataclass(frozen=True)
+class DemoInferenceWorkload:
+    """One scale target served by an LLM inference server; each pod's page is at the fleet's own URL.
+
+    ``engines_per_pod`` gives, pod by pod, the data-parallel engines (vLLM ``engine``, SGLang ``dp_rank``).
+    """
+
+    name: str
+    engine: str
+    model: str
+    pods: tuple[str, ...]
+    engines_per_pod: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Traffic:
+    """A workload's requests in flight over time: a compressed day plus bursts, summed over its pods."""
+
+    period_s: float
+    phase: float
+    # Requests in flight over all pods at the top of the day, and what a burst adds on top.
+    peak: float
+    burst_extra: float
+    burst_every_s: float
+    burst_first_s: float
+
+
+@dataclass(frozen=True)
+class _InferencePod:
+    name: str
+    workload: str
+    engine: str  # "vllm", "sglang" or "tgi": which page it prints
+    model: str
+    engines: int  # data-parallel engines
+    tp_size: int  # SGLang: tensor-parallel ranks repeating each engine's values
+    share: float  # the pod's share of the workload's requests (a DP pod takes more)
+    max_running: int  # per engine: vLLM --max-num-seqs, SGLang --max-running-requests
+    kv_per_request: float  # KV-cache fraction one running request holds
+    starts_after_s: float  # vLLM prints its families only once its engine is up (weights loaded)
+    traffic: _Traffic
+
+
+@dataclass(frozen=True)
+class _RequestPin:
+    running: int
+    waiting: int
+    kv_cache_percent: float | None
+
+
+@dataclass(frozen=True)
 class _Pod:
     name: str
     workload: str
@@ -126,11 +193,16 @@ class DemoFleet:
 
     NAMESPACE = "demo"
 
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic, seed: int = 0) -> None:
+    def __init__(
+        self, *, clock: Callable[[], float] = time.monotonic, seed: int = 0, engine_start_s: float = 20.0
+    ) -> None:
+        """``engine_start_s``: seconds one vLLM pod (the last of vllm-chat) takes to load its model; its
+        page has no vLLM family until then, as a real server's (0: every engine is up from the start)."""
         self._clock = clock
         self._start = clock()
         self._seed = seed
         self._pins: dict[str, float] = {}
+        self._request_pins: dict[str, _RequestPin] = {}
         self._runners: list[web.AppRunner] = []
         self._exporter_urls: dict[str, str] = {}
         self._control_url: str | None = None
@@ -139,6 +211,10 @@ class DemoFleet:
         self._pods: dict[str, _Pod] = {pod.name: pod for pod in pods}
         self.workloads: tuple[DemoWorkload, ...] = _workloads_of(pods, self._nodes)
         self.nodes: tuple[str, ...] = tuple(self._nodes)
+        # A separate random stream, so the GPU fleet is the same with or without the inference servers.
+        inference_pods = _build_inference_layout(random.Random(f"{seed}/inference"), engine_start_s)
+        self._inference_pods: dict[str, _InferencePod] = {pod.name: pod for pod in inference_pods}
+        self.inference_workloads: tuple[DemoInferenceWorkload, ...] = _inference_workloads_of(inference_pods)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -154,6 +230,8 @@ class DemoFleet:
             control = web.Application()
             control.router.add_get("/", self._handle_state)
             control.router.add_get("/load", self._handle_load)
+            # Each inference pod's own page, as if scraped from http://POD_IP:PORT/metrics.
+            control.router.add_get("/pods/{pod}/metrics", self._handle_inference_page)
             self._control_url = await self._serve(control, host, control_port)
         except BaseException:
             await self.stop()
@@ -186,23 +264,80 @@ class DemoFleet:
 
     @property
     def control_url(self) -> str:
-        """Base URL of the control server (``GET /`` and ``GET /load?pod=NAME&value=PERCENT``)."""
+        """Base URL of the control server (``GET /``, ``GET /load?pod=NAME&...``, the inference pages)."""
         if self._control_url is None:
             raise RuntimeError("the demo fleet is not started")
         return self._control_url
 
+    @property
+    def inference_urls(self) -> list[tuple[str, str, str]]:
+        """(namespace, pod, URL of its metrics page) of every inference pod: the scaler's --inference-url."""
+        base = self.control_url
+        return [
+            (self.NAMESPACE, pod, f"{base}/pods/{pod}/metrics")
+            for workload in self.inference_workloads
+            for pod in workload.pods
+        ]
+
     # -- load ---------------------------------------------------------------------------------------
 
     def set_load(self, pod: str, percent: float | None) -> None:
-        """Pin every GPU of ``pod`` at ``percent`` busy (0-100); ``None`` returns it to its moving pattern."""
+        """Pin every GPU of ``pod`` at ``percent`` busy (0-100); ``None`` returns it to its moving pattern.
+
+        For an inference pod only ``None`` is allowed (it releases a pin of set_requests/set_in_flight).
+        """
+        if pod in self._inference_pods:
+            if percent is not None:
+                raise ValueError(
+                    f"pod {pod!r} is an inference server: pin its requests with set_requests or set_in_flight"
+                )
+            self._request_pins.pop(pod, None)
+            return
         if pod not in self._pods:
-            raise ValueError(f"unknown pod {pod!r}; the demo fleet's pods are: {', '.join(self._pods)}")
+            raise ValueError(f"unknown pod {pod!r}; the demo fleet's pods are: {', '.join(self._all_pods())}")
         if percent is None:
             self._pins.pop(pod, None)
             return
         if not (math.isfinite(percent) and 0 <= percent <= 100):
             raise ValueError(f"load for pod {pod!r} must be a percentage from 0 to 100, got {percent!r}")
         self._pins[pod] = float(percent)
+
+    def set_requests(
+        self, pod: str, running: int, waiting: int, kv_cache_percent: float | None = None
+    ) -> None:
+        """Pin an inference pod's requests: ``running`` in the batch and ``waiting`` in its queue, spread
+        over its engines; KV-cache follows the batch unless ``kv_cache_percent`` (0-100) pins it too."""
+        self._inference_pod(pod)
+        _check_count(f"running requests for pod {pod!r}", running)
+        _check_count(f"waiting requests for pod {pod!r}", waiting)
+        if kv_cache_percent is not None and not (
+            math.isfinite(kv_cache_percent) and 0 <= kv_cache_percent <= 100
+        ):
+            raise ValueError(
+                f"KV-cache for pod {pod!r} must be a percentage from 0 to 100, got {kv_cache_percent!r}"
+            )
+        self._request_pins[pod] = _RequestPin(running, waiting, kv_cache_percent)
+
+    def set_in_flight(self, pod: str, requests: int, kv_cache_percent: float | None = None) -> None:
+        """Pin an inference pod at ``requests`` in flight, split as its engines would: each runs up to its
+        batch limit and queues the rest."""
+        info = self._inference_pod(pod)
+        _check_count(f"requests in flight for pod {pod!r}", requests)
+        loads = [load_for(share, max_running=info.max_running) for share in split(requests, info.engines)]
+        running = sum(int(load.running) for load in loads)
+        self.set_requests(pod, running, requests - running, kv_cache_percent)
+
+    def _inference_pod(self, pod: str) -> _InferencePod:
+        info = self._inference_pods.get(pod)
+        if info is None:
+            raise ValueError(
+                f"unknown inference pod {pod!r}; the demo fleet's inference pods are:"
+                f" {', '.join(self._inference_pods)}"
+            )
+        return info
+
+    def _all_pods(self) -> list[str]:
+        return [*self._pods, *self._inference_pods]
 
     def _elapsed(self) -> float:
         return self._clock() - self._start
@@ -264,7 +399,66 @@ class DemoFleet:
         gpus = [gpu for gpu in self._nodes[info.node].gpus if gpu.pod is info]
         return sum(round(self._utilisation(gpu, t)) for gpu in gpus) / len(gpus)
 
+    def _in_flight(self, pod: _InferencePod, t: float) -> int:
+        """Requests in flight on ``pod`` at ``t``: its share of the workload's day wave and bursts."""
+        traffic = pod.traffic
+        wave = math.sin(2 * math.pi * t / traffic.period_s + traffic.phase)
+        day = max(0.0, (wave - _REQUESTS_IDLE_BELOW) / (1 - _REQUESTS_IDLE_BELOW))
+        demand = traffic.peak * day + traffic.burst_extra * _burst(t, traffic)
+        if demand <= 0:
+            # Nobody is asking: exactly zero requests, on every pod.
+            return 0
+        # The balancer's luck: each pod's share wobbles a little around its weight.
+        noise = self._noise(f"{pod.name}/requests", t, 3.0)
+        return max(0, round(demand * pod.share * (1 + 0.12 * noise)))
+
+    def inference_loads(self, pod: str) -> list[EngineLoad]:
+        """What each engine of inference pod ``pod`` prints now; empty while its engine is still starting."""
+        info = self._inference_pod(pod)
+        t = self._elapsed()
+        if t < info.starts_after_s:
+            return []
+        pin = self._request_pins.get(pod)
+        if pin is None:
+            return [
+                load_for(share, max_running=info.max_running, kv_per_request=info.kv_per_request)
+                for share in split(self._in_flight(info, t), info.engines)
+            ]
+        loads = []
+        for running, waiting in zip(
+            split(pin.running, info.engines), split(pin.waiting, info.engines), strict=True
+        ):
+            kv = (
+                pin.kv_cache_percent / 100
+                if pin.kv_cache_percent is not None
+                else min(1.0, running * info.kv_per_request)
+            )
+            loads.append(EngineLoad(running, waiting, round(kv, 4)))
+        return loads
+
+    def pod_requests(self, pod: str) -> EngineLoad | None:
+        """Inference pod ``pod`` now, summed over its engines: running, waiting, and KV-cache in % (the
+        mean over engines); None while its engine is still starting (its page has no family yet)."""
+        loads = self.inference_loads(pod)
+        if not loads:
+            return None
+        return EngineLoad(
+            sum(load.running for load in loads),
+            sum(load.waiting for load in loads),
+            round(100 * sum(load.kv_cache for load in loads) / len(loads), 2),
+        )
+
     # -- pages --------------------------------------------------------------------------------------
+
+    def render_inference_page(self, pod: str) -> str:
+        """The /metrics page inference pod ``pod``'s server prints now, in that engine's format."""
+        info = self._inference_pod(pod)
+        loads = self.inference_loads(pod)
+        if info.engine == "sglang":
+            return sglang_page(info.model, loads, tp_size=info.tp_size)
+        if info.engine == "tgi":
+            return tgi_page(loads[0] if loads else EngineLoad(0.0, 0.0, 0.0))
+        return vllm_page(info.model, loads)
 
     def render_page(self, node: str) -> str:
         """The /metrics page ``node``'s exporter prints now, in that vendor's exporter format."""
@@ -354,6 +548,49 @@ class DemoFleet:
 
         return handle
 
+    async def _handle_inference_page(self, request: web.Request) -> web.Response:
+        pod = request.match_info["pod"]
+        if pod not in self._inference_pods:
+            return web.Response(
+                status=404,
+                text=f"no inference pod {pod!r}; the demo's are: {', '.join(self._inference_pods)}\n",
+            )
+        return web.Response(
+            body=self.render_inference_page(pod).encode(), headers={"Content-Type": _EXPOSITION_CONTENT_TYPE}
+        )
+
+    def _inference_state(self) -> list[dict[str, Any]]:
+        base = self._control_url
+        workloads = []
+        for workload in self.inference_workloads:
+            pods = []
+            for name in workload.pods:
+                info = self._inference_pods[name]
+                now = self.pod_requests(name)
+                pin = self._request_pins.get(name)
+                pods.append(
+                    {
+                        "name": name,
+                        "url": f"{base}/pods/{name}/metrics" if base else None,
+                        "engines": info.engines,
+                        "started": now is not None,
+                        "running": None if now is None else int(now.running),
+                        "waiting": None if now is None else int(now.waiting),
+                        "kv_cache": None if now is None else now.kv_cache,
+                        "pinned": None
+                        if pin is None
+                        else {
+                            "running": pin.running,
+                            "waiting": pin.waiting,
+                            "kv_cache": pin.kv_cache_percent,
+                        },
+                    }
+                )
+            workloads.append(
+                {"name": workload.name, "engine": workload.engine, "model": workload.model, "pods": pods}
+            )
+        return workloads
+
     def state(self) -> dict[str, Any]:
         """What the control server's ``GET /`` answers: workloads, pods, their loads and pins."""
         workloads = []
@@ -383,19 +620,36 @@ class DemoFleet:
             "seconds_since_start": round(self._elapsed(), 3),
             "exporters": dict(self._exporter_urls),
             "workloads": workloads,
-            "usage": "GET /load?pod=NAME&value=PERCENT pins a pod's GPU utilisation (0-100); "
-            "value=auto returns it to the moving pattern",
+            "inference_workloads": self._inference_state(),
+            "usage": _LOAD_USAGE,
         }
 
     async def _handle_state(self, request: web.Request) -> web.Response:
         return web.json_response(self.state())
 
     async def _handle_load(self, request: web.Request) -> web.Response:
-        pod = request.query.get("pod", "")
-        raw = request.query.get("value")
+        query = request.query
+        unknown = sorted(set(query) - set(_LOAD_PARAMETERS))
+        if unknown:
+            return _bad_request(
+                f"unknown query parameter {unknown[0]!r}; allowed: {', '.join(_LOAD_PARAMETERS)} ({_LOAD_USAGE})"
+            )
+        repeated = next((key for key in _LOAD_PARAMETERS if len(query.getall(key, [])) > 1), None)
+        if repeated is not None:
+            return _bad_request(f"query parameter {repeated!r} is given more than once; give it once")
+        pod = query.get("pod", "")
+        if pod in self._inference_pods:
+            return self._load_inference_pod(pod, query)
         if pod not in self._pods:
             what = "missing query parameter 'pod'" if not pod else f"query parameter 'pod'={pod!r} is unknown"
-            return _bad_request(f"{what}; allowed: one of the demo pods: {', '.join(self._pods)}")
+            return _bad_request(f"{what}; allowed: one of the demo pods: {', '.join(self._all_pods())}")
+        inference_only = [key for key in _INFERENCE_LOAD_PARAMETERS if key in query]
+        if inference_only:
+            return _bad_request(
+                f"query parameter {inference_only[0]!r} is for the inference pods"
+                f" ({', '.join(self._inference_pods)}); GPU pod {pod!r} takes value=PERCENT or value=auto"
+            )
+        raw = query.get("value")
         allowed = "a number from 0 to 100 (percent busy), or 'auto' to return to the moving pattern"
         if raw is None:
             return _bad_request(f"missing query parameter 'value'; allowed: {allowed}")
@@ -409,6 +663,75 @@ class DemoFleet:
                 return _bad_request(f"query parameter 'value'={raw!r} is out of range; allowed: {allowed}")
         self.set_load(pod, percent)
         return web.json_response({"changed": {"pod": pod, "pinned": percent}, **self.state()})
+
+    def _load_inference_pod(self, pod: str, query: Any) -> web.Response:
+        """`/load` for an inference pod: running= and/or waiting=, or value=N (in flight), or value=auto."""
+        raw_value = query.get("value")
+        given = [key for key in _INFERENCE_LOAD_PARAMETERS if key in query]
+        allowed = (
+            f"running=N and/or waiting=N (whole numbers from 0 to {_MAX_PINNED_REQUESTS}; the other one is 0),"
+            " or value=N (N requests in flight, split as the server would), optionally kv_cache=PERCENT;"
+            " or value=auto alone to return to the moving pattern"
+        )
+        if raw_value is not None and raw_value.strip().lower() == "auto":
+            if given:
+                return _bad_request(
+                    f"query parameter 'value'='auto' releases pod {pod!r} and takes no {given[0]!r}; allowed: {allowed}"
+                )
+            self.set_load(pod, None)
+            return web.json_response({"changed": {"pod": pod, "pinned": None}, **self.state()})
+        counts: dict[str, int] = {}
+        for key in ("value", "running", "waiting"):
+            raw = query.get(key)
+            if raw is None:
+                continue
+            try:
+                count = int(raw.strip())
+            except ValueError:
+                return _bad_request(
+                    f"query parameter {key!r}={raw!r} is not a whole number of requests; allowed: {allowed}"
+                )
+            if not 0 <= count <= _MAX_PINNED_REQUESTS:
+                return _bad_request(f"query parameter {key!r}={raw!r} is out of range; allowed: {allowed}")
+            counts[key] = count
+        if "value" in counts and ("running" in counts or "waiting" in counts):
+            other = "running" if "running" in counts else "waiting"
+            return _bad_request(
+                f"query parameters 'value' and {other!r} both set the requests of pod {pod!r}; give one;"
+                f" allowed: {allowed}"
+            )
+        if not counts:
+            what = (
+                "only 'kv_cache' given"
+                if "kv_cache" in query
+                else "missing query parameter 'running' or 'waiting'"
+            )
+            return _bad_request(f"{what} for inference pod {pod!r}; allowed: {allowed}")
+        kv_percent: float | None = None
+        raw_kv = query.get("kv_cache")
+        if raw_kv is not None:
+            try:
+                kv_percent = float(raw_kv)
+            except ValueError:
+                return _bad_request(
+                    f"query parameter 'kv_cache'={raw_kv!r} is not a number; allowed: a percentage from 0 to 100"
+                )
+            if not (math.isfinite(kv_percent) and 0 <= kv_percent <= 100):
+                return _bad_request(
+                    f"query parameter 'kv_cache'={raw_kv!r} is out of range; allowed: a percentage from 0 to 100"
+                )
+        if "value" in counts:
+            self.set_in_flight(pod, counts["value"], kv_percent)
+        else:
+            self.set_requests(pod, counts.get("running", 0), counts.get("waiting", 0), kv_percent)
+        pin = self._request_pins[pod]
+        changed = {"running": pin.running, "waiting": pin.waiting, "kv_cache": pin.kv_cache_percent}
+        return web.json_response({"changed": {"pod": pod, "pinned": changed}, **self.state()})
+
+
+def _check_count(what: str, count: int) -> None:
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= _MAX_PINNED_REQUESTS:
+        raise ValueError(f"{what} must be a whole number from 0 to {_MAX_PINNED_REQUESTS}, got {count!r}")
 
 
 def _bad_request(message: str) -> web.Response:
@@ -591,4 +914,88 @@ def _workloads_of(pods: list[_Pod], nodes: dict[str, _Node]) -> tuple[DemoWorklo
         members = [pod for pod in pods if pod.workload == name]
         vendor = nodes[members[0].node].vendor
         result.append(DemoWorkload(name, vendor, len(members[0].gpus), tuple(pod.name for pod in members)))
+    return tuple(result)
+
+
+def _burst(t: float, traffic: _Traffic) -> float:
+    """0-1: a burst of traffic (a launch, a batch job) every ``burst_every_s``: up in 6 s, held, gone in 15 s."""
+    if t < traffic.burst_first_s:
+        return 0.0
+    into = (t - traffic.burst_first_s) % traffic.burst_every_s
+    if into < 6.0:
+        return into / 6.0
+    if into < 30.0:
+        return 1.0
+    if into < 45.0:
+        return (45.0 - into) / 15.0
+    return 0.0
+
+
+def _build_inference_layout(rng: random.Random, engine_start_s: float) -> list[_InferencePod]:
+    """vllm-chat: three vLLM pods, the first data-parallel with 2 engines; sglang-code: two SGLang pods."""
+    pods: list[_InferencePod] = []
+    # vllm-chat, a StatefulSet: busy and rising at start, a burst at ~50 s and then every 3 minutes,
+    # nobody asking for about a minute of every 4 (its "night"). Total at the top of the day ~64 in
+    # flight, ~160 in a burst: with 16 per pod, 4 and 10 replicas.
+    chat = _Traffic(
+        period_s=240.0, phase=0.35, peak=64.0, burst_extra=96.0, burst_every_s=180.0, burst_first_s=50.0
+    )
+    for index, (engines, share) in enumerate(((2, 0.5), (1, 0.25), (1, 0.25))):
+        pods.append(
+            _InferencePod(
+                name=f"vllm-chat-{index}",
+                workload="vllm-chat",
+                engine="vllm",
+                model="meta-llama/Llama-3.1-8B-Instruct",
+                engines=engines,
+                tp_size=1,
+                share=share * rng.uniform(0.95, 1.05),
+                max_running=24,
+                kv_per_request=0.03,
+                # The last replica is still loading its weights when the demo starts.
+                starts_after_s=engine_start_s if index == 2 else 0.0,
+                traffic=chat,
+            )
+        )
+    # sglang-code, a StatefulSet of two tensor-parallel (tp 2) pods: idle at start, busy after ~30 s.
+    code = _Traffic(
+        period_s=200.0,
+        phase=math.asin(_REQUESTS_IDLE_BELOW) - 2 * math.pi * 30.0 / 200.0,
+        peak=48.0,
+        burst_extra=40.0,
+        burst_every_s=150.0,
+        burst_first_s=110.0,
+    )
+    for index in range(2):
+        pods.append(
+            _InferencePod(
+                name=f"sglang-code-{index}",
+                workload="sglang-code",
+                engine="sglang",
+                model="Qwen/Qwen2.5-Coder-32B-Instruct",
+                engines=1,
+                tp_size=2,
+                share=0.5 * rng.uniform(0.95, 1.05),
+                max_running=32,
+                kv_per_request=0.02,
+                starts_after_s=0.0,
+                traffic=code,
+            )
+        )
+    return pods
+
+
+def _inference_workloads_of(pods: list[_InferencePod]) -> tuple[DemoInferenceWorkload, ...]:
+    result = []
+    for name in dict.fromkeys(pod.workload for pod in pods):
+        members = [pod for pod in pods if pod.workload == name]
+        result.append(
+            DemoInferenceWorkload(
+                name,
+                members[0].engine,
+                members[0].model,
+                tuple(pod.name for pod in members),
+                tuple(pod.engines for pod in members),
+            )
+        )
     return tuple(result)
