@@ -1,4 +1,5 @@
-"""Prometheus source: the wanted namespaces' GPU series, with their sample times, from a PromQL query API.
+"""Prometheus source: the wanted namespaces' GPU series, with their sample times, from a PromQL query API,
+and their inference servers' series (SPEC §6) the same way.
 
 The parts: PromQL text (promql.py), the HTTP client with its credentials and TLS (prometheus_client.py),
 answer decoding (prometheus_answer.py), and here the collector that turns answers into the store's pages.
@@ -9,20 +10,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from keda_gpu_scaler.backoff import backoff_delay, jittered
 from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.prometheus_answer import (
     PrometheusError,
+    inference_pods,
     merged,
     samples_with_times,
     seconds,
     target_of,
 )
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
-from keda_gpu_scaler.collect.promql import Target, fleet_query, gpu_queries, liveness_query, namespace_query
+from keda_gpu_scaler.collect.promql import (
+    Target,
+    fleet_query,
+    gpu_queries,
+    inference_query,
+    liveness_query,
+    namespace_query,
+)
 from keda_gpu_scaler.collect.store import RECENTLY_SEEN_SECONDS, Page, SourceKind, Store
 from keda_gpu_scaler.exposition import Sample
 from keda_gpu_scaler.supervise import supervised
@@ -31,6 +41,8 @@ from keda_gpu_scaler.vendors import readings_from_samples
 log = logging.getLogger(__name__)
 
 PROMETHEUS_INTEREST = "prometheus"
+# Interest key kind of one namespace's inference-server series (SPEC §6) read through Prometheus.
+PROMETHEUS_INFERENCE_INTEREST = "prometheus-inference"
 
 # One upstream serves every namespace: a failing one is retried at most this many intervals apart, so
 # data comes back within about two intervals of Prometheus (or a refreshed token) coming back, without a
@@ -51,6 +63,16 @@ def prometheus_interest(namespace: str) -> tuple[str, str]:
     return (PROMETHEUS_INTEREST, namespace)
 
 
+def prometheus_inference_interest(namespace: str) -> tuple[str, str]:
+    """Touched by inference triggers (`metric: requests|queue|kv_cache`) with `source: prometheus`."""
+    return (PROMETHEUS_INFERENCE_INTEREST, namespace)
+
+
+def inference_source(namespace: str) -> str:
+    """The store source of one namespace's inference series (SourceKind.PROMETHEUS_INFERENCE)."""
+    return f"prometheus-inference:{namespace}"
+
+
 # --- the collector ------------------------------------------------------------------------------------
 
 
@@ -62,6 +84,9 @@ class _TargetSource:
 
 class PrometheusCollector:
     """Per wanted namespace, one loop: query, normalise, store one page per exporter behind Prometheus.
+
+    Per namespace wanted for inference metrics, another loop: one query for the engines' families, stored
+    as one page of PodSamples (see collect_inference_once).
 
     Pages are kept per scrape target (job, instance), not per namespace, so that the store treats each
     exporter behind Prometheus as it treats one scraped directly: a target whose series go stale makes its
@@ -89,9 +114,10 @@ class PrometheusCollector:
         self._wall = wall_clock
         self._targets: dict[str, dict[Target, _TargetSource]] = {}
         self._failing: set[str] = set()
+        self._inference_failing: set[str] = set()
         self._told_no_sample_times = False
         self._fleet_seen_until = float("-inf")
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tasks: dict[Hashable, asyncio.Task[None]] = {}  # by interest key
         self._supervisor: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -112,25 +138,55 @@ class PrometheusCollector:
         any_new_interest: Hashable = object()
         while True:
             for key in self._interest.wanted_keys():
-                if isinstance(key, tuple) and len(key) == 2 and key[0] == PROMETHEUS_INTEREST:
-                    namespace = str(key[1])
-                    if namespace not in self._tasks:
-                        task = asyncio.create_task(self._run(namespace), name=f"prometheus {namespace}")
-                        task.add_done_callback(_log_unexpected_end)
-                        self._tasks[namespace] = task
+                if key in self._tasks or not (isinstance(key, tuple) and len(key) == 2):
+                    continue
+                kind, namespace = key[0], str(key[1])
+                if kind == PROMETHEUS_INTEREST:
+                    key, run = prometheus_interest(namespace), self._run(namespace)
+                    name = f"prometheus {namespace}"
+                elif kind == PROMETHEUS_INFERENCE_INTEREST:
+                    key, run = prometheus_inference_interest(namespace), self._run_inference(namespace)
+                    name = f"prometheus inference {namespace}"
+                else:
+                    continue
+                task = asyncio.create_task(run, name=name)
+                task.add_done_callback(_log_unexpected_end)
+                self._tasks[key] = task
             await self._interest.wait_until_wanted(self._interval, any_new_interest)
 
     async def _run(self, namespace: str) -> None:
-        key = prometheus_interest(namespace)
+        """The namespace's GPU series, while wanted."""
+        await self._loop(
+            prometheus_interest(namespace), namespace, self.collect_once, self._forget, "collection"
+        )
+
+    async def _run_inference(self, namespace: str) -> None:
+        """The namespace's inference-server series, while wanted."""
+        await self._loop(
+            prometheus_inference_interest(namespace),
+            namespace,
+            self.collect_inference_once,
+            self._forget_inference,
+            "inference collection",
+        )
+
+    async def _loop(
+        self,
+        key: Hashable,
+        namespace: str,
+        collect: Callable[[str], Awaitable[bool]],
+        forget: Callable[[str], None],
+        what: str,
+    ) -> None:
         failures = 0
         try:
             while self._interest.wanted(key):
                 try:
-                    ok = await self.collect_once(namespace)
+                    ok = await collect(namespace)
                 except Exception:
                     # A bug must not end the namespace's collection for good: its data goes stale and
                     # the calls say UNAVAILABLE, the log says why, and the next round tries again.
-                    log.exception("Prometheus source, namespace %s: collection failed", namespace)
+                    log.exception("Prometheus source, namespace %s: %s failed", namespace, what)
                     ok = False
                 failures = 0 if ok else failures + 1
                 delay = backoff_delay(
@@ -138,10 +194,10 @@ class PrometheusCollector:
                 )
                 # Jitter only shortens the wait: data must never be older than one interval because of it.
                 await asyncio.sleep(jittered(delay))
-            self._forget(namespace)
+            forget(namespace)
         finally:
-            if self._tasks.get(namespace) is asyncio.current_task():
-                del self._tasks[namespace]
+            if self._tasks.get(key) is asyncio.current_task():
+                del self._tasks[key]
 
     def _forget(self, namespace: str) -> None:
         """No trigger asks for the namespace any more: drop its sources (a new call starts again)."""
@@ -149,6 +205,10 @@ class PrometheusCollector:
             self._store.remove_source(target.source)
         self._store.remove_source(_namespace_source(namespace))
         self._failing.discard(namespace)
+
+    def _forget_inference(self, namespace: str) -> None:
+        self._store.remove_source(inference_source(namespace))
+        self._inference_failing.discard(namespace)
 
     async def collect_once(self, namespace: str) -> bool:
         """Query Prometheus for one namespace now and store the result. True when Prometheus answered."""
@@ -201,6 +261,49 @@ class PrometheusCollector:
                 )
         # Empty, but under the namespace's name: waiters on that namespace hear of failures and recoveries.
         self._store.record_page(Page(source, now, {namespace: ()}))
+        return True
+
+    async def collect_inference_once(self, namespace: str) -> bool:
+        """Query the namespace's inference-server series now and store them. True when Prometheus answered.
+
+        One query, one page: source inference_source(namespace), kind PROMETHEUS_INFERENCE, holding one
+        PodSamples per pod that has fresh series (prometheus_answer.inference_pods). Ages stay honest:
+        a series older than the sample window is never used, and a pod with nothing fresher is left out
+        of the page, so the evaluator sees it as a pod without data (missing) rather than reading old
+        values; the page is as old as its oldest sample kept, so it turns stale when that sample would.
+        No engine series at all is a page with no pods (the evaluator's zero-pod rules decide); only an
+        answer Prometheus failed to give is a failure, recorded on the same source.
+        """
+        at, now = round(self._wall() * 1000) / 1000, self._clock()
+        source = inference_source(namespace)
+        self._store.add_source(source, SourceKind.PROMETHEUS_INFERENCE, namespace)
+        try:
+            samples = samples_with_times(
+                await self._client.query(inference_query(namespace), at, "inference")
+            )
+        except PrometheusError as error:
+            message = str(error)
+            self._store.record_failure(source, message)
+            if namespace not in self._inference_failing:
+                self._inference_failing.add(namespace)
+                log.warning("Prometheus source, namespace %s, inference series: %s", namespace, message)
+            return False
+        if samples and all(s.timestamp_ms == round(at * 1000) for s in samples):
+            self._no_sample_times()
+        if namespace in self._inference_failing:
+            self._inference_failing.discard(namespace)
+            log.info("Prometheus source, namespace %s, inference series: answering again", namespace)
+        found = inference_pods(samples, namespace, at, self._window)
+        if found.stale:
+            log.debug(
+                "Prometheus source, namespace %s: no fresh inference series for pods %s",
+                namespace,
+                ", ".join(found.stale[:10]),
+            )
+        collected_at = now if found.oldest is None else now - max(0.0, at - found.oldest)
+        # Elements of this kind are PodSamples, not GPU readings (store.SourceKind.PROMETHEUS_INFERENCE).
+        by_namespace: dict[str, Any] = {namespace: found.pods}
+        self._store.record_page(Page(source, collected_at, by_namespace))
         return True
 
     def _no_sample_times(self) -> None:

@@ -7,7 +7,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from keda_gpu_scaler.collect.inference import PodSamples
 from keda_gpu_scaler.collect.promql import TIMESTAMP_LABEL, Target
+from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES, pod_of
 from keda_gpu_scaler.exposition import Sample
 
 # Text from the other side (an error message, a header, a malformed element) is quoted at most this long:
@@ -127,3 +129,44 @@ def target_of(labels: dict[str, str]) -> Target:
 def seconds(sample: Sample) -> float:
     """A stamped sample's time in seconds."""
     return (sample.timestamp_ms or 0) / 1000
+
+
+@dataclass(frozen=True, slots=True)
+class InferencePods:
+    """A namespace's inference-server series from one answer, grouped by pod and checked for age."""
+
+    pods: tuple[PodSamples, ...]  # pods with fresh series, by pod name; each pod's series in a fixed order
+    oldest: float | None  # the time (s) of the oldest sample kept; None when no pod is kept
+    stale: tuple[str, ...]  # pods left out: every series of theirs older than the window
+
+
+def inference_pods(samples: Iterable[Sample], namespace: str, at: float, window: float) -> InferencePods:
+    """The stamped samples of an inference query, as one PodSamples per pod of `namespace`.
+
+    The pod comes from engines.pod_of (`exported_namespace`/`exported_pod` first, then `namespace`/`pod`);
+    series naming no pod, or a pod of another namespace, are left out. A series whose sample is more than
+    `window` seconds older than the query time `at` is left out too, and a pod with no series left is
+    not in the answer at all: stale values are never used, and the pod is one without data (a missing
+    pod, for the evaluator) rather than one reading old numbers.
+    """
+    by_pod: dict[str, list[Sample]] = {}
+    stale: set[str] = set()
+    for sample in samples:
+        if sample.name not in ENGINE_SAMPLE_NAMES:
+            continue
+        key = pod_of(sample.labels)
+        if key is None or key[0] != namespace:
+            continue
+        if at - seconds(sample) > window:
+            stale.add(key[1])
+            continue
+        by_pod.setdefault(key[1], []).append(sample)
+    pods = []
+    oldest: float | None = None
+    for pod in sorted(by_pod):
+        # Prometheus answers in no fixed order: sorted, one set of series always makes one equal page.
+        series = sorted(by_pod[pod], key=lambda s: (s.name, sorted(s.labels.items())))
+        pods.append(PodSamples(namespace, pod, tuple(series)))
+        first = min(seconds(s) for s in series)
+        oldest = first if oldest is None else min(oldest, first)
+    return InferencePods(tuple(pods), oldest, tuple(sorted(stale - by_pod.keys())))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 
+from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES
+from keda_gpu_scaler.engines import POD_LABELS as ENGINE_POD_LABELS
 from keda_gpu_scaler.exposition import Sample
 from keda_gpu_scaler.vendors import POD_LABELS, SAMPLE_NAMES, VENDORS
 
@@ -76,6 +78,19 @@ def namespace_query(namespace: str) -> str:
     """The series of every pod-label pair naming a pod of `namespace` (a superset: the vendors decide)."""
     branches = [[(ns_key, "=", namespace), (pod_key, "!=", "")] for ns_key, pod_key in POD_LABELS]
     return values_and_times(SAMPLE_NAMES, branches)
+
+
+def inference_query(namespace: str) -> str:
+    """The inference servers' series (SPEC §6) of the pods of `namespace`, with their sample times.
+
+    Two label pairs name the pod: `namespace`/`pod` as Prometheus' Kubernetes service discovery attaches
+    them to a scraped pod, and `exported_namespace`/`exported_pod` where the workload's own labels were
+    renamed on the way (honor_labels false, a federation). Family names may hold colons
+    (`vllm:num_requests_waiting`): legal in metric names, and no RE2 metacharacter. A series that matches
+    a branch but names another namespace in the pair read first (engines.pod_of) is the caller's to drop.
+    """
+    branches = [[(ns_key, "=", namespace), (pod_key, "!=", "")] for ns_key, pod_key in ENGINE_POD_LABELS]
+    return values_and_times(ENGINE_SAMPLE_NAMES, branches)
 
 
 def gpu_queries(samples: Iterable[Sample]) -> list[str]:

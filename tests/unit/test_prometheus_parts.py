@@ -12,14 +12,23 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support import eventually
 
 from keda_gpu_scaler.collect import prometheus as prometheus_module
+from keda_gpu_scaler.collect.inference import PodSamples
 from keda_gpu_scaler.collect.interest import Interest
-from keda_gpu_scaler.collect.prometheus import MAX_BACKOFF_INTERVALS, PrometheusCollector, prometheus_interest
+from keda_gpu_scaler.collect.prometheus import (
+    MAX_BACKOFF_INTERVALS,
+    PrometheusCollector,
+    inference_source,
+    prometheus_inference_interest,
+    prometheus_interest,
+)
 from keda_gpu_scaler.collect.prometheus_answer import (
     REMOTE_TEXT_LIMIT,
     Element,
     PrometheusError,
+    inference_pods,
     parse_vector,
     remote_text,
     samples_with_times,
@@ -27,13 +36,16 @@ from keda_gpu_scaler.collect.prometheus_answer import (
 from keda_gpu_scaler.collect.prometheus_client import http_error
 from keda_gpu_scaler.collect.promql import (
     TIMESTAMP_LABEL,
+    any_of,
     gpu_queries,
+    inference_query,
     liveness_query,
     namespace_query,
     promql_string,
     regex_literal,
 )
 from keda_gpu_scaler.collect.store import SourceKind, Store
+from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES
 from keda_gpu_scaler.exposition import Sample
 from keda_gpu_scaler.settings import (
     PROMETHEUS_PASSWORD_ENV,
@@ -507,3 +519,165 @@ async def test_the_namespace_supervisor_is_restarted_when_it_fails(caplog: pytes
     finally:
         await source.stop()
     assert any("a bug in the namespace loop" in r.getMessage() for r in caplog.records)
+
+
+# ---- inference-server series (SPEC §6) ------------------------------------------------------------
+
+
+def test_inference_query_names_every_engine_family_with_both_pod_label_pairs() -> None:
+    query = inference_query('llm"} or up{x="')
+    quoted = 'llm\\"} or up{x=\\"'
+    assert f'{{__name__=~"{any_of(ENGINE_SAMPLE_NAMES)}",namespace="{quoted}",pod!=""}}' in query
+    assert (
+        f'{{__name__=~"{any_of(ENGINE_SAMPLE_NAMES)}",exported_namespace="{quoted}",exported_pod!=""}}'
+        in query
+    )
+    # Colons are legal in metric names and no RE2 metacharacter: the names go in as they are.
+    assert 'timestamp({__name__="vllm:num_requests_waiting",namespace="' in query
+    assert 'timestamp({__name__="sglang:num_queue_reqs",exported_namespace="' in query
+    assert query.count("timestamp(") == len(ENGINE_SAMPLE_NAMES) * 2
+    assert query.endswith(f'"{TIMESTAMP_LABEL}", "1", "", "")')
+
+
+def test_family_patterns_match_exactly_the_names_colons_and_dots_included() -> None:
+    pattern = any_of([*ENGINE_SAMPLE_NAMES, "a:b.c"])
+    assert "a:b\\.c" in pattern and "vllm:num_requests_waiting" in pattern
+    for name in [*ENGINE_SAMPLE_NAMES, "a:b.c"]:
+        assert re.fullmatch(pattern, name)
+    for other in ["a:bxc", "vllm:num_requests_waiting_by_reason", "vllm_num_requests_waiting", "vllm:"]:
+        assert re.fullmatch(pattern, other) is None
+
+
+def vllm(pod: str, running: float, waiting: float, age: float, **labels: str) -> list[Sample]:
+    """One vLLM pod's series as Prometheus' Kubernetes SD labels them (namespace/pod of the pod scraped)."""
+    common = {
+        "engine": "0",
+        "model_name": "llama",
+        "namespace": "llm",
+        "pod": pod,
+        "job": "vllm",
+        "instance": f"{pod}:8000",
+        **labels,
+    }
+    at = round((WALL - age) * 1000)
+    return [
+        Sample("vllm:num_requests_running", common, running, at),
+        Sample("vllm:num_requests_waiting", common, waiting, at),
+        Sample("vllm:kv_cache_usage_perc", common, 0.5, at),
+    ]
+
+
+def test_inference_series_grouped_by_pod() -> None:
+    samples = [
+        *vllm("vllm-1", 2, 1, age=0.5),
+        *vllm("vllm-0", 5, 0, age=1.5),
+        # Through a federation: the workload's labels are exported_*, read first.
+        *vllm("fed-0", 1, 1, age=0.5, exported_namespace="llm", exported_pod="fed-0", namespace="monitoring"),
+        # exported_* naming another namespace: not this namespace's pod, whatever namespace/pod say.
+        *vllm("vllm-0", 9, 9, age=0.5, exported_namespace="other", exported_pod="x", instance="x"),
+        Sample("vllm:num_requests_running", {"namespace": "llm", "pod": ""}, 7, round(WALL * 1000)),
+        Sample("DCGM_FI_DEV_GPU_UTIL", {"namespace": "llm", "pod": "vllm-0"}, 7, round(WALL * 1000)),
+    ]
+    found = inference_pods(samples, "llm", WALL, 2.0)
+    assert [p.pod for p in found.pods] == ["fed-0", "vllm-0", "vllm-1"]
+    assert all(p.namespace == "llm" for p in found.pods)
+    vllm_0 = found.pods[1]
+    assert [s.name for s in vllm_0.samples] == [
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+    ]
+    assert [s.value for s in vllm_0.samples] == [0.5, 5, 0]
+    assert found.oldest == WALL - 1.5
+    assert found.stale == ()
+    # Prometheus' order is not kept: the same series give an equal page (the store wakes nobody).
+    assert inference_pods(list(reversed(samples)), "llm", WALL, 2.0) == found
+
+
+def test_stale_inference_series_and_pods_are_left_out() -> None:
+    samples = [
+        *vllm("vllm-0", 5, 0, age=0.5),
+        *vllm("vllm-1", 2, 1, age=10.0),  # Prometheus' lookback still shows its last scrape
+        # One data-parallel engine of vllm-2 is stale: its old numbers are not used, the other's are.
+        *vllm("vllm-2", 3, 0, age=0.5),
+        *vllm("vllm-2", 4, 4, age=10.0, engine="1"),
+    ]
+    found = inference_pods(samples, "llm", WALL, 2.0)
+    assert [p.pod for p in found.pods] == ["vllm-0", "vllm-2"]
+    assert {s.labels["engine"] for s in found.pods[1].samples} == {"0"}
+    assert found.stale == ("vllm-1",)
+    assert found.oldest == WALL - 0.5
+    assert inference_pods([], "llm", WALL, 2.0).oldest is None
+
+
+def inference_view(store: Store, now: float) -> Any:
+    return store.view("llm", now, 4.0, SourceKind.PROMETHEUS_INFERENCE)
+
+
+async def test_inference_page_per_namespace_as_old_as_its_samples() -> None:
+    prometheus, store = ScriptedPrometheus(), Store()
+    prometheus.answers["inference"] = elements_of(
+        vllm("vllm-0", 5, 0, age=2.0) + vllm("vllm-1", 2, 1, age=0.5) + vllm("vllm-2", 1, 1, age=10.0)
+    )
+    assert await collector(prometheus, store).collect_inference_once("llm")
+    assert prometheus.asked == ["inference"]  # one query per namespace and collection
+    (state,) = [s for s in store.sources() if s.kind is SourceKind.PROMETHEUS_INFERENCE]
+    assert (
+        (state.source, state.namespace)
+        == (inference_source("llm"), "llm")
+        == ("prometheus-inference:llm", "llm")
+    )
+    view = inference_view(store, 1000.0)
+    pods: list[PodSamples] = list(view.readings)  # type: ignore[arg-type]
+    assert [p.pod for p in pods] == ["vllm-0", "vllm-1"]  # vllm-2's data is 10 s old: a pod without data
+    assert {s.name: s.value for s in pods[0].samples}["vllm:num_requests_running"] == 5
+    # The GPU kind's view is not touched.
+    assert store.view("llm", 1000.0, 4.0, SourceKind.PROMETHEUS).sources == 0
+    # Collected "now" but its oldest sample is 2 s old: stale 2 s later, not 4.
+    assert inference_view(store, 1002.5).readings == ()
+    assert "last data 4.5s old" in inference_view(store, 1002.5).problems[0]
+
+
+async def test_no_inference_series_is_a_page_without_pods_and_a_failure_is_recorded() -> None:
+    prometheus, store = ScriptedPrometheus(), Store()
+    source = collector(prometheus, store)
+    assert await source.collect_inference_once("llm")
+    view = inference_view(store, 1000.0)
+    assert (view.fresh_sources, view.sources, view.readings, view.problems) == (1, 1, (), ())
+    prometheus.answers["inference"] = elements_of(vllm("vllm-0", 5, 0, age=0.5))
+    assert await source.collect_inference_once("llm")
+    prometheus.failures["inference"] = PrometheusError("HTTP 503 Service Unavailable")
+    assert not await source.collect_inference_once("llm")
+    later = inference_view(store, 1005.0)
+    assert later.fresh_sources == 0
+    assert later.problems == ("prometheus-inference:llm: HTTP 503 Service Unavailable; last data 5.5s old",)
+    # Its pods were seen: they count as missing ones while Prometheus fails.
+    assert list(later.recently_seen) == ["vllm-0"]
+
+
+async def test_inference_interest_starts_and_ends_a_namespace_loop() -> None:
+    prometheus, store = ScriptedPrometheus(), Store()
+    prometheus.answers["inference"] = elements_of(vllm("vllm-0", 5, 0, age=0.5))
+    now = [1000.0]
+    source = collector(prometheus, store, now)
+    source._interest.touch(prometheus_inference_interest("llm"))
+    source.start()
+    try:
+        async with asyncio.timeout(30):
+            await prometheus.heard.wait()
+        assert prometheus.asked[0] == "inference"  # the GPU loop is not started by this key
+
+        async def stored() -> None:
+            assert [p.pod for p in inference_view(store, now[0]).readings] == ["vllm-0"]  # type: ignore[attr-defined]
+
+        await eventually(stored, timeout=30)
+        # No trigger asks any more: the loop ends and its source goes.
+        now[0] += 1000
+
+        async def gone() -> None:
+            assert not any(s.kind is SourceKind.PROMETHEUS_INFERENCE for s in store.sources())
+
+        await eventually(gone, timeout=30)
+    finally:
+        await source.stop()
+    assert "namespace" not in prometheus.asked
