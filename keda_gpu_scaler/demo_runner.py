@@ -14,14 +14,58 @@ import grpc
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App, run_until_signalled
-from keda_gpu_scaler.demo import DemoFleet, DemoWorkload
+from keda_gpu_scaler.demo import DemoFleet, DemoInferenceWorkload, DemoWorkload
 from keda_gpu_scaler.settings import Settings
 
 DEMO_THRESHOLD = "60"
+# Target concurrency per pod of the inference workloads' `requests` triggers.
+INFERENCE_THRESHOLD = "16"
+GPU_METRIC_NAME = "gpu-utilization"
+REQUESTS_METRIC_NAME = "inference-requests"
 
 
 def demo_metadata(workload: DemoWorkload) -> dict[str, str]:
     return {"podNamePrefix": f"{workload.name}-", "threshold": DEMO_THRESHOLD, "activationThreshold": "5"}
+
+
+def inference_metadata(workload: DemoInferenceWorkload) -> dict[str, str]:
+    """A `requests` trigger: running + waiting per pod, summed, with a target of 16 in flight per pod."""
+    return {"metric": "requests", "threshold": INFERENCE_THRESHOLD, "podNamePrefix": f"{workload.name}-"}
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoTarget:
+    """One ScaledObject the demo's status lines ask about, as KEDA would."""
+
+    name: str
+    metadata: dict[str, str]
+    metric_name: str
+    unit: str  # what the value counts, for the status line
+
+
+def demo_targets(fleet: DemoFleet) -> list[DemoTarget]:
+    """The GPU workloads' utilisation triggers, then the inference workloads' requests triggers."""
+    targets = [DemoTarget(w.name, demo_metadata(w), GPU_METRIC_NAME, "GPU %") for w in fleet.workloads]
+    targets += [
+        DemoTarget(w.name, inference_metadata(w), REQUESTS_METRIC_NAME, "requests")
+        for w in fleet.inference_workloads
+    ]
+    return targets
+
+
+def demo_settings(settings: Settings, fleet: DemoFleet) -> Settings:
+    """The scaler's settings for a started fleet: its exporters, its inference pods' pages, /explain on."""
+    # The demo is local and for learning: /explain is on (it is off by default in `serve`).
+    return dataclasses.replace(
+        settings,
+        exporter_urls=tuple(fleet.exporter_urls),
+        inference_urls=tuple(fleet.inference_urls),
+        explain=True,
+    )
+
+
+def _json(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 def banner(fleet: DemoFleet, grpc_port: int, http_port: int) -> str:
@@ -29,73 +73,115 @@ def banner(fleet: DemoFleet, grpc_port: int, http_port: int) -> str:
     target = f"127.0.0.1:{grpc_port}"
     workload = fleet.workloads[0]
     ref = {"name": workload.name, "namespace": fleet.NAMESPACE, "scalerMetadata": demo_metadata(workload)}
-    ref_json = json.dumps(ref, separators=(",", ":"))
-    metrics_json = json.dumps(
-        {"scaledObjectRef": ref, "metricName": "gpu-utilization"}, separators=(",", ":")
-    )
+    ref_json = _json(ref)
+    metrics_json = _json({"scaledObjectRef": ref, "metricName": GPU_METRIC_NAME})
     pod = workload.pods[0]
     lines = [
         "",
-        "keda-gpu-scaler demo: a simulated GPU fleet on loopback, scraped by the scaler.",
+        "keda-gpu-scaler demo: a simulated GPU fleet and LLM inference servers on loopback, scraped by the"
+        " scaler.",
         f"  gRPC (KEDA's side)  {target}        HTTP  http://127.0.0.1:{http_port}/metrics",
-        "  workloads (namespace demo): "
+        "  GPU workloads (namespace demo): "
         + ", ".join(
             f"{w.name} ({w.vendor}, {len(w.pods)} pods x {w.gpus_per_pod} GPU)" for w in fleet.workloads
         ),
+    ]
+    if fleet.inference_workloads:
+        lines.append(
+            "  inference workloads (namespace demo): "
+            + ", ".join(
+                f"{w.name} ({w.engine} {w.model}, {len(w.pods)} pods, "
+                f"{'+'.join(str(n) for n in w.engines_per_pod)} engines)"
+                for w in fleet.inference_workloads
+            )
+        )
+    lines += [
         "",
-        "Try, in another terminal:",
+        "Try, in another terminal (-emit-defaults prints 0 and false too):",
         f"  {grpcurl} -plaintext {target} list",
         f"  {grpcurl} -plaintext -d '{ref_json}' {target} externalscaler.ExternalScaler/GetMetricSpec",
-        f"  {grpcurl} -plaintext -d '{metrics_json}' {target} externalscaler.ExternalScaler/GetMetrics",
-        f"  {grpcurl} -plaintext -d '{ref_json}' {target} externalscaler.ExternalScaler/IsActive",
+        f"  {grpcurl} -plaintext -emit-defaults -d '{metrics_json}' {target}"
+        " externalscaler.ExternalScaler/GetMetrics",
+        f"  {grpcurl} -plaintext -emit-defaults -d '{ref_json}' {target} externalscaler.ExternalScaler/IsActive",
         f"  {grpcurl} -plaintext -d '{ref_json}' {target} externalscaler.ExternalScaler/StreamIsActive",
         f"  curl 'http://127.0.0.1:{http_port}/explain?namespace={fleet.NAMESPACE}&name={workload.name}'",
         f"  curl '{fleet.control_url}/load?pod={pod}&value=95'     # pin a pod's GPU load ('auto' to release)",
+    ]
+    if fleet.inference_workloads:
+        llm = fleet.inference_workloads[0]
+        llm_ref = {"name": llm.name, "namespace": fleet.NAMESPACE, "scalerMetadata": inference_metadata(llm)}
+        llm_metrics_json = _json({"scaledObjectRef": llm_ref, "metricName": REQUESTS_METRIC_NAME})
+        llm_pod = llm.pods[0]
+        lines += [
+            "",
+            f"  A `requests` trigger (running + waiting per pod, target {INFERENCE_THRESHOLD} per pod) on {llm.name}:",
+            f"  {grpcurl} -plaintext -emit-defaults -d '{llm_metrics_json}' {target}"
+            " externalscaler.ExternalScaler/GetMetrics",
+            f"  curl '{fleet.control_url}/pods/{llm_pod}/metrics'     # the pod's own vLLM page, as scraped",
+            f"  curl '{fleet.control_url}/load?pod={llm_pod}&running=12&waiting=30'"
+            "     # pin its requests ('value=auto' to release)",
+            f"  curl 'http://127.0.0.1:{http_port}/explain?namespace={fleet.NAMESPACE}&name={llm.name}'",
+        ]
+    lines += [
+        f"  curl '{fleet.control_url}/'     # every pod and its load",
         "",
         "Status below: value = Σ per-pod GPU % (what KEDA's default AverageValue needs), threshold"
-        f" {DEMO_THRESHOLD} per pod.",
-        "",
+        f" {DEMO_THRESHOLD} per pod",
     ]
+    if fleet.inference_workloads:
+        lines.append(
+            "  and, for the inference workloads, Σ per-pod requests in flight (running + waiting),"
+            f" threshold {INFERENCE_THRESHOLD} per pod."
+        )
+    lines.append("")
     return "\n".join(lines)
+
+
+def _ref(fleet: DemoFleet, target: DemoTarget) -> pb.ScaledObjectRef:
+    return pb.ScaledObjectRef(name=target.name, namespace=fleet.NAMESPACE, scalerMetadata=target.metadata)
+
+
+async def status_line(
+    app: App, fleet: DemoFleet, stub: pb_grpc.ExternalScalerStub, target: DemoTarget
+) -> str:
+    """One workload's line: the value and activity KEDA would get, and the replicas the HPA would want."""
+    ref = _ref(fleet, target)
+    try:
+        metrics = await stub.GetMetrics(
+            pb.GetMetricsRequest(scaledObjectRef=ref, metricName=target.metric_name)
+        )
+        active = await stub.IsActive(ref)
+    except grpc.aio.AioRpcError as error:
+        return f"{target.name:<12} {target.unit:<8} {error.code().name}: {error.details()}"
+    value = metrics.metricValues[0].metricValueFloat
+    explanation = app.explanation(fleet.NAMESPACE, target.name)
+    what_if = explanation.evaluation.what_if if explanation and explanation.evaluation else None
+    wants = (
+        f"HPA wants {what_if.average_value if what_if else '?'}"
+        if active.result
+        else "idle: KEDA scales to minReplicaCount after cooldownPeriod"
+    )
+    return (
+        f"{target.name:<12} {target.unit:<8} value {value:7.1f}  active {str(active.result).lower():<5}"
+        f"  pods {what_if.current_replicas if what_if else '?'}  → {wants}"
+    )
 
 
 async def watch(app: App, fleet: DemoFleet, interval: float, out: TextIO) -> None:
     """Print one status line per workload, asking the scaler through its own gRPC API as KEDA would."""
+    targets = demo_targets(fleet)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
         stub = pb_grpc.ExternalScalerStub(channel)
         # As KEDA does: GetMetricSpec first (it starts collection), so the first status line has data.
-        for workload in fleet.workloads:
-            await stub.GetMetricSpec(
-                pb.ScaledObjectRef(
-                    name=workload.name, namespace=fleet.NAMESPACE, scalerMetadata=demo_metadata(workload)
-                )
-            )
+        for target in targets:
+            try:
+                await stub.GetMetricSpec(_ref(fleet, target))
+            except grpc.aio.AioRpcError as error:
+                print(f"{target.name:<12} {error.code().name}: {error.details()}", file=out, flush=True)
         await asyncio.sleep(min(interval, 1.0))
         while True:
-            for workload in fleet.workloads:
-                ref = pb.ScaledObjectRef(
-                    name=workload.name, namespace=fleet.NAMESPACE, scalerMetadata=demo_metadata(workload)
-                )
-                try:
-                    metrics = await stub.GetMetrics(
-                        pb.GetMetricsRequest(scaledObjectRef=ref, metricName="gpu-utilization")
-                    )
-                    active = await stub.IsActive(ref)
-                    value = metrics.metricValues[0].metricValueFloat
-                    explanation = app.explanation(fleet.NAMESPACE, workload.name)
-                    what_if = explanation.evaluation.what_if if explanation and explanation.evaluation else None
-                    wants = (
-                        f"HPA wants {what_if.average_value if what_if else '?'}"
-                        if active.result
-                        else "idle: KEDA scales to minReplicaCount after cooldownPeriod"
-                    )
-                    line = (
-                        f"{workload.name:<12} value {value:7.1f}  active {str(active.result).lower():<5}"
-                        f"  pods {what_if.current_replicas if what_if else '?'}  → {wants}"
-                    )
-                except grpc.aio.AioRpcError as error:
-                    line = f"{workload.name:<12} {error.code().name}: {error.details()}"
-                print(line, file=out, flush=True)
+            for target in targets:
+                print(await status_line(app, fleet, stub, target), file=out, flush=True)
             print(file=out, flush=True)
             await asyncio.sleep(interval)
 
@@ -104,8 +190,7 @@ async def run_demo(settings: Settings, *, control_port: int, watch_interval: flo
     fleet = DemoFleet()
     await fleet.start(control_port=control_port)
     try:
-        # The demo is local and for learning: /explain is on (it is off by default in `serve`).
-        app = App(dataclasses.replace(settings, exporter_urls=tuple(fleet.exporter_urls), explain=True))
+        app = App(demo_settings(settings, fleet))
 
         async def after_start() -> None:
             print(banner(fleet, app.grpc_port, app.http_port), file=sys.stdout, flush=True)
