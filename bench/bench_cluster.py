@@ -29,6 +29,7 @@ import grpc
 from aiohttp import web
 
 from bench.harness import (
+    GC_PROBE,
     READY_LINE,
     ROOT,
     Child,
@@ -55,6 +56,8 @@ PROFILE_RULES = (
 )
 PROFILE_REST = "gRPC runtime and event loop"
 COOLDOWN = 15.0
+PROBE_EVERY = 3
+PROBE_SECONDS = 0.1
 SCALER_CPU = 0
 OTHERS_CPU = 1
 
@@ -404,7 +407,8 @@ async def scaler(kubeconfig: str) -> AsyncIterator[tuple[Child, str]]:
         "--kubernetes", "on", "--kubeconfig", kubeconfig, "--scrape-interval", f"{SCRAPE_INTERVAL:g}",
         "--exporter-selector", "app=bench-dcgm-exporter:metrics",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    # The GC probe (bench/gcprobe) reports every collection of 1 ms or more: long pauses show in the tail.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(GC_PROBE), str(root))), "BENCH_GC_PROBE": "1"}
     async with _child(args, cpu=SCALER_CPU, cwd=root, env=env) as child:
         assert child.process.stderr is not None
         async with asyncio.timeout(120):
@@ -447,7 +451,10 @@ async def warm(stub: Any, plan: Plan, deadline: float) -> float:
 async def watch_readies(
     stub: Any, session: aiohttp.ClientSession, control: int, stop: asyncio.Event
 ) -> list[float]:
-    """Seconds from each pod's Ready to its ScaledObject's GetMetrics including it (inf: not within 15 s)."""
+    """Seconds from a pod's Ready to its ScaledObject's GetMetrics including it (inf: not within 15 s).
+
+    One pod in PROBE_EVERY is followed, polled every PROBE_SECONDS: the probe's own calls stay a small
+    part of the load."""
     seen = 0
     delays: list[float] = []
     probes: set[asyncio.Task[None]] = set()
@@ -457,13 +464,15 @@ async def watch_readies(
             if await _value(stub, ready["namespace"], ready["name"]) == ready["value"]:
                 delays.append(time.monotonic() - ready["at"])
                 return
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(PROBE_SECONDS)
         delays.append(float("inf"))
 
     while not stop.is_set():
         async with session.get(f"http://127.0.0.1:{control}/stats", params={"after": str(seen)}) as response:
             data = await response.json()
-        for ready in data["readies"]:
+        for i, ready in enumerate(data["readies"], start=seen):
+            if i % PROBE_EVERY:
+                continue
             task = asyncio.create_task(probe(ready))
             probes.add(task)
             task.add_done_callback(probes.discard)
@@ -484,6 +493,7 @@ class Window:
     events: int
     seconds: float
     lag_ms: float
+    longest_gc_ms: float  # the scaler's longest garbage collection in the window
 
 
 async def load_window(
@@ -504,13 +514,14 @@ async def load_window(
             raise RuntimeError(f"client failed: {line!r}")
         async with session.post(f"http://127.0.0.1:{control}/churn", params={"rate": str(churn_rate)}) as r:
             events0 = (await r.json())["events"]
-        cpu0, t0 = scaler_child.cpu(), time.monotonic()
+        cpu0, t0, pauses0 = scaler_child.cpu(), time.monotonic(), len(scaler_child.gc_pauses)
         profiled = asyncio.create_task(profile(scaler_child.pid, profile_for)) if profile_for else None
         out = await asyncio.wait_for(client.process.stdout.read(), plan.window + 120)
         cpu1, t1 = scaler_child.cpu(), time.monotonic()
         async with session.post(f"http://127.0.0.1:{control}/churn", params={"rate": "0"}) as r:
             events1 = (await r.json())["events"]
         stacks = await profiled if profiled else []
+        pauses = [ms for _, ms in scaler_child.gc_pauses[pauses0:]]
     data = json.loads(out)
     latencies = data["latencies"] or [float("nan")]
     return (
@@ -523,6 +534,7 @@ async def load_window(
             events=events1 - events0,
             seconds=t1 - t0,
             lag_ms=1000 * data["lag"],
+            longest_gc_ms=max(pauses, default=0.0),
         ),
         stacks,
     )
@@ -590,6 +602,7 @@ def render(results: list[Result]) -> Section:
         rows.append(
             f"| {p.pods:,} pods / {p.objects} ScaledObjects / {p.nodes} nodes | {r.warm_seconds:.0f} |"
             f" {r.steady.p50_ms:.2f} / {r.steady.p99_ms:.2f} | {r.churn.p50_ms:.2f} / {r.churn.p99_ms:.2f} |"
+            f" {r.steady.longest_gc_ms:.0f} / {r.churn.longest_gc_ms:.0f} |"
             f" {r.churn.errors + r.steady.errors} | {r.churn.events / r.churn.seconds:.1f} |"
             f" {1000 * per_event:.2f} | {100 * r.steady.scaler_cpu:.0f} % / {100 * r.churn.scaler_cpu:.0f} % |"
             f" {100 * discovery_core:.0f} % | {r.rss[0]:.0f} / {r.rss[1]:.0f} | {_delays(r.ready_delays)} |"
@@ -637,11 +650,12 @@ Ready). The cluster process and the client share core {OTHERS_CPU}.
 "CPU per pod event" is the scaler's extra CPU during churn over steady, per event. "Discovery" is the share
 of py-spy samples during churn in `keda_gpu_scaler/discovery` frames times the scaler's CPU. "Ready → in
 GetMetrics" is measured for every pod that turned Ready during the churn window: a separate probe polls its
-ScaledObject every 50 ms until the value includes the new pod (median / worst, seconds); its GPU is on the
+ScaledObject every {1000 * PROBE_SECONDS:.0f} ms until the value includes the new pod (median / worst, seconds;
+one pod in {PROBE_EVERY} is followed, so that the probe's calls stay a small part of the load); its GPU is on the
 page from the moment the pod runs, so the wait is for discovery and the next scrape.
 
-| cluster | warm-up s | steady p50 / p99 ms | churn p50 / p99 ms | RPC errors | pod events/s | scaler CPU ms per pod event | scaler CPU steady / churn | discovery CPU (of a core) | RSS now / peak MiB | Ready → in GetMetrics s |
-|---|---|---|---|---|---|---|---|---|---|---|
+| cluster | warm-up s | steady p50 / p99 ms | churn p50 / p99 ms | longest GC pause steady / churn ms | RPC errors | pod events/s | scaler CPU ms per pod event | scaler CPU steady / churn | discovery CPU (of a core) | RSS now / peak MiB | Ready → in GetMetrics s |
+|---|---|---|---|---|---|---|---|---|---|---|---|
 {table}
 
 Where the scaler's CPU went during churn ({first.plan.pods:,} pods):
@@ -652,16 +666,22 @@ Where the scaler's CPU went during churn ({first.plan.pods:,} pods):
     )
 
 
-async def run(quick: bool = False) -> Section:
-    plans = QUICK if quick else PLANS
+async def run(quick: bool = False, plans: tuple[Plan, ...] | None = None) -> Section:
+    # This process (the Ready probe) keeps off the scaler's core, as the cluster and the client do.
+    affinity = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {OTHERS_CPU})
+    plans = plans or (QUICK if quick else PLANS)
     results = []
-    for plan in plans:
-        try:
-            results.append(await measure(plan))
-        except Exception as error:
-            if not results:
-                raise
-            print(f"bench cluster: {plan.pods:,} pods: {error}", file=sys.stderr)
+    try:
+        for plan in plans:
+            try:
+                results.append(await measure(plan))
+            except Exception as error:
+                if not results:
+                    raise
+                print(f"bench cluster: {plan.pods:,} pods: {error!r}", file=sys.stderr)
+    finally:
+        os.sched_setaffinity(0, affinity)
     return render(results)
 
 
@@ -677,9 +697,10 @@ def main() -> None:
     client.add_argument("--duration", type=float, required=True)
     run_parser = sub.add_parser("run", help="run the benchmark and print its markdown")
     run_parser.add_argument("--quick", action="store_true")
+    run_parser.add_argument("--small-only", action="store_true", help=f"only {PLANS[0].pods:,} pods")
     args = parser.parse_args()
     if args.command == "run":
-        print(asyncio.run(run(args.quick)).markdown)
+        print(asyncio.run(run(args.quick, PLANS[:1] if args.small_only else None)).markdown)
         return
     plan = Plan(**json.loads(args.plan))
     if args.command == "serve":

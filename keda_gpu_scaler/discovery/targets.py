@@ -8,7 +8,7 @@ matches now; resolve() then reads a set built once per change.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -25,6 +25,8 @@ class PodEndpoint:
     ready: bool  # Running, Ready and not being deleted: the HPA's (and a load balancer's) ready pod
     ports: Mapping[str, int]  # named TCP container ports of all its containers: name → number
     node: str | None = None
+    # Every TCP container port in the pod spec's order, named or not: (name, number).
+    port_list: tuple[tuple[str | None, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +42,26 @@ class Targets:
 
 def endpoint(pod: PodInfo) -> PodEndpoint:
     ports = {name: number for name, number in pod.ports if name}
-    return PodEndpoint(pod.name, pod.ip, pod.counts_as_target, MappingProxyType(ports), pod.node)
+    return PodEndpoint(pod.name, pod.ip, pod.counts_as_target, MappingProxyType(ports), pod.node, pod.ports)
+
+
+class _Endpoints(Mapping[str, PodEndpoint]):
+    """Pod name → PodEndpoint, built when read: most answers are never asked for their endpoints, and
+    building them on every pod event would only make garbage on the hot path."""
+
+    __slots__ = ("_pods",)
+
+    def __init__(self, pods: dict[str, PodInfo]) -> None:
+        self._pods = pods  # a copy owned by this snapshot
+
+    def __getitem__(self, name: str) -> PodEndpoint:
+        return endpoint(self._pods[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._pods)
+
+    def __len__(self) -> int:
+        return len(self._pods)
 
 
 # Called when a selection starts (+1) or stops (-1) having pods that occupy a node.
@@ -110,12 +131,8 @@ class Selection:
     def targets(self, metric_type: str | None) -> Targets:
         """The current Targets; the same object until something changes (built at most once per change)."""
         if self._snapshot is None or self._snapshot[0] != self.version:
-            endpoints = MappingProxyType(
-                {
-                    name: endpoint(p)
-                    for name, p in self._members.items()
-                    if p.occupies_node or p.counts_as_target
-                }
+            endpoints = _Endpoints(
+                {name: p for name, p in self._members.items() if p.occupies_node or p.counts_as_target}
             )
             self._snapshot = (self.version, frozenset(self._targets), endpoints)
             self._answers = {}
