@@ -1,0 +1,236 @@
+"""Inference-server series (SPEC §6) through a real Prometheus scraping loopback vLLM and SGLang pages."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_support import (
+    PASSWORD,
+    PROMETHEUS_BIN,
+    USERNAME,
+    PrometheusServer,
+    address_of,
+    with_timestamps,
+)
+from support import ExporterServer, eventually
+
+from keda_gpu_scaler.collect.inference import PodSamples
+from keda_gpu_scaler.collect.interest import Interest
+from keda_gpu_scaler.collect.prometheus import PrometheusCollector, inference_source
+from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
+from keda_gpu_scaler.collect.store import SourceKind, Store
+from keda_gpu_scaler.engines import InferenceMetric, pod_reading, value_for
+from keda_gpu_scaler.settings import Settings
+from keda_gpu_scaler.telemetry import Telemetry
+
+pytestmark = pytest.mark.prometheus
+
+ENGINE_PAGES = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
+# Collection every 0.5 s from a Prometheus scraping every 1 s: data may be up to 3 s old.
+INTERVAL, MAX_STALENESS = 0.5, 3.0
+
+
+def page(name: str) -> str:
+    return (ENGINE_PAGES / name).read_text()
+
+
+def with_own_pod_labels(text: str, namespace: str, pod: str) -> str:
+    """The page as a metrics proxy in front of the pod prints it: with the pod's namespace/pod labels."""
+    return re.sub(r"^([a-z_:]+)\{", rf'\1{{namespace="{namespace}",pod="{pod}",', text, flags=re.MULTILINE)
+
+
+def pod_labels(namespace: str, pod: str) -> dict[str, str]:
+    """The target labels Prometheus' Kubernetes pod discovery gives a scraped pod (after the usual relabeling)."""
+    return {"namespace": namespace, "pod": pod, "container": "server"}
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    if PROMETHEUS_BIN is None:
+        pytest.skip(
+            "no `prometheus` binary (Debian package prometheus; `make test` installs it where it can)"
+        )
+    server = PrometheusServer(tmp_path_factory.mktemp("prometheus-inference"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def targets(prometheus: PrometheusServer) -> Iterator[Any]:
+    """Register a test's servers as targets of the `operator` job (honor_labels false), removed afterwards."""
+
+    def register(*servers: tuple[ExporterServer, dict[str, str]]) -> None:
+        prometheus.set_targets("operator", "inference", [(address_of(s), labels) for s, labels in servers])
+
+    yield register
+    prometheus.set_targets("operator", "inference", [])
+
+
+@pytest.fixture
+async def source(prometheus: PrometheusServer) -> AsyncIterator[tuple[PrometheusCollector, Store]]:
+    """A collector against the module's Prometheus, and its store: tests call collect_inference_once."""
+    settings = Settings(
+        prometheus_url=prometheus.url,
+        prometheus_username=USERNAME,
+        prometheus_password=PASSWORD,
+        prometheus_timeout=5.0,
+    )
+    store = Store()
+    async with aiohttp.ClientSession() as session:
+        yield (
+            PrometheusCollector(
+                client=PrometheusClient(session, settings, Telemetry(), time.monotonic),
+                store=store,
+                interest=Interest(600, time.monotonic),
+                interval=INTERVAL,
+                max_staleness=MAX_STALENESS,
+                clock=time.monotonic,
+            ),
+            store,
+        )
+
+
+async def pods_of(source: tuple[PrometheusCollector, Store], namespace: str) -> dict[str, PodSamples]:
+    """Collect once, then the fresh PodSamples of the namespace's page, by pod."""
+    collector, store = source
+    assert await collector.collect_inference_once(namespace)
+    view = store.view(namespace, time.monotonic(), MAX_STALENESS, SourceKind.PROMETHEUS_INFERENCE)
+    assert view.problems == ()
+    pods: list[PodSamples] = list(view.readings)  # type: ignore[arg-type]
+    assert all(isinstance(p, PodSamples) and p.namespace == namespace for p in pods)
+    return {p.pod: p for p in pods}
+
+
+def requests(pod: PodSamples) -> float:
+    value = value_for(pod_reading(pod.samples), InferenceMetric.REQUESTS)
+    assert isinstance(value, float | int), value
+    return float(value)
+
+
+def values(pod: PodSamples) -> dict[tuple[str, str], float]:
+    return {(s.name, s.labels.get("engine", "")): s.value for s in pod.samples}
+
+
+async def test_each_pods_series_by_its_kubernetes_labels(
+    source: tuple[PrometheusCollector, Store], make_exporter: Any, targets: Any
+) -> None:
+    dp2 = await make_exporter(page("vllm_dp2.prom"))
+    single = await make_exporter(page("vllm_v1.prom"))
+    # Behind a metrics proxy that prints the pod's own labels: Prometheus keeps them as exported_*.
+    proxied = await make_exporter(with_own_pod_labels(page("vllm_v1.prom"), "llm", "vllm-c"))
+    sglang = await make_exporter(page("sglang_single.prom"))
+    targets(
+        (dp2, pod_labels("llm", "vllm-a")),
+        (single, pod_labels("llm", "vllm-b")),
+        (proxied, pod_labels("gateway", "metrics-proxy-0")),
+        (sglang, pod_labels("serving", "sglang-0")),
+    )
+
+    async def llm() -> dict[str, PodSamples]:
+        pods = await pods_of(source, "llm")
+        assert sorted(pods) == ["vllm-a", "vllm-b", "vllm-c"]
+        return pods
+
+    pods = await eventually(llm, timeout=30)
+    # Colon names arrive whole, one sample per engine; vLLM's waiting breakdown is not one of the families.
+    assert values(pods["vllm-a"]) == {
+        ("vllm:num_requests_running", "0"): 30,
+        ("vllm:num_requests_running", "1"): 26,
+        ("vllm:num_requests_waiting", "0"): 4,
+        ("vllm:num_requests_waiting", "1"): 1,
+        ("vllm:kv_cache_usage_perc", "0"): 0.9,
+        ("vllm:kv_cache_usage_perc", "1"): 0.7,
+    }
+    assert all(s.labels["model_name"] == "Qwen/Qwen2.5-32B-Instruct" for s in pods["vllm-a"].samples)
+    assert {s.name for s in pods["vllm-b"].samples} == {
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+    }
+    assert (requests(pods["vllm-a"]), requests(pods["vllm-b"]), requests(pods["vllm-c"])) == (61, 15, 15)
+    proxied_labels = pods["vllm-c"].samples[0].labels
+    assert (proxied_labels["exported_namespace"], proxied_labels["namespace"]) == ("llm", "gateway")
+    # Each sample carries its own time, from Prometheus: none in the future, none older than the window.
+    now_ms = time.time() * 1000
+    for pod in pods.values():
+        assert all(
+            s.timestamp_ms is not None and now_ms - 5000 < s.timestamp_ms <= now_ms for s in pod.samples
+        )
+
+    async def sglang_pod() -> dict[str, PodSamples]:
+        pods = await pods_of(source, "serving")
+        assert list(pods) == ["sglang-0"]  # its target may be scraped a moment after the others
+        return pods
+
+    serving = await eventually(sglang_pod, timeout=30)
+    assert requests(serving["sglang-0"]) == 13  # running 11 + waiting 2
+    # The proxy's own namespace has no pod of its own there (its series belong to llm/vllm-c).
+    assert await pods_of(source, "gateway") == {}
+    # A namespace without inference servers: a page without pods, not a failure.
+    assert await pods_of(source, "nothing-here") == {}
+    store = source[1]
+    (state,) = [s for s in store.sources() if s.source == inference_source("llm")]
+    assert (state.kind, state.namespace, state.last_error) == (SourceKind.PROMETHEUS_INFERENCE, "llm", None)
+
+
+async def test_a_stopped_server_leaves_the_page(
+    source: tuple[PrometheusCollector, Store], make_exporter: Any, targets: Any
+) -> None:
+    """Its series go stale in Prometheus: the pod is one without data, never its last numbers."""
+    a = await make_exporter(page("vllm_v1.prom"))
+    b = await make_exporter(page("vllm_dp2.prom"))
+    targets((a, pod_labels("stopping", "vllm-0")), (b, pod_labels("stopping", "vllm-1")))
+
+    async def both() -> None:
+        assert sorted(await pods_of(source, "stopping")) == ["vllm-0", "vllm-1"]
+
+    await eventually(both, timeout=30)
+    await b.stop()
+
+    async def one() -> None:
+        assert sorted(await pods_of(source, "stopping")) == ["vllm-0"]
+
+    await eventually(one, timeout=30)
+
+
+async def test_series_with_frozen_timestamps_are_left_out(
+    prometheus: PrometheusServer,
+    source: tuple[PrometheusCollector, Store],
+    make_exporter: Any,
+    targets: Any,
+) -> None:
+    """Prometheus shows a series with explicit timestamps for 5 minutes after its last sample: the pod's
+    samples are read with their own time and the pod is left out once they are too old."""
+    text = page("vllm_v1.prom")
+    server = await make_exporter(with_timestamps(text, int(time.time() * 1000)))
+    targets((server, pod_labels("frozen", "vllm-0")))
+
+    async def refresh() -> None:
+        while True:
+            server.page = with_timestamps(text, int(time.time() * 1000))
+            await asyncio.sleep(0.1)
+
+    ticking = asyncio.create_task(refresh())
+    try:
+
+        async def fresh() -> None:
+            assert list(await pods_of(source, "frozen")) == ["vllm-0"]
+
+        await eventually(fresh, timeout=30)
+    finally:
+        ticking.cancel()
+
+    # The server now prints the same sample time forever; Prometheus still returns the series.
+    async def left_out() -> None:
+        assert await pods_of(source, "frozen") == {}
+
+    await eventually(left_out, timeout=30)
+    assert prometheus.query('{__name__="vllm:num_requests_running",namespace="frozen"}')
