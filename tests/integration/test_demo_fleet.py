@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
+from support import eventually
 
+from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_gpu_scaler.app import App
 from keda_gpu_scaler.demo import DemoFleet
+from keda_gpu_scaler.demo_runner import (
+    INFERENCE_THRESHOLD,
+    REQUESTS_METRIC_NAME,
+    banner,
+    demo_settings,
+    demo_targets,
+    inference_metadata,
+    status_line,
+)
+from keda_gpu_scaler.engines import Engine, InferenceReading, Missing, pod_reading
+from keda_gpu_scaler.exposition import parse_exposition
+from keda_gpu_scaler.settings import Settings
 
 SEED = 7
 START = 1_000.0
@@ -76,6 +94,12 @@ async def fetch(http: aiohttp.ClientSession, url: str) -> str:
 
 async def control(http: aiohttp.ClientSession, fleet: DemoFleet, path: str, **query: str) -> tuple[int, Any]:
     async with http.get(fleet.control_url + path, params=query) as response:
+        return response.status, await response.json()
+
+
+async def control_raw(http: aiohttp.ClientSession, fleet: DemoFleet, query: str) -> tuple[int, Any]:
+    """/load with a query string as typed (repeated keys and all)."""
+    async with http.get(f"{fleet.control_url}/load?{query}") as response:
         return response.status, await response.json()
 
 
@@ -394,3 +418,312 @@ async def test_stop_closes_every_server(clock: FakeClock, http: aiohttp.ClientSe
     with pytest.raises(RuntimeError):
         _ = fleet.exporter_urls
     await fleet.stop()  # a second stop is harmless
+
+
+# -- inference servers ---------------------------------------------------------------------------------
+
+
+def inference_url(fleet: DemoFleet, pod: str) -> str:
+    return next(url for _, name, url in fleet.inference_urls if name == pod)
+
+
+async def reading_of(http: aiohttp.ClientSession, fleet: DemoFleet, pod: str) -> InferenceReading:
+    """What the scaler reads from the pod's own page: parsed and read as it does."""
+    page = await fetch(http, inference_url(fleet, pod))
+    assert list(text_string_to_metric_families(page)) or page == ""  # valid text exposition
+    return pod_reading(parse_exposition(page, reject_conflicts=True))
+
+
+def inference_pods(fleet: DemoFleet) -> list[str]:
+    return [pod for workload in fleet.inference_workloads for pod in workload.pods]
+
+
+async def test_inference_workloads_and_their_urls(fleet: DemoFleet) -> None:
+    workloads = {w.name: w for w in fleet.inference_workloads}
+    assert set(workloads) == {"vllm-chat", "sglang-code"}
+    chat = workloads["vllm-chat"]
+    assert (chat.engine, chat.pods) == ("vllm", ("vllm-chat-0", "vllm-chat-1", "vllm-chat-2"))
+    assert chat.engines_per_pod == (2, 1, 1)  # one data-parallel pod
+    assert workloads["sglang-code"].engine == "sglang" and len(workloads["sglang-code"].pods) == 2
+    # Never a GPU workload's prefix: the requests triggers see only their own pods.
+    gpu_pods = [pod for w in fleet.workloads for pod in w.pods]
+    for workload in fleet.inference_workloads:
+        assert not [pod for pod in gpu_pods if pod.startswith(workload.name + "-")]
+    urls = fleet.inference_urls
+    assert [(ns, pod) for ns, pod, _ in urls] == [("demo", pod) for pod in inference_pods(fleet)]
+    for _, pod, url in urls:
+        assert url == f"{fleet.control_url}/pods/{pod}/metrics"
+
+
+async def test_every_inference_pod_serves_its_engines_page(
+    clock: FakeClock, fleet: DemoFleet, http: aiohttp.ClientSession
+) -> None:
+    clock.now = START + 60.0  # every engine is up, in the first burst
+    engines = {"vllm-chat-0": 2, "vllm-chat-1": 1, "vllm-chat-2": 1, "sglang-code-0": 1, "sglang-code-1": 1}
+    for pod in inference_pods(fleet):
+        async with http.get(inference_url(fleet, pod)) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        reading = await reading_of(http, fleet, pod)
+        expected_engine = Engine.VLLM if pod.startswith("vllm-") else Engine.SGLANG
+        assert reading.engine is expected_engine, pod
+        # SGLang's tensor-parallel ranks repeat one engine: still one engine.
+        assert reading.engines == engines[pod], pod
+        now = fleet.pod_requests(pod)
+        assert now is not None
+        assert (reading.running, reading.waiting) == (now.running, now.waiting), pod
+        assert reading.kv_cache == pytest.approx(now.kv_cache), pod
+        assert isinstance(reading.running, float) and reading.running > 0, pod
+
+
+async def test_a_starting_vllm_pod_prints_no_vllm_family_until_its_engine_is_up(
+    clock: FakeClock, fleet: DemoFleet, http: aiohttp.ClientSession
+) -> None:
+    page = await fetch(http, inference_url(fleet, "vllm-chat-2"))
+    assert "vllm:" not in page
+    starting = await reading_of(http, fleet, "vllm-chat-2")
+    assert starting.engine is None
+    assert isinstance(starting.running, Missing) and isinstance(starting.waiting, Missing)
+    assert fleet.pod_requests("vllm-chat-2") is None
+    _, state = await control(http, fleet, "/")
+    chat = next(w for w in state["inference_workloads"] if w["name"] == "vllm-chat")
+    assert [p["started"] for p in chat["pods"]] == [True, True, False]
+    clock.now = START + 25.0
+    assert (await reading_of(http, fleet, "vllm-chat-2")).engine is Engine.VLLM
+
+
+async def test_unknown_inference_pod_page_is_404(fleet: DemoFleet, http: aiohttp.ClientSession) -> None:
+    async with http.get(f"{fleet.control_url}/pods/vllm-chat-9/metrics") as response:
+        assert response.status == 404
+        assert "vllm-chat-0" in await response.text()
+    async with http.get(f"{fleet.control_url}/pods/trainer-0/metrics") as response:
+        assert response.status == 404  # a GPU pod has no inference server
+
+
+async def test_load_pins_an_inference_pods_running_and_waiting_requests(
+    clock: FakeClock, fleet: DemoFleet, http: aiohttp.ClientSession
+) -> None:
+    twin = DemoFleet(clock=clock, seed=SEED)  # never pinned, started at the same time
+    clock.now = START + 30.0
+    status, body = await control(http, fleet, "/load", pod="vllm-chat-0", running="12", waiting="30")
+    assert status == 200, body
+    assert body["changed"] == {
+        "pod": "vllm-chat-0",
+        "pinned": {"running": 12, "waiting": 30, "kv_cache": None},
+    }
+    listed = {p["name"]: p for w in body["inference_workloads"] for p in w["pods"]}
+    assert (listed["vllm-chat-0"]["running"], listed["vllm-chat-0"]["waiting"]) == (12, 30)
+    # The other engine of the pair and the other pods keep moving.
+    status, body = await control(http, fleet, "/load", pod="sglang-code-1", waiting="7")
+    assert status == 200, body
+    assert body["changed"]["pinned"] == {"running": 0, "waiting": 7, "kv_cache": None}
+
+    for elapsed in (30.0, 61.0, 150.0):  # pinned means pinned, bursts and nights alike
+        clock.now = START + elapsed
+        chat = await reading_of(http, fleet, "vllm-chat-0")
+        assert (chat.running, chat.waiting, chat.engines) == (12.0, 30.0, 2)
+        page = await fetch(http, inference_url(fleet, "vllm-chat-0"))
+        # Spread over the two data-parallel engines, as a balancer would.
+        assert (
+            'vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 6.0' in page
+        )
+        assert (
+            'vllm:num_requests_waiting{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 15.0' in page
+        )
+        code = await reading_of(http, fleet, "sglang-code-1")
+        assert (code.running, code.waiting) == (0.0, 7.0)
+        assert code.kv_cache == 0.0
+
+    # value=N: N requests in flight, as the server splits them (a batch limit of 24 per engine).
+    status, body = await control(http, fleet, "/load", pod="vllm-chat-1", value="40", kv_cache="85")
+    assert status == 200, body
+    assert body["changed"]["pinned"] == {"running": 24, "waiting": 16, "kv_cache": 85.0}
+    one = await reading_of(http, fleet, "vllm-chat-1")
+    assert (one.running, one.waiting) == (24.0, 16.0)
+    assert one.kv_cache == pytest.approx(85.0)
+
+    status, body = await control(http, fleet, "/load", pod="vllm-chat-0", value="auto")
+    assert status == 200, body
+    assert body["changed"] == {"pod": "vllm-chat-0", "pinned": None}
+    assert await fetch(http, inference_url(fleet, "vllm-chat-0")) == twin.render_inference_page("vllm-chat-0")
+    # GPU pods are untouched by all this.
+    assert fleet.render_page("gpu-node-b") == twin.render_page("gpu-node-b")
+
+
+@pytest.mark.parametrize(
+    ("query", "mentions"),
+    [
+        ("pod=vllm-chat-0&running=-1", ["'running'", "-1", "0 to 10000"]),
+        ("pod=vllm-chat-0&running=1.5", ["'running'", "1.5", "whole number"]),
+        ("pod=vllm-chat-0&waiting=lots", ["'waiting'", "lots", "whole number"]),
+        ("pod=vllm-chat-0&waiting=10001", ["'waiting'", "10001", "out of range"]),
+        ("pod=vllm-chat-0&running=nan", ["'running'", "nan"]),
+        ("pod=vllm-chat-0", ["'running'", "'waiting'", "value=auto"]),
+        ("pod=vllm-chat-0&kv_cache=50", ["kv_cache", "running"]),
+        ("pod=vllm-chat-0&running=3&kv_cache=150", ["'kv_cache'", "150", "0 to 100"]),
+        ("pod=vllm-chat-0&running=3&kv_cache=full", ["'kv_cache'", "full", "0 to 100"]),
+        ("pod=vllm-chat-0&value=auto&running=3", ["auto", "'running'"]),
+        ("pod=vllm-chat-0&value=5&waiting=3", ["'value'", "'waiting'", "give one"]),
+        ("pod=vllm-chat-0&value=95%25", ["'value'", "95%"]),
+        ("pod=vllm-chat-0&runing=3", ["'runing'", "running", "waiting"]),
+        ("pod=vllm-chat-0&running=3&running=4", ["'running'", "more than once"]),
+        ("pod=vllm-chat-7&running=3", ["'pod'", "vllm-chat-7", "vllm-chat-0", "sglang-code-0", "trainer-0"]),
+        ("pod=trainer-0&running=3", ["'running'", "trainer-0", "value=PERCENT", "vllm-chat-0"]),
+        ("running=3&waiting=4", ["'pod'", "vllm-chat-0"]),
+    ],
+)
+async def test_a_bad_inference_load_request_gets_400_naming_the_parameter(
+    fleet: DemoFleet, http: aiohttp.ClientSession, query: str, mentions: list[str]
+) -> None:
+    status, body = await control_raw(http, fleet, query)
+    assert status == 400, body
+    for text in mentions:
+        assert text in body["error"], (text, body["error"])
+    _, state = await control(http, fleet, "/")
+    assert all(p["pinned"] is None for w in state["inference_workloads"] for p in w["pods"])
+    assert all(p["pinned"] is None for w in state["workloads"] for p in w["pods"])
+
+
+def test_set_requests_and_set_load_check_their_arguments() -> None:
+    fleet = DemoFleet(seed=SEED)
+    with pytest.raises(ValueError, match="sglang-code-0"):
+        fleet.set_requests("ghost", 1, 2)
+    with pytest.raises(ValueError, match="whole number"):
+        fleet.set_requests("vllm-chat-0", -1, 2)
+    with pytest.raises(ValueError, match="whole number"):
+        fleet.set_in_flight("vllm-chat-0", 2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="0 to 100"):
+        fleet.set_requests("vllm-chat-0", 1, 2, kv_cache_percent=101)
+    with pytest.raises(ValueError, match="set_requests"):
+        fleet.set_load("vllm-chat-0", 50)
+    fleet.set_requests("vllm-chat-0", 1, 2)
+    fleet.set_load("vllm-chat-0", None)  # releases
+
+
+async def test_control_root_lists_inference_workloads_pods_and_loads(
+    clock: FakeClock, fleet: DemoFleet, http: aiohttp.ClientSession
+) -> None:
+    clock.now = START + 65.0
+    status, state = await control(http, fleet, "/")
+    assert status == 200
+    assert "running=N" in state["usage"] and "value=auto" in state["usage"]
+    assert {w["name"]: [p["name"] for p in w["pods"]] for w in state["inference_workloads"]} == {
+        w.name: list(w.pods) for w in fleet.inference_workloads
+    }
+    for workload in state["inference_workloads"]:
+        assert workload["engine"] in ("vllm", "sglang") and workload["model"]
+        for pod in workload["pods"]:
+            reading = await reading_of(http, fleet, pod["name"])
+            assert pod["url"] == inference_url(fleet, pod["name"])
+            assert (pod["running"], pod["waiting"]) == (reading.running, reading.waiting)
+            assert pod["kv_cache"] == pytest.approx(reading.kv_cache)
+            assert pod["engines"] == reading.engines
+
+
+async def test_requests_move_with_the_clock_bursts_queue_and_nights_are_idle(
+    clock: FakeClock, http: aiohttp.ClientSession
+) -> None:
+    fleet = DemoFleet(clock=clock, seed=SEED, engine_start_s=0.0)
+    step_s = 5
+    totals: dict[str, list[float]] = {w.name: [] for w in fleet.inference_workloads}
+    waiting: dict[str, list[float]] = {w.name: [] for w in fleet.inference_workloads}
+    for elapsed in range(0, 481, step_s):  # eight simulated minutes, no sleeping
+        clock.now = START + elapsed
+        for workload in fleet.inference_workloads:
+            readings = [pod_reading(parse_exposition(fleet.render_inference_page(p))) for p in workload.pods]
+            running_now, waiting_now = 0.0, 0.0
+            for reading in readings:
+                assert isinstance(reading.kv_cache, float) and 0 <= reading.kv_cache <= 100
+                assert isinstance(reading.running, float) and isinstance(reading.waiting, float)
+                running_now += reading.running
+                waiting_now += reading.waiting
+            totals[workload.name].append(running_now + waiting_now)
+            waiting[workload.name].append(waiting_now)
+    threshold = float(INFERENCE_THRESHOLD)
+    for name, values in totals.items():
+        assert min(values) == 0, (name, values)  # nobody asking: idle, would scale to zero
+        assert max(values) >= 4 * threshold, (name, values)  # a burst calls for several replicas
+        assert len(set(values)) > 20, (name, values)  # it moves, not a step function
+        assert max(waiting[name]) > 0, (name, waiting[name])  # bursts queue behind the batch limit
+        active = [value > 0 for value in values]
+        assert sum(1 for a, b in itertools.pairwise(active) if a != b) >= 2, (name, values)
+
+
+async def test_banner_shows_a_requests_trigger_and_an_inference_pods_load(fleet: DemoFleet) -> None:
+    text = banner(fleet, 6000, 8080)
+    assert '"metricName":"inference-requests"' in text
+    assert '"metric":"requests"' in text and '"podNamePrefix":"vllm-chat-"' in text
+    assert "-emit-defaults" in text
+    assert f"{fleet.control_url}/load?pod=vllm-chat-0&running=12&waiting=30" in text
+    assert f"{fleet.control_url}/pods/vllm-chat-0/metrics" in text
+    names = [target.name for target in demo_targets(fleet)]
+    assert names == [w.name for w in fleet.workloads] + [w.name for w in fleet.inference_workloads]
+
+
+DEMO_SCALER = Settings(
+    grpc_address="127.0.0.1:0",
+    http_address="127.0.0.1:0",
+    kubernetes="off",
+    scrape_interval=0.2,
+    max_staleness=0.6,
+    scrape_timeout=0.5,
+    shutdown_grace=2.0,
+)
+
+
+async def test_the_demo_scaler_answers_a_requests_trigger_with_the_pods_total_in_flight(
+    http: aiohttp.ClientSession,
+) -> None:
+    fleet = DemoFleet(seed=SEED, engine_start_s=0.0)
+    await fleet.start()
+    app = App(demo_settings(DEMO_SCALER, fleet))
+    await app.start()
+    try:
+        chat = next(w for w in fleet.inference_workloads if w.name == "vllm-chat")
+        pins = {"vllm-chat-0": (12, 30), "vllm-chat-1": (5, 0), "vllm-chat-2": (24, 3)}
+        for pod, (running, waiting) in pins.items():
+            status, body = await control(
+                http, fleet, "/load", pod=pod, running=str(running), waiting=str(waiting)
+            )
+            assert status == 200, body
+        expected = sum(running + waiting for running, waiting in pins.values())  # 74
+        ref = pb.ScaledObjectRef(
+            name=chat.name, namespace=fleet.NAMESPACE, scalerMetadata=inference_metadata(chat)
+        )
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
+            stub = pb_grpc.ExternalScalerStub(channel)
+            spec = await stub.GetMetricSpec(ref)
+            assert [(m.metricName, m.targetSizeFloat) for m in spec.metricSpecs] == [
+                (REQUESTS_METRIC_NAME, float(INFERENCE_THRESHOLD))
+            ]
+
+            async def value() -> None:
+                answer = await stub.GetMetrics(
+                    pb.GetMetricsRequest(scaledObjectRef=ref, metricName=REQUESTS_METRIC_NAME)
+                )
+                assert [(m.metricName, m.metricValueFloat, m.metricValue) for m in answer.metricValues] == [
+                    (REQUESTS_METRIC_NAME, expected, expected)
+                ]
+
+            await eventually(value)
+            assert (await stub.IsActive(ref)).result is True
+            # ceil(74 / 16) = 5 replicas, in one step.
+            target = next(t for t in demo_targets(fleet) if t.name == chat.name)
+            line = await status_line(app, fleet, stub, target)
+            assert "requests" in line and f"value {expected:7.1f}" in line and "HPA wants 5" in line, line
+
+            # Every pod idle: 0 in flight, inactive — a 0 that was measured, not made up.
+            for pod in pins:
+                await control(http, fleet, "/load", pod=pod, running="0", waiting="0")
+
+            async def idle() -> None:
+                answer = await stub.GetMetrics(
+                    pb.GetMetricsRequest(scaledObjectRef=ref, metricName=REQUESTS_METRIC_NAME)
+                )
+                assert answer.metricValues[0].metricValueFloat == 0
+                assert (await stub.IsActive(ref)).result is False
+
+            await eventually(idle)
+    finally:
+        await app.stop()
+        await fleet.stop()
