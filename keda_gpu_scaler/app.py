@@ -16,10 +16,11 @@ import aiohttp
 import grpc
 from aiohttp import web
 
+from keda_gpu_scaler.collect.http import BearerToken, exporter_ssl
+from keda_gpu_scaler.collect.inference import INFERENCE_INTEREST, InferencePages, WantedPages
+from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient, prometheus_ssl
-from keda_gpu_scaler.collect.http import BearerToken, exporter_ssl
-from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.scrape import AiohttpFetcher, ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.discovery.api import ConnectError
@@ -87,6 +88,8 @@ class App:
             if settings.kubernetes == "on"
             else None
         )
+        self.inference_pages = InferencePages()
+        self.wanted_pages = WantedPages(self.inference_pages)
         self.evaluator = Evaluator(
             store=self.store,
             telemetry=self.telemetry,
@@ -94,6 +97,8 @@ class App:
             prometheus_max_staleness=settings.prometheus_max_staleness,
             clock=clock,
             targets=self.discovery,
+            # With Kubernetes, inference triggers want their target pods' own pages (SPEC §6).
+            pages=self.wanted_pages if self.discovery is not None else None,
             default_source=Source(settings.default_source),
             prometheus_enabled=settings.prometheus_url is not None,
         )
@@ -126,9 +131,11 @@ class App:
         self._prometheus_session: aiohttp.ClientSession | None = None
         self._prometheus: PrometheusCollector | None = None
         self._sweeper: asyncio.Task[None] | None = None
+        self._inference_collector: ScrapeCollector | None = None
 
     def _forgotten(self, followed: Followed) -> None:
         self.telemetry.forget_labels(followed.metric_labels)
+        self.evaluator.forget_pages(followed)
 
     def explanation(self, namespace: str, name: str) -> Explanation | None:
         """The last evaluation of a followed ScaledObject (for /explain and the demo's status lines)."""
@@ -136,7 +143,7 @@ class App:
         return followed.explanation if followed is not None else None
 
     def explained(self) -> list[tuple[str, str]]:
-        return [key for key in self.registry.keys() if (f := self.registry.get(*key)) and f.explanation]
+        return [key for key in self.registry.followed_keys() if (f := self.registry.get(*key)) and f.explanation]
 
     async def start(self) -> None:
         s = self.settings
@@ -164,6 +171,19 @@ class App:
         )
         for url in s.exporter_urls:
             self._collector.add(url)
+        # Inference-server pages: one source per pod, scraped while an inference trigger wants them.
+        self._inference_collector = ScrapeCollector(
+            fetcher=AiohttpFetcher(self._session, limits, BearerToken(s.exporter_bearer_token_file)),
+            store=self.store,
+            interest=self.interest,
+            limits=limits,
+            telemetry=self.telemetry,
+            clock=self.clock,
+            interest_key=INFERENCE_INTEREST,
+        )
+        self.inference_pages.collector = self._inference_collector
+        for namespace, pod, url in s.inference_urls:
+            self.inference_pages.add_pod_page(url, namespace, pod)
         if self.discovery is not None:
             try:
                 await self.discovery.start(self._collector)
@@ -204,9 +224,7 @@ class App:
         await self.health.set_serving(True)
 
         self._sweeper = supervised(self.registry.sweep, "forget ScaledObjects past --interest-ttl")
-        self._http = web.AppRunner(
-            http_app(self.telemetry, self if s.explain else None), access_log=None
-        )
+        self._http = web.AppRunner(http_app(self.telemetry, self if s.explain else None), access_log=None)
         await self._http.setup()
         host, port = _split_address(s.http_address)
         site = web.TCPSite(self._http, host, port)
@@ -246,6 +264,8 @@ class App:
             await self.discovery.stop()
         if self._collector is not None:
             await self._collector.stop()
+        if self._inference_collector is not None:
+            await self._inference_collector.stop()
         if self._prometheus is not None:
             await self._prometheus.stop()
         if self._prometheus_session is not None:

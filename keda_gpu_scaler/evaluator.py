@@ -5,15 +5,23 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Hashable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
-from keda_gpu_scaler.collect.prometheus import prometheus_interest
+from keda_gpu_scaler.collect.inference import (
+    INFERENCE_INTEREST,
+    PodSamples,
+    WantedPages,
+    metrics_port,
+    pod_url,
+    prometheus_inference_interest,
+)
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
+from keda_gpu_scaler.collect.prometheus import prometheus_interest
 from keda_gpu_scaler.collect.store import SourceKind, Store
 from keda_gpu_scaler.discovery.targets import Targets  # defined beside discovery, re-exported here
 from keda_gpu_scaler.errors import ConfigError, NoData
 from keda_gpu_scaler.registry import Explanation, Followed, Memo
-from keda_gpu_scaler.scaling import Evaluation, evaluate, pod_values
+from keda_gpu_scaler.scaling import Evaluation, evaluate, inference_pod_values, pod_values
 from keda_gpu_scaler.telemetry import Telemetry
 from keda_gpu_scaler.trigger import Aggregation, Source, TriggerSpec
 
@@ -71,6 +79,7 @@ class Evaluator:
         default_source: Source = Source.SCRAPE,
         prometheus_enabled: bool = False,
         targets: TargetResolver | None = None,
+        pages: WantedPages | None = None,
     ) -> None:
         self._store = store
         self._telemetry = telemetry
@@ -80,6 +89,7 @@ class Evaluator:
         self._default_source = default_source
         self._prometheus_enabled = prometheus_enabled
         self._targets = targets
+        self._pages = pages
 
     def source_of(self, spec: TriggerSpec) -> Source:
         return spec.source or self._default_source
@@ -105,16 +115,30 @@ class Evaluator:
                 " allowed: the common name prefix of the target's pods, e.g. 'vllm-qwen-'"
             )
 
+    def kind_of(self, spec: TriggerSpec) -> SourceKind:
+        """Which store sources answer a trigger: GPU exporters or inference servers, directly or via Prometheus."""
+        prometheus = self.source_of(spec) is Source.PROMETHEUS
+        if spec.metric.inference:
+            return SourceKind.PROMETHEUS_INFERENCE if prometheus else SourceKind.INFERENCE
+        return SourceKind.PROMETHEUS if prometheus else SourceKind.SCRAPE
+
     def interest_key(self, namespace: str, spec: TriggerSpec) -> Hashable:
         """What a trigger's data is collected under (interest keeps its collection running)."""
-        if self.source_of(spec) is Source.PROMETHEUS:
+        kind = self.kind_of(spec)
+        if kind is SourceKind.PROMETHEUS:
             return prometheus_interest(namespace)
+        if kind is SourceKind.PROMETHEUS_INFERENCE:
+            return prometheus_inference_interest(namespace)
+        if kind is SourceKind.INFERENCE:
+            return INFERENCE_INTEREST
         return SCRAPE_INTEREST
 
     def evaluate(self, followed: Followed, spec: TriggerSpec) -> Evaluation:
         """The trigger's value now, from the caches only; raises NoData (UNAVAILABLE) when it cannot be known."""
         namespace, name = followed.namespace, followed.name
         targets = self._targets.resolve(namespace, name, spec) if self._targets is not None else None
+        if targets is not None and self._pages is not None and self.kind_of(spec) is SourceKind.INFERENCE:
+            self._want_pages(followed, spec, targets)
         now = self._clock()
         version, epoch = self._store.version(namespace), self._store.epoch
         memo = followed.memos.get(spec)
@@ -132,6 +156,35 @@ class Evaluator:
         followed.memos[spec] = Memo(version, epoch, targets, valid_until, evaluation, None)
         self._record(followed, spec, evaluation, None, notes, targets)
         return evaluation
+
+    def _want_pages(self, followed: Followed, spec: TriggerSpec, targets: Targets) -> None:
+        """Scrape the inference-server page of every ready target pod (SPEC §6), and no other."""
+        assert self._pages is not None
+        if followed.pages_for.get(spec) is targets:
+            return  # discovery hands out one Targets per change: the same object means the same pods
+        followed.pages_for[spec] = targets
+        pages: dict[str, tuple[str, str]] = {}
+        for pod in targets.pods:
+            endpoint = targets.endpoints.get(pod)
+            if endpoint is None or not endpoint.ready or not endpoint.ip:
+                continue
+            port = metrics_port(endpoint.port_list, spec.metrics_port)
+            if port is None:
+                followed.log_once(
+                    f"pod {pod} has no container port {spec.metrics_port or 'named metrics or http, nor any'}:"
+                    " its inference-server page cannot be read (set metricsPort)"
+                )
+                continue
+            pages[pod_url(endpoint.ip, port, spec.metrics_path)] = (followed.namespace, pod)
+        self._pages.want((followed.namespace, followed.name, spec), pages)
+
+    def forget_pages(self, followed: Followed) -> None:
+        """The registry forgot a ScaledObject: its pod pages are no longer wanted by it."""
+        if self._pages is None:
+            return
+        for spec in followed.pages_for:
+            self._pages.release((followed.namespace, followed.name, spec))
+        followed.pages_for.clear()
 
     def _record(
         self,
@@ -155,11 +208,12 @@ class Evaluator:
     ) -> tuple[Evaluation, tuple[str, ...], float]:
         """The evaluation, its notes, and until when it stays right if the store does not change."""
         namespace = followed.namespace
-        kind = SourceKind.PROMETHEUS if self.source_of(spec) is Source.PROMETHEUS else SourceKind.SCRAPE
+        kind = self.kind_of(spec)
         if targets is not None and not targets.pods:
             # Scaled to zero with discovery healthy: 0 and inactive, whatever the sources say (SPEC §4).
             return evaluate({}, (), spec, aggregation_for(spec, targets.metric_type)[0]), (), float("inf")
-        staleness = self._prometheus_max_staleness if kind is SourceKind.PROMETHEUS else self._max_staleness
+        through_prometheus = kind in (SourceKind.PROMETHEUS, SourceKind.PROMETHEUS_INFERENCE)
+        staleness = self._prometheus_max_staleness if through_prometheus else self._max_staleness
         view = self._store.view(namespace, now, staleness, kind)
         problems = "; ".join(view.problems[:5])
         if view.sources == 0:
@@ -167,11 +221,14 @@ class Evaluator:
         if view.fresh_sources == 0:
             raise NoData(f"no source has fresh data: {problems}")
         families = spec.vendor.families
+        inference = spec.metric.inference
         if targets is None:
             # Without Kubernetes the targets are the pods the fresh pages name (with or without a usable
             # value) plus those recently seen on sources now failing or stale; the prefix selects them.
             prefix = spec.pod_name_prefix or ""
-            readings = [r for r in view.readings if r.pod.startswith(prefix) and r.family in families]
+            readings = [
+                r for r in view.readings if r.pod.startswith(prefix) and (inference or r.family in families)
+            ]
             target_pods = {r.pod for r in readings}
             target_pods.update(pod for pod in view.recently_seen if pod.startswith(prefix))
             if not target_pods and view.fresh_sources < view.sources:
@@ -181,7 +238,9 @@ class Evaluator:
                     f" cannot be told from an outage: {problems}"
                 )
         else:
-            readings = [r for r in view.readings if r.pod in targets.pods and r.family in families]
+            readings = [
+                r for r in view.readings if r.pod in targets.pods and (inference or r.family in families)
+            ]
             target_pods = set(targets.pods)
         aggregation, mismatch = aggregation_for(spec, targets.metric_type if targets else None)
         notes: tuple[str, ...] = ()
@@ -189,7 +248,10 @@ class Evaluator:
             # Legitimately 0 (scaled to zero), or a typo in podNamePrefix: show what there is to choose from.
             others = sorted({r.pod for r in view.readings})
             shown = ", ".join(others[:10]) + (f" and {len(others) - 10} more" if len(others) > 10 else "")
-            note = f"podNamePrefix {spec.pod_name_prefix!r} matches none of the namespace's GPU pods: {shown}"
+            what = "inference-server" if inference else "GPU"
+            note = (
+                f"podNamePrefix {spec.pod_name_prefix!r} matches none of the namespace's {what} pods: {shown}"
+            )
             followed.log_once(note, logging.INFO)
             notes = (note,)
         if mismatch:
@@ -197,7 +259,14 @@ class Evaluator:
             followed.log_once(mismatch)
             self._telemetry.aggregation_mismatches.inc()
             notes += (mismatch,)
-        reporting = pod_values(readings, spec)
+        if inference:
+            # Inference sources hold PodSamples, not GPU readings (the store keeps each kind apart).
+            reporting, without_value = inference_pod_values(cast(list[PodSamples], readings), spec)
+            if without_value:
+                reasons = "; ".join(f"{pod}: {why}" for pod, why in sorted(without_value.items())[:5])
+                problems = f"{problems}; {reasons}" if problems else reasons
+        else:
+            reporting = pod_values(readings, spec)
         try:
             return (
                 evaluate(reporting, target_pods - reporting.keys(), spec, aggregation),

@@ -71,6 +71,10 @@ def render_table(entry: Mapping[str, Any]) -> str:
     header = f"  {'POD':<36} {'FAMILY':<7} {'GPU':<44} {'HOST':<16} {'GPU%':>7} {'POD%':>7}"
     lines.append(header)
     for pod in entry["pods"]:
+        if "inputs" in pod:
+            inputs = "  ".join(f"{k}={'-' if v is None else f'{v:g}'}" for k, v in pod["inputs"].items())
+            lines.append(f"  {pod['pod']:<36} {pod['family']:<7} {inputs:<61} {pod['value']:7.1f}")
+            continue
         for index, gpu in enumerate(pod["gpus"]):
             pod_cell = f"{pod['pod']:<36} {pod['family']:<7}" if index == 0 else " " * 44
             pod_value = f"{pod['value']:7.1f}" if index == 0 else ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Set
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 class Sample(NamedTuple):
@@ -64,9 +64,7 @@ def parse_exposition(
     label_sets: dict[str, dict[str, str]] = {}
     samples: list[Sample] = []
     # series → (value, line number) of its first sample, when conflicts are looked for.
-    seen: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, int]] | None = (
-        {} if reject_conflicts else None
-    )
+    seen: dict[str, tuple[float, int]] | None = {} if reject_conflicts else None
     limit = -1 if max_samples is None else max_samples
     for index, line in enumerate(text.split("\n")):
         if wanted is not None and not line.startswith(wanted):
@@ -87,13 +85,36 @@ def parse_exposition(
             if seen is not None:
                 _check_conflict(seen, sample, index + 1)
             samples.append(sample)
+    # A huge page leaves huge caches: freed in pieces, so that a parse in a worker thread never holds
+    # the GIL for one long deallocation (the event loop would stall on it).
+    release_in_slices(label_sets)
+    if seen is not None:
+        release_in_slices(seen)
     return samples
 
 
-def _check_conflict(
-    seen: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[float, int]], sample: Sample, line_number: int
-) -> None:
-    key = (sample.name, tuple(sorted(sample.labels.items())))
+def release_in_slices(items: dict[Any, Any] | list[Any], big: int = 20_000, step: int = 2_000) -> None:
+    """Empty a large dict or list a few thousand items at a time (small ones are left to refcounting).
+
+    Freeing 150,000 objects is one C call that holds the GIL for tens of ms; in slices, other threads
+    get the GIL between them.
+    """
+    if len(items) < big:
+        return
+    if isinstance(items, list):
+        while items:
+            del items[-step:]
+        return
+    keys = list(items)
+    for start in range(0, len(keys), step):
+        for key in keys[start : start + step]:
+            del items[key]
+
+
+def _check_conflict(seen: dict[str, tuple[float, int]], sample: Sample, line_number: int) -> None:
+    # One string per series, whatever the label order (a tuple of pairs would be millions of objects on a
+    # big page). repr() escapes every "\0" of a value, so the parts cannot run into each other.
+    key = "\0".join([sample.name, *(f"{k}={v!r}" for k, v in sorted(sample.labels.items()))])
     first = seen.get(key)
     if first is None:
         seen[key] = (sample.value, line_number)

@@ -66,6 +66,8 @@ class Followed:
     explanation: Explanation | None = None
     metric_labels: set[tuple[str, str, str]] = field(default_factory=set)
     notes_logged: set[str] = field(default_factory=set)
+    # Inference triggers with Kubernetes: the discovery answer their wanted pod pages were taken from.
+    pages_for: dict[TriggerSpec, Any] = field(default_factory=dict)
 
     def log_once(self, note: str, level: int = logging.WARNING) -> bool:
         """Log a note about this ScaledObject the first time it is seen; True when it was new."""
@@ -144,7 +146,7 @@ class Registry:
     def get(self, namespace: str, name: str) -> Followed | None:
         return self._entries.get((namespace, name))
 
-    def keys(self) -> list[tuple[str, str]]:
+    def followed_keys(self) -> list[tuple[str, str]]:
         return sorted(self._entries)
 
     def evict_expired(self, now: float | None = None) -> int:

@@ -5,10 +5,15 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from keda_gpu_scaler.engines import Missing, MissingKind, pod_reading, value_for
 from keda_gpu_scaler.errors import NoData
 from keda_gpu_scaler.trigger import Aggregation, GpuAggregation, Metric, TriggerSpec
 from keda_gpu_scaler.vendors import Family, GpuReading, utilization_for
+
+if TYPE_CHECKING:  # collect/ imports this module: only the type is needed here
+    from keda_gpu_scaler.collect.inference import PodSamples
 
 # Kubernetes' HPA leaves replicas alone while the usage ratio is within 10 % of 1.
 HPA_TOLERANCE = 0.1
@@ -26,9 +31,11 @@ class GpuValue:
 @dataclass(frozen=True, slots=True)
 class PodValue:
     pod: str
-    family: Family
+    family: str  # a GPU vendor family (Family), or the inference engine the page was read as
     value: float
-    gpus: tuple[GpuValue, ...]
+    gpus: tuple[GpuValue, ...] = ()
+    # Inference metrics: the pod's inputs as read (waiting, running, kvCache; None where not exported).
+    inputs: tuple[tuple[str, float | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +85,38 @@ def pod_values(readings: Iterable[GpuReading], spec: TriggerSpec) -> dict[str, P
         combined = max(values) if spec.gpu_aggregation is GpuAggregation.MAX else sum(values) / len(values)
         result[pod] = PodValue(pod, family, combined, chosen)
     return result
+
+
+def inference_pod_values(
+    pages: Iterable[PodSamples], spec: TriggerSpec
+) -> tuple[dict[str, PodValue], dict[str, str]]:
+    """One value per pod from its inference-server series (SPEC §6), and why the other pods have none.
+
+    A pod whose page lacks what the metric needs (a vLLM server whose engine has not started, a model
+    filter that matches nothing) is a missing pod, never a 0. An engine recognised by `auto` that never
+    exports what the metric needs is not a gap in data but a trigger that cannot work: NoData naming it.
+    """
+    values: dict[str, PodValue] = {}
+    problems: dict[str, str] = {}
+    for page in pages:
+        reading = pod_reading(page.samples, spec.engine, spec.model)
+        value = value_for(reading, spec.metric.value)
+        if isinstance(value, Missing):
+            if value.kind is MissingKind.NOT_EXPORTED:
+                raise NoData(f"pod {page.pod}: {value.reason}")
+            problems[page.pod] = value.reason
+            continue
+        inputs = tuple(
+            (name, None if isinstance(v, Missing) else v)
+            for name, v in (
+                ("running", reading.running),
+                ("waiting", reading.waiting),
+                ("kvCache", reading.kv_cache),
+            )
+        )
+        engine = reading.engine.value if reading.engine is not None else "unknown"
+        values[page.pod] = PodValue(page.pod, engine, value, (), inputs)
+    return values, problems
 
 
 def aggregate(values: Collection[float], aggregation: Aggregation) -> float:
@@ -132,7 +171,8 @@ def evaluate(
         return _result(0.0, spec, aggregation, pods, missing, 0.0)
     if not reporting or 2 * len(reporting) < total:
         raise NoData(
-            f"only {len(reporting)} of {total} target pods have fresh GPU data"
+            f"only {len(reporting)} of {total} target pods have fresh"
+            f" {'inference-server' if spec.metric.inference else 'GPU'} data"
             f" (missing: {', '.join(missing[:10])}{' …' if len(missing) > 10 else ''}); at least half are needed"
         )
     reported = [p.value for p in pods]

@@ -34,7 +34,7 @@ def supervised(
                 reason = "returned"
             except asyncio.CancelledError:
                 raise
-            except Exception as error:  # noqa: BLE001 - any bug must not end the task for good
+            except Exception as error:
                 reason = f"failed: {type(error).__name__}: {error}"
                 log.exception("background task %s %s; restarting it", name, reason)
             else:

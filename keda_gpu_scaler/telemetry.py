@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from keda_gpu_scaler.registry import Explanation
-from keda_gpu_scaler.scaling import Evaluation
+from keda_gpu_scaler.scaling import Evaluation, PodValue
 from keda_gpu_scaler.trigger import KEYS, TriggerSpec
 
 PREFIX = "keda_gpu_scaler"
@@ -131,6 +131,15 @@ def explanation_json(namespace: str, name: str, explanation: Explanation) -> dic
     return entry
 
 
+def _pod_json(pod: PodValue) -> dict[str, Any]:
+    entry: dict[str, Any] = {"pod": pod.pod, "family": str(pod.family), "value": pod.value}
+    if pod.inputs:
+        entry["inputs"] = dict(pod.inputs)  # an inference server's waiting, running and KV-cache %
+    else:
+        entry["gpus"] = [{"gpu": g.gpu, "host": g.host, "value": g.value} for g in pod.gpus]
+    return entry
+
+
 def evaluation_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]:
     return {
         "value": evaluation.value,
@@ -138,15 +147,7 @@ def evaluation_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]
         "activationThreshold": spec.activation_threshold,
         "threshold": spec.threshold,
         "aggregation": evaluation.aggregation.value,
-        "pods": [
-            {
-                "pod": p.pod,
-                "family": p.family.value,
-                "value": p.value,
-                "gpus": [{"gpu": g.gpu, "host": g.host, "value": g.value} for g in p.gpus],
-            }
-            for p in evaluation.pods
-        ],
+        "pods": [_pod_json(p) for p in evaluation.pods],
         "missingPods": list(evaluation.missing_pods),
         "missingPodValue": evaluation.missing_pod_value,
         "hpa": {

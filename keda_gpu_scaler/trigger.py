@@ -11,6 +11,7 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
+from keda_gpu_scaler.engines import ENGINE_CHOICES, accepts_model, engine_supports, unsupported_message
 from keda_gpu_scaler.errors import ConfigError, quoted
 from keda_gpu_scaler.vendors import Family, NvidiaField
 
@@ -18,6 +19,22 @@ from keda_gpu_scaler.vendors import Family, NvidiaField
 class Metric(StrEnum):
     UTILIZATION = "utilization"
     MEMORY = "memory"
+    # Read from the inference servers' own pages (SPEC §6), not from GPU exporters.
+    REQUESTS = "requests"
+    QUEUE = "queue"
+    KV_CACHE = "kv_cache"
+
+    @property
+    def inference(self) -> bool:
+        return self in _INFERENCE_METRICS
+
+    @property
+    def percent(self) -> bool:
+        """The value is a percentage per pod, so the threshold is one too (at most 100)."""
+        return self in (Metric.UTILIZATION, Metric.MEMORY, Metric.KV_CACHE)
+
+
+_INFERENCE_METRICS = frozenset({Metric.REQUESTS, Metric.QUEUE, Metric.KV_CACHE})
 
 
 class GpuAggregation(StrEnum):
@@ -74,6 +91,13 @@ class TriggerSpec:
     nvidia_field: NvidiaField
     source: Source | None  # None: the server's default source
     metric_name: str
+    # Inference metrics only (SPEC §6).
+    engine: str = "auto"
+    model: str | None = None
+    metrics_port: str | None = (
+        None  # a number or a container port name; None: metrics, else http, else the first
+    )
+    metrics_path: str = "/metrics"
 
     @property
     def effective_aggregation(self) -> Aggregation:
@@ -112,12 +136,55 @@ def _number(key: str, raw: str) -> float:
 
 def _threshold(key: str, raw: str) -> float:
     value = _number(key, raw)
-    if not MIN_THRESHOLD <= value <= 100:
+    # The upper bound (100 for percentages) depends on the metric: checked once all keys are read.
+    if value < MIN_THRESHOLD:
         raise ConfigError(
-            f"metadata {key}={quoted(raw)} is out of range; allowed: a percentage with {MIN_THRESHOLD:g} <="
-            f" {key} <= 100"
+            f"metadata {key}={quoted(raw)} is out of range; allowed: {MIN_THRESHOLD:g} <= {key} (and <= 100 for"
+            " the percentage metrics utilization, memory and kv_cache)"
         )
     return value
+
+
+def _engine(key: str, raw: str) -> str:
+    if raw not in ENGINE_CHOICES:
+        raise ConfigError(
+            f"metadata {key}={quoted(raw)} is not allowed; use one of: {', '.join(ENGINE_CHOICES)}"
+        )
+    return raw
+
+
+def _model(key: str, raw: str) -> str:
+    if not raw or len(raw) > 253 or not raw.isprintable():
+        raise ConfigError(
+            f"metadata {key}={quoted(raw)} is not a model name; allowed: 1-253 printable characters"
+        )
+    return raw
+
+
+_PORT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?")
+
+
+def _metrics_port(key: str, raw: str) -> str:
+    if raw.isascii() and raw.isdigit() and 1 <= int(raw) <= 65535:
+        return str(int(raw))
+    if _PORT_NAME.fullmatch(raw) and any(c.isalpha() for c in raw):
+        return raw
+    raise ConfigError(
+        f"metadata {key}={quoted(raw)} is not a port; allowed: a number 1-65535 or a container port name"
+        " (at most 15 lower-case letters, digits and '-')"
+    )
+
+
+_PATH = re.compile(r"/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*")
+
+
+def _metrics_path(key: str, raw: str) -> str:
+    if not _PATH.fullmatch(raw) or len(raw) > 256:
+        raise ConfigError(
+            f"metadata {key}={quoted(raw)} is not a URL path; allowed: a path starting with '/', without"
+            " query or fragment, e.g. /metrics"
+        )
+    return raw
 
 
 def _activation_threshold(key: str, raw: str) -> float:
@@ -172,7 +239,9 @@ KEYS: tuple[MetadataKey, ...] = (
         _enum_parser(Metric),
         Metric.UTILIZATION,
         "`utilization`",
-        "`utilization` (GPU busy %, 0–100 per GPU) or `memory` (GPU memory used %, 0–100 per GPU)",
+        "`utilization` (GPU busy %, 0–100 per GPU), `memory` (GPU memory used %, 0–100 per GPU), or from the"
+        " inference server's own page: `requests` (running + waiting per pod), `queue` (waiting per pod),"
+        " `kv_cache` (KV-cache in use, %)",
     ),
     MetadataKey(
         "threshold",
@@ -180,7 +249,8 @@ KEYS: tuple[MetadataKey, ...] = (
         _threshold,
         _REQUIRED,
         "required",
-        "target per pod, in %, 0.001 <= threshold <= 100",
+        "target per pod: in % for utilization, memory and kv_cache (0.001 <= threshold <= 100); requests or"
+        " waiting requests per pod for requests and queue (>= 0.001)",
     ),
     MetadataKey(
         "activationThreshold",
@@ -248,6 +318,38 @@ KEYS: tuple[MetadataKey, ...] = (
         "`scrape` (exporters directly) or `prometheus`",
     ),
     MetadataKey(
+        "engine",
+        "engine",
+        _engine,
+        "auto",
+        "`auto`",
+        "inference metrics: `auto` (recognised from the page), `vllm`, `sglang`, `tgi`, `triton`, `trtllm`",
+    ),
+    MetadataKey(
+        "model",
+        "model",
+        _model,
+        None,
+        "all models",
+        "inference metrics: only series whose `model_name`/`model` label equals this",
+    ),
+    MetadataKey(
+        "metricsPort",
+        "metrics_port",
+        _metrics_port,
+        None,
+        "port `metrics`, else `http`, else the first",
+        "inference metrics with Kubernetes: the target pods' metrics port, a number or a container port name",
+    ),
+    MetadataKey(
+        "metricsPath",
+        "metrics_path",
+        _metrics_path,
+        "/metrics",
+        "`/metrics`",
+        "inference metrics with Kubernetes: the path of the target pods' metrics page",
+    ),
+    MetadataKey(
         "metricName",
         "metric_name",
         _metric_name,
@@ -258,7 +360,15 @@ KEYS: tuple[MetadataKey, ...] = (
 )
 _KEYS = {k.key: k for k in KEYS}
 METADATA_KEYS: tuple[str, ...] = tuple(_KEYS)
-DEFAULT_METRIC_NAMES = {Metric.UTILIZATION: "gpu-utilization", Metric.MEMORY: "gpu-memory"}
+DEFAULT_METRIC_NAMES = {
+    Metric.UTILIZATION: "gpu-utilization",
+    Metric.MEMORY: "gpu-memory",
+    Metric.REQUESTS: "inference-requests",
+    Metric.QUEUE: "inference-queue",
+    Metric.KV_CACHE: "kv-cache",
+}
+_GPU_ONLY_KEYS = ("vendor", "nvidia_field", "gpu_aggregation")
+_INFERENCE_ONLY_KEYS = ("engine", "model", "metrics_port", "metrics_path")
 
 
 def parse_trigger(metadata: Mapping[str, str]) -> TriggerSpec:
@@ -295,17 +405,45 @@ def _parse_cached(items: frozenset[tuple[str, str]]) -> TriggerSpec:
         if spec_key.field in fields:
             raise ConfigError(f"metadata {base} and {base}{FROM_ENV} are both given; give one of them")
         fields[spec_key.field] = spec_key.parse(key, raw)
+    given = {name: key for name, key in ((_KEYS[k.removesuffix(FROM_ENV)].field, k) for k, _ in items)}
     for spec_key in KEYS:
         if spec_key.field in fields:
             continue
         if spec_key.default is _REQUIRED:
             raise ConfigError(f"metadata {spec_key.key} is required; allowed: {spec_key.help}")
         fields[spec_key.field] = spec_key.default
+    _check_metric_fit(fields, given)
     if fields["metric_name"] is None:
         fields["metric_name"] = DEFAULT_METRIC_NAMES[fields["metric"]]
     if fields["pod_selector"] is not None and fields["pod_name_prefix"] is not None:
         raise ConfigError("metadata podSelector and podNamePrefix exclude each other; give one of them")
     return TriggerSpec(**fields)
+
+
+def _check_metric_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
+    """Keys that only make sense for one kind of metric, and what the chosen engine can serve."""
+    metric: Metric = fields["metric"]
+    if metric.percent and fields["threshold"] > 100:
+        raise ConfigError(
+            f"metadata threshold={fields['threshold']:g} is out of range for metric={metric.value}; allowed: a"
+            " percentage with 0.001 <= threshold <= 100"
+        )
+    wrong = _GPU_ONLY_KEYS if metric.inference else _INFERENCE_ONLY_KEYS
+    for name in wrong:
+        if name in given:
+            kind = (
+                "GPU metrics (utilization, memory)"
+                if metric.inference
+                else "inference metrics (requests, queue, kv_cache)"
+            )
+            raise ConfigError(f"metadata {given[name]} applies only to {kind}, not to metric={metric.value}")
+    if metric.inference:
+        if not engine_supports(fields["engine"], metric.value):
+            raise ConfigError(f"metadata {unsupported_message(fields['engine'], metric.value)}")
+        if fields["model"] is not None and not accepts_model(fields["engine"]):
+            raise ConfigError(
+                f"metadata model={quoted(fields['model'])}: engine {fields['engine']} series carry no model label"
+            )
 
 
 def _unknown_key_message(key: str) -> str:

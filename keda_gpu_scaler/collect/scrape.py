@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import logging
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
+from keda_gpu_scaler import exposition
 from keda_gpu_scaler.backoff import JITTER, backoff_delay, jittered
 from keda_gpu_scaler.collect.http import (
     BearerToken,
@@ -22,8 +26,7 @@ from keda_gpu_scaler.collect.http import (
     refuse_redirect,
 )
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, Interest
-from keda_gpu_scaler.collect.store import Page, Store
-from keda_gpu_scaler import exposition
+from keda_gpu_scaler.collect.store import Page, SourceKind, Store
 from keda_gpu_scaler.exposition import ExpositionError, Sample
 from keda_gpu_scaler.secretfile import SecretFileError
 from keda_gpu_scaler.supervise import supervised
@@ -67,7 +70,8 @@ class PageReader:
     as a fleet with no pods, which would be a made-up 0."""
 
     names: frozenset[str]
-    readings: Callable[[Sequence[Sample]], Iterable[GpuReading]]
+    # GPU readings for exporter pages; one PodSamples for an inference pod's page (anything with a namespace).
+    readings: Callable[[Sequence[Sample]], Iterable[Any]]
     valid_names: frozenset[str]
     what: str
 
@@ -90,7 +94,9 @@ class ScrapeLimits:
 class AiohttpFetcher:
     """GET one page with aiohttp: no redirects, the body capped after decompression, bearer on HTTPS."""
 
-    def __init__(self, session: aiohttp.ClientSession, limits: ScrapeLimits, token: BearerToken | None = None):
+    def __init__(
+        self, session: aiohttp.ClientSession, limits: ScrapeLimits, token: BearerToken | None = None
+    ):
         self._session = session
         self._max_bytes = limits.max_page_bytes
         # One timeout object for every request, not one per scrape.
@@ -106,7 +112,9 @@ class AiohttpFetcher:
             url, headers=headers, timeout=self._timeout, allow_redirects=False
         ) as response:
             if 300 <= response.status < 400:
-                raise refuse_redirect(response.status, response.reason or "", response.headers.get("Location"))
+                raise refuse_redirect(
+                    response.status, response.reason or "", response.headers.get("Location")
+                )
             if response.status != 200:
                 raise aiohttp.ClientResponseError(
                     response.request_info, (), status=response.status, message=response.reason or ""
@@ -131,19 +139,80 @@ def read_page(body: bytes, reader: PageReader) -> dict[str, tuple[GpuReading, ..
     grouped: defaultdict[str, list[GpuReading]] = defaultdict(list)
     for reading in reader.readings(samples):
         grouped[reading.namespace].append(reading)
+    exposition.release_in_slices(samples)
     return {ns: tuple(rs) for ns, rs in grouped.items()}
 
 
+ByNamespace = dict[str, tuple[GpuReading, ...]]
+
+
 def _digest_and_read(
-    body: bytes, previous: bytes | None, reader: PageReader
-) -> tuple[bytes, dict[str, tuple[GpuReading, ...]] | None]:
+    body: bytes, previous: tuple[bytes, Page] | None, reader: PageReader
+) -> tuple[bytes, ByNamespace]:
     # dcgm-exporter refreshes every 30 s: most scrapes return the very page parsed last time, and then
     # only its age changes. A digest (not the bytes) keeps 1,000 exporters' memory small; SHA-256 because
     # CPUs hash it in hardware (about 2x faster than BLAKE2 here).
     digest = hashlib.sha256(body).digest()
-    if digest == previous:
-        return digest, None
-    return digest, read_page(body, reader)
+    if previous is None:
+        return digest, read_page(body, reader)
+    old = previous[1].by_namespace
+    if digest == previous[0]:
+        return digest, old
+    # A namespace whose readings did not change keeps the very same tuple: the store's comparison of
+    # old and new pages then costs an identity check, not one comparison per GPU.
+    new = read_page(body, reader)
+    return digest, {ns: old[ns] if old.get(ns) == readings else readings for ns, readings in new.items()}
+
+
+def _release(old: ByNamespace, kept: ByNamespace) -> None:
+    for namespace in list(old):
+        readings = old.pop(namespace)
+        if kept.get(namespace) is not readings:
+            items = list(readings)
+            del readings
+            exposition.release_in_slices(items)
+
+
+class _CollectorPaused:
+    """Automatic garbage collection held off while large pages are read in worker threads.
+
+    Reading a 150,000-series page allocates hundreds of thousands of objects; the full collections
+    that this triggers walk every object of the process while holding the GIL, for 100-350 ms each:
+    the event loop would stall on them though the parse itself is off the loop. Page objects hold no
+    reference cycles (refcounting frees them), so nothing is lost by waiting: collection resumes when
+    the last large read ends, and the new page's objects are then moved out of the collector's
+    generations (gc.freeze, as at start-up) so later collections do not walk them either.
+    """
+
+    def __init__(self) -> None:
+        self._readers = 0
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self._readers += 1
+            if self._readers == 1:
+                self._was_enabled = gc.isenabled()
+                gc.disable()
+
+    def __exit__(self, *_: object) -> None:
+        with self._lock:
+            self._readers -= 1
+            if self._readers == 0 and self._was_enabled:
+                # Not gc.collect() first: the young generation now holds the whole page, walking it
+                # would be the very stall avoided. Cyclic garbage made meanwhile stays frozen (small).
+                gc.freeze()
+                gc.enable()
+
+
+_COLLECTOR_PAUSED = _CollectorPaused()
+
+
+def _read_large(
+    body: bytes, previous: tuple[bytes, Page] | None, reader: PageReader
+) -> tuple[bytes, ByNamespace]:
+    with _COLLECTOR_PAUSED:
+        return _digest_and_read(body, previous, reader)
 
 
 class ScrapeCollector:
@@ -177,11 +246,24 @@ class ScrapeCollector:
         self._semaphore = asyncio.Semaphore(limits.concurrency)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._last: dict[str, tuple[bytes, Page]] = {}  # url → digest of the last good page, and its page
+        self._readers: dict[str, PageReader] = {}  # URLs read otherwise than with the collector's reader
 
-    def add(self, url: str) -> None:
+    def add(
+        self,
+        url: str,
+        *,
+        reader: PageReader | None = None,
+        kind: SourceKind = SourceKind.SCRAPE,
+        namespace: str | None = None,
+        pod: str | None = None,
+    ) -> None:
+        """Scrape url while wanted. reader: how this URL's page is read (default: the collector's);
+        kind, namespace, pod: what the store files it under (an inference server's page is one pod's)."""
         if url in self._tasks:
             return
-        self._store.add_source(url)
+        if reader is not None:
+            self._readers[url] = reader
+        self._store.add_source(url, kind, namespace, pod)
         # Supervised: a loop that ended on a bug would leave the URL registered but never scraped again.
         self._tasks[url] = supervised(lambda: self._run(url), f"scrape {url}")
 
@@ -191,6 +273,7 @@ class ScrapeCollector:
         if task is not None:
             task.cancel()
         self._last.pop(url, None)
+        self._readers.pop(url, None)
         self._store.remove_source(url)
 
     async def stop(self) -> None:
@@ -207,15 +290,14 @@ class ScrapeCollector:
             async with self._semaphore:
                 body = await self._fetcher.get(url)
             previous = self._last.get(url)
-            args = (body, previous[0] if previous else None, self._reader)
-            if len(body) > PARSE_OFF_LOOP_BYTES:
-                digest, by_namespace = await asyncio.to_thread(_digest_and_read, *args)
+            reader = self._readers.get(url, self._reader)
+            large = len(body) > PARSE_OFF_LOOP_BYTES
+            if large:
+                digest, by_namespace = await asyncio.to_thread(_read_large, body, previous, reader)
             else:
-                digest, by_namespace = _digest_and_read(*args)
-            if by_namespace is None:
-                assert previous is not None
-                by_namespace = previous[1].by_namespace
-            page = Page(url, self._clock(), by_namespace)
+                digest, by_namespace = _digest_and_read(body, previous, reader)
+            # The page had the wanted families (else NotOurPage) but named no pod: see Page.unattributed.
+            page = Page(url, self._clock(), by_namespace, unattributed=not by_namespace)
             self._last[url] = (digest, page)
         except asyncio.CancelledError:
             raise
@@ -236,6 +318,12 @@ class ScrapeCollector:
             return False
         self._store.record_page(page)
         self._telemetry.scrape_done(ok=True, seconds=self._clock() - started)
+        if large and previous is not None and previous[1].by_namespace is not by_namespace:
+            # The replaced page is freed in a worker thread, a slice at a time (not in one long C call
+            # on the loop when its last reference goes).
+            old = previous[1].by_namespace
+            del previous
+            await asyncio.to_thread(_release, old, by_namespace)
         return True
 
     def retry_delay(self, failures: int) -> float:

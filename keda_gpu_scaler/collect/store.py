@@ -16,7 +16,9 @@ from keda_gpu_scaler.vendors import GpuReading
 # exporter cannot shrink the value (SPEC §4).
 # The Prometheus source forgets a scrape target that Prometheus has not seen for this long.
 RECENTLY_SEEN_SECONDS = 300.0
-ATTRIBUTION_LOST = "its page has GPU series but no pod labels (dcgm-exporter lost the kubelet's pod-resources socket?)"
+ATTRIBUTION_LOST = (
+    "its page has GPU series but no pod labels (dcgm-exporter lost the kubelet's pod-resources socket?)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,9 @@ class Page:
 class SourceKind(StrEnum):
     SCRAPE = "scrape"  # an exporter page, naming pods of any namespace
     PROMETHEUS = "prometheus"  # one namespace's query results from a Prometheus-compatible API
+    # Inference-server pages (SPEC §6): elements are collect.inference.PodSamples, not GPU readings.
+    INFERENCE = "inference"  # one pod's own page (its namespace is known)
+    PROMETHEUS_INFERENCE = "prometheus-inference"  # one namespace's engine series through Prometheus
 
 
 @dataclass(slots=True)
@@ -52,6 +57,7 @@ class SourceState:
     source: str
     kind: SourceKind = SourceKind.SCRAPE
     namespace: str | None = None  # None: the source may name pods of any namespace
+    pod: str | None = None  # the one pod this source is about (an inference server's own page), if known
     last_page: Page | None = None
     last_error: str | None = None
     # The last page that named pods, kept while newer pages name none (see Page.unattributed).
@@ -78,6 +84,9 @@ class Store:
 
     def __init__(self) -> None:
         self._sources: dict[str, SourceState] = {}
+        # By kind and namespace (None: sources naming pods of any namespace), so one namespace's view
+        # reads only its own sources, not thousands of other namespaces' pod pages.
+        self._index: dict[tuple[SourceKind, str | None], dict[str, SourceState]] = {}
         # Per namespace, so a stream wakes only when its own namespace's data changed: with many streams,
         # waking all of them on every scrape of every exporter would cost an evaluation each.
         self._versions: defaultdict[str, int] = defaultdict(int)
@@ -96,16 +105,26 @@ class Store:
         return self._epoch
 
     def add_source(
-        self, source: str, kind: SourceKind = SourceKind.SCRAPE, namespace: str | None = None
+        self,
+        source: str,
+        kind: SourceKind = SourceKind.SCRAPE,
+        namespace: str | None = None,
+        pod: str | None = None,
     ) -> None:
         if source not in self._sources:
-            self._sources[source] = SourceState(source, kind, namespace)
+            state = SourceState(source, kind, namespace, pod)
+            self._sources[source] = state
+            self._index.setdefault((kind, namespace), {})[source] = state
             self._epoch += 1
 
     def remove_source(self, source: str) -> None:
         state = self._sources.pop(source, None)
         if state is None:
             return
+        group = self._index.get((state.kind, state.namespace), {})
+        group.pop(source, None)
+        if not group:
+            self._index.pop((state.kind, state.namespace), None)
         self._epoch += 1
         if state.last_page is not None:
             self._bump(state.last_page.by_namespace)
@@ -149,9 +168,8 @@ class Store:
         fresh = 0
         valid_until = float("inf")
         states = [
-            s
-            for s in self._sources.values()
-            if s.kind is kind and (s.namespace is None or s.namespace == namespace)
+            *self._index.get((kind, None), {}).values(),
+            *self._index.get((kind, namespace), {}).values(),
         ]
         for state in states:
             page = state.last_page
@@ -174,6 +192,8 @@ class Store:
                 reason += f"; last data {age:.1f}s old"
             problems.append(reason)
             # However long the outage lasts: forgetting these pods would shrink the value (made-up load drop).
+            if state.pod is not None:
+                recently_seen.setdefault(state.pod, reason)
             for last in (page, state.last_attributed):
                 if last is not None:
                     for reading in last.by_namespace.get(namespace, ()):

@@ -245,9 +245,13 @@ def _example_scaled_objects() -> Iterator[dict[str, Any]]:
 
 
 def _scaler_host(scaled_object: dict[str, Any]) -> str:
-    (trigger,) = [t for t in scaled_object["spec"]["triggers"] if t["type"] in EXTERNAL_TRIGGER_TYPES]
-    host: str = trigger["metadata"]["scalerAddress"].rpartition(":")[0]
-    return host
+    # A ScaledObject may have several of our triggers (vLLM: requests and kv_cache): one scaler for all.
+    (host,) = {
+        t["metadata"]["scalerAddress"].rpartition(":")[0]
+        for t in scaled_object["spec"]["triggers"]
+        if t["type"] in EXTERNAL_TRIGGER_TYPES
+    }
+    return str(host)
 
 
 def test_examples_cover_every_setup_with_external_and_external_push() -> None:

@@ -7,7 +7,13 @@ from collections.abc import Hashable
 import grpc
 import pytest
 
-from keda_gpu_scaler.errors import ConfigError, NoData, ResourceExhausted, TooManyScaledObjects, TooManyStreams
+from keda_gpu_scaler.errors import (
+    ConfigError,
+    NoData,
+    ResourceExhausted,
+    TooManyScaledObjects,
+    TooManyStreams,
+)
 from keda_gpu_scaler.registry import Memo, Registry
 from keda_gpu_scaler.service import status_for
 from keda_gpu_scaler.trigger import TriggerSpec, parse_trigger
@@ -108,7 +114,7 @@ def test_cap_refuses_new_scaledobjects_naming_the_flag_and_keeps_followed_ones()
     registry.follow("a", "one", SPEC)  # already followed: still served
     clock.now += 601
     registry.follow("a", "three", SPEC)  # the others expired, so there is room again
-    assert registry.keys() == [("a", "three")]
+    assert registry.followed_keys() == [("a", "three")]
 
 
 @pytest.mark.parametrize(

@@ -80,8 +80,16 @@ BAD = [
     ({"threshold": "70", "thresold": "70"}, ["thresold", "did you mean 'threshold'"]),
     ({}, ["threshold", "required"]),
     ({"threshold": "abc"}, ["threshold", "'abc'", "not a number"]),
-    ({"threshold": "0"}, ["threshold", "'0'", "0.001 <= threshold <= 100"]),
-    ({"threshold": "100.5"}, ["threshold", "'100.5'", "0.001 <= threshold <= 100"]),
+    ({"threshold": "0"}, ["threshold", "'0'", "0.001 <= threshold"]),
+    ({"threshold": "100.5"}, ["threshold=100.5", "metric=utilization", "0.001 <= threshold <= 100"]),
+    ({"threshold": "150", "metric": "kv_cache"}, ["threshold=150", "metric=kv_cache", "<= 100"]),
+    ({"threshold": "8", "metric": "requests", "vendor": "amd"}, ["vendor", "only to GPU metrics"]),
+    ({"threshold": "70", "engine": "vllm"}, ["engine", "only to inference metrics"]),
+    ({"threshold": "8", "metric": "requests", "engine": "triton"}, ["triton", "requests", "queue"]),
+    ({"threshold": "8", "metric": "queue", "engine": "tgi", "model": "m"}, ["model", "tgi"]),
+    ({"threshold": "8", "metric": "requests", "metricsPort": "99999"}, ["metricsPort", "1-65535"]),
+    ({"threshold": "8", "metric": "requests", "metricsPath": "metrics?x=1"}, ["metricsPath", "starting with '/'"]),
+    ({"threshold": "8", "metric": "requests", "engine": "vlm"}, ["engine", "'vlm'", "vllm"]),
     ({"threshold": "-3"}, ["threshold", "'-3'"]),
     ({"threshold": "nan"}, ["threshold", "'nan'", "finite"]),
     ({"threshold": "inf"}, ["threshold", "'inf'", "finite"]),
@@ -182,3 +190,16 @@ def test_error_messages_quote_at_most_about_a_hundred_characters() -> None:
     with pytest.raises(ConfigError) as raised:
         parse_trigger({"threshold": "70", "x" * 120: "1"})
     assert len(str(raised.value)) < 800
+
+
+def test_inference_metrics_take_any_positive_threshold_and_their_own_names() -> None:
+    spec = parse_trigger({"metric": "requests", "threshold": "250", "engine": "sglang", "metricsPort": "metrics"})
+    assert (spec.threshold, spec.metric_name, spec.engine, spec.metrics_port) == (
+        250,
+        "inference-requests",
+        "sglang",
+        "metrics",
+    )
+    assert parse_trigger({"metric": "queue", "threshold": "5"}).metric_name == "inference-queue"
+    assert parse_trigger({"metric": "kv_cache", "threshold": "80"}).metric_name == "kv-cache"
+    assert parse_trigger({"metric": "requests", "threshold": "8", "metricsPort": "08000"}).metrics_port == "8000"

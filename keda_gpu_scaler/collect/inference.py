@@ -1,0 +1,143 @@
+"""Inference-server pages (SPEC §6): which pod each page belongs to, which pages are wanted, and why.
+
+GPU exporters serve one page per node naming many pods; an inference server serves its own pod's page,
+so the pod is known from where the page was fetched, not from its labels. Pages are kept as the pod's
+raw samples: how they become a value depends on the trigger (`engine`, `model`, `metric`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from keda_gpu_scaler.collect.scrape import PageReader, ScrapeCollector
+from keda_gpu_scaler.collect.store import SourceKind
+from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES
+from keda_gpu_scaler.exposition import Sample
+
+log = logging.getLogger(__name__)
+
+# Interest key of inference-server pages scraped directly (pods' own endpoints or --inference-url).
+INFERENCE_INTEREST = "inference"
+
+
+def prometheus_inference_interest(namespace: str) -> tuple[str, str]:
+    """Interest key of one namespace's inference-server series read through Prometheus."""
+    return ("prometheus-inference", namespace)
+
+
+# Container port names tried, in order, when the trigger gives no metricsPort (SPEC §6).
+DEFAULT_PORT_NAMES = ("metrics", "http")
+
+
+@dataclass(frozen=True, slots=True)
+class PodSamples:
+    """One pod's inference-server series (only the engines' families), as one page gave them."""
+
+    namespace: str
+    pod: str
+    samples: tuple[Sample, ...]
+
+
+def pod_page_reader(namespace: str, pod: str) -> Callable[[Sequence[Sample]], Iterable[PodSamples]]:
+    """Reads a pod's own page: every kept sample is that pod's, whatever its labels say."""
+
+    def read(samples: Sequence[Sample]) -> list[PodSamples]:
+        return [PodSamples(namespace, pod, tuple(samples))]
+
+    return read
+
+
+def metrics_port(ports: Sequence[tuple[str | None, int]], wanted: str | None) -> int | None:
+    """The port of a pod's metrics page: `metricsPort` (a number or a port name), else the container port
+    named `metrics`, else `http`, else the first one. None when the pod has no such port."""
+    if wanted is not None:
+        if wanted.isdigit():
+            return int(wanted)
+        return next((number for name, number in ports if name == wanted), None)
+    for preferred in DEFAULT_PORT_NAMES:
+        found = next((number for name, number in ports if name == preferred), None)
+        if found is not None:
+            return found
+    return ports[0][1] if ports else None
+
+
+def pod_url(ip: str, port: int, path: str) -> str:
+    host = f"[{ip}]" if ":" in ip else ip
+    return f"http://{host}:{port}{path}"
+
+
+class PageSink(Protocol):
+    """Where wanted pages go: the inference scrape collector (add/remove a URL with the pod it names)."""
+
+    def add_pod_page(self, url: str, namespace: str, pod: str) -> None: ...
+
+    def remove(self, url: str) -> None: ...
+
+
+class InferencePages:
+    """The PageSink of the running scaler: each pod page becomes a source of its own in the store."""
+
+    def __init__(self) -> None:
+        self.collector: ScrapeCollector | None = None  # set once the HTTP session exists (App.start)
+
+    def add_pod_page(self, url: str, namespace: str, pod: str) -> None:
+        assert self.collector is not None, "pages are wanted only once the scaler has started"
+        reader = PageReader(
+            ENGINE_SAMPLE_NAMES,
+            pod_page_reader(namespace, pod),
+            ENGINE_SAMPLE_NAMES,
+            "inference-server metrics",
+        )
+        self.collector.add(url, reader=reader, kind=SourceKind.INFERENCE, namespace=namespace, pod=pod)
+
+    def remove(self, url: str) -> None:
+        if self.collector is not None:
+            self.collector.remove(url)
+
+
+class WantedPages:
+    """Which pod pages followed ScaledObjects want: a page is scraped while at least one wants it.
+
+    Each owner (a followed ScaledObject's trigger) says which pages it wants now; pages it no longer
+    names (a pod gone in a rollout) are released at once, and all of them when the owner is forgotten.
+    """
+
+    def __init__(self, sink: PageSink) -> None:
+        self._sink = sink
+        self._by_owner: dict[object, dict[str, tuple[str, str]]] = {}
+        self._owners: dict[str, int] = {}
+
+    def want(self, owner: object, pages: Mapping[str, tuple[str, str]]) -> None:
+        """pages: url → (namespace, pod). Replaces what `owner` wanted before."""
+        before = self._by_owner.get(owner, {})
+        if before == pages:
+            return
+        for url, (namespace, pod) in pages.items():
+            if url not in before:
+                self._owners[url] = self._owners.get(url, 0) + 1
+                if self._owners[url] == 1:
+                    self._sink.add_pod_page(url, namespace, pod)
+        for url in before.keys() - pages.keys():
+            self._unref(url)
+        if pages:
+            self._by_owner[owner] = dict(pages)
+        else:
+            self._by_owner.pop(owner, None)
+
+    def release(self, owner: object) -> None:
+        for url in self._by_owner.pop(owner, {}):
+            self._unref(url)
+
+    def __len__(self) -> int:
+        return len(self._owners)
+
+    def _unref(self, url: str) -> None:
+        left = self._owners.get(url, 0) - 1
+        if left > 0:
+            self._owners[url] = left
+            return
+        self._owners.pop(url, None)
+        self._sink.remove(url)

@@ -1,0 +1,140 @@
+"""Inference metrics (SPEC §6) end to end: real loopback inference-server pages, real gRPC calls."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from support import ExporterServer, eventually
+
+from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler.engines.simulated import EngineLoad, tgi_page, vllm_page
+
+REQUESTS = {"metric": "requests", "threshold": "8", "podNamePrefix": "chat-"}
+
+
+def ref(metadata: dict[str, str], name: str = "chat") -> pb.ScaledObjectRef:
+    return pb.ScaledObjectRef(name=name, namespace="llm", scalerMetadata=metadata)
+
+
+async def value(scaler, metadata: dict[str, str], metric: str = "inference-requests") -> float:  # type: ignore[no-untyped-def]
+    response = await scaler.stub.GetMetrics(
+        pb.GetMetricsRequest(scaledObjectRef=ref(metadata), metricName=metric)
+    )
+    assert len(response.metricValues) == 1
+    return response.metricValues[0].metricValueFloat
+
+
+async def code_of(call) -> grpc.StatusCode:  # type: ignore[no-untyped-def]
+    """The status a call ends with (OK when it answers): for polling until an error shows."""
+    try:
+        await call
+    except grpc.aio.AioRpcError as error:
+        return error.code()
+    return grpc.StatusCode.OK
+
+
+async def pod_pages(make_exporter, *pages: str) -> list[ExporterServer]:  # type: ignore[no-untyped-def]
+    return [await make_exporter(page) for page in pages]
+
+
+def inference_urls(servers: list[ExporterServer], prefix: str = "chat-") -> tuple[tuple[str, str, str], ...]:
+    return tuple(("llm", f"{prefix}{index}", server.url) for index, server in enumerate(servers))
+
+
+async def test_requests_is_running_plus_waiting_summed_over_pods(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    servers = await pod_pages(
+        make_exporter,
+        vllm_page("llama", [EngineLoad(12, 8, 0.5)]),  # 20 in flight
+        vllm_page("llama", [EngineLoad(6, 2, 0.3), EngineLoad(4, 2, 0.4)]),  # data-parallel: 14
+        vllm_page("llama", [EngineLoad(9, 0, 0.2)]),  # 9
+    )
+    scaler = await make_scaler(inference_urls=inference_urls(servers))
+    spec = await scaler.stub.GetMetricSpec(ref(REQUESTS))
+    assert spec.metricSpecs[0].metricName == "inference-requests"
+    assert spec.metricSpecs[0].targetSizeFloat == 8
+
+    async def total() -> None:
+        assert await value(scaler, REQUESTS) == 43  # → ceil(43 / 8) = 6 replicas
+
+    await eventually(total)
+    queue = {**REQUESTS, "metric": "queue", "threshold": "5"}
+    assert await value(scaler, queue, "inference-queue") == 12
+    kv = {**REQUESTS, "metric": "kv_cache", "threshold": "80"}
+    assert await value(scaler, kv, "kv-cache") == pytest.approx(50 + 35 + 20)
+    assert (await scaler.stub.IsActive(ref(REQUESTS))).result is True
+
+
+async def test_a_server_whose_engine_has_not_started_is_a_missing_pod_not_a_zero(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    servers = await pod_pages(
+        make_exporter,
+        vllm_page("llama", [EngineLoad(4, 0, 0.1)]),
+        vllm_page("llama", []),  # no vLLM family yet
+    )
+    scaler = await make_scaler(inference_urls=inference_urls(servers))
+
+    async def one_missing_at_threshold() -> None:
+        # 4 reported; the starting pod counts as the target (8): a gap never scales down.
+        assert await value(scaler, REQUESTS) == 12
+
+    await eventually(one_missing_at_threshold)
+    servers[0].page = vllm_page("llama", [])
+
+    async def unavailable() -> None:
+        assert await code_of(value(scaler, REQUESTS)) is grpc.StatusCode.UNAVAILABLE
+
+    await eventually(unavailable)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await value(scaler, REQUESTS)
+    assert "no inference-server metrics" in (raised.value.details() or "")
+
+
+async def test_an_engine_without_the_metric_is_unavailable_naming_it(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    servers = await pod_pages(make_exporter, tgi_page(EngineLoad(3, 1, 0.0)))
+    scaler = await make_scaler(inference_urls=inference_urls(servers))
+    kv = {**REQUESTS, "metric": "kv_cache", "threshold": "80"}
+
+    async def unavailable() -> None:
+        assert await code_of(value(scaler, kv, "kv-cache")) is grpc.StatusCode.UNAVAILABLE
+
+    await eventually(unavailable)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await value(scaler, kv, "kv-cache")
+    assert "tgi" in (raised.value.details() or "").lower()
+    # Named explicitly, the same trigger is a metadata error at once.
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await scaler.stub.GetMetricSpec(ref({**kv, "engine": "tgi"}))
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_failing_inference_page_keeps_its_pod_missing(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    servers = await pod_pages(
+        make_exporter,
+        vllm_page("llama", [EngineLoad(2, 0, 0.1)]),
+        vllm_page("llama", [EngineLoad(3, 0, 0.1)]),
+    )
+    scaler = await make_scaler(inference_urls=inference_urls(servers))
+
+    async def both() -> None:
+        assert await value(scaler, REQUESTS) == 5
+
+    await eventually(both)
+    servers[1].status = 503
+
+    async def missing_counts_as_target() -> None:
+        assert await value(scaler, REQUESTS) == 2 + 8
+
+    await eventually(missing_counts_as_target)
+
+
+async def test_model_filter_reads_only_that_models_series(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    servers = await pod_pages(make_exporter, vllm_page("llama", [EngineLoad(5, 1, 0.2)]))
+    scaler = await make_scaler(inference_urls=inference_urls(servers))
+
+    async def llama_only() -> None:
+        assert await value(scaler, {**REQUESTS, "model": "llama"}) == 6
+
+    await eventually(llama_only)
+
+    assert await code_of(value(scaler, {**REQUESTS, "model": "qwen"})) is grpc.StatusCode.UNAVAILABLE
