@@ -216,7 +216,8 @@ class KubeDiscovery:
         if not informer.synced:
             raise NoData(f"listing the {informer.what} (first list)")
         targets = selection.targets(self._metric_type(tracked, spec))
-        if targets.pods:
+        # Inference metrics read the pods' own pages (SPEC §6): no GPU exporter is needed or scraped.
+        if targets.pods and not spec.metric.inference:
             # Whether an exporter serves the target nodes only changes with them or with the exporters.
             versions = (selection.version, self._exporters.version)
             known = True if tracked.covered.get(selector) == versions else None

@@ -576,3 +576,46 @@ async def test_targets_carry_each_pod_s_address_readiness_and_ports(cluster: Clu
     ready, starting = targets.endpoints["vllm-0"], targets.endpoints["vllm-1"]
     assert (ready.ip, ready.ready, dict(ready.ports)) == ("127.0.0.1", True, {"http": 8000, "metrics": 8001})
     assert (starting.ready, dict(starting.ports)) == (False, {"http": 8000})
+
+
+async def test_inference_metrics_read_each_ready_target_pods_own_page(  # type: ignore[no-untyped-def]
+    cluster: Cluster, kube_scaler, make_exporter
+) -> None:
+    from keda_gpu_scaler.engines.simulated import EngineLoad, vllm_page
+
+    metadata = {"metric": "requests", "threshold": "8", "scalerAddress": "keda-gpu-scaler.keda:6000"}
+    servers = [await make_exporter(vllm_page("llama", [EngineLoad(5 + i, i, 0.1)])) for i in range(3)]
+    cluster.kube.put(DEPLOYMENT, deployment("chat", NS, {"app": "chat"}, replicas=2))
+    cluster.kube.put(SCALED_OBJECT, scaled_object("chat", NS, {"name": "chat"}, [external(metadata)]))
+    # Every fake pod has IP 127.0.0.1: each declares its own server's port, named as vLLM charts do.
+    for index in range(2):
+        cluster.kube.put(
+            POD, pod(f"chat-{index}", NS, {"app": "chat"}, "node-a", ports=[("http", servers[index].port)])
+        )
+    # Not ready yet: not a target, and its page is not read.
+    cluster.kube.put(
+        POD, pod("chat-2", NS, {"app": "chat"}, "node-a", ready=False, ports=[("http", servers[2].port)])
+    )
+    scaler = await kube_scaler()
+    request = pb.GetMetricsRequest(
+        scaledObjectRef=pb.ScaledObjectRef(name="chat", namespace=NS, scalerMetadata=metadata),
+        metricName="inference-requests",
+    )
+
+    async def total(expected: float) -> None:
+        response = await scaler.stub.GetMetrics(request)
+        assert response.metricValues[0].metricValueFloat == expected
+
+    await eventually(lambda: total(5 + 7))
+    scraped = cluster.scraped(scaler)
+    assert servers[0].url in scraped and servers[1].url in scraped and servers[2].url not in scraped
+    # A rollout step: chat-2 becomes ready, chat-0 goes away; its page is no longer scraped.
+    cluster.kube.put(POD, pod("chat-2", NS, {"app": "chat"}, "node-a", ports=[("http", servers[2].port)]))
+    cluster.kube.delete(POD, NS, "chat-0")
+    await eventually(lambda: total(7 + 9))
+
+    async def released() -> None:
+        scaler.app.registry.follow(NS, "chat", parse_trigger(metadata))
+        assert servers[0].url not in cluster.scraped(scaler)
+
+    await eventually(released)
