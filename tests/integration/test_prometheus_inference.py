@@ -234,3 +234,18 @@ async def test_series_with_frozen_timestamps_are_left_out(
 
     await eventually(left_out, timeout=30)
     assert prometheus.query('{__name__="vllm:num_requests_running",namespace="frozen"}')
+
+
+@pytest.mark.parametrize("namespace", ['we"ird', "back\\slash", "new\nline", "dot.*", 'llm",pod!="'])
+async def test_any_namespace_is_quoted_safely(
+    source: tuple[PrometheusCollector, Store], make_exporter: Any, targets: Any, namespace: str
+) -> None:
+    server = await make_exporter(page("vllm_v1.prom"))
+    targets((server, pod_labels("llm", "vllm-0")))
+
+    async def scraped() -> None:
+        assert list(await pods_of(source, "llm")) == ["vllm-0"]
+
+    await eventually(scraped, timeout=30)
+    # Prometheus parses the query and finds nothing: the value was one string, never PromQL or a pattern.
+    assert await pods_of(source, namespace) == {}
