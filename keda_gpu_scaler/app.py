@@ -9,7 +9,7 @@ import os
 import signal
 import ssl
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Hashable
 from typing import Any
 
 import aiohttp
@@ -21,7 +21,7 @@ from keda_gpu_scaler.collect.inference import INFERENCE_INTEREST, InferencePages
 from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient, prometheus_ssl
-from keda_gpu_scaler.collect.scrape import AiohttpFetcher, ScrapeCollector, ScrapeLimits
+from keda_gpu_scaler.collect.scrape import SCRAPE_INTEREST, AiohttpFetcher, ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.discovery.api import ConnectError
 from keda_gpu_scaler.discovery.resolver import DiscoveryConfig, KubeDiscovery
@@ -143,7 +143,9 @@ class App:
         return followed.explanation if followed is not None else None
 
     def explained(self) -> list[tuple[str, str]]:
-        return [key for key in self.registry.followed_keys() if (f := self.registry.get(*key)) and f.explanation]
+        return [
+            key for key in self.registry.followed_keys() if (f := self.registry.get(*key)) and f.explanation
+        ]
 
     async def start(self) -> None:
         s = self.settings
@@ -161,26 +163,24 @@ class App:
             read_bufsize=256 * 1024,
         )
         limits = ScrapeLimits(s.scrape_interval, s.scrape_timeout, s.max_page_bytes, s.scrape_concurrency)
-        self._collector = ScrapeCollector(
-            fetcher=AiohttpFetcher(self._session, limits, BearerToken(s.exporter_bearer_token_file)),
-            store=self.store,
-            interest=self.interest,
-            limits=limits,
-            telemetry=self.telemetry,
-            clock=self.clock,
-        )
+        fetcher = AiohttpFetcher(self._session, limits, BearerToken(s.exporter_bearer_token_file))
+
+        def collector(interest_key: Hashable) -> ScrapeCollector:
+            return ScrapeCollector(
+                fetcher=fetcher,
+                store=self.store,
+                interest=self.interest,
+                limits=limits,
+                telemetry=self.telemetry,
+                clock=self.clock,
+                interest_key=interest_key,
+            )
+
+        self._collector = collector(SCRAPE_INTEREST)
         for url in s.exporter_urls:
             self._collector.add(url)
         # Inference-server pages: one source per pod, scraped while an inference trigger wants them.
-        self._inference_collector = ScrapeCollector(
-            fetcher=AiohttpFetcher(self._session, limits, BearerToken(s.exporter_bearer_token_file)),
-            store=self.store,
-            interest=self.interest,
-            limits=limits,
-            telemetry=self.telemetry,
-            clock=self.clock,
-            interest_key=INFERENCE_INTEREST,
-        )
+        self._inference_collector = collector(INFERENCE_INTEREST)
         self.inference_pages.collector = self._inference_collector
         for namespace, pod, url in s.inference_urls:
             self.inference_pages.add_pod_page(url, namespace, pod)

@@ -5,21 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from keda_gpu_scaler.errors import ConfigError, TooManyScaledObjects, quoted
+from keda_gpu_scaler.names import NAMESPACE_RULE, OBJECT_NAME_RULE, is_namespace, is_object_name
 from keda_gpu_scaler.scaling import Evaluation
 from keda_gpu_scaler.trigger import TriggerSpec
 
 log = logging.getLogger(__name__)
-
-# Kubernetes object names: a namespace is a DNS-1123 label, a ScaledObject name a DNS-1123 subdomain.
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,13 +177,11 @@ class Registry:
 
 def check_reference(namespace: str, name: str) -> None:
     """A ScaledObject reference must name a possible Kubernetes object (no state is kept for anything else)."""
-    if not _DNS_LABEL.fullmatch(namespace):
+    if not is_namespace(namespace):
         raise ConfigError(
-            f"namespace {quoted(namespace)} is not a Kubernetes namespace name; allowed: at most 63 lower-case"
-            " letters, digits and '-', starting and ending with a letter or digit"
+            f"namespace {quoted(namespace)} is not a Kubernetes namespace name; allowed: {NAMESPACE_RULE}"
         )
-    if not _DNS_SUBDOMAIN.fullmatch(name):
+    if not is_object_name(name):
         raise ConfigError(
-            f"ScaledObject name {quoted(name)} is not a Kubernetes object name; allowed: at most 253 lower-case"
-            " letters, digits, '-' and '.', starting and ending with a letter or digit"
+            f"ScaledObject name {quoted(name)} is not a Kubernetes object name; allowed: {OBJECT_NAME_RULE}"
         )

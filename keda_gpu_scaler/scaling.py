@@ -129,29 +129,36 @@ def aggregate(values: Collection[float], aggregation: Aggregation) -> float:
     return max(values)
 
 
-def desired_replicas_average_value(value: float, target: float, current: int) -> int:
-    """HPA External metric, AverageValue: ceil(total / target), unless within tolerance of current.
+def hpa_desired_replicas(
+    value: float, target: float, current: int, *, average_value: bool, tolerance: float = HPA_TOLERANCE
+) -> int:
+    """The HPA's formula for an External metric: the one place it is written.
 
-    Never below 1: the HPA itself never goes below one replica (only KEDA's activation reaches zero).
+    AverageValue (KEDA's default): ceil(value / target). Value: ceil(current × value / target). Replicas
+    stay as they are while the usage ratio is within `tolerance` of 1, and never go below 1 (only KEDA's
+    activation reaches zero).
     """
-    if current > 0 and abs(value / (target * current) - 1) <= HPA_TOLERANCE:
+    ratio = value / (target * current) if average_value and current > 0 else value / target
+    if current > 0 and abs(ratio - 1) <= tolerance:
         return current
-    return max(1, math.ceil(value / target))
+    wanted = value / target if average_value else current * value / target
+    return max(1, math.ceil(wanted))
+
+
+def desired_replicas_average_value(value: float, target: float, current: int) -> int:
+    return hpa_desired_replicas(value, target, current, average_value=True)
 
 
 def desired_replicas_value(value: float, target: float, current: int) -> int:
-    """HPA External metric, Value: ceil(current × value / target), unless within tolerance; never below 1."""
-    ratio = value / target
-    if abs(ratio - 1) <= HPA_TOLERANCE:
-        return current
-    return max(1, math.ceil(current * ratio))
+    return hpa_desired_replicas(value, target, current, average_value=False)
 
 
 def _replicas_called_for(value: float, aggregation: Aggregation, threshold: float, pods: int) -> int:
-    # A total is read as AverageValue; a per-pod mean or max as Value (the metricType each suits).
-    if aggregation is Aggregation.SUM:
-        return math.ceil(value / threshold)
-    return math.ceil(pods * value / threshold)
+    # A total is read as AverageValue; a per-pod mean or max as Value (the metricType each suits). The
+    # missing-pod rule compares without the tolerance, as the HPA does for its own missing pods.
+    return hpa_desired_replicas(
+        value, threshold, pods, average_value=aggregation is Aggregation.SUM, tolerance=0
+    )
 
 
 def evaluate(

@@ -1,4 +1,4 @@
-"""A secret kept in a file (a bearer token, a password), read again whenever the file changes."""
+"""Files read again whenever they change: secrets (a bearer token, a password) and certificates."""
 
 from __future__ import annotations
 
@@ -7,6 +7,16 @@ import os
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+
+FileVersion = tuple[int, int, int]
+
+
+def file_version(path: Path) -> FileVersion:
+    """What tells a changed file: rewritten in place (size, mtime) or swapped in through a symlink as
+    Kubernetes does for Secret volumes (a new inode). Raises OSError when the file cannot be read."""
+    stat = os.stat(path)
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
 class SecretFileError(Exception):
@@ -25,13 +35,12 @@ class SecretFile:
         self._path = path
         self._flag = flag
         self._error = error
-        self._version: tuple[int, int, int] | None = None
+        self._version: FileVersion | None = None
         self._value = ""
 
     def read(self) -> str:
         try:
-            stat = os.stat(self._path)
-            version = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            version = file_version(self._path)
             if version != self._version:
                 value = self._path.read_text().strip()
                 if not value:

@@ -17,6 +17,7 @@ from keda_gpu_scaler.discovery.selectors import (
     SelectorError,
     parse_exporter_selector,
 )
+from keda_gpu_scaler.names import is_namespace, is_object_name
 
 ENV_PREFIX = "KEDA_GPU_SCALER_"
 # Data read through Prometheus is already as old as Prometheus' own scrape interval (15–60 s in the
@@ -100,10 +101,6 @@ def _urls(name: str, raw: Raw) -> tuple[str, ...]:
     return tuple(dict.fromkeys(urls))
 
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
-
-
 def _inference_urls(name: str, raw: Raw) -> tuple[tuple[str, str, str], ...]:
     found: dict[tuple[str, str], str] = {}
     for part in _items(raw, ","):
@@ -113,9 +110,9 @@ def _inference_urls(name: str, raw: Raw) -> tuple[tuple[str, str, str], ...]:
             raise SettingsError(
                 f"{name}={part[:100]!r} is not NAMESPACE/POD=URL, e.g. llm/vllm-0=http://10.0.0.5:8000/metrics"
             )
-        if not _DNS_LABEL.fullmatch(namespace) or len(namespace) > 63:
+        if not is_namespace(namespace):
             raise SettingsError(f"{name}={part[:100]!r}: {namespace[:100]!r} is not a namespace name")
-        if not _DNS_SUBDOMAIN.fullmatch(pod) or len(pod) > 253:
+        if not is_object_name(pod):
             raise SettingsError(f"{name}={part[:100]!r}: {pod[:100]!r} is not a pod name")
         if not url.startswith(("http://", "https://")):
             raise SettingsError(f"{name}={part[:100]!r}: {url[:100]!r} is not an http(s) URL")

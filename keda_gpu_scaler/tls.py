@@ -3,19 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
+from keda_gpu_scaler.secretfile import FileVersion, file_version
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class _Stamp:
-    mtime_ns: int
-    size: int
 
 
 class ReloadingServerCredentials:
@@ -37,8 +31,8 @@ class ReloadingServerCredentials:
             require_client_authentication=client_ca_file is not None,
         )
 
-    def _stat(self) -> list[_Stamp]:
-        return [_Stamp(s.st_mtime_ns, s.st_size) for s in (os.stat(f) for f in self._files)]
+    def _stat(self) -> list[FileVersion]:
+        return [file_version(f) for f in self._files]
 
     def _configuration(self) -> grpc.ServerCertificateConfiguration:
         key = self._key_file.read_bytes()
