@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import io
 import itertools
 import re
 from collections.abc import AsyncIterator
@@ -26,6 +29,7 @@ from keda_gpu_scaler.demo_runner import (
     demo_targets,
     inference_metadata,
     status_line,
+    watch,
 )
 from keda_gpu_scaler.engines import Engine, InferenceReading, Missing, pod_reading
 from keda_gpu_scaler.exposition import parse_exposition
@@ -725,5 +729,30 @@ async def test_the_demo_scaler_answers_a_requests_trigger_with_the_pods_total_in
 
             await eventually(idle)
     finally:
+        await app.stop()
+        await fleet.stop()
+
+
+async def test_the_status_lines_cover_gpu_and_inference_workloads() -> None:
+    fleet = DemoFleet(seed=SEED, engine_start_s=0.0)
+    await fleet.start()
+    app = App(demo_settings(DEMO_SCALER, fleet))
+    await app.start()
+    out = io.StringIO()
+    task = asyncio.create_task(watch(app, fleet, 0.05, out))
+    try:
+
+        async def every_workload_has_a_value() -> None:
+            lines = out.getvalue().splitlines()
+            for workload in fleet.workloads:
+                assert any(re.match(rf"{workload.name} +GPU % +value ", line) for line in lines), lines
+            for llm in fleet.inference_workloads:
+                assert any(re.match(rf"{llm.name} +requests value ", line) for line in lines), lines
+
+        await eventually(every_workload_has_a_value)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
         await app.stop()
         await fleet.stop()
