@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
 import pytest
 from prometheus_support import (
     PASSWORD,
@@ -21,6 +22,7 @@ from prometheus_support import (
 )
 from support import ExporterServer, eventually
 
+from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.collect.inference import PodSamples
 from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector, inference_source
@@ -249,3 +251,44 @@ async def test_any_namespace_is_quoted_safely(
     await eventually(scraped, timeout=30)
     # Prometheus parses the query and finds nothing: the value was one string, never PromQL or a pattern.
     assert await pods_of(source, namespace) == {}
+
+
+async def test_get_metrics_requests_through_prometheus(
+    prometheus: PrometheusServer, make_exporter: Any, make_scaler: Any, targets: Any
+) -> None:
+    """`metric: requests` with `source: prometheus`: running + waiting, summed over the target's pods."""
+    dp2 = await make_exporter(page("vllm_dp2.prom"))  # running 30 + 26, waiting 4 + 1
+    single = await make_exporter(page("vllm_v1.prom"))  # running 12, waiting 3
+    other = await make_exporter(page("vllm_v1.prom"))  # another workload of the namespace
+    targets(
+        (dp2, pod_labels("grpc", "vllm-qwen-0")),
+        (single, pod_labels("grpc", "vllm-qwen-1")),
+        (other, pod_labels("grpc", "embedder-0")),
+    )
+    scaler = await make_scaler(
+        prometheus_url=prometheus.url,
+        prometheus_username=USERNAME,
+        prometheus_password=PASSWORD,
+        prometheus_timeout=2.0,
+        scrape_interval=INTERVAL,
+        max_staleness=MAX_STALENESS,
+        prometheus_max_staleness=MAX_STALENESS,
+    )
+    metadata = {"metric": "requests", "threshold": "8", "podNamePrefix": "vllm-qwen-", "source": "prometheus"}
+    ref = pb.ScaledObjectRef(name="qwen", namespace="grpc", scalerMetadata=metadata)
+
+    async def answered() -> None:
+        try:
+            response = await scaler.stub.GetMetrics(
+                pb.GetMetricsRequest(scaledObjectRef=ref, metricName="inference-requests")
+            )
+        except grpc.aio.AioRpcError as error:
+            raise AssertionError(f"{error.code().name}: {error.details()}") from None
+        (value,) = response.metricValues
+        assert (value.metricName, value.metricValueFloat, value.metricValue) == (
+            "inference-requests",
+            76.0,
+            76,
+        )
+
+    await eventually(answered, timeout=30)
