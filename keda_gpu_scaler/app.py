@@ -16,6 +16,7 @@ import aiohttp
 import grpc
 from aiohttp import web
 
+from keda_gpu_scaler import telemetry as telemetry_module
 from keda_gpu_scaler.collect.http import BearerToken, exporter_ssl
 from keda_gpu_scaler.collect.inference import INFERENCE_INTEREST, InferencePages, WantedPages
 from keda_gpu_scaler.collect.interest import Interest
@@ -224,7 +225,13 @@ class App:
         await self.health.set_serving(True)
 
         self._sweeper = supervised(self.registry.sweep, "forget ScaledObjects past --interest-ttl")
-        self._http = web.AppRunner(http_app(self.telemetry, self if s.explain else None), access_log=None)
+        self._http = web.AppRunner(
+            http_app(self.telemetry, self if s.explain else None),
+            access_log=None,
+            # From the moment a connection opens: a client that sends no complete request in this time
+            # (a slowloris trickling header bytes, an idle keep-alive) is closed, so it cannot hoard sockets.
+            keepalive_timeout=telemetry_module.HTTP_IDLE_SECONDS,
+        )
         await self._http.setup()
         host, port = _split_address(s.http_address)
         site = web.TCPSite(self._http, host, port)

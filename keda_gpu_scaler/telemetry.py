@@ -9,7 +9,8 @@ import datetime
 import json
 import logging
 import sys
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -21,6 +22,11 @@ from keda_gpu_scaler.scaling import Evaluation, PodValue
 from keda_gpu_scaler.trigger import KEYS, TriggerSpec
 
 PREFIX = "keda_gpu_scaler"
+# How long an HTTP connection may stay without a complete request (header read timeout and idle limit).
+# Prometheus reconnects for each scrape after this; 10 s is far above any honest client's header time.
+HTTP_IDLE_SECONDS = 10.0
+# The same error logged again within this many seconds is counted, not printed (see _OncePerInterval).
+REPEATED_ERROR_SECONDS = 10.0
 _RPC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -235,7 +241,41 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+class OncePerInterval(logging.Filter):
+    """Lets one record of each message through per interval; says how many were held back.
+
+    When file descriptors run out, asyncio logs every failed accept() with a traceback, thousands a
+    second: the log would bury everything else and cost CPU that the gRPC answers need.
+    """
+
+    def __init__(self, interval: float = REPEATED_ERROR_SECONDS, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self._interval = interval
+        self._clock = clock
+        self._last: dict[str, tuple[float, int]] = {}  # message → (last printed, held back since)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        key = str(record.msg)[:200]
+        now = self._clock()
+        printed, held = self._last.get(key, (float("-inf"), 0))
+        if now - printed < self._interval:
+            self._last[key] = (printed, held + 1)
+            return False
+        if len(self._last) > 1000:
+            self._last.clear()
+        self._last[key] = (now, 0)
+        if held:
+            record.msg = f"{record.msg} (and {held} more like it in the last {now - printed:.0f}s)"
+        return True
+
+
 def configure_logging(level: str, fmt: str) -> None:
+    # asyncio's own errors (accept() failing when descriptors run out) repeat at machine speed.
+    asyncio_log = logging.getLogger("asyncio")
+    if not any(isinstance(f, OncePerInterval) for f in asyncio_log.filters):
+        asyncio_log.addFilter(OncePerInterval())
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
