@@ -18,7 +18,7 @@ from keda_gpu_scaler.discovery.selectors import (
     parse_exporter_selector,
     parse_selector,
 )
-from keda_gpu_scaler.discovery.targets import NamespaceIndex
+from keda_gpu_scaler.discovery.targets import NamespaceIndex, Selection
 from keda_gpu_scaler.errors import NoData
 from keda_gpu_scaler.settings import SettingsError, build_settings, resolve_kubernetes
 from keda_gpu_scaler.trigger import parse_trigger
@@ -411,3 +411,29 @@ def test_exporters_are_scraped_exactly_on_wanted_nodes() -> None:
         discovery.check({"n9": 1})
     discovery.close()
     assert sink.urls == set()
+
+
+def test_a_pod_event_touches_only_the_selections_it_can_match(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hundreds of ScaledObjects in a namespace: a pod event updates the one or two whose selector names
+    its labels (plus any selector without a key=value requirement), not all of them."""
+    index = NamespaceIndex("ns", lambda node, delta: None)
+    for w in range(300):
+        index.acquire(parse_selector(f"app=w-{w},tier=gpu"), w, {})
+    index.acquire(parse_selector("tier in (gpu)"), "set-based", {})
+    touched: list[str] = []
+    original = Selection.update
+
+    def counting(self: Selection, old: PodInfo | None, new: PodInfo | None) -> None:
+        touched.append(self.selector.text)
+        original(self, old, new)
+
+    monkeypatch.setattr(Selection, "update", counting)
+    pod = _info("w-7-0", {"app": "w-7", "tier": "gpu"}, "n1", "Running", True, False)
+    index.on_pod(None, pod)
+    assert sorted(touched) == ["app=w-7,tier=gpu", "tier in (gpu)"]
+    touched.clear()
+    relabelled = _info("w-7-0", {"app": "w-8", "tier": "gpu"}, "n1", "Running", True, False)
+    index.on_pod(pod, relabelled)  # matched w-7 before, matches w-8 now: both are updated
+    assert sorted(touched) == ["app=w-7,tier=gpu", "app=w-8,tier=gpu", "tier in (gpu)"]
+    assert index.selections[parse_selector("app=w-8,tier=gpu")].targets(None).pods == {"w-7-0"}
+    assert not index.selections[parse_selector("app=w-7,tier=gpu")].targets(None).pods
