@@ -18,10 +18,10 @@ from keda_gpu_scaler.telemetry import configure_logging
 log = logging.getLogger("keda_gpu_scaler")
 
 DESCRIPTION = """\
-KEDA external scaler that scales GPU workloads on the GPU utilisation or memory of their own pods.
+KEDA external scaler that scales GPU workloads on their own pods' GPU utilisation or memory, or LLM servers on their own requests in flight, queue or KV-cache.
 
   keda-gpu-scaler serve --exporter-url http://node-a:9400/metrics   the main job (KEDA calls it on :6000)
-  keda-gpu-scaler demo                                             try it: a simulated GPU fleet on loopback
+  keda-gpu-scaler demo                                             try it: a simulated GPU and LLM fleet on loopback
   keda-gpu-scaler explain --exporter-url URL --namespace NS podNamePrefix=vllm- threshold=70
 """
 
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the external scaler (the main job)")
     _add_serve_flags(serve)
 
-    demo = commands.add_parser("demo", help="run the scaler with a simulated GPU fleet on loopback")
+    demo = commands.add_parser("demo", help="run the scaler with a simulated GPU and LLM-serving fleet on loopback")
     demo.add_argument(
         "--grpc-address", default="127.0.0.1:6000", help="gRPC address (default: 127.0.0.1:6000)"
     )

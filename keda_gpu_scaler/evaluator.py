@@ -13,10 +13,9 @@ from keda_gpu_scaler.collect.inference import (
     WantedPages,
     metrics_port,
     pod_url,
-    prometheus_inference_interest,
 )
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
-from keda_gpu_scaler.collect.prometheus import prometheus_interest
+from keda_gpu_scaler.collect.prometheus import prometheus_inference_interest, prometheus_interest
 from keda_gpu_scaler.collect.store import SourceKind, Store
 from keda_gpu_scaler.discovery.targets import Targets  # defined beside discovery, re-exported here
 from keda_gpu_scaler.errors import ConfigError, NoData

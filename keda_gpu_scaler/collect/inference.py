@@ -23,11 +23,6 @@ log = logging.getLogger(__name__)
 INFERENCE_INTEREST = "inference"
 
 
-def prometheus_inference_interest(namespace: str) -> tuple[str, str]:
-    """Interest key of one namespace's inference-server series read through Prometheus."""
-    return ("prometheus-inference", namespace)
-
-
 # Container port names tried, in order, when the trigger gives no metricsPort (SPEC §6).
 DEFAULT_PORT_NAMES = ("metrics", "http")
 

@@ -57,7 +57,7 @@ def test_four_pods_at_90_sum_to_360_and_hpa_wants_6() -> None:
 
 
 def test_averaging_trap_from_the_tutorials() -> None:
-    # The same four pods averaged: AverageValue would scale 4 → 2 (reference/hpa-math.md).
+    # The same four pods averaged: AverageValue would scale 4 → 2 (README, "The arithmetic").
     result = run([reading(f"p-{i}", 90) for i in range(4)], aggregation="mean")
     assert result.value == 90
     assert result.what_if.average_value == 2
@@ -162,7 +162,7 @@ def test_max_aggregation() -> None:
     assert run([reading("p-0", 10), reading("p-1", 60)], aggregation="max").aggregation is Aggregation.MAX
 
 
-# Worked examples of reference/hpa-math.md.
+# Worked examples of the HPA arithmetic (README, "The arithmetic").
 @pytest.mark.parametrize(
     ("value", "target", "current", "expected"),
     [

@@ -1,4 +1,4 @@
-"""The simulator's arithmetic: HPA formulas against ../shared/reference/hpa-math.md, behaviour, KEDA activation."""
+"""The simulator's arithmetic: HPA formulas (README, "The arithmetic"), behaviour, KEDA activation."""
 
 from __future__ import annotations
 
