@@ -89,18 +89,23 @@ async def run(minutes: float, objects: int, ttl: float, cap: int) -> str:
     tail = 2 * ttl + 30
     churn_seconds = minutes * 60 - tail
     if churn_seconds < 30:
-        raise SystemExit(f"--minutes {minutes:g} leaves {churn_seconds:.0f}s of churn; at least 30 s are needed")
+        raise SystemExit(
+            f"--minutes {minutes:g} leaves {churn_seconds:.0f}s of churn; at least 30 s are needed"
+        )
     rate = objects / churn_seconds
     codes: Counter[str] = Counter()
     samples: list[Sample] = []
     seen = 0
-    async with page_server(EXPORTERS) as pages, scaler(
-        [pages.url(i) for i in range(EXPORTERS)],
-        scrape_interval=str(SCRAPE_INTERVAL),
-        interest_ttl=f"{ttl:g}",
-        max_scaledobjects=str(cap),
-        explain="off",
-    ) as server:
+    async with (
+        page_server(EXPORTERS) as pages,
+        scaler(
+            [pages.url(i) for i in range(EXPORTERS)],
+            scrape_interval=str(SCRAPE_INTERVAL),
+            interest_ttl=f"{ttl:g}",
+            max_scaledobjects=str(cap),
+            explain="off",
+        ) as server,
+    ):
         channel = grpc.aio.insecure_channel(server.target)
         stub = pb_grpc.ExternalScalerStub(channel)
         pid = server.child.pid
@@ -133,7 +138,9 @@ async def run(minutes: float, objects: int, ttl: float, cap: int) -> str:
             for poll in range(POLLS_PER_OBJECT):
                 if poll:
                     await asyncio.sleep(POLL_EVERY)
-                await call("GetMetrics", pb.GetMetricsRequest(scaledObjectRef=ref, metricName="gpu-utilization"))
+                await call(
+                    "GetMetrics", pb.GetMetricsRequest(scaledObjectRef=ref, metricName="gpu-utilization")
+                )
                 await call("IsActive", ref)
 
         # Every exporter scraped once before the first call, so answers are values, not "no data yet".
@@ -180,7 +187,9 @@ async def run(minutes: float, objects: int, ttl: float, cap: int) -> str:
         retried_at = 0.0
         while time.monotonic() - burst_started < ttl + 15:
             await asyncio.sleep(2)
-            probe = await call("GetMetricSpec", ref_for("burst", refused[0]), retry_codes) if refused else "OK"
+            probe = (
+                await call("GetMetricSpec", ref_for("burst", refused[0]), retry_codes) if refused else "OK"
+            )
             if probe == "OK":
                 retried_at = time.monotonic() - burst_started
                 break
@@ -218,7 +227,7 @@ async def run(minutes: float, objects: int, ttl: float, cap: int) -> str:
     )
 
 
-def report(**r: object) -> str:  # noqa: C901 - one table after another
+def report(**r: object) -> str:
     samples: list[Sample] = r["samples"]  # type: ignore[assignment]
     ttl: float = r["ttl"]  # type: ignore[assignment]
     churn_end: float = r["churn_end"]  # type: ignore[assignment]
@@ -295,7 +304,8 @@ def report(**r: object) -> str:  # noqa: C901 - one table after another
         f"| a refused one, retried every 2 s | {dict(r['retry_codes'])}; accepted {r['retried_at']:.0f} s after"  # type: ignore[call-overload]
         " the burst |",
         f"| the other refused ones, then | {dict(sorted(r['recovered'].items()))} |",  # type: ignore[attr-defined]
-        f"| followed after the retries | {after.followed:.0f} |",
+        f"| followed right after the retries (the burst's last ones not yet expired, plus the retried)"
+        f" | {after.followed:.0f} |",
     ]
     errors: list[str] = r["server_errors"]  # type: ignore[assignment]
     if errors:

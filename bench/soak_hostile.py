@@ -1,0 +1,632 @@
+"""Soak: a healthy namespace beside hostile exporters and a hostile client.
+
+One real `keda-gpu-scaler serve` (Kubernetes off) scrapes three healthy exporters (namespace `llm`) and
+four hostile ones, each in its own process apart from the measuring one:
+  - a gzip bomb: a small gzip body that inflates to far more than --max-page-bytes;
+  - a ~15 MB page of ~150,000 series, different on every scrape (inside --max-page-bytes);
+  - an exporter that answers 302, redirecting to a healthy exporter's page;
+  - a slowloris exporter: headers, then one byte every half second.
+A hostile client (its own process) calls at a fixed rate with thousands of distinct names and
+namespaces and with invalid metadata, names and protobuf; another process opens StreamIsActive streams
+and is then frozen with SIGSTOP (the scaler must drop them by keepalive and give their slots back).
+
+Measured for the healthy ScaledObject (GetMetrics + IsActive every 100 ms, plus a StreamIsActive while
+its load goes idle/busy): RPC latency p50/p99, UNAVAILABLE answers, pushes vs transitions; the scaler's
+peak RSS against the manifests' memory limit; whether legitimate streams opened after the freeze were
+refused. Writes its section of docs/SOAK.md. Run: `python -m bench.soak_hostile --minutes 4`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import json
+import os
+import platform
+import re
+import signal
+import sys
+import time
+import zlib
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+from aiohttp import web
+
+from bench.harness import ROOT, Child, categorise, page_server, percentile, profile, rss_mib, scaler
+from bench.soak_registry import write_section
+from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+
+SECTION = "soak-hostile"
+HEALTHY_EXPORTERS = 3
+SCRAPE_INTERVAL = 2.0
+KEEPALIVE_TIME = 10.0
+KEEPALIVE_TIMEOUT = 5.0
+POLL_EVERY = 0.1
+LOAD_PHASE = 20.0  # the healthy exporters' load: busy, then idle, this long each
+BUSY_UTIL = 70.0
+FROZEN_STREAMS = 1000
+LEGIT_STREAMS = 100
+MAX_STREAMS = FROZEN_STREAMS + 50  # frozen streams alone leave no room for the legitimate ones
+HOSTILE_RATE = 300.0  # RPC/s offered by the hostile client
+CALM_HEAD = 30.0  # seconds with only the hostile exporters, before the hostile client and streams
+BOMB_INFLATED = 256 * 1024 * 1024
+BIG_SERIES = 150_000
+MANIFEST = ROOT / "manifests" / "base" / "deployment.yaml"
+HEALTHY = pb.ScaledObjectRef(
+    name="healthy",
+    namespace="llm",
+    scalerMetadata={"podNamePrefix": "vllm-", "threshold": "60", "activationThreshold": "5"},
+)
+
+
+def memory_limit_mib() -> float | None:
+    """The scaler container's memory limit in manifests/base/deployment.yaml (Mi or Gi), if it has one."""
+    text = MANIFEST.read_text()
+    match = re.search(r"limits:\s*\n(?:\s+\w+:.*\n)*?\s+memory:\s*\"?(\d+)(Mi|Gi)", text)
+    if match is None:
+        return None
+    return float(match.group(1)) * (1024 if match.group(2) == "Gi" else 1)
+
+
+# ---------------------------------------------------------------- the hostile exporters (own process)
+
+
+def bomb_body() -> bytes:
+    """A valid-looking exposition line repeated to BOMB_INFLATED bytes, gzip-compressed (~1000:1)."""
+    line = (
+        b'DCGM_FI_DEV_GPU_UTIL{gpu="0",Hostname="bomb",container="main",namespace="bomb",pod="bomb-0"} 50\n'
+    )
+    chunk = line * (1024 * 1024 // len(line))
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)  # wbits 31: gzip framing
+    parts = [compressor.compress(chunk) for _ in range(BOMB_INFLATED // len(chunk))]
+    parts.append(compressor.flush())
+    return b"".join(parts)
+
+
+def big_page() -> tuple[bytes, bytes]:
+    """(the first line's prefix, the rest) of a ~15 MB page of BIG_SERIES GPU_UTIL series."""
+    head = b"# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n"
+    lines = [
+        f'DCGM_FI_DEV_GPU_UTIL{{gpu="{i % 8}",UUID="GPU-{i:06d}",container="main",'
+        f'namespace="hostile-big",pod="big-{i // 8}"}} {i % 97}\n'
+        for i in range(1, BIG_SERIES)
+    ]
+    first = b'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-000000",container="main",namespace="hostile-big",pod="big-0"} '
+    return head + first, "".join(lines).encode()
+
+
+async def serve_hostile_exporters(redirect_to: str) -> None:
+    counts: Counter[str] = Counter()
+    bomb = bomb_body()
+    big_first, big_rest = big_page()
+    headers = {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+
+    async def gzip_bomb(_: web.Request) -> web.Response:
+        counts["bomb"] += 1
+        return web.Response(body=bomb, headers={**headers, "Content-Encoding": "gzip"})
+
+    async def big(_: web.Request) -> web.Response:
+        counts["big"] += 1
+        # A different value on every scrape: the page's digest changes, so it is parsed every time.
+        return web.Response(body=big_first + f"{counts['big'] % 100}\n".encode() + big_rest, headers=headers)
+
+    async def redirect(_: web.Request) -> web.Response:
+        counts["redirect"] += 1
+        return web.Response(status=302, headers={"Location": redirect_to})
+
+    async def stats(_: web.Request) -> web.Response:
+        return web.json_response(
+            {**counts, "bomb_bytes": len(bomb), "big_bytes": len(big_first + big_rest) + 3}
+        )
+
+    ports: dict[str, int] = {}
+    runners = []
+    for name, handler in (("bomb", gzip_bomb), ("big", big), ("redirect", redirect), ("control", stats)):
+        app = web.Application()
+        app.router.add_get("/metrics" if name != "control" else "/stats", handler)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+        ports[name] = runner.addresses[0][1]
+
+    async def slowloris(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        counts["slowloris"] += 1
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError, ConnectionError):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 10000000\r\n\r\n")
+            while True:  # one byte every half second: the scrape timeout must end it
+                writer.write(b"#")
+                await writer.drain()
+                await asyncio.sleep(0.5)
+        writer.close()
+
+    loris = await asyncio.start_server(slowloris, "127.0.0.1", 0)
+    ports["slowloris"] = loris.sockets[0].getsockname()[1]
+    print(json.dumps(ports), flush=True)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    loris.close()
+    for runner in runners:
+        await runner.cleanup()
+
+
+# ---------------------------------------------------------------- the hostile client (own process)
+
+
+def hostile_requests(i: int) -> list[tuple[str, bytes]]:
+    """The calls of hostile round i: (method, serialised request); half new valid names, half invalid."""
+    meta = {"podNamePrefix": "vllm-", "threshold": "60"}
+    kind = i % 8
+    if kind < 4:  # a new ScaledObject: distinct name and namespace, valid metadata
+        ref = pb.ScaledObjectRef(name=f"h-so-{i}", namespace=f"h-ns-{i}", scalerMetadata=meta)
+        metrics = pb.GetMetricsRequest(scaledObjectRef=ref, metricName="gpu-utilization")
+        raw = ref.SerializeToString()
+        return [("GetMetricSpec", raw), ("GetMetrics", metrics.SerializeToString()), ("IsActive", raw)]
+    if kind == 4:  # invalid metadata: unknown key, non-ASCII digits, huge KEDA key
+        bad = [
+            {**meta, "thresh0ld": "60"},
+            {**meta, "threshold": "５０"},
+            {**meta, "scalerAddress": "x" * 1_000_000},
+            {**meta, "threshold": "1e-320"},
+        ][i // 8 % 4]
+        ref = pb.ScaledObjectRef(name=f"h-bad-{i}", namespace=f"h-ns-{i}", scalerMetadata=bad)
+    elif kind == 5:  # invalid names: 300 characters, upper case, a dot in a namespace
+        name, namespace = [
+            ("n" * 300, "h-ns"),
+            (f"Bad-{i}", "h-ns"),
+            (f"h-{i}", f"Bad.NS-{i}"),
+            ("", ""),
+        ][i // 8 % 4]
+        ref = pb.ScaledObjectRef(name=name, namespace=namespace, scalerMetadata=meta)
+    elif kind == 6:  # not a protobuf message at all
+        return [("IsActive", b"\xff\xff\xff\xff garbage"), ("GetMetricSpec", b"\x0a\xff\xff\xff\xff\x0f")]
+    else:  # the healthy namespace with many names: followed, answered from the same data
+        ref = pb.ScaledObjectRef(name=f"h-llm-{i}", namespace="llm", scalerMetadata=meta)
+    return [("GetMetricSpec", ref.SerializeToString()), ("IsActive", ref.SerializeToString())]
+
+
+async def hostile_client(target: str, rate: float, seconds: float) -> None:
+    codes: Counter[str] = Counter()
+    async with grpc.aio.insecure_channel(
+        target, options=[("grpc.max_send_message_length", 8 << 20)]
+    ) as channel:
+        calls = {
+            m: channel.unary_unary(f"/externalscaler.ExternalScaler/{m}")
+            for m in ("GetMetricSpec", "GetMetrics", "IsActive")
+        }
+
+        async def one_round(i: int) -> None:
+            for method, request in hostile_requests(i):
+                try:
+                    await calls[method](request, timeout=10)
+                    codes[f"{method} OK"] += 1
+                except grpc.aio.AioRpcError as error:
+                    codes[f"{method} {error.code().name}"] += 1
+
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        tasks: set[asyncio.Task[None]] = set()
+        i = 0
+        sent = 0
+        # Rounds hold 2-3 calls: schedule rounds so that calls go out at about `rate` per second.
+        while loop.time() - start < seconds:
+            due = start + sent / rate
+            if due > loop.time():
+                await asyncio.sleep(due - loop.time())
+            sent += len(hostile_requests(i))
+            task = asyncio.create_task(one_round(i))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            i += 1
+        await asyncio.gather(*tasks)
+    print(json.dumps({"rounds": i, "codes": dict(codes)}), flush=True)
+
+
+# ---------------------------------------------------------------- frozen streams (own process)
+
+
+async def frozen_streams(target: str, count: int) -> None:
+    """Open `count` StreamIsActive streams over 10 connections, say so, then do nothing: the parent
+    checks the scaler's open-streams gauge and freezes this process with SIGSTOP."""
+    channels = [
+        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(10)
+    ]
+    stubs = [pb_grpc.ExternalScalerStub(c) for c in channels]
+    meta = {"podNamePrefix": "vllm-", "threshold": "60"}
+
+    async def hold(index: int) -> None:
+        ref = pb.ScaledObjectRef(name=f"frozen-{index % 100}", namespace="llm", scalerMetadata=meta)
+        call = stubs[index % len(stubs)].StreamIsActive(ref)
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.CancelledError):
+            async for _ in call:
+                pass
+
+    tasks = [asyncio.create_task(hold(i)) for i in range(count)]
+    await asyncio.sleep(1)
+    print(json.dumps({"started": count}), flush=True)
+    await asyncio.sleep(3600)
+    for task in tasks:
+        task.cancel()
+
+
+# ---------------------------------------------------------------- the measuring process
+
+
+async def spawn(*args: str) -> tuple[Child, dict[str, Any]]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.soak_hostile",
+        *args,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    child = Child(process)
+    assert process.stdout is not None
+    line = await asyncio.wait_for(process.stdout.readline(), 120)
+    if not line:
+        err = (await process.stderr.read()).decode()[-2000:] if process.stderr else ""
+        raise RuntimeError(f"{args[:2]} exited before it was ready: {err}")
+    child.drain(process.stderr)
+    return child, json.loads(line)
+
+
+async def run(minutes: float, with_profile: bool) -> str:
+    seconds = minutes * 60
+    if seconds < CALM_HEAD + 90:
+        raise SystemExit("--minutes must leave at least 90 s after the first 30 s")
+    latencies: dict[str, list[float]] = {"calm": [], "attacked": []}
+    codes: Counter[str] = Counter()
+    rss: list[tuple[float, float]] = []
+    open_streams: list[tuple[float, float]] = []
+    result: dict[str, Any] = {}
+    async with page_server(HEALTHY_EXPORTERS) as pages:
+        exporters, ports = await spawn("--role", "exporters", "--redirect-to", pages.url(0))
+        hostile_urls = {
+            name: f"http://127.0.0.1:{port}/metrics" for name, port in ports.items() if name != "control"
+        }
+        try:
+            async with scaler(
+                [*(pages.url(i) for i in range(HEALTHY_EXPORTERS)), *hostile_urls.values()],
+                scrape_interval=f"{SCRAPE_INTERVAL:g}",
+                keepalive_time=f"{KEEPALIVE_TIME:g}",
+                keepalive_timeout=f"{KEEPALIVE_TIMEOUT:g}",
+                max_streams=str(MAX_STREAMS),
+                explain="off",
+            ) as server:
+                result = await attack(
+                    server, pages, seconds, with_profile, latencies, codes, rss, open_streams
+                )
+                result["scaler_peak_rss"] = rss_mib(server.child.pid)[1]
+                result["scaler_log"] = list(server.child.tail)
+            async with (
+                aiohttp.ClientSession() as http,
+                http.get(f"http://127.0.0.1:{ports['control']}/stats") as response,
+            ):
+                result["exporter_stats"] = await response.json()
+        finally:
+            await exporters.stop()
+    return report(minutes, latencies, codes, rss, open_streams, hostile_urls, result)
+
+
+async def attack(
+    server: Any,
+    pages: Any,
+    seconds: float,
+    with_profile: bool,
+    latencies: dict[str, list[float]],
+    codes: Counter[str],
+    rss: list[tuple[float, float]],
+    open_streams: list[tuple[float, float]],
+) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    channel = grpc.aio.insecure_channel(server.target)
+    stub = pb_grpc.ExternalScalerStub(channel)
+    http = aiohttp.ClientSession()
+    t0 = time.monotonic()
+    phase = "calm"
+    await asyncio.sleep(2 * SCRAPE_INTERVAL)  # the healthy exporters scraped once
+    await stub.GetMetricSpec(HEALTHY)
+
+    async def poll() -> None:
+        request = pb.GetMetricsRequest(scaledObjectRef=HEALTHY, metricName="gpu-utilization")
+        while True:
+            for method, message in (("GetMetrics", request), ("IsActive", HEALTHY)):
+                started = time.perf_counter()
+                try:
+                    await getattr(stub, method)(message, timeout=10)
+                    codes[f"{phase} {method} OK"] += 1
+                except grpc.aio.AioRpcError as error:
+                    codes[f"{phase} {method} {error.code().name}"] += 1
+                latencies[phase].append(time.perf_counter() - started)
+            await asyncio.sleep(POLL_EVERY)
+
+    pushes: list[float] = []
+
+    async def healthy_stream() -> None:
+        call = stub.StreamIsActive(HEALTHY)
+        with contextlib.suppress(asyncio.CancelledError):
+            try:
+                async for _message in call:
+                    pushes.append(time.monotonic() - t0)
+                result["healthy_stream_end"] = (await call.code()).name
+            except grpc.aio.AioRpcError as error:
+                result["healthy_stream_end"] = error.code().name
+
+    transitions = [time.monotonic() - t0]  # busy at the start: the stream's first true
+
+    async def load() -> None:
+        busy = True
+        while True:
+            await asyncio.sleep(LOAD_PHASE)
+            busy = not busy
+            for i in range(HEALTHY_EXPORTERS):
+                await pages.set_util(http, i, BUSY_UTIL if busy else 0)
+            if busy:
+                transitions.append(time.monotonic() - t0)
+
+    async def sampler() -> None:
+        while True:
+            rss.append((time.monotonic() - t0, rss_mib(server.child.pid)[0]))
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with http.get(
+                    f"http://127.0.0.1:{server.http_port}/metrics", timeout=aiohttp.ClientTimeout(total=5)
+                ) as response:
+                    text = await response.text()
+                for line in text.splitlines():
+                    if line.startswith("keda_gpu_scaler_open_streams "):
+                        open_streams.append((time.monotonic() - t0, float(line.split()[1])))
+                    if line.startswith("keda_gpu_scaler_scaledobjects_followed "):
+                        result["followed_last"] = float(line.split()[1])
+            await asyncio.sleep(1)
+
+    background = [asyncio.create_task(f()) for f in (poll, healthy_stream, load, sampler)]
+    await asyncio.sleep(max(0.0, CALM_HEAD - (time.monotonic() - t0)))
+
+    # The attack: frozen streams first (they must get their slots), then the hostile client.
+    phase = "attacked"
+    frozen, _ = await spawn("--role", "frozen", "--target", server.target, "--count", str(FROZEN_STREAMS))
+    # Frozen only once the scaler holds every one of them (its open-streams gauge).
+    for _ in range(120):  # at most 60 s
+        if open_streams and open_streams[-1][1] >= FROZEN_STREAMS:
+            break
+        await asyncio.sleep(0.5)
+    result["frozen_opened"] = f"{open_streams[-1][1]:.0f} open on the scaler" if open_streams else "?"
+    os.kill(frozen.pid, signal.SIGSTOP)
+    frozen_at = time.monotonic() - t0
+    result["frozen_at"] = frozen_at
+    client_seconds = seconds - (time.monotonic() - t0) - 15
+    hostile = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.soak_hostile",
+        "--role",
+        "client",
+        "--target",
+        server.target,
+        "--rate",
+        f"{HOSTILE_RATE:g}",
+        "--seconds",
+        f"{client_seconds:.0f}",
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        # Legitimate streams once keepalive had time to drop the frozen ones (time + timeout + margin).
+        await asyncio.sleep(KEEPALIVE_TIME + KEEPALIVE_TIMEOUT + 10)
+        legit_codes: Counter[str] = Counter()
+        legit_calls = []
+        for index in range(LEGIT_STREAMS):
+            ref = pb.ScaledObjectRef(
+                name=f"legit-{index}", namespace="llm", scalerMetadata=HEALTHY.scalerMetadata
+            )
+            legit_calls.append(stub.StreamIsActive(ref))
+        await asyncio.sleep(3)
+        for call in legit_calls:
+            legit_codes[
+                "refused"
+                if call.done() and await call.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                else "open"
+            ] += 1
+        result["legit_streams"] = dict(legit_codes)
+        result["legit_at"] = time.monotonic() - t0
+
+        profile_task = None
+        if with_profile:
+            profile_task = asyncio.create_task(profile(server.child.pid, 20))
+        # A new legitimate ScaledObject, late in the run (after the hostile client's many names).
+        await asyncio.sleep(max(0.0, seconds - 30 - (time.monotonic() - t0)))
+        try:
+            await stub.GetMetricSpec(
+                pb.ScaledObjectRef(name="late", namespace="late-team", scalerMetadata=HEALTHY.scalerMetadata)
+            )
+            result["late_scaledobject"] = "OK"
+        except grpc.aio.AioRpcError as error:
+            result["late_scaledobject"] = f"{error.code().name}: {error.details()[:160]}"
+        result["late_at"] = time.monotonic() - t0
+        if profile_task is not None:
+            result["profile"] = await profile_task
+        assert hostile.stdout is not None
+        out, _ = await asyncio.wait_for(hostile.communicate(), client_seconds + 120)
+        result["hostile_client"] = json.loads(out.decode().strip().splitlines()[-1]) if out.strip() else None
+        for call in legit_calls:
+            call.cancel()
+    finally:
+        if hostile.returncode is None:
+            hostile.kill()
+            await hostile.wait()
+        os.kill(frozen.pid, signal.SIGCONT)
+        await frozen.stop(grace=2)
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        await http.close()
+        await channel.close()
+    result["pushes"] = pushes
+    result["transitions"] = transitions
+    result["seconds"] = time.monotonic() - t0
+    return result
+
+
+def report(
+    minutes: float,
+    latencies: dict[str, list[float]],
+    codes: Counter[str],
+    rss: list[tuple[float, float]],
+    open_streams: list[tuple[float, float]],
+    hostile_urls: dict[str, str],
+    r: dict[str, Any],
+) -> str:
+    limit = memory_limit_mib()
+    peak = r["scaler_peak_rss"]
+    everything = latencies["calm"] + latencies["attacked"]
+
+    def stats(values: list[float]) -> str:
+        if not values:
+            return "no calls"
+        return (
+            f"{len(values)} calls, p50 {1000 * percentile(values, 50):.1f} ms, p99 {1000 * percentile(values, 99):.1f} ms,"
+            f" max {1000 * max(values):.0f} ms"
+        )
+
+    p99 = 1000 * percentile(everything, 99)
+    unavailable = sum(n for key, n in codes.items() if key.endswith("UNAVAILABLE"))
+    not_ok = {k: n for k, n in codes.items() if not k.endswith(" OK")}
+    frozen_at = r["frozen_at"]
+    dropped_at = next(
+        (
+            at
+            for at, value in open_streams
+            if at > frozen_at and value <= 1 + LEGIT_STREAMS and value < FROZEN_STREAMS
+        ),
+        None,
+    )
+    peak_streams = max((v for _, v in open_streams), default=float("nan"))
+    expected_pushes = len(r["transitions"])
+    failures: dict[str, str] = {}
+    for name, url in hostile_urls.items():
+        port = url.split(":")[2].split("/")[0]
+        for line in reversed(r["scaler_log"]):
+            if f"127.0.0.1:{port}/" in line and "failed" in line:
+                failures[name] = line.split("failed: ", 1)[-1][:140]
+                break
+    stats_ = r.get("exporter_stats", {})
+    hostile = r.get("hostile_client") or {}
+    goal_p99 = p99 <= 10.0
+    goal_unavailable = unavailable == 0
+    goal_rss = limit is not None and peak < limit
+    lines = [
+        "## Soak: hostile neighbours (gzip bomb, 15 MB changing page, redirects, slowloris, hostile client)",
+        "",
+        f"Date: {datetime.date.today().isoformat()}. Machine: {platform.machine()}, 2 cores (shared with the"
+        f" load generators and other work), Python {platform.python_version()}.",
+        f"Command: `python -m bench.soak_hostile --minutes {minutes:g}{' --profile' if 'profile' in r else ''}` (`make soak`).",
+        "",
+        f"Setup: `keda-gpu-scaler serve --kubernetes off --scrape-interval {SCRAPE_INTERVAL:g} --keepalive-time"
+        f" {KEEPALIVE_TIME:g} --keepalive-timeout {KEEPALIVE_TIMEOUT:g} --max-streams {MAX_STREAMS} --explain off`,"
+        " other flags at their defaults (--max-page-bytes 16 MiB, --scrape-timeout 3, --interest-ttl 600,"
+        f" --max-scaledobjects 5000). Healthy: {HEALTHY_EXPORTERS} exporters (8-GPU dcgm-exporter pages,"
+        f" namespace `llm`), their load busy ({BUSY_UTIL:g} %) / idle every {LOAD_PHASE:g} s; ScaledObject"
+        f" `llm/healthy` polled GetMetrics + IsActive every {1000 * POLL_EVERY:g} ms, plus one StreamIsActive."
+        f" Hostile exporters, from the start: a gzip bomb ({stats_.get('bomb_bytes', '?')} bytes inflating to"
+        f" {BOMB_INFLATED >> 20} MiB), a {stats_.get('big_bytes', 0) / 1e6:.1f} MB page of {BIG_SERIES} series"
+        " changing on every scrape, a 302 to a healthy exporter's page, a slowloris (headers, then 1 byte per"
+        f" 0.5 s). From {CALM_HEAD:g} s: {FROZEN_STREAMS} StreamIsActive streams in a process then frozen with"
+        f" SIGSTOP, and a hostile client at {HOSTILE_RATE:g} RPC/s (half new ScaledObjects each with its own name"
+        " and namespace, the rest invalid metadata, invalid names, garbage protobuf, or many names in `llm`).",
+        "",
+        "| check | result | goal |",
+        "|---|---|---|",
+        f"| healthy RPCs, all | {stats(everything)} | p99 ≤ 10 ms: {'met' if goal_p99 else f'missed by {p99 - 10:.1f} ms'} |",
+        f"| healthy RPCs, hostile exporters only (first {CALM_HEAD:g} s) | {stats(latencies['calm'])} | |",
+        f"| healthy RPCs, under the whole attack | {stats(latencies['attacked'])} | |",
+        f"| healthy answers other than OK | {not_ok or 'none'} | no UNAVAILABLE: {'met' if goal_unavailable else f'missed ({unavailable})'} |",
+        f"| healthy stream: pushes / idle → busy transitions | {len(r['pushes'])} / {expected_pushes};"
+        f" ended {r.get('healthy_stream_end', 'open until the end')} | one push per transition |",
+        f"| scaler peak RSS (VmHWM) | {peak:.0f} MiB | under the manifests' limit ({limit:g} Mi):"
+        f" {'met' if goal_rss else 'missed'} |",
+        f"| scaler RSS first / last (MiB) | {rss[0][1]:.0f} / {rss[-1][1]:.0f} | |",
+        f"| frozen streams opened, then SIGSTOP at | {r['frozen_opened']} at {frozen_at:.0f} s | |",
+        f"| open streams (gauge): peak; back to ≤ {1 + LEGIT_STREAMS} at | {peak_streams:.0f};"
+        f" {f'{dropped_at:.0f} s ({dropped_at - frozen_at:.0f} s after the freeze)' if dropped_at else 'never'} |"
+        f" dropped by keepalive ({KEEPALIVE_TIME:g} + {KEEPALIVE_TIMEOUT:g} s) |",
+        f"| {LEGIT_STREAMS} legitimate streams opened at {r['legit_at']:.0f} s | {r['legit_streams']} | none refused |",
+        f"| a new legitimate ScaledObject at {r['late_at']:.0f} s (GetMetricSpec) | {r['late_scaledobject']} | OK |",
+        f"| followed ScaledObjects at the end (gauge) | {r.get('followed_last', float('nan')):.0f} | |",
+        f"| hostile client | {hostile.get('rounds', '?')} rounds; {dict(sorted((hostile.get('codes') or {}).items()))} | |",
+        f"| hostile exporters' requests | { {k: v for k, v in stats_.items() if not k.endswith('_bytes')} } | |",
+        "",
+        "What the scaler said about each hostile exporter (its last log line):",
+        "",
+        *(f"- {name}: `{text}`" for name, text in failures.items()),
+    ]
+    if "profile" in r:
+        rules = [
+            ("parsing pages (exposition)", "exposition"),
+            ("scrape path (collect/)", "collect/"),
+            ("evaluation (evaluator, scaling)", "evaluator"),
+            ("gRPC service", "service.py"),
+            ("trigger parsing", "trigger.py"),
+            ("/metrics (prometheus_client)", "prometheus_client"),
+            ("aiohttp", "aiohttp"),
+            ("gRPC (grpc/aio)", "grpc"),
+            ("event loop", "asyncio"),
+        ]
+        lines += [
+            "",
+            "Where the scaler's CPU went during 20 s of the attack (py-spy --gil):",
+            "",
+            categorise(r["profile"], rules, "other"),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--minutes", type=float, default=4.0)
+    p.add_argument(
+        "--profile", action="store_true", help="sample the scaler with py-spy for 20 s of the attack"
+    )
+    p.add_argument("--output", type=Path, default=ROOT / "docs" / "SOAK.md")
+    # The processes the soak starts itself.
+    p.add_argument(
+        "--role", choices=("soak", "exporters", "client", "frozen"), default="soak", help=argparse.SUPPRESS
+    )
+    p.add_argument("--redirect-to", default="", help=argparse.SUPPRESS)
+    p.add_argument("--target", default="", help=argparse.SUPPRESS)
+    p.add_argument("--rate", type=float, default=HOSTILE_RATE, help=argparse.SUPPRESS)
+    p.add_argument("--seconds", type=float, default=60.0, help=argparse.SUPPRESS)
+    p.add_argument("--count", type=int, default=FROZEN_STREAMS, help=argparse.SUPPRESS)
+    return p
+
+
+def main() -> None:
+    args = parser().parse_args()
+    if args.role == "exporters":
+        asyncio.run(serve_hostile_exporters(args.redirect_to))
+    elif args.role == "client":
+        asyncio.run(hostile_client(args.target, args.rate, args.seconds))
+    elif args.role == "frozen":
+        asyncio.run(frozen_streams(args.target, args.count))
+    else:
+        text = asyncio.run(run(args.minutes, args.profile))
+        print(text)
+        with contextlib.suppress(OSError):
+            write_section(args.output, SECTION, text)
+
+
+if __name__ == "__main__":
+    main()
