@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -66,6 +71,8 @@ def describe_error(error: BaseException, timeout: float) -> str:
         return f"timed out after {timeout:g}s"
     if isinstance(error, aiohttp.ClientResponseError):
         return f"HTTP {error.status} {error.message}".strip()
+    if isinstance(error, HTTPStatusError):
+        return str(error)
     if isinstance(error, PageTooLarge):
         return f"page too large: {error}"
     if isinstance(error, (PageRefused, RedirectRefused, SecretFileError)):
@@ -91,3 +98,341 @@ class BearerToken:
         if self._file is None or not https:
             return None
         return f"Bearer {self._file.read()}"
+
+
+# --- a lean keep-alive HTTP/1.1 GET for exporter pages -----------------------------------------------
+
+
+class HTTPStatusError(Exception):
+    """A final answer other than 200 (and not a redirect)."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"HTTP {status} {reason}".strip())
+        self.status = status
+
+
+class ProtocolError(Exception):
+    """The server's answer is not HTTP/1.x as we read it; the message says what was wrong."""
+
+
+MAX_HEAD_BYTES = 64 * 1024  # status line and headers
+_DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+class _Answer(asyncio.Protocol):
+    """One connection: sends a request, reads one answer (Content-Length, chunked or to the close).
+
+    The body is counted as it comes out of decompression, and refused past `max_bytes`.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._waiter: asyncio.Future[tuple[int, str, dict[str, str], bytes]] | None = None
+
+    # -- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._waiter is not None and not self._waiter.done():
+            if self._mode == "close" and self._head_done:
+                self._finish()  # a body delimited by the end of the connection
+            else:
+                got = "before any answer" if not self.received else "in the middle of the answer"
+                error = ConnectionResetError(f"connection closed by the server {got}")
+                self._waiter.set_exception(exc if isinstance(exc, OSError) else error)
+
+    # -- one exchange
+    def request(self, data: bytes, max_bytes: int) -> asyncio.Future[tuple[int, str, dict[str, str], bytes]]:
+        assert self.transport is not None
+        self._waiter = self._loop.create_future()
+        self._max = max_bytes
+        self._head = bytearray()
+        self._head_done = False
+        self.received = False
+        self._mode = ""
+        self._left = 0
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._raw = bytearray()  # chunked framing not yet read
+        self._decoder: Any = None
+        self.keep_alive = True
+        self.transport.write(data)
+        return self._waiter
+
+    def data_received(self, data: bytes) -> None:
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            # Bytes nobody asked for (after a complete answer): the connection cannot be reused.
+            self.keep_alive = False
+            if self.transport is not None:
+                self.transport.close()
+            return
+        self.received = True
+        try:
+            if not self._head_done:
+                self._head += data
+                end = self._head.find(b"\r\n\r\n")
+                if end < 0:
+                    if len(self._head) > MAX_HEAD_BYTES:
+                        raise ProtocolError(f"answer headers longer than {MAX_HEAD_BYTES} bytes")
+                    return
+                data = bytes(self._head[end + 4 :])
+                self._read_head(bytes(self._head[:end]))
+                self._head_done = True
+                if self._mode == "none":
+                    self._finish()
+                    return
+            self._read_body(data)
+        except Exception as error:  # noqa: BLE001 - any malformed answer fails this exchange only
+            self.keep_alive = False
+            if not waiter.done():
+                waiter.set_exception(error)
+            if self.transport is not None:
+                self.transport.close()
+
+    def _read_head(self, head: bytes) -> None:
+        lines = head.decode("latin-1").split("\r\n")
+        version, _, rest = lines[0].partition(" ")
+        code, _, reason = rest.partition(" ")
+        if not version.startswith("HTTP/1.") or not (code.isdigit() and len(code) == 3):
+            raise ProtocolError(f"not an HTTP/1.x answer: {lines[0][:80]!r}")
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, colon, value = line.partition(":")
+            if not colon:
+                raise ProtocolError(f"malformed header line {line[:80]!r}")
+            headers[name.strip().lower()] = value.strip()
+        self.status, self.reason, self.headers = int(code), reason, headers
+        if version == "HTTP/1.0" or "close" in headers.get("connection", "").lower():
+            self.keep_alive = False
+        encoding = headers.get("content-encoding", "identity").lower()
+        if encoding not in ("identity", ""):
+            if encoding not in _DECODERS:
+                raise ProtocolError(f"unsupported Content-Encoding {encoding!r}")
+            self._decoder = zlib.decompressobj(_DECODERS[encoding])
+        if self.status in (204, 304) or 100 <= self.status < 200:
+            self._mode = "none"
+        elif "chunked" in headers.get("transfer-encoding", "").lower():
+            self._mode = "chunked"
+        elif "content-length" in headers:
+            text = headers["content-length"]
+            if not text.isdigit():
+                raise ProtocolError(f"malformed Content-Length {text[:40]!r}")
+            self._left = int(text)
+            self._mode = "length" if self._left else "none"
+            if self._decoder is None and self._left > self._max:
+                raise too_large(self._max, self._left)
+        else:
+            self._mode = "close"
+            self.keep_alive = False
+
+    def _read_body(self, data: bytes) -> None:
+        if self._mode == "length":
+            if len(data) >= self._left:
+                if len(data) > self._left:
+                    self.keep_alive = False  # more than announced: do not trust the connection
+                self._take(data[: self._left])
+                self._left = 0
+                self._finish()
+            else:
+                self._left -= len(data)
+                self._take(data)
+        elif self._mode == "close":
+            self._take(data)
+        else:
+            self._read_chunks(data)
+
+    def _read_chunks(self, data: bytes) -> None:
+        raw = self._raw
+        raw += data
+        pos = 0
+        while True:
+            if self._left > 0:  # inside a chunk's data
+                piece = bytes(raw[pos : pos + self._left])
+                pos += len(piece)
+                self._left -= len(piece)
+                self._take(piece)
+                if self._left:
+                    break
+                self._left = -1  # the CRLF after the data comes next
+            if self._left == -1:
+                if len(raw) - pos < 2:
+                    break
+                if raw[pos : pos + 2] != b"\r\n":
+                    raise ProtocolError("malformed chunked body")
+                pos += 2
+                self._left = 0
+            end = raw.find(b"\r\n", pos)
+            if end < 0:
+                if len(raw) - pos > 1024:
+                    raise ProtocolError("malformed chunk size line")
+                break
+            size_text = bytes(raw[pos:end]).split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise ProtocolError(f"malformed chunk size {size_text[:20]!r}") from None
+            if size < 0:
+                raise ProtocolError("malformed chunk size")
+            if size == 0:
+                # Trailers (rare) end with an empty line: wait for it, then the answer is complete.
+                trailer_end = raw.find(b"\r\n\r\n", end)
+                if trailer_end < 0 and raw[end : end + 4] != b"\r\n\r\n":
+                    if len(raw) - end > MAX_HEAD_BYTES:
+                        raise ProtocolError("chunked trailers too long")
+                    del raw[:pos]
+                    return
+                del raw[:]
+                self._finish()
+                return
+            pos = end + 2
+            self._left = size
+        del raw[:pos]
+
+    def _take(self, data: bytes) -> None:
+        if self._decoder is not None:
+            # Inflated in bounded steps, counted as it comes out: a gzip bomb stops at the cap.
+            room = self._max - self._size + 1
+            data = self._decoder.decompress(data, room)
+            while True:
+                self._add(data)
+                if not self._decoder.unconsumed_tail:
+                    break
+                data = self._decoder.decompress(self._decoder.unconsumed_tail, self._max - self._size + 1)
+        else:
+            self._add(data)
+
+    def _add(self, data: bytes) -> None:
+        self._size += len(data)
+        if self._size > self._max:
+            raise too_large(self._max)
+        if data:
+            self._chunks.append(data)
+
+    def _finish(self) -> None:
+        if self._decoder is not None:
+            self._add(self._decoder.flush())
+        assert self._waiter is not None
+        if not self._waiter.done():
+            self._waiter.set_result((self.status, self.reason, self.headers, b"".join(self._chunks)))
+        self._chunks = []
+
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    host: str
+    port: int
+    https: bool
+    request: bytes  # the request without its Authorization header and final CRLF
+
+
+def _target(url: str) -> _Target:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    https = parts.scheme == "https"
+    port = parts.port or (443 if https else 80)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    host = parts.hostname
+    host_header = f"[{host}]" if ":" in host else host
+    if parts.port:
+        host_header += f":{parts.port}"
+    request = (
+        f"GET {path} HTTP/1.1\r\nHost: {host_header}\r\nUser-Agent: keda-gpu-scaler\r\n"
+        "Accept: text/plain;version=0.0.4;q=1,*/*;q=0.1\r\nAccept-Encoding: identity\r\n"
+    ).encode("ascii")
+    return _Target(host, port, https, request)
+
+
+class LeanFetcher:
+    """Exporter pages over keep-alive HTTP/1.1 on asyncio, with nothing a scrape does not need.
+
+    One connection per exporter is kept open between scrapes (each exporter is scraped by one task, one
+    request at a time). Redirects are refused, bodies are capped after decompression (gzip and deflate
+    answers are read even though identity is asked for), Content-Length, chunked and read-to-close
+    bodies are understood, HTTPS uses `ssl_context` and sends the bearer token; plain HTTP never does.
+    A request on a kept connection that the server closed meanwhile is sent again once on a new one.
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout: float,
+        max_bytes: int,
+        ssl_context: ssl.SSLContext | None = None,
+        token: BearerToken | None = None,
+    ) -> None:
+        self._timeout = timeout
+        self._max_bytes = max_bytes
+        self._ssl = ssl_context
+        self._token = token or BearerToken(None)
+        self._targets: dict[str, _Target] = {}
+        self._idle: dict[str, _Answer] = {}  # url → its kept connection
+
+    async def get(self, url: str) -> bytes:
+        target = self._targets.get(url)
+        if target is None:
+            target = self._targets[url] = _target(url)
+        request = target.request
+        bearer = self._token.header(target.https)
+        if bearer is not None:
+            request += f"Authorization: {bearer}\r\n".encode("latin-1")
+        request += b"\r\n"
+        async with asyncio.timeout(self._timeout):
+            connection = self._idle.pop(url, None)
+            if connection is not None and not connection.closed:
+                try:
+                    return await self._exchange(url, connection, request)
+                except ConnectionResetError:
+                    if connection.received:
+                        raise
+                    # The server closed the kept connection before our request reached it: once more.
+            return await self._exchange(url, await self._connect(target), request)
+
+    async def _exchange(self, url: str, connection: _Answer, request: bytes) -> bytes:
+        try:
+            answer = await connection.request(request, self._max_bytes)
+        except BaseException:
+            # Timed out, cancelled or failed half-way: this connection's state is unknown, never reuse it.
+            if connection.transport is not None:
+                connection.transport.close()
+            raise
+        return self._answer(url, connection, answer)
+
+    async def _connect(self, target: _Target) -> _Answer:
+        loop = asyncio.get_running_loop()
+        _, protocol = await loop.create_connection(
+            lambda: _Answer(loop),
+            target.host,
+            target.port,
+            ssl=(self._ssl or ssl.create_default_context()) if target.https else None,
+        )
+        return protocol
+
+    def _answer(self, url: str, connection: _Answer, answer: tuple[int, str, dict[str, str], bytes]) -> bytes:
+        status, reason, headers, body = answer
+        if connection.keep_alive and not connection.closed:
+            self._idle[url] = connection
+        elif connection.transport is not None:
+            connection.transport.close()
+        if 300 <= status < 400:
+            raise refuse_redirect(status, reason, headers.get("location"))
+        if status != 200:
+            raise HTTPStatusError(status, reason)
+        return body
+
+    def forget(self, url: str) -> None:
+        """Close the kept connection of an exporter no longer scraped."""
+        connection = self._idle.pop(url, None)
+        self._targets.pop(url, None)
+        if connection is not None and connection.transport is not None:
+            connection.transport.close()
+
+    def close(self) -> None:
+        for url in list(self._idle):
+            self.forget(url)

@@ -10,7 +10,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -18,6 +18,9 @@ from keda_gpu_scaler import exposition
 from keda_gpu_scaler.backoff import JITTER, backoff_delay, jittered
 from keda_gpu_scaler.collect.http import (
     BearerToken,
+    HTTPStatusError,
+    LeanFetcher,
+    ProtocolError,
     PageRefused,
     PageTooLarge,
     RedirectRefused,
@@ -91,6 +94,16 @@ class ScrapeLimits:
     concurrency: int
 
 
+class Fetcher(Protocol):
+    """GETs exporter pages: the body of a 200 answer, or an exception saying why there is none."""
+
+    async def get(self, url: str) -> bytes: ...
+
+    def forget(self, url: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class AiohttpFetcher:
     """GET one page with aiohttp: no redirects, the body capped after decompression, bearer on HTTPS."""
 
@@ -120,6 +133,12 @@ class AiohttpFetcher:
                     response.request_info, (), status=response.status, message=response.reason or ""
                 )
             return await read_limited(response, self._max_bytes)
+
+    def forget(self, url: str) -> None:
+        pass  # the session's pool ages its connections out
+
+    def close(self) -> None:
+        pass  # the session is closed by its owner
 
 
 def parse_exposition(page: bytes, names: frozenset[str]) -> list[Sample]:
@@ -227,7 +246,7 @@ class ScrapeCollector:
         telemetry: Telemetry,
         clock: Callable[[], float],
         session: aiohttp.ClientSession | None = None,
-        fetcher: AiohttpFetcher | None = None,
+        fetcher: Fetcher | None = None,
         reader: PageReader = GPU_EXPORTER_PAGES,
         interest_key: Hashable = SCRAPE_INTEREST,
     ) -> None:
@@ -274,6 +293,7 @@ class ScrapeCollector:
             task.cancel()
         self._last.pop(url, None)
         self._readers.pop(url, None)
+        self._fetcher.forget(url)
         self._store.remove_source(url)
 
     async def stop(self) -> None:
@@ -282,6 +302,7 @@ class ScrapeCollector:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._fetcher.close()
 
     async def scrape_once(self, url: str) -> bool:
         """Scrape one exporter now; records the page or the failure in the store. True on success."""
@@ -307,6 +328,8 @@ class ScrapeCollector:
             OSError,
             PageTooLarge,
             RedirectRefused,
+            HTTPStatusError,
+            ProtocolError,
             ExpositionError,
             NotOurPage,
             SecretFileError,

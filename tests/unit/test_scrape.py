@@ -7,6 +7,7 @@ import gzip
 import ssl
 import threading
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from support import GpuLine, dcgm_page, eventually
 
 from keda_gpu_scaler.backoff import backoff_delay
 from keda_gpu_scaler.collect import scrape
-from keda_gpu_scaler.collect.http import BearerToken, exporter_ssl
+from keda_gpu_scaler.collect.http import BearerToken, LeanFetcher, exporter_ssl
 from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.scrape import (
     GPU_EXPORTER_PAGES,
@@ -96,7 +97,13 @@ class Rig:
         self.interest = Interest(600, time.monotonic)
         self.interest.touch()
         self.limits = ScrapeLimits(interval=0.05, timeout=2.0, max_page_bytes=max_bytes, concurrency=4)
-        fetcher = kwargs.pop("fetcher", None) or AiohttpFetcher(session, self.limits)
+        fetcher = kwargs.pop("fetcher", None)
+        if fetcher is None:
+            fetcher = (
+                LeanFetcher(timeout=self.limits.timeout, max_bytes=max_bytes)
+                if getattr(session, "lean", False)
+                else AiohttpFetcher(session, self.limits)
+            )
         self.collector = ScrapeCollector(
             fetcher=fetcher,  # type: ignore[arg-type]
             store=self.store,
@@ -117,9 +124,11 @@ class Rig:
         return {r.pod for rs in state.last_page.by_namespace.values() for r in rs}
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
+@pytest.fixture(params=["aiohttp", "lean"])
+async def session(request: pytest.FixtureRequest) -> AsyncIterator[aiohttp.ClientSession]:
+    """Every test runs with both fetchers: aiohttp, and the lean one (the session then only marks it)."""
     async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar(), trust_env=False) as s:
+        s.lean = request.param == "lean"  # type: ignore[attr-defined]
         yield s
 
 
@@ -300,8 +309,9 @@ async def test_a_scrape_loop_that_raises_is_restarted(serve, session, monkeypatc
 # ---- HTTPS exporters behind kube-rbac-proxy: bearer token and CA -----------------------------------
 
 
+@pytest.mark.parametrize("lean", [False, True], ids=["aiohttp", "lean"])
 async def test_https_exporter_with_bearer_token_read_again_when_it_changes(  # type: ignore[no-untyped-def]
-    serve, tmp_path: Path
+    serve, tmp_path: Path, lean: bool
 ) -> None:
     ca = CertificateAuthority()
     cert, key = write(tmp_path, "exporter", ca.issue("localhost", ["localhost"]))
@@ -320,8 +330,14 @@ async def test_https_exporter_with_bearer_token_read_again_when_it_changes(  # t
     token.write_text("first\n")
     limits = ScrapeLimits(interval=0.05, timeout=2.0, max_page_bytes=1 << 20, concurrency=4)
     connector = aiohttp.TCPConnector(ssl=exporter_ssl(ca_file))
+
+    def fetcher(session: aiohttp.ClientSession, ca: Path | None) -> AiohttpFetcher | LeanFetcher:
+        if lean:
+            return LeanFetcher(timeout=2.0, max_bytes=1 << 20, ssl_context=exporter_ssl(ca), token=BearerToken(token))
+        return AiohttpFetcher(session, limits, BearerToken(token))
+
     async with aiohttp.ClientSession(connector=connector, trust_env=False) as tls_session:
-        rig = Rig(tls_session, fetcher=AiohttpFetcher(tls_session, limits, BearerToken(token)))
+        rig = Rig(tls_session, fetcher=fetcher(tls_session, ca_file))
         assert await rig.collector.scrape_once(server.url())
         token.write_text("second-but-longer\n")
         assert not await rig.collector.scrape_once(server.url())
@@ -337,7 +353,7 @@ async def test_https_exporter_with_bearer_token_read_again_when_it_changes(  # t
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(ssl=exporter_ssl(None)), trust_env=False
     ) as untrusting:
-        rig = Rig(untrusting, fetcher=AiohttpFetcher(untrusting, limits, BearerToken(token)))
+        rig = Rig(untrusting, fetcher=fetcher(untrusting, None))
         assert not await rig.collector.scrape_once(server.url())
         assert "certificate" in (rig.error(server.url()) or "").lower()
 
@@ -347,7 +363,11 @@ async def test_the_token_is_never_sent_over_plain_http(serve, session, tmp_path:
     token = tmp_path / "token"
     token.write_text("secret")
     rig = Rig(session)
-    rig.collector._fetcher = AiohttpFetcher(session, rig.limits, BearerToken(token))
+    rig.collector._fetcher = (
+        LeanFetcher(timeout=2.0, max_bytes=1 << 20, token=BearerToken(token))
+        if session.lean
+        else AiohttpFetcher(session, rig.limits, BearerToken(token))
+    )
     assert await rig.collector.scrape_once(server.url())
     assert "Authorization" not in server.seen_headers[0]
 
@@ -375,3 +395,126 @@ async def test_interest_and_http_helpers_stay_importable_from_scrape() -> None:
     )
 
     await asyncio.sleep(0)
+
+
+# ---- the lean fetcher's HTTP/1.1: framing, keep-alive, failures ------------------------------------
+
+
+async def raw_server(
+    answer: Callable[[bytes, int], Awaitable[bytes | None]], *, close_after_reply: bool = False
+) -> tuple[asyncio.Server, str, list[int]]:
+    """A TCP server answering each request with answer(request, its index on the connection) bytes
+    (None: close the connection instead; close_after_reply: close it after each reply)."""
+    connections: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            for index in range(1_000_000):
+                request = await reader.readuntil(b"\r\n\r\n")
+                reply = await answer(request, index)
+                if reply is None:
+                    break
+                writer.write(reply)
+                await writer.drain()
+                if close_after_reply:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}/metrics", connections
+
+
+def chunked(body: bytes, size: int = 1000) -> bytes:
+    pieces = [body[i : i + size] for i in range(0, len(body), size)]
+    return b"".join(b"%x;ext=1\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\nX-Trailer: 1\r\n\r\n"
+
+
+async def test_lean_fetcher_reads_chunked_gzip_and_deflate_and_keeps_the_connection() -> None:
+    body = PAGE.encode()
+    replies = [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(body),
+        b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + chunked(gzip.compress(body), 7),
+        b"HTTP/1.1 200 OK\r\nContent-Encoding: deflate\r\nContent-Length: %d\r\n\r\n" % len(zlib.compress(body))
+        + zlib.compress(body),
+        b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body,
+    ]
+
+    async def answer(_: bytes, __: int) -> bytes:
+        return replies.pop(0)
+
+    server, url, connections = await raw_server(answer)
+    fetcher = LeanFetcher(timeout=2.0, max_bytes=1 << 20)
+    try:
+        for _ in range(4):
+            assert await fetcher.get(url) == body
+        assert len(connections) == 1, "one kept-alive connection for every scrape"
+    finally:
+        fetcher.close()
+        server.close()
+
+
+async def test_lean_fetcher_retries_once_when_the_server_closed_the_kept_connection() -> None:
+    body = PAGE.encode()
+
+    async def answer(_: bytes, index: int) -> bytes | None:
+        # Each connection answers its first request; a second one finds it closed (an idle timeout).
+        return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body if index == 0 else None
+
+    server, url, connections = await raw_server(answer)
+    fetcher = LeanFetcher(timeout=2.0, max_bytes=1 << 20)
+    try:
+        assert await fetcher.get(url) == body
+        assert await fetcher.get(url) == body
+        assert len(connections) == 2
+    finally:
+        fetcher.close()
+        server.close()
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\nabc", "in the middle of the answer"),
+        (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "not an HTTP/1.x answer"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "malformed chunk size"),
+        (b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 1\r\n\r\nx", "unsupported Content-Encoding"),
+        (b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n", "HTTP 404 Not Found"),
+        (b"HTTP/1.1 301 Moved\r\nLocation: http://elsewhere/\r\nContent-Length: 0\r\n\r\n", "http://elsewhere/"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2000000\r\n\r\n", "limit is 1048576"),
+    ],
+    ids=["cut short", "not http", "bad chunk", "brotli", "404", "redirect", "too long"],
+)
+async def test_lean_fetcher_failures_name_the_reason(reply: bytes, reason: str) -> None:
+    async def answer(_: bytes, index: int) -> bytes | None:
+        return reply if index == 0 else None  # then the connection is closed
+
+    server, url, _ = await raw_server(answer, close_after_reply=True)
+    rig = Rig(None, fetcher=LeanFetcher(timeout=2.0, max_bytes=1 << 20))  # type: ignore[arg-type]
+    try:
+        assert not await rig.collector.scrape_once(url)
+        error = rig.error(url)
+        assert error is not None and reason in error, error
+    finally:
+        server.close()
+
+
+async def test_lean_fetcher_times_out_and_drops_the_connection() -> None:
+    async def answer(_: bytes, __: int) -> bytes | None:
+        await asyncio.sleep(5)
+        return None
+
+    server, url, _ = await raw_server(answer)
+    fetcher = LeanFetcher(timeout=0.2, max_bytes=1 << 20)
+    try:
+        with pytest.raises(TimeoutError):
+            await fetcher.get(url)
+        assert not fetcher._idle
+    finally:
+        fetcher.close()
+        server.close()
