@@ -74,30 +74,37 @@ async def test_fault(fault: Fault, faulty: FaultyExporter, make_exporter, make_s
         if expected == "UNAVAILABLE":
             assert await is_active(stub, "llm", AFFECTED) == "UNAVAILABLE"
 
+    # Every UNAVAILABLE fault must be recorded with its own reason (a fault missing here is a KeyError,
+    # so no fault can pass with just any message). NaN/Inf pages are valid pages without usable values.
+    reasons: dict[str, tuple[str, ...]] = {
+        "huge": ("limit",),
+        "truncated": ("line",),
+        "slow": ("timed out",),
+        "http_500": ("HTTP 500",),
+        "conflicting": ("printed again with another value",),
+        "gzip_bomb": ("limit of 1048576 bytes",),
+        "redirect": ("/elsewhere",),
+        "not_an_exporter": ("no GPU exporter metrics on this page",),
+        "refused": ("Cannot connect", "Connect call failed"),
+        "restart": ("Cannot connect", "Connect call failed"),
+        "reset": ("disconnected", "reset", "ClientPayloadError", "ClientOSError"),
+        "garbage": ("not a valid metrics page",),
+    }
+
+    async def failure_recorded() -> None:
+        failures = [s.last_error for s in scaler.app.store.sources() if s.last_error]
+        assert failures, "the failure must be recorded with its reason"
+        assert any(any(r in f for r in reasons[fault.name]) for f in failures), failures
+
     if fault.name == "restart":
         await eventually(lambda: during_for("UNAVAILABLE"))
+        await eventually(failure_recorded)
         await faulty.start(port)
         await eventually(lambda: during_for(60.0), timeout=90)  # failed scrapes back off: allow for it
     else:
         await eventually(lambda: during_for(fault.expected))
-    if fault.expected == "UNAVAILABLE" and fault.name != "nan_inf":
-        reasons = {
-            "huge": "limit",
-            "truncated": "line",
-            "slow": "timed out",
-            "http_500": "HTTP 500",
-            "conflicting": "printed again with another value",
-            "gzip_bomb": "limit of 1048576 bytes",
-            "redirect": "/elsewhere",
-            "not_an_exporter": "no GPU exporter metrics on this page",
-        }
-
-        async def failure_recorded() -> None:
-            failures = [s.last_error for s in scaler.app.store.sources() if s.last_error]
-            assert failures, "the failure must be recorded with its reason"
-            assert any(reasons.get(fault.name, "") in f for f in failures), failures
-
-        await eventually(failure_recorded)
+        if fault.expected == "UNAVAILABLE" and fault.name != "nan_inf":
+            await eventually(failure_recorded)
 
 
 def test_reliability_doc_matches_the_fault_table() -> None:
