@@ -649,10 +649,11 @@ Ready). The cluster process and the client share core {OTHERS_CPU}.
 
 "CPU per pod event" is the scaler's extra CPU during churn over steady, per event. "Discovery" is the share
 of py-spy samples during churn in `keda_gpu_scaler/discovery` frames times the scaler's CPU. "Ready → in
-GetMetrics" is measured for every pod that turned Ready during the churn window: a separate probe polls its
-ScaledObject every {1000 * PROBE_SECONDS:.0f} ms until the value includes the new pod (median / worst, seconds;
-one pod in {PROBE_EVERY} is followed, so that the probe's calls stay a small part of the load); its GPU is on the
-page from the moment the pod runs, so the wait is for discovery and the next scrape.
+GetMetrics" is measured for one pod in {PROBE_EVERY} of those that turned Ready during the churn window (so that
+the probe's calls stay a small part of the load): a separate probe polls its ScaledObject every {1000 * PROBE_SECONDS:.0f} ms
+until the value includes the new pod (median / worst, seconds). The pod's GPU is on its node's page from
+the moment it runs, so the wait is for discovery and the next scrape. "Longest GC pause" comes from a
+probe in the scaler's process (`bench/gcprobe`) that reports each garbage collection of 1 ms or more.
 
 | cluster | warm-up s | steady p50 / p99 ms | churn p50 / p99 ms | longest GC pause steady / churn ms | RPC errors | pod events/s | scaler CPU ms per pod event | scaler CPU steady / churn | discovery CPU (of a core) | RSS now / peak MiB | Ready → in GetMetrics s |
 |---|---|---|---|---|---|---|---|---|---|---|---|
