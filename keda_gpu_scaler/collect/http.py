@@ -143,7 +143,7 @@ class _Answer(asyncio.Protocol):
                 self._finish()  # a body delimited by the end of the connection
             else:
                 got = "before any answer" if not self.received else "in the middle of the answer"
-                error = ConnectionResetError(f"connection closed by the server {got}")
+                error = ConnectionResetError(f"connection reset or closed by the server {got}")
                 self._waiter.set_exception(exc if isinstance(exc, OSError) else error)
 
     # -- one exchange
