@@ -49,9 +49,6 @@ class DiscoveryConfig:
     kubeconfig: str | None  # None: the in-cluster service account
     exporter_selectors: tuple[ExporterSelector, ...]
     refresh_interval: float  # seconds between re-reads of a ScaledObject and its /scale
-    # Not used by discovery: whoever calls track() decides when a ScaledObject is no longer followed and
-    # calls forget(). Kept so that callers built for the earlier interface need not change.
-    interest_ttl: float | None = None
     static_urls: frozenset[str] = frozenset()  # --exporter-url: never removed by discovery
 
 
