@@ -207,7 +207,9 @@ class FaultyExporter:
         elif fault == "redirect":
             raise web.HTTPFound("/elsewhere")
         elif fault == "not_an_exporter":
-            return web.Response(text="# HELP process_cpu_seconds_total CPU.\nprocess_cpu_seconds_total 12.5\n")
+            return web.Response(
+                text="# HELP process_cpu_seconds_total CPU.\nprocess_cpu_seconds_total 12.5\n"
+            )
         elif fault == "escapes":
             tricky = 'modelName="H100 \\"SXM\\" \\\\ 80GB\\nπ✓"'
             lines = [line("vllm-0", "30", 0), line("vllm-1", "30", 1)]

@@ -188,7 +188,7 @@ class _Answer(asyncio.Protocol):
                     self._finish()
                     return
             self._read_body(data)
-        except Exception as error:  # noqa: BLE001 - any malformed answer fails this exchange only
+        except Exception as error:
             self.keep_alive = False
             if not waiter.done():
                 waiter.set_exception(error)

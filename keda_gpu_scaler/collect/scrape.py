@@ -19,10 +19,9 @@ from keda_gpu_scaler.backoff import JITTER, backoff_delay, jittered
 from keda_gpu_scaler.collect.http import (
     BearerToken,
     HTTPStatusError,
-    LeanFetcher,
-    ProtocolError,
     PageRefused,
     PageTooLarge,
+    ProtocolError,
     RedirectRefused,
     describe_error,
     read_limited,

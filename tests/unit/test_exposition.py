@@ -449,7 +449,12 @@ def test_conflicting_duplicate_series_are_an_error_naming_both_lines() -> None:
 
 @pytest.mark.parametrize(
     "page",
-    ['a{x="1"} 30\na{x="1"} 30\n', "a NaN\na NaN\n", 'a{x="1"} 1\na{x="2"} 2\na 3\nb 3\n', "a 1 100\na 1 200\n"],
+    [
+        'a{x="1"} 30\na{x="1"} 30\n',
+        "a NaN\na NaN\n",
+        'a{x="1"} 1\na{x="2"} 2\na 3\nb 3\n',
+        "a 1 100\na 1 200\n",
+    ],
     ids=["same value", "NaN twice", "other series", "same value, other timestamps"],
 )
 def test_same_value_twice_or_distinct_series_are_not_conflicts(page: str) -> None:

@@ -333,7 +333,9 @@ async def test_https_exporter_with_bearer_token_read_again_when_it_changes(  # t
 
     def fetcher(session: aiohttp.ClientSession, ca: Path | None) -> AiohttpFetcher | LeanFetcher:
         if lean:
-            return LeanFetcher(timeout=2.0, max_bytes=1 << 20, ssl_context=exporter_ssl(ca), token=BearerToken(token))
+            return LeanFetcher(
+                timeout=2.0, max_bytes=1 << 20, ssl_context=exporter_ssl(ca), token=BearerToken(token)
+            )
         return AiohttpFetcher(session, limits, BearerToken(token))
 
     async with aiohttp.ClientSession(connector=connector, trust_env=False) as tls_session:
@@ -440,7 +442,8 @@ async def test_lean_fetcher_reads_chunked_gzip_and_deflate_and_keeps_the_connect
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(body),
         b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
         + chunked(gzip.compress(body), 7),
-        b"HTTP/1.1 200 OK\r\nContent-Encoding: deflate\r\nContent-Length: %d\r\n\r\n" % len(zlib.compress(body))
+        b"HTTP/1.1 200 OK\r\nContent-Encoding: deflate\r\nContent-Length: %d\r\n\r\n"
+        % len(zlib.compress(body))
         + zlib.compress(body),
         b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body,
     ]
@@ -483,9 +486,15 @@ async def test_lean_fetcher_retries_once_when_the_server_closed_the_kept_connect
         (b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\nabc", "in the middle of the answer"),
         (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "not an HTTP/1.x answer"),
         (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "malformed chunk size"),
-        (b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 1\r\n\r\nx", "unsupported Content-Encoding"),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 1\r\n\r\nx",
+            "unsupported Content-Encoding",
+        ),
         (b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n", "HTTP 404 Not Found"),
-        (b"HTTP/1.1 301 Moved\r\nLocation: http://elsewhere/\r\nContent-Length: 0\r\n\r\n", "http://elsewhere/"),
+        (
+            b"HTTP/1.1 301 Moved\r\nLocation: http://elsewhere/\r\nContent-Length: 0\r\n\r\n",
+            "http://elsewhere/",
+        ),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 2000000\r\n\r\n", "limit is 1048576"),
     ],
     ids=["cut short", "not http", "bad chunk", "brotli", "404", "redirect", "too long"],
