@@ -7,13 +7,13 @@ import hashlib
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
 from aiohttp import web
 
+from keda_gpu_scaler import pagetext
 from keda_gpu_scaler.engines.simulated import EngineLoad, load_for, sglang_page, split, tgi_page, vllm_page
 
 # What the real exporters answer with; scrapers look at the media type, not only at the body.
@@ -501,13 +501,11 @@ class DemoFleet:
                 "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": f"{gr_active * tensor_share:.6f}",
                 "DCGM_FI_PROF_DRAM_ACTIVE": f"{gr_active * dram_share:.6f}",
             }
-            rows.append((_label_text(_dcgm_labels(node.name, gpu, self.NAMESPACE)), values))
-        lines: list[str] = []
-        for name, kind, help_text in _DCGM_FAMILIES:
-            lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} {kind}")
-            lines.extend(f"{name}{{{labels}}} {values[name]}" for labels, values in rows)
-        return "\n".join(lines) + "\n"
+            rows.append((pagetext.label_text(_dcgm_labels(node.name, gpu, self.NAMESPACE)), values))
+        return pagetext.render(
+            (name, kind, help_text, [(labels, values[name]) for labels, values in rows])
+            for name, kind, help_text in _DCGM_FAMILIES
+        )
 
     def _render_amd(self, node: _Node, t: float) -> str:
         rows: list[tuple[tuple[str, ...], str, dict[str, float]]] = []
@@ -528,15 +526,18 @@ class DemoFleet:
                 "gpu_used_vram": float(used),
             }
             labels = sorted(_amd_labels(node.name, gpu, self.NAMESPACE).items())
-            rows.append((tuple(value for _, value in labels), _label_text(labels), values))
+            rows.append((tuple(value for _, value in labels), pagetext.label_text(labels), values))
         # client_golang orders the series of a family by their label values: idle GPUs (container="") first.
         rows.sort(key=lambda row: row[0])
-        lines: list[str] = []
-        for name, help_text in _AMD_FAMILIES:
-            lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} gauge")
-            lines.extend(f"{name}{{{labels}}} {_go_float(values[name])}" for _, labels, values in rows)
-        return "\n".join(lines) + "\n"
+        return pagetext.render(
+            (
+                name,
+                "gauge",
+                help_text,
+                [(labels, pagetext.go_float(values[name])) for _, labels, values in rows],
+            )
+            for name, help_text in _AMD_FAMILIES
+        )
 
     # -- HTTP ---------------------------------------------------------------------------------------
 
@@ -747,14 +748,6 @@ def _url_host(address: str) -> str:
     return f"[{address}]" if ":" in address else address
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _label_text(labels: Sequence[tuple[str, str]]) -> str:
-    return ",".join(f'{key}="{_escape(value)}"' for key, value in labels)
-
-
 def _dcgm_labels(node: str, gpu: _Gpu, namespace: str) -> list[tuple[str, str]]:
     labels = [
         ("gpu", str(gpu.index)),
@@ -790,32 +783,6 @@ def _amd_labels(node: str, gpu: _Gpu, namespace: str) -> dict[str, str]:
         "pod": pod.name if pod else "",
         "serial_number": gpu.identity,
     }
-
-
-def _go_float(value: float) -> str:
-    """``value`` as Go's strconv.FormatFloat(v, 'g', -1, 64) prints it, which is what client_golang writes."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value == 0:
-        return "0"
-    sign = "-" if value < 0 else ""
-    # Python's repr and Go both print the shortest digits that read back to the same float.
-    _, digit_tuple, exponent = Decimal(repr(abs(value))).normalize().as_tuple()
-    assert isinstance(exponent, int)  # finite values only reach here
-    digits = "".join(map(str, digit_tuple))
-    point = len(digits) + exponent  # where the decimal point sits, counted from the first digit
-    scientific = point - 1
-    # With the shortest precision Go uses exponent form below 1e-4 and from 1e+06 on.
-    if scientific < -4 or scientific >= 6:
-        body = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
-        return f"{sign}{body}e{'-' if scientific < 0 else '+'}{abs(scientific):02d}"
-    if point <= 0:
-        return f"{sign}0.{'0' * -point}{digits}"
-    if point >= len(digits):
-        return f"{sign}{digits}{'0' * (point - len(digits))}"
-    return f"{sign}{digits[:point]}.{digits[point:]}"
 
 
 def _k8s_suffix(rng: random.Random, length: int) -> str:

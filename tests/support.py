@@ -11,6 +11,8 @@ from typing import TypeVar
 import grpc
 from aiohttp import web
 
+from keda_gpu_scaler import pagetext
+
 T = TypeVar("T")
 
 
@@ -26,23 +28,29 @@ class GpuLine:
 
 def dcgm_page(gpus: list[GpuLine], host: str = "gpu-node-a") -> str:
     """A dcgm-exporter page (GPU_UTIL, FB_USED, FB_FREE) in the exporter's own format."""
-    families = {
-        "DCGM_FI_DEV_GPU_UTIL": ("GPU utilization (in %).", lambda g: f"{g.util:g}"),
-        "DCGM_FI_DEV_FB_USED": ("Framebuffer memory used (in MiB).", lambda g: str(g.fb_used)),
-        "DCGM_FI_DEV_FB_FREE": ("Framebuffer memory free (in MiB).", lambda g: str(g.fb_free)),
-    }
-    out: list[str] = []
-    for name, (help_text, render) in families.items():
-        out.append(f"# HELP {name} {help_text}")
-        out.append(f"# TYPE {name} gauge")
-        for g in gpus:
-            pod_labels = f',container="main",namespace="{g.namespace}",pod="{g.pod}"' if g.pod else ""
-            out.append(
-                f'{name}{{gpu="{g.gpu}",UUID="GPU-{host}-{g.gpu}",pci_bus_id="00000000:{g.gpu:02d}:00.0",'
-                f'device="nvidia{g.gpu}",modelName="NVIDIA H100 80GB HBM3",Hostname="{host}",'
-                f'DCGM_FI_DRIVER_VERSION="550.144.03"{pod_labels}}} {render(g)}'
-            )
-    return "\n".join(out) + "\n"
+
+    def labels(g: GpuLine) -> str:
+        device = [
+            ("gpu", str(g.gpu)),
+            ("UUID", f"GPU-{host}-{g.gpu}"),
+            ("pci_bus_id", f"00000000:{g.gpu:02d}:00.0"),
+            ("device", f"nvidia{g.gpu}"),
+            ("modelName", "NVIDIA H100 80GB HBM3"),
+            ("Hostname", host),
+            ("DCGM_FI_DRIVER_VERSION", "550.144.03"),
+        ]
+        pod = [("container", "main"), ("namespace", g.namespace), ("pod", g.pod)] if g.pod else []
+        return pagetext.label_text(device + pod)
+
+    families: list[tuple[str, str, Callable[[GpuLine], float]]] = [
+        ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda g: g.util),
+        ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda g: g.fb_used),
+        ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", lambda g: g.fb_free),
+    ]
+    return pagetext.render(
+        (name, "gauge", help_text, [(labels(g), pagetext.go_float(value(g))) for g in gpus])
+        for name, help_text, value in families
+    )
 
 
 @dataclass

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from keda_gpu_scaler import pagetext
 from keda_gpu_scaler.engines import sglang, tgi, vllm
 
 
@@ -43,7 +43,7 @@ def vllm_page(model: str, engines: Sequence[EngineLoad | tuple[float, float, flo
     With no engines the page holds no vLLM family at all, as a server whose engine is still starting.
     """
     loads = [EngineLoad(*load) for load in engines]
-    labels = [f'engine="{index}",model_name="{_escape(model)}"' for index in range(len(loads))]
+    labels = [f'engine="{index}",model_name="{pagetext.escape(model)}"' for index in range(len(loads))]
     families: list[tuple[str, str, str, list[tuple[str, float]]]] = []
     if loads:
         families = [
@@ -80,7 +80,7 @@ def sglang_page(
     for dp_rank, load in enumerate(EngineLoad(*load) for load in dp_ranks):
         for tp_rank in range(tp_size):
             label = (
-                f'dp_rank="{dp_rank}",engine_type="unified",model_name="{_escape(model)}",'
+                f'dp_rank="{dp_rank}",engine_type="unified",model_name="{pagetext.escape(model)}",'
                 f'moe_ep_rank="0",pp_rank="0",tp_rank="{tp_rank}"'
             )
             rows[sglang.RUNNING].append((label, load.running))
@@ -123,23 +123,8 @@ def _python_process_families() -> list[tuple[str, str, str, list[tuple[str, floa
 
 
 def _page(families: Sequence[tuple[str, str, str, Sequence[tuple[str, float]]]]) -> str:
-    lines: list[str] = []
-    for name, kind, help_text, samples in families:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            lines.append(f"{name}{{{labels}}} {_float(value)}" if labels else f"{name} {_float(value)}")
-    return "\n".join(lines) + "\n"
-
-
-def _float(value: float) -> str:
-    """A value as the Python client library prints it (Go's spelling for the infinities and NaN)."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    """A page as the Python client library prints it (vLLM, SGLang and TGI's Rust exporter alike)."""
+    return pagetext.render(
+        (name, kind, help_text, [(labels, pagetext.python_float(value)) for labels, value in samples])
+        for name, kind, help_text, samples in families
+    )
