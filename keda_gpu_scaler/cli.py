@@ -1,4 +1,4 @@
-"""Command line: `serve` (the main job), `demo` (serve + a simulated GPU fleet) and `explain` (one-shot)."""
+"""Command line: `serve` (the main job), `demo` (serve + a simulated GPU and LLM fleet) and `explain` (one-shot)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the external scaler (the main job)")
     _add_serve_flags(serve)
 
-    demo = commands.add_parser("demo", help="run the scaler with a simulated GPU and LLM-serving fleet on loopback")
+    demo = commands.add_parser(
+        "demo", help="run the scaler with a simulated GPU and LLM-serving fleet on loopback"
+    )
     demo.add_argument(
         "--grpc-address", default="127.0.0.1:6000", help="gRPC address (default: 127.0.0.1:6000)"
     )
