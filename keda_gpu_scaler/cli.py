@@ -70,8 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     explain = commands.add_parser("explain", help="scrape once and print what the scaler sees for a target")
+    explain.add_argument("--exporter-url", action="append", help="exporter endpoint; repeatable")
     explain.add_argument(
-        "--exporter-url", action="append", required=True, help="exporter endpoint; repeatable"
+        "--inference-url",
+        action="append",
+        metavar="NAMESPACE/POD=URL",
+        help="an inference server's metrics page and its pod (for metric=requests|queue|kv_cache); repeatable",
     )
     explain.add_argument("--namespace", required=True, help="the ScaledObject's namespace")
     explain.add_argument("--name", default="explain", help="a ScaledObject name to show (default: explain)")
@@ -179,8 +183,17 @@ def _explain(args: argparse.Namespace) -> int:
         if not sep:
             raise SettingsError(f"metadata {item!r} is not KEY=VALUE")
         metadata[key] = value
+    if not args.exporter_url and not args.inference_url:
+        raise SettingsError(
+            "explain needs --exporter-url (GPU metrics) or --inference-url (inference metrics)"
+        )
     settings = build_settings(
-        {"exporter_url": args.exporter_url, "scrape_timeout": args.scrape_timeout, "kubernetes": "off"}
+        {
+            "exporter_url": args.exporter_url,
+            "inference_url": args.inference_url,
+            "scrape_timeout": args.scrape_timeout,
+            "kubernetes": "off",
+        }
     )
     entry = asyncio.run(explain_once(settings, args.namespace, args.name, metadata))
     print(json.dumps(entry, indent=2, default=str) if args.json else render_table(entry))

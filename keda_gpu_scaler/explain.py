@@ -10,6 +10,7 @@ from typing import Any
 
 import aiohttp
 
+from keda_gpu_scaler.collect.inference import InferencePages
 from keda_gpu_scaler.collect.scrape import Interest, ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.errors import ScalerError
@@ -43,7 +44,13 @@ async def explain_once(
         collector = ScrapeCollector(
             session=session, store=store, interest=interest, limits=limits, telemetry=telemetry, clock=clock
         )
-        await asyncio.gather(*(collector.scrape_once(url) for url in settings.exporter_urls))
+        pages = InferencePages()
+        pages.collector = collector
+        for namespace_of_page, pod, url in settings.inference_urls:
+            pages.add_pod_page(url, namespace_of_page, pod)
+        urls = [*settings.exporter_urls, *(url for _, _, url in settings.inference_urls)]
+        await asyncio.gather(*(collector.scrape_once(url) for url in urls))
+        await collector.stop()
     with contextlib.suppress(ScalerError):  # recorded in the explanation with its message
         evaluator.evaluate(followed, spec)
     assert followed.explanation is not None

@@ -228,3 +228,24 @@ async def test_a_taken_http_port_is_one_line_naming_the_address() -> None:
 async def test_version() -> None:
     code, out, _ = await run_cli("--version")
     assert code == 0 and out.startswith("keda-gpu-scaler ")
+
+
+async def test_explain_shows_an_inference_servers_inputs(make_exporter) -> None:  # type: ignore[no-untyped-def]
+    from keda_gpu_scaler.engines.simulated import EngineLoad, vllm_page
+
+    server = await make_exporter(vllm_page("llama", [EngineLoad(12, 30, 0.5)]))
+    code, out, err = await run_cli(
+        "explain",
+        "--inference-url",
+        f"llm/chat-0={server.url}",
+        "--namespace",
+        "llm",
+        "metric=requests",
+        "threshold=8",
+        "podNamePrefix=chat-",
+    )
+    assert code == 0, out + err
+    assert "chat-0" in out and "running=12" in out and "waiting=30" in out
+    assert "value = 42.00" in out
+    code, _, err = await run_cli("explain", "--namespace", "llm", "threshold=70", "podNamePrefix=a-")
+    assert code == 2 and "--inference-url" in err
