@@ -56,6 +56,7 @@ LEGIT_STREAMS = 100
 MAX_STREAMS = FROZEN_STREAMS + 50  # frozen streams alone leave no room for the legitimate ones
 HOSTILE_RATE = 300.0  # RPC/s offered by the hostile client
 CALM_HEAD = 30.0  # seconds with only the hostile exporters, before the hostile client and streams
+HOSTILE_EXPORTERS = ("bomb", "big", "redirect", "slowloris")
 BOMB_INFLATED = 256 * 1024 * 1024
 BIG_SERIES = 150_000
 MANIFEST = ROOT / "manifests" / "base" / "deployment.yaml"
@@ -198,6 +199,10 @@ def hostile_requests(i: int) -> list[tuple[str, bytes]]:
 
 async def hostile_client(target: str, rate: float, seconds: float) -> None:
     codes: Counter[str] = Counter()
+    if rate <= 0:  # no hostile client: the attack is the exporters and the frozen streams only
+        await asyncio.sleep(seconds)
+        print(json.dumps({"rounds": 0, "codes": {}}), flush=True)
+        return
     async with grpc.aio.insecure_channel(
         target, options=[("grpc.max_send_message_length", 8 << 20)]
     ) as channel:
@@ -283,7 +288,7 @@ async def spawn(*args: str) -> tuple[Child, dict[str, Any]]:
     return child, json.loads(line)
 
 
-async def run(minutes: float, with_profile: bool) -> str:
+async def run(minutes: float, with_profile: bool, exporters_used: list[str], rate: float) -> str:
     seconds = minutes * 60
     if seconds < CALM_HEAD + 90:
         raise SystemExit("--minutes must leave at least 90 s after the first 30 s")
@@ -295,7 +300,7 @@ async def run(minutes: float, with_profile: bool) -> str:
     async with page_server(HEALTHY_EXPORTERS) as pages:
         exporters, ports = await spawn("--role", "exporters", "--redirect-to", pages.url(0))
         hostile_urls = {
-            name: f"http://127.0.0.1:{port}/metrics" for name, port in ports.items() if name != "control"
+            name: f"http://127.0.0.1:{port}/metrics" for name, port in ports.items() if name in exporters_used
         }
         try:
             async with scaler(
@@ -307,7 +312,7 @@ async def run(minutes: float, with_profile: bool) -> str:
                 explain="off",
             ) as server:
                 result = await attack(
-                    server, pages, seconds, with_profile, latencies, codes, rss, open_streams
+                    server, pages, seconds, with_profile, rate, latencies, codes, rss, open_streams
                 )
                 result["scaler_peak_rss"] = rss_mib(server.child.pid)[1]
                 result["scaler_log"] = list(server.child.tail)
@@ -318,6 +323,7 @@ async def run(minutes: float, with_profile: bool) -> str:
                 result["exporter_stats"] = await response.json()
         finally:
             await exporters.stop()
+    result["rate"] = rate
     return report(minutes, latencies, codes, rss, open_streams, hostile_urls, result)
 
 
@@ -326,6 +332,7 @@ async def attack(
     pages: Any,
     seconds: float,
     with_profile: bool,
+    rate: float,
     latencies: dict[str, list[float]],
     codes: Counter[str],
     rss: list[tuple[float, float]],
@@ -350,10 +357,15 @@ async def attack(
                     codes[f"{phase} {method} OK"] += 1
                 except grpc.aio.AioRpcError as error:
                     codes[f"{phase} {method} {error.code().name}"] += 1
+                    errors.setdefault(error.code().name, f"{method}: {(error.details() or '')[:300]}")
                 latencies[phase].append(time.perf_counter() - started)
             await asyncio.sleep(POLL_EVERY)
 
     pushes: list[float] = []
+    errors: dict[str, str] = {}
+    result["healthy_errors"] = errors
+    scrape_failures: dict[str, str] = {}
+    result["scrape_failures"] = scrape_failures
 
     async def healthy_stream() -> None:
         call = stub.StreamIsActive(HEALTHY)
@@ -379,6 +391,10 @@ async def attack(
 
     async def sampler() -> None:
         while True:
+            for line in list(server.child.tail):  # the last lines of the scaler's log
+                if "scrape of " in line and " failed: " in line:
+                    url, _, why = line.partition("scrape of ")[2].partition(" failed: ")
+                    scrape_failures[url] = why[:160]
             rss.append((time.monotonic() - t0, rss_mib(server.child.pid)[0]))
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 async with http.get(
@@ -417,7 +433,7 @@ async def attack(
         "--target",
         server.target,
         "--rate",
-        f"{HOSTILE_RATE:g}",
+        f"{rate:g}",
         "--seconds",
         f"{client_seconds:.0f}",
         cwd=ROOT,
@@ -516,24 +532,27 @@ def report(
     )
     peak_streams = max((v for _, v in open_streams), default=float("nan"))
     expected_pushes = len(r["transitions"])
-    failures: dict[str, str] = {}
-    for name, url in hostile_urls.items():
-        port = url.split(":")[2].split("/")[0]
-        for line in reversed(r["scaler_log"]):
-            if f"127.0.0.1:{port}/" in line and "failed" in line:
-                failures[name] = line.split("failed: ", 1)[-1][:140]
-                break
+    failures = {
+        name: r["scrape_failures"].get(url, "(no failure logged)") for name, url in hostile_urls.items()
+    }
     stats_ = r.get("exporter_stats", {})
     hostile = r.get("hostile_client") or {}
     goal_p99 = p99 <= 10.0
     goal_unavailable = unavailable == 0
     goal_rss = limit is not None and peak < limit
+    command = f"python -m bench.soak_hostile --minutes {minutes:g}"
+    if "profile" in r:
+        command += " --profile"
+    if list(hostile_urls) != list(HOSTILE_EXPORTERS):
+        command += " --exporters " + ",".join(hostile_urls)
+    if r["rate"] != HOSTILE_RATE:
+        command += f" --rate {r['rate']:g}"
     lines = [
         "## Soak: hostile neighbours (gzip bomb, 15 MB changing page, redirects, slowloris, hostile client)",
         "",
         f"Date: {datetime.date.today().isoformat()}. Machine: {platform.machine()}, 2 cores (shared with the"
         f" load generators and other work), Python {platform.python_version()}.",
-        f"Command: `python -m bench.soak_hostile --minutes {minutes:g}{' --profile' if 'profile' in r else ''}` (`make soak`).",
+        f"Command: `{command}`.",
         "",
         f"Setup: `keda-gpu-scaler serve --kubernetes off --scrape-interval {SCRAPE_INTERVAL:g} --keepalive-time"
         f" {KEEPALIVE_TIME:g} --keepalive-timeout {KEEPALIVE_TIMEOUT:g} --max-streams {MAX_STREAMS} --explain off`,"
@@ -545,7 +564,7 @@ def report(
         f" {BOMB_INFLATED >> 20} MiB), a {stats_.get('big_bytes', 0) / 1e6:.1f} MB page of {BIG_SERIES} series"
         " changing on every scrape, a 302 to a healthy exporter's page, a slowloris (headers, then 1 byte per"
         f" 0.5 s). From {CALM_HEAD:g} s: {FROZEN_STREAMS} StreamIsActive streams in a process then frozen with"
-        f" SIGSTOP, and a hostile client at {HOSTILE_RATE:g} RPC/s (half new ScaledObjects each with its own name"
+        f" SIGSTOP, and a hostile client at {r['rate']:g} RPC/s (half new ScaledObjects each with its own name"
         " and namespace, the rest invalid metadata, invalid names, garbage protobuf, or many names in `llm`).",
         "",
         "| check | result | goal |",
@@ -553,12 +572,14 @@ def report(
         f"| healthy RPCs, all | {stats(everything)} | p99 ≤ 10 ms: {'met' if goal_p99 else f'missed by {p99 - 10:.1f} ms'} |",
         f"| healthy RPCs, hostile exporters only (first {CALM_HEAD:g} s) | {stats(latencies['calm'])} | |",
         f"| healthy RPCs, under the whole attack | {stats(latencies['attacked'])} | |",
-        f"| healthy answers other than OK | {not_ok or 'none'} | no UNAVAILABLE: {'met' if goal_unavailable else f'missed ({unavailable})'} |",
+        f"| healthy answers other than OK | {not_ok or 'none'}"
+        f"{''.join(f'; {code}: `{text}`' for code, text in r['healthy_errors'].items())} | no UNAVAILABLE: {'met' if goal_unavailable else f'missed ({unavailable})'} |",
         f"| healthy stream: pushes / idle → busy transitions | {len(r['pushes'])} / {expected_pushes};"
         f" ended {r.get('healthy_stream_end', 'open until the end')} | one push per transition |",
         f"| scaler peak RSS (VmHWM) | {peak:.0f} MiB | under the manifests' limit ({limit:g} Mi):"
         f" {'met' if goal_rss else 'missed'} |",
-        f"| scaler RSS first / last (MiB) | {rss[0][1]:.0f} / {rss[-1][1]:.0f} | |",
+        f"| scaler RSS first / max before the hostile client and streams ({CALM_HEAD:g} s) / last (MiB) |"
+        f" {rss[0][1]:.0f} / {max(v for at, v in rss if at <= frozen_at):.0f} / {rss[-1][1]:.0f} | |",
         f"| frozen streams opened, then SIGSTOP at | {r['frozen_opened']} at {frozen_at:.0f} s | |",
         f"| open streams (gauge): peak; back to ≤ {1 + LEGIT_STREAMS} at | {peak_streams:.0f};"
         f" {f'{dropped_at:.0f} s ({dropped_at - frozen_at:.0f} s after the freeze)' if dropped_at else 'never'} |"
@@ -600,6 +621,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--profile", action="store_true", help="sample the scaler with py-spy for 20 s of the attack"
     )
+    p.add_argument(
+        "--exporters",
+        default=",".join(HOSTILE_EXPORTERS),
+        help="hostile exporters the scaler scrapes, comma-separated (default: all of %(default)s)",
+    )
+    p.add_argument("--rate", type=float, default=HOSTILE_RATE, help="hostile client's RPC/s (0: none)")
     p.add_argument("--output", type=Path, default=ROOT / "docs" / "SOAK.md")
     # The processes the soak starts itself.
     p.add_argument(
@@ -607,7 +634,6 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--redirect-to", default="", help=argparse.SUPPRESS)
     p.add_argument("--target", default="", help=argparse.SUPPRESS)
-    p.add_argument("--rate", type=float, default=HOSTILE_RATE, help=argparse.SUPPRESS)
     p.add_argument("--seconds", type=float, default=60.0, help=argparse.SUPPRESS)
     p.add_argument("--count", type=int, default=FROZEN_STREAMS, help=argparse.SUPPRESS)
     return p
@@ -622,7 +648,7 @@ def main() -> None:
     elif args.role == "frozen":
         asyncio.run(frozen_streams(args.target, args.count))
     else:
-        text = asyncio.run(run(args.minutes, args.profile))
+        text = asyncio.run(run(args.minutes, args.profile, args.exporters.split(","), args.rate))
         print(text)
         with contextlib.suppress(OSError):
             write_section(args.output, SECTION, text)
