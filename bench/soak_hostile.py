@@ -547,8 +547,16 @@ def report(
         command += " --exporters " + ",".join(hostile_urls)
     if r["rate"] != HOSTILE_RATE:
         command += f" --rate {r['rate']:g}"
+    title = (
+        "## Soak: hostile neighbours (gzip bomb, 15 MB changing page, redirects, slowloris, hostile client)"
+    )
+    if variant(list(hostile_urls), r["rate"]):
+        title = (
+            f"### Hostile neighbours, in part: hostile exporters {', '.join(hostile_urls) or 'none'},"
+            f" hostile client at {r['rate']:g} RPC/s"
+        )
     lines = [
-        "## Soak: hostile neighbours (gzip bomb, 15 MB changing page, redirects, slowloris, hostile client)",
+        title,
         "",
         f"Date: {datetime.date.today().isoformat()}. Machine: {platform.machine()}, 2 cores (shared with the"
         f" load generators and other work), Python {platform.python_version()}.",
@@ -615,6 +623,13 @@ def report(
     return "\n".join(lines) + "\n"
 
 
+def variant(exporters: list[str], rate: float) -> str:
+    """ "" for the whole attack, else a name for a run with only some of it (its own section)."""
+    if list(exporters) == list(HOSTILE_EXPORTERS) and rate == HOSTILE_RATE:
+        return ""
+    return f"{'-'.join(exporters) or 'none'}-rate{rate:g}"
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=4.0)
@@ -648,10 +663,18 @@ def main() -> None:
     elif args.role == "frozen":
         asyncio.run(frozen_streams(args.target, args.count))
     else:
-        text = asyncio.run(run(args.minutes, args.profile, args.exporters.split(","), args.rate))
+        given = [name for name in args.exporters.split(",") if name]
+        unknown = set(given) - set(HOSTILE_EXPORTERS)
+        if unknown:
+            raise SystemExit(
+                f"--exporters: unknown {sorted(unknown)}; choose from {','.join(HOSTILE_EXPORTERS)}"
+            )
+        exporters = [name for name in HOSTILE_EXPORTERS if name in given]
+        text = asyncio.run(run(args.minutes, args.profile, exporters, args.rate))
         print(text)
         with contextlib.suppress(OSError):
-            write_section(args.output, SECTION, text)
+            part = variant(exporters, args.rate)
+            write_section(args.output, f"{SECTION}-{part}" if part else SECTION, text)
 
 
 if __name__ == "__main__":
