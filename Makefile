@@ -48,9 +48,12 @@ bench: proto $(VENV)/.bench-stamp ## run the benchmarks (about 15 min) and rewri
 	bash scripts/ensure-system-deps.sh
 	$(PY) -m bench
 
-soak: proto $(STAMP) ## fuzz with 10,000 examples per property, then 10 minutes of 1,000 streams (docs/SOAK.md)
+soak: proto $(VENV)/.bench-stamp ## fuzz 10,000 examples per property; 10 min of 1,000 streams; ScaledObject churn; hostile neighbours (docs/SOAK.md)
 	HYPOTHESIS_PROFILE=soak $(PY) -m pytest -q tests/unit/test_exposition.py tests/unit/test_trigger.py
 	$(PY) -m bench.soak --minutes 10 --streams 1000
+	# bench.soak rewrites docs/SOAK.md: the two below add their sections after it.
+	$(PY) -m bench.soak_registry --minutes 4
+	$(PY) -m bench.soak_hostile --minutes 4 --profile
 
 docs: proto $(STAMP) ## refresh the README's tables and docs/RELIABILITY.md from the code and the fault table
 	$(PY) scripts/readme_tables.py
