@@ -64,7 +64,10 @@ def parse_exposition(
     label_sets: dict[str, dict[str, str]] = {}
     samples: list[Sample] = []
     # series → (value, line number) of its first sample, when conflicts are looked for.
-    seen: dict[str, tuple[float, int]] | None = {} if reject_conflicts else None
+    seen: dict[tuple[str, frozenset[tuple[str, str]]], tuple[float, int]] | None = (
+        {} if reject_conflicts else None
+    )
+    identities: dict[str | None, frozenset[tuple[str, str]]] = {}  # label set text → its labels
     limit = -1 if max_samples is None else max_samples
     for index, line in enumerate(text.split("\n")):
         if wanted is not None and not line.startswith(wanted):
@@ -78,18 +81,25 @@ def parse_exposition(
         line = line.strip(" \t\r")
         if not line or line[0] == "#":  # blank line, or # HELP / # TYPE / any other comment
             continue
-        sample = _parse_sample(line, index + 1, names, label_sets)
-        if sample is not None:
+        parsed = _parse_sample(line, index + 1, names, label_sets)
+        if parsed is not None:
+            sample, block = parsed
             if len(samples) == limit:
                 raise _error(index + 1, f"more than {limit:,} series on this page; the limit is {limit:,}")
             if seen is not None:
-                _check_conflict(seen, sample, index + 1)
+                identity = identities.get(block)
+                if identity is None:
+                    identity = identities[block] = _identity(sample.labels)
+                first = seen.setdefault((sample.name, identity), (sample.value, index + 1))
+                if first[1] != index + 1 and first[0] != sample.value:
+                    _conflict(first, sample, index + 1)
             samples.append(sample)
     # A huge page leaves huge caches: freed in pieces, so that a parse in a worker thread never holds
     # the GIL for one long deallocation (the event loop would stall on it).
     release_in_slices(label_sets)
     if seen is not None:
         release_in_slices(seen)
+        release_in_slices(identities)
     return samples
 
 
@@ -111,16 +121,10 @@ def release_in_slices(items: dict[Any, Any] | list[Any], big: int = 20_000, step
             del items[key]
 
 
-def _check_conflict(seen: dict[str, tuple[float, int]], sample: Sample, line_number: int) -> None:
-    # One string per series, whatever the label order (a tuple of pairs would be millions of objects on a
-    # big page). repr() escapes every "\0" of a value, so the parts cannot run into each other.
-    key = "\0".join([sample.name, *(f"{k}={v!r}" for k, v in sorted(sample.labels.items()))])
-    first = seen.get(key)
-    if first is None:
-        seen[key] = (sample.value, line_number)
-        return
+def _conflict(first: tuple[float, int], sample: Sample, line_number: int) -> None:
+    """Raise for a series printed again with another value, unless both values are NaN."""
     value, first_line = first
-    if value == sample.value or (value != value and sample.value != sample.value):  # NaN == NaN here
+    if value != value and sample.value != sample.value:
         return
     raise _error(
         line_number,
@@ -143,10 +147,16 @@ def _error(line_number: int, reason: str) -> ExpositionError:
     return ExpositionError(f"line {line_number}: {reason}")
 
 
+def _identity(labels: dict[str, str]) -> frozenset[tuple[str, str]]:
+    """A label set whatever the order it was printed in; its hash is computed once and cached."""
+    return frozenset(labels.items())
+
+
 def _parse_sample(
     line: str, line_number: int, names: Set[str] | None, label_sets: dict[str, dict[str, str]]
-) -> Sample | None:
-    """Parse one sample line (stripped, not a comment); None if its name is not wanted."""
+) -> tuple[Sample, str | None] | None:
+    """Parse one sample line (stripped, not a comment): the sample and its label set's text; None if its
+    name is not wanted."""
     match = _SAMPLE.fullmatch(line)
     if match is None:
         _reject(line, line_number, names)
@@ -166,7 +176,7 @@ def _parse_sample(
         labels,
         _parse_value(value_text, line_number),
         None if timestamp_text is None else _parse_timestamp(timestamp_text, line_number),
-    )
+    ), block
 
 
 def _reject(line: str, line_number: int, names: Set[str] | None) -> None:
