@@ -18,11 +18,15 @@ from keda_gpu_scaler.backoff import backoff_delay, jittered
 from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.prometheus_answer import (
     PrometheusError,
+    Up,
     inference_pods,
+    lost_pod,
     merged,
+    pod_targets,
     samples_with_times,
     seconds,
     target_of,
+    up_series,
 )
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
 from keda_gpu_scaler.collect.promql import (
@@ -32,6 +36,7 @@ from keda_gpu_scaler.collect.promql import (
     inference_query,
     liveness_query,
     namespace_query,
+    up_query,
 )
 from keda_gpu_scaler.collect.store import RECENTLY_SEEN_SECONDS, Page, SourceKind, Store
 from keda_gpu_scaler.exposition import Sample
@@ -71,6 +76,11 @@ def prometheus_inference_interest(namespace: str) -> tuple[str, str]:
 def inference_source(namespace: str) -> str:
     """The store source of one namespace's inference series (SourceKind.PROMETHEUS_INFERENCE)."""
     return f"prometheus-inference:{namespace}"
+
+
+def pod_inference_source(namespace: str, pod: str) -> str:
+    """The store source tied to one pod that left its namespace's page but is not gone (a failing one)."""
+    return f"{inference_source(namespace)}/{pod}"
 
 
 # --- the collector ------------------------------------------------------------------------------------
@@ -115,6 +125,10 @@ class PrometheusCollector:
         self._targets: dict[str, dict[Target, _TargetSource]] = {}
         self._failing: set[str] = set()
         self._inference_failing: set[str] = set()
+        # Per namespace, the pods its inference page has named, by the scrape targets that served them:
+        # the only pods that get a source of their own when their series stop (see collect_inference_once).
+        self._inference_pods: dict[str, dict[str, frozenset[Target]]] = {}
+        self._inference_missing: dict[str, set[str]] = {}  # those of them with such a source now
         self._told_no_sample_times = False
         self._fleet_seen_until = float("-inf")
         self._tasks: dict[Hashable, asyncio.Task[None]] = {}  # by interest key
@@ -207,6 +221,9 @@ class PrometheusCollector:
         self._failing.discard(namespace)
 
     def _forget_inference(self, namespace: str) -> None:
+        self._inference_pods.pop(namespace, None)
+        for pod in self._inference_missing.pop(namespace, set()):
+            self._store.remove_source(pod_inference_source(namespace, pod))
         self._store.remove_source(inference_source(namespace))
         self._inference_failing.discard(namespace)
 
@@ -273,14 +290,31 @@ class PrometheusCollector:
         values; the page is as old as its oldest sample kept, so it turns stale when that sample would.
         No engine series at all is a page with no pods (the evaluator's zero-pod rules decide); only an
         answer Prometheus failed to give is a failure, recorded on the same source.
+
+        A pod the page named before and has no fresh series now is decided by Prometheus' own `up` series
+        (prometheus_answer.lost_pod): while its server is down or its series are frozen it gets a failing
+        source of its own (pod_inference_source), which makes it a missing pod without Kubernetes (one
+        stopped server cannot shrink the value, SPEC §4); once Prometheus no longer has its scrape target
+        (the pod was deleted) that source goes, and so does the pod. Fresh again: the source goes too.
         """
         at, now = round(self._wall() * 1000) / 1000, self._clock()
         source = inference_source(namespace)
         self._store.add_source(source, SourceKind.PROMETHEUS_INFERENCE, namespace)
+        seen = self._inference_pods.setdefault(namespace, {})
         try:
             samples = samples_with_times(
                 await self._client.query(inference_query(namespace), at, "inference")
             )
+            found = inference_pods(samples, namespace, at, self._window)
+            served_by = pod_targets(samples, namespace)
+            fresh = {p.pod for p in found.pods}
+            lost = sorted(pod for pod in seen if pod not in fresh)
+            ups: list[Up] = []
+            if lost:
+                asked = {t for pod in lost for t in seen[pod] | served_by.get(pod, frozenset())}
+                ups = up_series(
+                    samples_with_times(await self._client.query(up_query(namespace, lost, asked), at, "up"))
+                )
         except PrometheusError as error:
             message = str(error)
             self._store.record_failure(source, message)
@@ -293,7 +327,6 @@ class PrometheusCollector:
         if namespace in self._inference_failing:
             self._inference_failing.discard(namespace)
             log.info("Prometheus source, namespace %s, inference series: answering again", namespace)
-        found = inference_pods(samples, namespace, at, self._window)
         if found.stale:
             log.debug(
                 "Prometheus source, namespace %s: no fresh inference series for pods %s",
@@ -304,7 +337,47 @@ class PrometheusCollector:
         # Elements of this kind are PodSamples, not GPU readings (store.SourceKind.PROMETHEUS_INFERENCE).
         by_namespace: dict[str, Any] = {namespace: found.pods}
         self._store.record_page(Page(source, collected_at, by_namespace))
+        # With the page, in the same step: no evaluation sees the pod gone from both.
+        missing = self._inference_missing.setdefault(namespace, set())
+        for pod in fresh:
+            seen[pod] = served_by.get(pod, frozenset())
+            if pod in missing:
+                missing.discard(pod)
+                self._store.remove_source(pod_inference_source(namespace, pod))
+                log.info("Prometheus source, namespace %s: pod %s has fresh series again", namespace, pod)
+        stale = set(found.stale)
+        for pod in lost:
+            self._lost_pod(namespace, pod, seen, served_by, pod in stale, ups, at)
         return True
+
+    def _lost_pod(
+        self,
+        namespace: str,
+        pod: str,
+        seen: dict[str, frozenset[Target]],
+        served_by: dict[str, frozenset[Target]],
+        stale: bool,
+        ups: list[Up],
+        at: float,
+    ) -> None:
+        """A pod seen on the namespace's page without fresh series now: missing (a failing source) or gone."""
+        source = pod_inference_source(namespace, pod)
+        targets = seen[pod] | served_by.get(pod, frozenset())
+        reason = lost_pod(namespace, pod, targets, stale, ups, at, self._window)
+        missing = self._inference_missing.setdefault(namespace, set())
+        if reason is None:
+            self._store.remove_source(source)
+            del seen[pod]
+            missing.discard(pod)
+            log.info(
+                "Prometheus source, namespace %s: pod %s is gone (no scrape target left)", namespace, pod
+            )
+            return
+        if pod not in missing:
+            missing.add(pod)
+            log.info("Prometheus source, namespace %s: pod %s counts as missing: %s", namespace, pod, reason)
+        self._store.add_source(source, SourceKind.PROMETHEUS_INFERENCE, namespace, pod=pod)
+        self._store.record_failure(source, reason)
 
     def _no_sample_times(self) -> None:
         # A server whose timestamp() gives the evaluation time rather than the sample's own makes every

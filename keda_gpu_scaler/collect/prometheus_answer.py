@@ -9,7 +9,7 @@ from typing import Any
 
 from keda_gpu_scaler.collect.inference import PodSamples
 from keda_gpu_scaler.collect.promql import TIMESTAMP_LABEL, Target
-from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES, pod_of
+from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES, PodKey, pod_of
 from keda_gpu_scaler.exposition import Sample
 
 # Text from the other side (an error message, a header, a malformed element) is quoted at most this long:
@@ -170,3 +170,76 @@ def inference_pods(samples: Iterable[Sample], namespace: str, at: float, window:
         first = min(seconds(s) for s in series)
         oldest = first if oldest is None else min(oldest, first)
     return InferencePods(tuple(pods), oldest, tuple(sorted(stale - by_pod.keys())))
+
+
+def pod_targets(samples: Iterable[Sample], namespace: str) -> dict[str, frozenset[Target]]:
+    """The scrape targets (job, instance) that served each pod's inference series, fresh or not."""
+    by_pod: dict[str, set[Target]] = {}
+    for sample in samples:
+        if sample.name not in ENGINE_SAMPLE_NAMES:
+            continue
+        key = pod_of(sample.labels)
+        if key is not None and key[0] == namespace:
+            by_pod.setdefault(key[1], set()).add(target_of(sample.labels))
+    return {pod: frozenset(targets) for pod, targets in by_pod.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Up:
+    """One of Prometheus' own `up` series: whether its last scrape of a target worked, and when."""
+
+    target: Target
+    value: float  # 1: the scrape worked; 0: it failed (refused, timed out, not a metrics page)
+    time: float  # the sample time (s)
+    pod: PodKey | None  # the pod the target's own labels name (Kubernetes service discovery), if any
+
+
+def up_series(samples: Iterable[Sample]) -> list[Up]:
+    """The stamped samples of an up_query answer as Up records."""
+    return [Up(target_of(s.labels), s.value, seconds(s), pod_of(s.labels)) for s in samples if s.name == "up"]
+
+
+def lost_pod(
+    namespace: str,
+    pod: str,
+    targets: Iterable[Target],
+    stale: bool,
+    ups: Iterable[Up],
+    at: float,
+    window: float,
+) -> str | None:
+    """Why a pod that had fresh inference series and has none now still counts, or None: it is gone.
+
+    Decided by Prometheus' own `up` series of the scrape targets that served the pod (`targets`) and of
+    any target whose labels name the pod. None of them any more means service discovery dropped the
+    target: the pod was deleted (scaled down) and stops counting. Otherwise the pod is one without data,
+    a missing pod for the evaluator (SPEC §4), and the reason says why, when:
+    - a scrape of one of them fails (`up` 0: the server stopped, crashed or hangs);
+    - its series are still there but older than the window (`stale`: timestamps frozen);
+    - the target naming the pod is scraped but its page has no series of a known engine (SPEC §4: a page
+      without a known family is a failure, not an empty page);
+    - Prometheus has not scraped any of them within the window.
+    Scraped fine by a target that does not name the pod (a metrics proxy, or an address another pod now
+    has) while the pod's series are gone: the target no longer serves that pod, which is gone.
+    """
+    targets = set(targets)
+    relevant = [u for u in ups if u.target in targets or u.pod == (namespace, pod)]
+    if not relevant:
+        return None
+    current = [u for u in relevant if at - u.time <= window]
+    down = [u for u in current if u.value < 1]
+    if down:
+        return f"its server does not answer Prometheus' scrapes (up 0 for {_target_text(down[0].target)})"
+    if stale:
+        return "its series stopped updating in Prometheus (sample times older than the max staleness)"
+    if any(u.pod == (namespace, pod) for u in current):
+        return "Prometheus scrapes it, but its page has no series of a known inference server"
+    if not current:
+        newest = max(relevant, key=lambda u: u.time)
+        return f"Prometheus has not scraped {_target_text(newest.target)} for {at - newest.time:.0f}s"
+    return None
+
+
+def _target_text(target: Target) -> str:
+    job, instance = target
+    return f"{job}/{instance}"

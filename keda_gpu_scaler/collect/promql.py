@@ -93,6 +93,30 @@ def inference_query(namespace: str) -> str:
     return values_and_times(ENGINE_SAMPLE_NAMES, branches)
 
 
+def up_query(namespace: str, pods: Collection[str], targets: Collection[Target]) -> str:
+    """Prometheus' own `up` series, with their sample times, of the scrape targets that served these pods.
+
+    Asked by both things that tie a target to a pod: the (job, instance) its series came from, and the
+    target labels naming the pod (`namespace`/`pod` from Kubernetes service discovery). Both branches
+    are supersets (job and instance are matched separately, like liveness_query): the caller keeps
+    the exact ones (prometheus_answer.lost_pod).
+    """
+    branches: list[list[Matcher]] = []
+    if pods:
+        branches += [
+            [(ns_key, "=", namespace), (pod_key, "=~", any_of(pods))] for ns_key, pod_key in ENGINE_POD_LABELS
+        ]
+    named = [(job, instance) for job, instance in targets if job or instance]
+    if named:
+        branches.append(
+            [
+                ("job", "=~", any_of(job for job, _ in named)),
+                ("instance", "=~", any_of(instance for _, instance in named)),
+            ]
+        )
+    return values_and_times(["up"], branches)
+
+
 def gpu_queries(samples: Iterable[Sample]) -> list[str]:
     """For vendors that need them, all series of the GPUs the given samples are on (device-level, other pods).
 

@@ -25,7 +25,11 @@ from support import ExporterServer, eventually
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.collect.inference import PodSamples
 from keda_gpu_scaler.collect.interest import Interest
-from keda_gpu_scaler.collect.prometheus import PrometheusCollector, inference_source
+from keda_gpu_scaler.collect.prometheus import (
+    PrometheusCollector,
+    inference_source,
+    pod_inference_source,
+)
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
 from keda_gpu_scaler.collect.store import SourceKind, Store
 from keda_gpu_scaler.engines import InferenceMetric, pod_reading, value_for
@@ -100,12 +104,17 @@ async def source(prometheus: PrometheusServer) -> AsyncIterator[tuple[Prometheus
         )
 
 
+def inference_view(source: tuple[PrometheusCollector, Store], namespace: str) -> Any:
+    return source[1].view(namespace, time.monotonic(), MAX_STALENESS, SourceKind.PROMETHEUS_INFERENCE)
+
+
 async def pods_of(source: tuple[PrometheusCollector, Store], namespace: str) -> dict[str, PodSamples]:
     """Collect once, then the fresh PodSamples of the namespace's page, by pod."""
-    collector, store = source
+    collector = source[0]
     assert await collector.collect_inference_once(namespace)
-    view = store.view(namespace, time.monotonic(), MAX_STALENESS, SourceKind.PROMETHEUS_INFERENCE)
-    assert view.problems == ()
+    view = inference_view(source, namespace)
+    # The namespace's page is fresh (pods left out of it may have failing sources of their own).
+    assert not [p for p in view.problems if p.startswith(inference_source(namespace) + ":")]
     pods: list[PodSamples] = list(view.readings)  # type: ignore[arg-type]
     assert all(isinstance(p, PodSamples) and p.namespace == namespace for p in pods)
     return {p.pod: p for p in pods}
@@ -183,10 +192,11 @@ async def test_each_pods_series_by_its_kubernetes_labels(
     assert (state.kind, state.namespace, state.last_error) == (SourceKind.PROMETHEUS_INFERENCE, "llm", None)
 
 
-async def test_a_stopped_server_leaves_the_page(
+async def test_a_stopped_server_leaves_the_page_and_is_a_missing_pod(
     source: tuple[PrometheusCollector, Store], make_exporter: Any, targets: Any
 ) -> None:
-    """Its series go stale in Prometheus: the pod is one without data, never its last numbers."""
+    """Its series go stale in Prometheus: the pod is one without data, never its last numbers; its scrape
+    target is still there (`up` 0), so the pod stays a target pod, a missing one."""
     a = await make_exporter(page("vllm_v1.prom"))
     b = await make_exporter(page("vllm_dp2.prom"))
     targets((a, pod_labels("stopping", "vllm-0")), (b, pod_labels("stopping", "vllm-1")))
@@ -199,8 +209,16 @@ async def test_a_stopped_server_leaves_the_page(
 
     async def one() -> None:
         assert sorted(await pods_of(source, "stopping")) == ["vllm-0"]
+        view = inference_view(source, "stopping")
+        assert list(view.recently_seen) == ["vllm-1"]
+        assert "up 0 for operator/" in view.recently_seen["vllm-1"]
 
     await eventually(one, timeout=30)
+    assert (
+        inference_view(source, "stopping")
+        .problems[0]
+        .startswith(pod_inference_source("stopping", "vllm-1") + ": its server does not answer")
+    )
 
 
 async def test_series_with_frozen_timestamps_are_left_out(
@@ -230,9 +248,11 @@ async def test_series_with_frozen_timestamps_are_left_out(
     finally:
         ticking.cancel()
 
-    # The server now prints the same sample time forever; Prometheus still returns the series.
+    # The server now prints the same sample time forever; Prometheus still returns the series. The pod
+    # is still scraped: a missing pod, not a gone one.
     async def left_out() -> None:
         assert await pods_of(source, "frozen") == {}
+        assert "stopped updating" in inference_view(source, "frozen").recently_seen["vllm-0"]
 
     await eventually(left_out, timeout=30)
     assert prometheus.query('{__name__="vllm:num_requests_running",namespace="frozen"}')
@@ -292,3 +312,66 @@ async def test_get_metrics_requests_through_prometheus(
         )
 
     await eventually(answered, timeout=30)
+
+
+async def test_a_stopped_server_is_a_missing_pod_until_prometheus_drops_its_target(
+    prometheus: PrometheusServer, make_exporter: Any, make_scaler: Any, targets: Any
+) -> None:
+    """Without Kubernetes, a pod whose server stops (Prometheus: `up` 0, its series marked stale) stays a
+    target pod, counted as missing (SPEC §4), never the smaller sum of the pods left; once Prometheus no
+    longer scrapes it at all (the pod is gone), it stops counting."""
+    dp2 = await make_exporter(page("vllm_dp2.prom"))  # requests 61
+    single = await make_exporter(page("vllm_v1.prom"))  # requests 15
+    a, b = (dp2, pod_labels("missing", "vllm-a")), (single, pod_labels("missing", "vllm-b"))
+    targets(a, b)
+    scaler = await make_scaler(
+        prometheus_url=prometheus.url,
+        prometheus_username=USERNAME,
+        prometheus_password=PASSWORD,
+        prometheus_timeout=2.0,
+        scrape_interval=INTERVAL,
+        max_staleness=MAX_STALENESS,
+        prometheus_max_staleness=MAX_STALENESS,
+    )
+    # Threshold 100: the reporting pod alone (61) calls for 1 replica of 2, so a missing pod counts as 100.
+    metadata = {"metric": "requests", "threshold": "100", "podNamePrefix": "vllm-", "source": "prometheus"}
+    ref = pb.ScaledObjectRef(name="llm", namespace="missing", scalerMetadata=metadata)
+    seen: list[float] = []
+
+    async def value_is(expected: float) -> None:
+        try:
+            response = await scaler.stub.GetMetrics(
+                pb.GetMetricsRequest(scaledObjectRef=ref, metricName="inference-requests")
+            )
+        except grpc.aio.AioRpcError as error:
+            raise AssertionError(f"{error.code().name}: {error.details()}") from None
+        (value,) = response.metricValues
+        seen.append(value.metricValueFloat)
+        assert value.metricValueFloat == expected
+
+    await eventually(lambda: value_is(76.0), timeout=30)
+    seen.clear()
+    await single.stop()
+
+    def up_of_b() -> list[str]:
+        return [r["value"][1] for r in prometheus.query('up{namespace="missing",pod="vllm-b"}')]
+
+    async def down() -> None:
+        assert up_of_b() == ["0"]
+
+    await eventually(down, timeout=30)
+    # vllm-b is a missing pod counted as the threshold: 61 + 100.
+    await eventually(lambda: value_is(161.0), timeout=30)
+    assert 61.0 not in seen  # never the made-up load drop on the way
+    # It stays so while Prometheus keeps failing to scrape it.
+    await asyncio.sleep(MAX_STALENESS + 1)
+    await value_is(161.0)
+
+    # Its target goes from Prometheus' service discovery (the pod was deleted): it no longer counts.
+    targets(a)
+
+    async def target_gone() -> None:
+        assert up_of_b() == []
+
+    await eventually(target_gone, timeout=30)
+    await eventually(lambda: value_is(61.0), timeout=30)
