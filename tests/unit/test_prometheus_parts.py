@@ -21,6 +21,7 @@ from keda_gpu_scaler.collect.prometheus import (
     MAX_BACKOFF_INTERVALS,
     PrometheusCollector,
     inference_source,
+    pod_inference_source,
     prometheus_inference_interest,
     prometheus_interest,
 )
@@ -28,10 +29,14 @@ from keda_gpu_scaler.collect.prometheus_answer import (
     REMOTE_TEXT_LIMIT,
     Element,
     PrometheusError,
+    Up,
     inference_pods,
+    lost_pod,
     parse_vector,
+    pod_targets,
     remote_text,
     samples_with_times,
+    up_series,
 )
 from keda_gpu_scaler.collect.prometheus_client import http_error
 from keda_gpu_scaler.collect.promql import (
@@ -43,6 +48,7 @@ from keda_gpu_scaler.collect.promql import (
     namespace_query,
     promql_string,
     regex_literal,
+    up_query,
 )
 from keda_gpu_scaler.collect.store import SourceKind, Store
 from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES
@@ -681,3 +687,186 @@ async def test_inference_interest_starts_and_ends_a_namespace_loop() -> None:
     finally:
         await source.stop()
     assert "namespace" not in prometheus.asked
+
+
+# ---- pods that leave a namespace's inference page: missing or gone ---------------------------------
+
+
+def test_up_query_asks_by_the_pods_and_by_their_scrape_targets() -> None:
+    query = up_query('ll"m', ["vllm-0", "vllm.1"], [("vllm", "10.0.0.1:8000"), ("", "")])
+    assert 'namespace="ll\\"m",pod=~"vllm-0|vllm\\\\.1"' in query
+    assert 'exported_namespace="ll\\"m",exported_pod=~"vllm-0|vllm\\\\.1"' in query
+    assert 'job=~"vllm",instance=~"10\\\\.0\\\\.0\\\\.1:8000"' in query
+    assert 'timestamp({__name__="up",' in query and "vllm:" not in query
+    # Series without job/instance add no branch matching every target.
+    assert 'job=~""' not in up_query("llm", ["vllm-0"], [("", "")])
+
+
+def up(pod: str, value: float, age: float = 0.5, **labels: str) -> list[Sample]:
+    """Prometheus' `up` of the pod's scrape target, with the target labels Kubernetes discovery gives."""
+    target = {"job": "vllm", "instance": f"{pod}:8000", "namespace": "llm", "pod": pod, **labels}
+    return [Sample("up", target, value, round((WALL - age) * 1000))]
+
+
+def test_up_series_and_the_targets_that_served_each_pod() -> None:
+    samples = [*vllm("vllm-0", 1, 0, age=0.5), *vllm("vllm-1", 1, 0, age=30.0), *up("vllm-0", 1)]
+    assert pod_targets(samples, "llm") == {
+        "vllm-0": frozenset({("vllm", "vllm-0:8000")}),
+        "vllm-1": frozenset({("vllm", "vllm-1:8000")}),  # stale series name their target too
+    }
+    assert pod_targets(samples, "other") == {}
+    assert up_series(samples) == [Up(("vllm", "vllm-0:8000"), 1, WALL - 0.5, ("llm", "vllm-0"))]
+
+
+TARGET = ("vllm", "vllm-1:8000")
+
+
+def decide(stale: bool, ups: list[Sample], targets: tuple[tuple[str, str], ...] = (TARGET,)) -> str | None:
+    return lost_pod("llm", "vllm-1", targets, stale, up_series(ups), WALL, 2.0)
+
+
+def test_a_lost_pod_is_missing_while_its_target_is_there_and_gone_with_it() -> None:
+    # Its scrape fails: the server stopped (Prometheus marked its series stale).
+    assert "up 0 for vllm/vllm-1:8000" in (decide(False, up("vllm-1", 0)) or "")
+    # Timestamps frozen: scraped fine, series too old.
+    assert "stopped updating" in (decide(True, up("vllm-1", 1)) or "")
+    # Scraped fine but its page has no engine series: a failed page, not an empty one (SPEC §4).
+    assert "no series of a known inference server" in (decide(False, up("vllm-1", 1)) or "")
+    # Not scraped within the window (the up sample itself is old).
+    assert "has not scraped vllm/vllm-1:8000 for 30s" in (decide(False, up("vllm-1", 1, age=30.0)) or "")
+    # No `up` left: service discovery dropped the target, the pod was deleted. Frozen series of a
+    # target that is gone do not keep it either.
+    assert decide(False, []) is None
+    assert decide(True, []) is None
+    # Another pod's target does not speak for it.
+    assert decide(False, up("vllm-2", 0)) is None
+
+
+def test_a_lost_pod_behind_a_metrics_proxy() -> None:
+    """Its series named it by exported_*; the scrape target (the proxy) names itself."""
+    proxy = up("metrics-proxy-0", 0, instance="vllm-1:8000", namespace="gateway")
+    assert "up 0" in (decide(False, proxy) or "")  # the proxy is down: its pods are missing
+    proxy = up("metrics-proxy-0", 1, instance="vllm-1:8000", namespace="gateway")
+    # Scraped fine and no longer showing the pod: the pod is gone; still showing it, but frozen: missing.
+    assert decide(False, proxy) is None
+    assert "stopped updating" in (decide(True, proxy) or "")
+
+
+def test_a_lost_pod_found_by_its_name_on_a_new_target() -> None:
+    """A StatefulSet pod recreated under its name at a new address: that target speaks for it."""
+    restarted = up("vllm-1", 0, instance="10.0.0.9:8000")
+    assert "up 0 for vllm/10.0.0.9:8000" in (decide(False, restarted) or "")
+    # The old address went away, the new one is down: still one missing pod.
+    assert decide(False, [*restarted, *up("vllm-2", 1, instance="vllm-1:8000")]) is not None
+
+
+def pod_view(store: Store, now: float = 1000.0) -> Any:
+    return store.view("llm", now, 4.0, SourceKind.PROMETHEUS_INFERENCE)
+
+
+async def test_a_pod_that_leaves_the_page_is_missing_until_its_target_goes() -> None:
+    prometheus, store = ScriptedPrometheus(), Store()
+    source = collector(prometheus, store)
+    prometheus.answers["inference"] = elements_of(
+        vllm("vllm-0", 5, 0, age=0.5) + vllm("vllm-1", 2, 1, age=0.5)
+    )
+    assert await source.collect_inference_once("llm")
+    assert prometheus.asked == ["inference"]  # nobody left the page: `up` is not asked
+    # vllm-1's server stops: Prometheus marks its series stale and its `up` is 0.
+    prometheus.answers["inference"] = elements_of(vllm("vllm-0", 5, 0, age=0.5))
+    prometheus.answers["up"] = elements_of(up("vllm-1", 0))
+    assert await source.collect_inference_once("llm")
+    assert prometheus.asked[-1] == "up"
+    view = pod_view(store)
+    assert [p.pod for p in view.readings] == ["vllm-0"]
+    assert list(view.recently_seen) == ["vllm-1"]  # a missing pod for the evaluator, not a vanished one
+    assert view.problems == (
+        "prometheus-inference:llm/vllm-1: its server does not answer Prometheus' scrapes"
+        " (up 0 for vllm/vllm-1:8000)",
+    )
+    (state,) = [s for s in store.sources() if s.source == pod_inference_source("llm", "vllm-1")]
+    assert (state.kind, state.namespace, state.pod) == (SourceKind.PROMETHEUS_INFERENCE, "llm", "vllm-1")
+    # However long it lasts.
+    assert await source.collect_inference_once("llm")
+    assert list(pod_view(store, 1000.0).recently_seen) == ["vllm-1"]
+    # Its target goes from service discovery (the pod was deleted): it stops counting, and is not asked
+    # about any more.
+    prometheus.answers["up"] = []
+    assert await source.collect_inference_once("llm")
+    view = pod_view(store)
+    assert (view.recently_seen, view.problems, view.sources) == ({}, (), 1)
+    asked = len(prometheus.asked)
+    assert await source.collect_inference_once("llm")
+    assert prometheus.asked[asked:] == ["inference"]
+
+
+async def test_a_missing_pod_with_fresh_series_again_counts_as_reporting() -> None:
+    prometheus, store = ScriptedPrometheus(), Store()
+    source = collector(prometheus, store)
+    both = elements_of(vllm("vllm-0", 5, 0, age=0.5) + vllm("vllm-1", 2, 1, age=0.5))
+    prometheus.answers["inference"] = both
+    assert await source.collect_inference_once("llm")
+    # Frozen timestamps: its series are still answered, too old; it is still scraped.
+    prometheus.answers["inference"] = elements_of(
+        vllm("vllm-0", 5, 0, age=0.5) + vllm("vllm-1", 2, 1, age=30)
+    )
+    prometheus.answers["up"] = elements_of(up("vllm-1", 1))
+    assert await source.collect_inference_once("llm")
+    assert "stopped updating" in pod_view(store).recently_seen["vllm-1"]
+    prometheus.answers["inference"] = both
+    assert await source.collect_inference_once("llm")
+    view = pod_view(store)
+    assert ([p.pod for p in view.readings], view.recently_seen, view.sources) == (["vllm-0", "vllm-1"], {}, 1)
+
+
+async def test_pods_never_on_the_page_get_no_source_and_failures_keep_the_missing_ones() -> None:
+    prometheus, store = ScriptedPrometheus(), Store()
+    source = collector(prometheus, store)
+    # vllm-1 is stale from the start (seen before this server started): nothing to remember it by.
+    prometheus.answers["inference"] = elements_of(
+        vllm("vllm-0", 5, 0, age=0.5) + vllm("vllm-1", 2, 1, age=30)
+    )
+    prometheus.answers["up"] = elements_of(up("vllm-1", 0))
+    assert await source.collect_inference_once("llm")
+    assert "up" not in prometheus.asked and pod_view(store).sources == 1
+    # vllm-0 leaves the page and `up` cannot be asked: Prometheus is failing, said on the namespace's
+    # source (whose last page, vllm-0 on it, ages into recently seen as before).
+    prometheus.answers["inference"] = []
+    prometheus.failures["up"] = PrometheusError("HTTP 503 Service Unavailable")
+    assert not await source.collect_inference_once("llm")
+    later = pod_view(store, 1005.0)
+    assert later.problems[0].startswith("prometheus-inference:llm: HTTP 503")
+    assert list(later.recently_seen) == ["vllm-0"]
+
+
+async def test_the_pods_own_sources_go_with_the_namespace_loop() -> None:
+    prometheus, store = ScriptedPrometheus(), Store()
+    prometheus.answers["inference"] = elements_of(
+        vllm("vllm-0", 5, 0, age=0.5) + vllm("vllm-1", 2, 1, age=0.5)
+    )
+    now = [1000.0]
+    source = collector(prometheus, store, now)
+    source._interest.touch(prometheus_inference_interest("llm"))
+    source.start()
+    try:
+
+        async def both() -> None:
+            assert len(pod_view(store, now[0]).readings) == 2
+
+        await eventually(both, timeout=30)
+        prometheus.answers["up"] = elements_of(up("vllm-1", 0))
+        prometheus.answers["inference"] = elements_of(vllm("vllm-0", 5, 0, age=0.5))
+
+        async def missing() -> None:
+            assert list(pod_view(store, now[0]).recently_seen) == ["vllm-1"]
+
+        await eventually(missing, timeout=30)
+        now[0] += 1000  # no trigger asks any more
+
+        async def gone() -> None:
+            assert not any(s.kind is SourceKind.PROMETHEUS_INFERENCE for s in store.sources())
+
+        await eventually(gone, timeout=30)
+    finally:
+        await source.stop()
+    assert source._inference_pods == {} and source._inference_missing == {}
