@@ -125,6 +125,13 @@ OTHER_FAULTS: tuple[tuple[str, str, str], ...] = (
         "test_prometheus.py::test_series_with_frozen_timestamps_are_not_used, test_dead_exporter_pods_count_as_missing",
     ),
     (
+        "without Kubernetes, an inference server read through Prometheus stops (up 0) or its series freeze",
+        "its pod still counts, as a missing pod (threshold, or UNAVAILABLE when fewer than half report),"
+        " never the smaller sum; once Prometheus drops its scrape target (pod deleted) it stops counting",
+        "test_prometheus_inference.py::test_a_stopped_server_is_a_missing_pod_until_prometheus_drops_its_target,"
+        " test_series_with_frozen_timestamps_are_left_out",
+    ),
+    (
         "Prometheus refuses the credentials",
         "UNAVAILABLE naming HTTP 401",
         "test_prometheus.py::test_basic_auth_wrong_password_names_http_401",
