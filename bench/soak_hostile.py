@@ -344,8 +344,10 @@ async def attack(
     http = aiohttp.ClientSession()
     t0 = time.monotonic()
     phase = "calm"
-    await asyncio.sleep(2 * SCRAPE_INTERVAL)  # the healthy exporters scraped once
+    # KEDA calls GetMetricSpec when it reconciles the ScaledObject, and GetMetrics at the HPA's next
+    # sync: collection starts with the first call, so the polls begin once every exporter was tried.
     await stub.GetMetricSpec(HEALTHY)
+    await asyncio.sleep(2 * SCRAPE_INTERVAL)
 
     async def poll() -> None:
         request = pb.GetMetricsRequest(scaledObjectRef=HEALTHY, metricName="gpu-utilization")
