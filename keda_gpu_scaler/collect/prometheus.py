@@ -370,7 +370,7 @@ class PrometheusCollector:
             del seen[pod]
             missing.discard(pod)
             log.info(
-                "Prometheus source, namespace %s: pod %s is gone (no scrape target left)", namespace, pod
+                "Prometheus source, namespace %s: pod %s is gone (no scrape target serves it)", namespace, pod
             )
             return
         if pod not in missing:
