@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Any, NoReturn
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -109,6 +110,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     ) -> Any:
         try:
             with self._observe("GetMetricSpec"):
+                _check_decoded(request)
                 # No I/O here: KEDA calls it on every poll and HPA request, and its failure defeats fallback.
                 # KEDA calls it first, when it reconciles the ScaledObject: collection starts then, so
                 # data is there by the first GetMetrics.
@@ -127,6 +129,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     ) -> Any:
         try:
             with self._observe("GetMetrics"):
+                _check_decoded(request)
                 followed, spec = self._follow(request.scaledObjectRef)
                 if request.metricName.lower() != spec.metric_name.lower():
                     raise UnknownMetric(
@@ -146,6 +149,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     async def IsActive(self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
             with self._observe("IsActive"):
+                _check_decoded(request)
                 followed, spec = self._follow(request)
                 evaluation = self._evaluator.evaluate(followed, spec)
                 return pb.IsActiveResponse(result=evaluation.active)
@@ -157,6 +161,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     ) -> AsyncIterator[pb.IsActiveResponse]:
         try:
             with self._observe("StreamIsActive"):
+                _check_decoded(request)
                 _, spec = self._follow(request)
                 if self._open_streams >= self._max_streams:
                     raise TooManyStreams(
@@ -233,8 +238,50 @@ class HealthStatus:
             await self.servicer.set(name, status)
 
 
+class Undecodable:
+    """A request whose bytes are not the message the method takes (answered INVALID_ARGUMENT, not UNKNOWN)."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _lenient(message: Any) -> Callable[[bytes], Any]:
+    # gRPC answers a request its deserializer rejects with UNKNOWN and no word of why: a caller's bad
+    # bytes are a bad argument, so the method itself answers, naming the message it expected.
+    def parse(data: bytes) -> Any:
+        try:
+            return message.FromString(data)
+        except DecodeError as error:
+            return Undecodable(f"the request is not a valid {message.DESCRIPTOR.full_name}: {error}")
+
+    return parse
+
+
+def _check_decoded(request: Any) -> None:
+    if isinstance(request, Undecodable):
+        raise ConfigError(request.error[:200])
+
+
+def _external_scaler_handlers(scaler: ExternalScalerService) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+    """The generated service's method table, with deserializers that let the methods answer bad bytes."""
+    ref, active = _lenient(pb.ScaledObjectRef), pb.IsActiveResponse.SerializeToString
+    return {
+        "IsActive": grpc.unary_unary_rpc_method_handler(scaler.IsActive, ref, active),
+        "StreamIsActive": grpc.unary_stream_rpc_method_handler(scaler.StreamIsActive, ref, active),
+        "GetMetricSpec": grpc.unary_unary_rpc_method_handler(
+            scaler.GetMetricSpec, ref, pb.GetMetricSpecResponse.SerializeToString
+        ),
+        "GetMetrics": grpc.unary_unary_rpc_method_handler(
+            scaler.GetMetrics, _lenient(pb.GetMetricsRequest), pb.GetMetricsResponse.SerializeToString
+        ),
+    }
+
+
 def add_services(server: grpc.aio.Server, scaler: ExternalScalerService, health_status: HealthStatus) -> None:
-    pb_grpc.add_ExternalScalerServicer_to_server(scaler, server)
+    handlers = _external_scaler_handlers(scaler)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    # Registered too, as the generated code does: grpc then finds the methods without the generic lookup.
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)  # type: ignore[attr-defined]
     health_pb2_grpc.add_HealthServicer_to_server(health_status.servicer, server)
     reflection.enable_server_reflection(
         (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),

@@ -498,3 +498,23 @@ async def value_of_named(scaler, name: str) -> float:  # type: ignore[no-untyped
         pb.GetMetricsRequest(scaledObjectRef=ref(name=name), metricName="gpu-utilization")
     )
     return response.metricValues[0].metricValueFloat
+
+
+@pytest.mark.parametrize("method", ["GetMetricSpec", "GetMetrics", "IsActive", "StreamIsActive"])
+async def test_bytes_that_are_not_the_request_message_are_invalid_argument(make_scaler, method: str) -> None:  # type: ignore[no-untyped-def]
+    scaler = await make_scaler()
+    path = f"/externalscaler.ExternalScaler/{method}"
+    garbage = b"\xff\xff\xff\xff\x0f"  # a field tag that no protobuf parser accepts
+    call = (
+        scaler.channel.unary_stream(path)(garbage)
+        if method == "StreamIsActive"
+        else scaler.channel.unary_unary(path)(garbage)
+    )
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        if method == "StreamIsActive":
+            async for _ in call:
+                pass
+        else:
+            await call
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "not a valid externalscaler." in (raised.value.details() or "")
