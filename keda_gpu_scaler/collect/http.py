@@ -416,10 +416,10 @@ class LeanFetcher:
 
     def _answer(self, url: str, connection: _Answer, answer: tuple[int, str, dict[str, str], bytes]) -> bytes:
         status, reason, headers, body = answer
-        if connection.keep_alive and not connection.closed:
+        if connection.keep_alive and not connection.closed and url not in self._idle:
             self._idle[url] = connection
         elif connection.transport is not None:
-            connection.transport.close()
+            connection.transport.close()  # not reusable, or another one is kept for this URL already
         if 300 <= status < 400:
             raise refuse_redirect(status, reason, headers.get("location"))
         if status != 200:

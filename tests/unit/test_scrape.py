@@ -527,3 +527,22 @@ async def test_lean_fetcher_times_out_and_drops_the_connection() -> None:
     finally:
         fetcher.close()
         server.close()
+
+
+async def test_lean_fetcher_keeps_one_connection_per_url_and_closes_the_rest() -> None:
+    body = PAGE.encode()
+
+    async def answer(_: bytes, __: int) -> bytes:
+        await asyncio.sleep(0.05)  # both requests are in flight together
+        return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+
+    server, url, connections = await raw_server(answer)
+    fetcher = LeanFetcher(timeout=2.0, max_bytes=1 << 20)
+    try:
+        assert await asyncio.gather(fetcher.get(url), fetcher.get(url)) == [body, body]
+        assert len(connections) == 2 and len(fetcher._idle) == 1
+        fetcher.forget(url)
+        assert not fetcher._idle
+    finally:
+        fetcher.close()
+        server.close()
