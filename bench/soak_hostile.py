@@ -39,7 +39,7 @@ import grpc
 from aiohttp import web
 
 from bench.harness import ROOT, Child, categorise, page_server, percentile, profile, rss_mib, scaler
-from bench.soak_registry import write_section
+from bench.soak_registry import product_commit, write_section
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 
@@ -297,6 +297,7 @@ async def run(minutes: float, with_profile: bool, exporters_used: list[str], rat
     rss: list[tuple[float, float]] = []
     open_streams: list[tuple[float, float]] = []
     result: dict[str, Any] = {}
+    commit = product_commit()  # the scaler below imports the product as it is now
     async with page_server(HEALTHY_EXPORTERS) as pages:
         exporters, ports = await spawn("--role", "exporters", "--redirect-to", pages.url(0))
         hostile_urls = {
@@ -324,6 +325,7 @@ async def run(minutes: float, with_profile: bool, exporters_used: list[str], rat
         finally:
             await exporters.stop()
     result["rate"] = rate
+    result["commit"] = commit
     return report(minutes, latencies, codes, rss, open_streams, hostile_urls, result)
 
 
@@ -562,7 +564,7 @@ def report(
         "",
         f"Date: {datetime.date.today().isoformat()}. Machine: {platform.machine()}, 2 cores (shared with the"
         f" load generators and other work), Python {platform.python_version()}.",
-        f"Command: `{command}`.",
+        f"Command: `{command}`. Product: commit {r['commit']}.",
         "",
         f"Setup: `keda-gpu-scaler serve --kubernetes off --scrape-interval {SCRAPE_INTERVAL:g} --keepalive-time"
         f" {KEEPALIVE_TIME:g} --keepalive-timeout {KEEPALIVE_TIMEOUT:g} --max-streams {MAX_STREAMS} --explain off`,"

@@ -18,6 +18,7 @@ import contextlib
 import datetime
 import platform
 import re
+import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -71,6 +72,20 @@ def metrics_summary(text: str) -> tuple[int, int, float]:
     return len(text.encode()), series, followed
 
 
+def product_commit() -> str:
+    """The commit the measured scaler ran from (with "+ local changes" when keda_gpu_scaler/ differs)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "diff", "--quiet", "HEAD", "--", "keda_gpu_scaler"], cwd=ROOT
+        ).returncode
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" + local changes" if dirty else "")
+
+
 def write_section(path: Path, key: str, markdown: str) -> None:
     """Put one soak's section into docs/SOAK.md between its markers, keeping every other section."""
     begin, end = f"<!-- {key}:begin -->", f"<!-- {key}:end -->"
@@ -93,6 +108,7 @@ async def run(minutes: float, objects: int, ttl: float, cap: int) -> str:
             f"--minutes {minutes:g} leaves {churn_seconds:.0f}s of churn; at least 30 s are needed"
         )
     rate = objects / churn_seconds
+    commit = product_commit()  # the scaler below imports the product as it is now
     codes: Counter[str] = Counter()
     samples: list[Sample] = []
     seen = 0
@@ -204,6 +220,7 @@ async def run(minutes: float, objects: int, ttl: float, cap: int) -> str:
         server_tail = list(server.child.tail)
 
     return report(
+        commit=commit,
         minutes=minutes,
         objects=objects,
         ttl=ttl,
@@ -260,7 +277,7 @@ def report(**r: object) -> str:
         "",
         f"Date: {datetime.date.today().isoformat()}. Machine: {platform.machine()}, 2 cores (shared), Python"
         f" {platform.python_version()}.",
-        f"Command: `python -m bench.soak_registry --minutes {minutes:g}` (`make soak`).",
+        f"Command: `python -m bench.soak_registry --minutes {minutes:g}` (`make soak`). Product: commit {r['commit']}.",
         "",
         f"Setup: `keda-gpu-scaler serve --kubernetes off --interest-ttl {ttl:g} --max-scaledobjects {r['cap']}"
         f" --explain off --scrape-interval {SCRAPE_INTERVAL:g}` with {EXPORTERS} loopback exporters (8-GPU"
