@@ -623,8 +623,23 @@ def report(
             "Where the scaler's CPU went during 20 s of the attack (py-spy --gil):",
             "",
             categorise(r["profile"], rules, "other"),
+            "",
+            top_frames(r["profile"]),
         ]
     return "\n".join(lines) + "\n"
+
+
+def top_frames(stacks: list[tuple[list[str], int]], count: int = 8) -> str:
+    """The frames the samples were in (the innermost Python frame of each sample), most first."""
+    total = sum(n for _, n in stacks)
+    own: Counter[str] = Counter()
+    for frames, n in stacks:
+        if frames:
+            own[frames[-1]] += n
+    if not total:
+        return ""
+    rows = [f"| `{frame[:120]}` | {100 * n / total:.0f} % |" for frame, n in own.most_common(count)]
+    return "\n".join(["| innermost frame | share of samples |", "|---|---|", *rows])
 
 
 def variant(exporters: list[str], rate: float) -> str:
