@@ -54,8 +54,10 @@ log = logging.getLogger(__name__)
 # seen within about two intervals.
 MAX_BACKOFF_INTERVALS = 3.0
 # What one page may contribute: more series of the wanted families than this is a failed scrape. A
-# dcgm-exporter page of an 8-GPU node has ~40 of them; 200,000 is far beyond any real node.
-MAX_SERIES_PER_PAGE = 200_000
+# dcgm-exporter page of an 8-GPU node has ~40 of them, an 8-engine vLLM pod a few dozen; 20,000 is far
+# beyond any real node or pod. The parse stops at the limit, so a hostile page costs the loop (which
+# shares the interpreter with the parsing thread) a bounded time, not the 12 s of 150,000 series.
+MAX_SERIES_PER_PAGE = 20_000
 # Pages larger than this are hashed and parsed in a worker thread: a 15 MB page takes seconds to parse,
 # and the event loop answers every RPC. Smaller pages (a few ms at most) are cheaper on the loop than
 # the hand-off to a thread.
