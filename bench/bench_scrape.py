@@ -307,8 +307,10 @@ async def loop_stall(series: int, scrapes: int = 3) -> str:
 One exporter page of {series:,} series ({size:.1f} MB), every value different on each scrape, read
 {scrapes} times by a `ScrapeCollector` in the benchmark's own process (a stub fetcher hands it the bytes),
 while a probe task sleeps 1 ms in a loop: how late it wakes is how long an RPC would wait for the loop.
-Pages above {scrape.PARSE_OFF_LOOP_BYTES // 1024} KiB are hashed, parsed and turned into readings in a worker thread, with
-the garbage collector's full passes held off meanwhile and big structures freed in slices.
+Pages above {scrape.PARSE_OFF_LOOP_BYTES // 1024} KiB are hashed, parsed and turned into readings in a worker thread, big
+structures freed in slices. What still holds the loop: single long C calls in the worker (the sort of all
+readings, splitting the text) and the garbage collector's full passes, which walk every object of the
+process while holding the GIL (pausing the collector instead kept cyclic garbage alive: a leak).
 
 | where the page is read | seconds per scrape | probe wake-ups | probe lateness p99 ms | worst ms |
 |---|---|---|---|---|
