@@ -389,7 +389,15 @@ def pages(draw: st.DrawFn) -> tuple[str, list[str]]:
     return page, names
 
 
-@settings(deadline=None)
+# The page properties build whole pages, each checked against prometheus_client: in `make test` a few
+# dozen examples each keep the suite fast; `make soak` (HYPOTHESIS_PROFILE=soak) runs its full count.
+_WHOLE_PAGES = settings(
+    deadline=None,
+    max_examples=settings.default.max_examples if settings.default.max_examples >= 1000 else 60,
+)
+
+
+@_WHOLE_PAGES
 @given(pages())
 def test_agrees_with_prometheus_client(page_and_names: tuple[str, list[str]]) -> None:
     page, _ = page_and_names
@@ -397,7 +405,7 @@ def test_agrees_with_prometheus_client(page_and_names: tuple[str, list[str]]) ->
     assert normalise(parse_exposition(page.encode())) == normalise(parse_exposition(page))
 
 
-@settings(deadline=None)
+@_WHOLE_PAGES
 @given(pages(), st.data())
 def test_filtering_equals_filtering_the_full_result(
     page_and_names: tuple[str, list[str]], data: st.DataObject
@@ -484,7 +492,7 @@ def _conflicting(samples: list[tuple[str, dict[str, str], Any, Any]]) -> bool:
     return False
 
 
-@settings(deadline=None)
+@_WHOLE_PAGES
 @given(pages())
 def test_conflicts_are_refused_exactly_when_prometheus_client_reads_two_values_for_one_series(
     page_and_names: tuple[str, list[str]],
