@@ -548,7 +548,7 @@ def report(
     if "profile" in r:
         command += " --profile"
     if list(hostile_urls) != list(HOSTILE_EXPORTERS):
-        command += " --exporters " + ",".join(hostile_urls)
+        command += " --exporters " + (",".join(hostile_urls) or "''")
     if r["rate"] != HOSTILE_RATE:
         command += f" --rate {r['rate']:g}"
     title = (
