@@ -231,7 +231,8 @@ class ScrapeCollector:
         self._semaphore = asyncio.Semaphore(limits.concurrency)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._last: dict[str, tuple[bytes, Page]] = {}  # url → digest of the last good page, and its page
-        self._readers: dict[str, PageReader] = {}  # URLs read otherwise than with the collector's reader
+        self._readers: dict[str, PageReader] = {}
+        self._failing: dict[str, str] = {}  # url → the failure last logged, while it goes on
 
     def add(
         self,
@@ -303,8 +304,16 @@ class ScrapeCollector:
             message = describe_error(error, self._limits.timeout)
             self._store.record_failure(url, message)
             self._telemetry.scrape_done(ok=False, seconds=self._clock() - started)
-            log.warning("scrape of %s failed: %s", url, message)
+            # Said once per outage (and when its reason changes), not on every retry: a dead exporter
+            # must not fill the log; the store and /metrics keep counting.
+            if self._failing.get(url) != message:
+                log.warning("scrape of %s failed: %s", url, message)
+                self._failing[url] = message
+            else:
+                log.debug("scrape of %s failed again: %s", url, message)
             return False
+        if self._failing.pop(url, None) is not None:
+            log.info("scrape of %s answers again", url)
         self._store.record_page(page)
         self._telemetry.scrape_done(ok=True, seconds=self._clock() - started)
         if large and previous is not None and previous[1].by_namespace is not by_namespace:

@@ -546,3 +546,25 @@ async def test_lean_fetcher_keeps_one_connection_per_url_and_closes_the_rest() -
     finally:
         fetcher.close()
         server.close()
+
+
+async def test_a_failure_is_logged_once_per_outage_and_the_recovery_once(serve, session, caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    current = {"page": PAGE}
+
+    async def handler(_: web.Request) -> web.StreamResponse:
+        return web.Response(text=current["page"], content_type="text/plain")
+
+    server = await serve({"/metrics": handler})
+    rig = Rig(session)
+    caplog.set_level(logging.INFO, logger="keda_gpu_scaler.collect.scrape")
+    assert await rig.collector.scrape_once(server.url())
+    current["page"] = "up 1\n"  # a page without any GPU exporter family: a failed scrape
+    for _ in range(5):
+        assert not await rig.collector.scrape_once(server.url())
+    current["page"] = PAGE
+    assert await rig.collector.scrape_once(server.url())
+    messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert sum("failed" in m for m in messages) == 1, messages
+    assert sum("answers again" in m for m in messages) == 1, messages
