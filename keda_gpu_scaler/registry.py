@@ -74,6 +74,10 @@ class Followed:
         return True
 
 
+# Beyond the cap, a ScaledObject not called for this long makes room for a new one (see _make_room).
+ROOM_AFTER_SECONDS = 60.0
+
+
 class Tracker(Protocol):
     """Discovery's side of a ScaledObject's life: start following it, and forget it."""
 
@@ -125,6 +129,8 @@ class Registry:
             check_reference(namespace, name)
             self.evict_expired(now)
             if len(self._entries) >= self._cap:
+                self._make_room(now)
+            if len(self._entries) >= self._cap:
                 raise TooManyScaledObjects(
                     f"{len(self._entries)} ScaledObjects are followed, the limit (--max-scaledobjects) is"
                     f" {self._cap}; ScaledObjects not called for {self._ttl:g}s (--interest-ttl) are forgotten"
@@ -157,6 +163,18 @@ class Registry:
             self._forget(oldest)
             evicted += 1
         return evicted
+
+    def _make_room(self, now: float) -> None:
+        """At the cap, the least recently called ScaledObject gives way if KEDA has stopped calling it.
+
+        KEDA calls every ScaledObject at least once per pollingInterval (30 s by default) and the HPA more
+        often, so one not called for ROOM_AFTER_SECONDS is gone or was never KEDA's: a caller that floods
+        the scaler with made-up names then delays a real new ScaledObject by a minute at most, not a TTL.
+        """
+        key, oldest = next(iter(self._entries.items()))
+        if now - oldest.last_call >= min(ROOM_AFTER_SECONDS, self._ttl):
+            del self._entries[key]
+            self._forget(oldest)
 
     def forget_all(self) -> None:
         while self._entries:

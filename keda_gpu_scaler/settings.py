@@ -303,7 +303,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "--max-scaledobjects",
         "5000",
-        "most ScaledObjects followed at once; calls for more are RESOURCE_EXHAUSTED until others expire",
+        "most ScaledObjects followed at once; a new one beyond it is RESOURCE_EXHAUSTED unless one not called"
+        " for 60 s gives way",
         parse=_positive(int),
     ),
     Flag(

@@ -117,6 +117,24 @@ def test_cap_refuses_new_scaledobjects_naming_the_flag_and_keeps_followed_ones()
     assert registry.followed_keys() == [("a", "three")]
 
 
+def test_at_the_cap_one_no_longer_called_gives_way_to_a_new_one() -> None:
+    # A flood of made-up names fills the cap; a minute later the first of them makes room for a real
+    # ScaledObject, while the ones KEDA keeps calling (every pollingInterval) are never pushed out.
+    clock = Clock()
+    registry, tracker, forgotten = make_registry(clock, cap=3, ttl=600)
+    registry.follow("real", "polled", SPEC)
+    registry.follow("flood", "made-up-1", SPEC)
+    registry.follow("flood", "made-up-2", SPEC)
+    clock.now += 30
+    registry.follow("real", "polled", SPEC)
+    with pytest.raises(TooManyScaledObjects):
+        registry.follow("real", "new", SPEC)  # nothing idle for a minute yet
+    clock.now += 31
+    registry.follow("real", "new", SPEC)
+    assert forgotten == ["made-up-1"] and ("flood", "made-up-1") in tracker.forgotten
+    assert registry.get("real", "polled") is not None
+
+
 @pytest.mark.parametrize(
     ("namespace", "name"),
     [
