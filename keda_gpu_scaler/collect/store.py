@@ -95,7 +95,8 @@ class Store:
         self._epoch = 0  # moves when sources come or go
 
     def version(self, namespace: str) -> int:
-        return self._versions[namespace]
+        # Read without inserting: calls about namespaces with no data (any name a caller invents) add nothing.
+        return self._versions.get(namespace, 0)
 
     def sources(self) -> list[SourceState]:
         return list(self._sources.values())
@@ -202,7 +203,7 @@ class Store:
 
     async def wait_for_change(self, namespace: str, seen_version: int, timeout: float) -> None:
         """Return once the namespace's data moved past seen_version, or after timeout (data also ages)."""
-        if self._closed or self._versions[namespace] != seen_version:
+        if self._closed or self._versions.get(namespace, 0) != seen_version:
             return
         event = self._changed.setdefault(namespace, asyncio.Event())
         with contextlib.suppress(TimeoutError):

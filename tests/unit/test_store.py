@@ -93,3 +93,12 @@ async def test_waiters_wake_on_their_namespace_and_on_close() -> None:
     store.close()
     await asyncio.wait_for(waiter_b, 1)
     await asyncio.wait_for(store.wait_for_change("b", store.version("b"), 30), 1)  # closed: no waiting
+
+
+def test_asking_about_namespaces_without_data_keeps_nothing() -> None:
+    store = Store()
+    store.record_page(page(0, reading("a", "p", 10)))
+    for index in range(1000):
+        assert store.version(f"made-up-{index}") == 0
+        store.view(f"made-up-{index}", now=1, max_staleness=15)
+    assert len(store._versions) <= 1
