@@ -431,6 +431,7 @@ async def test_an_exporter_failing_since_start_is_not_read_as_zero_pods(make_exp
     other = await make_exporter(dcgm_page([GpuLine("other", "train-0", 50)]))
     scaler = await make_scaler(broken, other)
     await scaler.stub.GetMetricSpec(ref())
+
     async def other_is_read() -> None:
         assert scaler.app.store.view("other", 0, 1e9).readings
 
@@ -447,7 +448,9 @@ async def test_an_exporter_failing_since_start_is_not_read_as_zero_pods(make_exp
     await eventually(recovered)
 
 
-async def test_too_many_scaledobjects_is_resource_exhausted_naming_the_flag(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+async def test_too_many_scaledobjects_is_resource_exhausted_naming_the_flag(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
     exporter = await make_exporter(four_pods_at(90))
     scaler = await make_scaler(exporter, max_scaledobjects=2)
     await scaler.stub.GetMetricSpec(ref(name="one"))

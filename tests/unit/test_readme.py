@@ -8,6 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 from readme_tables import TABLES, render  # a development tool, not part of the installed package
+
 from keda_gpu_scaler.settings import FLAGS
 from keda_gpu_scaler.trigger import KEYS
 

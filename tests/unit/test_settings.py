@@ -61,7 +61,9 @@ def test_every_flag_has_a_parser_and_a_settings_field() -> None:
 
 
 def test_inference_urls_name_the_pod_each_page_belongs_to() -> None:
-    settings = build_settings({"inference_url": ["llm/vllm-0=http://10.0.0.5:8000/metrics, llm/vllm-1=http://h:1/m"]})
+    settings = build_settings(
+        {"inference_url": ["llm/vllm-0=http://10.0.0.5:8000/metrics, llm/vllm-1=http://h:1/m"]}
+    )
     assert settings.inference_urls == (
         ("llm", "vllm-0", "http://10.0.0.5:8000/metrics"),
         ("llm", "vllm-1", "http://h:1/m"),

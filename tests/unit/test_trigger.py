@@ -88,7 +88,10 @@ BAD = [
     ({"threshold": "8", "metric": "requests", "engine": "triton"}, ["triton", "requests", "queue"]),
     ({"threshold": "8", "metric": "queue", "engine": "tgi", "model": "m"}, ["model", "tgi"]),
     ({"threshold": "8", "metric": "requests", "metricsPort": "99999"}, ["metricsPort", "1-65535"]),
-    ({"threshold": "8", "metric": "requests", "metricsPath": "metrics?x=1"}, ["metricsPath", "starting with '/'"]),
+    (
+        {"threshold": "8", "metric": "requests", "metricsPath": "metrics?x=1"},
+        ["metricsPath", "starting with '/'"],
+    ),
     ({"threshold": "8", "metric": "requests", "engine": "vlm"}, ["engine", "'vlm'", "vllm"]),
     ({"threshold": "-3"}, ["threshold", "'-3'"]),
     ({"threshold": "nan"}, ["threshold", "'nan'", "finite"]),
@@ -165,7 +168,9 @@ def test_from_env_keys_arrive_resolved_and_mean_the_base_key() -> None:
         parse_trigger({"threshold": "70", "urlFromEnv": "http://x"})
 
 
-@pytest.mark.parametrize("raw", ["５０", "٣", "5_0", "1e-320", "0x10", " 50", "50 ", "1e5000", "nan", "Infinity"])
+@pytest.mark.parametrize(
+    "raw", ["５０", "٣", "5_0", "1e-320", "0x10", " 50", "50 ", "1e5000", "nan", "Infinity"]
+)
 def test_only_ascii_decimal_thresholds_are_numbers(raw: str) -> None:
     with pytest.raises(ConfigError, match="threshold"):
         parse_trigger({"threshold": raw, "podNamePrefix": "p-"})
@@ -193,7 +198,9 @@ def test_error_messages_quote_at_most_about_a_hundred_characters() -> None:
 
 
 def test_inference_metrics_take_any_positive_threshold_and_their_own_names() -> None:
-    spec = parse_trigger({"metric": "requests", "threshold": "250", "engine": "sglang", "metricsPort": "metrics"})
+    spec = parse_trigger(
+        {"metric": "requests", "threshold": "250", "engine": "sglang", "metricsPort": "metrics"}
+    )
     assert (spec.threshold, spec.metric_name, spec.engine, spec.metrics_port) == (
         250,
         "inference-requests",
@@ -202,4 +209,6 @@ def test_inference_metrics_take_any_positive_threshold_and_their_own_names() -> 
     )
     assert parse_trigger({"metric": "queue", "threshold": "5"}).metric_name == "inference-queue"
     assert parse_trigger({"metric": "kv_cache", "threshold": "80"}).metric_name == "kv-cache"
-    assert parse_trigger({"metric": "requests", "threshold": "8", "metricsPort": "08000"}).metrics_port == "8000"
+    assert (
+        parse_trigger({"metric": "requests", "threshold": "8", "metricsPort": "08000"}).metrics_port == "8000"
+    )
