@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import math
 import random
-from decimal import Decimal
+
+from keda_gpu_scaler.pagetext import go_float
 
 # dcgm-exporter's default counters (etc/default-counters.csv, plus the DCP fields and FB_RESERVED that
 # recent releases enable): name, Prometheus type, help, and whether DCGM reports it as a double.
@@ -219,30 +219,6 @@ _AMD_FAMILIES: list[tuple[str, str]] = [
 ]
 _AMD_CLOCKS = [("0", "GPU_CLOCK_TYPE_SYSTEM"), ("0", "GPU_CLOCK_TYPE_MEMORY"), ("0", "GPU_CLOCK_TYPE_DATA")]
 _AMD_MB = 196592
-
-
-def go_float(value: float) -> str:
-    """Format like client_golang's text writer: Go's strconv 'g' with the shortest round-trip digits."""
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value == 0:
-        return "0"
-    sign, digit_tuple, exponent = Decimal(repr(value)).normalize().as_tuple()
-    assert isinstance(exponent, int)
-    digits = "".join(map(str, digit_tuple))
-    point = len(digits) + exponent  # digits[:point] come before the decimal point
-    prefix = "-" if sign else ""
-    # Go's 'g' with shortest digits switches to an exponent below 1e-4 and from 1e6 (precision 6).
-    if not -4 <= point - 1 < 6:
-        mantissa = digits[0] + ("." + digits[1:] if len(digits) > 1 else "")
-        return f"{prefix}{mantissa}e{'-' if point <= 0 else '+'}{abs(point - 1):02d}"
-    if point <= 0:
-        return f"{prefix}0.{'0' * -point}{digits}"
-    if point >= len(digits):
-        return prefix + digits + "0" * (point - len(digits))
-    return f"{prefix}{digits[:point]}.{digits[point:]}"
 
 
 def amd_page(gpus: int = 8, seed: int = 1) -> str:
