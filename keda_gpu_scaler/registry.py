@@ -155,14 +155,20 @@ class Registry:
         """Forget every ScaledObject not called for the TTL; returns how many were forgotten."""
         now = self._clock() if now is None else now
         evicted = 0
-        while self._entries:
-            key, oldest = next(iter(self._entries.items()))
-            if now - oldest.last_call < self._ttl:
-                break
-            del self._entries[key]
-            self._forget(oldest)
+        while self._evict_oldest_if_idle(now, self._ttl):
             evicted += 1
         return evicted
+
+    def _evict_oldest_if_idle(self, now: float, idle: float) -> bool:
+        """Forget the least recently called ScaledObject if it has not been called for `idle` seconds."""
+        if not self._entries:
+            return False
+        key, oldest = next(iter(self._entries.items()))
+        if now - oldest.last_call < idle:
+            return False
+        del self._entries[key]
+        self._forget(oldest)
+        return True
 
     def _make_room(self, now: float) -> None:
         """At the cap, the least recently called ScaledObject gives way if KEDA has stopped calling it.
@@ -171,15 +177,7 @@ class Registry:
         often, so one not called for ROOM_AFTER_SECONDS is gone or was never KEDA's: a caller that floods
         the scaler with made-up names then delays a real new ScaledObject by a minute at most, not a TTL.
         """
-        key, oldest = next(iter(self._entries.items()))
-        if now - oldest.last_call >= min(ROOM_AFTER_SECONDS, self._ttl):
-            del self._entries[key]
-            self._forget(oldest)
-
-    def forget_all(self) -> None:
-        while self._entries:
-            _, entry = self._entries.popitem(last=False)
-            self._forget(entry)
+        self._evict_oldest_if_idle(now, min(ROOM_AFTER_SECONDS, self._ttl))
 
     def _forget(self, entry: Followed) -> None:
         if self._tracker is not None:

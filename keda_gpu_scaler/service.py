@@ -209,13 +209,11 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
 
 
 class _Internal(ScalerError):
-    """An unexpected failure: INTERNAL on the wire (its trace is in the log, not in the answer)."""
+    """An unexpected failure: INTERNAL on the wire, as status_for answers for any unmapped error (its
+    trace is in the log, not in the answer)."""
 
     def __init__(self, method: str) -> None:
         super().__init__(f"{method} failed unexpectedly; the scaler's log has the details")
-
-
-_STATUS_FOR_ERROR[_Internal] = grpc.StatusCode.INTERNAL
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: ScalerError) -> NoReturn:

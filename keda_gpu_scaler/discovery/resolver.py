@@ -183,8 +183,11 @@ class KubeDiscovery:
         self.tracked_scaled_objects.set(len(self._tracked))
 
     def resolve(self, namespace: str, name: str, spec: TriggerSpec) -> Targets:
-        self.track(namespace, name, spec)
-        tracked = self._tracked[(namespace, name)]
+        tracked = self._tracked.get((namespace, name))
+        if tracked is None or (spec.pod_selector is not None and spec.pod_selector not in tracked.overrides):
+            # The registry tracks every ScaledObject it follows: this is only for a caller that did not.
+            self.track(namespace, name, spec)
+            tracked = self._tracked[(namespace, name)]
         if self._api is None:
             raise NoData("Kubernetes discovery is not connected")
         if tracked.object_error is not None:
