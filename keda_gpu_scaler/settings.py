@@ -540,8 +540,6 @@ def build_settings(values: Mapping[str, str | list[str] | None]) -> Settings:
     if parsed["tls_client_ca_file"] is not None and parsed["tls_cert_file"] is None:
         raise SettingsError("--tls-client-ca-file (mTLS) needs --tls-cert-file and --tls-key-file")
     _check_prometheus(parsed)
-    for name in ("max_page_bytes", "scrape_concurrency", "max_scaledobjects", "max_streams"):
-        parsed[name] = int(parsed[name])
     return Settings(**parsed)
 
 
