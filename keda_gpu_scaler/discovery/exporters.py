@@ -109,6 +109,12 @@ class ExporterDiscovery:
     def _exporter_pod(self, index: int, old: PodInfo | None, new: PodInfo | None) -> None:
         key = (index, (new or old).key)  # type: ignore[union-attr]
         exporter = self._selectors[index]
+        if old is not None and new is not None and old.node == new.node and new.node is not None:
+            url = exporter_url(new, exporter)
+            if url is not None and self._by_node.get(new.node, {}).get(key) == url:
+                # Same node, same URL (a readiness flip, a label edit): giving the URL up and taking it back
+                # would remove the exporter's source and its data until the next scrape.
+                return
         if old is not None and old.node is not None:
             urls = self._by_node.get(old.node)
             url = urls.pop(key, None) if urls is not None else None

@@ -437,3 +437,24 @@ def test_a_pod_event_touches_only_the_selections_it_can_match(monkeypatch: pytes
     assert sorted(touched) == ["app=w-7,tier=gpu", "app=w-8,tier=gpu", "tier in (gpu)"]
     assert index.selections[parse_selector("app=w-8,tier=gpu")].targets(None).pods == {"w-7-0"}
     assert not index.selections[parse_selector("app=w-7,tier=gpu")].targets(None).pods
+
+
+def test_an_exporter_pod_update_that_keeps_its_url_keeps_its_data() -> None:
+    exporter = parse_exporter_selector("app=dcgm:9400")
+    discovery = ExporterDiscovery((exporter,), frozenset(), Gauge("g", "g", registry=CollectorRegistry()))
+    removed: list[str] = []
+
+    class Recording(_Sink):
+        def remove(self, url: str) -> None:
+            removed.append(url)
+            super().remove(url)
+
+    discovery.sink = Recording()
+    before = PodInfo("gpu", "dcgm-n1", {"app": "dcgm"}, "n1", "10.1.0.1", "Running", True, False, ())
+    discovery._exporter_pod(0, None, before)
+    discovery.node("n1", 1)
+    relabelled = PodInfo(
+        "gpu", "dcgm-n1", {"app": "dcgm", "new": "x"}, "n1", "10.1.0.1", "Running", False, False, ()
+    )
+    discovery._exporter_pod(0, before, relabelled)  # a readiness flip and a label edit, same node and URL
+    assert removed == []  # the source (and its last page) stays
