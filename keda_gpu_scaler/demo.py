@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from keda_gpu_scaler import pagetext
-from keda_gpu_scaler.engines.simulated import EngineLoad, load_for, sglang_page, split, tgi_page, vllm_page
+from keda_gpu_scaler.engines.simulated import EngineLoad, load_for, sglang_page, split, vllm_page
 
 # What the real exporters answer with; scrapers look at the media type, not only at the body.
 _EXPOSITION_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -131,7 +131,7 @@ class _Traffic:
 class _InferencePod:
     name: str
     workload: str
-    engine: str  # "vllm", "sglang" or "tgi": which page it prints
+    engine: str  # "vllm" or "sglang": which page it prints
     model: str
     engines: int  # data-parallel engines
     tp_size: int  # SGLang: tensor-parallel ranks repeating each engine's values
@@ -456,8 +456,6 @@ class DemoFleet:
         loads = self.inference_loads(pod)
         if info.engine == "sglang":
             return sglang_page(info.model, loads, tp_size=info.tp_size)
-        if info.engine == "tgi":
-            return tgi_page(loads[0] if loads else EngineLoad(0.0, 0.0, 0.0))
         return vllm_page(info.model, loads)
 
     def render_page(self, node: str) -> str:

@@ -231,6 +231,10 @@ class MetadataKey:
     default_text: str
     help: str
 
+    @property
+    def required(self) -> bool:
+        return self.default is _REQUIRED
+
 
 KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
@@ -409,7 +413,7 @@ def _parse_cached(items: frozenset[tuple[str, str]]) -> TriggerSpec:
     for spec_key in KEYS:
         if spec_key.field in fields:
             continue
-        if spec_key.default is _REQUIRED:
+        if spec_key.required:
             raise ConfigError(f"metadata {spec_key.key} is required; allowed: {spec_key.help}")
         fields[spec_key.field] = spec_key.default
     _check_metric_fit(fields, given)

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from keda_gpu_scaler.collect.scrape import PageReader, ScrapeCollector
 from keda_gpu_scaler.collect.store import SourceKind
-from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES
+from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES, wrong_types
 from keda_gpu_scaler.exposition import Sample
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,15 @@ def pod_url(ip: str, port: int, path: str) -> str:
     return f"http://{host}:{port}{path}"
 
 
+def _declared_as_levels(body: bytes) -> str | None:
+    """A page declaring a family the engines read as anything but a level (gauge or untyped) is refused."""
+    wrong = wrong_types(body)
+    if not wrong:
+        return None
+    named = ", ".join(f"{name} is a {kind}" for name, kind in sorted(wrong.items()))
+    return f"the page declares {named}; a gauge is needed"
+
+
 class PageSink(Protocol):
     """Where wanted pages go: the inference scrape collector (add/remove a URL with the pod it names)."""
 
@@ -85,6 +94,7 @@ class InferencePages:
             pod_page_reader(namespace, pod),
             ENGINE_SAMPLE_NAMES,
             "inference-server metrics",
+            refuse=_declared_as_levels,
         )
         self.collector.add(url, reader=reader, kind=SourceKind.INFERENCE, namespace=namespace, pod=pod)
 

@@ -76,6 +76,9 @@ class PageReader:
     readings: Callable[[Sequence[Sample]], Iterable[Any]]
     valid_names: frozenset[str]
     what: str
+    # Why the page as a whole cannot be used although its samples parse (None: it can), e.g. a family
+    # the page declares as a counter where a level is read: the parser skips `# TYPE` lines.
+    refuse: Callable[[bytes], str | None] | None = None
 
 
 GPU_EXPORTER_PAGES = PageReader(SAMPLE_NAMES, readings_from_samples, SAMPLE_NAMES, "GPU exporter metrics")
@@ -154,6 +157,8 @@ def read_page(body: bytes, reader: PageReader) -> dict[str, tuple[GpuReading, ..
     samples = parse_exposition(body, reader.names)
     if not any(sample.name in reader.valid_names for sample in samples):
         raise NotOurPage(f"no {reader.what} on this page")
+    if reader.refuse is not None and (why := reader.refuse(body)) is not None:
+        raise NotOurPage(why)
     grouped: defaultdict[str, list[GpuReading]] = defaultdict(list)
     for reading in reader.readings(samples):
         grouped[reading.namespace].append(reading)

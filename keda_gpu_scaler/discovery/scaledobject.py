@@ -98,8 +98,8 @@ def _fields_of(metadata: Mapping[str, Any]) -> tuple[tuple[str, Any], ...] | Non
     for spec_key in KEYS:
         if spec_key.field in fields or spec_key.field in skipped or spec_key.key == "metricName":
             continue
-        if spec_key.key == "threshold":
-            return None  # required, and neither given nor from the environment: KEDA's call fails too
+        if spec_key.required:
+            return None  # neither given nor from the environment: KEDA's call fails too
         fields[spec_key.field] = spec_key.default
     if "metric_name" not in fields and "metric_name" not in skipped and "metric" in fields:
         # Unless given, the metric name follows the metric (unknown when the metric comes from the env).

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+from keda_gpu_scaler import pagetext
 from keda_gpu_scaler.exposition import Sample
 
 
@@ -122,7 +123,7 @@ def selector_text(name: str, where: Mapping[str, str] = {}) -> str:
     """How a reason names a family: `name` or `name{label="value"}`."""
     if not where:
         return name
-    return name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(where.items())) + "}"
+    return name + "{" + pagetext.label_text(sorted(where.items())) + "}"
 
 
 def models_on(samples: Iterable[Sample], names: Iterable[str]) -> tuple[str, ...]:

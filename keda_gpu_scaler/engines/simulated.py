@@ -17,9 +17,7 @@ class EngineLoad(NamedTuple):
     kv_cache: float
 
 
-def load_for(
-    in_flight: float, *, max_running: int = 64, kv_per_request: float = 0.012, kv_idle: float = 0.0
-) -> EngineLoad:
+def load_for(in_flight: float, *, max_running: int = 64, kv_per_request: float = 0.012) -> EngineLoad:
     """What one engine shows with `in_flight` requests: up to `max_running` run, the rest wait.
 
     vLLM's --max-num-seqs (SGLang's --max-running-requests) caps the batch; each running request holds
@@ -27,7 +25,7 @@ def load_for(
     """
     total = max(0, round(in_flight))
     running = min(total, max_running)
-    kv = min(1.0, kv_idle + running * kv_per_request)
+    kv = min(1.0, running * kv_per_request)
     return EngineLoad(float(running), float(total - running), round(kv, 4))
 
 

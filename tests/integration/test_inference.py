@@ -138,3 +138,22 @@ async def test_model_filter_reads_only_that_models_series(make_exporter, make_sc
     await eventually(llama_only)
 
     assert await code_of(value(scaler, {**REQUESTS, "model": "qwen"})) is grpc.StatusCode.UNAVAILABLE
+
+
+async def test_a_page_declaring_a_gauge_family_as_a_counter_is_refused_naming_it(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    page = vllm_page("llama", [EngineLoad(4, 1, 0.1)]).replace(
+        "# TYPE vllm:num_requests_waiting gauge", "# TYPE vllm:num_requests_waiting counter"
+    )
+    servers = await pod_pages(make_exporter, page)
+    scaler = await make_scaler(inference_urls=inference_urls(servers))
+
+    async def refused() -> None:
+        assert await code_of(value(scaler, REQUESTS)) is grpc.StatusCode.UNAVAILABLE
+        assert any(
+            "vllm:num_requests_waiting is a counter" in (s.last_error or "")
+            for s in scaler.app.store.sources()
+        )
+
+    await eventually(refused)
