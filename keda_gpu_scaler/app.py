@@ -7,7 +7,6 @@ import gc
 import logging
 import os
 import signal
-import ssl
 import time
 from collections.abc import Callable, Coroutine, Hashable
 from typing import Any
@@ -17,7 +16,7 @@ import grpc
 from aiohttp import web
 
 from keda_gpu_scaler import telemetry as telemetry_module
-from keda_gpu_scaler.collect.http import BearerToken, LeanFetcher, exporter_ssl
+from keda_gpu_scaler.collect.http import LeanFetcher, exporter_fetcher
 from keda_gpu_scaler.collect.inference import INFERENCE_INTEREST, InferencePages, WantedPages
 from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector
@@ -124,7 +123,7 @@ class App:
         self.grpc_port = 0
         self.tls: ReloadingServerCredentials | None = None
         self.http_port = 0
-        self._session: aiohttp.ClientSession | None = None
+        self._fetcher: LeanFetcher | None = None
         self._collector: ScrapeCollector | None = None
         self._server: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
@@ -151,18 +150,9 @@ class App:
         s = self.settings
         # Certificate files are loaded first: a bad one stops start-up before anything runs.
         prometheus_tls = prometheus_ssl(s) if s.prometheus_url is not None else True
-        try:
-            exporter_tls = exporter_ssl(s.exporter_ca_file)
-        except (ssl.SSLError, OSError) as error:
-            raise SettingsError(f"--exporter-ca-file: {error}") from None
         limits = ScrapeLimits(s.scrape_interval, s.scrape_timeout, s.max_page_bytes, s.scrape_concurrency)
         # Exporter pages: the lean keep-alive fetcher (half aiohttp's CPU per page; README, "Scrape cost").
-        fetcher = LeanFetcher(
-            timeout=s.scrape_timeout,
-            max_bytes=s.max_page_bytes,
-            ssl_context=exporter_tls,
-            token=BearerToken(s.exporter_bearer_token_file),
-        )
+        self._fetcher = fetcher = exporter_fetcher(s)
 
         def collector(interest_key: Hashable) -> ScrapeCollector:
             return ScrapeCollector(
@@ -276,8 +266,8 @@ class App:
             await self._prometheus_session.close()
         if self._http is not None:
             await self._http.cleanup()
-        if self._session is not None:
-            await self._session.close()
+        if self._fetcher is not None:
+            self._fetcher.close()
         log.info("stopped")
 
 

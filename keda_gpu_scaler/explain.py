@@ -8,8 +8,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
-
+from keda_gpu_scaler.collect.http import exporter_fetcher
 from keda_gpu_scaler.collect.inference import InferencePages
 from keda_gpu_scaler.collect.scrape import Interest, ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
@@ -40,17 +39,21 @@ async def explain_once(
     except ScalerError as error:
         return {"namespace": namespace, "scaledObject": name, "error": str(error)}
     limits = ScrapeLimits(settings.scrape_interval, settings.scrape_timeout, settings.max_page_bytes, 8)
-    async with aiohttp.ClientSession() as session:
-        collector = ScrapeCollector(
-            session=session, store=store, interest=interest, limits=limits, telemetry=telemetry, clock=clock
-        )
-        pages = InferencePages()
-        pages.collector = collector
-        for namespace_of_page, pod, url in settings.inference_urls:
-            pages.add_pod_page(url, namespace_of_page, pod)
-        urls = [*settings.exporter_urls, *(url for _, _, url in settings.inference_urls)]
+    # The very fetcher `serve` uses (its TLS and bearer token too), so explain sees what the scaler sees.
+    fetcher = exporter_fetcher(settings)
+    collector = ScrapeCollector(
+        fetcher=fetcher, store=store, interest=interest, limits=limits, telemetry=telemetry, clock=clock
+    )
+    pages = InferencePages()
+    pages.collector = collector
+    for namespace_of_page, pod, url in settings.inference_urls:
+        pages.add_pod_page(url, namespace_of_page, pod)
+    urls = [*settings.exporter_urls, *(url for _, _, url in settings.inference_urls)]
+    try:
         await asyncio.gather(*(collector.scrape_once(url) for url in urls))
+    finally:
         await collector.stop()
+        fetcher.close()
     with contextlib.suppress(ScalerError):  # recorded in the explanation with its message
         evaluator.evaluate(followed, spec)
     assert followed.explanation is not None

@@ -14,6 +14,7 @@ import aiohttp
 
 from keda_gpu_scaler.exposition import ExpositionError
 from keda_gpu_scaler.secretfile import SecretFile, SecretFileError
+from keda_gpu_scaler.settings import Settings, SettingsError
 
 # Bodies are read in pieces this large: big enough that a 70 kB exporter page takes one or two reads.
 READ_CHUNK = 256 * 1024
@@ -436,3 +437,17 @@ class LeanFetcher:
     def close(self) -> None:
         for url in list(self._idle):
             self.forget(url)
+
+
+def exporter_fetcher(settings: Settings) -> LeanFetcher:
+    """The fetcher of exporter and inference pages as `serve` configures it (the explain command too)."""
+    try:
+        context = exporter_ssl(settings.exporter_ca_file)
+    except (ssl.SSLError, OSError) as error:
+        raise SettingsError(f"--exporter-ca-file: {error}") from None
+    return LeanFetcher(
+        timeout=settings.scrape_timeout,
+        max_bytes=settings.max_page_bytes,
+        ssl_context=context,
+        token=BearerToken(settings.exporter_bearer_token_file),
+    )

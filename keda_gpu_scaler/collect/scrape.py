@@ -216,16 +216,11 @@ class ScrapeCollector:
         limits: ScrapeLimits,
         telemetry: Telemetry,
         clock: Callable[[], float],
-        session: aiohttp.ClientSession | None = None,
-        fetcher: Fetcher | None = None,
+        fetcher: Fetcher,
         reader: PageReader = GPU_EXPORTER_PAGES,
         interest_key: Hashable = SCRAPE_INTEREST,
     ) -> None:
-        if fetcher is None:
-            if session is None:
-                raise ValueError("a session or a fetcher is needed")
-            fetcher = AiohttpFetcher(session, limits)
-        self._fetcher = fetcher
+        self._fetcher = fetcher  # shared by the collectors: its owner (App) closes it
         self._store = store
         self._interest = interest
         self._interest_key = interest_key
@@ -274,7 +269,6 @@ class ScrapeCollector:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._fetcher.close()
 
     async def scrape_once(self, url: str) -> bool:
         """Scrape one exporter now; records the page or the failure in the store. True on success."""
