@@ -14,8 +14,8 @@ def backoff_delay(failures: int, *, first: float, cap: float) -> float:
     The exponent is bounded before it is raised, so a source that fails for days neither overflows a
     float (2.0 ** 1025 does) nor waits longer than `cap`. `failures` <= 0 means "no failure": `first`.
     """
-    if first <= 0:
-        return min(first, cap) if cap > 0 else 0.0
+    if not first > 0 or not cap > 0:
+        raise ValueError(f"backoff needs first > 0 and cap > 0, got first={first!r}, cap={cap!r}")
     doublings = 0
     limit = cap / first
     while doublings < max(failures - 1, 0) and 2.0**doublings < limit:

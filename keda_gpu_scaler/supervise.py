@@ -28,7 +28,9 @@ def supervised(
 
     async def keep_running() -> None:
         ends = 0
+        loop = asyncio.get_running_loop()
         while True:
+            started = loop.time()
             try:
                 await make()
                 reason = "returned"
@@ -39,7 +41,8 @@ def supervised(
                 log.exception("background task %s %s; restarting it", name, reason)
             else:
                 log.error("background task %s ended unexpectedly; restarting it", name)
-            ends += 1
+            # Only ends in quick succession back off: one that ran for a while starts again after 1 s.
+            ends = ends + 1 if loop.time() - started < MAX_RESTART_DELAY else 1
             if on_restart is not None:
                 on_restart(reason)
             await asyncio.sleep(backoff_delay(ends, first=1.0, cap=MAX_RESTART_DELAY))

@@ -38,12 +38,17 @@ from keda_gpu_scaler.collect.promql import (
     namespace_query,
     up_query,
 )
-from keda_gpu_scaler.collect.store import RECENTLY_SEEN_SECONDS, Page, SourceKind, Store
+from keda_gpu_scaler.collect.store import Page, SourceKind, Store
 from keda_gpu_scaler.exposition import Sample
 from keda_gpu_scaler.supervise import supervised
 from keda_gpu_scaler.vendors import readings_from_samples
 
 log = logging.getLogger(__name__)
+
+# GPU exporters read through Prometheus: a scrape target whose series vanished counts as a failing source
+# (its pods missing) for this long, then is forgotten. Unlike direct scraping, the series alone cannot tell
+# an exporter that is down from one Prometheus stopped scraping (the inference path asks `up` for that).
+FORGET_LOST_TARGET_SECONDS = 300.0
 
 PROMETHEUS_INTEREST = "prometheus"
 # Interest key kind of one namespace's inference-server series (SPEC §6) read through Prometheus.
@@ -156,16 +161,13 @@ class PrometheusCollector:
                     continue
                 kind, namespace = key[0], str(key[1])
                 if kind == PROMETHEUS_INTEREST:
-                    key, run = prometheus_interest(namespace), self._run(namespace)
-                    name = f"prometheus {namespace}"
+                    run, name = self._run(namespace), f"prometheus {namespace}"
                 elif kind == PROMETHEUS_INFERENCE_INTEREST:
-                    key, run = prometheus_inference_interest(namespace), self._run_inference(namespace)
-                    name = f"prometheus inference {namespace}"
+                    run, name = self._run_inference(namespace), f"prometheus inference {namespace}"
                 else:
                     continue
-                task = asyncio.create_task(run, name=name)
-                task.add_done_callback(_log_unexpected_end)
-                self._tasks[key] = task
+                # A loop that raised is logged by _loop itself; this one starts it again while wanted.
+                self._tasks[key] = asyncio.create_task(run, name=name)
             await self._interest.wait_until_wanted(self._interval, any_new_interest)
 
     async def _run(self, namespace: str) -> None:
@@ -266,7 +268,7 @@ class PrometheusCollector:
             self._record_target(namespace, target, series, at, now)
         for target in lost:
             state = known[target]
-            if target in alive or now - state.collected_at > RECENTLY_SEEN_SECONDS:
+            if target in alive or now - state.collected_at > FORGET_LOST_TARGET_SECONDS:
                 # Still scraped but naming no pod of the namespace: those pods are gone. Or down for so
                 # long that its pods no longer count as missing either.
                 self._store.remove_source(state.source)
@@ -444,8 +446,3 @@ class PrometheusCollector:
 def _namespace_source(namespace: str) -> str:
     return f"prometheus {namespace}"
 
-
-def _log_unexpected_end(task: asyncio.Task[None]) -> None:
-    """A namespace's loop that raised: said in the log (the supervisor starts it again while wanted)."""
-    if not task.cancelled() and (error := task.exception()) is not None:
-        log.error("Prometheus source: %s ended: %s", task.get_name(), error, exc_info=error)

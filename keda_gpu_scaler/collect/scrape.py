@@ -196,15 +196,6 @@ def _release(old: ByNamespace, kept: ByNamespace) -> None:
             exposition.release_in_slices(items)
 
 
-def _read_large(
-    body: bytes, previous: tuple[bytes, Page] | None, reader: PageReader
-) -> tuple[bytes, ByNamespace]:
-    # The garbage collector is left alone here on purpose: pausing it while large pages are read and
-    # freezing what was alive afterwards kept the cyclic garbage of every call made meanwhile for good
-    # (the hostile soak grew to 3.4 GB). Full collections cost pauses; they do not cost memory.
-    return _digest_and_read(body, previous, reader)
-
-
 class ScrapeCollector:
     """One task per exporter URL: scrape, parse only the wanted families, normalise, store."""
 
@@ -280,7 +271,10 @@ class ScrapeCollector:
             reader = self._readers.get(url, self._reader)
             large = len(body) > PARSE_OFF_LOOP_BYTES
             if large:
-                digest, by_namespace = await asyncio.to_thread(_read_large, body, previous, reader)
+                # The garbage collector is left alone meanwhile on purpose: pausing it around large reads
+                # and freezing what was alive afterwards kept the cyclic garbage of every call made
+                # meanwhile for good (the hostile soak grew to 3.4 GB). Collections cost pauses, not memory.
+                digest, by_namespace = await asyncio.to_thread(_digest_and_read, body, previous, reader)
             else:
                 digest, by_namespace = _digest_and_read(body, previous, reader)
             # The page had the wanted families (else NotOurPage) but named no pod: see Page.unattributed.

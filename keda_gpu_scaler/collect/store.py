@@ -14,8 +14,6 @@ from keda_gpu_scaler.vendors import GpuReading
 # Without Kubernetes, the pods last seen on an exporter that is now failing or stale, or whose page lost
 # its pod labels, still count as target pods (as missing ones) for as long as that lasts, so one dead
 # exporter cannot shrink the value (SPEC §4).
-# The Prometheus source forgets a scrape target that Prometheus has not seen for this long.
-RECENTLY_SEEN_SECONDS = 300.0
 ATTRIBUTION_LOST = (
     "its page has GPU series but no pod labels (dcgm-exporter lost the kubelet's pod-resources socket?)"
 )
