@@ -3,15 +3,38 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Set
+from collections.abc import Callable, Set
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, NamedTuple
 
 
 class Sample(NamedTuple):
     name: str
+    # Read-only: the samples of one page that print the same label set share one dict (readers key
+    # per-label-set work on it), so changing it would change the other samples too.
     labels: dict[str, str]
     value: float
     timestamp_ms: int | None
+
+
+LineNumber = Callable[[int], int]
+"""Where a line is (its start in the page, or its number) → its line number."""
+
+
+@dataclass(slots=True)
+class PageMemory:
+    """What the parse of one source's last page learnt, for its next page: exporters print the same lines
+    scrape after scrape with a few values moved, and a line printed again exactly is not parsed again.
+    Holds one page's wanted lines and label sets, no more."""
+
+    names: Set[str] | None = None  # what the lines were read for
+    lines: dict[str, tuple[Sample, str | None] | None] = field(default_factory=dict)
+    label_sets: dict[str, dict[str, str]] = field(default_factory=dict)
+    identities: dict[str | None, frozenset[tuple[str, str]]] = field(default_factory=dict)
+
+
+_UNKNOWN: Any = object()  # a line not in PageMemory (None there means: read before, not wanted)
 
 
 class ExpositionError(ValueError):
@@ -23,9 +46,8 @@ class ExpositionError(ValueError):
 # neither a value nor a timestamp may hold one; what is inside is checked separately (_parse_labels).
 # Braces are kept out of the value and the timestamp so that backtracking over the "}"s stays linear, and
 # all whitespace, because float() and int() would quietly strip it.
-_SAMPLE = re.compile(
-    r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:[ \t]*\{(.*)\}[ \t]*|[ \t]+)([^\s{}]+)(?:[ \t]+([^\s{}]+))?"
-)
+_SAMPLE_NAME = r"([a-zA-Z_:][a-zA-Z0-9_:]*)"
+_SAMPLE = re.compile(_SAMPLE_NAME + r"(?:[ \t]*\{(.*)\}[ \t]*|[ \t]+)([^\s{}]+)(?:[ \t]+([^\s{}]+))?")
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 # The label sets exporters actually print: no blanks, no escapes, maybe a trailing comma. Once a set
 # passes this one C-speed check, findall can pick out its pairs: no value holds a quote to confuse it.
@@ -41,6 +63,7 @@ def parse_exposition(
     *,
     max_samples: int | None = None,
     reject_conflicts: bool = False,
+    memory: PageMemory | None = None,
 ) -> list[Sample]:
     """Return the samples of `page` whose name is in `names` (all samples when `names` is None).
 
@@ -48,7 +71,8 @@ def parse_exposition(
     bounded, whatever its size in bytes). reject_conflicts: one series (name and label set, in any label
     order) printed twice with different values is an ExpositionError naming both lines, since nothing
     says which value is true; printed twice with the same value, it is kept twice (as the format's own
-    parsers do) and the readers count it once.
+    parsers do) and the readers count it once. memory: what the parse of the same source's previous page
+    learnt; a line printed again exactly is not parsed again, and memory then holds this page's lines.
 
     Samples come back in page order. Only the lines that are kept are validated: a line whose name is not
     wanted is skipped on its first characters without reading the rest, even if the rest is garbage.
@@ -57,18 +81,83 @@ def parse_exposition(
     lines, # HELP and # TYPE included, are skipped unread: they hold nothing a sample needs.
     """
     text = _decode(page)
-    # str.startswith with a tuple runs in C; on most lines of a filtered parse it is the only work done.
-    wanted = None if names is None else tuple(names)
-    # Exporters repeat each GPU's label set in every family, so each distinct set is parsed once per page.
-    # Bounded by the page: a cache that lives only for this call.
+    # Exporters repeat each GPU's label set in every family, so each distinct set is parsed once per page
+    # (and kept for the next page with memory). Bounded by the page.
     label_sets: dict[str, dict[str, str]] = {}
     samples: list[Sample] = []
-    # series → (value, line number) of its first sample, when conflicts are looked for.
+    # series → (value, where) of its first sample, when conflicts are looked for.
     seen: dict[tuple[str, frozenset[tuple[str, str]]], tuple[float, int]] | None = (
         {} if reject_conflicts else None
     )
     identities: dict[str | None, frozenset[tuple[str, str]]] = {}  # label set text → its labels
+    known = memory if memory is not None and memory.names == names else PageMemory()
+    lines_read: dict[str, tuple[Sample, str | None] | None] = {}
     limit = -1 if max_samples is None else max_samples
+    lines, line_number = _sample_lines(text, names)
+    for where, key, line in lines:
+        parsed = known.lines.get(key, _UNKNOWN)
+        if parsed is _UNKNOWN:
+            try:
+                parsed = _read_line(line, where, names, label_sets, known.label_sets)
+            except ExpositionError:
+                if line_number is _same:
+                    raise
+                # Line numbers are counted only when one is needed: parsed again, the line fails the same
+                # way (a label set that failed was not cached), now naming its number.
+                _parse_sample(_line_at(text, where), line_number(where), names, {})
+                raise
+        if memory is not None:
+            lines_read[key] = parsed
+        if parsed is not None:
+            sample, block = parsed
+            if block is not None:
+                label_sets.setdefault(block, sample.labels)  # a line not parsed again still uses its set
+            if len(samples) == limit:
+                raise _error(
+                    line_number(where), f"more than {limit:,} series on this page; the limit is {limit:,}"
+                )
+            if seen is not None:
+                identity = identities.get(block)
+                if identity is None:
+                    identity = known.identities.get(block)
+                    if identity is None:
+                        identity = _identity(sample.labels)
+                    identities[block] = identity
+                first = seen.setdefault((sample.name, identity), (sample.value, where))
+                if first[1] != where and first[0] != sample.value:
+                    _conflict((first[0], line_number(first[1])), sample, line_number(where))
+            samples.append(sample)
+    if memory is not None:
+        # Only this page's lines and label sets: what memory holds stays bounded by one page.
+        memory.lines, memory.label_sets, memory.identities = lines_read, label_sets, identities
+        memory.names = names
+    # A huge page leaves huge caches: freed in pieces, so that a parse in a worker thread never holds
+    # the GIL for one long deallocation (the event loop would stall on it).
+    release_in_slices(label_sets)
+    if seen is not None:
+        release_in_slices(seen)
+        release_in_slices(identities)
+    return samples
+
+
+# A line as _sample_lines hands it over: the stripped text, or, from the fast path, a well-formed sample
+# already taken apart (name, label set text or None, value text, timestamp text or None).
+Line = str | tuple[str, str | None, str, str | None]
+
+
+def _sample_lines(text: str, names: Set[str] | None) -> tuple[list[tuple[int, str, Line]], LineNumber]:
+    """Each line that may hold a wanted sample, in page order: (where it is, its text as found, the line);
+    and how to turn that "where" into a line number (needed only to name a line in an error).
+
+    Comment lines, # HELP and # TYPE included, are skipped unread: they hold nothing a sample needs.
+    """
+    # (An empty name, which no sample can have, is left to the line-by-line loop: every line starts with it.)
+    if names is not None and "" not in names:
+        found = _lines_starting_with(text, frozenset(names))
+        if found is not None:
+            return found, lambda start: text.count("\n", 0, start) + 1
+    wanted = None if names is None else tuple(names)
+    lines: list[tuple[int, str, Line]] = []
     for index, line in enumerate(text.split("\n")):
         if wanted is not None and not line.startswith(wanted):
             # The format allows blanks before a sample; they are rare, so only then pay for a strip.
@@ -79,28 +168,72 @@ def parse_exposition(
                 continue
         # "\r" is stripped too, so CRLF pages parse like LF pages.
         line = line.strip(" \t\r")
-        if not line or line[0] == "#":  # blank line, or # HELP / # TYPE / any other comment
-            continue
-        parsed = _parse_sample(line, index + 1, names, label_sets)
-        if parsed is not None:
-            sample, block = parsed
-            if len(samples) == limit:
-                raise _error(index + 1, f"more than {limit:,} series on this page; the limit is {limit:,}")
-            if seen is not None:
-                identity = identities.get(block)
-                if identity is None:
-                    identity = identities[block] = _identity(sample.labels)
-                first = seen.setdefault((sample.name, identity), (sample.value, index + 1))
-                if first[1] != index + 1 and first[0] != sample.value:
-                    _conflict(first, sample, index + 1)
-            samples.append(sample)
-    # A huge page leaves huge caches: freed in pieces, so that a parse in a worker thread never holds
-    # the GIL for one long deallocation (the event loop would stall on it).
-    release_in_slices(label_sets)
-    if seen is not None:
-        release_in_slices(seen)
-        release_in_slices(identities)
-    return samples
+        if line and line[0] != "#":  # not a blank line or a comment
+            lines.append((index + 1, line, line))
+    return lines, _same
+
+
+def _same(line_number: int) -> int:
+    return line_number
+
+
+def _line_at(text: str, start: int) -> str:
+    end = text.find("\n", start)
+    return text[start : None if end < 0 else end].strip(" \t\r")
+
+
+def _lines_starting_with(text: str, names: frozenset[str]) -> list[tuple[int, str, Line]] | None:
+    """(start, text, line) of the lines that begin with one of `names` followed by anything but a name
+    character, well-formed samples already taken apart; None when some line begins with a blank
+    (allowed before a sample, but rare: the caller then reads the page line by line).
+
+    One regular expression finds and splits them all in one C-speed pass over the page (the names merged
+    into a prefix tree, so a line is tested once, not once per name): the ~85 % of a dcgm-exporter page
+    that no trigger reads never reaches Python code.
+    """
+    if not names:
+        return []
+    lines: list[tuple[int, str, Line]] = []
+    # The finder runs on the text after a "\n", so the first line is found like the others; a match starts
+    # at the "\n" before its line, so its index is the line's start in the text.
+    for match in _line_finder(names).finditer("\n" + text):
+        blank, name, block, value, timestamp, malformed = match.groups()
+        if blank is not None:
+            return None
+        if malformed is not None:
+            lines.append((match.start(), match.group(), (name + malformed).strip(" \t\r")))
+        else:
+            lines.append((match.start(), match.group(), (name, block, value, timestamp)))
+    return lines
+
+
+@lru_cache(maxsize=64)
+def _line_finder(names: frozenset[str]) -> re.Pattern[str]:
+    """A line that starts with a blank (group 1), or with a wanted name (2) followed by a well-formed
+    rest (_SAMPLE's label set 3, value 4 and timestamp 5, then blanks to the end of the line) or by
+    anything else (6, left to _parse_sample to explain)."""
+    rest = _SAMPLE.pattern.removeprefix(_SAMPLE_NAME)
+    return re.compile(
+        rf"\n(?:([ \t])[^\n]*|({_alternation(sorted(names))})(?![a-zA-Z0-9_:])"
+        rf"(?:{rest}[ \t\r]*(?![^\n])|([^\n]*)))"
+    )
+
+
+def _alternation(words: list[str]) -> str:
+    """A regular expression matching exactly `words` (sorted), written as a prefix tree: the engine
+    then tests the shared prefix of DCGM_FI_DEV_* once instead of once per name."""
+    if words == [""]:
+        return ""
+    branches: dict[str, list[str]] = {}
+    for word in words:
+        branches.setdefault(word[:1], []).append(word[1:])
+    parts = []
+    optional = "" in branches
+    for first, rests in branches.items():
+        if first:
+            parts.append(re.escape(first) + _alternation(rests))
+    body = parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
+    return f"(?:{body})?" if optional else body
 
 
 def release_in_slices(items: dict[Any, Any] | list[Any], big: int = 20_000, step: int = 2_000) -> None:
@@ -153,7 +286,11 @@ def _identity(labels: dict[str, str]) -> frozenset[tuple[str, str]]:
 
 
 def _parse_sample(
-    line: str, line_number: int, names: Set[str] | None, label_sets: dict[str, dict[str, str]]
+    line: str,
+    line_number: int,
+    names: Set[str] | None,
+    label_sets: dict[str, dict[str, str]],
+    known_sets: dict[str, dict[str, str]] | None = None,
 ) -> tuple[Sample, str | None] | None:
     """Parse one sample line (stripped, not a comment): the sample and its label set's text; None if its
     name is not wanted."""
@@ -165,12 +302,40 @@ def _parse_sample(
     # startswith only showed that a wanted name is a prefix: "gpu_used_vram" also starts "gpu_used_vram_x".
     if names is not None and name not in names:
         return None
+    return _sample(name, block, value_text, timestamp_text, line_number, label_sets, known_sets)
+
+
+def _read_line(
+    line: Line,
+    where: int,
+    names: Set[str] | None,
+    label_sets: dict[str, dict[str, str]],
+    known_sets: dict[str, dict[str, str]],
+) -> tuple[Sample, str | None] | None:
+    if isinstance(line, str):
+        return _parse_sample(line, where, names, label_sets, known_sets)
+    return _sample(*line, where, label_sets, known_sets)
+
+
+def _sample(
+    name: str,
+    block: str | None,
+    value_text: str,
+    timestamp_text: str | None,
+    line_number: int,
+    label_sets: dict[str, dict[str, str]],
+    known_sets: dict[str, dict[str, str]] | None = None,
+) -> tuple[Sample, str | None]:
+    """A sample from its parts; its label set parsed unless this page or the one before had it."""
     labels: dict[str, str] = {}
     if block is not None:
         parsed = label_sets.get(block)
         if parsed is None:
-            parsed = label_sets[block] = _parse_labels(block, line_number)
-        labels = dict(parsed)  # samples must not share a mutable dict
+            parsed = known_sets.get(block) if known_sets else None
+            if parsed is None:
+                parsed = _parse_labels(block, line_number)
+            label_sets[block] = parsed
+        labels = parsed  # shared by the page's samples with this label set (see Sample.labels)
     return Sample(
         name,
         labels,

@@ -445,4 +445,3 @@ class PrometheusCollector:
 
 def _namespace_source(namespace: str) -> str:
     return f"prometheus {namespace}"
-

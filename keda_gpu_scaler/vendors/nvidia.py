@@ -103,7 +103,32 @@ def _gpu_key(labels: Mapping[str, str]) -> GpuKey:
     return first_label(labels, _HOST_LABELS), identity, instance
 
 
-def exporter_pods(samples: Sequence[Sample]) -> set[PodKey]:
+@dataclass(frozen=True, slots=True)
+class _LabelFacts:
+    """What the readings need from one label set, worked out once per page (a GPU's label set repeats in
+    every family it prints)."""
+
+    gpu: GpuKey
+    pod_uid: bool
+    vgpu: bool
+    target: PodKey | None  # target_pair(labels)
+
+
+def _facts_by_label_set(samples: Sequence[Sample]) -> dict[int, _LabelFacts]:
+    """Keyed by the label dict's id: the parser hands one dict to every sample of a page printing that
+    label set (a page from Prometheus has one per sample: correct, just not shared). The samples keep
+    their dicts alive while the result is used, so no id is reused meanwhile."""
+    facts: dict[int, _LabelFacts] = {}
+    for sample in samples:
+        labels = sample.labels
+        if id(labels) not in facts:
+            facts[id(labels)] = _LabelFacts(
+                _gpu_key(labels), bool(labels.get("pod_uid")), bool(labels.get("vgpu")), target_pair(labels)
+            )
+    return facts
+
+
+def exporter_pods(samples: Sequence[Sample], facts: dict[int, _LabelFacts] | None = None) -> set[PodKey]:
     """The exporter's own pod, where it shows as the pod of a device-level series.
 
     Scraped through Prometheus with honorLabels true, the device-level series of a time-shared GPU gets
@@ -113,30 +138,38 @@ def exporter_pods(samples: Sequence[Sample]) -> set[PodKey]:
     same family, is the device's, and the pod it names is the scrape target's. (Copies of a device value
     never sit beside `pod_uid` series of their family, so a workload pod is never taken for it.)
     """
+    if facts is None:
+        facts = _facts_by_label_set(samples)
     with_uid: set[tuple[GpuKey, str]] = set()
     device_like: dict[tuple[GpuKey, str], set[PodKey]] = {}
     for sample in samples:
         if sample.name not in _MAYBE_PER_POD:
             continue
-        labels = sample.labels
-        key = (_gpu_key(labels), sample.name)
-        if labels.get("pod_uid"):
+        fact = facts[id(sample.labels)]
+        key = (fact.gpu, sample.name)
+        if fact.pod_uid:
             with_uid.add(key)
-        elif not labels.get("vgpu") and (pair := target_pair(labels)) is not None:
-            device_like.setdefault(key, set()).add(pair)
+        elif not fact.vgpu and fact.target is not None:
+            device_like.setdefault(key, set()).add(fact.target)
     return {pair for key, pairs in device_like.items() if key in with_uid for pair in pairs}
 
 
 def readings(samples: Sequence[Sample], resolver: PodResolver) -> list[GpuReading]:
-    resolver = resolver.with_targets(exporter_pods(samples))
+    facts = _facts_by_label_set(samples)
+    resolver = resolver.with_targets(exporter_pods(samples, facts))
     gpus: dict[GpuKey, _Gpu] = {}
+    pods: dict[int, PodKey | None] = {}  # label dict id → its pod, as facts
     for sample in samples:
-        key = _gpu_key(sample.labels)
-        host, identity, instance = key
-        gpu = gpus.get(key)
+        labels = sample.labels
+        fact = facts[id(labels)]
+        gpu = gpus.get(fact.gpu)
         if gpu is None:
-            gpu = gpus[key] = _Gpu(gpu=identity, host=host, mig=bool(instance))
-        pod = resolver.pod_of(sample.labels)
+            host, identity, instance = fact.gpu
+            gpu = gpus[fact.gpu] = _Gpu(gpu=identity, host=host, mig=bool(instance))
+        if id(labels) in pods:
+            pod = pods[id(labels)]
+        else:
+            pod = pods[id(labels)] = resolver.pod_of(labels)
         if pod is None:
             remember(gpu.device, sample.name, sample.value)
             continue
@@ -144,7 +177,7 @@ def readings(samples: Sequence[Sample], resolver: PodResolver) -> list[GpuReadin
         if series is None:
             series = gpu.pods[pod] = _PodSeries()
         remember(series.values, sample.name, sample.value)
-        if sample.labels.get("pod_uid"):
+        if fact.pod_uid:
             series.with_uid.add(sample.name)
 
     return [_reading(gpu, pod) for gpu in gpus.values() for pod in gpu.pods]
