@@ -407,12 +407,14 @@ class LeanFetcher:
 
     async def _connect(self, target: _Target) -> _Answer:
         loop = asyncio.get_running_loop()
-        _, protocol = await loop.create_connection(
+        transport, protocol = await loop.create_connection(
             lambda: _Answer(loop),
             target.host,
             target.port,
             ssl=(self._ssl or ssl.create_default_context()) if target.https else None,
         )
+        # The returned transport, not only connection_made's: an event loop may call that one later.
+        protocol.transport = transport
         return protocol
 
     def _answer(self, url: str, connection: _Answer, answer: tuple[int, str, dict[str, str], bytes]) -> bytes:
