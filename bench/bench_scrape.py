@@ -24,7 +24,9 @@ from bench.pages import dcgm_page
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.vendors import SAMPLE_NAMES
 
-GOAL = 0.4
+# The issue's goals: ≤ 0.4× Prometheus when pages are unchanged, ≤ 0.6× when every page is new.
+GOAL_UNCHANGED = 0.4
+GOAL_NEW = 0.6
 PROFILE_RULES = (
     ("HTTP client (collect/http.py: request, answer, body)", "collect/http.py"),
     ("parsing the page (exposition.py)", "parse_exposition"),
@@ -101,17 +103,28 @@ async def measure_prometheus(session: aiohttp.ClientSession, pages: PageServer, 
         return await _window(session, pages, prom.child.cpu, plan)
 
 
-# How often the exporters' pages change. dcgm-exporter refreshes its values every 30 s by default and the
-# scaler skips a page whose bytes did not change, so both the worst case and the usual case are measured.
-MODES: tuple[tuple[str, float], ...] = (
-    ("a new page on every scrape (worst case)", 0.0),
-    ("pages refreshed every 30 s (dcgm-exporter's default)", 30.0),
+@dataclass(frozen=True)
+class Mode:
+    label: str
+    refresh: float  # seconds between page changes (0: a new page on every scrape)
+    every_value: bool  # a change moves every value on the page, not one GPU's utilisation
+    goal: float
+
+
+# How the exporters' pages change. dcgm-exporter refreshes its values every 30 s by default and the scaler
+# skips a page whose bytes did not change, nor parses again a line printed before: the worst case (every
+# value moves on every scrape), a new page with one value moved, and the usual case are measured.
+MODES: tuple[Mode, ...] = (
+    Mode("every value new on every scrape (worst case)", 0.0, True, GOAL_NEW),
+    Mode("a new page on every scrape, one value moved", 0.0, False, GOAL_NEW),
+    Mode("pages refreshed every 30 s (dcgm-exporter's default)", 30.0, False, GOAL_UNCHANGED),
 )
 
 
 @dataclass(frozen=True)
 class ModeResult:
     label: str
+    goal: float
     ours: list[Sample]
     theirs: list[Sample]
     profile: str
@@ -124,20 +137,23 @@ class ModeResult:
 async def run(quick: bool = False) -> Section:
     plan = QUICK if quick else Plan()
     results: list[ModeResult] = []
-    for label, refresh in MODES:
+    for mode in MODES:
         ours: list[Sample] = []
         theirs: list[Sample] = []
         table = ""
-        async with page_server(plan.targets, refresh=refresh) as pages, aiohttp.ClientSession() as session:
+        async with (
+            page_server(plan.targets, refresh=mode.refresh, every_value=mode.every_value) as pages,
+            aiohttp.ClientSession() as session,
+        ):
             # Interleaved, so a drift of the machine's speed during the run touches both sides alike.
             for _ in range(plan.repeats):
                 ours.append((await measure_scaler(session, pages, plan))[0])
                 theirs.append(await measure_prometheus(session, pages, plan))
-            result = ModeResult(label, ours, theirs, "")
-            if result.ratio > GOAL:
+            result = ModeResult(mode.label, mode.goal, ours, theirs, "")
+            if result.ratio > mode.goal:
                 # A separate, unmeasured window: the profiler's own sampling must not count in the figures.
                 table = (await measure_scaler(session, pages, plan, profiled=True))[1]
-        results.append(ModeResult(label, ours, theirs, table))
+        results.append(ModeResult(mode.label, mode.goal, ours, theirs, table))
     section = render(plan, results)
     clients = await http_clients(plan.targets, rounds=3 if quick else 10)
     stall = await loop_stall(hostile_series=50_000 if quick else 150_000)
@@ -331,7 +347,7 @@ def _mode_table(result: ModeResult) -> str:
     )
     a = median([s.per_thousand for s in result.ours])
     b = median([s.per_thousand for s in result.theirs])
-    ok = result.ratio <= GOAL
+    ok = result.ratio <= result.goal
     text = f"""### {result.label[0].upper()}{result.label[1:]}
 
 | run | scaler pages | scaler CPU s | scaler CPU s / 1,000 pages | Prometheus pages | Prometheus CPU s | Prometheus CPU s / 1,000 pages |
@@ -339,11 +355,11 @@ def _mode_table(result: ModeResult) -> str:
 {rows}
 
 **Median: scaler {a:.3f} CPU s per 1,000 pages, Prometheus {b:.3f}: ratio {result.ratio:.2f}×** (goal ≤
-{GOAL:g}×: {"met" if ok else "**missed**"}).
+{result.goal:g}×: {"met" if ok else "**missed**"}).
 """
     if result.profile:
         text += f"""
-Per page the scaler spends {a:.2f} ms of CPU here, Prometheus {b:.2f} ms: the goal needs {GOAL * b:.2f} ms. A
+Per page the scaler spends {a:.2f} ms of CPU here, Prometheus {b:.2f} ms: the goal needs {result.goal * b:.2f} ms. A
 py-spy profile of the scaler in an extra window (samples of the thread holding the GIL, i.e. Python code
 and the C code it calls; kernel time for the sockets is not in it):
 
@@ -354,23 +370,21 @@ and the C code it calls; kernel time for the sockets is not in it):
 
 def render(plan: Plan, results: list[ModeResult]) -> Section:
     size = len(dcgm_page(gpus=8).encode())
-    worst = results[0]
     explanation = ""
-    if worst.ratio > GOAL:
+    if any(r.ratio > r.goal for r in results):
         explanation = f"""
-### Why the goal is missed when every page is new, and what would close it
+### Where the rest goes, and what would close it
 
-A page whose bytes did not change since the last scrape is not parsed again (a SHA-256 digest of
-the body is compared): only its age is renewed. That is what makes the usual case cheap; when every
-page is new, the scaler does the whole work each time. The HTTP side is already lean (a keep-alive
-HTTP/1.1 fetcher on asyncio, about half of aiohttp's CPU per page); what would close the rest:
-
-- Parse less: the line filter tests every line against a tuple of all {len(SAMPLE_NAMES)} wanted names
-  (`str.startswith` with a tuple), and every kept sample becomes a label dict and then a `GpuReading`;
-  looking names up in a set by the text before `{{` and building readings straight from the few wanted
-  lines would cut the parse and readings shares.
-- Fewer event-loop turns per page: each scrape is a task wake-up, a timer and a semaphore; a round of
-  scrapes driven by one task would save most of the "event loop" share.
+A page whose bytes did not change since the last scrape is not parsed again (a SHA-256 digest of the
+body is compared): only its age is renewed. A new page is parsed by one regular expression that finds
+the wanted lines ({len(SAMPLE_NAMES)} names merged into a prefix tree) and splits them; a line the same
+exporter printed on its previous page is not parsed again (`exposition.PageMemory`), and a label set is
+parsed once per page and worked out once by the vendor reader. What is left per scrape is mostly fixed
+cost in the interpreter: a task wake-up, a timer, the request's write and the answer's read through the
+event loop (about four loop turns per page), the digest, the store's update and the scrape metrics.
+Cutting that further needs fewer Python-level steps per page: a round of scrapes driven by one task
+writing every due request and reading answers in the protocol's callbacks (no task, timer or future per
+scrape), or the fetch-and-digest step in C.
 """
     sections = "\n".join(_mode_table(r) for r in results)
     return Section(
@@ -383,7 +397,7 @@ TSDB on local disk, no rules, no self-scrape) with the same targets and interval
 time of the whole process (all threads) from `/proc/PID/stat` over a {plan.window:g} s window, once every
 target is being scraped and after {plan.warmup:g} s more; pages are the requests the page server (a
 separate process) answered in that window. Runs are interleaved (scaler, Prometheus, scaler, …). Two
-cases: {results[0].label}, and {results[1].label}. Both sides include each process's fixed background
+cases: {", ".join(r.label for r in results[:-1])}, and {results[-1].label}. Both sides include each process's fixed background
 work (the scaler's gRPC threads; Prometheus's TSDB head, WAL and Go runtime). A Prometheus-based setup
 also pays for KEDA's queries and for the extra series, which are not counted here.
 
@@ -392,8 +406,8 @@ also pays for KEDA's queries and for the extra series, which are not counted her
             (
                 f"Scrape CPU per page, scaler ÷ Prometheus, {r.label}",
                 f"{r.ratio:.2f}×",
-                f"≤ {GOAL:g}×",
-                r.ratio <= GOAL,
+                f"≤ {r.goal:g}×",
+                r.ratio <= r.goal,
             )
             for r in results
         ],

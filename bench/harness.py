@@ -138,11 +138,18 @@ class PageServer:
 
 @contextlib.asynccontextmanager
 async def page_server(
-    count: int, *, namespace_per_port: bool = False, cpu: int | None = None, refresh: float | None = None
+    count: int,
+    *,
+    namespace_per_port: bool = False,
+    cpu: int | None = None,
+    refresh: float | None = None,
+    every_value: bool = False,
 ) -> AsyncIterator[PageServer]:
     args = [sys.executable, "-m", "bench.pageserver", "--count", str(count)]
     if refresh is not None:
         args += ["--refresh", f"{refresh:g}"]
+    if every_value:
+        args.append("--every-value")
     if namespace_per_port:
         args.append("--namespace-per-port")
     if cpu is not None:

@@ -18,6 +18,13 @@ _UTIL = "DCGM_FI_DEV_GPU_UTIL{"
 _HEADERS = {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
 
 
+def _moved(line: str) -> str:
+    if not line or line.startswith("#"):
+        return line
+    name_labels, _, value = line.rpartition(" ")
+    return f"{name_labels} {float(value) + 1:g}"
+
+
 class Exporter:
     """One node's page. Its GPU_UTIL lines can be set to one value (the freshness benchmark's change)."""
 
@@ -36,6 +43,9 @@ class Exporter:
         name_labels, _, value = other[first].rpartition(" ")
         other[first] = f"{name_labels} {(float(value) + 1) % 100:g}"
         self.versions = (self.body, "\n".join(other).encode())
+        # And one where every sample's value moved (--every-value): nothing on it was printed before.
+        moved = [_moved(line) for line in self.lines]
+        self.every_value_versions = (self.body, "\n".join(moved).encode())
         self.requests = 0
 
     def set_util(self, value: float) -> None:
@@ -43,23 +53,27 @@ class Exporter:
             self.lines[i] = f"{self.lines[i].rpartition(' ')[0]} {value:g}"
         self.body = "\n".join(self.lines).encode()
 
-    def page(self, refresh: float | None, now: float) -> bytes:
-        """The page to answer: fixed (refresh None), new on every request (0), or new every `refresh` s."""
+    def page(self, refresh: float | None, now: float, every_value: bool = False) -> bytes:
+        """The page to answer: fixed (refresh None), new on every request (0), or new every `refresh` s;
+        new: one value moved, or every value with every_value."""
+        versions = self.every_value_versions if every_value else self.versions
         if refresh is None:
             return self.body
         if refresh == 0:
-            return self.versions[self.requests % 2]
-        return self.versions[int(now // refresh) % 2]
+            return versions[self.requests % 2]
+        return versions[int(now // refresh) % 2]
 
 
-async def serve(count: int, gpus: int, namespace_per_port: bool, refresh: float | None) -> None:
+async def serve(
+    count: int, gpus: int, namespace_per_port: bool, refresh: float | None, every_value: bool = False
+) -> None:
     exporters: dict[int, Exporter] = {}
     loop = asyncio.get_running_loop()
 
     async def metrics(request: web.Request) -> web.Response:
         exporter = exporters[request.transport.get_extra_info("sockname")[1]]  # type: ignore[union-attr]
         exporter.requests += 1
-        return web.Response(body=exporter.page(refresh, loop.time()), headers=_HEADERS)
+        return web.Response(body=exporter.page(refresh, loop.time(), every_value), headers=_HEADERS)
 
     async def set_value(request: web.Request) -> web.Response:
         exporters[int(request.query["port"])].set_util(float(request.query["value"]))
@@ -112,8 +126,13 @@ def main() -> None:
         default=None,
         help="seconds between page changes (0: a different page on every request; default: never)",
     )
+    parser.add_argument(
+        "--every-value",
+        action="store_true",
+        help="a change moves every value (default: one GPU's utilisation)",
+    )
     args = parser.parse_args()
-    asyncio.run(serve(args.count, args.gpus, args.namespace_per_port, args.refresh))
+    asyncio.run(serve(args.count, args.gpus, args.namespace_per_port, args.refresh, args.every_value))
     sys.exit(0)
 
 
