@@ -563,12 +563,15 @@ async def measure(plan: Plan) -> Result:
         steady, _ = await load_window(plan, target, running, session, control, 0.0)
         stop = asyncio.Event()
         readies = asyncio.create_task(watch_readies(stub, session, control, stop))
-        churned, stacks = await load_window(
-            plan, target, running, session, control, plan.events_per_second, profile_for=plan.window - 2
-        )
+        churned, _ = await load_window(plan, target, running, session, control, plan.events_per_second)
         stop.set()
         delays = await readies
         rss = rss_mib(running.pid)
+        # The profile comes from a window of its own: py-spy's sampling takes CPU from the machine the
+        # measured window runs on, and its figures would carry that.
+        _, stacks = await load_window(
+            plan, target, running, session, control, plan.events_per_second, profile_for=plan.window - 2
+        )
     found = shares(stacks, PROFILE_RULES, PROFILE_REST)
     return Result(
         plan, warm_seconds, steady, churned, found.get(PROFILE_RULES[0][0], 0.0), rss, delays, stacks
@@ -648,7 +651,8 @@ at a time (terminating → deleted → created Pending → scheduled and Running
 Ready). The cluster process and the client share core {OTHERS_CPU}.
 
 "CPU per pod event" is the scaler's extra CPU during churn over steady, per event. "Discovery" is the share
-of py-spy samples during churn in `keda_gpu_scaler/discovery` frames times the scaler's CPU. "Ready → in
+of py-spy samples in `keda_gpu_scaler/discovery` frames times the scaler's CPU during churn; py-spy samples
+a third window with the same churn and load, after the measured ones, so its own CPU is in no figure. "Ready → in
 GetMetrics" is measured for one pod in {PROBE_EVERY} of those that turned Ready during the churn window (so that
 the probe's calls stay a small part of the load): a separate probe polls its ScaledObject every {1000 * PROBE_SECONDS:.0f} ms
 until the value includes the new pod (median / worst, seconds). The pod's GPU is on its node's page from
