@@ -125,6 +125,12 @@ OTHER_FAULTS: tuple[tuple[str, str, str], ...] = (
         "test_prometheus.py::test_series_with_frozen_timestamps_are_not_used, test_dead_exporter_pods_count_as_missing",
     ),
     (
+        "a GPU exporter read through Prometheus stops (up 0) or loses its GPU series, for any length of time",
+        "its pods keep counting as missing pods for as long as it lasts (they used to be forgotten after"
+        " 5 minutes); once Prometheus drops the scrape target (its node gone) they stop counting",
+        "test_prometheus_parts.py::test_a_vanished_exporter_is_decided_by_up_however_long_it_lasts",
+    ),
+    (
         "without Kubernetes, an inference server read through Prometheus stops (up 0) or its series freeze",
         "its pod still counts, as a missing pod (threshold, or UNAVAILABLE when fewer than half report),"
         " never the smaller sum; once Prometheus drops its scrape target (pod deleted) it stops counting",

@@ -21,6 +21,7 @@ from keda_gpu_scaler.collect.prometheus_answer import (
     Up,
     inference_pods,
     lost_pod,
+    lost_target,
     merged,
     pod_targets,
     samples_with_times,
@@ -44,11 +45,6 @@ from keda_gpu_scaler.supervise import supervised
 from keda_gpu_scaler.vendors import readings_from_samples
 
 log = logging.getLogger(__name__)
-
-# GPU exporters read through Prometheus: a scrape target whose series vanished counts as a failing source
-# (its pods missing) for this long, then is forgotten. Unlike direct scraping, the series alone cannot tell
-# an exporter that is down from one Prometheus stopped scraping (the inference path asks `up` for that).
-FORGET_LOST_TARGET_SECONDS = 300.0
 
 PROMETHEUS_INTEREST = "prometheus"
 # Interest key kind of one namespace's inference-server series (SPEC §6) read through Prometheus.
@@ -248,6 +244,14 @@ class PrometheusCollector:
                 by_target.setdefault(target_of(sample.labels), []).append(sample)
             lost = [target for target in known if target not in by_target]
             alive = await self._alive(lost, at) if lost else set()
+            down = [target for target in lost if target not in alive]
+            ups = (
+                up_series(
+                    samples_with_times(await self._client.query(up_query(namespace, (), down), at, "up"))
+                )
+                if down
+                else []
+            )
             if not by_target and not known:
                 await self._check_fleet(at)
         except PrometheusError as error:
@@ -268,16 +272,15 @@ class PrometheusCollector:
             self._record_target(namespace, target, series, at, now)
         for target in lost:
             state = known[target]
-            if target in alive or now - state.collected_at > FORGET_LOST_TARGET_SECONDS:
-                # Still scraped but naming no pod of the namespace: those pods are gone. Or down for so
-                # long that its pods no longer count as missing either.
+            # Still scraped with fresh GPU series, none naming a pod of the namespace: those pods are gone.
+            # Otherwise Prometheus' `up` decides: down or without GPU series, the exporter is a failing
+            # source for as long as that lasts; no target any more, and its pods are gone with it.
+            why = None if target in alive else lost_target(target, ups, at, self._window)
+            if why is None:
                 self._store.remove_source(state.source)
                 del known[target]
             else:
-                self._store.record_failure(
-                    state.source,
-                    "no current series in Prometheus (exporter down or not scraped any more?)",
-                )
+                self._store.record_failure(state.source, f"no current series in Prometheus: {why}")
         # Empty, but under the namespace's name: waiters on that namespace hear of failures and recoveries.
         self._store.record_page(Page(source, now, {namespace: ()}))
         return True

@@ -240,6 +240,26 @@ def lost_pod(
     return None
 
 
+def lost_target(target: Target, ups: Iterable[Up], at: float, window: float) -> str | None:
+    """Why a GPU exporter whose series vanished (and that has no fresh GPU series at all) still counts as a
+    failing source, its pods missing, or None: Prometheus no longer has the target, which went with its
+    node or was removed on purpose, and so did the pods it served.
+
+    Decided by Prometheus' own `up` series for the target, however long the outage lasts: forgetting a
+    down exporter's pods after a while would shrink the value (a made-up drop in load).
+    """
+    mine = [u for u in ups if u.target == target]
+    if not mine:
+        return None
+    current = [u for u in mine if at - u.time <= window]
+    if any(u.value < 1 for u in current):
+        return f"the exporter does not answer Prometheus' scrapes (up 0 for {_target_text(target)})"
+    if current:
+        return f"Prometheus scrapes {_target_text(target)}, but its page has no GPU exporter series"
+    newest = max(mine, key=lambda u: u.time)
+    return f"Prometheus has not scraped {_target_text(target)} for {at - newest.time:.0f}s"
+
+
 def _target_text(target: Target) -> str:
     job, instance = target
     return f"{job}/{instance}"

@@ -322,18 +322,60 @@ async def test_target_naming_no_pod_any_more(alive: bool, sources_left: int) -> 
     prometheus.answers["namespace"] = elements_of(gpu("vllm-0", 40, age=0.5))
     newest = WALL - (0.5 if alive else 60)
     prometheus.answers["liveness"] = [Element({"job": "dcgm", "instance": "node-b:9400"}, newest)]
+    prometheus.answers["up"] = up_elements("node-b:9400", 0, age=0.5)
     now[0] = 1001.0
     assert await source.collect_once("llm")
-    assert prometheus.asked[-1] == "liveness"
+    assert prometheus.asked[-1] == ("liveness" if alive else "up")
     view = store.view("llm", 1001.0, 4.0, SourceKind.PROMETHEUS)
     assert view.sources == sources_left
     if alive:  # still scraped: the pod is gone
         assert view.recently_seen == {}
-    else:  # not scraped any more: once its last data is stale, the pod is missing, and the problem says why
+    else:  # down: once its last data is stale, the pod is missing, and the problem says why
         assert [r.pod for r in view.readings] == ["vllm-0", "vllm-1"]  # its last data is 1.5 s old
         later = store.view("llm", 1005.0, 4.0, SourceKind.PROMETHEUS)
         assert "vllm-1" in later.recently_seen
-        assert "no current series in Prometheus" in later.recently_seen["vllm-1"]
+        assert "up 0 for dcgm/node-b:9400" in later.recently_seen["vllm-1"]
+
+
+def up_elements(instance: str, value: float, age: float) -> list[Element]:
+    """One `up` sample as values_and_times answers it: the value and, in the same answer, its time."""
+    labels = {"job": "dcgm", "instance": instance}
+    return [
+        Element({"__name__": "up", **labels}, value),
+        Element({**labels, TIMESTAMP_LABEL: "1"}, WALL - age),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("up", "missing_after_an_hour"),
+    [
+        ([], None),  # Prometheus dropped the target (its node went away): its pods went with it
+        ([(0, 0.5)], "up 0 for dcgm/node-b:9400"),  # down, however long: its pods stay missing
+        ([(1, 0.5)], "its page has no GPU exporter series"),  # answers, without GPU series: failing
+        ([(1, 120.0)], "Prometheus has not scraped dcgm/node-b:9400"),  # no scrape within the window
+    ],
+)
+async def test_a_vanished_exporter_is_decided_by_up_however_long_it_lasts(
+    up: list[tuple[float, float]], missing_after_an_hour: str | None
+) -> None:
+    prometheus, store = ScriptedPrometheus(), Store()
+    prometheus.answers["namespace"] = elements_of(
+        gpu("vllm-0", 40, age=0.5) + gpu("vllm-1", 90, age=0.5, instance="node-b:9400")
+    )
+    now = [1000.0]
+    source = collector(prometheus, store, now)
+    assert await source.collect_once("llm")
+    prometheus.answers["namespace"] = elements_of(gpu("vllm-0", 40, age=0.5))
+    prometheus.answers["liveness"] = []  # no GPU series of node-b at all
+    prometheus.answers["up"] = [e for value, age in up for e in up_elements("node-b:9400", value, age)]
+    for minute in range(1, 61):  # an hour of collections (the rule used to forget after 5 minutes)
+        now[0] = 1000.0 + 60 * minute
+        assert await source.collect_once("llm")
+    view = store.view("llm", now[0], 4.0, SourceKind.PROMETHEUS)
+    if missing_after_an_hour is None:
+        assert view.recently_seen == {} and view.sources == 2
+    else:
+        assert missing_after_an_hour in view.recently_seen["vllm-1"]
 
 
 async def test_empty_namespace_is_zero_only_when_prometheus_has_gpu_series() -> None:
