@@ -152,6 +152,11 @@ class Evaluator:
             followed.memos[spec] = Memo(version, epoch, targets, now + NO_DATA_MEMO_SECONDS, None, str(error))
             self._record(followed, spec, None, str(error), (), targets)
             raise
+        if memo is not None and memo.evaluation == evaluation:
+            # The same result again (a page renewed, the memo's time up): the objects already held stay and
+            # the new ones die at once. Replacing them on every re-evaluation kept the collector's middle
+            # generation full of long-lived values (10-20 ms pauses with 500 ScaledObjects).
+            evaluation = memo.evaluation
         followed.memos[spec] = Memo(version, epoch, targets, valid_until, evaluation, None)
         self._record(followed, spec, evaluation, None, notes, targets)
         return evaluation
@@ -194,8 +199,21 @@ class Evaluator:
         notes: tuple[str, ...],
         targets: Targets | None,
     ) -> None:
-        followed.explanation = Explanation(spec, time.time(), evaluation, error, notes, _discovery(targets))
         self._telemetry.evaluations.labels("ok" if evaluation else "no_data").inc()
+        last = followed.explanation
+        if (
+            evaluation is not None
+            and last is not None
+            and last.evaluation is evaluation
+            and last.spec == spec
+            and last.notes == notes
+            and last.targets is targets
+        ):
+            last.evaluated_at = time.time()  # the same explanation, now (and the same gauges)
+            return
+        followed.explanation = Explanation(
+            spec, time.time(), evaluation, error, notes, _discovery(targets), targets
+        )
         if evaluation is not None:
             labels = (followed.namespace, followed.name, spec.metric_name)
             followed.metric_labels.add(labels)

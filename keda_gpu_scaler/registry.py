@@ -48,6 +48,7 @@ class Explanation:
     error: str | None
     notes: tuple[str, ...] = ()
     discovery: dict[str, Any] | None = None
+    targets: Any = None  # the discovery answer `discovery` was written from (the same object: unchanged)
 
 
 @dataclass(slots=True)
