@@ -29,9 +29,14 @@ class PageMemory:
     Holds one page's wanted lines and label sets, no more."""
 
     names: Set[str] | None = None  # what the lines were read for
-    lines: dict[str, tuple[Sample, str | None] | None] = field(default_factory=dict)
+    # line text → its sample's name, label set text, value and timestamp (None: not a wanted sample).
+    # Plain tuples of strings and numbers, which the garbage collector stops tracking: a fleet's worth of
+    # remembered lines adds nothing to its full collections.
+    lines: dict[str, KnownLine | None] = field(default_factory=dict)
     label_sets: dict[str, dict[str, str]] = field(default_factory=dict)
-    identities: dict[str | None, frozenset[tuple[str, str]]] = field(default_factory=dict)
+
+
+KnownLine = tuple[str, str | None, float, int | None]
 
 
 _UNKNOWN: Any = object()  # a line not in PageMemory (None there means: read before, not wanted)
@@ -91,12 +96,18 @@ def parse_exposition(
     )
     identities: dict[str | None, frozenset[tuple[str, str]]] = {}  # label set text → its labels
     known = memory if memory is not None and memory.names == names else PageMemory()
-    lines_read: dict[str, tuple[Sample, str | None] | None] = {}
+    lines_read: dict[str, KnownLine | None] = {}
     limit = -1 if max_samples is None else max_samples
     lines, line_number = _sample_lines(text, names)
     for where, key, line in lines:
-        parsed = known.lines.get(key, _UNKNOWN)
-        if parsed is _UNKNOWN:
+        seen_before = known.lines.get(key, _UNKNOWN)
+        if seen_before is None:
+            parsed = None
+        elif seen_before is not _UNKNOWN:
+            name, block, value, timestamp = seen_before
+            labels = {} if block is None else label_sets.get(block) or known.label_sets[block]
+            parsed = Sample(name, labels, value, timestamp), block
+        else:
             try:
                 parsed = _read_line(line, where, names, label_sets, known.label_sets)
             except ExpositionError:
@@ -106,34 +117,34 @@ def parse_exposition(
                 # way (a label set that failed was not cached), now naming its number.
                 _parse_sample(_line_at(text, where), line_number(where), names, {})
                 raise
+        if parsed is None:
+            if memory is not None:
+                lines_read[key] = None
+            continue
+        sample, block = parsed
         if memory is not None:
-            lines_read[key] = parsed
-        if parsed is not None:
-            sample, block = parsed
+            lines_read[key] = (sample.name, block, sample.value, sample.timestamp_ms)
             if block is not None:
                 label_sets.setdefault(block, sample.labels)  # a line not parsed again still uses its set
-            if len(samples) == limit:
-                raise _error(
-                    line_number(where), f"more than {limit:,} series on this page; the limit is {limit:,}"
-                )
-            if seen is not None:
-                identity = identities.get(block)
-                if identity is None:
-                    identity = known.identities.get(block)
-                    if identity is None:
-                        identity = _identity(sample.labels)
-                    identities[block] = identity
-                first = seen.setdefault((sample.name, identity), (sample.value, where))
-                if first[1] != where and first[0] != sample.value:
-                    _conflict((first[0], line_number(first[1])), sample, line_number(where))
-            samples.append(sample)
+        if len(samples) == limit:
+            raise _error(
+                line_number(where), f"more than {limit:,} series on this page; the limit is {limit:,}"
+            )
+        if seen is not None:
+            identity = identities.get(block)
+            if identity is None:
+                identity = identities[block] = _identity(sample.labels)
+            first = seen.setdefault((sample.name, identity), (sample.value, where))
+            if first[1] != where and first[0] != sample.value:
+                _conflict((first[0], line_number(first[1])), sample, line_number(where))
+        samples.append(sample)
     if memory is not None:
         # Only this page's lines and label sets: what memory holds stays bounded by one page.
-        memory.lines, memory.label_sets, memory.identities = lines_read, label_sets, identities
-        memory.names = names
-    # A huge page leaves huge caches: freed in pieces, so that a parse in a worker thread never holds
-    # the GIL for one long deallocation (the event loop would stall on it).
-    release_in_slices(label_sets)
+        memory.lines, memory.label_sets, memory.names = lines_read, label_sets, names
+    else:
+        # A huge page leaves huge caches: freed in pieces, so that a parse in a worker thread never holds
+        # the GIL for one long deallocation (the event loop would stall on it).
+        release_in_slices(label_sets)
     if seen is not None:
         release_in_slices(seen)
         release_in_slices(identities)
