@@ -26,6 +26,7 @@ from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.discovery.api import ConnectError
 from keda_gpu_scaler.discovery.resolver import DiscoveryConfig, KubeDiscovery
 from keda_gpu_scaler.evaluator import Evaluator
+from keda_gpu_scaler.gcpolicy import FreezeAfterFullCollections
 from keda_gpu_scaler.registry import Explanation, Followed, Registry
 from keda_gpu_scaler.service import ExternalScalerService, HealthStatus, add_services
 from keda_gpu_scaler.settings import Settings, SettingsError, resolve_kubernetes
@@ -70,6 +71,7 @@ class App:
             settings = resolve_kubernetes(settings, os.environ)
         self.settings = settings
         self.clock = clock
+        self._gc_policy = FreezeAfterFullCollections()
         self.telemetry = Telemetry()
         self.store = Store()
         self.interest = Interest(settings.interest_ttl, clock)
@@ -232,8 +234,10 @@ class App:
         self.http_port = self._http.addresses[0][1]
         self.telemetry.ready = True
         # Everything built so far lives as long as the process: keeping it out of the collector's
-        # generations shortens the full collections that otherwise show as tens of ms in RPC tails.
+        # generations shortens the full collections that otherwise show as tens of ms in RPC tails; from
+        # now on each full collection freezes what it found alive (gcpolicy).
         gc.freeze()
+        self._gc_policy.install()
         log.info(
             "serving gRPC on %s (port %d, %s), HTTP on %s (port %d); %d exporter(s)",
             s.grpc_address,
@@ -246,6 +250,7 @@ class App:
 
     async def stop(self) -> None:
         """Health NOT_SERVING, streams end with OK, in-flight calls finish within the grace, then the rest."""
+        self._gc_policy.remove()
         self.telemetry.ready = False
         await self.health.set_serving(False)
         self.service.close_streams()

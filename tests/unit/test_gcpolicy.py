@@ -1,0 +1,53 @@
+"""The collector policy: full collections freeze what they found alive; once per period everything is
+handed back so that cycles which died frozen are freed."""
+
+from __future__ import annotations
+
+import gc
+
+from keda_gpu_scaler.gcpolicy import FreezeAfterFullCollections
+
+
+class Node:
+    def __init__(self) -> None:
+        self.other: Node | None = None
+
+
+def cycle() -> Node:
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    return a
+
+
+def test_full_collections_freeze_survivors_and_a_rescan_frees_cycles_that_died_frozen() -> None:
+    now = [0.0]
+    policy = FreezeAfterFullCollections(rescan_every=100.0, clock=lambda: now[0])
+    gc.collect()
+    gc.unfreeze()
+    policy.install()
+    try:
+        kept = cycle()
+        gc.collect()  # a full collection: everything alive, the cycle too, is frozen
+        assert policy.freezes == 1 and gc.get_freeze_count() > 0
+        probe = [kept]
+        del kept
+        probe.clear()  # the cycle is garbage now, but frozen: no collection frees it
+        frozen_garbage = gc.get_freeze_count()
+        assert gc.collect() == 0
+        now[0] = 100.0
+        gc.collect()  # the period is over: handed back, no freeze this time
+        assert policy.rescans == 1 and gc.get_freeze_count() == 0
+        assert gc.collect() >= 2, "the rescan frees the cycle that died while frozen"
+        assert frozen_garbage > 0
+    finally:
+        policy.remove()
+        gc.unfreeze()
+    assert policy not in gc.callbacks
+
+
+def test_young_collections_do_nothing() -> None:
+    policy = FreezeAfterFullCollections()
+    policy("stop", {"generation": 0})
+    policy("stop", {"generation": 1})
+    policy("start", {"generation": 2})
+    assert policy.freezes == policy.rescans == 0
