@@ -24,6 +24,7 @@ def test_full_collections_freeze_survivors_and_a_rescan_frees_cycles_that_died_f
     policy = FreezeAfterFullCollections(rescan_every=100.0, clock=lambda: now[0])
     gc.collect()
     gc.unfreeze()
+    gc.disable()  # only the collections below
     policy.install()
     try:
         kept = cycle()
@@ -42,6 +43,7 @@ def test_full_collections_freeze_survivors_and_a_rescan_frees_cycles_that_died_f
     finally:
         policy.remove()
         gc.unfreeze()
+        gc.enable()
     assert policy not in gc.callbacks
 
 
@@ -51,3 +53,24 @@ def test_young_collections_do_nothing() -> None:
     policy("stop", {"generation": 1})
     policy("start", {"generation": 2})
     assert policy.freezes == policy.rescans == 0
+
+
+def test_frozen_objects_growing_by_half_bring_a_walk_of_everything_early() -> None:
+    policy = FreezeAfterFullCollections(rescan_every=1e9, clock=lambda: 0.0)
+    gc.collect()
+    gc.unfreeze()
+    gc.disable()  # only the collections below: an automatic one would freeze in between
+    policy.install()
+    try:
+        gc.collect()
+        walked = gc.get_freeze_count()
+        survivors = [Node() for _ in range(walked)]  # as many new long-lived objects as were frozen
+        gc.collect()
+        assert policy.freezes == 2 and policy.rescans == 0
+        gc.collect()  # frozen objects grew past 1.5 times: handed back
+        assert policy.rescans == 1 and gc.get_freeze_count() == 0
+        del survivors
+    finally:
+        policy.remove()
+        gc.unfreeze()
+        gc.enable()
