@@ -408,7 +408,12 @@ async def scaler(kubeconfig: str) -> AsyncIterator[tuple[Child, str]]:
         "--exporter-selector", "app=bench-dcgm-exporter:metrics",
     ]  # fmt: skip
     # The GC probe (bench/gcprobe) reports every collection of 1 ms or more: long pauses show in the tail.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(GC_PROBE), str(root))), "BENCH_GC_PROBE": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join((str(GC_PROBE), str(root))),
+        "BENCH_GC_PROBE": "1",
+        "BENCH_LOOP_PROBE": "1",
+    }
     async with _child(args, cpu=SCALER_CPU, cwd=root, env=env) as child:
         assert child.process.stderr is not None
         async with asyncio.timeout(120):
@@ -494,6 +499,7 @@ class Window:
     seconds: float
     lag_ms: float
     longest_gc_ms: float  # the scaler's longest garbage collection in the window
+    loop_late_p99_ms: float  # how late the scaler's event loop ran a task due then (bench/gcprobe), p99
 
 
 async def load_window(
@@ -515,6 +521,7 @@ async def load_window(
         async with session.post(f"http://127.0.0.1:{control}/churn", params={"rate": str(churn_rate)}) as r:
             events0 = (await r.json())["events"]
         cpu0, t0, pauses0 = scaler_child.cpu(), time.monotonic(), len(scaler_child.gc_pauses)
+        late0 = len(scaler_child.loop_late)
         profiled = asyncio.create_task(profile(scaler_child.pid, profile_for)) if profile_for else None
         out = await asyncio.wait_for(client.process.stdout.read(), plan.window + 120)
         cpu1, t1 = scaler_child.cpu(), time.monotonic()
@@ -522,6 +529,7 @@ async def load_window(
             events1 = (await r.json())["events"]
         stacks = await profiled if profiled else []
         pauses = [ms for _, ms in scaler_child.gc_pauses[pauses0:]]
+        late = scaler_child.loop_late[late0:] or [float("nan")]
     data = json.loads(out)
     latencies = data["latencies"] or [float("nan")]
     return (
@@ -535,6 +543,7 @@ async def load_window(
             seconds=t1 - t0,
             lag_ms=1000 * data["lag"],
             longest_gc_ms=max(pauses, default=0.0),
+            loop_late_p99_ms=percentile(late, 99),
         ),
         stacks,
     )
@@ -605,6 +614,8 @@ def render(results: list[Result]) -> Section:
         rows.append(
             f"| {p.pods:,} pods / {p.objects} ScaledObjects / {p.nodes} nodes | {r.warm_seconds:.0f} |"
             f" {r.steady.p50_ms:.2f} / {r.steady.p99_ms:.2f} | {r.churn.p50_ms:.2f} / {r.churn.p99_ms:.2f} |"
+            f" {r.steady.loop_late_p99_ms:.2f} / {r.churn.loop_late_p99_ms:.2f} |"
+            f" {r.steady.lag_ms:.0f} / {r.churn.lag_ms:.0f} |"
             f" {r.steady.longest_gc_ms:.0f} / {r.churn.longest_gc_ms:.0f} |"
             f" {r.churn.errors + r.steady.errors} | {r.churn.events / r.churn.seconds:.1f} |"
             f" {1000 * per_event:.2f} | {100 * r.steady.scaler_cpu:.0f} % / {100 * r.churn.scaler_cpu:.0f} % |"
@@ -618,6 +629,12 @@ def render(results: list[Result]) -> Section:
                     f"{r.churn.p99_ms:.1f} ms",
                     "≤ 2 ms",
                     r.churn.p99_ms <= 2,
+                ),
+                (
+                    f"Cluster {p.pods:,} pods, scaler event loop late p99 during churn (inside the scaler)",
+                    f"{r.churn.loop_late_p99_ms:.1f} ms",
+                    "–",
+                    None,
                 ),
                 (
                     "Cluster: discovery CPU during churn",
@@ -657,10 +674,14 @@ GetMetrics" is measured for one pod in {PROBE_EVERY} of those that turned Ready 
 the probe's calls stay a small part of the load): a separate probe polls its ScaledObject every {1000 * PROBE_SECONDS:.0f} ms
 until the value includes the new pod (median / worst, seconds). The pod's GPU is on its node's page from
 the moment it runs, so the wait is for discovery and the next scrape. "Longest GC pause" comes from a
-probe in the scaler's process (`bench/gcprobe`) that reports each garbage collection of 1 ms or more.
+probe in the scaler's process (`bench/gcprobe`) that reports each garbage collection of 1 ms or more; the
+same probe runs a task on the scaler's event loop that sleeps 5 ms at a time, and "scaler loop late" is
+how late it woke (p99): the wait a call arriving then had inside the scaler. The client's latencies
+also carry its own delays: it shares core {OTHERS_CPU} with the cluster process, and "client behind
+schedule" is how late it started its worst poll.
 
-| cluster | warm-up s | steady p50 / p99 ms | churn p50 / p99 ms | longest GC pause steady / churn ms | RPC errors | pod events/s | scaler CPU ms per pod event | scaler CPU steady / churn | discovery CPU (of a core) | RSS now / peak MiB | Ready → in GetMetrics s |
-|---|---|---|---|---|---|---|---|---|---|---|---|
+| cluster | warm-up s | steady p50 / p99 ms | churn p50 / p99 ms | scaler loop late p99 steady / churn ms | client behind schedule, worst, steady / churn ms | longest GC pause steady / churn ms | RPC errors | pod events/s | scaler CPU ms per pod event | scaler CPU steady / churn | discovery CPU (of a core) | RSS now / peak MiB | Ready → in GetMetrics s |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 {table}
 
 Where the scaler's CPU went during churn ({first.plan.pods:,} pods):

@@ -69,15 +69,20 @@ def trigger_ref(name: str, namespace: str, **metadata: str) -> pb.ScaledObjectRe
 
 GC_PROBE = Path(__file__).resolve().parent / "gcprobe"
 GC_PAUSE = "bench-gc-pause "
+LOOP_LATE = "bench-loop-late "
 
 
-async def _drain(stream: asyncio.StreamReader, keep: deque[str], pauses: list[tuple[int, float]]) -> None:
+async def _drain(
+    stream: asyncio.StreamReader, keep: deque[str], pauses: list[tuple[int, float]], late: list[float]
+) -> None:
     # The child blocks once a pipe it writes to is full: keep reading, remember the tail for errors.
     while line := await stream.readline():
         text = line.decode(errors="replace").rstrip()
         if text.startswith(GC_PAUSE):
             generation, milliseconds = text.removeprefix(GC_PAUSE).split()
             pauses.append((int(generation), float(milliseconds)))
+        elif text.startswith(LOOP_LATE):
+            late.extend(float(ms) for ms in text.removeprefix(LOOP_LATE).split())
         else:
             keep.append(text)
 
@@ -89,6 +94,7 @@ class Child:
     process: asyncio.subprocess.Process
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=50))
     gc_pauses: list[tuple[int, float]] = field(default_factory=list)  # (generation, ms), with gc_probe
+    loop_late: list[float] = field(default_factory=list)  # ms, with BENCH_LOOP_PROBE (bench/gcprobe)
     _drains: list[asyncio.Task[None]] = field(default_factory=list)
 
     @property
@@ -98,7 +104,9 @@ class Child:
     def drain(self, *streams: asyncio.StreamReader | None) -> None:
         for stream in streams:
             if stream is not None:
-                self._drains.append(asyncio.create_task(_drain(stream, self.tail, self.gc_pauses)))
+                self._drains.append(
+                    asyncio.create_task(_drain(stream, self.tail, self.gc_pauses, self.loop_late))
+                )
 
     def cpu(self) -> float:
         return cpu_seconds(self.pid)

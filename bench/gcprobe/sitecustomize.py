@@ -1,5 +1,8 @@
-"""Benchmark-only probe: with BENCH_GC_PROBE set, a process reports every garbage collection ≥ 1 ms on stderr."""
+"""Benchmark-only probe: with BENCH_GC_PROBE set, a process reports on stderr every garbage collection of
+1 ms or more, and (BENCH_LOOP_PROBE) how late a task sleeping 5 ms at a time on its event loop wakes up:
+the wait any call arriving then would have had, measured inside the scaler and apart from the client."""
 
+import asyncio
 import gc
 import os
 import sys
@@ -17,3 +20,27 @@ if os.environ.get("BENCH_GC_PROBE"):
             print(f"bench-gc-pause {info['generation']} {pause * 1000:.2f}", file=sys.stderr, flush=True)
 
     gc.callbacks.append(_probe)
+
+if os.environ.get("BENCH_LOOP_PROBE"):
+    _SLEEP = 0.005
+
+    async def _lateness() -> None:
+        loop = asyncio.get_running_loop()
+        late: list[str] = []
+        while True:
+            asked = loop.time()
+            await asyncio.sleep(_SLEEP)
+            late.append(f"{(loop.time() - asked - _SLEEP) * 1000:.2f}")
+            if len(late) == 200:  # about one line a second
+                print("bench-loop-late " + " ".join(late), file=sys.stderr, flush=True)
+                late = []
+
+    _run_forever = asyncio.BaseEventLoop.run_forever
+
+    def _run_forever_probed(self: asyncio.BaseEventLoop) -> None:
+        if not getattr(self, "_bench_probed", False):
+            self._bench_probed = True  # type: ignore[attr-defined]
+            self.call_soon(lambda: self.create_task(_lateness()))
+        _run_forever(self)
+
+    asyncio.BaseEventLoop.run_forever = _run_forever_probed  # type: ignore[method-assign]
