@@ -165,6 +165,10 @@ class _Answer(asyncio.Protocol):
         self.transport.write(data)
         return self._waiter
 
+    def answered(self) -> None:
+        """The answer was taken: forget it (later bytes are unasked for, as after any answer)."""
+        self._waiter = None
+
     def data_received(self, data: bytes) -> None:
         waiter = self._waiter
         if waiter is None or waiter.done():
@@ -184,6 +188,7 @@ class _Answer(asyncio.Protocol):
                     return
                 data = bytes(self._head[end + 4 :])
                 self._read_head(bytes(self._head[:end]))
+                self._head = bytearray()  # (it held the first read: often the whole page)
                 self._head_done = True
                 if self._mode == "none":
                     self._finish()
@@ -398,6 +403,9 @@ class LeanFetcher:
     async def _exchange(self, url: str, connection: _Answer, request: bytes) -> bytes:
         try:
             answer = await connection.request(request, self._max_bytes)
+            # The finished future holds the body: kept by the idle connection until the next scrape,
+            # that is one page per exporter (70 MB for 1,000 exporters of 70 kB pages).
+            connection.answered()
         except BaseException:
             # Timed out, cancelled or failed half-way: this connection's state is unknown, never reuse it.
             if connection.transport is not None:
