@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Set
-from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -20,26 +19,6 @@ class Sample(NamedTuple):
 
 LineNumber = Callable[[int], int]
 """Where a line is (its start in the page, or its number) → its line number."""
-
-
-@dataclass(slots=True)
-class PageMemory:
-    """What the parse of one source's last page learnt, for its next page: exporters print the same lines
-    scrape after scrape with a few values moved, and a line printed again exactly is not parsed again.
-    Holds one page's wanted lines and label sets, no more."""
-
-    names: Set[str] | None = None  # what the lines were read for
-    # line text → its sample's name, label set text, value and timestamp (None: not a wanted sample).
-    # Plain tuples of strings and numbers, which the garbage collector stops tracking: a fleet's worth of
-    # remembered lines adds nothing to its full collections.
-    lines: dict[str, KnownLine | None] = field(default_factory=dict)
-    label_sets: dict[str, dict[str, str]] = field(default_factory=dict)
-
-
-KnownLine = tuple[str, str | None, float, int | None]
-
-
-_UNKNOWN: Any = object()  # a line not in PageMemory (None there means: read before, not wanted)
 
 
 class ExpositionError(ValueError):
@@ -68,7 +47,6 @@ def parse_exposition(
     *,
     max_samples: int | None = None,
     reject_conflicts: bool = False,
-    memory: PageMemory | None = None,
 ) -> list[Sample]:
     """Return the samples of `page` whose name is in `names` (all samples when `names` is None).
 
@@ -76,8 +54,7 @@ def parse_exposition(
     bounded, whatever its size in bytes). reject_conflicts: one series (name and label set, in any label
     order) printed twice with different values is an ExpositionError naming both lines, since nothing
     says which value is true; printed twice with the same value, it is kept twice (as the format's own
-    parsers do) and the readers count it once. memory: what the parse of the same source's previous page
-    learnt; a line printed again exactly is not parsed again, and memory then holds this page's lines.
+    parsers do) and the readers count it once.
 
     Samples come back in page order. Only the lines that are kept are validated: a line whose name is not
     wanted is skipped on its first characters without reading the rest, even if the rest is garbage.
@@ -86,8 +63,8 @@ def parse_exposition(
     lines, # HELP and # TYPE included, are skipped unread: they hold nothing a sample needs.
     """
     text = _decode(page)
-    # Exporters repeat each GPU's label set in every family, so each distinct set is parsed once per page
-    # (and kept for the next page with memory). Bounded by the page.
+    # Exporters repeat each GPU's label set in every family, so each distinct set is parsed once per page.
+    # Bounded by the page: a cache that lives only for this call.
     label_sets: dict[str, dict[str, str]] = {}
     samples: list[Sample] = []
     # series → (value, where) of its first sample, when conflicts are looked for.
@@ -95,37 +72,21 @@ def parse_exposition(
         {} if reject_conflicts else None
     )
     identities: dict[str | None, frozenset[tuple[str, str]]] = {}  # label set text → its labels
-    known = memory if memory is not None and memory.names == names else PageMemory()
-    lines_read: dict[str, KnownLine | None] = {}
     limit = -1 if max_samples is None else max_samples
     lines, line_number = _sample_lines(text, names, None if max_samples is None else max_samples + 1)
-    for where, key, line in lines:
-        seen_before = known.lines.get(key, _UNKNOWN)
-        if seen_before is None:
-            parsed = None
-        elif seen_before is not _UNKNOWN:
-            name, block, value, timestamp = seen_before
-            labels = {} if block is None else label_sets.get(block) or known.label_sets[block]
-            parsed = Sample(name, labels, value, timestamp), block
-        else:
-            try:
-                parsed = _read_line(line, where, names, label_sets, known.label_sets)
-            except ExpositionError:
-                if line_number is _same:
-                    raise
-                # Line numbers are counted only when one is needed: parsed again, the line fails the same
-                # way (a label set that failed was not cached), now naming its number.
-                _parse_sample(_line_at(text, where), line_number(where), names, {})
+    for where, line in lines:
+        try:
+            parsed = _read_line(line, where, names, label_sets)
+        except ExpositionError:
+            if line_number is _same:
                 raise
+            # Line numbers are counted only when one is needed: parsed again, the line fails the same
+            # way (a label set that failed was not cached), now naming its number.
+            _parse_sample(_line_at(text, where), line_number(where), names, {})
+            raise
         if parsed is None:
-            if memory is not None:
-                lines_read[key] = None
             continue
         sample, block = parsed
-        if memory is not None:
-            lines_read[key] = (sample.name, block, sample.value, sample.timestamp_ms)
-            if block is not None:
-                label_sets.setdefault(block, sample.labels)  # a line not parsed again still uses its set
         if len(samples) == limit:
             raise _error(
                 line_number(where), f"more than {limit:,} series on this page; the limit is {limit:,}"
@@ -138,13 +99,9 @@ def parse_exposition(
             if first[1] != where and first[0] != sample.value:
                 _conflict((first[0], line_number(first[1])), sample, line_number(where))
         samples.append(sample)
-    if memory is not None:
-        # Only this page's lines and label sets: what memory holds stays bounded by one page.
-        memory.lines, memory.label_sets, memory.names = lines_read, label_sets, names
-    else:
-        # A huge page leaves huge caches: freed in pieces, so that a parse in a worker thread never holds
-        # the GIL for one long deallocation (the event loop would stall on it).
-        release_in_slices(label_sets)
+    # A huge page leaves huge caches: freed in pieces, so that a parse in a worker thread never holds
+    # the GIL for one long deallocation (the event loop would stall on it).
+    release_in_slices(label_sets)
     if seen is not None:
         release_in_slices(seen)
         release_in_slices(identities)
@@ -158,9 +115,9 @@ Line = str | tuple[str, str | None, str, str | None]
 
 def _sample_lines(
     text: str, names: Set[str] | None, enough: int | None = None
-) -> tuple[list[tuple[int, str, Line]], LineNumber]:
-    """Each line that may hold a wanted sample, in page order: (where it is, its text as found, the line);
-    and how to turn that "where" into a line number (needed only to name a line in an error).
+) -> tuple[list[tuple[int, Line]], LineNumber]:
+    """Each line that may hold a wanted sample, in page order, with where it is; and how to turn that
+    "where" into a line number (needed only to name a line in an error).
 
     Comment lines, # HELP and # TYPE included, are skipped unread: they hold nothing a sample needs.
     """
@@ -170,7 +127,7 @@ def _sample_lines(
         if found is not None:
             return found, lambda start: text.count("\n", 0, start) + 1
     wanted = None if names is None else tuple(names)
-    lines: list[tuple[int, str, Line]] = []
+    lines: list[tuple[int, Line]] = []
     for index, line in enumerate(text.split("\n")):
         if wanted is not None and not line.startswith(wanted):
             # The format allows blanks before a sample; they are rare, so only then pay for a strip.
@@ -182,7 +139,7 @@ def _sample_lines(
         # "\r" is stripped too, so CRLF pages parse like LF pages.
         line = line.strip(" \t\r")
         if line and line[0] != "#":  # not a blank line or a comment
-            lines.append((index + 1, line, line))
+            lines.append((index + 1, line))
     return lines, _same
 
 
@@ -197,8 +154,8 @@ def _line_at(text: str, start: int) -> str:
 
 def _lines_starting_with(
     text: str, names: frozenset[str], enough: int | None = None
-) -> list[tuple[int, str, Line]] | None:
-    """(start, text, line) of the lines that begin with one of `names` followed by anything but a name
+) -> list[tuple[int, Line]] | None:
+    """(start, line) of the lines that begin with one of `names` followed by anything but a name
     character, well-formed samples already taken apart, the first `enough` of them at most; None when
     some line before begins with a blank (allowed before a sample, but rare: the caller then reads the
     page line by line).
@@ -209,7 +166,7 @@ def _lines_starting_with(
     """
     if not names:
         return []
-    lines: list[tuple[int, str, Line]] = []
+    lines: list[tuple[int, Line]] = []
     # The finder runs on the text after a "\n", so the first line is found like the others; a match starts
     # at the "\n" before its line, so its index is the line's start in the text.
     for match in _line_finder(names).finditer("\n" + text):
@@ -217,9 +174,9 @@ def _lines_starting_with(
         if blank is not None:
             return None
         if malformed is not None:
-            lines.append((match.start(), match.group(), (name + malformed).strip(" \t\r")))
+            lines.append((match.start(), (name + malformed).strip(" \t\r")))
         else:
-            lines.append((match.start(), match.group(), (name, block, value, timestamp)))
+            lines.append((match.start(), (name, block, value, timestamp)))
         if len(lines) == enough:
             # Every line found holds a wanted name, so each is a sample or an error: past the caller's
             # limit nothing more is read (a hostile page of 150,000 series costs what 20,000 do).
@@ -310,7 +267,6 @@ def _parse_sample(
     line_number: int,
     names: Set[str] | None,
     label_sets: dict[str, dict[str, str]],
-    known_sets: dict[str, dict[str, str]] | None = None,
 ) -> tuple[Sample, str | None] | None:
     """Parse one sample line (stripped, not a comment): the sample and its label set's text; None if its
     name is not wanted."""
@@ -322,7 +278,7 @@ def _parse_sample(
     # startswith only showed that a wanted name is a prefix: "gpu_used_vram" also starts "gpu_used_vram_x".
     if names is not None and name not in names:
         return None
-    return _sample(name, block, value_text, timestamp_text, line_number, label_sets, known_sets)
+    return _sample(name, block, value_text, timestamp_text, line_number, label_sets)
 
 
 def _read_line(
@@ -330,11 +286,10 @@ def _read_line(
     where: int,
     names: Set[str] | None,
     label_sets: dict[str, dict[str, str]],
-    known_sets: dict[str, dict[str, str]],
 ) -> tuple[Sample, str | None] | None:
     if isinstance(line, str):
-        return _parse_sample(line, where, names, label_sets, known_sets)
-    return _sample(*line, where, label_sets, known_sets)
+        return _parse_sample(line, where, names, label_sets)
+    return _sample(*line, where, label_sets)
 
 
 def _sample(
@@ -344,17 +299,13 @@ def _sample(
     timestamp_text: str | None,
     line_number: int,
     label_sets: dict[str, dict[str, str]],
-    known_sets: dict[str, dict[str, str]] | None = None,
 ) -> tuple[Sample, str | None]:
-    """A sample from its parts; its label set parsed unless this page or the one before had it."""
+    """A sample from its parts; its label set parsed unless this page had it already."""
     labels: dict[str, str] = {}
     if block is not None:
         parsed = label_sets.get(block)
         if parsed is None:
-            parsed = known_sets.get(block) if known_sets else None
-            if parsed is None:
-                parsed = _parse_labels(block, line_number)
-            label_sets[block] = parsed
+            parsed = label_sets[block] = _parse_labels(block, line_number)
         labels = parsed  # shared by the page's samples with this label set (see Sample.labels)
     return Sample(
         name,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from keda_gpu_scaler.exposition import ExpositionError, PageMemory, Sample, parse_exposition
+from keda_gpu_scaler.exposition import ExpositionError, Sample, parse_exposition
 
 NAN = float("nan")
 INF = float("inf")
@@ -507,56 +507,3 @@ def test_conflicts_are_refused_exactly_when_prometheus_client_reads_two_values_f
     else:
         assert not _conflicting(reference(page))
         assert normalise(checked) == normalise(parse_exposition(page))
-
-
-# ---- PageMemory: a line printed again is not parsed again, and nothing else changes -------------------
-
-
-def _outcome(page: str | bytes, names: set[str] | None, memory: PageMemory | None = None) -> Any:
-    try:
-        return normalise(parse_exposition(page, names, reject_conflicts=True, max_samples=5, memory=memory))
-    except ExpositionError as error:
-        return str(error)
-
-
-@settings(deadline=None)
-@given(
-    st.lists(st.one_of(mangled_pages(), pages().map(lambda p: p[0])), min_size=2, max_size=4),
-    st.one_of(st.none(), st.sets(st.sampled_from(["a", "b", "up", "x_total", ""]))),
-)
-def test_a_page_read_with_the_memory_of_earlier_pages_reads_as_if_alone(
-    page_list: list[str], names: set[str] | None
-) -> None:
-    memory = PageMemory()
-    for page in page_list:
-        assert _outcome(page, names, memory) == _outcome(page, names)
-
-
-def test_memory_holds_the_last_good_page_and_skips_lines_printed_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    import keda_gpu_scaler.exposition as exposition
-
-    parsed: list[str] = []
-    real = exposition._sample
-
-    def counting(name: str, *rest: Any) -> Any:
-        parsed.append(f"{name} {rest[1]}")  # rest: label set, value, ...
-        return real(name, *rest)
-
-    monkeypatch.setattr(exposition, "_sample", counting)
-    memory = PageMemory()
-    first = 'a{gpu="0"} 1\na{gpu="1"} 2\nb 3\n'
-    parse_exposition(first, {"a"}, memory=memory)
-    assert parsed == ["a 1", "a 2"]
-    parsed.clear()
-    again = parse_exposition('a{gpu="0"} 1\na{gpu="1"} 5\n', {"a"}, memory=memory)
-    assert parsed == ["a 5"], "only the line whose value moved is parsed"
-    assert [s.value for s in again] == [1.0, 5.0]
-    assert set(memory.lines) == {'\na{gpu="0"} 1', '\na{gpu="1"} 5'}, "only the last page's lines"
-    with pytest.raises(ExpositionError):
-        parse_exposition('a{gpu="0"} x\n', {"a"}, memory=memory)
-    assert set(memory.lines) == {'\na{gpu="0"} 1', '\na{gpu="1"} 5'}, "a failed page changes nothing"
-    parsed.clear()
-    parse_exposition('a{gpu="0"} 1\n', {"a", "b"}, memory=memory)
-    assert parsed == ["a 1"], "lines read for other names are read again"
