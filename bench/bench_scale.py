@@ -57,6 +57,22 @@ async def _poll_like_keda(
                 await asyncio.wait_for(stop.wait(), 15 / len(refs))
 
 
+async def _first_data(stub: pb_grpc.ExternalScalerStub, seconds: float = 120.0) -> None:
+    """Until every exporter has answered once, the scaler rightly answers UNAVAILABLE ("no data yet"):
+    the polls start once it has data."""
+    ref = trigger_ref("so-1", "llm", podNamePrefix="vllm-llama-70b-6c9f7d8b4-q8w2n-n1")
+    request = pb.GetMetricsRequest(scaledObjectRef=ref, metricName="gpu-utilization")
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            await stub.GetMetrics(request)
+            return
+        except grpc.aio.AioRpcError as error:
+            if error.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.5)
+
+
 async def run(quick: bool = False) -> Section:
     plan = QUICK if quick else Plan()
     shares: list[float] = []
@@ -69,6 +85,7 @@ async def run(quick: bool = False) -> Section:
         ):
             stub = pb_grpc.ExternalScalerStub(channel)
             await stub.GetMetricSpec(trigger_ref("so-1", "llm"))
+            await _first_data(stub)
             stop = asyncio.Event()
             poller = asyncio.create_task(_poll_like_keda(stub, plan, stop, worst))
             await asyncio.sleep(plan.warmup)
