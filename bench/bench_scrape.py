@@ -397,7 +397,7 @@ made it want data) and, in the same run, by a real Prometheus server (Debian pac
 TSDB on local disk, no rules, no self-scrape) with the same targets and interval. CPU is user + system
 time of the whole process (all threads) from `/proc/PID/stat` over a {plan.window:g} s window, once every
 target is being scraped and after {plan.warmup:g} s more; pages are the requests the page server (a
-separate process) answered in that window. Runs are interleaved (scaler, Prometheus, scaler, …). Two
+separate process) answered in that window. Runs are interleaved (scaler, Prometheus, scaler, …). Three
 cases: {", ".join(r.label for r in results[:-1])}, and {results[-1].label}. Both sides include each process's fixed background
 work (the scaler's gRPC threads; Prometheus's TSDB head, WAL and Go runtime). A Prometheus-based setup
 also pays for KEDA's queries and for the extra series, which are not counted here.
