@@ -44,7 +44,7 @@ $(VENV)/.bench-stamp: pyproject.toml $(STAMP)
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $@
 
-bench: proto $(VENV)/.bench-stamp ## run the benchmarks (about 15 min) and rewrite docs/BENCHMARKS.md
+bench: proto $(VENV)/.bench-stamp ## run the benchmarks (about 25 min) and rewrite docs/BENCHMARKS.md
 	bash scripts/ensure-system-deps.sh
 	$(PY) -m bench
 
