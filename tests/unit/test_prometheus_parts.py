@@ -310,16 +310,23 @@ async def test_stale_series_are_never_used(instance: str, problems: list[str]) -
     assert list(view.problems) == problems
 
 
-@pytest.mark.parametrize(("alive", "sources_left"), [(True, 2), (False, 3)])
-async def test_target_naming_no_pod_any_more(alive: bool, sources_left: int) -> None:
-    prometheus, store = ScriptedPrometheus(), Store()
+async def node_b_vanishes(
+    prometheus: ScriptedPrometheus, store: Store, now: list[float]
+) -> PrometheusCollector:
+    """A collection with vllm-0 on node-a and vllm-1 on node-b; then node-b's series are gone."""
     prometheus.answers["namespace"] = elements_of(
         gpu("vllm-0", 40, age=0.5) + gpu("vllm-1", 90, age=0.5, instance="node-b:9400")
     )
-    now = [1000.0]
     source = collector(prometheus, store, now)
     assert await source.collect_once("llm")
     prometheus.answers["namespace"] = elements_of(gpu("vllm-0", 40, age=0.5))
+    return source
+
+
+@pytest.mark.parametrize(("alive", "sources_left"), [(True, 2), (False, 3)])
+async def test_target_naming_no_pod_any_more(alive: bool, sources_left: int) -> None:
+    prometheus, store, now = ScriptedPrometheus(), Store(), [1000.0]
+    source = await node_b_vanishes(prometheus, store, now)
     newest = WALL - (0.5 if alive else 60)
     prometheus.answers["liveness"] = [Element({"job": "dcgm", "instance": "node-b:9400"}, newest)]
     prometheus.answers["up"] = up_elements("node-b:9400", 0, age=0.5)
@@ -358,14 +365,8 @@ def up_elements(instance: str, value: float, age: float) -> list[Element]:
 async def test_a_vanished_exporter_is_decided_by_up_however_long_it_lasts(
     up: list[tuple[float, float]], missing_after_an_hour: str | None
 ) -> None:
-    prometheus, store = ScriptedPrometheus(), Store()
-    prometheus.answers["namespace"] = elements_of(
-        gpu("vllm-0", 40, age=0.5) + gpu("vllm-1", 90, age=0.5, instance="node-b:9400")
-    )
-    now = [1000.0]
-    source = collector(prometheus, store, now)
-    assert await source.collect_once("llm")
-    prometheus.answers["namespace"] = elements_of(gpu("vllm-0", 40, age=0.5))
+    prometheus, store, now = ScriptedPrometheus(), Store(), [1000.0]
+    source = await node_b_vanishes(prometheus, store, now)
     prometheus.answers["liveness"] = []  # no GPU series of node-b at all
     prometheus.answers["up"] = [e for value, age in up for e in up_elements("node-b:9400", value, age)]
     for minute in range(1, 61):  # an hour of collections (the rule used to forget after 5 minutes)
