@@ -75,6 +75,7 @@ class NamespaceView:
     # Until when this view stays right without any change to the store: the first moment a page turns
     # stale or stops counting as recently seen.
     valid_until: float = float("inf")
+    fresh: tuple[str, ...] = ()  # the sources whose pages are fresh (see Store.freshness)
 
 
 class Store:
@@ -170,11 +171,13 @@ class Store:
             *self._index.get((kind, None), {}).values(),
             *self._index.get((kind, namespace), {}).values(),
         ]
+        fresh_names: list[str] = []
         for state in states:
             page = state.last_page
             age = None if page is None else now - page.collected_at
             if page is not None and age is not None and age <= max_staleness:
                 fresh += 1
+                fresh_names.append(state.source)
                 readings.extend(page.by_namespace.get(namespace, ()))
                 valid_until = min(valid_until, page.collected_at + max_staleness)
                 if state.last_attributed is not None:
@@ -197,7 +200,34 @@ class Store:
                 if last is not None:
                     for reading in last.by_namespace.get(namespace, ()):
                         recently_seen.setdefault(reading.pod, reason)
-        return NamespaceView(tuple(readings), fresh, len(states), recently_seen, tuple(problems), valid_until)
+        return NamespaceView(
+            tuple(readings),
+            fresh,
+            len(states),
+            recently_seen,
+            tuple(problems),
+            valid_until,
+            tuple(fresh_names),
+        )
+
+    def freshness(
+        self, namespace: str, now: float, max_staleness: float, kind: SourceKind = SourceKind.SCRAPE
+    ) -> tuple[tuple[str, ...], float]:
+        """view()'s fresh sources and valid_until alone, without reading any page.
+
+        With the namespace's version and the store's epoch unchanged, the same fresh sources mean the same
+        view but for its time limit: pages renewed with the readings they had (an exporter that refreshes
+        every 30 s, scraped every 5 s) leave an evaluation right, only for longer.
+        """
+        fresh: list[str] = []
+        valid_until = float("inf")
+        for index in ((kind, None), (kind, namespace)):
+            for state in self._index.get(index, {}).values():
+                page = state.last_page
+                if page is not None and now - page.collected_at <= max_staleness:
+                    fresh.append(state.source)
+                    valid_until = min(valid_until, page.collected_at + max_staleness)
+        return tuple(fresh), valid_until
 
     async def wait_for_change(self, namespace: str, seen_version: int, timeout: float) -> None:
         """Return once the namespace's data moved past seen_version, or after timeout (data also ages)."""

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from keda_gpu_scaler.collect.store import Page, Store
+from keda_gpu_scaler.errors import NoData
 from keda_gpu_scaler.evaluator import Evaluator
 from keda_gpu_scaler.registry import Followed
 from keda_gpu_scaler.telemetry import Telemetry
@@ -40,3 +45,65 @@ def test_the_same_result_again_keeps_the_evaluation_and_explanation_objects() ->
     moved = evaluator.evaluate(followed, SPEC)
     assert moved.value == 55 and moved is not first
     assert followed.explanation is not explanation and followed.explanation.evaluation is moved
+
+
+def counting_evaluator(store: Store, now: list[float]) -> tuple[Evaluator, list[int]]:
+    evaluator = Evaluator(store=store, telemetry=Telemetry(), max_staleness=15.0, clock=lambda: now[0])
+    calls = [0]
+    real = evaluator._evaluate
+
+    def counting(*args: Any) -> Any:
+        calls[0] += 1
+        return real(*args)
+
+    evaluator._evaluate = counting  # type: ignore[method-assign]
+    return evaluator, calls
+
+
+def two_exporters(at: float, value: float, source: str) -> Page:
+    reading = GpuReading(Family.NVIDIA, "llm", f"vllm-{source}", "GPU-0", source, value, None, False, None)
+    return Page.from_readings(f"http://{source}/metrics", at, [reading])
+
+
+def test_pages_renewed_unchanged_extend_the_memo_without_evaluating_again() -> None:
+    now = [1000.0]
+    store = Store()
+    evaluator, calls = counting_evaluator(store, now)
+    followed = Followed("llm", "vllm", now[0])
+    store.record_page(page(now[0], 40))
+    first = evaluator.evaluate(followed, SPEC)
+    for _ in range(5):  # an exporter refreshing slower than it is scraped: the same readings, later
+        now[0] += 10
+        store.record_page(page(now[0], 40))
+        assert evaluator.evaluate(followed, SPEC) is first
+    assert calls[0] == 1, "evaluated once; the memo only moved its time limit"
+    assert followed.memos[SPEC].valid_until > now[0]
+
+    now[0] += 20  # no renewal: the page is stale now, which is evaluated (and is no data)
+    with pytest.raises(NoData):
+        evaluator.evaluate(followed, SPEC)
+    assert calls[0] == 2
+
+
+def test_a_source_fresh_again_is_evaluated_again() -> None:
+    now = [1000.0]
+    store = Store()
+    evaluator, calls = counting_evaluator(store, now)
+    followed = Followed("llm", "vllm", now[0])
+    store.record_page(two_exporters(now[0], 40, "a"))
+    store.record_page(two_exporters(now[0], 30, "b"))
+    now[0] += 10
+    store.record_page(two_exporters(now[0], 40, "a"))  # b is not renewed: stale from 1015
+    now[0] += 10
+    store.record_page(two_exporters(now[0], 40, "a"))
+    without_b = evaluator.evaluate(followed, SPEC)  # b's pod counts as missing (stale source)
+    assert calls[0] == 1
+    now[0] += 10
+    store.record_page(two_exporters(now[0], 30, "b"))  # b answers again with what it had: same version
+    now[0] += 6  # the memo's time is up (a's page of 1020 + 15 s); a renewed, b still fresh
+    store.record_page(two_exporters(now[0], 40, "a"))
+    again = evaluator.evaluate(followed, SPEC)
+    assert calls[0] == 2, "another source is fresh: the view differs, so it is evaluated again"
+
+    # b's pod missing (counted at the threshold, 70), then reporting its own 30 again.
+    assert (without_b.value, again.value) == (110.0, 70.0)
