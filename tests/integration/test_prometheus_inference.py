@@ -80,6 +80,31 @@ def targets(prometheus: PrometheusServer) -> Iterator[Any]:
     prometheus.set_targets("operator", "inference", [])
 
 
+async def prometheus_scaler(make_scaler: Any, prometheus: PrometheusServer) -> Any:
+    """A scaler reading the module's Prometheus (with its credentials), at the tests' interval and staleness."""
+    return await make_scaler(
+        prometheus_url=prometheus.url,
+        prometheus_username=USERNAME,
+        prometheus_password=PASSWORD,
+        prometheus_timeout=2.0,
+        scrape_interval=INTERVAL,
+        max_staleness=MAX_STALENESS,
+        prometheus_max_staleness=MAX_STALENESS,
+    )
+
+
+async def requests_value(scaler: Any, ref: pb.ScaledObjectRef) -> Any:
+    """GetMetrics' one metric value for an `inference-requests` trigger; an error fails naming its code."""
+    try:
+        response = await scaler.stub.GetMetrics(
+            pb.GetMetricsRequest(scaledObjectRef=ref, metricName="inference-requests")
+        )
+    except grpc.aio.AioRpcError as error:
+        raise AssertionError(f"{error.code().name}: {error.details()}") from None
+    (value,) = response.metricValues
+    return value
+
+
 @pytest.fixture
 async def source(prometheus: PrometheusServer) -> AsyncIterator[tuple[PrometheusCollector, Store]]:
     """A collector against the module's Prometheus, and its store: tests call collect_inference_once."""
@@ -285,26 +310,12 @@ async def test_get_metrics_requests_through_prometheus(
         (single, pod_labels("grpc", "vllm-qwen-1")),
         (other, pod_labels("grpc", "embedder-0")),
     )
-    scaler = await make_scaler(
-        prometheus_url=prometheus.url,
-        prometheus_username=USERNAME,
-        prometheus_password=PASSWORD,
-        prometheus_timeout=2.0,
-        scrape_interval=INTERVAL,
-        max_staleness=MAX_STALENESS,
-        prometheus_max_staleness=MAX_STALENESS,
-    )
+    scaler = await prometheus_scaler(make_scaler, prometheus)
     metadata = {"metric": "requests", "threshold": "8", "podNamePrefix": "vllm-qwen-", "source": "prometheus"}
     ref = pb.ScaledObjectRef(name="qwen", namespace="grpc", scalerMetadata=metadata)
 
     async def answered() -> None:
-        try:
-            response = await scaler.stub.GetMetrics(
-                pb.GetMetricsRequest(scaledObjectRef=ref, metricName="inference-requests")
-            )
-        except grpc.aio.AioRpcError as error:
-            raise AssertionError(f"{error.code().name}: {error.details()}") from None
-        (value,) = response.metricValues
+        value = await requests_value(scaler, ref)
         assert (value.metricName, value.metricValueFloat, value.metricValue) == (
             "inference-requests",
             76.0,
@@ -324,28 +335,14 @@ async def test_a_stopped_server_is_a_missing_pod_until_prometheus_drops_its_targ
     single = await make_exporter(page("vllm_v1.prom"))  # requests 15
     a, b = (dp2, pod_labels("missing", "vllm-a")), (single, pod_labels("missing", "vllm-b"))
     targets(a, b)
-    scaler = await make_scaler(
-        prometheus_url=prometheus.url,
-        prometheus_username=USERNAME,
-        prometheus_password=PASSWORD,
-        prometheus_timeout=2.0,
-        scrape_interval=INTERVAL,
-        max_staleness=MAX_STALENESS,
-        prometheus_max_staleness=MAX_STALENESS,
-    )
+    scaler = await prometheus_scaler(make_scaler, prometheus)
     # Threshold 100: the reporting pod alone (61) calls for 1 replica of 2, so a missing pod counts as 100.
     metadata = {"metric": "requests", "threshold": "100", "podNamePrefix": "vllm-", "source": "prometheus"}
     ref = pb.ScaledObjectRef(name="llm", namespace="missing", scalerMetadata=metadata)
     seen: list[float] = []
 
     async def value_is(expected: float) -> None:
-        try:
-            response = await scaler.stub.GetMetrics(
-                pb.GetMetricsRequest(scaledObjectRef=ref, metricName="inference-requests")
-            )
-        except grpc.aio.AioRpcError as error:
-            raise AssertionError(f"{error.code().name}: {error.details()}") from None
-        (value,) = response.metricValues
+        value = await requests_value(scaler, ref)
         seen.append(value.metricValueFloat)
         assert value.metricValueFloat == expected
 
