@@ -186,14 +186,14 @@ class Evaluator:
             or memo.targets != targets
         ):
             return None
-        staleness = self._staleness(self.kind_of(spec))
-        fresh, valid_until = self._store.freshness(followed.namespace, now, staleness, self.kind_of(spec))
+        kind = self.kind_of(spec)
+        fresh, valid_until = self._store.freshness(followed.namespace, now, self._staleness(kind), kind)
         if fresh != memo.fresh or not fresh or now >= valid_until:
             return None
         followed.memos[spec] = Memo(version, epoch, targets, valid_until, memo.evaluation, None, fresh)
-        if followed.explanation is not None and followed.explanation.evaluation is memo.evaluation:
-            followed.explanation.evaluated_at = time.time()
-        self._telemetry.evaluations.labels("ok").inc()
+        last = followed.explanation
+        notes = last.notes if last is not None and last.evaluation is memo.evaluation else ()
+        self._record(followed, spec, memo.evaluation, None, notes, targets)
         return memo.evaluation
 
     def _staleness(self, kind: SourceKind) -> float:

@@ -67,7 +67,7 @@ class NamespaceView:
     """What the store knows of one namespace at one instant."""
 
     readings: tuple[GpuReading, ...]  # from fresh pages only
-    fresh_sources: int
+    fresh: tuple[str, ...]  # the sources whose pages are fresh (see Store.freshness)
     sources: int
     # pod → reason, for pods last seen on a source that is now failing, stale or without pod labels
     recently_seen: dict[str, str] = field(default_factory=dict)
@@ -75,7 +75,10 @@ class NamespaceView:
     # Until when this view stays right without any change to the store: the first moment a page turns
     # stale or stops counting as recently seen.
     valid_until: float = float("inf")
-    fresh: tuple[str, ...] = ()  # the sources whose pages are fresh (see Store.freshness)
+
+    @property
+    def fresh_sources(self) -> int:
+        return len(self.fresh)
 
 
 class Store:
@@ -165,19 +168,14 @@ class Store:
         readings: list[GpuReading] = []
         recently_seen: dict[str, str] = {}
         problems: list[str] = []
-        fresh = 0
         valid_until = float("inf")
-        states = [
-            *self._index.get((kind, None), {}).values(),
-            *self._index.get((kind, namespace), {}).values(),
-        ]
-        fresh_names: list[str] = []
+        states = self._states(namespace, kind)
+        fresh: list[str] = []
         for state in states:
             page = state.last_page
             age = None if page is None else now - page.collected_at
             if page is not None and age is not None and age <= max_staleness:
-                fresh += 1
-                fresh_names.append(state.source)
+                fresh.append(state.source)
                 readings.extend(page.by_namespace.get(namespace, ()))
                 valid_until = min(valid_until, page.collected_at + max_staleness)
                 if state.last_attributed is not None:
@@ -201,13 +199,7 @@ class Store:
                     for reading in last.by_namespace.get(namespace, ()):
                         recently_seen.setdefault(reading.pod, reason)
         return NamespaceView(
-            tuple(readings),
-            fresh,
-            len(states),
-            recently_seen,
-            tuple(problems),
-            valid_until,
-            tuple(fresh_names),
+            tuple(readings), tuple(fresh), len(states), recently_seen, tuple(problems), valid_until
         )
 
     def freshness(
@@ -221,13 +213,16 @@ class Store:
         """
         fresh: list[str] = []
         valid_until = float("inf")
-        for index in ((kind, None), (kind, namespace)):
-            for state in self._index.get(index, {}).values():
-                page = state.last_page
-                if page is not None and now - page.collected_at <= max_staleness:
-                    fresh.append(state.source)
-                    valid_until = min(valid_until, page.collected_at + max_staleness)
+        for state in self._states(namespace, kind):
+            page = state.last_page
+            if page is not None and now - page.collected_at <= max_staleness:
+                fresh.append(state.source)
+                valid_until = min(valid_until, page.collected_at + max_staleness)
         return tuple(fresh), valid_until
+
+    def _states(self, namespace: str, kind: SourceKind) -> list[SourceState]:
+        """The sources that answer about a namespace: those naming pods of any namespace, and its own."""
+        return [*self._index.get((kind, None), {}).values(), *self._index.get((kind, namespace), {}).values()]
 
     async def wait_for_change(self, namespace: str, seen_version: int, timeout: float) -> None:
         """Return once the namespace's data moved past seen_version, or after timeout (data also ages)."""
