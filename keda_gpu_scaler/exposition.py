@@ -77,13 +77,11 @@ def parse_exposition(
     for where, line in lines:
         try:
             parsed = _read_line(line, where, names, label_sets)
-        except ExpositionError:
+        except ExpositionError as error:
             if line_number is _same:
                 raise
-            # Line numbers are counted only when one is needed: parsed again, the line fails the same
-            # way (a label set that failed was not cached), now naming its number.
-            _parse_sample(_line_at(text, where), line_number(where), names, {})
-            raise
+            # Line numbers are counted only when one is needed: the error named the line's start.
+            raise _error(line_number(where), str(error).partition(": ")[2]) from None
         if parsed is None:
             continue
         sample, block = parsed
@@ -145,11 +143,6 @@ def _sample_lines(
 
 def _same(line_number: int) -> int:
     return line_number
-
-
-def _line_at(text: str, start: int) -> str:
-    end = text.find("\n", start)
-    return text[start : None if end < 0 else end].strip(" \t\r")
 
 
 def _lines_starting_with(

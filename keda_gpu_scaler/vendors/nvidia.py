@@ -128,7 +128,7 @@ def _facts_by_label_set(samples: Sequence[Sample]) -> dict[int, _LabelFacts]:
     return facts
 
 
-def exporter_pods(samples: Sequence[Sample], facts: dict[int, _LabelFacts] | None = None) -> set[PodKey]:
+def exporter_pods(samples: Sequence[Sample], facts: dict[int, _LabelFacts]) -> set[PodKey]:
     """The exporter's own pod, where it shows as the pod of a device-level series.
 
     Scraped through Prometheus with honorLabels true, the device-level series of a time-shared GPU gets
@@ -138,8 +138,6 @@ def exporter_pods(samples: Sequence[Sample], facts: dict[int, _LabelFacts] | Non
     same family, is the device's, and the pod it names is the scrape target's. (Copies of a device value
     never sit beside `pod_uid` series of their family, so a workload pod is never taken for it.)
     """
-    if facts is None:
-        facts = _facts_by_label_set(samples)
     with_uid: set[tuple[GpuKey, str]] = set()
     device_like: dict[tuple[GpuKey, str], set[PodKey]] = {}
     for sample in samples:
