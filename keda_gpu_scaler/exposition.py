@@ -41,12 +41,35 @@ _BLANKS = (" ", "\t")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
+class LabelMemo:
+    """The label sets one source printed on its last page, kept for its next page.
+
+    An exporter prints the same label sets on every scrape (only values move), so a page read with the
+    memo of the page before parses none of them again. It holds one page's sets at most, and none of a
+    page with more than MAX_MEMO_SETS (a hostile page's 20,000 sets are not kept alive for its next).
+    One memo per source, used by one parse at a time.
+    """
+
+    __slots__ = ("sets",)
+
+    def __init__(self) -> None:
+        self.sets: dict[str | None, _LabelSet] = {}
+
+
+# An 8-GPU dcgm-exporter page has ~8 label sets; a node of time-shared GPUs a few hundred at most.
+MAX_MEMO_SETS = 1024
+
+# A label set: its labels, and what they are whatever the order they were printed in (for conflicts).
+_LabelSet = tuple[dict[str, str], frozenset[tuple[str, str]]]
+
+
 def parse_exposition(
     page: str | bytes,
     names: Set[str] | None = None,
     *,
     max_samples: int | None = None,
     reject_conflicts: bool = False,
+    label_memo: LabelMemo | None = None,
 ) -> list[Sample]:
     """Return the samples of `page` whose name is in `names` (all samples when `names` is None).
 
@@ -54,7 +77,8 @@ def parse_exposition(
     bounded, whatever its size in bytes). reject_conflicts: one series (name and label set, in any label
     order) printed twice with different values is an ExpositionError naming both lines, since nothing
     says which value is true; printed twice with the same value, it is kept twice (as the format's own
-    parsers do) and the readers count it once.
+    parsers do) and the readers count it once. label_memo: the label sets of this source's previous
+    page, reused where printed again and replaced by this page's (see LabelMemo).
 
     Samples come back in page order. Only the lines that are kept are validated: a line whose name is not
     wanted is skipped on its first characters without reading the rest, even if the rest is garbage.
@@ -63,46 +87,61 @@ def parse_exposition(
     lines, # HELP and # TYPE included, are skipped unread: they hold nothing a sample needs.
     """
     text = _decode(page)
-    # Exporters repeat each GPU's label set in every family, so each distinct set is parsed once per page.
-    # Bounded by the page: a cache that lives only for this call.
-    label_sets: dict[str, dict[str, str]] = {}
+    # Exporters repeat each GPU's label set in every family, so each distinct set is parsed once per page
+    # (once per source with a memo). label set text (None: no braces) → its labels.
+    label_sets: dict[str | None, _LabelSet] = {}
+    known = label_memo.sets if label_memo is not None else label_sets
     samples: list[Sample] = []
     # series → (value, where) of its first sample, when conflicts are looked for.
     seen: dict[tuple[str, frozenset[tuple[str, str]]], tuple[float, int]] | None = (
         {} if reject_conflicts else None
     )
-    identities: dict[str | None, frozenset[tuple[str, str]]] = {}  # label set text → its labels
     limit = -1 if max_samples is None else max_samples
     lines, line_number = _sample_lines(text, names, None if max_samples is None else max_samples + 1)
     for where, line in lines:
+        # One loop body for every kept line, with no call per line where it can be helped: on a page of
+        # new values this loop is most of the parse.
         try:
-            parsed = _read_line(line, where, names, label_sets)
+            if isinstance(line, str):
+                split = _split_line(line, where, names)
+                if split is None:
+                    continue
+                name, block, value_text, timestamp_text = split
+            else:
+                name, block, value_text, timestamp_text = line
+            label_set = label_sets.get(block)
+            if label_set is None:
+                label_set = known.get(block)
+                if label_set is None:
+                    labels = {} if block is None else _parse_labels(block, where)
+                    label_set = (labels, _identity(labels))
+                label_sets[block] = label_set
+            value = _parse_value(value_text, where)
+            timestamp = None if timestamp_text is None else _parse_timestamp(timestamp_text, where)
         except ExpositionError as error:
             if line_number is _same:
                 raise
             # Line numbers are counted only when one is needed: the error named the line's start.
             raise _error(line_number(where), str(error).partition(": ")[2]) from None
-        if parsed is None:
-            continue
-        sample, block = parsed
         if len(samples) == limit:
             raise _error(
                 line_number(where), f"more than {limit:,} series on this page; the limit is {limit:,}"
             )
+        # (Shared by the page's samples with this label set: see Sample.labels.)
+        sample = Sample(name, label_set[0], value, timestamp)
         if seen is not None:
-            identity = identities.get(block)
-            if identity is None:
-                identity = identities[block] = _identity(sample.labels)
-            first = seen.setdefault((sample.name, identity), (sample.value, where))
-            if first[1] != where and first[0] != sample.value:
+            first = seen.setdefault((name, label_set[1]), (value, where))
+            if first[1] != where and first[0] != value:
                 _conflict((first[0], line_number(first[1])), sample, line_number(where))
         samples.append(sample)
-    # A huge page leaves huge caches: freed in pieces, so that a parse in a worker thread never holds
-    # the GIL for one long deallocation (the event loop would stall on it).
-    release_in_slices(label_sets)
+    if label_memo is not None:
+        label_memo.sets = label_sets if len(label_sets) <= MAX_MEMO_SETS else {}
+    if label_memo is None or label_memo.sets is not label_sets:
+        # A huge page leaves huge caches: freed in pieces, so that a parse in a worker thread never holds
+        # the GIL for one long deallocation (the event loop would stall on it).
+        release_in_slices(label_sets)
     if seen is not None:
         release_in_slices(seen)
-        release_in_slices(identities)
     return samples
 
 
@@ -181,7 +220,7 @@ def _lines_starting_with(
 def _line_finder(names: frozenset[str]) -> re.Pattern[str]:
     """A line that starts with a blank (group 1), or with a wanted name (2) followed by a well-formed
     rest (_SAMPLE's label set 3, value 4 and timestamp 5, then blanks to the end of the line) or by
-    anything else (6, left to _parse_sample to explain)."""
+    anything else (6, left to _split_line to explain)."""
     rest = _SAMPLE.pattern.removeprefix(_SAMPLE_NAME)
     return re.compile(
         rf"\n(?:([ \t])[^\n]*|({_alternation(sorted(names))})(?![a-zA-Z0-9_:])"
@@ -255,14 +294,11 @@ def _identity(labels: dict[str, str]) -> frozenset[tuple[str, str]]:
     return frozenset(labels.items())
 
 
-def _parse_sample(
-    line: str,
-    line_number: int,
-    names: Set[str] | None,
-    label_sets: dict[str, dict[str, str]],
-) -> tuple[Sample, str | None] | None:
-    """Parse one sample line (stripped, not a comment): the sample and its label set's text; None if its
-    name is not wanted."""
+def _split_line(
+    line: str, line_number: int, names: Set[str] | None
+) -> tuple[str, str | None, str, str | None] | None:
+    """One sample line (stripped, not a comment) taken apart: name, label set text or None, value text,
+    timestamp text or None; None if its name is not wanted."""
     match = _SAMPLE.fullmatch(line)
     if match is None:
         _reject(line, line_number, names)
@@ -271,41 +307,7 @@ def _parse_sample(
     # startswith only showed that a wanted name is a prefix: "gpu_used_vram" also starts "gpu_used_vram_x".
     if names is not None and name not in names:
         return None
-    return _sample(name, block, value_text, timestamp_text, line_number, label_sets)
-
-
-def _read_line(
-    line: Line,
-    where: int,
-    names: Set[str] | None,
-    label_sets: dict[str, dict[str, str]],
-) -> tuple[Sample, str | None] | None:
-    if isinstance(line, str):
-        return _parse_sample(line, where, names, label_sets)
-    return _sample(*line, where, label_sets)
-
-
-def _sample(
-    name: str,
-    block: str | None,
-    value_text: str,
-    timestamp_text: str | None,
-    line_number: int,
-    label_sets: dict[str, dict[str, str]],
-) -> tuple[Sample, str | None]:
-    """A sample from its parts; its label set parsed unless this page had it already."""
-    labels: dict[str, str] = {}
-    if block is not None:
-        parsed = label_sets.get(block)
-        if parsed is None:
-            parsed = label_sets[block] = _parse_labels(block, line_number)
-        labels = parsed  # shared by the page's samples with this label set (see Sample.labels)
-    return Sample(
-        name,
-        labels,
-        _parse_value(value_text, line_number),
-        None if timestamp_text is None else _parse_timestamp(timestamp_text, line_number),
-    ), block
+    return name, block, value_text, timestamp_text
 
 
 def _reject(line: str, line_number: int, names: Set[str] | None) -> None:

@@ -143,18 +143,25 @@ class AiohttpFetcher:
         pass  # the session is closed by its owner
 
 
-def parse_exposition(page: bytes, names: frozenset[str]) -> list[Sample]:
+def parse_exposition(
+    page: bytes, names: frozenset[str], label_memo: exposition.LabelMemo | None = None
+) -> list[Sample]:
     """The scrape path's parse: at most MAX_SERIES_PER_PAGE series, conflicting duplicates refused.
 
     One series printed twice with different values fails the page: either value could be the wrong one,
     and a wrong value can scale a busy workload down; a failed page makes its pods missing (SPEC §4).
     """
-    return exposition.parse_exposition(page, names, max_samples=MAX_SERIES_PER_PAGE, reject_conflicts=True)
+    return exposition.parse_exposition(
+        page, names, max_samples=MAX_SERIES_PER_PAGE, reject_conflicts=True, label_memo=label_memo
+    )
 
 
-def read_page(body: bytes, reader: PageReader) -> dict[str, tuple[GpuReading, ...]]:
-    """A page's readings by namespace (pure: runs on the loop or in a worker thread)."""
-    samples = parse_exposition(body, reader.names)
+def read_page(
+    body: bytes, reader: PageReader, label_memo: exposition.LabelMemo | None = None
+) -> dict[str, tuple[GpuReading, ...]]:
+    """A page's readings by namespace (runs on the loop or in a worker thread; changes only the memo of
+    the page's source)."""
+    samples = parse_exposition(body, reader.names, label_memo)
     if not any(sample.name in reader.valid_names for sample in samples):
         raise NotOurPage(f"no {reader.what} on this page")
     if reader.refuse is not None and (why := reader.refuse(body)) is not None:
@@ -170,20 +177,20 @@ ByNamespace = dict[str, tuple[GpuReading, ...]]
 
 
 def _digest_and_read(
-    body: bytes, previous: tuple[bytes, Page] | None, reader: PageReader
+    body: bytes, previous: tuple[bytes, Page] | None, reader: PageReader, label_memo: exposition.LabelMemo
 ) -> tuple[bytes, ByNamespace]:
     # dcgm-exporter refreshes every 30 s: most scrapes return the very page parsed last time, and then
     # only its age changes. A digest (not the bytes) keeps 1,000 exporters' memory small; SHA-256 because
     # CPUs hash it in hardware (about 2x faster than BLAKE2 here).
     digest = hashlib.sha256(body).digest()
     if previous is None:
-        return digest, read_page(body, reader)
+        return digest, read_page(body, reader, label_memo)
     old = previous[1].by_namespace
     if digest == previous[0]:
         return digest, old
     # A namespace whose readings did not change keeps the very same tuple: the store's comparison of
     # old and new pages then costs an identity check, not one comparison per GPU.
-    new = read_page(body, reader)
+    new = read_page(body, reader, label_memo)
     return digest, {ns: old[ns] if old.get(ns) == readings else readings for ns, readings in new.items()}
 
 
@@ -223,6 +230,8 @@ class ScrapeCollector:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._last: dict[str, tuple[bytes, Page]] = {}  # url → digest of the last good page, and its page
         self._readers: dict[str, PageReader] = {}
+        # url → the label sets of its last page: an exporter prints the same ones on every scrape.
+        self._label_memos: dict[str, exposition.LabelMemo] = {}
         self._failing: dict[str, str] = {}  # url → the failure last logged, while it goes on
 
     def add(
@@ -251,6 +260,7 @@ class ScrapeCollector:
             task.cancel()
         self._last.pop(url, None)
         self._readers.pop(url, None)
+        self._label_memos.pop(url, None)
         self._fetcher.forget(url)
         self._store.remove_source(url)
 
@@ -269,14 +279,17 @@ class ScrapeCollector:
                 body = await self._fetcher.get(url)
             previous = self._last.get(url)
             reader = self._readers.get(url, self._reader)
+            memo = self._label_memos.get(url)
+            if memo is None:
+                memo = self._label_memos[url] = exposition.LabelMemo()
             large = len(body) > PARSE_OFF_LOOP_BYTES
             if large:
                 # The garbage collector is left alone meanwhile on purpose: pausing it around large reads
                 # and freezing what was alive afterwards kept the cyclic garbage of every call made
                 # meanwhile for good (the hostile soak grew to 3.4 GB). Collections cost pauses, not memory.
-                digest, by_namespace = await asyncio.to_thread(_digest_and_read, body, previous, reader)
+                digest, by_namespace = await asyncio.to_thread(_digest_and_read, body, previous, reader, memo)
             else:
-                digest, by_namespace = _digest_and_read(body, previous, reader)
+                digest, by_namespace = _digest_and_read(body, previous, reader, memo)
             # The page had the wanted families (else NotOurPage) but named no pod: see Page.unattributed.
             page = Page(url, self._clock(), by_namespace, unattributed=not by_namespace)
             self._last[url] = (digest, page)

@@ -253,9 +253,9 @@ async def test_a_large_page_is_parsed_in_a_worker_thread(serve, session, monkeyp
     threads: list[str] = []
     real = scrape.read_page
 
-    def recording(body, reader):  # type: ignore[no-untyped-def]
+    def recording(body, reader, label_memo=None):  # type: ignore[no-untyped-def]
         threads.append(threading.current_thread().name)
-        return real(body, reader)
+        return real(body, reader, label_memo)
 
     monkeypatch.setattr(scrape, "read_page", recording)
     big = PAGE + "# padding\n" * (scrape.PARSE_OFF_LOOP_BYTES // 10 + 1)
