@@ -602,3 +602,36 @@ async def test_a_failure_is_logged_once_per_outage_and_the_recovery_once(serve, 
     messages = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
     assert sum("failed" in m for m in messages) == 1, messages
     assert sum("answers again" in m for m in messages) == 1, messages
+
+
+@pytest.mark.parametrize("interval", [0.05, 1.0, 5.0, 30.0])
+@pytest.mark.parametrize("when", [0.0, 0.001, 12.3456, 1_000_000.987654])
+def test_a_wake_up_slot_is_never_later_than_drawn_and_at_most_one_slot_earlier(
+    interval: float, when: float
+) -> None:
+    slot = interval / scrape.SLOTS_PER_INTERVAL
+    wake = scrape.wake_slot(when, interval)
+    assert wake <= when < wake + slot + 1e-9
+    # Every draw inside one slot wakes at the same instant: those scrapes share a turn of the loop.
+    assert scrape.wake_slot(wake + 0.4 * slot, interval) == wake
+
+
+async def test_sleep_until_wakes_at_the_loop_time_given_and_at_once_for_a_past_one() -> None:
+    loop = asyncio.get_running_loop()
+    target = loop.time() + 0.05
+    await scrape.sleep_until(target)
+    assert loop.time() >= target
+    started = loop.time()
+    await scrape.sleep_until(started - 10)
+    assert loop.time() - started < 1.0
+
+
+async def test_sleep_until_cancelled_leaves_no_timer_behind() -> None:
+    loop = asyncio.get_running_loop()
+    task = asyncio.create_task(scrape.sleep_until(loop.time() + 3600))
+    await asyncio.sleep(0)
+    before = len(loop._scheduled)  # type: ignore[attr-defined]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len([h for h in loop._scheduled if not h.cancelled()]) < before  # type: ignore[attr-defined]
