@@ -95,6 +95,11 @@ class Store:
         self._changed: dict[str, asyncio.Event] = {}
         self._closed = False
         self._epoch = 0  # moves when sources come or go
+        # namespace → (kind, max staleness) → its last view in which every source was fresh. The
+        # ScaledObjects of a namespace read the same data: one walk over the sources serves them all until
+        # the namespace's data changes (_bump drops it), a source comes or goes (all dropped) or a page
+        # ages out (the view's valid_until). A view with a problem is not kept: its reasons name ages.
+        self._views: dict[str, dict[tuple[SourceKind, float], NamespaceView]] = {}
 
     def version(self, namespace: str) -> int:
         # Read without inserting: calls about namespaces with no data (any name a caller invents) add nothing.
@@ -119,6 +124,7 @@ class Store:
             self._sources[source] = state
             self._index.setdefault((kind, namespace), {})[source] = state
             self._epoch += 1
+            self._views.clear()
 
     def remove_source(self, source: str) -> None:
         state = self._sources.pop(source, None)
@@ -129,6 +135,7 @@ class Store:
         if not group:
             self._index.pop((state.kind, state.namespace), None)
         self._epoch += 1
+        self._views.clear()
         if state.last_page is not None:
             self._bump(state.last_page.by_namespace)
 
@@ -165,6 +172,17 @@ class Store:
     def view(
         self, namespace: str, now: float, max_staleness: float, kind: SourceKind = SourceKind.SCRAPE
     ) -> NamespaceView:
+        kept = self._views.get(namespace, {}).get((kind, max_staleness))
+        if kept is not None and now < kept.valid_until:
+            return kept
+        view = self._view(namespace, now, max_staleness, kind)
+        if not view.problems and not view.recently_seen:
+            self._views.setdefault(namespace, {})[(kind, max_staleness)] = view
+        else:
+            self._views.get(namespace, {}).pop((kind, max_staleness), None)
+        return view
+
+    def _view(self, namespace: str, now: float, max_staleness: float, kind: SourceKind) -> NamespaceView:
         readings: list[GpuReading] = []
         recently_seen: dict[str, str] = {}
         problems: list[str] = []
@@ -240,6 +258,7 @@ class Store:
     def _bump(self, namespaces: Iterable[str]) -> None:
         for namespace in namespaces:
             self._versions[namespace] += 1
+            self._views.pop(namespace, None)
             # Waiters that arrive after this change block until the next one, not this one.
             event = self._changed.pop(namespace, None)
             if event is not None:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
-from keda_gpu_scaler.collect.store import Page, Store
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from keda_gpu_scaler.collect.store import Page, SourceKind, Store
 from keda_gpu_scaler.vendors import Family, GpuReading
 
 
@@ -102,3 +106,64 @@ def test_asking_about_namespaces_without_data_keeps_nothing() -> None:
         assert store.version(f"made-up-{index}") == 0
         store.view(f"made-up-{index}", now=1, max_staleness=15)
     assert len(store._versions) <= 1
+
+
+def test_a_namespace_view_is_shared_until_its_data_moves_or_a_page_ages() -> None:
+    store = Store()
+    store.record_page(page(0, reading("a", "p", 10), reading("b", "q", 20)))
+    first = store.view("a", 1, 10)
+    assert store.view("a", 2, 10) is first, "nothing moved: the same view serves every ScaledObject"
+    store.record_page(page(3, reading("a", "p", 10), reading("b", "q", 21)))  # only b moved
+    assert store.view("a", 4, 10) is first
+    store.record_page(page(5, reading("a", "p", 11), reading("b", "q", 21)))
+    moved = store.view("a", 6, 10)
+    assert moved is not first and moved.readings == (reading("a", "p", 11),)
+    assert store.view("a", 15, 10) is not moved, "its page aged out: computed again"
+    store.record_page(page(20, reading("c", "r", 1), source="http://b/metrics"))  # a source came
+    assert store.view("a", 21, 10).sources == 2
+
+
+def test_a_view_with_a_problem_is_computed_on_every_call() -> None:
+    store = Store()
+    store.record_page(page(0, reading("a", "p", 10)))
+    store.record_failure("http://a/metrics", "HTTP 500")
+    stale = store.view("a", 20, 10)
+    assert stale.problems and store.view("a", 21, 10) is not stale
+    assert "21.0s old" in store.view("a", 21, 10).problems[0], "its reason names the age now"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["page", "fail", "remove", "wait", "view"]),
+            st.sampled_from(["http://a/metrics", "http://b/metrics"]),
+            st.lists(st.tuples(st.sampled_from("ab"), st.sampled_from("pq"), st.integers(0, 2)), max_size=3),
+            st.floats(0, 12),
+        ),
+        max_size=40,
+    )
+)
+def test_a_kept_view_always_reads_as_a_new_one(operations: list[Any]) -> None:
+    store = Store()
+    now = 0.0
+    for what, source, contents, seconds in operations:
+        if what == "page":
+            store.record_page(page(now, *(reading(ns, pod, v) for ns, pod, v in contents), source=source))
+        elif what == "fail":
+            store.record_failure(source, "HTTP 500")
+        elif what == "remove":
+            store.remove_source(source)
+        elif what == "wait":
+            now += seconds
+        for namespace in "ab":
+            kept = store.view(namespace, now, 10)
+            new = store._view(namespace, now, 10, SourceKind.SCRAPE)
+            assert (kept.readings, kept.fresh, kept.sources, kept.recently_seen, kept.problems) == (
+                new.readings,
+                new.fresh,
+                new.sources,
+                new.recently_seen,
+                new.problems,
+            )
+            assert kept.valid_until <= new.valid_until
