@@ -465,13 +465,14 @@ async def warm(stub: Any, plan: Plan, deadline: float) -> float:
 
 
 async def watch_readies(
-    stub: Any, session: aiohttp.ClientSession, control: int, stop: asyncio.Event
-) -> list[float]:
-    """Seconds from a pod's Ready to its ScaledObject's GetMetrics including it (inf: not within 15 s).
+    stub: Any, session: aiohttp.ClientSession, control: int, stop: asyncio.Event, seen: int
+) -> tuple[list[float], int]:
+    """Seconds from a pod's Ready to its ScaledObject's GetMetrics including it (inf: not within 15 s),
+    for the pods that turn Ready after the first `seen`; and how many have turned Ready by the end.
 
     One pod in PROBE_EVERY is followed, polled every PROBE_SECONDS: the probe's own calls stay a small
     part of the load."""
-    seen = 0
+    started = time.monotonic()  # the cluster process stamps Readies with the same system-wide clock
     delays: list[float] = []
     probes: set[asyncio.Task[None]] = set()
 
@@ -487,7 +488,8 @@ async def watch_readies(
         async with session.get(f"http://127.0.0.1:{control}/stats", params={"after": str(seen)}) as response:
             data = await response.json()
         for i, ready in enumerate(data["readies"], start=seen):
-            if i % PROBE_EVERY:
+            # (A rollout that finished between windows is not this window's: its probe would start late.)
+            if i % PROBE_EVERY or ready["at"] < started:
                 continue
             task = asyncio.create_task(probe(ready))
             probes.add(task)
@@ -496,7 +498,7 @@ async def watch_readies(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 0.1)
     await asyncio.gather(*probes)
-    return delays
+    return delays, seen
 
 
 @dataclass
@@ -587,15 +589,17 @@ async def measure(plan: Plan) -> Result:
         steadies: list[Window] = []
         churns: list[Window] = []
         delays: list[float] = []
+        readies_seen = 0  # the cluster counts Readies from its start: each window probes only its own
         for _ in range(plan.windows):
             steadies.append((await load_window(plan, target, running, session, control, 0.0))[0])
             stop = asyncio.Event()
-            readies = asyncio.create_task(watch_readies(stub, session, control, stop))
+            readies = asyncio.create_task(watch_readies(stub, session, control, stop, readies_seen))
             churns.append(
                 (await load_window(plan, target, running, session, control, plan.events_per_second))[0]
             )
             stop.set()
-            delays += await readies
+            window_delays, readies_seen = await readies
+            delays += window_delays
         rss = rss_mib(running.pid)
         # The profile comes from a window of its own: py-spy's sampling takes CPU from the machine the
         # measured window runs on, and its figures would carry that.
