@@ -34,6 +34,8 @@ BENCHMARKS: dict[str, str] = {
 OUTPUT = ROOT / "docs" / "BENCHMARKS.md"
 README = ROOT / "README.md"
 README_BLOCK = re.compile(r"(<!-- bench:begin -->\n).*?(<!-- bench:end -->)", re.S)
+# In docs/BENCHMARKS.md, what follows this line up to the next section is written by hand: --merge keeps it.
+KEPT = "<!-- kept by --merge: written by hand -->"
 PACKAGES = ("keda-gpu-scaler", "grpcio", "protobuf", "aiohttp", "prometheus-client", "matplotlib", "py-spy")
 
 
@@ -124,7 +126,15 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="where to write the markdown (default: docs/BENCHMARKS.md for a full run; stdout otherwise)",
     )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --only: replace those sections of docs/BENCHMARKS.md (keeping their hand-written notes)"
+        " and their rows in its summary and the README's table",
+    )
     args = parser.parse_args(argv)
+    if args.merge and (not args.only or args.quick or args.output):
+        parser.error("--merge goes with --only, and neither with --quick nor with --output")
     names = [n for n in BENCHMARKS if not args.only or n in args.only]
     full = not args.quick and not args.only
     arguments = sys.argv[1:] if argv is None else argv
@@ -161,14 +171,17 @@ Measured {now} with {command}, in {elapsed / 60:.1f} minutes, on this machine:
 All traffic is on 127.0.0.1; every process a benchmark starts (page servers, `keda-gpu-scaler serve`,
 Prometheus, load generators, py-spy) is stopped before the next one starts. Figures are medians of the
 repeats each section states. `python -m bench --quick` is a smoke run; `--only NAME` runs one of
-{", ".join(BENCHMARKS)}.
+{", ".join(BENCHMARKS)} (`--merge` puts its sections and rows into this document and the README).
 
 ## Summary
 
 {summary(sections)}
 
 {chr(10).join(section.markdown.rstrip() + chr(10) for section in sections)}"""
-    if args.output or full:
+    if args.merge:
+        for path in merge(sections, now, command):
+            print(f"bench: merged into {path}", file=sys.stderr)
+    elif args.output or full:
         output = args.output or OUTPUT
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(document)
@@ -181,6 +194,57 @@ repeats each section states. `python -m bench --quick` is a smoke run; `--only N
         if README_BLOCK.search(text):
             README.write_text(README_BLOCK.sub(lambda m: m.group(1) + block + m.group(2), text))
     return 1 if failed else 0
+
+
+def merge(sections: list[Section], now: str, command: str) -> list[Path]:
+    """Put a partial run's sections into docs/BENCHMARKS.md and its rows into both summary tables.
+
+    A section is replaced from its heading to the next one, except what follows a KEPT line; its rows are
+    replaced in place (by their first cell), and a row the tables do not have yet is added at their end.
+    Which rows are newer than the full run is said by hand in the summary's date line."""
+    document = OUTPUT.read_text()
+    for section in sections:
+        heading, _, body = section.markdown.partition("\n")
+        start = document.find(heading + "\n")
+        if start < 0:
+            raise SystemExit(f"bench: {OUTPUT} has no section {heading!r}: run the full benchmark once")
+        end = document.find("\n## ", start + len(heading))
+        end = len(document) if end < 0 else end + 1
+        old = document[start:end]
+        kept = old[old.index(KEPT) :].rstrip() + "\n\n" if KEPT in old else ""
+        new = f"{heading}\n\nMeasured {now} with {command}, on the machine above.\n{body.rstrip()}\n\n{kept}"
+        document = document[:start] + new + document[end:]
+    rows = [
+        (
+            what,
+            f"| {what} | {measured} | {goal} | {'–' if met is None else ('met' if met else '**missed**')} |",
+        )
+        for section in sections
+        for what, measured, goal, met in section.headlines
+    ]
+    OUTPUT.write_text(_with_rows(document.rstrip("\n") + "\n", rows))
+    written = [OUTPUT]
+    if README.exists():
+        README.write_text(_with_rows(README.read_text(), rows))
+        written.append(README)
+    return written
+
+
+def _with_rows(text: str, rows: list[tuple[str, str]]) -> str:
+    """The first summary table of `text` with these rows replaced (by their first cell) or added."""
+    lines = text.split("\n")
+    header = next(i for i, line in enumerate(lines) if line.startswith("| benchmark | measured | goal |"))
+    last = header + 1
+    while last + 1 < len(lines) and lines[last + 1].startswith("| "):
+        last += 1
+    for what, row in rows:
+        found = [i for i in range(header + 2, last + 1) if lines[i].startswith(f"| {what} | ")]
+        if found:
+            lines[found[0]] = row
+        else:
+            last += 1
+            lines.insert(last, row)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
