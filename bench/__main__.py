@@ -144,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         else f"`{shlex.join(['.venv/bin/python', '-m', 'bench', *arguments])}`"
     )
 
+    # A full run rewrites the document: each section's hand-written notes are carried over.
+    previous = OUTPUT.read_text() if full and OUTPUT.exists() else ""
+
+    def _notes_of(section: Section) -> str:
+        notes = _kept_notes(previous, section.markdown.partition("\n")[0])
+        return chr(10) + notes.rstrip() + chr(10) if notes else ""
+
     started = time.monotonic()
     sections: list[Section] = []
     failed = []
@@ -177,7 +184,7 @@ repeats each section states. `python -m bench --quick` is a smoke run; `--only N
 
 {summary(sections)}
 
-{chr(10).join(section.markdown.rstrip() + chr(10) for section in sections)}"""
+{chr(10).join(section.markdown.rstrip() + chr(10) + _notes_of(section) for section in sections)}"""
     if args.merge:
         for path in merge(sections, now, command):
             print(f"bench: merged into {path}", file=sys.stderr)
@@ -210,8 +217,7 @@ def merge(sections: list[Section], now: str, command: str) -> list[Path]:
             raise SystemExit(f"bench: {OUTPUT} has no section {heading!r}: run the full benchmark once")
         end = document.find("\n## ", start + len(heading))
         end = len(document) if end < 0 else end + 1
-        old = document[start:end]
-        kept = old[old.index(KEPT) :].rstrip() + "\n\n" if KEPT in old else ""
+        kept = _kept_notes(document, heading)
         new = f"{heading}\n\nMeasured {now} with {command}, on the machine above.\n{body.rstrip()}\n\n{kept}"
         document = document[:start] + new + document[end:]
     rows = [
@@ -228,6 +234,16 @@ def merge(sections: list[Section], now: str, command: str) -> list[Path]:
         README.write_text(_with_rows(README.read_text(), rows))
         written.append(README)
     return written
+
+
+def _kept_notes(document: str, heading: str) -> str:
+    """The hand-written notes of a section of `document` (its KEPT line and what follows), or ""."""
+    start = document.find(heading + "\n")
+    if start < 0:
+        return ""
+    end = document.find("\n## ", start + len(heading))
+    section = document[start : len(document) if end < 0 else end + 1]
+    return section[section.index(KEPT) :].rstrip() + "\n\n" if KEPT in section else ""
 
 
 def _with_rows(text: str, rows: list[tuple[str, str]]) -> str:
