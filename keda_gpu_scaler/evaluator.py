@@ -16,7 +16,7 @@ from keda_gpu_scaler.collect.inference import (
 )
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
 from keda_gpu_scaler.collect.prometheus import prometheus_inference_interest, prometheus_interest
-from keda_gpu_scaler.collect.store import SourceKind, Store
+from keda_gpu_scaler.collect.store import NamespaceView, SourceKind, Store
 from keda_gpu_scaler.discovery.targets import Targets  # defined beside discovery, re-exported here
 from keda_gpu_scaler.errors import ConfigError, NoData
 from keda_gpu_scaler.registry import Explanation, Followed, Memo
@@ -146,10 +146,14 @@ class Evaluator:
                 raise NoData(memo.error)
             assert memo.evaluation is not None
             return memo.evaluation
-        if (renewed := self._renewed(followed, spec, memo, version, epoch, targets, now)) is not None:
-            return renewed
+        view = None
+        if targets is None or targets.pods:
+            kind = self.kind_of(spec)
+            view = self._store.view(namespace, now, self._staleness(kind), kind)
+            if (renewed := self._renewed(followed, spec, memo, version, epoch, targets, view)) is not None:
+                return renewed
         try:
-            evaluation, notes, valid_until, fresh = self._evaluate(followed, spec, targets, now)
+            evaluation, notes, valid_until, fresh = self._evaluate(followed, spec, targets, view)
         except NoData as error:
             followed.memos[spec] = Memo(version, epoch, targets, now + NO_DATA_MEMO_SECONDS, None, str(error))
             self._record(followed, spec, None, str(error), (), targets)
@@ -171,10 +175,10 @@ class Evaluator:
         version: int,
         epoch: int,
         targets: Targets | None,
-        now: float,
+        view: NamespaceView,
     ) -> Evaluation | None:
         """The memo's evaluation again when only its time is up and every page it read was renewed
-        unchanged (the same sources fresh, nothing else moved), with a later time limit; else None.
+        unchanged (the same sources fresh, nothing else moved), with the view's later time limit; else None.
 
         Each ScaledObject would otherwise evaluate again every max-staleness seconds, however still its data.
         """
@@ -186,11 +190,11 @@ class Evaluator:
             or memo.targets != targets
         ):
             return None
-        kind = self.kind_of(spec)
-        fresh, valid_until = self._store.freshness(followed.namespace, now, self._staleness(kind), kind)
-        if fresh != memo.fresh or not fresh or now >= valid_until:
+        if view.fresh != memo.fresh or not view.fresh:
             return None
-        followed.memos[spec] = Memo(version, epoch, targets, valid_until, memo.evaluation, None, fresh)
+        followed.memos[spec] = Memo(
+            version, epoch, targets, view.valid_until, memo.evaluation, None, view.fresh
+        )
         last = followed.explanation
         notes = last.notes if last is not None and last.evaluation is memo.evaluation else ()
         self._record(followed, spec, memo.evaluation, None, notes, targets)
@@ -260,16 +264,16 @@ class Evaluator:
             self._telemetry.trigger_active.labels(*labels).set(1 if evaluation.active else 0)
 
     def _evaluate(
-        self, followed: Followed, spec: TriggerSpec, targets: Targets | None, now: float
+        self, followed: Followed, spec: TriggerSpec, targets: Targets | None, view: NamespaceView | None
     ) -> tuple[Evaluation, tuple[str, ...], float, tuple[str, ...]]:
-        """The evaluation, its notes, until when it stays right if the store does not change, and the
-        fresh sources it read."""
+        """The evaluation from the namespace's view (None: no pods to read), its notes, until when it
+        stays right if the store does not change, and the fresh sources it read."""
         namespace = followed.namespace
         kind = self.kind_of(spec)
-        if targets is not None and not targets.pods:
+        if view is None:
             # Scaled to zero with discovery healthy: 0 and inactive, whatever the sources say (SPEC §4).
+            assert targets is not None
             return evaluate({}, (), spec, aggregation_for(spec, targets.metric_type)[0]), (), float("inf"), ()
-        view = self._store.view(namespace, now, self._staleness(kind), kind)
         problems = "; ".join(view.problems[:5])
         if view.sources == 0:
             raise NoData(f"no {kind.value} source is configured or discovered for namespace {namespace!r}")

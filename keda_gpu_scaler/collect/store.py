@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -67,7 +68,7 @@ class NamespaceView:
     """What the store knows of one namespace at one instant."""
 
     readings: tuple[GpuReading, ...]  # from fresh pages only
-    fresh: tuple[str, ...]  # the sources whose pages are fresh (see Store.freshness)
+    fresh: tuple[str, ...]  # the sources whose pages are fresh (see Store._freshness)
     sources: int
     # pod → reason, for pods last seen on a source that is now failing, stale or without pod labels
     recently_seen: dict[str, str] = field(default_factory=dict)
@@ -173,8 +174,16 @@ class Store:
         self, namespace: str, now: float, max_staleness: float, kind: SourceKind = SourceKind.SCRAPE
     ) -> NamespaceView:
         kept = self._views.get(namespace, {}).get((kind, max_staleness))
-        if kept is not None and now < kept.valid_until:
-            return kept
+        if kept is not None:
+            if now < kept.valid_until:
+                return kept
+            # Its time is up: if every page it read was renewed (nothing moved, or it would be dropped),
+            # it holds for longer. One walk for the namespace, not one per ScaledObject.
+            fresh, valid_until = self._freshness(namespace, now, max_staleness, kind)
+            if fresh == kept.fresh and now < valid_until:
+                renewed = dataclasses.replace(kept, valid_until=valid_until)
+                self._views[namespace][(kind, max_staleness)] = renewed
+                return renewed
         view = self._view(namespace, now, max_staleness, kind)
         if not view.problems and not view.recently_seen:
             self._views.setdefault(namespace, {})[(kind, max_staleness)] = view
@@ -220,7 +229,7 @@ class Store:
             tuple(readings), tuple(fresh), len(states), recently_seen, tuple(problems), valid_until
         )
 
-    def freshness(
+    def _freshness(
         self, namespace: str, now: float, max_staleness: float, kind: SourceKind = SourceKind.SCRAPE
     ) -> tuple[tuple[str, ...], float]:
         """view()'s fresh sources and valid_until alone, without reading any page.

@@ -123,6 +123,19 @@ def test_a_namespace_view_is_shared_until_its_data_moves_or_a_page_ages() -> Non
     assert store.view("a", 21, 10).sources == 2
 
 
+def test_a_kept_view_whose_pages_were_renewed_unchanged_holds_longer() -> None:
+    store = Store()
+    store.record_page(page(0, reading("a", "p", 10)))
+    first = store.view("a", 1, 10)
+    assert first.valid_until == 10
+    store.record_page(page(8, reading("a", "p", 10)))  # renewed with the readings it had: no change
+    renewed = store.view("a", 12, 10)
+    assert renewed.valid_until == 18 and renewed.readings is first.readings
+    assert store.view("a", 13, 10) is renewed
+    # Not renewed again: the page aged out, and the view read now says so.
+    assert store.view("a", 19, 10).problems
+
+
 def test_a_view_with_a_problem_is_computed_on_every_call() -> None:
     store = Store()
     store.record_page(page(0, reading("a", "p", 10)))
