@@ -102,12 +102,13 @@ def machine() -> str:
     )
 
 
+def _row(what: str, measured: str, goal: str, met: bool | None) -> str:
+    verdict = "–" if met is None else ("met" if met else "**missed**")
+    return f"| {what} | {measured} | {goal} | {verdict} |"
+
+
 def summary(sections: list[Section]) -> str:
-    rows = []
-    for section in sections:
-        for what, measured, goal, met in section.headlines:
-            verdict = "–" if met is None else ("met" if met else "**missed**")
-            rows.append(f"| {what} | {measured} | {goal} | {verdict} |")
+    rows = [_row(*headline) for section in sections for headline in section.headlines]
     return "| benchmark | measured | goal | |\n|---|---|---|---|\n" + "\n".join(rows)
 
 
@@ -212,22 +213,14 @@ def merge(sections: list[Section], now: str, command: str) -> list[Path]:
     document = OUTPUT.read_text()
     for section in sections:
         heading, _, body = section.markdown.partition("\n")
-        start = document.find(heading + "\n")
-        if start < 0:
+        span = _section_span(document, heading)
+        if span is None:
             raise SystemExit(f"bench: {OUTPUT} has no section {heading!r}: run the full benchmark once")
-        end = document.find("\n## ", start + len(heading))
-        end = len(document) if end < 0 else end + 1
+        start, end = span
         kept = _kept_notes(document, heading)
         new = f"{heading}\n\nMeasured {now} with {command}, on the machine above.\n{body.rstrip()}\n\n{kept}"
         document = document[:start] + new + document[end:]
-    rows = [
-        (
-            what,
-            f"| {what} | {measured} | {goal} | {'–' if met is None else ('met' if met else '**missed**')} |",
-        )
-        for section in sections
-        for what, measured, goal, met in section.headlines
-    ]
+    rows = [(headline[0], _row(*headline)) for section in sections for headline in section.headlines]
     OUTPUT.write_text(_with_rows(document.rstrip("\n") + "\n", rows))
     written = [OUTPUT]
     if README.exists():
@@ -236,13 +229,21 @@ def merge(sections: list[Section], now: str, command: str) -> list[Path]:
     return written
 
 
-def _kept_notes(document: str, heading: str) -> str:
-    """The hand-written notes of a section of `document` (its KEPT line and what follows), or ""."""
+def _section_span(document: str, heading: str) -> tuple[int, int] | None:
+    """Where a section of `document` starts (its heading) and ends (the next one's start), or None."""
     start = document.find(heading + "\n")
     if start < 0:
-        return ""
+        return None
     end = document.find("\n## ", start + len(heading))
-    section = document[start : len(document) if end < 0 else end + 1]
+    return start, len(document) if end < 0 else end + 1
+
+
+def _kept_notes(document: str, heading: str) -> str:
+    """The hand-written notes of a section of `document` (its KEPT line and what follows), or ""."""
+    span = _section_span(document, heading)
+    if span is None:
+        return ""
+    section = document[span[0] : span[1]]
     return section[section.index(KEPT) :].rstrip() + "\n\n" if KEPT in section else ""
 
 

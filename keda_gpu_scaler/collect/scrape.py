@@ -218,7 +218,10 @@ def wake_slot(when: float, interval: float) -> float:
 
 
 async def sleep_until(when: float) -> None:
-    """Sleep until the event loop's clock reads `when` (at once if it is past)."""
+    """Sleep until the event loop's clock reads `when` (at once if it is past).
+
+    Not asyncio.sleep(when - loop.time()): that reads the clock again, so the scrapes of one slot would
+    get timers microseconds apart, and sharing a loop turn would hang on the selector's rounding."""
     loop = asyncio.get_running_loop()
     woken: asyncio.Future[None] = loop.create_future()
     timer = loop.call_at(when, _wake, woken)
