@@ -36,10 +36,10 @@ class PodSamples:
     samples: tuple[Sample, ...]
 
 
-def pod_page_reader(namespace: str, pod: str) -> Callable[[Sequence[Sample]], Iterable[PodSamples]]:
+def pod_page_reader(namespace: str, pod: str) -> Callable[[Sequence[Sample], object], Iterable[PodSamples]]:
     """Reads a pod's own page: every kept sample is that pod's, whatever its labels say."""
 
-    def read(samples: Sequence[Sample]) -> list[PodSamples]:
+    def read(samples: Sequence[Sample], _memo: object = None) -> list[PodSamples]:
         return [PodSamples(namespace, pod, tuple(samples))]
 
     return read

@@ -33,7 +33,7 @@ from keda_gpu_scaler.exposition import ExpositionError, Sample
 from keda_gpu_scaler.secretfile import SecretFileError
 from keda_gpu_scaler.supervise import supervised
 from keda_gpu_scaler.telemetry import Telemetry
-from keda_gpu_scaler.vendors import SAMPLE_NAMES, GpuReading, readings_from_samples
+from keda_gpu_scaler.vendors import SAMPLE_NAMES, GpuReading, ReadingsMemo, readings_from_samples
 
 __all__ = [
     "GPU_EXPORTER_PAGES",
@@ -75,7 +75,8 @@ class PageReader:
 
     names: frozenset[str]
     # GPU readings for exporter pages; one PodSamples for an inference pod's page (anything with a namespace).
-    readings: Callable[[Sequence[Sample]], Iterable[Any]]
+    # Also given the source's ReadingsMemo, which a reader may keep what it worked out in for the next page.
+    readings: Callable[[Sequence[Sample], ReadingsMemo | None], Iterable[Any]]
     valid_names: frozenset[str]
     what: str
     # Why the page as a whole cannot be used although its samples parse (None: it can), e.g. a family
@@ -158,18 +159,29 @@ def parse_exposition(
     )
 
 
+class SourceMemo:
+    """What one source's last page leaves for its next: its label sets (the parser's) and its plans (the
+    reader's). An exporter prints the same series on every scrape; only values move."""
+
+    __slots__ = ("labels", "readings")
+
+    def __init__(self) -> None:
+        self.labels = exposition.LabelMemo()
+        self.readings = ReadingsMemo()
+
+
 def read_page(
-    body: bytes, reader: PageReader, label_memo: exposition.LabelMemo | None = None
+    body: bytes, reader: PageReader, memo: SourceMemo | None = None
 ) -> dict[str, tuple[GpuReading, ...]]:
     """A page's readings by namespace (runs on the loop or in a worker thread; changes only the memo of
     the page's source)."""
-    samples = parse_exposition(body, reader.names, label_memo)
+    samples = parse_exposition(body, reader.names, None if memo is None else memo.labels)
     if not any(sample.name in reader.valid_names for sample in samples):
         raise NotOurPage(f"no {reader.what} on this page")
     if reader.refuse is not None and (why := reader.refuse(body)) is not None:
         raise NotOurPage(why)
     grouped: defaultdict[str, list[GpuReading]] = defaultdict(list)
-    for reading in reader.readings(samples):
+    for reading in reader.readings(samples, None if memo is None else memo.readings):
         grouped[reading.namespace].append(reading)
     exposition.release_in_slices(samples)
     return {ns: tuple(rs) for ns, rs in grouped.items()}
@@ -181,7 +193,7 @@ _DIGEST_SEED = secrets.randbits(64)
 
 
 def _digest_and_read(
-    body: bytes, previous: tuple[bytes, Page] | None, reader: PageReader, label_memo: exposition.LabelMemo
+    body: bytes, previous: tuple[bytes, Page] | None, reader: PageReader, memo: SourceMemo
 ) -> tuple[bytes, ByNamespace]:
     # dcgm-exporter refreshes every 30 s: most scrapes return the very page parsed last time, and then
     # only its age changes. A digest (not the bytes) keeps 1,000 exporters' memory small. XXH3-128, not a
@@ -190,13 +202,13 @@ def _digest_and_read(
     # 46. Seeded per process, so no pair of pages collides in every scaler.
     digest = xxhash.xxh3_128_digest(body, _DIGEST_SEED)
     if previous is None:
-        return digest, read_page(body, reader, label_memo)
+        return digest, read_page(body, reader, memo)
     old = previous[1].by_namespace
     if digest == previous[0]:
         return digest, old
     # A namespace whose readings did not change keeps the very same tuple: the store's comparison of
     # old and new pages then costs an identity check, not one comparison per GPU.
-    new = read_page(body, reader, label_memo)
+    new = read_page(body, reader, memo)
     return digest, {ns: old[ns] if old.get(ns) == readings else readings for ns, readings in new.items()}
 
 
@@ -268,8 +280,7 @@ class ScrapeCollector:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._last: dict[str, tuple[bytes, Page]] = {}  # url → digest of the last good page, and its page
         self._readers: dict[str, PageReader] = {}
-        # url → the label sets of its last page: an exporter prints the same ones on every scrape.
-        self._label_memos: dict[str, exposition.LabelMemo] = {}
+        self._memos: dict[str, SourceMemo] = {}  # url → what its last page leaves for its next
         self._failing: dict[str, str] = {}  # url → the failure last logged, while it goes on
 
     def add(
@@ -298,7 +309,7 @@ class ScrapeCollector:
             task.cancel()
         self._last.pop(url, None)
         self._readers.pop(url, None)
-        self._label_memos.pop(url, None)
+        self._memos.pop(url, None)
         self._fetcher.forget(url)
         self._store.remove_source(url)
 
@@ -317,9 +328,9 @@ class ScrapeCollector:
                 body = await self._fetcher.get(url)
             previous = self._last.get(url)
             reader = self._readers.get(url, self._reader)
-            memo = self._label_memos.get(url)
+            memo = self._memos.get(url)
             if memo is None:
-                memo = self._label_memos[url] = exposition.LabelMemo()
+                memo = self._memos[url] = SourceMemo()
             large = len(body) > PARSE_OFF_LOOP_BYTES
             if large:
                 # The garbage collector is left alone meanwhile on purpose: pausing it around large reads

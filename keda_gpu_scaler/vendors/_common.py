@@ -89,6 +89,11 @@ class PodResolver:
                 learnt.add((labels["namespace"], labels["pod"]))
         self._targets = frozenset(learnt)
 
+    @property
+    def targets(self) -> frozenset[PodKey]:
+        """The `namespace`/`pod` pairs read as a scrape target's own pod."""
+        return self._targets
+
     def with_targets(self, targets: Iterable[PodKey]) -> PodResolver:
         """This resolver, also reading these `namespace`/`pod` pairs as a scrape target's own pod."""
         more = frozenset(targets) - self._targets

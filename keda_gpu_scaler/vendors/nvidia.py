@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from keda_gpu_scaler.exposition import Sample
@@ -49,7 +50,7 @@ _HOST_LABELS = ("Hostname", "hostname", "NodeName")  # `hostname` after dcgm-exp
 @dataclass(slots=True)
 class _PodSeries:
     values: dict[str, float | None] = field(default_factory=dict)
-    with_uid: set[str] = field(default_factory=set)  # families whose series for this pod carried pod_uid
+    with_uid: AbstractSet[str] = frozenset()  # families whose series for this pod carried pod_uid
 
 
 @dataclass(slots=True)
@@ -152,33 +153,109 @@ def exporter_pods(samples: Sequence[Sample], facts: dict[int, _LabelFacts]) -> s
     return {pair for key, pairs in device_like.items() if key in with_uid for pair in pairs}
 
 
-def readings(samples: Sequence[Sample], resolver: PodResolver) -> list[GpuReading]:
+@dataclass(frozen=True, slots=True)
+class _GpuShape:
+    """One GPU of a page: where its device-level values and each of its pods' values are poured."""
+
+    gpu: str
+    host: str
+    mig: bool
+    device: int  # the value table of its series without a pod
+    pods: tuple[tuple[PodKey, int, frozenset[str]], ...]  # pod, its value table, families with pod_uid
+
+
+@dataclass(frozen=True, slots=True)
+class PagePlan:
+    """How a page's samples become readings, worked out from their names and label sets alone.
+
+    An exporter prints the same series on every scrape and only their values move, so a source keeps the
+    plan of its last page: a page of the same shape (`fits`) only pours its values into the GPUs and pods
+    worked out before (`readings`), skipping the per-label-set facts, the exporter's own pods and the pod
+    of every sample. Immutable: each reading gets value tables of its own.
+    """
+
+    names: list[str]
+    labels: list[dict[str, str]]  # the page's label sets (read-only, see Sample.labels), compared by ==
+    targets: frozenset[PodKey]  # the resolver's known scrape targets, which change what a pod is
+    slots: tuple[int, ...]  # per sample: the value table it is remembered in
+    tables: int
+    gpus: tuple[_GpuShape, ...]
+
+    def fits(self, samples: Sequence[Sample], resolver: PodResolver) -> bool:
+        """Whether `samples` print the same series, in the same order, as the page this was made for."""
+        # Lists compare element by element with an identity shortcut: the label memo of the parser hands
+        # an exporter's next page the very same label dicts, so this costs a pointer comparison each.
+        return (
+            resolver.targets == self.targets
+            and [sample.name for sample in samples] == self.names
+            and [sample.labels for sample in samples] == self.labels
+        )
+
+    def readings(self, samples: Sequence[Sample]) -> list[GpuReading]:
+        """The readings of `samples`, a page this plan fits."""
+        tables: list[dict[str, float | None]] = [{} for _ in range(self.tables)]
+        for slot, sample in zip(self.slots, samples, strict=True):
+            remember(tables[slot], sample.name, sample.value)
+        result: list[GpuReading] = []
+        for shape in self.gpus:
+            gpu = _Gpu(
+                shape.gpu,
+                shape.host,
+                shape.mig,
+                tables[shape.device],
+                {pod: _PodSeries(tables[table], with_uid) for pod, table, with_uid in shape.pods},
+            )
+            result.extend(_reading(gpu, pod) for pod, _, _ in shape.pods)
+        return result
+
+
+def plan(samples: Sequence[Sample], resolver: PodResolver) -> PagePlan:
+    """The plan of one page's NVIDIA samples (see PagePlan)."""
     facts = _facts_by_label_set(samples)
+    targets = resolver.targets
     resolver = resolver.with_targets(exporter_pods(samples, facts))
-    gpus: dict[GpuKey, _Gpu] = {}
+    # GPU → (its device table, pod → (its table, families whose series for it carried pod_uid))
+    gpus: dict[GpuKey, tuple[int, dict[PodKey, tuple[int, set[str]]]]] = {}
     pods: dict[int, PodKey | None] = {}  # label dict id → its pod, as facts
+    slots: list[int] = []
+    tables = 0
     for sample in samples:
         labels = sample.labels
         fact = facts[id(labels)]
         gpu = gpus.get(fact.gpu)
         if gpu is None:
-            host, identity, instance = fact.gpu
-            gpu = gpus[fact.gpu] = _Gpu(gpu=identity, host=host, mig=bool(instance))
+            gpu = gpus[fact.gpu] = (tables, {})
+            tables += 1
         if id(labels) in pods:
             pod = pods[id(labels)]
         else:
             pod = pods[id(labels)] = resolver.pod_of(labels)
         if pod is None:
-            remember(gpu.device, sample.name, sample.value)
+            slots.append(gpu[0])
             continue
-        series = gpu.pods.get(pod)
+        series = gpu[1].get(pod)
         if series is None:
-            series = gpu.pods[pod] = _PodSeries()
-        remember(series.values, sample.name, sample.value)
+            series = gpu[1][pod] = (tables, set())
+            tables += 1
+        slots.append(series[0])
         if fact.pod_uid:
-            series.with_uid.add(sample.name)
+            series[1].add(sample.name)
+    shapes = []
+    for (host, identity, instance), (device, by_pod) in gpus.items():
+        pod_tables = tuple((pod, table, frozenset(with_uid)) for pod, (table, with_uid) in by_pod.items())
+        shapes.append(_GpuShape(identity, host, bool(instance), device, pod_tables))
+    return PagePlan(
+        [sample.name for sample in samples],
+        [sample.labels for sample in samples],
+        targets,
+        tuple(slots),
+        tables,
+        tuple(shapes),
+    )
 
-    return [_reading(gpu, pod) for gpu in gpus.values() for pod in gpu.pods]
+
+def readings(samples: Sequence[Sample], resolver: PodResolver) -> list[GpuReading]:
+    return plan(samples, resolver).readings(samples)
 
 
 def _reading(gpu: _Gpu, pod: PodKey) -> GpuReading:

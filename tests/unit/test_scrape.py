@@ -204,7 +204,7 @@ async def test_which_families_make_a_page_valid_is_a_parameter(serve, session) -
     queue = "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 2\n"
     server = await serve({"/metrics": text(queue)})
     names = frozenset({"vllm:num_requests_waiting"})
-    reader = PageReader(names, lambda samples: [], names, "inference server metrics")
+    reader = PageReader(names, lambda samples, memo: [], names, "inference server metrics")
     assert await Rig(session, reader=reader).collector.scrape_once(server.url())
     # The same page read for GPU metrics is not one of ours; and a GPU page is not an inference page.
     assert not await Rig(session).collector.scrape_once(server.url())
