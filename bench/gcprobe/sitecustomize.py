@@ -1,6 +1,7 @@
 """Benchmark-only probe: with BENCH_GC_PROBE set, a process reports on stderr every garbage collection of
 1 ms or more, and (BENCH_LOOP_PROBE) how late a task sleeping 5 ms at a time on its event loop wakes up:
-the wait any call arriving then would have had, measured inside the scaler and apart from the client."""
+the wait any call arriving then would have had, measured inside the scaler and apart from the client.
+BENCH_SLOW_CALLBACKS=FILE: every event-loop callback of 1 ms or more, to FILE (what the lateness is made of)."""
 
 import asyncio
 import gc
@@ -44,3 +45,32 @@ if os.environ.get("BENCH_LOOP_PROBE"):
         _run_forever(self)
 
     asyncio.BaseEventLoop.run_forever = _run_forever_probed  # type: ignore[method-assign]
+
+if os.environ.get("BENCH_SLOW_CALLBACKS"):
+    # Which callbacks of the event loop run for 1 ms or more (each one delays every call arriving meanwhile):
+    # one line per such callback, "<ms> <what>" (what: the task's coroutine and where it waits now),
+    # appended to the file the variable names. For looking into a tail, not part of any table.
+    from asyncio import events
+
+    _slow_log = open(os.environ["BENCH_SLOW_CALLBACKS"], "a", buffering=1)  # noqa: SIM115
+
+    _handle_run = events.Handle._run
+
+    def _what(handle: events.Handle) -> str:
+        callback = handle._callback  # type: ignore[attr-defined]
+        owner = getattr(callback, "__self__", None)
+        if isinstance(owner, asyncio.Task):
+            coro = owner.get_coro()
+            frame = getattr(coro, "cr_frame", None)
+            where = f"@{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno}" if frame else ""
+            return getattr(coro, "__qualname__", repr(coro)) + where
+        return getattr(callback, "__qualname__", repr(callback))
+
+    def _run_timed(self: events.Handle) -> None:
+        started = time.perf_counter()
+        _handle_run(self)
+        took = time.perf_counter() - started
+        if took >= 0.001:
+            print(f"{time.time():.3f} {took * 1000:.2f} {_what(self)}", file=_slow_log)
+
+    events.Handle._run = _run_timed  # type: ignore[method-assign]
