@@ -109,7 +109,10 @@ class Child:
                 )
 
     def cpu(self) -> float:
-        return cpu_seconds(self.pid)
+        try:
+            return cpu_seconds(self.pid)
+        except FileNotFoundError:
+            raise RuntimeError(f"process {self.pid} exited; its last lines:\n" + "\n".join(self.tail)) from None
 
     async def stop(self, grace: float = 10.0) -> None:
         if self.process.returncode is None:
@@ -339,6 +342,9 @@ async def profile(pid: int, seconds: float) -> list[tuple[list[str], int]]:
             stderr=asyncio.subprocess.DEVNULL,
         )
         await process.wait()
+        if keep := os.environ.get("BENCH_PROFILE_DIR"):  # the raw stacks, for a closer look
+            with contextlib.suppress(OSError):
+                shutil.copy(out, Path(keep, f"py-spy-{pid}-{time.time():.0f}.txt"))
         return _read_stacks(out)
 
 

@@ -61,6 +61,26 @@ class SourceState:
     last_error: str | None = None
     # The last page that named pods, kept while newer pages name none (see Page.unattributed).
     last_attributed: Page | None = None
+    order: int = 0  # when it was added among the store's sources: views list them in this order
+
+
+@dataclass(frozen=True, slots=True)
+class _Freshness:
+    """Which of the sources naming pods of any namespace are fresh at one instant, for every namespace.
+
+    Namespace-independent, so worked out once for all of them; kept until a page ages out (valid_until),
+    a source comes or goes, or a source not fresh in it gets a page (record_page). A fresh source's new
+    page keeps it fresh, so its readings are read from the namespace index as they are.
+    """
+
+    fresh: frozenset[str]
+    fresh_in_order: tuple[str, ...]
+    # In source order: the sources that are not fresh, and the fresh ones still showing pods of an earlier
+    # page (last_attributed): what a view says about them is worked out per namespace (and per instant:
+    # a problem names an age).
+    special: tuple[SourceState, ...]
+    computed_at: float
+    valid_until: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +121,11 @@ class Store:
         # the namespace's data changes (_bump drops it), a source comes or goes (all dropped) or a page
         # ages out (the view's valid_until). A view with a problem is not kept: its reasons name ages.
         self._views: dict[str, dict[tuple[SourceKind, float], NamespaceView]] = {}
+        # (kind, namespace) → source → its last page's readings of that namespace, for the sources naming
+        # pods of any namespace: a view reads the few exporters that have its pods, not all of them.
+        self._by_namespace: dict[tuple[SourceKind, str], dict[str, tuple[GpuReading, ...]]] = {}
+        self._freshness_of: dict[tuple[SourceKind, float], _Freshness] = {}  # see _Freshness
+        self._added = 0
 
     def version(self, namespace: str) -> int:
         # Read without inserting: calls about namespaces with no data (any name a caller invents) add nothing.
@@ -121,11 +146,13 @@ class Store:
         pod: str | None = None,
     ) -> None:
         if source not in self._sources:
-            state = SourceState(source, kind, namespace, pod)
+            self._added += 1
+            state = SourceState(source, kind, namespace, pod, order=self._added)
             self._sources[source] = state
             self._index.setdefault((kind, namespace), {})[source] = state
             self._epoch += 1
             self._views.clear()
+            self._freshness_of.clear()
 
     def remove_source(self, source: str) -> None:
         state = self._sources.pop(source, None)
@@ -137,7 +164,10 @@ class Store:
             self._index.pop((state.kind, state.namespace), None)
         self._epoch += 1
         self._views.clear()
+        self._freshness_of.clear()
         if state.last_page is not None:
+            if state.namespace is None:
+                self._index_readings(state, state.last_page.by_namespace, None)
             self._bump(state.last_page.by_namespace)
 
     def record_page(self, page: Page) -> None:
@@ -145,12 +175,19 @@ class Store:
         state = self._sources[page.source]
         old = state.last_page
         recovered = old is None or state.last_error is not None
+        attributed = state.last_attributed
         state.last_page = page
         state.last_error = None
         if page.by_namespace:
             state.last_attributed = None
         elif page.unattributed and old is not None and old.by_namespace:
             state.last_attributed = old
+        if state.namespace is None:
+            self._index_readings(state, old.by_namespace if old else {}, page)
+            if state.last_attributed is not attributed or any(
+                page.source not in known.fresh for known in self._freshness_of.values()
+            ):
+                self._freshness_of.clear()  # it was not fresh, or its pods of an earlier page changed
         if recovered:
             self._bump(page.by_namespace.keys() | (old.by_namespace.keys() if old else set()))
             return
@@ -195,39 +232,91 @@ class Store:
         readings: list[GpuReading] = []
         recently_seen: dict[str, str] = {}
         problems: list[str] = []
-        valid_until = float("inf")
-        states = self._states(namespace, kind)
-        fresh: list[str] = []
-        for state in states:
+        # The sources naming pods of any namespace first (in the order they were added), then the
+        # namespace's own: their fresh pages' readings, and what the others leave (problems, pods).
+        anywhere = self._anywhere(kind, now, max_staleness)
+        fresh = list(anywhere.fresh_in_order)
+        valid_until = anywhere.valid_until
+        indexed = self._by_namespace.get((kind, namespace))
+        if indexed:
+            found = [source for source in indexed if source in anywhere.fresh]
+            if len(found) > 1:
+                found.sort(key=lambda source: self._sources[source].order)
+            for source in found:
+                readings.extend(indexed[source])
+        for state in anywhere.special:
+            self._special(state, namespace, now, max_staleness, recently_seen, problems)
+        own = self._index.get((kind, namespace), {})
+        for state in own.values():
             page = state.last_page
-            age = None if page is None else now - page.collected_at
-            if page is not None and age is not None and age <= max_staleness:
+            if page is not None and now - page.collected_at <= max_staleness:
                 fresh.append(state.source)
                 readings.extend(page.by_namespace.get(namespace, ()))
                 valid_until = min(valid_until, page.collected_at + max_staleness)
-                if state.last_attributed is not None:
-                    reason = f"{state.source}: {ATTRIBUTION_LOST}"
-                    for reading in state.last_attributed.by_namespace.get(namespace, ()):
-                        recently_seen.setdefault(reading.pod, reason)
-                continue
-            reason = (
-                f"{state.source}: {state.last_error or 'no data yet'}"
-                if age is None or state.last_error
-                else f"{state.source}: last data {age:.1f}s old (max staleness {max_staleness:g}s)"
-            )
-            if age is not None and state.last_error:
-                reason += f"; last data {age:.1f}s old"
-            problems.append(reason)
-            # However long the outage lasts: forgetting these pods would shrink the value (made-up load drop).
-            if state.pod is not None:
-                recently_seen.setdefault(state.pod, reason)
-            for last in (page, state.last_attributed):
-                if last is not None:
-                    for reading in last.by_namespace.get(namespace, ()):
-                        recently_seen.setdefault(reading.pod, reason)
+            if _is_special(state, now, max_staleness):
+                self._special(state, namespace, now, max_staleness, recently_seen, problems)
         return NamespaceView(
-            tuple(readings), tuple(fresh), len(states), recently_seen, tuple(problems), valid_until
+            tuple(readings),
+            tuple(fresh),
+            len(self._index.get((kind, None), ())) + len(own),
+            recently_seen,
+            tuple(problems),
+            valid_until,
         )
+
+    @staticmethod
+    def _special(
+        state: SourceState,
+        namespace: str,
+        now: float,
+        max_staleness: float,
+        recently_seen: dict[str, str],
+        problems: list[str],
+    ) -> None:
+        """What a source that is not fresh, or fresh but showing no pods, says about a namespace."""
+        page = state.last_page
+        age = None if page is None else now - page.collected_at
+        if page is not None and age is not None and age <= max_staleness:
+            assert state.last_attributed is not None
+            reason = f"{state.source}: {ATTRIBUTION_LOST}"
+            for reading in state.last_attributed.by_namespace.get(namespace, ()):
+                recently_seen.setdefault(reading.pod, reason)
+            return
+        reason = (
+            f"{state.source}: {state.last_error or 'no data yet'}"
+            if age is None or state.last_error
+            else f"{state.source}: last data {age:.1f}s old (max staleness {max_staleness:g}s)"
+        )
+        if age is not None and state.last_error:
+            reason += f"; last data {age:.1f}s old"
+        problems.append(reason)
+        # However long the outage lasts: forgetting these pods would shrink the value (made-up load drop).
+        if state.pod is not None:
+            recently_seen.setdefault(state.pod, reason)
+        for last in (page, state.last_attributed):
+            if last is not None:
+                for reading in last.by_namespace.get(namespace, ()):
+                    recently_seen.setdefault(reading.pod, reason)
+
+    def _anywhere(self, kind: SourceKind, now: float, max_staleness: float) -> _Freshness:
+        """The freshness of the sources naming pods of any namespace, kept while it holds (see _Freshness)."""
+        key = (kind, max_staleness)
+        known = self._freshness_of.get(key)
+        if known is not None and known.computed_at <= now < known.valid_until:
+            return known
+        fresh: list[str] = []
+        special: list[SourceState] = []
+        valid_until = float("inf")
+        for state in self._index.get((kind, None), {}).values():
+            page = state.last_page
+            if page is not None and now - page.collected_at <= max_staleness:
+                fresh.append(state.source)
+                valid_until = min(valid_until, page.collected_at + max_staleness)
+            if _is_special(state, now, max_staleness):
+                special.append(state)
+        known = _Freshness(frozenset(fresh), tuple(fresh), tuple(special), now, valid_until)
+        self._freshness_of[key] = known
+        return known
 
     def _freshness(
         self, namespace: str, now: float, max_staleness: float, kind: SourceKind = SourceKind.SCRAPE
@@ -238,18 +327,30 @@ class Store:
         view but for its time limit: pages renewed with the readings they had (an exporter that refreshes
         every 30 s, scraped every 5 s) leave an evaluation right, only for longer.
         """
-        fresh: list[str] = []
-        valid_until = float("inf")
-        for state in self._states(namespace, kind):
+        anywhere = self._anywhere(kind, now, max_staleness)
+        fresh = list(anywhere.fresh_in_order)
+        valid_until = anywhere.valid_until
+        for state in self._index.get((kind, namespace), {}).values():
             page = state.last_page
             if page is not None and now - page.collected_at <= max_staleness:
                 fresh.append(state.source)
                 valid_until = min(valid_until, page.collected_at + max_staleness)
         return tuple(fresh), valid_until
 
-    def _states(self, namespace: str, kind: SourceKind) -> list[SourceState]:
-        """The sources that answer about a namespace: those naming pods of any namespace, and its own."""
-        return [*self._index.get((kind, None), {}).values(), *self._index.get((kind, namespace), {}).values()]
+    def _index_readings(
+        self, state: SourceState, old: dict[str, tuple[GpuReading, ...]], page: Page | None
+    ) -> None:
+        """Keep _by_namespace in step with a source's page (None: the source is gone)."""
+        new = page.by_namespace if page is not None else {}
+        for namespace in old.keys() | new.keys():
+            found = new.get(namespace)
+            key = (state.kind, namespace)
+            if found:
+                self._by_namespace.setdefault(key, {})[state.source] = found
+            elif (indexed := self._by_namespace.get(key)) is not None:
+                indexed.pop(state.source, None)
+                if not indexed:
+                    del self._by_namespace[key]
 
     async def wait_for_change(self, namespace: str, seen_version: int, timeout: float) -> None:
         """Return once the namespace's data moved past seen_version, or after timeout (data also ages)."""
@@ -272,3 +373,11 @@ class Store:
             event = self._changed.pop(namespace, None)
             if event is not None:
                 event.set()
+
+
+def _is_special(state: SourceState, now: float, max_staleness: float) -> bool:
+    """Not fresh, or fresh but still showing the pods of an earlier page (see Store._special)."""
+    page = state.last_page
+    if page is None or now - page.collected_at > max_staleness:
+        return True
+    return state.last_attributed is not None

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keda_gpu_scaler.collect.store import Page, SourceKind, Store
+from keda_gpu_scaler.collect.store import ATTRIBUTION_LOST, NamespaceView, Page, SourceKind, Store
 from keda_gpu_scaler.vendors import Family, GpuReading
 
 
@@ -145,24 +145,74 @@ def test_a_view_with_a_problem_is_computed_on_every_call() -> None:
     assert "21.0s old" in store.view("a", 21, 10).problems[0], "its reason names the age now"
 
 
-@settings(max_examples=300, deadline=None)
+def walked_view(store: Store, namespace: str, now: float, max_staleness: float) -> NamespaceView:
+    """A namespace's view as the definition says, walking every source: those naming pods of any
+    namespace, then the namespace's own, each in the order it was added (the store keeps indexes)."""
+    states = sorted(store.sources(), key=lambda state: (state.namespace is not None, state.order))
+    readings: list[GpuReading] = []
+    fresh: list[str] = []
+    recently_seen: dict[str, str] = {}
+    problems: list[str] = []
+    valid_until = float("inf")
+    counted = [state for state in states if state.namespace in (None, namespace)]
+    for state in counted:
+        page = state.last_page
+        age = None if page is None else now - page.collected_at
+        if page is not None and age is not None and age <= max_staleness:
+            fresh.append(state.source)
+            readings.extend(page.by_namespace.get(namespace, ()))
+            valid_until = min(valid_until, page.collected_at + max_staleness)
+            if state.last_attributed is not None:
+                for reading in state.last_attributed.by_namespace.get(namespace, ()):
+                    recently_seen.setdefault(reading.pod, f"{state.source}: {ATTRIBUTION_LOST}")
+            continue
+        reason = (
+            f"{state.source}: {state.last_error or 'no data yet'}"
+            if age is None or state.last_error
+            else f"{state.source}: last data {age:.1f}s old (max staleness {max_staleness:g}s)"
+        )
+        if age is not None and state.last_error:
+            reason += f"; last data {age:.1f}s old"
+        problems.append(reason)
+        if state.pod is not None:
+            recently_seen.setdefault(state.pod, reason)
+        for last in (page, state.last_attributed):
+            if last is not None:
+                for reading in last.by_namespace.get(namespace, ()):
+                    recently_seen.setdefault(reading.pod, reason)
+    return NamespaceView(
+        tuple(readings), tuple(fresh), len(counted), recently_seen, tuple(problems), valid_until
+    )
+
+
+SOURCES = ["http://a/metrics", "http://b/metrics", "http://c/metrics", "http://own-a/metrics"]
+
+
+@settings(max_examples=400, deadline=None)
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["page", "fail", "remove", "wait", "view"]),
-            st.sampled_from(["http://a/metrics", "http://b/metrics"]),
+            st.sampled_from(["page", "unattributed", "fail", "remove", "wait", "view"]),
+            st.sampled_from(SOURCES),
             st.lists(st.tuples(st.sampled_from("ab"), st.sampled_from("pq"), st.integers(0, 2)), max_size=3),
             st.floats(0, 12),
         ),
         max_size=40,
     )
 )
-def test_a_kept_view_always_reads_as_a_new_one(operations: list[Any]) -> None:
+def test_a_view_always_reads_as_walking_every_source(operations: list[Any]) -> None:
+    """Kept views, the kept freshness of the sources and the per-namespace index against the definition:
+    after every page, page without pods, failure, removal or wait, the view reads exactly as walking
+    every source would, with a time limit no later."""
     store = Store()
     now = 0.0
     for what, source, contents, seconds in operations:
+        if source == "http://own-a/metrics" and source not in {state.source for state in store.sources()}:
+            store.add_source(source, SourceKind.SCRAPE, "a", "own-pod")  # a source of namespace a alone
         if what == "page":
             store.record_page(page(now, *(reading(ns, pod, v) for ns, pod, v in contents), source=source))
+        elif what == "unattributed":
+            store.record_page(Page.from_readings(source, now, (), gpu_series=True))
         elif what == "fail":
             store.record_failure(source, "HTTP 500")
         elif what == "remove":
@@ -171,7 +221,7 @@ def test_a_kept_view_always_reads_as_a_new_one(operations: list[Any]) -> None:
             now += seconds
         for namespace in "ab":
             kept = store.view(namespace, now, 10)
-            new = store._view(namespace, now, 10, SourceKind.SCRAPE)
+            new = walked_view(store, namespace, now, 10)
             assert (kept.readings, kept.fresh, kept.sources, kept.recently_seen, kept.problems) == (
                 new.readings,
                 new.fresh,
