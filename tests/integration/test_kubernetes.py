@@ -619,3 +619,32 @@ async def test_inference_metrics_read_each_ready_target_pods_own_page(  # type: 
         assert servers[0].url not in cluster.scraped(scaler)
 
     await eventually(released)
+
+
+async def test_the_api_client_reads_the_proxy_environment_once_not_per_request(
+    kube: FakeKube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proxy variables are honoured as kubectl does (NO_PROXY too), read when connecting; requests
+    themselves look nothing up (aiohttp would, in a worker thread, on every call)."""
+    from keda_gpu_scaler.discovery.api import KubeApi, KubeError, connect
+
+    kubeconfig = str(kube.kubeconfig(tmp_path))
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    api_client = await connect(kubeconfig)
+    try:
+        assert api_client.rest_client.pool_manager.trust_env is False
+        assert api_client.configuration.proxy is None
+        with pytest.raises(KubeError) as answered:  # a request still goes through: the API server's 404
+            await KubeApi(api_client).scaled_object("ml", "missing")
+        assert answered.value.status == 404
+    finally:
+        await api_client.close()
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    api_client = await connect(kubeconfig)
+    assert api_client.configuration.proxy == "http://proxy.example:3128"
+    await api_client.close()
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    api_client = await connect(kubeconfig)
+    assert api_client.configuration.proxy is None
+    await api_client.close()
