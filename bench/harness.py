@@ -112,7 +112,9 @@ class Child:
         try:
             return cpu_seconds(self.pid)
         except FileNotFoundError:
-            raise RuntimeError(f"process {self.pid} exited; its last lines:\n" + "\n".join(self.tail)) from None
+            raise RuntimeError(
+                f"process {self.pid} exited; its last lines:\n" + "\n".join(self.tail)
+            ) from None
 
     async def stop(self, grace: float = 10.0) -> None:
         if self.process.returncode is None:

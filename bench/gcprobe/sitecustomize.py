@@ -63,14 +63,18 @@ if os.environ.get("BENCH_SLOW_CALLBACKS"):
             coro = owner.get_coro()
             frame = getattr(coro, "cr_frame", None)
             where = f"@{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_lineno}" if frame else ""
-            return getattr(coro, "__qualname__", repr(coro)) + where
-        return getattr(callback, "__qualname__", repr(callback))
+            return str(getattr(coro, "__qualname__", None) or repr(coro)) + where
+        return str(getattr(callback, "__qualname__", None) or repr(callback))
 
     def _run_timed(self: events.Handle) -> None:
         started = time.perf_counter()
         _handle_run(self)
         took = time.perf_counter() - started
         if took >= 0.001:
-            print(f"{time.time():.3f} {took * 1000:.2f} {_what(self)}", file=_slow_log)
+            try:
+                what = _what(self)
+            except Exception as error:  # the probe must never take the loop down
+                what = f"? ({error!r})"
+            print(f"{time.time():.3f} {took * 1000:.2f} {what}", file=_slow_log)
 
     events.Handle._run = _run_timed  # type: ignore[method-assign]
