@@ -153,6 +153,9 @@ def exporter_pods(samples: Sequence[Sample], facts: dict[int, _LabelFacts]) -> s
     return {pair for key, pairs in device_like.items() if key in with_uid for pair in pairs}
 
 
+_NO_FAMILIES: frozenset[str] = frozenset()  # shared: an empty frozenset is 216 bytes, one per pod adds up
+
+
 @dataclass(frozen=True, slots=True)
 class _GpuShape:
     """One GPU of a page: where its device-level values and each of its pods' values are poured."""
@@ -242,7 +245,10 @@ def plan(samples: Sequence[Sample], resolver: PodResolver) -> PagePlan:
             series[1].add(sample.name)
     shapes = []
     for (host, identity, instance), (device, by_pod) in gpus.items():
-        pod_tables = tuple((pod, table, frozenset(with_uid)) for pod, (table, with_uid) in by_pod.items())
+        pod_tables = tuple(
+            (pod, table, frozenset(with_uid) if with_uid else _NO_FAMILIES)
+            for pod, (table, with_uid) in by_pod.items()
+        )
         shapes.append(_GpuShape(identity, host, bool(instance), device, pod_tables))
     return PagePlan(
         [sample.name for sample in samples],
