@@ -248,8 +248,7 @@ class Store:
             self._special(state, namespace, now, max_staleness, recently_seen, problems)
         own = self._index.get((kind, namespace), {})
         for state in own.values():
-            page = state.last_page
-            if page is not None and now - page.collected_at <= max_staleness:
+            if (page := _fresh_page(state, now, max_staleness)) is not None:
                 fresh.append(state.source)
                 readings.extend(page.by_namespace.get(namespace, ()))
                 valid_until = min(valid_until, page.collected_at + max_staleness)
@@ -274,14 +273,14 @@ class Store:
         problems: list[str],
     ) -> None:
         """What a source that is not fresh, or fresh but showing no pods, says about a namespace."""
-        page = state.last_page
-        age = None if page is None else now - page.collected_at
-        if page is not None and age is not None and age <= max_staleness:
+        if _fresh_page(state, now, max_staleness) is not None:
             assert state.last_attributed is not None
             reason = f"{state.source}: {ATTRIBUTION_LOST}"
             for reading in state.last_attributed.by_namespace.get(namespace, ()):
                 recently_seen.setdefault(reading.pod, reason)
             return
+        page = state.last_page
+        age = None if page is None else now - page.collected_at
         reason = (
             f"{state.source}: {state.last_error or 'no data yet'}"
             if age is None or state.last_error
@@ -308,8 +307,7 @@ class Store:
         special: list[SourceState] = []
         valid_until = float("inf")
         for state in self._index.get((kind, None), {}).values():
-            page = state.last_page
-            if page is not None and now - page.collected_at <= max_staleness:
+            if (page := _fresh_page(state, now, max_staleness)) is not None:
                 fresh.append(state.source)
                 valid_until = min(valid_until, page.collected_at + max_staleness)
             if _is_special(state, now, max_staleness):
@@ -331,8 +329,7 @@ class Store:
         fresh = list(anywhere.fresh_in_order)
         valid_until = anywhere.valid_until
         for state in self._index.get((kind, namespace), {}).values():
-            page = state.last_page
-            if page is not None and now - page.collected_at <= max_staleness:
+            if (page := _fresh_page(state, now, max_staleness)) is not None:
                 fresh.append(state.source)
                 valid_until = min(valid_until, page.collected_at + max_staleness)
         return tuple(fresh), valid_until
@@ -375,9 +372,12 @@ class Store:
                 event.set()
 
 
+def _fresh_page(state: SourceState, now: float, max_staleness: float) -> Page | None:
+    """The source's last page if it is fresh (at most max_staleness old), else None."""
+    page = state.last_page
+    return page if page is not None and now - page.collected_at <= max_staleness else None
+
+
 def _is_special(state: SourceState, now: float, max_staleness: float) -> bool:
     """Not fresh, or fresh but still showing the pods of an earlier page (see Store._special)."""
-    page = state.last_page
-    if page is None or now - page.collected_at > max_staleness:
-        return True
-    return state.last_attributed is not None
+    return _fresh_page(state, now, max_staleness) is None or state.last_attributed is not None
