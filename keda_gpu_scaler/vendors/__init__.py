@@ -61,8 +61,9 @@ _FAMILY_ORDER = {family: index for index, family in enumerate(Family)}
 
 
 # A plan is kept for pages of up to this many samples of its vendor (an 8-GPU node prints ~40, a node of
-# time-shared GPUs a few hundred): a hostile page's 20,000 series are not kept alive for its next.
-MAX_PLANNED_SAMPLES = 4096
+# time-shared GPUs a few hundred): a hostile page's 20,000 series are not kept alive for its next. At
+# ~350 bytes per sample at most, a plan stays under 400 kB, as the parser's label memo (MAX_MEMO_SETS).
+MAX_PLANNED_SAMPLES = 1024
 
 
 class ReadingsMemo:
