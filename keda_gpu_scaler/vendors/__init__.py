@@ -89,27 +89,26 @@ def readings_from_samples(samples: Iterable[Sample], memo: ReadingsMemo | None =
     result: list[GpuReading] = []
     for vendor in VENDORS:
         mine = [sample for sample in page if sample.name in vendor.sample_names]
-        if memo is not None and vendor.plan is not None:
-            result.extend(_planned(vendor, vendor.plan, mine, resolver, memo))
-        elif mine:
-            result.extend(vendor.readings(mine, resolver))
+        if mine:
+            result.extend(_vendor_readings(vendor, mine, resolver, memo))
+        elif memo is not None:
+            memo.plans.pop(vendor.family, None)
     result.sort(key=lambda r: (_FAMILY_ORDER[r.family], r.namespace, r.pod, r.host, r.gpu))
     return result
 
 
-def _planned(
-    vendor: Vendor,
-    make_plan: Callable[[Sequence[Sample], PodResolver], Plan],
-    mine: list[Sample],
-    resolver: PodResolver,
-    memo: ReadingsMemo,
+def _vendor_readings(
+    vendor: Vendor, mine: list[Sample], resolver: PodResolver, memo: ReadingsMemo | None
 ) -> list[GpuReading]:
-    if not mine or len(mine) > MAX_PLANNED_SAMPLES:
+    """The vendor's readings of its samples: through the source's plan of its last page where one fits."""
+    if memo is None or vendor.plan is None:
+        return vendor.readings(mine, resolver)
+    if len(mine) > MAX_PLANNED_SAMPLES:
         memo.plans.pop(vendor.family, None)
-        return vendor.readings(mine, resolver) if mine else []
+        return vendor.readings(mine, resolver)
     plan = memo.plans.get(vendor.family)
     if plan is None or not plan.fits(mine, resolver):
-        plan = memo.plans[vendor.family] = make_plan(mine, resolver)
+        plan = memo.plans[vendor.family] = vendor.plan(mine, resolver)
     return plan.readings(mine)
 
 
