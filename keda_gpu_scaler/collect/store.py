@@ -279,20 +279,12 @@ class Store:
             for reading in state.last_attributed.by_namespace.get(namespace, ()):
                 recently_seen.setdefault(reading.pod, reason)
             return
-        page = state.last_page
-        age = None if page is None else now - page.collected_at
-        reason = (
-            f"{state.source}: {state.last_error or 'no data yet'}"
-            if age is None or state.last_error
-            else f"{state.source}: last data {age:.1f}s old (max staleness {max_staleness:g}s)"
-        )
-        if age is not None and state.last_error:
-            reason += f"; last data {age:.1f}s old"
+        reason = source_problem(state, now, max_staleness)
         problems.append(reason)
         # However long the outage lasts: forgetting these pods would shrink the value (made-up load drop).
         if state.pod is not None:
             recently_seen.setdefault(state.pod, reason)
-        for last in (page, state.last_attributed):
+        for last in (state.last_page, state.last_attributed):
             if last is not None:
                 for reading in last.by_namespace.get(namespace, ()):
                     recently_seen.setdefault(reading.pod, reason)
@@ -370,6 +362,17 @@ class Store:
             event = self._changed.pop(namespace, None)
             if event is not None:
                 event.set()
+
+
+def source_problem(state: SourceState, now: float, max_staleness: float) -> str:
+    """Why a source that is not fresh gives no data now: its failure, or its last page's age."""
+    page = state.last_page
+    if page is None:
+        return f"{state.source}: {state.last_error or 'no data yet'}"
+    age = now - page.collected_at
+    if state.last_error:
+        return f"{state.source}: {state.last_error}; last data {age:.1f}s old"
+    return f"{state.source}: last data {age:.1f}s old (max staleness {max_staleness:g}s)"
 
 
 def _fresh_page(state: SourceState, now: float, max_staleness: float) -> Page | None:

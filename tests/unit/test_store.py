@@ -8,7 +8,14 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keda_gpu_scaler.collect.store import ATTRIBUTION_LOST, NamespaceView, Page, SourceKind, Store
+from keda_gpu_scaler.collect.store import (
+    ATTRIBUTION_LOST,
+    NamespaceView,
+    Page,
+    SourceKind,
+    Store,
+    source_problem,
+)
 from keda_gpu_scaler.vendors import Family, GpuReading
 
 
@@ -166,13 +173,7 @@ def walked_view(store: Store, namespace: str, now: float, max_staleness: float) 
                 for reading in state.last_attributed.by_namespace.get(namespace, ()):
                     recently_seen.setdefault(reading.pod, f"{state.source}: {ATTRIBUTION_LOST}")
             continue
-        reason = (
-            f"{state.source}: {state.last_error or 'no data yet'}"
-            if age is None or state.last_error
-            else f"{state.source}: last data {age:.1f}s old (max staleness {max_staleness:g}s)"
-        )
-        if age is not None and state.last_error:
-            reason += f"; last data {age:.1f}s old"
+        reason = source_problem(state, now, max_staleness)  # the store's wording: which sources is checked
         problems.append(reason)
         if state.pod is not None:
             recently_seen.setdefault(state.pod, reason)
