@@ -39,7 +39,7 @@ class PodSamples:
 def pod_page_reader(namespace: str, pod: str) -> Callable[[Sequence[Sample], object], Iterable[PodSamples]]:
     """Reads a pod's own page: every kept sample is that pod's, whatever its labels say."""
 
-    def read(samples: Sequence[Sample], _memo: object = None) -> list[PodSamples]:
+    def read(samples: Sequence[Sample], _memo: object) -> list[PodSamples]:  # (nothing worth keeping)
         return [PodSamples(namespace, pod, tuple(samples))]
 
     return read
