@@ -342,12 +342,12 @@ def requests_for(plan: Plan) -> list[tuple[bytes, bytes]]:
     return out
 
 
-async def client_main(plan: Plan, target: str, duration: float) -> dict[str, Any]:
+async def client_main(plan: Plan, target: str, duration: float, health_only: bool = False) -> dict[str, Any]:
     from bench.loadgen import Client, open_loop
 
     requests = requests_for(plan)
     async with grpc.aio.insecure_channel(target) as channel:
-        client = Client(channel)
+        client = Client(channel, health_only)
         gc.collect()
         gc.freeze()
         gc.disable()
@@ -523,9 +523,10 @@ async def load_window(
     control: int,
     churn_rate: float,
     profile_for: float = 0.0,
+    health_only: bool = False,
 ) -> tuple[Window, list[tuple[list[str], int]]]:
     args = ["-m", "bench.bench_cluster", "client", "--plan", json.dumps(plan.__dict__), "--target", target]
-    args += ["--duration", str(plan.window)]
+    args += ["--duration", str(plan.window)] + (["--health-only"] if health_only else [])
     async with _child(args, cpu=OTHERS_CPU) as client:
         assert client.process.stdout is not None
         line = await asyncio.wait_for(client.process.stdout.readline(), 120)
@@ -568,8 +569,10 @@ class Result:
     warm_seconds: float
     steady: Window  # the window whose RPC p99 is the median of the steady windows
     churn: Window  # the same among the churn windows
+    floor: Window  # the same among the floor windows: the gRPC health Check, during churn
     steady_p99s: list[float]  # every window's RPC p99, ms
     churn_p99s: list[float]
+    floor_p99s: list[float]
     discovery_share: float  # of the scaler's samples during churn
     rss: tuple[float, float]
     ready_delays: list[float]
@@ -584,10 +587,14 @@ async def measure(plan: Plan) -> Result:
         session = await stack.enter_async_context(aiohttp.ClientSession())
         stub = pb_grpc().ExternalScalerStub(channel)
         warm_seconds = await warm(stub, plan, deadline=300)
-        # Steady and churn windows alternate, plan.windows of each: on a shared machine one window's p99 moves
-        # several-fold from run to run, so the table shows the median window and every window's p99.
+        # Steady, churn and floor windows alternate, plan.windows of each: on a shared machine one window's
+        # p99 moves several-fold from run to run, so the table shows the median window and every window's p99.
+        # A floor window is a churn window in which the client calls the gRPC health service's Check (a
+        # handler that does next to nothing) instead: the same client, runtime, machine and churn, none of the
+        # servicer's or the evaluation's work, measured minutes apart from the KEDA-shaped calls.
         steadies: list[Window] = []
         churns: list[Window] = []
+        floors: list[Window] = []
         delays: list[float] = []
         readies_seen = 0  # the cluster counts Readies from its start: each window probes only its own
         for _ in range(plan.windows):
@@ -600,6 +607,13 @@ async def measure(plan: Plan) -> Result:
             stop.set()
             window_delays, readies_seen = await readies
             delays += window_delays
+            floors.append(
+                (
+                    await load_window(
+                        plan, target, running, session, control, plan.events_per_second, health_only=True
+                    )
+                )[0]
+            )
         rss = rss_mib(running.pid)
         # The profile comes from a window of its own: py-spy's sampling takes CPU from the machine the
         # measured window runs on, and its figures would carry that.
@@ -612,8 +626,10 @@ async def measure(plan: Plan) -> Result:
         warm_seconds,
         _median_window(steadies),
         _median_window(churns),
+        _median_window(floors),
         [w.p99_ms for w in steadies],
         [w.p99_ms for w in churns],
+        [w.p99_ms for w in floors],
         found.get(PROFILE_RULES[0][0], 0.0),
         rss,
         delays,
@@ -656,7 +672,8 @@ def render(results: list[Result]) -> Section:
         rows.append(
             f"| {p.pods:,} pods / {p.objects} ScaledObjects / {p.nodes} nodes | {r.warm_seconds:.0f} |"
             f" {r.steady.p50_ms:.2f} / {r.steady.p99_ms:.2f} | {r.churn.p50_ms:.2f} / {r.churn.p99_ms:.2f} |"
-            f" {_p99s(r.steady_p99s)} / {_p99s(r.churn_p99s)} |"
+            f" {r.floor.p50_ms:.2f} / {r.floor.p99_ms:.2f} |"
+            f" {_p99s(r.steady_p99s)} / {_p99s(r.churn_p99s)} / {_p99s(r.floor_p99s)} |"
             f" {r.steady.loop_late_p99_ms:.2f} / {r.churn.loop_late_p99_ms:.2f} |"
             f" {r.steady.lag_ms:.0f} / {r.churn.lag_ms:.0f} |"
             f" {r.steady.longest_gc_ms:.0f} / {r.churn.longest_gc_ms:.0f} |"
@@ -672,6 +689,13 @@ def render(results: list[Result]) -> Section:
                     f"{r.churn.p99_ms:.1f} ms ({_p99s(r.churn_p99s)})",
                     "≤ 2 ms",
                     r.churn.p99_ms <= 2,
+                ),
+                (
+                    f"Cluster {p.pods:,} pods, the same client's p99 for the gRPC health Check during churn"
+                    " (the runtime's floor here)",
+                    f"{r.floor.p99_ms:.1f} ms ({_p99s(r.floor_p99s)})",
+                    "–",
+                    None,
                 ),
                 (
                     f"Cluster {p.pods:,} pods, scaler event loop late p99 during churn (inside the scaler)",
@@ -706,7 +730,10 @@ by the same process) lists the GPUs of the pods running there. `keda-gpu-scaler 
 (pinned to core {SCALER_CPU}, scrapes every {SCRAPE_INTERVAL:g} s) finds everything through the API. A
 KEDA-shaped client (`GetMetricSpec`, `GetMetrics`, `IsActive` per poll, open loop) polls every ScaledObject
 at {first.plan.rate:g} RPC/s in total, in {first.plan.window:g} s windows without pod events ("steady") and
-with pod churn of {first.plan.events_per_second:g} events/s, alternating, {first.plan.windows} of each: rollouts of one pod
+with pod churn of {first.plan.events_per_second:g} events/s, and "floor" windows (the same churn, the same client
+calling the gRPC health service's `Check`, a handler that does next to nothing, three times per poll at the
+same rate: what the gRPC runtime, the machine and the churn give without any of the scaler's RPC work),
+alternating, {first.plan.windows} of each. Churn is rollouts of one pod
 at a time (terminating → deleted → created Pending → scheduled and Running, its GPU on the node's page →
 Ready). The cluster process and the client share core {OTHERS_CPU}, the cluster process at nice {CLUSTER_NICE}
 so that the client's calls go first when both are ready (the pod events per second show it kept up).
@@ -714,7 +741,7 @@ so that the client's calls go first when both are ready (the pod events per seco
 "CPU per pod event" is the scaler's extra CPU during churn over steady, per event. "Discovery" is the share
 of py-spy samples in `keda_gpu_scaler/discovery` frames times the scaler's CPU during churn; py-spy samples
 one more window with the same churn and load, after the measured ones, so its own CPU is in no figure. The
-other columns come from the steady and the churn window whose p99 is the median. "Ready → in
+other columns come from the steady, the churn and the floor window whose p99 is the median. "Ready → in
 GetMetrics" is measured for one pod in {PROBE_EVERY} of those that turned Ready during the churn windows (so that
 the probe's calls stay a small part of the load): a separate probe polls its ScaledObject every {1000 * PROBE_SECONDS:.0f} ms
 until the value includes the new pod (median / worst, seconds). The pod's GPU is on its node's page from
@@ -725,8 +752,8 @@ how late it woke (p99): the wait a call arriving then had inside the scaler. The
 also carry its own delays: it shares core {OTHERS_CPU} with the cluster process, and "client behind
 schedule" is how late it started its worst poll.
 
-| cluster | warm-up s | steady p50 / p99 ms | churn p50 / p99 ms | every window's p99, steady / churn ms | scaler loop late p99 steady / churn ms | client behind schedule, worst, steady / churn ms | longest GC pause steady / churn ms | RPC errors | pod events/s | scaler CPU ms per pod event | scaler CPU steady / churn | discovery CPU (of a core) | RSS now / peak MiB | Ready → in GetMetrics s |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| cluster | warm-up s | steady p50 / p99 ms | churn p50 / p99 ms | floor (health Check, churn) p50 / p99 ms | every window's p99, steady / churn / floor ms | scaler loop late p99 steady / churn ms | client behind schedule, worst, steady / churn ms | longest GC pause steady / churn ms | RPC errors | pod events/s | scaler CPU ms per pod event | scaler CPU steady / churn | discovery CPU (of a core) | RSS now / peak MiB | Ready → in GetMetrics s |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 {table}
 
 Where the scaler's CPU went during churn ({first.plan.pods:,} pods):
@@ -766,6 +793,7 @@ def main() -> None:
     client.add_argument("--plan", required=True)
     client.add_argument("--target", required=True)
     client.add_argument("--duration", type=float, required=True)
+    client.add_argument("--health-only", action="store_true", help="call the gRPC health Check instead")
     run_parser = sub.add_parser("run", help="run the benchmark and print its markdown")
     run_parser.add_argument("--quick", action="store_true")
     run_parser.add_argument("--small-only", action="store_true", help=f"only {PLANS[0].pods:,} pods")
@@ -777,7 +805,7 @@ def main() -> None:
     if args.command == "serve":
         asyncio.run(serve_cluster(plan, Path(args.dir)))
     else:
-        print(json.dumps(asyncio.run(client_main(plan, args.target, args.duration))))
+        print(json.dumps(asyncio.run(client_main(plan, args.target, args.duration, args.health_only))))
 
 
 if __name__ == "__main__":
