@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from keda_gpu_scaler.engines import Missing, MissingKind, pod_reading, value_for
 from keda_gpu_scaler.errors import NoData
@@ -37,6 +37,36 @@ class PodValue:
     # Inference metrics: the pod's inputs as read (waiting, running, kvCache; None where not exported).
     inputs: tuple[tuple[str, float | None], ...] = ()
 
+    def row(self) -> PodRow:
+        """The pod as one flat tuple: pod, family name, value, the number of inputs, then each input's name
+        and value, then each GPU's id, host and value."""
+        flat: list[str | float | None] = [self.pod, str(self.family), self.value, len(self.inputs)]
+        for name, value in self.inputs:
+            flat += (name, value)
+        for gpu in self.gpus:
+            flat += (gpu.gpu, gpu.host, gpu.value)
+        return tuple(flat)
+
+    @classmethod
+    def from_row(cls, row: PodRow) -> PodValue:
+        pod, value, count = row[0], row[2], row[3]
+        family: str = row[1]
+        inputs = tuple(zip(row[4 : 4 + 2 * count : 2], row[5 : 5 + 2 * count : 2], strict=True))
+        rest = row[4 + 2 * count :]
+        gpus = tuple(GpuValue(*rest[i : i + 3]) for i in range(0, len(rest), 3))
+        return cls(pod, _FAMILIES.get(family, family), value, gpus, inputs)
+
+
+# A PodValue as one flat tuple of strings and numbers (PodValue.row): how an Evaluation keeps its pods.
+# Evaluations are kept per ScaledObject until the next one, long enough to reach the collector's older
+# generations, where every tracked object slows each collection: with 100 pods a ScaledObject their
+# PodValues and GpuValues made up nine tenths of the middle generation (collections of 30-50 ms with
+# 50,000 pods under churn). Dataclass instances stay tracked for life; a tuple holding only strings and
+# numbers is dropped from tracking by the first collection that looks at it. Flat, because one collection
+# drops one level of nesting (it looks at an outer tuple before the tuples inside it).
+PodRow = tuple[Any, ...]
+_FAMILIES: dict[str, str] = {f.value: f for f in Family}
+
 
 @dataclass(frozen=True, slots=True)
 class WhatIf:
@@ -52,10 +82,15 @@ class Evaluation:
     value: float
     active: bool
     aggregation: Aggregation
-    pods: tuple[PodValue, ...]  # pods with fresh data
+    pod_rows: tuple[PodRow, ...]  # pods with fresh data, as PodValue.row() (see PodRow)
     missing_pods: tuple[str, ...]  # target pods without fresh data
     missing_pod_value: float  # what each missing pod counted as (0 or threshold)
     what_if: WhatIf
+
+    @property
+    def pods(self) -> tuple[PodValue, ...]:
+        """The pods with fresh data (made from the rows on each call: for /explain and tests, not hot paths)."""
+        return tuple(PodValue.from_row(row) for row in self.pod_rows)
 
 
 def gpu_value(reading: GpuReading, spec: TriggerSpec) -> float | None:
@@ -212,7 +247,7 @@ def _result(
         value=value,
         active=value > spec.activation_threshold,
         aggregation=aggregation,
-        pods=pods,
+        pod_rows=tuple(p.row() for p in pods),
         missing_pods=missing,
         missing_pod_value=fill,
         what_if=what_if,

@@ -207,7 +207,7 @@ def http_app(telemetry: Telemetry, explanations: ExplanationSource | None = None
                 dumps=_dumps,
             )
         evaluation = explanation.evaluation
-        pods = 0 if evaluation is None else len(evaluation.pods) + len(evaluation.missing_pods)
+        pods = 0 if evaluation is None else len(evaluation.pod_rows) + len(evaluation.missing_pods)
 
         def render() -> str:
             return _dumps(explanation_json(namespace, name, explanation))

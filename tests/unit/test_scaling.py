@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from keda_gpu_scaler.errors import NoData
 from keda_gpu_scaler.scaling import (
+    PodValue,
     desired_replicas_average_value,
     desired_replicas_value,
     evaluate,
@@ -185,3 +188,26 @@ def test_hpa_tolerance() -> None:
     assert desired_replicas_average_value(300, 70, 4) == 4  # ratio 1.07: within 10 %
     assert desired_replicas_value(75, 70, 4) == 4
     assert desired_replicas_value(90, 70, 4) == 6
+
+
+def test_a_kept_evaluation_costs_the_collector_one_object_whatever_its_pods() -> None:
+    # Evaluations are kept per ScaledObject until the next one: long enough to reach the collector's older
+    # generations, which every tracked object there makes slower. Their pods are plain tuples of strings
+    # and numbers, which a young collection stops tracking; the PodValues read back are the same values.
+    gpus = [reading(f"p-{i}", 50 + i, gpu=f"GPU-{g}") for i in range(20) for g in range(2)]
+    result = run([*gpus, reading("p-ack", 40, family=Family.ACK)])
+    gc.collect(0)  # the rows were young: one collection that looks at them drops them from tracking
+    assert result.pod_rows and not any(gc.is_tracked(row) for row in result.pod_rows)
+    gc.collect()  # and the next one the tuple holding them
+    assert not gc.is_tracked(result.pod_rows)
+    assert {p.pod: p.value for p in result.pods} == {f"p-{i}": 50.0 + i for i in range(20)} | {"p-ack": 40.0}
+    assert [p.family for p in result.pods].count(Family.ACK) == 1
+    assert all(type(p.family) is Family for p in result.pods)
+    assert all(PodValue.from_row(p.row()) == p for p in result.pods)
+    assert [g.gpu for g in result.pods[0].gpus] == ["GPU-0", "GPU-1"]
+
+
+def test_an_inference_pod_keeps_its_engine_name_and_inputs_through_its_row() -> None:
+    pod = PodValue("vllm-0", "vllm", 3.0, (), (("running", 3.0), ("waiting", None), ("kvCache", 0.5)))
+    assert PodValue.from_row(pod.row()) == pod
+    assert type(PodValue.from_row(pod.row()).family) is str
