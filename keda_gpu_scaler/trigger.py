@@ -56,9 +56,14 @@ class Vendor(StrEnum):
 
     @property
     def families(self) -> frozenset[Family]:
-        if self is Vendor.AUTO:
-            return frozenset(Family)
-        return frozenset({Family(self.value)})
+        # Asked on every evaluation: one set per vendor, made once (iterating an enum class is slow).
+        return _VENDOR_FAMILIES[self]
+
+
+_VENDOR_FAMILIES: dict[Vendor, frozenset[Family]] = {
+    vendor: frozenset(Family) if vendor is Vendor.AUTO else frozenset({Family(vendor.value)})
+    for vendor in Vendor
+}
 
 
 class Source(StrEnum):
