@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Hashable
-from typing import Any, Protocol, cast
+from typing import Protocol, cast
 
 from keda_gpu_scaler.collect.inference import (
     INFERENCE_INTEREST,
@@ -254,9 +254,7 @@ class Evaluator:
         ):
             last.evaluated_at = time.time()  # the same explanation, now (and the same gauges)
             return
-        followed.explanation = Explanation(
-            spec, time.time(), evaluation, error, notes, _discovery(targets), targets
-        )
+        followed.explanation = Explanation(spec, time.time(), evaluation, error, notes, targets)
         if evaluation is not None:
             labels = (followed.namespace, followed.name, spec.metric_name)
             followed.metric_labels.add(labels)
@@ -335,10 +333,3 @@ class Evaluator:
             )
         except NoData as error:
             raise NoData(f"{error}{'; ' + problems if problems else ''}") from None
-
-
-def _discovery(targets: Targets | None) -> dict[str, Any] | None:
-    """What Kubernetes discovery said, for /explain (None without Kubernetes)."""
-    if targets is None:
-        return None
-    return {"targetPods": sorted(targets.pods), "metricType": targets.metric_type}

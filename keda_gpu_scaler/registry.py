@@ -48,8 +48,14 @@ class Explanation:
     evaluation: Evaluation | None
     error: str | None
     notes: tuple[str, ...] = ()
-    discovery: dict[str, Any] | None = None
-    targets: Any = None  # the discovery answer `discovery` was written from (the same object: unchanged)
+    targets: Any = None  # what Kubernetes discovery answered (Targets), None without Kubernetes
+
+    @property
+    def discovery(self) -> dict[str, Any] | None:
+        """What Kubernetes discovery said, for /explain: made when asked, not on every evaluation."""
+        if self.targets is None:
+            return None
+        return {"targetPods": sorted(self.targets.pods), "metricType": self.targets.metric_type}
 
 
 @dataclass(slots=True)
