@@ -28,7 +28,7 @@ class Memo:
     valid_until: float
     evaluation: Evaluation | None
     error: str | None
-    fresh: tuple[str, ...] = ()  # the store's fresh sources it was computed from (Store._freshness)
+    fresh: tuple[str, ...] = ()  # the fresh sources of the view it was computed from (NamespaceView.fresh)
 
     def still_right(self, version: int, epoch: int, targets: Any, now: float) -> bool:
         return (

@@ -235,8 +235,7 @@ class Store:
         # The sources naming pods of any namespace first (in the order they were added), then the
         # namespace's own: their fresh pages' readings, and what the others leave (problems, pods).
         anywhere = self._anywhere(kind, now, max_staleness)
-        fresh = list(anywhere.fresh_in_order)
-        valid_until = anywhere.valid_until
+        fresh, valid_until = self._freshness(namespace, now, max_staleness, kind)
         indexed = self._by_namespace.get((kind, namespace))
         if indexed:
             found = [source for source in indexed if source in anywhere.fresh]
@@ -249,14 +248,12 @@ class Store:
         own = self._index.get((kind, namespace), {})
         for state in own.values():
             if (page := _fresh_page(state, now, max_staleness)) is not None:
-                fresh.append(state.source)
                 readings.extend(page.by_namespace.get(namespace, ()))
-                valid_until = min(valid_until, page.collected_at + max_staleness)
             if _is_special(state, now, max_staleness):
                 self._special(state, namespace, now, max_staleness, recently_seen, problems)
         return NamespaceView(
             tuple(readings),
-            tuple(fresh),
+            fresh,
             len(self._index.get((kind, None), ())) + len(own),
             recently_seen,
             tuple(problems),
