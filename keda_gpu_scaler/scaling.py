@@ -37,11 +37,6 @@ class PodValue:
     # Inference metrics: the pod's inputs as read (waiting, running, kvCache; None where not exported).
     inputs: tuple[tuple[str, float | None], ...] = ()
 
-    def row(self) -> PodRow:
-        return pod_row(
-            self.pod, self.family, self.value, [(g.gpu, g.host, g.value) for g in self.gpus], self.inputs
-        )
-
     @classmethod
     def from_row(cls, row: PodRow) -> PodValue:
         pod, value, count = row[0], row[2], row[3]
@@ -52,7 +47,7 @@ class PodValue:
         return cls(pod, _FAMILIES.get(family, family), value, gpus, inputs)
 
 
-# A PodValue as one flat tuple of strings and numbers (PodValue.row): how an Evaluation keeps its pods.
+# A PodValue as one flat tuple of strings and numbers (pod_row): how an Evaluation keeps its pods.
 # Evaluations are kept per ScaledObject until the next one, long enough to reach the collector's older
 # generations, where every tracked object slows each collection: with 100 pods a ScaledObject their
 # PodValues and GpuValues made up nine tenths of the middle generation (collections of 30-50 ms with
@@ -61,7 +56,7 @@ class PodValue:
 # drops one level of nesting (it looks at an outer tuple before the tuples inside it).
 PodRow = tuple[Any, ...]
 ROW_VALUE = 2  # where a PodRow holds the pod's value
-_FAMILIES: dict[str, str] = {f.value: f for f in Family}
+_FAMILIES: dict[str, Family] = {f.value: f for f in Family}
 
 
 def pod_row(
@@ -96,7 +91,7 @@ class Evaluation:
     value: float
     active: bool
     aggregation: Aggregation
-    pod_rows: tuple[PodRow, ...]  # pods with fresh data, as PodValue.row() (see PodRow)
+    pod_rows: tuple[PodRow, ...]  # pods with fresh data, as pod_row() made them (see PodRow)
     missing_pods: tuple[str, ...]  # target pods without fresh data
     missing_pod_value: float  # what each missing pod counted as (0 or threshold)
     what_if: WhatIf

@@ -8,10 +8,12 @@ import pytest
 
 from keda_gpu_scaler.errors import NoData
 from keda_gpu_scaler.scaling import (
+    GpuValue,
     PodValue,
     desired_replicas_average_value,
     desired_replicas_value,
     evaluate,
+    pod_row,
     pod_values,
 )
 from keda_gpu_scaler.trigger import Aggregation, parse_trigger
@@ -203,11 +205,18 @@ def test_a_kept_evaluation_costs_the_collector_one_object_whatever_its_pods() ->
     assert {p.pod: p.value for p in result.pods} == {f"p-{i}": 50.0 + i for i in range(20)} | {"p-ack": 40.0}
     assert [p.family for p in result.pods].count(Family.ACK) == 1
     assert all(type(p.family) is Family for p in result.pods)
-    assert all(PodValue.from_row(p.row()) == p for p in result.pods)
     assert [g.gpu for g in result.pods[0].gpus] == ["GPU-0", "GPU-1"]
 
 
+def test_a_pods_row_reads_back_as_the_same_pod_value() -> None:
+    gpus = (("GPU-0", "node-a", 50.0), ("GPU-1", "node-b", 70.0))
+    assert PodValue.from_row(pod_row("p-0", Family.NVIDIA, 60.0, gpus)) == PodValue(
+        "p-0", Family.NVIDIA, 60.0, (GpuValue(*gpus[0]), GpuValue(*gpus[1]))
+    )
+
+
 def test_an_inference_pod_keeps_its_engine_name_and_inputs_through_its_row() -> None:
-    pod = PodValue("vllm-0", "vllm", 3.0, (), (("running", 3.0), ("waiting", None), ("kvCache", 0.5)))
-    assert PodValue.from_row(pod.row()) == pod
-    assert type(PodValue.from_row(pod.row()).family) is str
+    inputs = (("running", 3.0), ("waiting", None), ("kvCache", 0.5))
+    read_back = PodValue.from_row(pod_row("vllm-0", "vllm", 3.0, (), inputs))
+    assert read_back == PodValue("vllm-0", "vllm", 3.0, (), inputs)
+    assert type(read_back.family) is str
