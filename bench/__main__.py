@@ -36,6 +36,9 @@ README = ROOT / "README.md"
 README_BLOCK = re.compile(r"(<!-- bench:begin -->\n).*?(<!-- bench:end -->)", re.S)
 # In docs/BENCHMARKS.md, what follows this line up to the next section is written by hand: --merge keeps it.
 KEPT = "<!-- kept by --merge: written by hand -->"
+# Said on both date lines of a full run: a section run alone later (--merge) replaces its rows and says
+# its own time in its section, so the full run's date is not every row's.
+MERGED_SINCE = "sections run alone since with `--merge` give their own time in docs/BENCHMARKS.md"
 PACKAGES = ("keda-gpu-scaler", "grpcio", "protobuf", "aiohttp", "prometheus-client", "matplotlib", "py-spy")
 
 
@@ -170,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     document = f"""# Benchmarks
 
-Measured {now} with {command}, in {elapsed / 60:.1f} minutes, on this machine:
+Measured {now} with {command}, in {elapsed / 60:.1f} minutes, on this machine ({MERGED_SINCE}):
 
 | | |
 |---|---|
@@ -198,7 +201,7 @@ repeats each section states. `python -m bench --quick` is a smoke run; `--only N
         print(document)
     if full and README.exists():
         text = README.read_text()
-        block = f"Measured {now} by `make bench` on {len(os.sched_getaffinity(0))} CPUs; details, method and profiles in [docs/BENCHMARKS.md](docs/BENCHMARKS.md).\n\n{summary(sections)}\n\n![step trace](docs/sim-step.png)\n"
+        block = f"Measured {now} by `make bench` on {len(os.sched_getaffinity(0))} CPUs ({MERGED_SINCE}); details, method and profiles in [docs/BENCHMARKS.md](docs/BENCHMARKS.md).\n\n{summary(sections)}\n\n![step trace](docs/sim-step.png)\n"
         if README_BLOCK.search(text):
             README.write_text(README_BLOCK.sub(lambda m: m.group(1) + block + m.group(2), text))
     return 1 if failed else 0
@@ -209,7 +212,7 @@ def merge(sections: list[Section], now: str, command: str) -> list[Path]:
 
     A section is replaced from its heading to the next one, except what follows a KEPT line; its rows are
     replaced in place (by their first cell), and a row the tables do not have yet is added at their end.
-    Which rows are newer than the full run is said by hand in the summary's date line."""
+    Both date lines say so (MERGED_SINCE); each merged section says its own time."""
     document = OUTPUT.read_text()
     for section in sections:
         heading, _, body = section.markdown.partition("\n")
