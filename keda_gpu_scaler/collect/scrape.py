@@ -212,15 +212,6 @@ def _digest_and_read(
     return digest, {ns: old[ns] if old.get(ns) == readings else readings for ns, readings in new.items()}
 
 
-def _release(old: ByNamespace, kept: ByNamespace) -> None:
-    for namespace in list(old):
-        readings = old.pop(namespace)
-        if kept.get(namespace) is not readings:
-            items = list(readings)
-            del readings
-            exposition.release_in_slices(items)
-
-
 # Scrapes wake on a grid of slots, SLOTS_PER_INTERVAL per interval: the scrapes due in one slot start in
 # one turn of the event loop and their answers tend to arrive together, so 100 exporters at 1 s cost the
 # loop ~20 wake-ups a second instead of one per scrape (each turn is an epoll call and a pass over the
@@ -371,12 +362,8 @@ class ScrapeCollector:
             log.info("scrape of %s answers again", url)
         self._store.record_page(page)
         self._telemetry.scrape_done(ok=True, seconds=self._clock() - started)
-        if large and previous is not None and previous[1].by_namespace is not by_namespace:
-            # The replaced page is freed in a worker thread, a slice at a time (not in one long C call
-            # on the loop when its last reference goes).
-            old = previous[1].by_namespace
-            del previous
-            await asyncio.to_thread(_release, old, by_namespace)
+        # The replaced page is not emptied here: the store may still hold it (as the last page that
+        # named pods), and it is freed when its last holder lets it go.
         return True
 
     def retry_delay(self, failures: int) -> float:
