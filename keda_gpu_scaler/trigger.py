@@ -79,8 +79,8 @@ MAX_METADATA_KEYS = 64
 MAX_METADATA_VALUE_CHARS = 1024
 MAX_METADATA_KEY_CHARS = 128
 # A metric name becomes a path segment of the HPA's external metric (`s0-<name>`).
-_METRIC_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,198}[A-Za-z0-9])?$")
-_POD_NAME_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251})?$")
+_METRIC_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,198}[A-Za-z0-9])?")
+_POD_NAME_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251})?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,9 +159,11 @@ def _engine(key: str, raw: str) -> str:
 
 
 def _model(key: str, raw: str) -> str:
-    if not raw or len(raw) > 253 or not raw.isprintable():
+    # Blanks at either end are a quoting slip in the YAML, never part of a served model's name.
+    if not raw or len(raw) > 253 or not raw.isprintable() or raw != raw.strip():
         raise ConfigError(
-            f"metadata {key}={quoted(raw)} is not a model name; allowed: 1-253 printable characters"
+            f"metadata {key}={quoted(raw)} is not a model name; allowed: 1-253 printable characters,"
+            " not starting or ending with a blank"
         )
     return raw
 
@@ -200,7 +202,7 @@ def _activation_threshold(key: str, raw: str) -> float:
 
 
 def _metric_name(key: str, raw: str) -> str:
-    if not _METRIC_NAME.match(raw):
+    if not _METRIC_NAME.fullmatch(raw):
         raise ConfigError(
             f"metadata {key}={quoted(raw)} is not a valid metric name; allowed: 1-200 letters, digits, '-', '_' or '.',"
             " starting and ending with a letter or digit"
@@ -209,7 +211,7 @@ def _metric_name(key: str, raw: str) -> str:
 
 
 def _pod_name_prefix(key: str, raw: str) -> str:
-    if not _POD_NAME_PREFIX.match(raw):
+    if not _POD_NAME_PREFIX.fullmatch(raw):
         raise ConfigError(
             f"metadata {key}={quoted(raw)} is not a pod name prefix; allowed: lower-case letters, digits, '-' and '.',"
             " starting with a letter or digit"

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
-_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_NAME}$")
-_VALUE = re.compile(rf"^({_NAME})?$")
-_PORT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?$")
+_KEY = re.compile(rf"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_NAME}")
+_VALUE = re.compile(rf"({_NAME})?")
+_PORT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?")
 _MAX_PREFIX = 253
 
 
@@ -75,13 +75,13 @@ class Selector:
 
 def _check_key(key: str, text: str) -> str:
     prefix, _, name = key.rpartition("/")
-    if not _KEY.match(key) or len(prefix) > _MAX_PREFIX or not name:
+    if not _KEY.fullmatch(key) or len(prefix) > _MAX_PREFIX or not name:
         raise SelectorError(f"label selector {text!r}: {key!r} is not a valid label key")
     return key
 
 
 def _check_value(value: str, text: str) -> str:
-    if not _VALUE.match(value):
+    if not _VALUE.fullmatch(value):
         raise SelectorError(f"label selector {text!r}: {value!r} is not a valid label value")
     return value
 
@@ -109,12 +109,12 @@ def _split_requirements(text: str) -> list[str]:
     return [p.strip() for p in parts]
 
 
-_SET = re.compile(r"^(?P<key>\S+?)\s+(?P<op>in|notin)\s*\((?P<values>[^()]*)\)$")
-_BINARY = re.compile(r"^(?P<key>[^\s=!<>]+)\s*(?P<op>==|=|!=|>|<)\s*(?P<value>[^\s=!<>,]*)$")
+_SET = re.compile(r"(?P<key>\S+?)\s+(?P<op>in|notin)\s*\((?P<values>[^()]*)\)")
+_BINARY = re.compile(r"(?P<key>[^\s=!<>]+)\s*(?P<op>==|=|!=|>|<)\s*(?P<value>[^\s=!<>,]*)")
 
 
 def _requirement(part: str, text: str) -> Requirement:
-    if match := _SET.match(part):
+    if match := _SET.fullmatch(part):
         values = [v.strip() for v in match["values"].split(",")]
         if not any(values):
             raise SelectorError(f"label selector {text!r}: {part!r} needs at least one value")
@@ -122,7 +122,7 @@ def _requirement(part: str, text: str) -> Requirement:
         return Requirement(
             _check_key(match["key"], text), op, frozenset(_check_value(v, text) for v in values)
         )
-    if match := _BINARY.match(part):
+    if match := _BINARY.fullmatch(part):
         key, raw_op, value = _check_key(match["key"], text), match["op"], match["value"]
         if raw_op in (">", "<"):
             if not value.lstrip("-").isdigit():
@@ -176,7 +176,7 @@ def parse_exporter_selector(text: str) -> ExporterSelector:
             port = int(raw_port)
             if not 0 < port < 65536:
                 raise SelectorError(f"exporter selector {text!r}: port {raw_port} is out of range 1-65535")
-        elif _PORT_NAME.match(raw_port) and any(c.isalpha() for c in raw_port):
+        elif _PORT_NAME.fullmatch(raw_port) and any(c.isalpha() for c in raw_port):
             port = raw_port
         else:
             raise SelectorError(
