@@ -63,7 +63,9 @@ chart-docs: proto $(STAMP) ## regenerate the chart's flag values, values schema,
 	$(PY) scripts/chart_docs.py
 	$(PY) scripts/chart_dashboard.py
 
-IMAGE ?= keda-gpu-scaler:dev
+# The tag the chart (appVersion) and manifests/ expect: the package's version, written in one place.
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' keda_gpu_scaler/__init__.py)
+IMAGE ?= keda-gpu-scaler:$(VERSION)
 BASE_IMAGE ?= python:3.11-slim
 # e.g. --network=host where the engine runs without a bridge, as `make test-container` starts it here.
 DOCKER_BUILD_FLAGS ?=

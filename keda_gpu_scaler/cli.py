@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib.metadata
 import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
 
+from keda_gpu_scaler import __version__
 from keda_gpu_scaler.settings import FLAGS, SettingsError, build_settings, env_values, resolve_kubernetes
 from keda_gpu_scaler.telemetry import configure_logging
 
@@ -88,10 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    try:
-        return importlib.metadata.version("keda-gpu-scaler")
-    except importlib.metadata.PackageNotFoundError:
-        return "(not installed)"
+    return __version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:

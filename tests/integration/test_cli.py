@@ -13,6 +13,7 @@ import grpc
 import pytest
 from support import GpuLine, dcgm_page
 
+from keda_gpu_scaler import __version__
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.settings import FLAGS
@@ -227,7 +228,7 @@ async def test_a_taken_http_port_is_one_line_naming_the_address() -> None:
 
 async def test_version() -> None:
     code, out, _ = await run_cli("--version")
-    assert code == 0 and out.startswith("keda-gpu-scaler ")
+    assert code == 0 and out.strip() == f"keda-gpu-scaler {__version__}"
 
 
 async def test_explain_shows_an_inference_servers_inputs(make_exporter) -> None:  # type: ignore[no-untyped-def]

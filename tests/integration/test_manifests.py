@@ -16,6 +16,7 @@ import pytest
 import yaml
 from crd_schemas import SCHEMAS
 
+from keda_gpu_scaler import __version__
 from keda_gpu_scaler.discovery.scaledobject import EXTERNAL_TRIGGER_TYPES
 from keda_gpu_scaler.settings import FLAGS
 from keda_gpu_scaler.trigger import parse_trigger
@@ -174,7 +175,7 @@ def test_base_is_hardened_with_grpc_probes(rendered: dict[str, list[dict[str, An
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     (scaler,) = pod["containers"]
-    assert scaler["image"] == "keda-gpu-scaler:0.1.0"
+    assert scaler["image"] == f"keda-gpu-scaler:{__version__}"
     assert scaler["livenessProbe"]["grpc"] == {"port": 6000, "service": "liveness"}
     assert scaler["readinessProbe"]["grpc"] == {"port": 6000, "service": "readiness"}
     security = scaler["securityContext"]
