@@ -16,6 +16,7 @@ import grpc
 from aiohttp import web
 
 from keda_gpu_scaler import telemetry as telemetry_module
+from keda_gpu_scaler.collect.gateway import GatewayPages
 from keda_gpu_scaler.collect.http import LeanFetcher, exporter_fetcher
 from keda_gpu_scaler.collect.inference import INFERENCE_INTEREST, InferencePages, WantedPages
 from keda_gpu_scaler.collect.interest import Interest
@@ -90,6 +91,8 @@ class App:
             else None
         )
         self.inference_pages = InferencePages()
+        # EPP replica pages per InferencePool (SPEC §7): fed by discovery or --gateway-url.
+        self.gateway_pages = GatewayPages(self.interest)
         self.wanted_pages = WantedPages(self.inference_pages)
         self.evaluator = Evaluator(
             store=self.store,
