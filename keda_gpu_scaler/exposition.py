@@ -451,3 +451,26 @@ def _parse_timestamp(text: str, line_number: int) -> int:
 def _excerpt(text: str, limit: int = 60) -> str:
     """Quote a piece of a bad line for an error message without copying a huge line into it."""
     return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+@lru_cache(maxsize=64)
+def _type_line_finder(names: frozenset[str]) -> re.Pattern[str]:
+    # `# TYPE name type`: the format separates the tokens of a comment by blanks or tabs, any number.
+    return re.compile(
+        rf"^#[ \t]+TYPE[ \t]+({_alternation(sorted(names))})[ \t]+([^\s]*)[ \t\r]*$", re.MULTILINE
+    )
+
+
+def declared_types(page: str | bytes, names: Set[str]) -> dict[str, str]:
+    """The types a page declares for the wanted families (`# TYPE name type` lines): name → type.
+
+    The sample parser skips comments, so a family declared as, say, a counter would otherwise be read
+    as a level. The first declaration of a name counts, as in Prometheus.
+    """
+    if not names:
+        return {}
+    text = page.decode("utf-8", "replace") if isinstance(page, bytes) else page
+    found: dict[str, str] = {}
+    for match in _type_line_finder(frozenset(names)).finditer(text):
+        found.setdefault(match.group(1), match.group(2))
+    return found

@@ -24,6 +24,7 @@ from keda_gpu_scaler.engines._common import (
     Value,
     pod_of,
 )
+from keda_gpu_scaler import exposition
 from keda_gpu_scaler.exposition import Sample
 
 __all__ = [
@@ -210,17 +211,7 @@ def wrong_types(page: str | bytes) -> dict[str, str]:
 
     The sample parser skips comment lines, so a server that exports, say, a counter under a gauge's name
     would otherwise be read as a level. A caller can treat a non-empty answer as a page it cannot use,
-    naming the family. Pages are scanned with one substring search per family, never line by line.
+    naming the family.
     """
-    text = page.decode("utf-8", "replace") if isinstance(page, bytes) else page
-    found: dict[str, str] = {}
-    for name in sorted(ENGINE_SAMPLE_NAMES):
-        marker = f"# TYPE {name} "
-        at = text.find(marker)
-        if at < 0:
-            continue
-        end = text.find("\n", at)
-        declared = text[at + len(marker) : None if end < 0 else end].strip()
-        if declared not in _LEVEL_TYPES:
-            found[name] = declared
-    return found
+    declared = exposition.declared_types(page, ENGINE_SAMPLE_NAMES)
+    return {name: kind for name, kind in declared.items() if kind not in _LEVEL_TYPES}
