@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from keda_gpu_scaler import exposition
 from keda_gpu_scaler.engines import sglang, tgi, triton, trtllm, vllm
 from keda_gpu_scaler.engines._common import (
     AUTO,
@@ -24,7 +25,6 @@ from keda_gpu_scaler.engines._common import (
     Value,
     pod_of,
 )
-from keda_gpu_scaler import exposition
 from keda_gpu_scaler.exposition import Sample
 
 __all__ = [

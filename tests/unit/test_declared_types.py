@@ -22,7 +22,7 @@ FAMILY = "vllm:num_requests_running"
     ids=["spaces", "tab-before-type", "tabs", "several-blanks", "crlf"],
 )
 def test_a_counter_declared_with_any_blanks_is_not_read_as_a_level(line: str) -> None:
-    page = f"{line}\n{FAMILY}{{model_name=\"m\"}} 3\n"
+    page = f'{line}\n{FAMILY}{{model_name="m"}} 3\n'
     assert wrong_types(page) == {FAMILY: "counter"}
     assert wrong_types(page.encode()) == {FAMILY: "counter"}
 
