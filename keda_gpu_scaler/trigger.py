@@ -260,7 +260,7 @@ KEYS: tuple[MetadataKey, ...] = (
         _threshold,
         _REQUIRED,
         "required",
-        "target per pod: in % for utilization, memory and kv_cache (0.001 <= threshold <= 100); requests or"
+        "target per pod: in % for utilization, memory and kv_cache (1 <= threshold <= 100); requests or"
         " waiting requests per pod for requests and queue (>= 0.001)",
     ),
     MetadataKey(
@@ -431,14 +431,34 @@ def _parse_cached(items: frozenset[tuple[str, str]]) -> TriggerSpec:
     return TriggerSpec(**fields)
 
 
+# A percent threshold below 1 is almost always a fraction typed for a percent (vLLM's page prints the
+# KV-cache as 0-1): threshold 0.8 would ask for 100 times the replicas meant.
+MIN_PERCENT_THRESHOLD = 1.0
+
+
+def _check_percent_threshold(metric: Metric, threshold: float) -> None:
+    allowed = f"allowed: a percentage with {MIN_PERCENT_THRESHOLD:g} <= threshold <= 100"
+    if threshold > 100:
+        raise ConfigError(
+            f"metadata threshold={threshold:g} is out of range for metric={metric.value}; {allowed}"
+        )
+    if threshold < MIN_PERCENT_THRESHOLD:
+        as_percent = threshold * 100
+        hint = (
+            f'; {threshold:g} looks like a fraction: as a percent it is threshold: "{as_percent:g}"'
+            if as_percent >= MIN_PERCENT_THRESHOLD
+            else ""
+        )
+        raise ConfigError(
+            f"metadata threshold={threshold:g} is out of range for metric={metric.value}; {allowed}{hint}"
+        )
+
+
 def _check_metric_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
     """Keys that only make sense for one kind of metric, and what the chosen engine can serve."""
     metric: Metric = fields["metric"]
-    if metric.percent and fields["threshold"] > 100:
-        raise ConfigError(
-            f"metadata threshold={fields['threshold']:g} is out of range for metric={metric.value}; allowed: a"
-            " percentage with 0.001 <= threshold <= 100"
-        )
+    if metric.percent:
+        _check_percent_threshold(metric, fields["threshold"])
     wrong = _GPU_ONLY_KEYS if metric.inference else _INFERENCE_ONLY_KEYS
     for name in wrong:
         if name in given:

@@ -199,6 +199,7 @@ BAD_METADATA = [
     ({"podNamePrefix": "vllm-"}, "threshold"),
     ({"threshold": "abc", "podNamePrefix": "vllm-"}, "threshold"),
     ({"threshold": "170", "podNamePrefix": "vllm-"}, "threshold"),
+    ({"threshold": "0.8", "podNamePrefix": "vllm-", "metric": "kv_cache"}, 'threshold: "80"'),
     ({"threshold": "70", "podNamePrefix": "vllm-", "aggregation": "avg"}, "aggregation"),
     ({"threshold": "70"}, "podNamePrefix"),
     ({"threshold": "70", "podSelector": "app=vllm"}, "podSelector"),

@@ -81,7 +81,17 @@ BAD = [
     ({}, ["threshold", "required"]),
     ({"threshold": "abc"}, ["threshold", "'abc'", "not a number"]),
     ({"threshold": "0"}, ["threshold", "'0'", "0.001 <= threshold"]),
-    ({"threshold": "100.5"}, ["threshold=100.5", "metric=utilization", "0.001 <= threshold <= 100"]),
+    ({"threshold": "100.5"}, ["threshold=100.5", "metric=utilization", "1 <= threshold <= 100"]),
+    (
+        {"threshold": "0.8", "metric": "kv_cache"},
+        ["threshold=0.8", "metric=kv_cache", "1 <= threshold <= 100", 'as a percent it is threshold: "80"'],
+    ),
+    (
+        {"threshold": "0.7"},
+        ["threshold=0.7", "metric=utilization", "1 <= threshold <= 100", 'threshold: "70"'],
+    ),
+    ({"threshold": "0.25", "metric": "memory"}, ["threshold=0.25", "metric=memory", 'threshold: "25"']),
+    ({"threshold": "0.005", "metric": "memory"}, ["threshold=0.005", "1 <= threshold <= 100"]),
     ({"threshold": "150", "metric": "kv_cache"}, ["threshold=150", "metric=kv_cache", "<= 100"]),
     ({"threshold": "8", "metric": "requests", "vendor": "amd"}, ["vendor", "only to GPU metrics"]),
     ({"threshold": "70", "engine": "vllm"}, ["engine", "only to inference metrics"]),
@@ -154,6 +164,7 @@ def test_any_metadata_is_a_valid_spec_or_a_config_error(metadata: dict[str, str]
         assert str(error)  # always a message
         return
     assert 0 < spec.threshold <= 100
+    assert spec.threshold >= 1 or not spec.metric.percent
     assert spec.activation_threshold >= 0
 
 
