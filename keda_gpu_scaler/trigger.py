@@ -334,7 +334,8 @@ KEYS: tuple[MetadataKey, ...] = (
         _engine,
         "auto",
         "`auto`",
-        "inference metrics: `auto` (recognised from the page), `vllm`, `sglang`, `tgi`, `triton`, `trtllm`",
+        "inference metrics: `auto` (recognised from the page), "
+        + ", ".join(f"`{choice}`" for choice in ENGINE_CHOICES[1:]),
     ),
     MetadataKey(
         "model",

@@ -1,7 +1,8 @@
 """Inference-engine layer: a pod's inference-server page turned into its load (pure: no I/O, no clock).
 
-The counterpart of vendors/ for SPEC §6: one module per engine (family names, the rules of its labels,
-and `read`), one registry line each. Everything here works on parsed samples; fetching pages, choosing
+The counterpart of vendors/ for SPEC §6: one module per page format (family names, the rules of its
+labels, and `read`), one registry line each; an engine serving two formats (TensorRT-LLM under Triton and
+as trtllm-serve) has two lines. Everything here works on parsed samples; fetching pages, choosing
 pods and turning a missing value into a status are the caller's job.
 """
 
@@ -11,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from keda_gpu_scaler import exposition
-from keda_gpu_scaler.engines import sglang, tgi, triton, trtllm, vllm
+from keda_gpu_scaler.engines import llamacpp, sglang, tgi, triton, trtllm, trtllm_serve, vllm
 from keda_gpu_scaler.engines._common import (
     AUTO,
     MODEL_LABELS,
@@ -72,14 +73,33 @@ class EngineModule:
 # Adding an engine: a module with SAMPLE_NAMES, METRICS and read(), one line here (docs/ADDING_A_VENDOR.md).
 # The order is the order `auto` tries them in: a Triton page that also carries the TensorRT-LLM backend's
 # families is that backend's (its own counts; Triton's pending count is only the queue in front of it).
+# Where one engine has two lines, a trigger naming it reads a page with the first line whose families
+# are on it.
 ENGINES: tuple[EngineModule, ...] = (
     EngineModule(Engine.VLLM, vllm.SAMPLE_NAMES, vllm.METRICS, vllm.read, vllm.WAITING),
     EngineModule(Engine.SGLANG, sglang.SAMPLE_NAMES, sglang.METRICS, sglang.read, sglang.WAITING),
     EngineModule(Engine.TGI, tgi.SAMPLE_NAMES, tgi.METRICS, tgi.read, tgi.WAITING, has_model_label=False),
     EngineModule(Engine.TRTLLM, trtllm.SAMPLE_NAMES, trtllm.METRICS, trtllm.read, trtllm.REQUESTS),
+    EngineModule(
+        Engine.TRTLLM,
+        trtllm_serve.SAMPLE_NAMES,
+        trtllm_serve.METRICS,
+        trtllm_serve.read,
+        trtllm_serve.WAITING,
+    ),
     EngineModule(Engine.TRITON, triton.SAMPLE_NAMES, triton.METRICS, triton.read, triton.WAITING),
+    EngineModule(
+        Engine.LLAMACPP,
+        llamacpp.SAMPLE_NAMES,
+        llamacpp.METRICS,
+        llamacpp.read,
+        llamacpp.WAITING,
+        has_model_label=False,
+    ),
 )
-_BY_ENGINE = {module.engine: module for module in ENGINES}
+_BY_ENGINE: dict[Engine, tuple[EngineModule, ...]] = {
+    engine: tuple(module for module in ENGINES if module.engine is engine) for engine in Engine
+}
 
 ENGINE_SAMPLE_NAMES: frozenset[str] = frozenset(name for module in ENGINES for name in module.sample_names)
 """Every sample name an engine reads: the filter to parse inference pages (and Prometheus queries) with."""
@@ -95,19 +115,24 @@ def _engine(engine: Engine | str) -> Engine | None:
     return Engine(engine)
 
 
+def _module_on(names: frozenset[str] | set[str], modules: Iterable[EngineModule]) -> EngineModule | None:
+    """The first of `modules` whose families are among the page's sample names."""
+    return next((module for module in modules if not names.isdisjoint(module.sample_names)), None)
+
+
 def recognise(samples: Iterable[Sample]) -> Engine | None:
     """The engine whose families are on a page (registry order decides), or None when there are none."""
-    names = {sample.name for sample in samples}
-    for module in ENGINES:
-        if not names.isdisjoint(module.sample_names):
-            return module.engine
-    return None
+    module = _module_on({sample.name for sample in samples}, ENGINES)
+    return None if module is None else module.engine
 
 
 def supported_metrics(engine: Engine | str) -> tuple[InferenceMetric, ...]:
     """The metrics an engine can serve, in InferenceMetric order (every metric for `auto`)."""
     named = _engine(engine)
-    allowed = frozenset(InferenceMetric) if named is None else _BY_ENGINE[named].metrics
+    if named is None:
+        allowed = frozenset(InferenceMetric)
+    else:
+        allowed = frozenset(metric for module in _BY_ENGINE[named] for metric in module.metrics)
     return tuple(metric for metric in InferenceMetric if metric in allowed)
 
 
@@ -127,7 +152,7 @@ def accepts_model(engine: Engine | str) -> bool:
     no series of the model is then Missing(NO_MODEL)).
     """
     named = _engine(engine)
-    return named is None or _BY_ENGINE[named].has_model_label
+    return named is None or any(module.has_model_label for module in _BY_ENGINE[named])
 
 
 def unsupported_message(engine: Engine | str, metric: InferenceMetric | str) -> str:
@@ -156,11 +181,16 @@ def pod_reading(
     engine, whatever else it carries. `model` keeps only series whose `model_name`/`model` equals it.
     """
     page = [sample for sample in samples if sample.name in ENGINE_SAMPLE_NAMES]
+    names = {sample.name for sample in page}
     named = _engine(engine)
-    chosen = named if named is not None else recognise(page)
-    if chosen is None:
-        return _no_engine()
-    module = _BY_ENGINE[chosen]
+    if named is None:
+        module = _module_on(names, ENGINES)
+        if module is None:
+            return _no_engine()
+    else:
+        # The engine's format on the page; on a page without any, its first one names what is missing.
+        formats = _BY_ENGINE[named]
+        module = _module_on(names, formats) or formats[0]
     return module.read([s for s in page if s.name in module.sample_names], model)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -9,6 +10,8 @@ from enum import StrEnum
 
 from keda_gpu_scaler import pagetext
 from keda_gpu_scaler.exposition import Sample
+
+log = logging.getLogger("keda_gpu_scaler.engines")
 
 
 class Engine(StrEnum):
@@ -18,7 +21,8 @@ class Engine(StrEnum):
     SGLANG = "sglang"
     TGI = "tgi"
     TRITON = "triton"
-    TRTLLM = "trtllm"
+    TRTLLM = "trtllm"  # TensorRT-LLM: the Triton backend's page, or trtllm-serve's own
+    LLAMACPP = "llamacpp"
 
 
 AUTO = "auto"
@@ -218,3 +222,54 @@ def not_exported(engine: Engine, what: str) -> Missing:
 def engine_count(*gauges: Gauge) -> int:
     """How many separate engines (× models) the gauges saw on the page."""
     return len({key for g in gauges for key in g.values})
+
+
+# Spellings whose disagreement was logged already: a page is read on every evaluation, and one line per
+# (family, other spelling) says all there is to say. Grows by at most one entry per spelling an engine reads.
+_DISAGREEMENTS_LOGGED: set[tuple[str, str]] = set()
+
+
+def gauge_of_spellings(
+    samples: Sequence[Sample],
+    spellings: Sequence[str],
+    *,
+    model: str | None,
+    engine_labels: Sequence[str],
+) -> Gauge:
+    """One gauge printed under several names (a rename, a router or a Prometheus that rewrites `:` to `_`).
+
+    The first spelling on the page is read and the others are ignored, so a page printing two spellings
+    counts once. Where another spelling carries different values, the first one's stand and the
+    disagreement is logged once. With none of them on the page, the Missing names the first spelling
+    and lists the others.
+    """
+    names = {sample.name for sample in samples}
+    present = [name for name in spellings if name in names]
+    if not present:
+        first = spellings[0]
+        others = " nor ".join(spellings[1:])
+        return Gauge(
+            {},
+            Missing(MissingKind.FAMILY_ABSENT, f"neither {first} nor {others} is on the page", first),
+        )
+    chosen = gauge(samples, present[0], model=model, engine_labels=engine_labels)
+    for other in present[1:]:
+        copy = gauge(samples, other, model=model, engine_labels=engine_labels)
+        if copy.values != chosen.values and (present[0], other) not in _DISAGREEMENTS_LOGGED:
+            _DISAGREEMENTS_LOGGED.add((present[0], other))
+            log.warning(
+                "a page prints both %s and %s with different values (%s against %s): reading %s "
+                "(logged once)",
+                present[0],
+                other,
+                _values_text(chosen),
+                _values_text(copy),
+                present[0],
+            )
+    return chosen
+
+
+def _values_text(g: Gauge) -> str:
+    if g.missing is not None:
+        return g.missing.reason
+    return ", ".join(f"{value:g}" for _, value in sorted(g.values.items())) or "none"

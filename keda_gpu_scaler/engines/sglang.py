@@ -10,7 +10,7 @@ from keda_gpu_scaler.engines._common import (
     InferenceReading,
     engine_count,
     fraction_percent,
-    gauge,
+    gauge_of_spellings,
     models_on,
 )
 from keda_gpu_scaler.exposition import Sample
@@ -22,8 +22,16 @@ ENGINE = Engine.SGLANG
 RUNNING = "sglang:num_running_reqs"
 WAITING = "sglang:num_queue_reqs"
 KV_CACHE = "sglang:token_usage"  # fraction 0–1 of the KV pool's tokens in use
+# The same gauges as sgl-router's /engine_metrics prints them, and as a Prometheus 3 that escapes metric
+# names with underscores stores them. Read where the `sglang:` spelling is absent; a page with both
+# counts once (gauge_of_spellings), the `sglang:` value standing where they differ.
+RUNNING_UNDERSCORE = "sglang_num_running_reqs"
+WAITING_UNDERSCORE = "sglang_num_queue_reqs"
+KV_CACHE_UNDERSCORE = "sglang_token_usage"
 
-SAMPLE_NAMES = frozenset({RUNNING, WAITING, KV_CACHE})
+SAMPLE_NAMES = frozenset(
+    {RUNNING, WAITING, KV_CACHE, RUNNING_UNDERSCORE, WAITING_UNDERSCORE, KV_CACHE_UNDERSCORE}
+)
 METRICS = frozenset(InferenceMetric)
 # dp_rank: data-parallel ranks are separate schedulers, each with its own queue. tp_rank, pp_rank (and
 # moe_ep_rank) are ranks of one scheduler repeating its value: they are not engine labels, so they count once.
@@ -31,9 +39,15 @@ ENGINE_LABELS = ("dp_rank",)
 
 
 def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
-    waiting = gauge(samples, WAITING, model=model, engine_labels=ENGINE_LABELS)
-    running = gauge(samples, RUNNING, model=model, engine_labels=ENGINE_LABELS)
-    kv = gauge(samples, KV_CACHE, model=model, engine_labels=ENGINE_LABELS)
+    waiting = gauge_of_spellings(
+        samples, (WAITING, WAITING_UNDERSCORE), model=model, engine_labels=ENGINE_LABELS
+    )
+    running = gauge_of_spellings(
+        samples, (RUNNING, RUNNING_UNDERSCORE), model=model, engine_labels=ENGINE_LABELS
+    )
+    kv = gauge_of_spellings(
+        samples, (KV_CACHE, KV_CACHE_UNDERSCORE), model=model, engine_labels=ENGINE_LABELS
+    )
     return InferenceReading(
         ENGINE,
         waiting=waiting.total(),

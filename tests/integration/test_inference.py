@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 from support import ExporterServer, eventually
@@ -161,3 +163,55 @@ async def test_a_page_declaring_a_gauge_family_as_a_counter_is_refused_naming_it
         )
 
     await eventually(refused)
+
+
+ENGINE_PAGES = Path(__file__).resolve().parents[1] / "fixtures" / "engines"
+
+
+def fixture_page(name: str) -> str:
+    return (ENGINE_PAGES / name).read_text()
+
+
+async def test_underscore_sglang_llamacpp_and_trtllm_serve_pods_are_summed(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    servers = await pod_pages(
+        make_exporter,
+        fixture_page("sglang_router_underscore.prom"),  # 4 waiting + 26 running
+        fixture_page("sglang_both_spellings.prom"),  # 2 + 9, each gauge printed twice, counted once
+        fixture_page("llamacpp.prom"),  # 5 deferred + 3 processing
+        fixture_page("trtllm_serve.prom"),  # 4 + 22
+    )
+    scaler = await make_scaler(inference_urls=inference_urls(servers))
+
+    async def total() -> None:
+        assert await value(scaler, REQUESTS) == 30 + 11 + 8 + 26
+
+    await eventually(total)
+    queue = {**REQUESTS, "metric": "queue", "threshold": "5"}
+    assert await value(scaler, queue, "inference-queue") == 4 + 2 + 5 + 4
+
+
+async def test_llamacpp_kv_cache_is_unavailable_under_auto_and_refused_when_named(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    servers = await pod_pages(make_exporter, fixture_page("llamacpp.prom"))
+    scaler = await make_scaler(inference_urls=inference_urls(servers))
+    kv = {**REQUESTS, "metric": "kv_cache", "threshold": "80"}
+
+    async def unavailable_naming_the_family() -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await value(scaler, kv, "kv-cache")
+        assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
+        # Until the first page is in, "no data yet"; then the family the build does not print.
+        assert "llamacpp:kv_cache_usage_ratio" in (raised.value.details() or "")
+
+    await eventually(unavailable_naming_the_family)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await scaler.stub.GetMetricSpec(ref({**kv, "engine": "llamacpp"}))
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "llamacpp" in (raised.value.details() or "") and "requests, queue" in (
+        raised.value.details() or ""
+    )
+    # The metrics it does export work when it is named.
+    assert await value(scaler, {**REQUESTS, "engine": "llamacpp"}) == 8

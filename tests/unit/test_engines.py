@@ -26,6 +26,7 @@ from keda_gpu_scaler.engines import (
     MissingKind,
     accepts_model,
     engine_supports,
+    llamacpp,
     pod_reading,
     readings_by_pod,
     recognise,
@@ -35,11 +36,13 @@ from keda_gpu_scaler.engines import (
     tgi,
     triton,
     trtllm,
+    trtllm_serve,
     unsupported_message,
     value_for,
     vllm,
     wrong_types,
 )
+from keda_gpu_scaler.engines import _common as engines_common
 from keda_gpu_scaler.exposition import Sample, parse_exposition
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "engines"
@@ -92,6 +95,8 @@ def check_reading(
 
 NOT_EXPORTED = Absent(MissingKind.NOT_EXPORTED)
 NO_ENGINE = Absent(MissingKind.NO_ENGINE)
+# Later llama.cpp builds print no KV-cache gauge: the reading names the family older builds printed.
+LLAMACPP_NO_KV = Absent(MissingKind.NOT_EXPORTED, llamacpp.KV_CACHE)
 
 # (fixture, engine choice, model, engine read as, waiting, running, KV %, engines): the expected numbers
 # are the formulas written in each fixture's first line.
@@ -167,6 +172,64 @@ FIXTURE_CASES = [
         id="sglang-dp2-tp2",
     ),
     pytest.param("sglang_single.prom", "sglang", LLAMA, Engine.SGLANG, 2, 11, 31.25, 1, id="sglang-v0.4"),
+    pytest.param(
+        "sglang_router_underscore.prom",
+        "auto",
+        None,
+        Engine.SGLANG,
+        3 + 1,
+        14 + 12,
+        (50 + 25) / 2,
+        2,
+        id="sglang-underscore-spelling",
+    ),
+    pytest.param(
+        "sglang_router_underscore.prom",
+        "sglang",
+        "Qwen/Qwen3-32B",
+        Engine.SGLANG,
+        4,
+        26,
+        37.5,
+        2,
+        id="sglang-underscore-named-with-model",
+    ),
+    pytest.param(
+        "sglang_both_spellings.prom", "auto", None, Engine.SGLANG, 2, 9, 40, 1, id="sglang-both-once"
+    ),
+    pytest.param("llamacpp.prom", "auto", None, Engine.LLAMACPP, 5, 3, LLAMACPP_NO_KV, 1, id="llamacpp"),
+    pytest.param(
+        "llamacpp.prom", "llamacpp", None, Engine.LLAMACPP, 5, 3, LLAMACPP_NO_KV, 1, id="llamacpp-named"
+    ),
+    pytest.param(
+        "llamacpp.prom",
+        "auto",
+        LLAMA,
+        Engine.LLAMACPP,
+        Absent(MissingKind.NO_MODEL, llamacpp.WAITING),
+        Absent(MissingKind.NO_MODEL, llamacpp.RUNNING),
+        LLAMACPP_NO_KV,
+        0,
+        id="llamacpp-has-no-model-label",
+    ),
+    pytest.param(
+        "llamacpp_old_kv_cache.prom", "auto", None, Engine.LLAMACPP, 0, 2, 36.7188, 1, id="llamacpp-older-kv"
+    ),
+    pytest.param("trtllm_serve.prom", "auto", None, Engine.TRTLLM, 4, 22, 57.8125, 1, id="trtllm-serve"),
+    pytest.param(
+        "trtllm_serve.prom", "trtllm", LLAMA, Engine.TRTLLM, 4, 22, 57.8125, 1, id="trtllm-serve-named"
+    ),
+    pytest.param(
+        "trtllm_serve.prom",
+        "trtllm",
+        MISTRAL,
+        Engine.TRTLLM,
+        Absent(MissingKind.NO_MODEL, trtllm_serve.WAITING),
+        Absent(MissingKind.NO_MODEL, trtllm_serve.RUNNING),
+        Absent(MissingKind.NO_MODEL, trtllm_serve.KV_CACHE),
+        0,
+        id="trtllm-serve-model-not-served",
+    ),
     pytest.param("tgi.prom", "auto", None, Engine.TGI, 7, 24, NOT_EXPORTED, 1, id="tgi"),
     pytest.param(
         "tgi.prom",
@@ -248,6 +311,7 @@ def test_fixture_pages(
 
 def test_every_fixture_is_covered() -> None:
     covered = {case.values[0] for case in FIXTURE_CASES} | {"prometheus_federate_engines.prom"}
+    assert covered >= {"sglang_router_underscore.prom", "llamacpp.prom", "trtllm_serve.prom"}
     assert covered == {path.name for path in FIXTURES.glob("*.prom")}
 
 
@@ -274,6 +338,10 @@ def test_models_are_reported_for_explain() -> None:
         pytest.param("tgi.prom", 7 + 24, 7, NOT_EXPORTED, id="tgi"),
         pytest.param("triton.prom", NOT_EXPORTED, 7, NOT_EXPORTED, id="triton"),
         pytest.param("triton_trtllm.prom", 3 + 25, 3, 68.75, id="trtllm"),
+        pytest.param("trtllm_serve.prom", 4 + 22, 4, 57.8125, id="trtllm-serve"),
+        pytest.param("sglang_router_underscore.prom", 4 + 26, 4, 37.5, id="sglang-underscore"),
+        pytest.param("llamacpp.prom", 5 + 3, 5, LLAMACPP_NO_KV, id="llamacpp"),
+        pytest.param("llamacpp_old_kv_cache.prom", 0 + 2, 0, 36.7188, id="llamacpp-older-kv"),
         pytest.param("vllm_starting.prom", NO_ENGINE, NO_ENGINE, NO_ENGINE, id="no-engine"),
     ],
 )
@@ -300,7 +368,7 @@ def test_value_for_rejects_an_unknown_metric() -> None:
 
 
 def test_engine_choices_and_supported_metrics() -> None:
-    assert ENGINE_CHOICES == ("auto", "vllm", "sglang", "tgi", "triton", "trtllm")
+    assert ENGINE_CHOICES == ("auto", "vllm", "sglang", "tgi", "triton", "trtllm", "llamacpp")
     every = (InferenceMetric.REQUESTS, InferenceMetric.QUEUE, InferenceMetric.KV_CACHE)
     assert {choice: supported_metrics(choice) for choice in ENGINE_CHOICES} == {
         "auto": every,
@@ -309,8 +377,14 @@ def test_engine_choices_and_supported_metrics() -> None:
         "tgi": (InferenceMetric.REQUESTS, InferenceMetric.QUEUE),
         "triton": (InferenceMetric.QUEUE,),
         "trtllm": every,
+        # Later builds print no KV-cache gauge: a named llamacpp can promise requests and queue only.
+        "llamacpp": (InferenceMetric.REQUESTS, InferenceMetric.QUEUE),
     }
     assert not engine_supports("triton", "requests")
+    assert not engine_supports("llamacpp", "kv_cache")
+    assert unsupported_message("llamacpp", "kv_cache") == (
+        "engine llamacpp does not export what metric kv_cache needs; with llamacpp use: requests, queue"
+    )
     assert not engine_supports(Engine.TGI, InferenceMetric.KV_CACHE)
     assert engine_supports("auto", "kv_cache")
     assert unsupported_message("triton", "requests") == (
@@ -338,20 +412,27 @@ def test_which_engines_a_model_filter_can_match() -> None:
         "tgi": False,
         "triton": True,
         "trtllm": True,
+        "llamacpp": False,
     }
 
 
 def test_what_a_reading_lacks_matches_what_the_engine_supports() -> None:
     """A NOT_EXPORTED value appears exactly where engine_supports says no (so both paths agree)."""
-    pages = {
-        Engine.VLLM: "vllm_v1.prom",
-        Engine.SGLANG: "sglang_single.prom",
-        Engine.TGI: "tgi.prom",
-        Engine.TRITON: "triton.prom",
-        Engine.TRTLLM: "triton_trtllm.prom",
-    }
-    assert set(pages) == {module.engine for module in ENGINES}
-    for engine, fixture in pages.items():
+    pages = [
+        (Engine.VLLM, "vllm_v1.prom"),
+        (Engine.SGLANG, "sglang_single.prom"),
+        (Engine.SGLANG, "sglang_router_underscore.prom"),
+        (Engine.TGI, "tgi.prom"),
+        (Engine.TRITON, "triton.prom"),
+        (Engine.TRTLLM, "triton_trtllm.prom"),
+        (Engine.TRTLLM, "trtllm_serve.prom"),
+        (Engine.LLAMACPP, "llamacpp.prom"),
+    ]
+    assert {engine for engine, _ in pages} == set(Engine) == {module.engine for module in ENGINES}
+    # Every registry line (an engine's page format) has a page here.
+    for module in ENGINES:
+        assert any(not module.sample_names.isdisjoint(s.name for s in page(f)) for _, f in pages), module
+    for engine, fixture in pages:
         reading = pod_reading(page(fixture), engine)
         for metric in InferenceMetric:
             value = value_for(reading, metric)
@@ -369,6 +450,11 @@ def test_recognise() -> None:
     assert recognise(page("triton.prom")) is Engine.TRITON
     # TensorRT-LLM backend families beside Triton's own: the backend's counts win.
     assert recognise(page("triton_trtllm.prom")) is Engine.TRTLLM
+    # trtllm-serve's own page is TensorRT-LLM too, told apart from the backend's by its families.
+    assert recognise(page("trtllm_serve.prom")) is Engine.TRTLLM
+    assert recognise(page("llamacpp.prom")) is Engine.LLAMACPP
+    assert recognise(page("llamacpp_old_kv_cache.prom")) is Engine.LLAMACPP
+    assert recognise(page("sglang_router_underscore.prom")) is Engine.SGLANG
     assert recognise(page("vllm_starting.prom")) is None
 
 
@@ -394,9 +480,18 @@ def test_sample_names_are_the_modules_names() -> None:
         "nv_inference_pending_request_count",
         "nv_trt_llm_request_metrics",
         "nv_trt_llm_kv_cache_block_metrics",
+        "sglang_num_running_reqs",
+        "sglang_num_queue_reqs",
+        "sglang_token_usage",
+        "trtllm_num_requests_waiting",
+        "trtllm_num_requests_running",
+        "trtllm_kv_cache_utilization",
+        "llamacpp:requests_processing",
+        "llamacpp:requests_deferred",
+        "llamacpp:kv_cache_usage_ratio",
     } == ENGINE_SAMPLE_NAMES
     assert vllm.WAITING_BY_REASON not in ENGINE_SAMPLE_NAMES
-    for module in (vllm, sglang, tgi, triton, trtllm):
+    for module in (vllm, sglang, tgi, triton, trtllm, trtllm_serve, llamacpp):
         assert module.SAMPLE_NAMES <= ENGINE_SAMPLE_NAMES
 
 
@@ -492,6 +587,138 @@ def test_trtllm_used_over_max_needs_a_max() -> None:
         isinstance(none, Missing)
         and none.family == 'nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}'
     )
+
+
+# --- two spellings of SGLang's gauges ----------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_spelling_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Disagreements are logged once per process: each test starts as a process that logged none."""
+    monkeypatch.setattr(engines_common, "_DISAGREEMENTS_LOGGED", set())
+
+
+def test_each_gauge_reads_whichever_spelling_the_page_has() -> None:
+    mixed = [
+        s(sglang.WAITING, 3, model_name=LLAMA),
+        s(sglang.RUNNING_UNDERSCORE, 7, model_name=LLAMA),
+        s(sglang.KV_CACHE_UNDERSCORE, 0.5, model_name=LLAMA),
+    ]
+    reading = pod_reading(mixed)
+    assert (reading.engine, reading.waiting, reading.running, reading.kv_cache) == (Engine.SGLANG, 3, 7, 50)
+
+
+def test_a_gauge_in_neither_spelling_names_both() -> None:
+    missing = pod_reading([s(sglang.WAITING_UNDERSCORE, 1, model_name=LLAMA)]).running
+    assert isinstance(missing, Missing)
+    assert (missing.kind, missing.family) == (MissingKind.FAMILY_ABSENT, sglang.RUNNING)
+    assert sglang.RUNNING in missing.reason and sglang.RUNNING_UNDERSCORE in missing.reason
+
+
+@pytest.mark.usefixtures("fresh_spelling_log")
+def test_equal_spellings_count_once_without_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="keda_gpu_scaler.engines"):
+        assert pod_reading(page("sglang_both_spellings.prom")).waiting == 2
+    assert caplog.records == []
+
+
+@pytest.mark.usefixtures("fresh_spelling_log")
+def test_spellings_that_disagree_read_the_colon_one_and_log_once(caplog: pytest.LogCaptureFixture) -> None:
+    disagreeing = [
+        s(sglang.WAITING, 3, dp_rank="0", model_name=LLAMA),
+        s(sglang.WAITING_UNDERSCORE, 8, dp_rank="0", model_name=LLAMA),
+        s(sglang.RUNNING, 5, dp_rank="0", model_name=LLAMA),
+        s(sglang.RUNNING_UNDERSCORE, 5, dp_rank="0", model_name=LLAMA),
+    ]
+    with caplog.at_level("WARNING", logger="keda_gpu_scaler.engines"):
+        for _ in range(3):  # read on every evaluation: one line in all
+            reading = pod_reading(disagreeing)
+            assert (reading.waiting, reading.running) == (3, 5)
+        # Underscore first on the page: the colon spelling still wins.
+        assert pod_reading(list(reversed(disagreeing))).waiting == 3
+    (record,) = caplog.records
+    message = record.getMessage()
+    assert record.levelname == "WARNING"
+    assert sglang.WAITING in message and sglang.WAITING_UNDERSCORE in message
+    assert "3" in message and "8" in message
+
+
+def test_a_trtllm_trigger_reads_whichever_tensorrt_llm_page_the_pod_prints() -> None:
+    serve = pod_reading(page("trtllm_serve.prom"), "trtllm")
+    backend = pod_reading(page("triton_trtllm.prom"), "trtllm")
+    assert (serve.waiting, serve.running, backend.waiting, backend.running) == (4, 22, 3, 25)
+    # A page with neither: named after the backend's families (the format listed first).
+    neither = pod_reading(page("vllm_v1.prom"), "trtllm").waiting
+    assert isinstance(neither, Missing) and neither.kind is MissingKind.FAMILY_ABSENT
+    assert neither.family == 'nv_trt_llm_request_metrics{request_type="waiting"}'
+
+
+def test_trtllm_serve_without_a_model_label_is_one_engine() -> None:
+    samples = [s(trtllm_serve.WAITING, 2), s(trtllm_serve.RUNNING, 6), s(trtllm_serve.KV_CACHE, 0.25)]
+    reading = pod_reading(samples)
+    assert (reading.engine, reading.waiting, reading.running, reading.kv_cache) == (Engine.TRTLLM, 2, 6, 25)
+    assert reading.models == ()
+    no_model = pod_reading(samples, "trtllm", LLAMA).waiting
+    assert isinstance(no_model, Missing) and no_model.kind is MissingKind.NO_MODEL
+
+
+def test_llamacpp_kv_cache_is_read_where_an_older_build_prints_it() -> None:
+    assert pod_reading(page("llamacpp_old_kv_cache.prom"), "llamacpp").kv_cache == pytest.approx(36.7188)
+    missing = pod_reading(page("llamacpp.prom")).kv_cache
+    assert isinstance(missing, Missing) and missing.kind is MissingKind.NOT_EXPORTED
+    assert llamacpp.KV_CACHE in missing.reason and "older" in missing.reason
+
+
+# --- the Gateway API Inference Extension's model-server protocol ------------------------------------
+
+# The protocol table's engine columns, as the engine our `engine` key calls them. A column the table
+# gains fails the test below until it is mapped here, and the engine is read.
+PROTOCOL_ENGINES = {
+    "vLLM metric": Engine.VLLM,
+    "Triton TensorRT-LLM": Engine.TRTLLM,
+    "trtllm-serve": Engine.TRTLLM,
+    "SGLang": Engine.SGLANG,
+}
+PROTOCOL_ROWS = ("TotalQueuedRequests", "TotalRunningRequests", "KVCacheUtilization")
+
+
+def protocol_table() -> dict[str, dict[str, str]]:
+    """The fixture's table as column → row → family selector (`name` or `name{label=value}`)."""
+    lines = [
+        line
+        for line in (FIXTURES / "model_server_protocol.md").read_text().splitlines()
+        if line.startswith("|")
+    ]
+
+    def cells(line: str) -> list[str]:
+        return [cell.strip().strip("`") for cell in line.strip().strip("|").split("|")]
+
+    header, rows = cells(lines[0]), [cells(line) for line in lines[2:]]
+    return {column: {row[0]: row[index] for row in rows} for index, column in enumerate(header) if index > 0}
+
+
+def protocol_sample(selector: str, value: float) -> Sample:
+    name, _, rest = selector.partition("{")
+    labels = dict(pair.split("=", 1) for pair in rest.rstrip("}").split(",") if pair)
+    return Sample(name, {**labels, "model_name": LLAMA, "model": "tensorrt_llm"}, value, None)
+
+
+def test_every_engine_of_the_model_server_protocol_is_read() -> None:
+    table = protocol_table()
+    assert set(table) == set(PROTOCOL_ENGINES), "a column of the protocol table is not mapped to an engine"
+    for column, families in table.items():
+        assert set(families) == set(PROTOCOL_ROWS), column
+        samples = [
+            protocol_sample(families["TotalQueuedRequests"], 7),
+            protocol_sample(families["TotalRunningRequests"], 11),
+            protocol_sample(families["KVCacheUtilization"], 0.25),
+        ]
+        assert {sample.name for sample in samples} <= ENGINE_SAMPLE_NAMES, column
+        for choice in ("auto", PROTOCOL_ENGINES[column].value):
+            reading = pod_reading(samples, choice)
+            assert reading.engine is PROTOCOL_ENGINES[column], (column, choice)
+            assert (reading.waiting, reading.running, reading.kv_cache) == (7, 11, 25), (column, choice)
+            assert value_for(reading, "requests") == 18
 
 
 def test_an_unknown_engine_choice_is_an_error() -> None:
@@ -665,6 +892,50 @@ def test_readings_by_pod_equals_each_pods_own_page(pods: dict[str, list[tuple[fl
         ("llm", pod): pod_reading(parse_exposition(simulated.vllm_page(LLAMA, loads), ENGINE_SAMPLE_NAMES))
         for pod, loads in pods.items()
     }
+
+
+def underscore_spelling(text: str) -> str:
+    """An SGLang page as sgl-router's /engine_metrics (or an escaping Prometheus 3) spells it."""
+    return text.replace("sglang:", "sglang_")
+
+
+@settings(max_examples=60, deadline=None)
+@given(loads=ENGINE_LOADS, tp_size=st.integers(min_value=1, max_value=4), seed=st.integers())
+def test_either_sglang_spelling_or_both_read_the_same(
+    loads: list[tuple[float, float, float]], tp_size: int, seed: int
+) -> None:
+    colon = simulated.sglang_page(LLAMA, loads, tp_size=tp_size)
+    underscore = underscore_spelling(colon)
+    expected = pod_reading(parse_exposition(colon, ENGINE_SAMPLE_NAMES))
+    both = parse_exposition(colon + underscore, ENGINE_SAMPLE_NAMES)
+    random.Random(seed).shuffle(both)
+    assert pod_reading(parse_exposition(underscore, ENGINE_SAMPLE_NAMES)) == expected
+    assert pod_reading(both) == expected  # counted once, whatever the order of the series
+
+
+def single_server_page(names: tuple[str, str, str], load: tuple[float, float, float], labels: str) -> str:
+    """A one-engine page of waiting, running and KV-fraction gauges (trtllm-serve, llama.cpp)."""
+    waiting, running, kv = names
+    lines = []
+    for name, value in ((running, load[0]), (waiting, load[1]), (kv, load[2])):
+        lines += [f"# TYPE {name} gauge", f"{name}{{{labels}}} {value!r}" if labels else f"{name} {value!r}"]
+    return "\n".join(lines) + "\n"
+
+
+@settings(max_examples=60, deadline=None)
+@given(load=st.tuples(COUNTS, COUNTS, FRACTIONS))
+def test_trtllm_serve_and_llamacpp_read_back_what_they_print(load: tuple[float, float, float]) -> None:
+    serve = single_server_page(
+        (trtllm_serve.WAITING, trtllm_serve.RUNNING, trtllm_serve.KV_CACHE),
+        load,
+        f'engine_type="trtllm",model_name="{LLAMA}"',
+    )
+    older_llamacpp = single_server_page((llamacpp.WAITING, llamacpp.RUNNING, llamacpp.KV_CACHE), load, "")
+    for text, engine in ((serve, Engine.TRTLLM), (older_llamacpp, Engine.LLAMACPP)):
+        reading = pod_reading(parse_exposition(text, ENGINE_SAMPLE_NAMES))
+        assert (reading.engine, reading.running, reading.waiting) == (engine, load[0], load[1])
+        assert reading.kv_cache == pytest.approx(load[2] * 100)
+        assert value_for(reading, "requests") == load[0] + load[1]
 
 
 # --- the simulated pages ---------------------------------------------------------------------------------
