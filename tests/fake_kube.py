@@ -52,7 +52,9 @@ LEADER_WORKER_SET = Kind(
     "leaderworkersets",
     lambda obj: (obj.get("status") or {}).get("hpaPodSelector") or "",
 )
-KINDS = (POD, DEPLOYMENT, STATEFULSET, DAEMONSET, SCALED_OBJECT, LEADER_WORKER_SET)
+SERVICE = Kind("", "v1", "Service", "services")
+INFERENCE_POOL = Kind("inference.networking.k8s.io", "v1", "InferencePool", "inferencepools")
+KINDS = (POD, DEPLOYMENT, STATEFULSET, DAEMONSET, SCALED_OBJECT, LEADER_WORKER_SET, SERVICE, INFERENCE_POOL)
 
 
 def status(code: int, reason: str, message: str, kind: str | None = None) -> dict[str, Any]:
@@ -89,18 +91,34 @@ def _selector_matches(selector: str, labels: Mapping[str, str]) -> bool:
     return True
 
 
+def _fields_match(selector: str, meta: Mapping[str, Any]) -> bool:
+    # The field selectors every resource supports: metadata.name and metadata.namespace (= and ==, !=).
+    for part in filter(None, (p.strip() for p in selector.split(","))):
+        negate = "!=" in part
+        field_name, value = part.replace("!=", "=").replace("==", "=").split("=", 1)
+        have = {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace")}
+        if field_name.strip() not in have:
+            raise ValueError(f"field label not supported: {field_name.strip()}")
+        if (have[field_name.strip()] == value.strip()) == negate:
+            return False
+    return True
+
+
 @dataclass
 class _Watcher:
     kind: Kind
     namespace: str | None
     selector: str
     bookmarks: bool
+    fields: str = ""
     queue: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
 
     def wants(self, obj: dict[str, Any]) -> bool:
         meta = obj["metadata"]
-        return (self.namespace is None or meta.get("namespace") == self.namespace) and _selector_matches(
-            self.selector, meta.get("labels") or {}
+        return (
+            (self.namespace is None or meta.get("namespace") == self.namespace)
+            and _selector_matches(self.selector, meta.get("labels") or {})
+            and _fields_match(self.fields, meta)
         )
 
 
@@ -131,6 +149,8 @@ class FakeKube:
         app.router.add_get("/api/v1", self._core_resources)
         app.router.add_get("/api/v1/pods", self._pods)
         app.router.add_get("/api/v1/namespaces/{namespace}/pods", self._pods)
+        app.router.add_get("/api/v1/namespaces/{namespace}/services", self._services)
+        app.router.add_get("/apis/{group}/{version}/namespaces/{namespace}/{plural}", self._collection)
         app.router.add_get("/apis/{group}/{version}", self._resources)
         app.router.add_get("/apis/{group}/{version}/", self._resources)
         app.router.add_get("/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}", self._get)
@@ -381,39 +401,64 @@ class FakeKube:
         return web.json_response(scale)
 
     async def _pods(self, request: web.Request) -> web.StreamResponse:
-        namespace = request.match_info.get("namespace")
+        return await self._list_or_watch(request, POD, request.match_info.get("namespace"))
+
+    async def _services(self, request: web.Request) -> web.StreamResponse:
+        return await self._list_or_watch(request, SERVICE, request.match_info["namespace"])
+
+    async def _collection(self, request: web.Request) -> web.StreamResponse:
+        info = request.match_info
+        kind = self._kind(info["group"], info["version"], info["plural"])
+        if kind is None:
+            return self._not_found(None, info["plural"])
+        return await self._list_or_watch(request, kind, info["namespace"])
+
+    async def _list_or_watch(
+        self, request: web.Request, kind: Kind, namespace: str | None
+    ) -> web.StreamResponse:
         query = request.query
         watching = query.get("watch", "").lower() in ("1", "true")
-        denied = self._forbidden("watch" if watching else "list", "pods", "", namespace)
+        denied = self._forbidden("watch" if watching else "list", kind.plural, kind.group, namespace)
         if denied is not None:
             return denied
         selector = query.get("labelSelector", "")
+        fields = query.get("fieldSelector", "")
+        try:
+            _fields_match(fields, {})
+        except ValueError as error:
+            return web.json_response(status(400, "BadRequest", str(error)), status=400)
         if watching:
-            return await self._watch(request, POD, namespace, selector)
+            return await self._watch(request, kind, namespace, selector, fields)
         items = []
         for (plural, ns, _), obj in sorted(self.objects.items()):
-            labels = obj["metadata"].get("labels") or {}
-            if plural == "pods." and namespace in (None, ns) and _selector_matches(selector, labels):
+            meta = obj["metadata"]
+            if (
+                plural == f"{kind.plural}.{kind.group}"
+                and namespace in (None, ns)
+                and _selector_matches(selector, meta.get("labels") or {})
+                and _fields_match(fields, meta)
+            ):
                 item = copy.deepcopy(obj)
                 # List items carry no kind/apiVersion on the wire; the list does.
                 del item["kind"], item["apiVersion"]
                 items.append(item)
         return web.json_response(
             {
-                "kind": "PodList",
-                "apiVersion": "v1",
+                "kind": f"{kind.kind}List",
+                "apiVersion": kind.api_version,
                 "metadata": {"resourceVersion": str(self.revision)},
                 "items": items,
             }
         )
 
     async def _watch(
-        self, request: web.Request, kind: Kind, namespace: str | None, selector: str
+        self, request: web.Request, kind: Kind, namespace: str | None, selector: str, fields: str = ""
     ) -> web.StreamResponse:
         query = request.query
         since = query.get("resourceVersion", "")
         timeout = float(query.get("timeoutSeconds", "1800"))
-        watcher = _Watcher(kind, namespace, selector, query.get("allowWatchBookmarks", "").lower() == "true")
+        bookmarks = query.get("allowWatchBookmarks", "").lower() == "true"
+        watcher = _Watcher(kind, namespace, selector, bookmarks, fields)
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
 
@@ -520,3 +565,41 @@ def scaled_object(
     if target is not None:
         spec["scaleTargetRef"] = target
     return {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def service(
+    name: str, namespace: str, selector: dict[str, str] | None, ports: Sequence[int] = (9002,)
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "type": "ClusterIP",
+        "clusterIP": "10.96.0.10",
+        "ports": [{"name": f"p{p}", "port": p, "targetPort": p, "protocol": "TCP"} for p in ports],
+    }
+    if selector is not None:
+        spec["selector"] = selector
+    return {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def inference_pool(
+    name: str,
+    namespace: str,
+    picker: str,
+    *,
+    kind: str | None = None,
+    group: str | None = None,
+    model_servers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """An InferencePool of inference.networking.k8s.io/v1; kind None leaves endpointPickerRef.kind out (Service)."""
+    ref: dict[str, Any] = {"name": picker, "port": {"number": 9002}}
+    if kind is not None:
+        ref["kind"] = kind
+    if group is not None:
+        ref["group"] = group
+    return {
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": model_servers or {"app": "vllm"}},
+            "targetPorts": [{"number": 8000}],
+            "endpointPickerRef": ref,
+        },
+    }

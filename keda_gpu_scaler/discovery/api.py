@@ -30,6 +30,20 @@ class Gone(KubeError):
     """410 Gone: the resourceVersion to watch from is too old; the cache must be listed again."""
 
 
+@dataclass(frozen=True, slots=True)
+class NamedKind:
+    """A namespaced resource discovery follows one object of, by name."""
+
+    group: str  # "" for the core group
+    version: str
+    plural: str
+    kind: str
+
+
+INFERENCE_POOLS = NamedKind("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool")
+SERVICES = NamedKind("", "v1", "services", "Service")
+
+
 class ConnectError(Exception):
     """Kubernetes credentials could not be loaded (no in-cluster service account, bad kubeconfig)."""
 
@@ -232,6 +246,56 @@ class KubeApi:
         on_open is called once the API server has accepted the watch (before any event arrives).
         """
         permission, call, args, kwargs = self._pod_call(namespace, label_selector)
+        async for event in self._watch(permission, call, args, kwargs, resource_version, timeout, on_open):
+            yield event
+
+    # --- one named object of a namespace: InferencePools and Services ---------------------------------
+
+    def _named_call(
+        self, what: NamedKind, namespace: str, name: str
+    ) -> tuple[Permission, Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
+        # metadata.name is a field selector every resource supports: the list and the watch carry only
+        # the one object, and watching it needs the same RBAC as watching all of them.
+        kwargs: dict[str, Any] = {"field_selector": f"metadata.name={name}"}
+        permission = Permission("list", what.plural, what.group, namespace)
+        if what.group:
+            return (
+                permission,
+                self._custom.list_namespaced_custom_object,
+                (what.group, what.version, namespace, what.plural),
+                kwargs,
+            )
+        assert what.plural == "services", what
+        return permission, self._core.list_namespaced_service, (namespace,), kwargs
+
+    async def list_named(self, what: NamedKind, namespace: str, name: str) -> dict[str, Any]:
+        """A list of the objects of kind `what` called `name` in namespace (none or one)."""
+        permission, call, args, kwargs = self._named_call(what, namespace, name)
+        return await self._json(permission, call, *args, **kwargs)
+
+    async def watch_named(
+        self,
+        what: NamedKind,
+        namespace: str,
+        name: str,
+        resource_version: str,
+        timeout: float,
+        on_open: Callable[[], None] = lambda: None,
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        permission, call, args, kwargs = self._named_call(what, namespace, name)
+        async for event in self._watch(permission, call, args, kwargs, resource_version, timeout, on_open):
+            yield event
+
+    async def _watch(
+        self,
+        permission: Permission,
+        call: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        resource_version: str,
+        timeout: float,
+        on_open: Callable[[], None],
+    ) -> AsyncGenerator[dict[str, Any], None]:
         permission = Permission("watch", permission.resource, permission.group, permission.namespace)
         response = await self._open(
             permission,

@@ -1,4 +1,8 @@
-"""A list+watch cache of pods that tells its owner about each pod that changed, one at a time."""
+"""List+watch caches that tell their owner about each object that changed, one at a time.
+
+PodInformer follows pods (one namespace, or all with a label selector); ObjectInformer follows one
+named object of a namespace (an InferencePool, a Service), present or not.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,11 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Mapping
+from typing import Any, Generic, TypeVar
 
 from keda_gpu_scaler.backoff import backoff_delay, jittered
-from keda_gpu_scaler.discovery.api import Gone, KubeApi, KubeError
+from keda_gpu_scaler.discovery.api import Gone, KubeApi, KubeError, NamedKind
 from keda_gpu_scaler.discovery.pods import PodInfo, pod_info
 from keda_gpu_scaler.supervise import supervised
 
@@ -25,6 +29,7 @@ MAX_BACKOFF_SECONDS = 30.0
 # between, so that listing thousands of pods never holds up the calls being answered.
 RELIST_SLICE = 200
 
+T = TypeVar("T")
 # (previous state of the pod or None, new state or None); never both None, never equal.
 PodHandler = Callable[[PodInfo | None, PodInfo | None], None]
 
@@ -35,39 +40,51 @@ def _resource_version(obj: Mapping[str, Any]) -> str | None:
     return str(version) if version else None
 
 
-class PodInformer:
-    """A list+watch cache of pods (one namespace, or all namespaces with a label selector).
+class _ListWatch(Generic[T]):
+    """The list-then-watch loop shared by the informers; subclasses say what to list, watch and keep.
 
     Lists, then watches from the list's resourceVersion with bookmarks; a 410 Gone relists; other
-    failures retry with a bounded backoff. Every change of a pod is handed to `on_pod(old, new)` as it is
-    applied (a relist hands over only its differences with the cache), so the owner keeps its own
-    indexes current without ever rescanning. While the last attempt failed, `error` says why, and
-    readers must not trust `pods` (the API server may have moved on without us).
+    failures retry with a bounded backoff. While the last attempt failed, `error` says why, and readers
+    must not trust `items` (the API server may have moved on without us).
     """
 
     def __init__(
-        self,
-        api: KubeApi,
-        *,
-        namespace: str | None,
-        label_selector: str | None,
-        on_pod: PodHandler,
-        on_restart: Callable[[str], None] = lambda reason: None,
+        self, api: KubeApi, on_restart: Callable[[str], None], on_status: Callable[[], None] | None = None
     ) -> None:
         self._api = api
-        self.namespace = namespace
-        self.label_selector = label_selector
-        self._on_pod = on_pod
         self._on_restart = on_restart
-        self.pods: dict[str, PodInfo] = {}  # by "namespace/name"
+        # Called when `synced` or `error` changes (a first list, a failure, a recovery), for owners that
+        # publish the informer's state rather than read it on demand.
+        self._on_status = on_status
+        self.items: dict[str, T] = {}
         self.synced = False
         self.error: str | None = None
         self._task: asyncio.Task[None] | None = None
 
+    # --- what a subclass says -------------------------------------------------------------------------
+
     @property
     def what(self) -> str:
-        where = f"namespace {self.namespace!r}" if self.namespace else "all namespaces"
-        return f"pods in {where}" + (f" with labels {self.label_selector!r}" if self.label_selector else "")
+        raise NotImplementedError
+
+    async def _list(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _watch(
+        self, version: str, timeout: float, on_open: Callable[[], None]
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        raise NotImplementedError
+
+    def _read(self, obj: Mapping[str, Any]) -> T:
+        raise NotImplementedError
+
+    def _key(self, item: T) -> str:
+        raise NotImplementedError
+
+    def _on_change(self, old: T | None, new: T | None) -> None:
+        raise NotImplementedError
+
+    # --- the loop -------------------------------------------------------------------------------------
 
     def start(self) -> None:
         if self._task is None:
@@ -96,12 +113,10 @@ class PodInformer:
                 if version is None:
                     version = await self._relist()
                 async with contextlib.aclosing(
-                    self._api.watch_pods(
-                        self.namespace,
-                        self.label_selector,
+                    self._watch(
                         version,
                         WATCH_TIMEOUT_SECONDS * random.uniform(1.0, 2.0),
-                        on_open=lambda: self._set_error(None),
+                        lambda: self._set_error(None),
                     )
                 ) as stream:
                     async for event in stream:
@@ -114,7 +129,7 @@ class PodInformer:
                 continue
             except KubeError as error:
                 failures += 1
-                self._set_error(str(error))
+                self._set_error(self._describe(error))
                 self._on_restart("error")
                 delay = backoff_delay(failures, first=FIRST_RETRY_SECONDS, cap=MAX_BACKOFF_SECONDS)
                 log.warning("%s: %s; retrying in %.1fs", self.what, error, delay)
@@ -140,52 +155,176 @@ class PodInformer:
             else:
                 failures = 0
 
+    def _describe(self, error: KubeError) -> str:
+        return str(error)
+
     async def _relist(self) -> str:
-        listing = await self._api.list_pods(self.namespace, self.label_selector)
+        listing = await self._list()
         version = _resource_version(listing)
         if version is None:
             raise KubeError(f"the Kubernetes API listed {self.what} without a resourceVersion")
-        fresh: dict[str, PodInfo] = {}
+        fresh: dict[str, T] = {}
         for item in listing.get("items") or ():
-            info = pod_info(item)
-            fresh[info.key] = info
+            info = self._read(item)
+            fresh[self._key(info)] = info
         del listing
         # Hand over only what differs from the cache, a slice at a time.
-        changes: list[tuple[PodInfo | None, PodInfo | None]] = [
-            (old, None) for key, old in self.pods.items() if key not in fresh
+        changes: list[tuple[T | None, T | None]] = [
+            (old, None) for key, old in self.items.items() if key not in fresh
         ]
-        changes += [(self.pods.get(key), new) for key, new in fresh.items() if self.pods.get(key) != new]
+        changes += [(self.items.get(key), new) for key, new in fresh.items() if self.items.get(key) != new]
         for start in range(0, len(changes), RELIST_SLICE):
             if start:
                 await asyncio.sleep(0)
             for old, new in changes[start : start + RELIST_SLICE]:
                 self._change(old, new)
-        self.synced = True
+        if not self.synced:
+            self.synced = True
+            self._status_changed()
         self._set_error(None)
         return version
 
-    def _change(self, old: PodInfo | None, new: PodInfo | None) -> None:
+    def _change(self, old: T | None, new: T | None) -> None:
         if new is not None:
-            self.pods[new.key] = new
+            self.items[self._key(new)] = new
         elif old is not None:
-            del self.pods[old.key]
-        self._on_pod(old, new)
+            del self.items[self._key(old)]
+        self._on_change(old, new)
 
     def _apply(self, event: Mapping[str, Any]) -> str | None:
         kind = event.get("type")
         obj = event.get("object") or {}
         if kind in ("ADDED", "MODIFIED"):
-            info = pod_info(obj)
-            old = self.pods.get(info.key)
+            info = self._read(obj)
+            old = self.items.get(self._key(info))
             if old != info:  # most MODIFIED events change nothing discovery reads (timestamps, probes)
                 self._change(old, info)
         elif kind == "DELETED":
-            info = pod_info(obj)
-            old = self.pods.get(info.key)
+            info = self._read(obj)
+            old = self.items.get(self._key(info))
             if old is not None:
                 self._change(old, None)
         # BOOKMARK: nothing changed, but the resourceVersion moved on, so a reconnect resumes from there.
         return _resource_version(obj)
 
     def _set_error(self, error: str | None) -> None:
-        self.error = error
+        if error != self.error:
+            self.error = error
+            self._status_changed()
+
+    def _status_changed(self) -> None:
+        if self._on_status is not None:
+            self._on_status()
+
+
+class PodInformer(_ListWatch[PodInfo]):
+    """A list+watch cache of pods (one namespace, or all namespaces with a label selector).
+
+    Every change of a pod is handed to `on_pod(old, new)` as it is applied (a relist hands over only its
+    differences with the cache), so the owner keeps its own indexes current without ever rescanning.
+    """
+
+    def __init__(
+        self,
+        api: KubeApi,
+        *,
+        namespace: str | None,
+        label_selector: str | None,
+        on_pod: PodHandler,
+        on_restart: Callable[[str], None] = lambda reason: None,
+        on_status: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(api, on_restart, on_status)
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self._on_pod = on_pod
+
+    @property
+    def pods(self) -> dict[str, PodInfo]:
+        """By "namespace/name"."""
+        return self.items
+
+    @property
+    def what(self) -> str:
+        where = f"namespace {self.namespace!r}" if self.namespace else "all namespaces"
+        return f"pods in {where}" + (f" with labels {self.label_selector!r}" if self.label_selector else "")
+
+    async def _list(self) -> dict[str, Any]:
+        return await self._api.list_pods(self.namespace, self.label_selector)
+
+    def _watch(
+        self, version: str, timeout: float, on_open: Callable[[], None]
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        return self._api.watch_pods(self.namespace, self.label_selector, version, timeout, on_open=on_open)
+
+    def _read(self, obj: Mapping[str, Any]) -> PodInfo:
+        return pod_info(obj)
+
+    def _key(self, item: PodInfo) -> str:
+        return item.key
+
+    def _on_change(self, old: PodInfo | None, new: PodInfo | None) -> None:
+        self._on_pod(old, new)
+
+
+class ObjectInformer(_ListWatch[Mapping[str, Any]]):
+    """One named object of a namespace (its `spec`, or None while it does not exist), watched by name.
+
+    `on_object(spec)` is called whenever the object appears, changes its spec, or goes (None). `missing`
+    (the API answered 404 to the list: the resource type is not served) is a message for the owner.
+    """
+
+    def __init__(
+        self,
+        api: KubeApi,
+        kind: NamedKind,
+        namespace: str,
+        name: str,
+        on_object: Callable[[Mapping[str, Any] | None], None],
+        on_restart: Callable[[str], None] = lambda reason: None,
+        on_status: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(api, on_restart, on_status)
+        self.kind = kind
+        self.namespace = namespace
+        self.name = name
+        self._on_object = on_object
+
+    @property
+    def spec(self) -> Mapping[str, Any] | None:
+        """The object's spec, or None while it does not exist."""
+        item = self.items.get(self.name)
+        return None if item is None else item["spec"]
+
+    @property
+    def what(self) -> str:
+        api_version = f"{self.kind.group}/{self.kind.version}" if self.kind.group else self.kind.version
+        return f"{self.kind.kind} {self.namespace}/{self.name} ({api_version})"
+
+    async def _list(self) -> dict[str, Any]:
+        return await self._api.list_named(self.kind, self.namespace, self.name)
+
+    def _watch(
+        self, version: str, timeout: float, on_open: Callable[[], None]
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        return self._api.watch_named(self.kind, self.namespace, self.name, version, timeout, on_open=on_open)
+
+    def _read(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+        meta = obj.get("metadata") or {}
+        # Only the name and spec are kept: status and metadata change often and mean nothing here.
+        return {"name": meta.get("name") or "", "spec": obj.get("spec") or {}}
+
+    def _key(self, item: Mapping[str, Any]) -> str:
+        return str(item["name"])
+
+    def _describe(self, error: KubeError) -> str:
+        if error.status == 404:
+            return (
+                f"the Kubernetes API does not serve {self.kind.plural}.{self.kind.group or 'core'}"
+                f" {self.kind.version} (is its CustomResourceDefinition installed?): {error}"
+            )
+        return str(error)
+
+    def _on_change(self, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
+        if new is None or new.get("name") == self.name:
+            self._on_object(None if new is None else new["spec"])
