@@ -325,6 +325,47 @@ async def test_get_metrics_requests_through_prometheus(
     await eventually(answered, timeout=30)
 
 
+async def test_underscore_sglang_llamacpp_and_trtllm_serve_through_prometheus(
+    prometheus: PrometheusServer,
+    source: tuple[PrometheusCollector, Store],
+    make_exporter: Any,
+    make_scaler: Any,
+    targets: Any,
+) -> None:
+    """The families as Prometheus stores them (`sglang_…` as sgl-router prints them), read as scraped."""
+    underscore = await make_exporter(page("sglang_router_underscore.prom"))  # waiting 3 + 1, running 14 + 12
+    both = await make_exporter(page("sglang_both_spellings.prom"))  # 2 + 9, each gauge twice, counted once
+    llama = await make_exporter(page("llamacpp.prom"))  # deferred 5, processing 3
+    serve = await make_exporter(page("trtllm_serve.prom"))  # waiting 4, running 22
+    targets(
+        (underscore, pod_labels("engines", "chat-0")),
+        (both, pod_labels("engines", "chat-1")),
+        (llama, pod_labels("engines", "chat-2")),
+        (serve, pod_labels("engines", "chat-3")),
+    )
+
+    async def all_four() -> dict[str, PodSamples]:
+        pods = await pods_of(source, "engines")
+        assert sorted(pods) == ["chat-0", "chat-1", "chat-2", "chat-3"]
+        return pods
+
+    pods = await eventually(all_four, timeout=30)
+    assert {s.name for s in pods["chat-0"].samples} == {
+        "sglang_num_running_reqs",
+        "sglang_num_queue_reqs",
+        "sglang_token_usage",
+    }
+    assert [requests(pods[f"chat-{index}"]) for index in range(4)] == [30, 11, 8, 26]
+    scaler = await prometheus_scaler(make_scaler, prometheus)
+    metadata = {"metric": "requests", "threshold": "8", "podNamePrefix": "chat-", "source": "prometheus"}
+    ref = pb.ScaledObjectRef(name="chat", namespace="engines", scalerMetadata=metadata)
+
+    async def answered() -> None:
+        assert (await requests_value(scaler, ref)).metricValueFloat == 30 + 11 + 8 + 26
+
+    await eventually(answered, timeout=30)
+
+
 async def test_a_stopped_server_is_a_missing_pod_until_prometheus_drops_its_target(
     prometheus: PrometheusServer, make_exporter: Any, make_scaler: Any, targets: Any
 ) -> None:
