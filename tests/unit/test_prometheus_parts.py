@@ -51,8 +51,15 @@ from keda_gpu_scaler.collect.promql import (
     up_query,
 )
 from keda_gpu_scaler.collect.store import SourceKind, Store
-from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES
-from keda_gpu_scaler.exposition import Sample
+from keda_gpu_scaler.engines import (
+    ENGINE_SAMPLE_NAMES,
+    Engine,
+    llamacpp,
+    pod_reading,
+    simulated,
+    trtllm_serve,
+)
+from keda_gpu_scaler.exposition import Sample, parse_exposition
 from keda_gpu_scaler.settings import (
     PROMETHEUS_PASSWORD_ENV,
     SettingsError,
@@ -586,6 +593,81 @@ def test_inference_query_names_every_engine_family_with_both_pod_label_pairs() -
     assert 'timestamp({__name__="sglang:num_queue_reqs",exported_namespace="' in query
     assert query.count("timestamp(") == len(ENGINE_SAMPLE_NAMES) * 2
     assert query.endswith(f'"{TIMESTAMP_LABEL}", "1", "", "")')
+
+
+def test_inference_query_asks_for_every_spelling_and_the_newer_engines() -> None:
+    query = inference_query("llm")
+    for name in (
+        "sglang:num_queue_reqs",
+        "sglang_num_queue_reqs",  # as sgl-router prints it and an escaping Prometheus 3 stores it
+        "sglang_num_running_reqs",
+        "sglang_token_usage",
+        llamacpp.WAITING,
+        llamacpp.RUNNING,
+        llamacpp.KV_CACHE,
+        trtllm_serve.WAITING,
+        trtllm_serve.RUNNING,
+        trtllm_serve.KV_CACHE,
+    ):
+        assert f'timestamp({{__name__="{name}",namespace="llm",pod!=""}})' in query, name
+
+
+ENGINE_LOADS = st.lists(
+    st.tuples(
+        st.integers(min_value=0, max_value=300).map(float),
+        st.integers(min_value=0, max_value=300).map(float),
+        st.integers(min_value=0, max_value=1000).map(lambda n: n / 1000),
+    ),
+    min_size=1,
+    max_size=4,
+)
+
+
+def as_prometheus_answers(text: str, pod: str, age: float) -> list[Sample]:
+    """A pod's page as an instant query returns it: Kubernetes SD labels added, stamped with its scrape time."""
+    labels = {"namespace": "llm", "pod": pod, "job": "serving", "instance": f"{pod}:30000"}
+    at = round((WALL - age) * 1000)
+    return [
+        sample._replace(labels={**sample.labels, **labels}, timestamp_ms=at)
+        for sample in parse_exposition(text, ENGINE_SAMPLE_NAMES)
+    ]
+
+
+@given(loads=ENGINE_LOADS, tp_size=st.integers(min_value=1, max_value=3), spelling=st.sampled_from(":_b"))
+def test_sglang_through_prometheus_reads_as_its_own_page_in_either_spelling(
+    loads: list[tuple[float, float, float]], tp_size: int, spelling: str
+) -> None:
+    """Prometheus 2 keeps `sglang:`; a Prometheus 3 escaping names (or sgl-router) gives `sglang_`; a
+    page may carry both. Each is read as the server's own page."""
+    own = simulated.sglang_page("llama", loads, tp_size=tp_size)
+    underscore = own.replace("sglang:", "sglang_")
+    stored = {":": own, "_": underscore, "b": own + underscore}[spelling]
+    (pod,) = inference_pods(as_prometheus_answers(stored, "sglang-0", age=0.5), "llm", WALL, 2.0).pods
+    expected = pod_reading(parse_exposition(own, ENGINE_SAMPLE_NAMES))
+    assert expected.engine is Engine.SGLANG
+    assert pod_reading(pod.samples) == expected
+
+
+@given(running=st.integers(0, 300), waiting=st.integers(0, 300), kv=st.integers(0, 1000))
+def test_llamacpp_and_trtllm_serve_through_prometheus_read_their_gauges(
+    running: int, waiting: int, kv: int
+) -> None:
+    llama = f"{llamacpp.RUNNING} {running}\n{llamacpp.WAITING} {waiting}\n{llamacpp.KV_CACHE} {kv / 1000}\n"
+    model = 'model_name="llama"'
+    serve = (
+        f"{trtllm_serve.RUNNING}{{{model}}} {running}.0\n{trtllm_serve.WAITING}{{{model}}} {waiting}.0\n"
+        f"{trtllm_serve.KV_CACHE}{{{model}}} {kv / 1000}\n"
+    )
+    samples = as_prometheus_answers(llama, "llama-0", age=0.5) + as_prometheus_answers(
+        serve, "serve-0", age=0.5
+    )
+    pods = {p.pod: pod_reading(p.samples) for p in inference_pods(samples, "llm", WALL, 2.0).pods}
+    assert {pod: (r.engine, r.running, r.waiting) for pod, r in pods.items()} == {
+        "llama-0": (Engine.LLAMACPP, running, waiting),
+        "serve-0": (Engine.TRTLLM, running, waiting),
+    }
+    assert pods["llama-0"].kv_cache == pytest.approx(kv / 10)
+    assert pods["serve-0"].kv_cache == pytest.approx(kv / 10)
 
 
 def test_family_patterns_match_exactly_the_names_colons_and_dots_included() -> None:
