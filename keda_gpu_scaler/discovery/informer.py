@@ -78,6 +78,10 @@ class _ListWatch(Generic[T]):
     def _read(self, obj: Mapping[str, Any]) -> T:
         raise NotImplementedError
 
+    def _relisting(self, applying: bool) -> None:
+        """A relist applied in several slices starts (True) and ends (False): in between, whatever the
+        owner built from the changes is half way (a rollout's deletions are in, its additions not yet)."""
+
     def _key(self, item: T) -> str:
         raise NotImplementedError
 
@@ -173,11 +177,18 @@ class _ListWatch(Generic[T]):
             (old, None) for key, old in self.items.items() if key not in fresh
         ]
         changes += [(self.items.get(key), new) for key, new in fresh.items() if self.items.get(key) != new]
-        for start in range(0, len(changes), RELIST_SLICE):
-            if start:
-                await asyncio.sleep(0)
-            for old, new in changes[start : start + RELIST_SLICE]:
-                self._change(old, new)
+        sliced = len(changes) > RELIST_SLICE
+        if sliced:
+            self._relisting(True)
+        try:
+            for start in range(0, len(changes), RELIST_SLICE):
+                if start:
+                    await asyncio.sleep(0)
+                for old, new in changes[start : start + RELIST_SLICE]:
+                    self._change(old, new)
+        finally:
+            if sliced:
+                self._relisting(False)
         if not self.synced:
             self.synced = True
             self._status_changed()
@@ -233,11 +244,16 @@ class PodInformer(_ListWatch[PodInfo]):
         on_pod: PodHandler,
         on_restart: Callable[[str], None] = lambda reason: None,
         on_status: Callable[[], None] | None = None,
+        on_relist: Callable[[bool], None] = lambda applying: None,
     ) -> None:
         super().__init__(api, on_restart, on_status)
         self.namespace = namespace
         self.label_selector = label_selector
         self._on_pod = on_pod
+        self._on_relist = on_relist
+
+    def _relisting(self, applying: bool) -> None:
+        self._on_relist(applying)
 
     @property
     def pods(self) -> dict[str, PodInfo]:

@@ -65,6 +65,7 @@ class _Tracked:
     overrides: dict[str, Selector] = field(default_factory=dict)  # podSelector metadata seen in calls
     task: asyncio.Task[None] | None = None
     notes_logged: set[str] = field(default_factory=set)
+    blip: str | None = None  # the re-read failing while the last one read stays in use
     # True once the ScaledObject was read and has an external trigger: only then are its namespace's pods
     # watched (a caller naming objects that do not exist makes no watch).
     holds_namespace: bool = False
@@ -215,6 +216,8 @@ class KubeDiscovery:
             raise NoData(informer.error)
         if not informer.synced:
             raise NoData(f"listing the {informer.what} (first list)")
+        if not selection.complete:
+            raise NoData(f"listing the {informer.what} again (the watch fell too far behind)")
         targets = selection.targets(self._metric_type(tracked, spec))
         # Inference metrics read the pods' own pages (SPEC §6): no GPU exporter is needed or scraped.
         if targets.pods and not spec.metric.inference:
@@ -259,6 +262,7 @@ class KubeDiscovery:
                 label_selector=None,
                 on_pod=index.on_pod,
                 on_restart=self._restarted,
+                on_relist=index.hold,
             )
             space = _Namespace(informer, index)
             self._namespaces[tracked.namespace] = space
@@ -301,6 +305,16 @@ class KubeDiscovery:
             if selector not in tracked.selections:
                 tracked.selections[selector] = space.index.acquire(selector, tracked, space.informer.pods)
 
+    def _note(self, tracked: _Tracked, note: str | None) -> None:
+        """Log a passing problem of the background re-read when it starts or changes, and its end."""
+        if note == tracked.blip:
+            return
+        if note is not None:
+            log.warning("%s", note)
+        else:
+            log.info("ScaledObject %s: reading it from the Kubernetes API works again", tracked.ref)
+        tracked.blip = note
+
     def _restarted(self, reason: str) -> None:
         self.watch_restarts.labels(reason).inc()
 
@@ -325,18 +339,31 @@ class KubeDiscovery:
         try:
             info = parse_scaled_object(await self._api.scaled_object(tracked.namespace, tracked.name))
         except (KubeError, ScaledObjectError) as error:
+            gone = not isinstance(error, KubeError) or error.status == 404
+            if not gone and tracked.info is not None:
+                # The API server is unreachable or busy for a moment: the ScaledObject last read is still
+                # the one KEDA acts on (client-go's informers keep theirs through such errors too).
+                self._note(
+                    tracked,
+                    f"re-reading ScaledObject {tracked.ref} failed, the last one read stays in use: {error}",
+                )
+                return False
             tracked.object_error = f"cannot read ScaledObject {tracked.ref}: {error}"
-            if not isinstance(error, KubeError) or error.status == 404:
+            if gone:
                 # Gone, or not one this scaler can follow: stop watching for it. Other failures (the API
                 # server unreachable, RBAC) keep the watch: the object is still there.
                 self._release(tracked)
             return False
         if info != tracked.info:
             tracked.metric_types.clear()
+            if tracked.info is not None and info.target != tracked.info.target:
+                tracked.selector = None  # another scale target: its selector is read anew
+                self._register(tracked)
         tracked.info = info
         tracked.object_error = None
         if not info.triggers:
             self._release(tracked)  # no external trigger: KEDA never asks this scaler about it
+            self._note(tracked, None)
             return True
         self._hold(tracked)
         target = info.target
@@ -355,12 +382,15 @@ class KubeDiscovery:
             if selector != tracked.selector:
                 tracked.selector = selector
                 self._register(tracked)
+            self._note(tracked, None)
             return True
         except (KubeError, SelectorError) as error:
-            # The last selector stays in use for exporter discovery, so a blip does not stop scraping.
-            tracked.scale_error = (
-                f"cannot read the pod selector of {target} for ScaledObject {tracked.ref}: {error}"
-            )
+            message = f"cannot read the pod selector of {target} for ScaledObject {tracked.ref}: {error}"
+            if isinstance(error, KubeError) and error.status != 404 and tracked.selector is not None:
+                # A blip: the last selector read stays in use, for the targets and for exporter discovery.
+                self._note(tracked, f"{message}; the last one read stays in use")
+                return False
+            tracked.scale_error = message
             return False
 
     async def _plural(self, target: ScaleTarget) -> str:

@@ -82,6 +82,12 @@ class Selection:
         self.version = 0  # moves on with every change of the targets, their nodes or the endpoints
         self._snapshot: tuple[int, frozenset[str], Mapping[str, PodEndpoint]] | None = None
         self._answers: dict[str | None, Targets] = {}  # by metricType, for the current snapshot
+        # While the namespace's pods are being listed again, readers get the snapshot from before the
+        # relist began: its differences arrive in slices, and a half-applied relist (the deletions of a
+        # rollout before its additions) would read as fewer pods. None: answers follow every event.
+        self._held: tuple[int, frozenset[str], Mapping[str, PodEndpoint]] | None = None
+        # False for a selection that started during a relist: it has no whole snapshot to answer from yet.
+        self.complete = True
 
     def update(self, old: PodInfo | None, new: PodInfo | None) -> None:
         name = (new or old).name  # type: ignore[union-attr]
@@ -128,19 +134,35 @@ class Selection:
     def target_nodes(self) -> Mapping[str, int]:
         return self._target_nodes
 
+    def hold(self) -> None:
+        """Answer from the pods as they are now until release() (a relist is about to be applied)."""
+        self._current()
+        self._held = self._snapshot
+
+    def release(self) -> None:
+        self._held = None
+        self.complete = True
+
     def targets(self, metric_type: str | None) -> Targets:
         """The current Targets; the same object until something changes (built at most once per change)."""
+        snapshot = self._held or self._current()
+        if snapshot is not self._snapshot:
+            # Held: the answers of the held snapshot are not cached (a relist is short).
+            return Targets(snapshot[1], metric_type, snapshot[2])
+        answer = self._answers.get(metric_type)
+        if answer is None:
+            answer = Targets(snapshot[1], metric_type, snapshot[2])
+            self._answers[metric_type] = answer
+        return answer
+
+    def _current(self) -> tuple[int, frozenset[str], Mapping[str, PodEndpoint]]:
         if self._snapshot is None or self._snapshot[0] != self.version:
             endpoints = _Endpoints(
                 {name: p for name, p in self._members.items() if p.occupies_node or p.counts_as_target}
             )
             self._snapshot = (self.version, frozenset(self._targets), endpoints)
             self._answers = {}
-        answer = self._answers.get(metric_type)
-        if answer is None:
-            answer = Targets(self._snapshot[1], metric_type, self._snapshot[2])
-            self._answers[metric_type] = answer
-        return answer
+        return self._snapshot
 
 
 def _index_key(selector: Selector) -> tuple[str, str] | None:
@@ -160,6 +182,7 @@ class NamespaceIndex:
         self.selections: dict[Selector, Selection] = {}
         self._by_label: dict[tuple[str, str], set[Selection]] = {}
         self._scan: set[Selection] = set()  # selectors without a key=value requirement: always checked
+        self._holding = False
 
     def acquire(self, selector: Selector, user: object, pods: Mapping[str, PodInfo]) -> Selection:
         """Follow selector for user; a new selection starts from the namespace's pods as cached now."""
@@ -174,8 +197,19 @@ class NamespaceIndex:
                 self._by_label.setdefault(key, set()).add(selection)
             for pod in pods.values():
                 selection.update(None, pod)
+            # Started from a cache that a relist is half way through: not an answer until it ends.
+            selection.complete = not self._holding
         selection.users.add(user)
         return selection
+
+    def hold(self, holding: bool) -> None:
+        """A relist starts (True) or has been applied whole (False): see Selection.hold."""
+        self._holding = holding
+        for selection in self.selections.values():
+            if holding:
+                selection.hold()
+            else:
+                selection.release()
 
     def release(self, selector: Selector, user: object) -> None:
         selection = self.selections.get(selector)

@@ -648,3 +648,27 @@ async def test_the_api_client_reads_the_proxy_environment_once_not_per_request(
     api_client = await connect(kubeconfig)
     assert api_client.configuration.proxy is None
     await api_client.close()
+
+
+async def test_a_failing_re_read_of_the_scaled_object_keeps_the_last_one_in_use(  # type: ignore[no-untyped-def]
+    cluster: Cluster, kube: FakeKube, kube_scaler
+) -> None:
+    await cluster.gpu_node("node-a")
+    await cluster.gpu_node("node-b")
+    three_pods_on_two_nodes(cluster)
+    scaler = await kube_scaler()
+    await eventually(lambda: _equals(value(scaler), 180))
+    path = f"/apis/keda.sh/v1alpha1/namespaces/{NS}/scaledobjects/vllm"
+    # The API server refuses the re-reads for a while (as during an overload or an RBAC roll-out).
+    kube.deny("get", "scaledobjects.keda.sh", NS)
+    kube.deny("get", "deployments/scale.apps", NS)
+    refused_from = kube.count(path)
+
+    async def refused_twice_yet_answered() -> None:
+        assert kube.count(path) >= refused_from + 2
+        assert await value(scaler) == 180
+
+    await eventually(refused_twice_yet_answered)
+    assert await value(scaler) == 180
+    kube.allow_all()
+    await eventually(lambda: _equals(value(scaler), 180))
