@@ -11,20 +11,29 @@ there.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from keda_gpu_scaler.backoff import backoff_delay
 from keda_gpu_scaler.discovery.api import INFERENCE_POOLS, SERVICES, KubeApi
 from keda_gpu_scaler.discovery.informer import ObjectInformer, PodInformer
 from keda_gpu_scaler.discovery.pods import PodInfo
+from keda_gpu_scaler.discovery.tls_probe import serves_tls
 
 log = logging.getLogger(__name__)
 
-DEFAULT_GATEWAY_METRICS_PORT = 9090
 # The path every EPP (controller-runtime's metrics server) serves its page at.
 METRICS_PATH = "/metrics"
+# A pod that does not answer on its metrics port yet (just Ready, restarting) is tried again this soon.
+PROBE_RETRY_SECONDS = 0.5
+PROBE_RETRY_CAP_SECONDS = 10.0
+
+PoolKey = tuple[str, str]  # (namespace, InferencePool name)
+# Whether a server speaks TLS on (host, port): True or False, or raises OSError/TimeoutError.
+TlsProbe = Callable[[str, int], Awaitable[bool]]
 
 
 class GatewaySink(Protocol):
@@ -34,12 +43,11 @@ class GatewaySink(Protocol):
 
     def set_problem(self, namespace: str, pool: str, message: str) -> None: ...
 
+    def forget(self, namespace: str, pool: str) -> None: ...
 
-def epp_url(pod: PodInfo, port: int, https: bool) -> str | None:
-    """The EPP page of one Ready pod, or None while it has no address or is not Ready."""
-    if pod.ip is None or not pod.counts_as_target:
-        return None
-    host = f"[{pod.ip}]" if ":" in pod.ip else pod.ip
+
+def epp_url(ip: str, port: int, https: bool) -> str:
+    host = f"[{ip}]" if ":" in ip else ip
     return f"{'https' if https else 'http'}://{host}:{port}{METRICS_PATH}"
 
 
@@ -52,13 +60,21 @@ def service_selector(spec: Mapping[str, Any]) -> str | None:
 
 
 @dataclass(eq=False)
+class _Probe:
+    """What is known of one EPP address: whether it serves HTTPS, or why that is not known yet."""
+
+    https: bool | None = None
+    error: str | None = None
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass(eq=False)
 class _Pool:
     """The watches of one (namespace, pool) and what was last handed to the sink."""
 
     namespace: str
     name: str
     port: int
-    holders: dict[str, int] = field(default_factory=dict)  # ScaledObject name → its gatewayMetricsPort
     pool: ObjectInformer | None = None
     service: ObjectInformer | None = None
     service_name: str | None = None
@@ -74,9 +90,10 @@ class _Pool:
 class GatewayDiscovery:
     """Follows the EPP replicas of every wanted pool and hands them (or the reason there are none) to a sink.
 
-    `want(namespace, pool, holder, port)` is called for each ScaledObject that has a `pending` trigger
-    on that pool, `release(namespace, holder)` when it has none any more; the watches of a pool stop when
-    its last holder goes.
+    `set_wanted({(namespace, pool): port})` says which pools to follow now (the caller guarantees each
+    namespace is that of a followed ScaledObject); pools left out stop being watched and are forgotten
+    by the sink. Whether an EPP serves HTTPS is found once per address by `probe` (a TLS handshake):
+    its page URL says https exactly where it does.
     """
 
     def __init__(
@@ -84,72 +101,61 @@ class GatewayDiscovery:
         api: KubeApi,
         sink: GatewaySink,
         *,
-        https: bool = False,
+        probe: TlsProbe = serves_tls,
         on_restart: Callable[[str], None] = lambda reason: None,
     ) -> None:
         self._api = api
         self._sink = sink
-        self._https = https
+        self._probe = probe
         self._on_restart = on_restart
-        self._pools: dict[tuple[str, str], _Pool] = {}
-        self._held: dict[tuple[str, str], set[str]] = {}  # (namespace, ScaledObject) → its pools
+        self._pools: dict[PoolKey, _Pool] = {}
+        self._probes: dict[tuple[str, int], _Probe] = {}  # (pod IP, port) → its scheme
 
     @property
-    def pools(self) -> Mapping[tuple[str, str], object]:
+    def pools(self) -> Mapping[PoolKey, object]:
         return self._pools
 
-    def want(self, namespace: str, pool: str, holder: str, port: int = DEFAULT_GATEWAY_METRICS_PORT) -> None:
-        """ScaledObject `holder` of `namespace` reads pool `pool` (always of the same namespace) at `port`."""
-        entry = self._pools.get((namespace, pool))
-        if entry is None:
-            entry = _Pool(namespace, pool, port)
-            self._pools[(namespace, pool)] = entry
-            entry.pool = ObjectInformer(
-                self._api,
-                INFERENCE_POOLS,
-                namespace,
-                pool,
-                on_object=lambda spec: self._pool_changed(entry, spec),
-                on_restart=self._on_restart,
-                on_status=lambda: self._publish(entry),
-            )
-            entry.pool.start()
-            self._publish(entry)
-        self._held.setdefault((namespace, holder), set()).add(pool)
-        if entry.holders.get(holder) != port:
-            entry.holders[holder] = port
-            self._set_port(entry)
-
-    def wanted(self, namespace: str, holder: str) -> frozenset[str]:
-        return frozenset(self._held.get((namespace, holder), ()))
-
-    def release(self, namespace: str, holder: str, keep: frozenset[str] = frozenset()) -> None:
-        """ScaledObject `holder` no longer reads the pools it held, except those in `keep`."""
-        pools = self._held.get((namespace, holder))
-        if not pools:
-            return
-        for pool in [p for p in pools if p not in keep]:
-            pools.discard(pool)
+    def set_wanted(self, wanted: Mapping[PoolKey, int]) -> None:
+        """Follow exactly these pools, each read at its EPP metrics port."""
+        for key in [k for k in self._pools if k not in wanted]:
+            self._drop(self._pools[key])
+            self._sink.forget(*key)
+        for (namespace, pool), port in wanted.items():
             entry = self._pools.get((namespace, pool))
             if entry is None:
-                continue
-            entry.holders.pop(holder, None)
-            if entry.holders:
-                self._set_port(entry)
-            else:
-                self._drop(entry)
-        if not pools:
-            del self._held[(namespace, holder)]
+                self._start(namespace, pool, port)
+            elif entry.port != port:
+                entry.port = port
+                self._publish(entry)
 
     async def stop(self) -> None:
         pools, self._pools = self._pools, {}
-        self._held.clear()
         for entry in pools.values():
             for informer in (entry.pool, entry.service, entry.pods):
                 if informer is not None:
                     await informer.stop()
+        probes, self._probes = self._probes, {}
+        tasks = [p.task for p in probes.values() if p.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # --- internals ------------------------------------------------------------------------------------
+
+    def _start(self, namespace: str, pool: str, port: int) -> None:
+        entry = _Pool(namespace, pool, port)
+        self._pools[(namespace, pool)] = entry
+        entry.pool = ObjectInformer(
+            self._api,
+            INFERENCE_POOLS,
+            namespace,
+            pool,
+            on_object=lambda spec: self._pool_changed(entry, spec),
+            on_restart=self._on_restart,
+            on_status=lambda: self._publish(entry),
+        )
+        entry.pool.start()
+        self._publish(entry)
 
     def _drop(self, entry: _Pool) -> None:
         del self._pools[(entry.namespace, entry.name)]
@@ -157,14 +163,6 @@ class GatewayDiscovery:
             if informer is not None:
                 informer.close()
         entry.pool = entry.service = entry.pods = None
-        # Nothing more is said to the sink: the gateway source drops the pool with its last trigger.
-
-    def _set_port(self, entry: _Pool) -> None:
-        # Triggers naming one pool normally agree; if they do not, the lowest port is read (stable choice).
-        port = min(entry.holders.values())
-        if port != entry.port:
-            entry.port = port
-            self._publish(entry)
 
     def _pool_changed(self, entry: _Pool, spec: Mapping[str, Any] | None) -> None:
         name: str | None = None
@@ -211,11 +209,59 @@ class GatewayDiscovery:
                 self._api,
                 namespace=entry.namespace,
                 label_selector=selector,
-                on_pod=lambda old, new: self._publish(entry),
+                on_pod=lambda old, new: self._pod_changed(entry, old, new),
                 on_restart=self._on_restart,
                 on_status=lambda: self._publish(entry),
             )
             entry.pods.start()
+
+    def _pod_changed(self, entry: _Pool, old: PodInfo | None, new: PodInfo | None) -> None:
+        if old is not None and old.ip is not None and (new is None or new.ip != old.ip):
+            # The address went with the pod: another pod may get it, serving otherwise.
+            probe = self._probes.pop((old.ip, entry.port), None)
+            if probe is not None and probe.task is not None:
+                probe.task.cancel()
+        self._publish(entry)
+
+    def _scheme(self, ip: str, port: int) -> _Probe:
+        """What is known of (ip, port); starts finding out if nothing is."""
+        probe = self._probes.get((ip, port))
+        if probe is None:
+            probe = self._probes[(ip, port)] = _Probe()
+            # A task that ends once it knows (supervised() is for tasks that must never end).
+            probe.task = asyncio.create_task(
+                self._find_scheme(ip, port, probe), name=f"TLS probe {ip}:{port}"
+            )
+        return probe
+
+    async def _find_scheme(self, ip: str, port: int, probe: _Probe) -> None:
+        failures = 0
+        while True:
+            try:
+                probe.https = await self._probe(ip, port)
+                probe.error = None
+                break
+            except Exception as error:
+                failures += 1
+                if isinstance(error, TimeoutError):
+                    detail = "timed out"
+                elif isinstance(error, OSError):
+                    detail = error.strerror or str(error)
+                else:
+                    log.exception("TLS probe of %s:%d failed", ip, port)
+                    detail = f"{type(error).__name__}: {error}"
+                probe.error = f"cannot connect to {ip}:{port} ({detail})"
+                self._publish_all()
+                await asyncio.sleep(
+                    backoff_delay(failures, first=PROBE_RETRY_SECONDS, cap=PROBE_RETRY_CAP_SECONDS)
+                )
+        probe.task = None
+        log.info("endpoint picker %s:%d serves %s", ip, port, "HTTPS" if probe.https else "plain HTTP")
+        self._publish_all()
+
+    def _publish_all(self) -> None:
+        for entry in list(self._pools.values()):
+            self._publish(entry)
 
     def _state(self, entry: _Pool) -> tuple[str, object]:
         """What the sink should know about the pool now: its replicas' pages, or why it has none."""
@@ -265,15 +311,26 @@ class GatewayDiscovery:
             return "problem", f"cannot read the endpoint picker pods of {what}: {pods.error}"
         if not pods.synced:
             return "problem", f"listing the endpoint picker pods of {what} (first list)"
-        replicas = {
-            pod.name: url
-            for pod in pods.pods.values()
-            if (url := epp_url(pod, entry.port, self._https)) is not None
-        }
-        if not replicas:
+        ready = sorted((p for p in pods.pods.values() if p.counts_as_target and p.ip), key=lambda p: p.name)
+        if not ready:
             return "problem", (
                 f"no Ready endpoint picker pod for {what} ({service_ref} selects {entry.pod_selector!r};"
                 f" {len(pods.pods)} pod(s) match, none Ready with an IP)"
+            )
+        replicas: dict[str, str] = {}
+        unknown: list[str] = []
+        for pod in ready:
+            assert pod.ip is not None
+            probe = self._scheme(pod.ip, entry.port)
+            if probe.https is None:
+                unknown.append(f"{pod.name}: {probe.error or 'connecting'}")
+            else:
+                replicas[pod.name] = epp_url(pod.ip, entry.port, probe.https)
+        if not replicas:
+            # Not read before it is known whether it serves HTTPS: the token goes over verified TLS only.
+            return "problem", (
+                f"endpoint picker pods of {what} not reachable on metrics port {entry.port} yet"
+                f" ({'; '.join(unknown)})"
             )
         return "replicas", replicas
 

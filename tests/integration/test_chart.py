@@ -551,13 +551,26 @@ def _effective(variables: dict[str, str]) -> dict[str, Any]:
 
 
 def _grants(role: dict[str, Any]) -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) of every rule; a non-resource URL reads as group "(url)"."""
     return {
         (group, resource, verb)
         for rule in role["rules"]
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
+        for group, resources in (
+            [("(url)", rule["nonResourceURLs"])]
+            if "nonResourceURLs" in rule
+            else [(g, rule["resources"]) for g in rule["apiGroups"]]
+        )
+        for resource in resources
         for verb in rule["verbs"]
     }
+
+
+GATEWAY_GRANTS = {
+    ("inference.networking.k8s.io", "inferencepools", "list"),
+    ("inference.networking.k8s.io", "inferencepools", "watch"),
+    ("", "services", "list"),
+    ("", "services", "watch"),
+}
 
 
 def test_chart_and_kustomize_base_agree(defaults: list[dict[str, Any]], base: list[dict[str, Any]]) -> None:
@@ -657,12 +670,16 @@ def test_rbac_namespaced(everything: list[dict[str, Any]], base: list[dict[str, 
     roles = {d["metadata"]["namespace"]: d for d in everything if d["kind"] == "Role"}
     assert set(roles) == {"llm", "genai"}
     for role in roles.values():
-        assert _grants(role) == {
-            ("keda.sh", "scaledobjects", "get"),
-            ("apps", "deployments/scale", "get"),
-            ("", "pods", "list"),
-            ("", "pods", "watch"),
-        }
+        assert (
+            _grants(role)
+            == {
+                ("keda.sh", "scaledobjects", "get"),
+                ("apps", "deployments/scale", "get"),
+                ("", "pods", "list"),
+                ("", "pods", "watch"),
+            }
+            | GATEWAY_GRANTS
+        )
     bindings = [d for d in everything if d["kind"] == "RoleBinding"]
     assert {b["metadata"]["namespace"] for b in bindings} == set(roles)
     for binding in bindings:
@@ -670,12 +687,32 @@ def test_rbac_namespaced(everything: list[dict[str, Any]], base: list[dict[str, 
             {"kind": "ServiceAccount", "name": "gpu-scaler", "namespace": NAMESPACE}
         ]
     # Exporter discovery watches exporter pods in every namespace: only pods, only list and watch.
-    assert _grants(find(everything, "ClusterRole")) == {("", "pods", "list"), ("", "pods", "watch")}
-    narrow = render({"rbac": {"namespaces": ["llm"], "exporterDiscovery": False}})
+    assert _grants(find(everything, "ClusterRole", "keda-gpu-scaler-exporter-pods")) == {
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
+    }
+    # Only a ClusterRole grants a non-resource URL: get /metrics, what the endpoint picker checks.
+    assert _grants(find(everything, "ClusterRole", "keda-gpu-scaler-gateway-metrics")) == {
+        ("(url)", "/metrics", "get")
+    }
+    gateway_binding = find(everything, "ClusterRoleBinding", "keda-gpu-scaler-gateway-metrics")
+    assert gateway_binding["roleRef"]["name"] == "keda-gpu-scaler-gateway-metrics"
+    assert gateway_binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpu-scaler", "namespace": NAMESPACE}
+    ]
+    narrow = render({"rbac": {"namespaces": ["llm"], "exporterDiscovery": False, "gateway": False}})
     assert not [d for d in narrow if d["kind"].startswith("Cluster")]
+    assert not _grants(find(narrow, "Role")) & GATEWAY_GRANTS
     assert _grants(find(base, "ClusterRole")) >= _grants(roles["llm"]) - {
         ("apps", "deployments/scale", "get")
     }
+
+
+def test_rbac_gateway_rules_follow_the_value(defaults: list[dict[str, Any]]) -> None:
+    grants = _grants(find(defaults, "ClusterRole"))
+    assert grants >= GATEWAY_GRANTS | {("(url)", "/metrics", "get")}
+    without = _grants(find(render({"rbac": {"gateway": False}}), "ClusterRole"))
+    assert without == grants - GATEWAY_GRANTS - {("(url)", "/metrics", "get")}
 
 
 def test_service_monitor_and_pod_monitor_find_the_scaler(everything: list[dict[str, Any]]) -> None:

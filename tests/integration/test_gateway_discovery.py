@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import socket
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import pytest
+from aiohttp import web
+from certs import CertificateAuthority
 from fake_kube import INFERENCE_POOL, POD, SERVICE, FakeKube, inference_pool, pod, service
 from support import eventually
 
@@ -22,6 +26,7 @@ class Sink:
     def __init__(self) -> None:
         self.replicas: dict[tuple[str, str], dict[str, str]] = {}
         self.problems: dict[tuple[str, str], str] = {}
+        self.forgotten: list[tuple[str, str]] = []
         self.calls = 0
 
     def set_replicas(self, namespace: str, pool: str, replicas: Mapping[str, str]) -> None:
@@ -33,6 +38,11 @@ class Sink:
         self.calls += 1
         self.replicas.pop((namespace, pool), None)
         self.problems[(namespace, pool)] = message
+
+    def forget(self, namespace: str, pool: str) -> None:
+        self.replicas.pop((namespace, pool), None)
+        self.problems.pop((namespace, pool), None)
+        self.forgotten.append((namespace, pool))
 
     async def has_replicas(self, expected: dict[str, str], pool: str = "chat-pool") -> None:
         async def check() -> None:
@@ -66,10 +76,15 @@ async def api(kube: FakeKube, tmp_path: Path) -> AsyncIterator[KubeApi]:
     await client.close()
 
 
+async def plain_http(host: str, port: int) -> bool:
+    """The TLS probe for pods at addresses that are not there: every EPP serves plain HTTP."""
+    return False
+
+
 @pytest.fixture
 async def gateways(api: KubeApi) -> AsyncIterator[tuple[GatewayDiscovery, Sink]]:
     sink = Sink()
-    discovery = GatewayDiscovery(api, sink)
+    discovery = GatewayDiscovery(api, sink, probe=plain_http)
     yield discovery, sink
     await discovery.stop()
 
@@ -91,7 +106,7 @@ async def test_ready_epp_pods_of_the_pool_s_service_are_read_and_follow_changes(
     kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
     kube.put(POD, epp_pod("epp-1", "10.0.0.2", ready=False))
     kube.put(POD, epp_pod("other", "10.0.0.9", labels={"app": "something-else"}))
-    discovery.want(NS, "chat-pool", "chat", 9090)
+    discovery.set_wanted({(NS, "chat-pool"): 9090})
     await sink.has_replicas({"epp-0": "http://10.0.0.1:9090/metrics"})
     # A new replica turning Ready is handed over from its watch event (no re-list, no polling).
     lists = kube.count(f"/api/v1/namespaces/{NS}/pods", watch=False)
@@ -110,7 +125,7 @@ async def test_the_trigger_s_metrics_port_is_used(
     discovery, sink = gateways
     chat_pool(kube)
     kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
-    discovery.want(NS, "chat-pool", "chat", 9191)
+    discovery.set_wanted({(NS, "chat-pool"): 9191})
     await sink.has_replicas({"epp-0": "http://10.0.0.1:9191/metrics"})
 
 
@@ -120,7 +135,7 @@ async def test_no_ready_epp_pod_names_the_pool(
     discovery, sink = gateways
     chat_pool(kube)
     kube.put(POD, epp_pod("epp-0", "10.0.0.1", ready=False))
-    discovery.want(NS, "chat-pool", "chat")
+    discovery.set_wanted({(NS, "chat-pool"): 9090})
     await sink.has_problem("no Ready endpoint picker pod", "InferencePool llm/chat-pool", "app=chat-pool-epp")
     kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
     await sink.has_replicas({"epp-0": "http://10.0.0.1:9090/metrics"})
@@ -134,7 +149,7 @@ async def test_a_pool_that_does_not_exist_yet_is_read_once_created_without_a_res
     discovery, sink = gateways
     kube.put(SERVICE, service("chat-pool-epp", NS, EPP))
     kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
-    discovery.want(NS, "chat-pool", "chat")
+    discovery.set_wanted({(NS, "chat-pool"): 9090})
     await sink.has_problem("InferencePool llm/chat-pool does not exist", "namespace 'llm'")
     kube.put(INFERENCE_POOL, inference_pool("chat-pool", NS, "chat-pool-epp"))
     await sink.has_replicas({"epp-0": "http://10.0.0.1:9090/metrics"})
@@ -148,7 +163,7 @@ async def test_an_endpoint_picker_that_is_not_a_service_is_named_by_its_kind(
     discovery, sink = gateways
     chat_pool(kube, kind="EndpointPicker", group="llm-d.ai")
     kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
-    discovery.want(NS, "chat-pool", "chat")
+    discovery.set_wanted({(NS, "chat-pool"): 9090})
     await sink.has_problem("'EndpointPicker'", "of group 'llm-d.ai'", "not a Service")
     assert (NS, "chat-pool") not in sink.replicas
     # Pointed at the Service (kind left out: Service is the default), the pool is read.
@@ -162,7 +177,7 @@ async def test_a_missing_service_and_a_service_without_selector_are_problems(
     discovery, sink = gateways
     kube.put(INFERENCE_POOL, inference_pool("chat-pool", NS, "chat-pool-epp"))
     kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
-    discovery.want(NS, "chat-pool", "chat")
+    discovery.set_wanted({(NS, "chat-pool"): 9090})
     await sink.has_problem("Service llm/chat-pool-epp", "does not exist")
     kube.put(SERVICE, service("chat-pool-epp", NS, None))
     await sink.has_problem("Service llm/chat-pool-epp", "no spec.selector")
@@ -178,7 +193,7 @@ async def test_only_the_scaled_object_s_namespace_is_ever_read(
     kube.put(INFERENCE_POOL, inference_pool("chat-pool", "other", "chat-pool-epp"))
     kube.put(SERVICE, service("chat-pool-epp", "other", EPP))
     kube.put(POD, pod("epp-0", "other", EPP, "node-a", ip="10.0.0.1"))
-    discovery.want(NS, "chat-pool", "chat")
+    discovery.set_wanted({(NS, "chat-pool"): 9090})
     await sink.has_problem("InferencePool llm/chat-pool does not exist")
     paths = {path for path, _ in kube.requests}
     assert all("/namespaces/other/" not in path for path in paths), paths
@@ -195,7 +210,7 @@ async def test_rbac_denial_names_the_permission_and_recovers(
     chat_pool(kube)
     kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
     kube.deny("list", "inferencepools.inference.networking.k8s.io", NS)
-    discovery.want(NS, "chat-pool", "chat")
+    discovery.set_wanted({(NS, "chat-pool"): 9090})
     await sink.has_problem("list inferencepools.inference.networking.k8s.io in namespace 'llm'", "grant")
     kube.allow_all()
     await sink.has_replicas({"epp-0": "http://10.0.0.1:9090/metrics"})
@@ -207,7 +222,7 @@ async def test_watch_410_gone_relists_and_keeps_following(
     discovery, sink = gateways
     chat_pool(kube)
     kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
-    discovery.want(NS, "chat-pool", "chat")
+    discovery.set_wanted({(NS, "chat-pool"): 9090})
     await sink.has_replicas({"epp-0": "http://10.0.0.1:9090/metrics"})
     # Changes while the watches are down, then a compaction: the watches resume with 410 and relist.
     kube.put(POD, epp_pod("epp-1", "10.0.0.2"), notify=False)
@@ -218,19 +233,17 @@ async def test_watch_410_gone_relists_and_keeps_following(
     )
 
 
-async def test_the_last_holder_gone_stops_the_watches(
+async def test_a_pool_no_longer_wanted_stops_its_watches_and_is_forgotten(
     kube: FakeKube, gateways: tuple[GatewayDiscovery, Sink]
 ) -> None:
     discovery, sink = gateways
     chat_pool(kube)
     kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
-    discovery.want(NS, "chat-pool", "a")
-    discovery.want(NS, "chat-pool", "b")
+    discovery.set_wanted({(NS, "chat-pool"): 9090})
     await sink.has_replicas({"epp-0": "http://10.0.0.1:9090/metrics"})
-    discovery.release(NS, "a")
-    assert (NS, "chat-pool") in discovery.pools
-    discovery.release(NS, "b")
+    discovery.set_wanted({})
     assert (NS, "chat-pool") not in discovery.pools
+    assert sink.forgotten == [(NS, "chat-pool")]
 
     async def watches_closed() -> None:
         kube.bookmark()  # the fake server notices a closed watch when it next writes to it
@@ -239,13 +252,73 @@ async def test_the_last_holder_gone_stops_the_watches(
     await eventually(watches_closed)
 
 
-async def test_https_pages_when_the_epp_serves_tls(kube: FakeKube, api: KubeApi) -> None:
+class _TlsServer:
+    """A loopback page server over HTTPS with a certificate from a test CA."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.ca = CertificateAuthority()
+        issued = self.ca.issue("epp", ["127.0.0.1"])
+        (tmp_path / "epp.crt").write_bytes(issued.cert_pem)
+        (tmp_path / "epp.key").write_bytes(issued.key_pem)
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.context.load_cert_chain(tmp_path / "epp.crt", tmp_path / "epp.key")
+
+
+async def _serve(ssl_context: ssl.SSLContext | None, port: int = 0) -> tuple[web.AppRunner, int]:
+    async def page(_: web.Request) -> web.Response:
+        return web.Response(text="# an endpoint picker\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", page)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port, ssl_context=ssl_context).start()
+    return runner, runner.addresses[0][1]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def test_https_exactly_where_the_epp_serves_tls(kube: FakeKube, api: KubeApi, tmp_path: Path) -> None:
+    tls = _TlsServer(tmp_path)
+    secure, secure_port = await _serve(tls.context)
+    plain, plain_port = await _serve(None)
     sink = Sink()
-    discovery = GatewayDiscovery(api, sink, https=True)
+    discovery = GatewayDiscovery(api, sink)  # the real probe: a TLS handshake with each EPP address
     try:
-        chat_pool(kube)
-        kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
-        discovery.want(NS, "chat-pool", "chat")
-        await sink.has_replicas({"epp-0": "https://10.0.0.1:9090/metrics"})
+        kube.put(INFERENCE_POOL, inference_pool("chat-pool", NS, "chat-pool-epp"))
+        kube.put(INFERENCE_POOL, inference_pool("code-pool", NS, "code-pool-epp"))
+        kube.put(SERVICE, service("chat-pool-epp", NS, EPP))
+        kube.put(SERVICE, service("code-pool-epp", NS, {"app": "code-pool-epp"}))
+        kube.put(POD, epp_pod("epp-chat", "127.0.0.1"))
+        kube.put(POD, epp_pod("epp-code", "127.0.0.1", labels={"app": "code-pool-epp"}))
+        discovery.set_wanted({(NS, "chat-pool"): secure_port, (NS, "code-pool"): plain_port})
+        await sink.has_replicas({"epp-chat": f"https://127.0.0.1:{secure_port}/metrics"})
+        await sink.has_replicas({"epp-code": f"http://127.0.0.1:{plain_port}/metrics"}, pool="code-pool")
     finally:
         await discovery.stop()
+        await secure.cleanup()
+        await plain.cleanup()
+
+
+async def test_an_epp_not_listening_yet_is_a_problem_until_it_answers(kube: FakeKube, api: KubeApi) -> None:
+    port = _free_port()
+    sink = Sink()
+    discovery = GatewayDiscovery(api, sink)
+    runner: web.AppRunner | None = None
+    try:
+        chat_pool(kube)
+        kube.put(POD, epp_pod("epp-0", "127.0.0.1"))
+        discovery.set_wanted({(NS, "chat-pool"): port})
+        await sink.has_problem("not reachable on metrics port", f"cannot connect to 127.0.0.1:{port}")
+        assert (NS, "chat-pool") not in sink.replicas
+        runner, _ = await _serve(None, port)
+        await sink.has_replicas({"epp-0": f"http://127.0.0.1:{port}/metrics"})
+    finally:
+        await discovery.stop()
+        if runner is not None:
+            await runner.cleanup()

@@ -195,22 +195,31 @@ def test_cluster_role_is_read_only_and_every_rule_says_why(rendered: dict[str, l
     grants = {
         (group, resource, verb)
         for rule in role["rules"]
+        if "nonResourceURLs" not in rule
         for group in rule["apiGroups"]
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
-    # Exactly what discovery calls (kube.KubeApi): get ScaledObjects, get /scale, list+watch pods.
+    # Exactly what discovery calls (kube.KubeApi): get ScaledObjects, get /scale, list+watch pods, and
+    # list+watch the InferencePools and endpoint picker Services that pending triggers name.
     assert grants == {
         ("keda.sh", "scaledobjects", "get"),
         ("*", "*/scale", "get"),
         ("", "pods", "list"),
         ("", "pods", "watch"),
+        ("inference.networking.k8s.io", "inferencepools", "list"),
+        ("inference.networking.k8s.io", "inferencepools", "watch"),
+        ("", "services", "list"),
+        ("", "services", "watch"),
     }
+    # What the endpoint picker's authorizer checks before it serves its page, and nothing more.
+    urls = [rule for rule in role["rules"] if "nonResourceURLs" in rule]
+    assert urls == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
     binding = find(rendered["base"], "ClusterRoleBinding")
     assert binding["subjects"][0]["name"] == find(rendered["base"], "ServiceAccount")["metadata"]["name"]
     lines = (MANIFESTS / "base" / "clusterrole" / "clusterrole.yaml").read_text().splitlines()
     for number, line in enumerate(lines):
-        if line.strip().startswith("- apiGroups:"):
+        if line.strip().startswith(("- apiGroups:", "- nonResourceURLs:")):
             assert lines[number - 1].strip().startswith("#"), f"rule at line {number + 1} has no comment"
 
 

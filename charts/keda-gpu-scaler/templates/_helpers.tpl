@@ -101,6 +101,26 @@ app=nvidia-dcgm-exporter:9400;app.kubernetes.io/name=dcgm-exporter:9400;app.kube
 {{- end }}
 {{- end }}
 
+{{- define "keda-gpu-scaler.gatewayRules" -}}
+{{- if .Values.rbac.gateway }}
+# Triggers with metric pending: the InferencePool (spec.endpointPickerRef) and that Service (spec.selector,
+# to find the endpoint picker's pods), followed by name in list+watch caches in the ScaledObject's namespace.
+- apiGroups: ["inference.networking.k8s.io"]
+  resources: ["inferencepools"]
+  verbs: ["list", "watch"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["list", "watch"]
+{{- end }}
+{{- end }}
+
+{{- define "keda-gpu-scaler.gatewayMetricsRule" -}}
+# What the endpoint picker's authorizer checks (a SubjectAccessReview) before serving its /metrics page
+# to the scaler's token; it also lets the scaler read the API server's /metrics (counters, no objects).
+- nonResourceURLs: ["/metrics"]
+  verbs: ["get"]
+{{- end }}
+
 {{- define "keda-gpu-scaler.podRules" -}}
 # Pods (target pods, GPU exporter pods) kept in list+watch caches: names, labels, nodes and status.
 - apiGroups: [""]
