@@ -168,14 +168,12 @@ async def http_clients(targets: int, rounds: int, repeats: int = 3) -> str:
     process): the choice of the lean fetcher (README, "How exporter pages are fetched")."""
     import resource
 
+    from bench.aiohttp_fetcher import AiohttpFetcher
     from keda_gpu_scaler.collect.http import LeanFetcher
-    from keda_gpu_scaler.collect.scrape import AiohttpFetcher, ScrapeLimits
 
     def cpu() -> float:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return usage.ru_utime + usage.ru_stime
-
-    limits = ScrapeLimits(1.0, 5.0, 16 << 20, 64)
 
     async def measure(kind: str, urls: list[str]) -> float:
         session = None
@@ -183,7 +181,7 @@ async def http_clients(targets: int, rounds: int, repeats: int = 3) -> str:
             fetcher: AiohttpFetcher | LeanFetcher = LeanFetcher(timeout=5.0, max_bytes=16 << 20)
         elif kind == "aiohttp":
             session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64), auto_decompress=True)
-            fetcher = AiohttpFetcher(session, limits)
+            fetcher = AiohttpFetcher(session, 5.0, 16 << 20)
         else:
             session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=64),
@@ -191,7 +189,7 @@ async def http_clients(targets: int, rounds: int, repeats: int = 3) -> str:
                 trust_env=False,
                 read_bufsize=256 * 1024,
             )
-            fetcher = AiohttpFetcher(session, limits)
+            fetcher = AiohttpFetcher(session, 5.0, 16 << 20)
         semaphore = asyncio.Semaphore(64)
 
         async def one(url: str) -> bytes:

@@ -19,10 +19,10 @@ from keda_gpu_scaler import telemetry as telemetry_module
 from keda_gpu_scaler.collect.gateway import GatewayPages
 from keda_gpu_scaler.collect.http import LeanFetcher, exporter_fetcher
 from keda_gpu_scaler.collect.inference import INFERENCE_INTEREST, InferencePages, WantedPages
-from keda_gpu_scaler.collect.interest import Interest
+from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, Interest
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient, prometheus_ssl
-from keda_gpu_scaler.collect.scrape import SCRAPE_INTEREST, ScrapeCollector, ScrapeLimits
+from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.discovery.api import ConnectError
 from keda_gpu_scaler.discovery.resolver import DiscoveryConfig, KubeDiscovery

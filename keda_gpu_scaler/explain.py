@@ -10,7 +10,8 @@ from typing import Any
 
 from keda_gpu_scaler.collect.http import exporter_fetcher
 from keda_gpu_scaler.collect.inference import InferencePages
-from keda_gpu_scaler.collect.scrape import Interest, ScrapeCollector, ScrapeLimits
+from keda_gpu_scaler.collect.interest import Interest
+from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.errors import ScalerError
 from keda_gpu_scaler.evaluator import Evaluator

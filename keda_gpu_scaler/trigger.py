@@ -104,10 +104,6 @@ class TriggerSpec:
     )
     metrics_path: str = "/metrics"
 
-    @property
-    def effective_aggregation(self) -> Aggregation:
-        return self.aggregation or Aggregation.SUM
-
 
 def _enum_parser(enum: type[StrEnum]) -> Callable[[str, str], Any]:
     allowed = ", ".join(member.value for member in enum)

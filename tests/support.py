@@ -12,6 +12,8 @@ import grpc
 from aiohttp import web
 
 from keda_gpu_scaler import pagetext
+from keda_gpu_scaler.engines import tgi
+from keda_gpu_scaler.engines.simulated import EngineLoad
 
 T = TypeVar("T")
 
@@ -100,3 +102,20 @@ async def eventually(
             if time.monotonic() > deadline:
                 raise
         await asyncio.sleep(interval)
+
+
+def tgi_page(load: EngineLoad | tuple[float, float, float]) -> str:
+    """A TGI router's gauges (unlabelled, integers as its Rust exporter prints them); no KV-cache %."""
+    state = EngineLoad(*load)
+    lines = [
+        "# HELP tgi_queue_size Current queue size",
+        "# TYPE tgi_queue_size gauge",
+        f"{tgi.WAITING} {int(state.waiting)}",
+        "# HELP tgi_batch_current_size Current batch size",
+        "# TYPE tgi_batch_current_size gauge",
+        f"{tgi.RUNNING} {int(state.running)}",
+        "# HELP tgi_batch_current_max_tokens Maximum tokens for the current batch",
+        "# TYPE tgi_batch_current_max_tokens gauge",
+        f"tgi_batch_current_max_tokens {int(state.running) * 1024}",
+    ]
+    return "\n".join(lines) + "\n"

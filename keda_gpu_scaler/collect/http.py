@@ -1,8 +1,11 @@
-"""HTTP helpers shared by the sources: a size-capped body reader, error texts, exporter TLS and token."""
+"""The HTTP client of the sources: exporter pages over a lean keep-alive HTTP/1.1 GET, a size-capped body
+reader for the aiohttp requests (Prometheus), and the one mapping of every failure to a FetchError whose
+message is the reason a source records."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import zlib
 from dataclasses import dataclass
@@ -12,7 +15,6 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from keda_gpu_scaler.exposition import ExpositionError
 from keda_gpu_scaler.secretfile import SecretFile, SecretFileError
 from keda_gpu_scaler.settings import Settings, SettingsError
 
@@ -20,15 +22,21 @@ from keda_gpu_scaler.settings import Settings, SettingsError
 READ_CHUNK = 256 * 1024
 
 
-class PageTooLarge(Exception):
-    pass
+class FetchError(Exception):
+    """Why a GET gave no page: the only error the fetcher raises. The message is the reason the source
+    records (and the RPCs quote), so it says what was wrong, not which Python exception was raised."""
+
+
+class PageTooLarge(FetchError):
+    def __str__(self) -> str:
+        return f"page too large: {super().__str__()}"
 
 
 class PageRefused(Exception):
     """A page that arrived but is not one the source reads; the message says why."""
 
 
-class RedirectRefused(Exception):
+class RedirectRefused(FetchError):
     """A 3xx answer: redirects are never followed (a trigger must not read another host's page)."""
 
 
@@ -65,20 +73,26 @@ async def read_limited(response: aiohttp.ClientResponse, max_bytes: int) -> byte
     return bytes(body)
 
 
-def describe_error(error: BaseException, timeout: float) -> str:
-    if isinstance(error, ExpositionError):
-        return f"not a valid metrics page: {error}"
+def fetch_error(error: BaseException, timeout: float) -> FetchError:
+    """The one mapping of a failed request to the reason a source records. Only what a request can meet
+    is mapped (the network, TLS, the clock, a secret file, aiohttp's client errors); anything else is
+    a bug and is left to propagate."""
+    if isinstance(error, FetchError):
+        return error
     if isinstance(error, TimeoutError):
-        return f"timed out after {timeout:g}s"
+        return FetchError(f"timed out after {timeout:g}s")
     if isinstance(error, aiohttp.ClientResponseError):
-        return f"HTTP {error.status} {error.message}".strip()
-    if isinstance(error, HTTPStatusError):
-        return str(error)
-    if isinstance(error, PageTooLarge):
-        return f"page too large: {error}"
-    if isinstance(error, (PageRefused, RedirectRefused, SecretFileError)):
-        return str(error)
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        return FetchError(f"HTTP {error.status} {error.message}".strip())
+    if isinstance(error, SecretFileError):
+        return FetchError(str(error))
+    if isinstance(error, (OSError, aiohttp.ClientError)):
+        text = str(error)
+        return FetchError(f"{type(error).__name__}: {text}" if text else type(error).__name__)
+    raise error
+
+
+# What a request can fail with before it reaches fetch_error.
+REQUEST_FAILURES = (FetchError, OSError, TimeoutError, SecretFileError, aiohttp.ClientError)
 
 
 def exporter_ssl(ca_file: Path | None) -> ssl.SSLContext:
@@ -104,7 +118,7 @@ class BearerToken:
 # --- a lean keep-alive HTTP/1.1 GET for exporter pages -----------------------------------------------
 
 
-class HTTPStatusError(Exception):
+class HTTPStatusError(FetchError):
     """A final answer other than 200 (and not a redirect)."""
 
     def __init__(self, status: int, reason: str) -> None:
@@ -112,7 +126,7 @@ class HTTPStatusError(Exception):
         self.status = status
 
 
-class ProtocolError(Exception):
+class ProtocolError(FetchError):
     """The server's answer is not HTTP/1.x as we read it; the message says what was wrong."""
 
 
@@ -123,7 +137,9 @@ _DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflat
 class _Answer(asyncio.Protocol):
     """One connection: sends a request, reads one answer (Content-Length, chunked or to the close).
 
-    The body is counted as it comes out of decompression, and refused past `max_bytes`.
+    The body is counted as it comes out of decompression, and refused past `max_bytes`. Whatever the
+    server sends, the answer ends as a body or as a FetchError saying what was wrong (ConnectionResetError
+    for a connection closed before the answer was complete, which the fetcher may retry).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -139,31 +155,41 @@ class _Answer(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if self._waiter is not None and not self._waiter.done():
-            if self._mode == "close" and self._head_done:
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            return
+        if self._mode == "close" and self._head_done and exc is None:
+            try:
                 self._finish()  # a body delimited by the end of the connection
-            else:
-                got = "before any answer" if not self.received else "in the middle of the answer"
-                error = ConnectionResetError(f"connection reset or closed by the server {got}")
-                self._waiter.set_exception(exc if isinstance(exc, OSError) else error)
+            except FetchError as failure:
+                waiter.set_exception(failure)
+        else:
+            got = "before any answer" if not self.received else "in the middle of the answer"
+            reset = ConnectionResetError(f"connection reset or closed by the server {got}")
+            waiter.set_exception(exc if isinstance(exc, OSError) else reset)
 
     # -- one exchange
     def request(self, data: bytes, max_bytes: int) -> asyncio.Future[tuple[int, str, dict[str, str], bytes]]:
         assert self.transport is not None
         self._waiter = self._loop.create_future()
         self._max = max_bytes
+        self.received = False
+        self._start_head()
+        self.keep_alive = True
+        self.transport.write(data)
+        return self._waiter
+
+    def _start_head(self) -> None:
         self._head = bytearray()
         self._head_done = False
-        self.received = False
         self._mode = ""
         self._left = 0
         self._chunks: list[bytes] = []
         self._size = 0
         self._raw = bytearray()  # chunked framing not yet read
         self._decoder: Any = None
-        self.keep_alive = True
-        self.transport.write(data)
-        return self._waiter
+        self._gzip = False
+        self._compressed = 0  # compressed bytes given to the decoder
 
     def answered(self) -> None:
         """The answer was taken: forget it (later bytes are unasked for, as after any answer)."""
@@ -179,7 +205,7 @@ class _Answer(asyncio.Protocol):
             return
         self.received = True
         try:
-            if not self._head_done:
+            while not self._head_done:
                 self._head += data
                 end = self._head.find(b"\r\n\r\n")
                 if end < 0:
@@ -188,46 +214,71 @@ class _Answer(asyncio.Protocol):
                     return
                 data = bytes(self._head[end + 4 :])
                 self._read_head(bytes(self._head[:end]))
+                if 100 <= self.status < 200:
+                    # An interim answer (100 Continue, 103 Early Hints): the final one follows.
+                    self._start_head()
+                    continue
                 self._head = bytearray()  # (it held the first read: often the whole page)
                 self._head_done = True
                 if self._mode == "none":
                     self._finish()
                     return
             self._read_body(data)
-        except Exception as error:
-            self.keep_alive = False
-            if not waiter.done():
-                waiter.set_exception(error)
-            if self.transport is not None:
-                self.transport.close()
+        except FetchError as error:
+            self._fail(waiter, error)
+        except (ValueError, zlib.error) as error:
+            # Every malformation is meant to be a ProtocolError raised where it is found; one missed
+            # must still end this answer as a failed source, not as a dead scrape.
+            self._fail(waiter, ProtocolError(f"malformed answer ({type(error).__name__}: {error})"))
+
+    def _fail(self, waiter: asyncio.Future[Any], error: FetchError) -> None:
+        self.keep_alive = False
+        if not waiter.done():
+            waiter.set_exception(error)
+        if self.transport is not None:
+            self.transport.close()
 
     def _read_head(self, head: bytes) -> None:
         lines = head.decode("latin-1").split("\r\n")
         version, _, rest = lines[0].partition(" ")
         code, _, reason = rest.partition(" ")
-        if not version.startswith("HTTP/1.") or not (code.isdigit() and len(code) == 3):
+        if version not in ("HTTP/1.1", "HTTP/1.0") or not _is_decimal(code) or len(code) != 3:
             raise ProtocolError(f"not an HTTP/1.x answer: {lines[0][:80]!r}")
+        if code == "101":
+            raise ProtocolError("101 Switching Protocols to an answer that never asked for it")
         headers: dict[str, str] = {}
         for line in lines[1:]:
             name, colon, value = line.partition(":")
-            if not colon:
+            if not colon or not name or name != name.strip() or line[0] in " \t":
                 raise ProtocolError(f"malformed header line {line[:80]!r}")
-            headers[name.strip().lower()] = value.strip()
+            key = name.lower()
+            value = value.strip(" \t")
+            if key in _FRAMING and headers.get(key, value) != value:
+                raise ProtocolError(f"two different {name} headers")
+            headers[key] = value
         self.status, self.reason, self.headers = int(code), reason, headers
+        if 100 <= self.status < 200:
+            return
         if version == "HTTP/1.0" or "close" in headers.get("connection", "").lower():
             self.keep_alive = False
         encoding = headers.get("content-encoding", "identity").lower()
         if encoding not in ("identity", ""):
             if encoding not in _DECODERS:
-                raise ProtocolError(f"unsupported Content-Encoding {encoding!r}")
+                raise ProtocolError(f"unsupported Content-Encoding {encoding[:40]!r}")
+            self._gzip = encoding != "deflate"
             self._decoder = zlib.decompressobj(_DECODERS[encoding])
-        if self.status in (204, 304) or 100 <= self.status < 200:
+        transfer = headers.get("transfer-encoding")
+        if self.status in (204, 304):
             self._mode = "none"
-        elif "chunked" in headers.get("transfer-encoding", "").lower():
+        elif transfer is not None:
+            # Chunked framing is the only transfer coding servers use, and must then be the last one.
+            if transfer.lower() != "chunked":
+                raise ProtocolError(f"unsupported Transfer-Encoding {transfer[:40]!r}")
             self._mode = "chunked"
+            self.keep_alive = self.keep_alive and "content-length" not in headers
         elif "content-length" in headers:
             text = headers["content-length"]
-            if not text.isdigit():
+            if not _is_decimal(text) or len(text) > 18:
                 raise ProtocolError(f"malformed Content-Length {text[:40]!r}")
             self._left = int(text)
             self._mode = "length" if self._left else "none"
@@ -270,7 +321,7 @@ class _Answer(asyncio.Protocol):
                 if len(raw) - pos < 2:
                     break
                 if raw[pos : pos + 2] != b"\r\n":
-                    raise ProtocolError("malformed chunked body")
+                    raise ProtocolError("malformed chunked body (no CRLF after a chunk)")
                 pos += 2
                 self._left = 0
             end = raw.find(b"\r\n", pos)
@@ -278,17 +329,13 @@ class _Answer(asyncio.Protocol):
                 if len(raw) - pos > 1024:
                     raise ProtocolError("malformed chunk size line")
                 break
-            size_text = bytes(raw[pos:end]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise ProtocolError(f"malformed chunk size {size_text[:20]!r}") from None
-            if size < 0:
-                raise ProtocolError("malformed chunk size")
+            size_text = bytes(raw[pos:end]).split(b";", 1)[0].rstrip(b" \t")
+            if not _CHUNK_SIZE.fullmatch(size_text):
+                raise ProtocolError(f"malformed chunk size {size_text[:20]!r}")
+            size = int(size_text, 16)
             if size == 0:
                 # Trailers (rare) end with an empty line: wait for it, then the answer is complete.
-                trailer_end = raw.find(b"\r\n\r\n", end)
-                if trailer_end < 0 and raw[end : end + 4] != b"\r\n\r\n":
+                if raw.find(b"\r\n\r\n", end) < 0:
                     if len(raw) - end > MAX_HEAD_BYTES:
                         raise ProtocolError("chunked trailers too long")
                     del raw[:pos]
@@ -301,17 +348,28 @@ class _Answer(asyncio.Protocol):
         del raw[:pos]
 
     def _take(self, data: bytes) -> None:
-        if self._decoder is not None:
-            # Inflated in bounded steps, counted as it comes out: a gzip bomb stops at the cap.
-            room = self._max - self._size + 1
-            data = self._decoder.decompress(data, room)
-            while True:
-                self._add(data)
-                if not self._decoder.unconsumed_tail:
-                    break
-                data = self._decoder.decompress(self._decoder.unconsumed_tail, self._max - self._size + 1)
-        else:
+        decoder = self._decoder
+        if decoder is None:
             self._add(data)
+            return
+        # Inflated in bounded steps, counted as it comes out: a gzip bomb stops at the cap.
+        self._compressed += len(data)
+        while data:
+            if decoder.eof:
+                # What follows the end of a compressed stream: another gzip member (gzip allows several
+                # in a row, as `cat a.gz b.gz` makes), or bytes a correct body never has.
+                if not self._gzip:
+                    raise ProtocolError("data after the end of the deflate body")
+                decoder = self._decoder = zlib.decompressobj(_DECODERS["gzip"])
+            try:
+                out = decoder.decompress(data, self._max - self._size + 1)
+            except zlib.error as error:
+                raise ProtocolError(f"the body is not valid {self._encoding()} ({error})") from None
+            self._add(out)
+            data = decoder.unconsumed_tail or decoder.unused_data
+
+    def _encoding(self) -> str:
+        return "gzip" if self._gzip else "deflate"
 
     def _add(self, data: bytes) -> None:
         self._size += len(data)
@@ -322,11 +380,28 @@ class _Answer(asyncio.Protocol):
 
     def _finish(self) -> None:
         if self._decoder is not None:
-            self._add(self._decoder.flush())
+            try:
+                self._add(self._decoder.flush())
+            except zlib.error as error:
+                raise ProtocolError(f"the body is not valid {self._encoding()} ({error})") from None
+            if not self._decoder.eof and self._compressed:
+                # Without its end the stream was cut short: the page would silently miss its tail. (An
+                # empty body is empty whatever its Content-Encoding says.)
+                raise ProtocolError(f"the {self._encoding()} body ends before its end of stream (truncated)")
         assert self._waiter is not None
         if not self._waiter.done():
             self._waiter.set_result((self.status, self.reason, self.headers, b"".join(self._chunks)))
         self._chunks = []
+
+
+# Headers that say where the body ends and how to read it: two that disagree leave it unknown.
+_FRAMING = frozenset({"content-length", "transfer-encoding", "content-encoding"})
+_CHUNK_SIZE = re.compile(rb"[0-9a-fA-F]{1,16}")
+
+
+def _is_decimal(text: str) -> bool:
+    """ASCII digits only: str.isdigit() is also true for '²' and '٣', which int() then refuses or reads."""
+    return text.isascii() and text.isdigit()
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,9 +415,12 @@ class _Target:
 def _target(url: str) -> _Target:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"not an http(s) URL: {url!r}")
+        raise FetchError(f"not an http(s) URL: {url!r}")
     https = parts.scheme == "https"
-    port = parts.port or (443 if https else 80)
+    try:
+        port = parts.port or (443 if https else 80)
+    except ValueError as error:
+        raise FetchError(f"{error} in {url!r}") from None
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     host = parts.hostname
     host_header = f"[{host}]" if ":" in host else host
@@ -381,6 +459,13 @@ class LeanFetcher:
         self._idle: dict[str, _Answer] = {}  # url → its kept connection
 
     async def get(self, url: str) -> bytes:
+        """The body of a 200 answer; FetchError saying why there is none (and no other exception)."""
+        try:
+            return await self._get(url)
+        except REQUEST_FAILURES as error:
+            raise fetch_error(error, self._timeout) from None
+
+    async def _get(self, url: str) -> bytes:
         target = self._targets.get(url)
         if target is None:
             target = self._targets[url] = _target(url)

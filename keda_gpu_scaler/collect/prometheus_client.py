@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from keda_gpu_scaler.collect.http import PageTooLarge, describe_error, read_limited
+from keda_gpu_scaler.collect.http import REQUEST_FAILURES, PageTooLarge, fetch_error, read_limited
 from keda_gpu_scaler.collect.prometheus_answer import (
     Element,
     PrometheusError,
@@ -146,9 +146,9 @@ class PrometheusClient:
             ) as response:
                 body = await read_limited(response, self._max_bytes)
         except PageTooLarge as error:
-            raise PrometheusError(f"answer too large: {error}") from None
-        except (aiohttp.ClientError, TimeoutError, OSError) as error:
-            raise PrometheusError(remote_text(describe_error(error, self._timeout), 200)) from None
+            raise PrometheusError(f"answer too large: {error.args[0]}") from None
+        except REQUEST_FAILURES as error:
+            raise PrometheusError(remote_text(str(fetch_error(error, self._timeout)), 200)) from None
         if response.status != 200:
             raise PrometheusError(
                 http_error(response.status, response.reason, response.headers.get("Location"), body)

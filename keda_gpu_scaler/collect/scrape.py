@@ -11,44 +11,17 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import aiohttp
 import xxhash
 
 from keda_gpu_scaler import exposition
 from keda_gpu_scaler.backoff import JITTER, backoff_delay, jittered
-from keda_gpu_scaler.collect.http import (
-    BearerToken,
-    HTTPStatusError,
-    PageRefused,
-    PageTooLarge,
-    ProtocolError,
-    RedirectRefused,
-    describe_error,
-    read_limited,
-    refuse_redirect,
-)
+from keda_gpu_scaler.collect.http import FetchError, PageRefused
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, Interest
 from keda_gpu_scaler.collect.store import Page, SourceKind, Store
 from keda_gpu_scaler.exposition import ExpositionError, Sample
-from keda_gpu_scaler.secretfile import SecretFileError
 from keda_gpu_scaler.supervise import supervised
 from keda_gpu_scaler.telemetry import Telemetry
 from keda_gpu_scaler.vendors import SAMPLE_NAMES, GpuReading, ReadingsMemo, readings_from_samples
-
-__all__ = [
-    "GPU_EXPORTER_PAGES",
-    "JITTER",
-    "MAX_BACKOFF_INTERVALS",
-    "MAX_SERIES_PER_PAGE",
-    "SCRAPE_INTEREST",
-    "Interest",
-    "PageReader",
-    "PageTooLarge",
-    "ScrapeCollector",
-    "ScrapeLimits",
-    "describe_error",
-    "read_limited",
-]
 
 log = logging.getLogger(__name__)
 
@@ -100,50 +73,13 @@ class ScrapeLimits:
 
 
 class Fetcher(Protocol):
-    """GETs exporter pages: the body of a 200 answer, or an exception saying why there is none."""
+    """GETs exporter pages: the body of a 200 answer, or a FetchError saying why there is none."""
 
     async def get(self, url: str) -> bytes: ...
 
     def forget(self, url: str) -> None: ...
 
     def close(self) -> None: ...
-
-
-class AiohttpFetcher:
-    """GET one page with aiohttp: no redirects, the body capped after decompression, bearer on HTTPS."""
-
-    def __init__(
-        self, session: aiohttp.ClientSession, limits: ScrapeLimits, token: BearerToken | None = None
-    ):
-        self._session = session
-        self._max_bytes = limits.max_page_bytes
-        # One timeout object for every request, not one per scrape.
-        self._timeout = aiohttp.ClientTimeout(total=limits.timeout)
-        self._token = token or BearerToken(None)
-
-    async def get(self, url: str) -> bytes:
-        headers = {"Accept-Encoding": "identity"}
-        bearer = self._token.header(url.startswith("https:"))
-        if bearer is not None:
-            headers["Authorization"] = bearer
-        async with self._session.get(
-            url, headers=headers, timeout=self._timeout, allow_redirects=False
-        ) as response:
-            if 300 <= response.status < 400:
-                raise refuse_redirect(
-                    response.status, response.reason or "", response.headers.get("Location")
-                )
-            if response.status != 200:
-                raise aiohttp.ClientResponseError(
-                    response.request_info, (), status=response.status, message=response.reason or ""
-                )
-            return await read_limited(response, self._max_bytes)
-
-    def forget(self, url: str) -> None:
-        pass  # the session's pool ages its connections out
-
-    def close(self) -> None:
-        pass  # the session is closed by its owner
 
 
 def parse_exposition(
@@ -335,19 +271,10 @@ class ScrapeCollector:
             self._last[url] = (digest, page)
         except asyncio.CancelledError:
             raise
-        except (
-            aiohttp.ClientError,
-            TimeoutError,
-            OSError,
-            PageTooLarge,
-            RedirectRefused,
-            HTTPStatusError,
-            ProtocolError,
-            ExpositionError,
-            NotOurPage,
-            SecretFileError,
-        ) as error:
-            message = describe_error(error, self._limits.timeout)
+        except (FetchError, ExpositionError, NotOurPage) as error:
+            message = (
+                f"not a valid metrics page: {error}" if isinstance(error, ExpositionError) else str(error)
+            )
             self._store.record_failure(url, message)
             self._telemetry.scrape_done(ok=False, seconds=self._clock() - started)
             # Said once per outage (and when its reason changes), not on every retry: a dead exporter

@@ -47,7 +47,6 @@ __all__ = [
     "engine_supports",
     "pod_of",
     "pod_reading",
-    "readings_by_pod",
     "recognise",
     "supported_metrics",
     "unsupported_message",
@@ -192,25 +191,6 @@ def pod_reading(
         formats = _BY_ENGINE[named]
         module = _module_on(names, formats) or formats[0]
     return module.read([s for s in page if s.name in module.sample_names], model)
-
-
-def readings_by_pod(
-    samples: Iterable[Sample], engine: Engine | str = AUTO, model: str | None = None
-) -> dict[PodKey, InferenceReading]:
-    """Per-pod readings of a page holding many pods' series (a Prometheus answer), by POD_LABELS.
-
-    Series without a pod are left out, and so are pods without any engine family: a pod missing here is
-    a pod without data, for the caller's missing-pod rule. Each pod is read as in pod_reading, so `auto`
-    recognises each pod's engine from that pod's own series.
-    """
-    by_pod: dict[PodKey, list[Sample]] = {}
-    for sample in samples:
-        if sample.name not in ENGINE_SAMPLE_NAMES:
-            continue
-        pod = pod_of(sample.labels)
-        if pod is not None:
-            by_pod.setdefault(pod, []).append(sample)
-    return {pod: pod_reading(series, engine, model) for pod, series in sorted(by_pod.items())}
 
 
 def value_for(reading: InferenceReading, metric: InferenceMetric | str) -> Value:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from keda_gpu_scaler import pagetext
-from keda_gpu_scaler.engines import sglang, tgi, vllm
+from keda_gpu_scaler.engines import sglang, vllm
 
 
 class EngineLoad(NamedTuple):
@@ -88,23 +88,6 @@ def sglang_page(
             rows["sglang:max_total_num_tokens"].append((label, float(max_tokens)))
     families = [(name, "gauge", "Multiprocess metric", values) for name, values in rows.items() if values]
     return _page(families)
-
-
-def tgi_page(load: EngineLoad | tuple[float, float, float]) -> str:
-    """A TGI router's gauges (unlabelled, integers as its Rust exporter prints them); no KV-cache %."""
-    state = EngineLoad(*load)
-    lines = [
-        "# HELP tgi_queue_size Current queue size",
-        "# TYPE tgi_queue_size gauge",
-        f"{tgi.WAITING} {int(state.waiting)}",
-        "# HELP tgi_batch_current_size Current batch size",
-        "# TYPE tgi_batch_current_size gauge",
-        f"{tgi.RUNNING} {int(state.running)}",
-        "# HELP tgi_batch_current_max_tokens Maximum tokens for the current batch",
-        "# TYPE tgi_batch_current_max_tokens gauge",
-        f"tgi_batch_current_max_tokens {int(state.running) * 1024}",
-    ]
-    return "\n".join(lines) + "\n"
 
 
 def _python_process_families() -> list[tuple[str, str, str, list[tuple[str, float]]]]:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import grpc
 import pytest
-from support import ExporterServer, eventually
+from support import ExporterServer, eventually, tgi_page
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler.engines.simulated import EngineLoad, tgi_page, vllm_page
+from keda_gpu_scaler.engines.simulated import EngineLoad, vllm_page
 
 REQUESTS = {"metric": "requests", "threshold": "8", "podNamePrefix": "chat-"}
 

@@ -33,10 +33,10 @@ from support import ExporterServer, GpuLine, dcgm_page, eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
 from keda_gpu_scaler.collect.promql import namespace_query
-from keda_gpu_scaler.collect.scrape import Interest
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.settings import Settings
 from keda_gpu_scaler.telemetry import Telemetry

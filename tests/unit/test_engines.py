@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import tgi_page
 
-from keda_gpu_scaler.collect.prometheus_answer import parse_vector, samples_with_times
+from keda_gpu_scaler.collect.prometheus_answer import inference_pods, parse_vector, samples_with_times
 from keda_gpu_scaler.collect.promql import TIMESTAMP_LABEL, any_of, values_and_times
 from keda_gpu_scaler.engines import (
     ENGINE_CHOICES,
@@ -27,8 +28,8 @@ from keda_gpu_scaler.engines import (
     accepts_model,
     engine_supports,
     llamacpp,
+    pod_of,
     pod_reading,
-    readings_by_pod,
     recognise,
     sglang,
     simulated,
@@ -729,6 +730,19 @@ def test_an_unknown_engine_choice_is_an_error() -> None:
 # --- pages of many pods (the Prometheus source) --------------------------------------------------------
 
 
+def readings_by_pod(
+    samples: list[Sample], engine: Engine | str = "auto", model: str | None = None
+) -> dict[tuple[str, str], InferenceReading]:
+    """Each pod's reading as the Prometheus source makes it: a namespace's series grouped by pod
+    (inference_pods, no age limit), each pod's series read by pod_reading."""
+    namespaces = sorted({key[0] for sample in samples if (key := pod_of(sample.labels)) is not None})
+    return {
+        (namespace, pod.pod): pod_reading(pod.samples, engine, model)
+        for namespace in namespaces
+        for pod in inference_pods(samples, namespace, at=0.0, window=math.inf).pods
+    }
+
+
 def test_readings_by_pod_from_a_federated_page() -> None:
     readings = readings_by_pod(page("prometheus_federate_engines.prom"))
     assert list(readings) == [
@@ -959,9 +973,7 @@ def test_simulated_pages_read_back_as_their_state() -> None:
         80,
         2,
     )
-    check_reading(
-        pod_reading(parse_exposition(simulated.tgi_page((12, 3, 0)))), Engine.TGI, 3, 12, NOT_EXPORTED, 1
-    )
+    check_reading(pod_reading(parse_exposition(tgi_page((12, 3, 0)))), Engine.TGI, 3, 12, NOT_EXPORTED, 1)
     # No engine yet: no vLLM family at all, as a starting server.
     check_reading(
         pod_reading(parse_exposition(simulated.vllm_page(LLAMA, [])), "vllm"),

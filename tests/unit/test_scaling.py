@@ -7,6 +7,7 @@ import gc
 import pytest
 
 from keda_gpu_scaler.errors import NoData
+from keda_gpu_scaler.evaluator import aggregation_for
 from keda_gpu_scaler.scaling import (
     GpuValue,
     PodValue,
@@ -50,7 +51,7 @@ def spec(**metadata: str):  # type: ignore[no-untyped-def]
 
 def run(readings: list[GpuReading], missing: tuple[str, ...] = (), **metadata: str):  # type: ignore[no-untyped-def]
     s = spec(**metadata)
-    return evaluate(pod_values(readings, s), missing, s, s.effective_aggregation)
+    return evaluate(pod_values(readings, s), missing, s, aggregation_for(s, None)[0])
 
 
 def test_four_pods_at_90_sum_to_360_and_hpa_wants_6() -> None:

@@ -13,7 +13,6 @@ import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-import aiohttp
 import pytest
 from aiohttp import web
 from certs import CertificateAuthority, write
@@ -21,19 +20,15 @@ from support import GpuLine, dcgm_page, eventually
 
 from keda_gpu_scaler.backoff import backoff_delay
 from keda_gpu_scaler.collect import scrape
-from keda_gpu_scaler.collect.http import BearerToken, LeanFetcher, exporter_ssl
+from keda_gpu_scaler.collect.http import BearerToken, FetchError, LeanFetcher, exporter_ssl
 from keda_gpu_scaler.collect.interest import Interest
-from keda_gpu_scaler.collect.scrape import (
-    GPU_EXPORTER_PAGES,
-    AiohttpFetcher,
-    PageReader,
-    ScrapeCollector,
-    ScrapeLimits,
-)
+from keda_gpu_scaler.collect.scrape import GPU_EXPORTER_PAGES, PageReader, ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.telemetry import Telemetry
 
 PAGE = dcgm_page([GpuLine("llm", "vllm-0", 30), GpuLine("llm", "vllm-1", 40, gpu=1)])
+# A gzip page cut inside its stream: the part that inflates still reads as a valid, shorter page.
+TRUNCATED_GZIP = gzip.compress(PAGE.encode())[:-12]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -94,18 +89,14 @@ def text(body: str | bytes, **headers: str) -> Handler:
 class Rig:
     """A ScrapeCollector with its store, wanted from the start."""
 
-    def __init__(self, session: aiohttp.ClientSession, *, max_bytes: int = 1 << 20, **kwargs: object) -> None:
+    def __init__(self, *, max_bytes: int = 1 << 20, **kwargs: object) -> None:
         self.store = Store()
         self.interest = Interest(600, time.monotonic)
         self.interest.touch()
         self.limits = ScrapeLimits(interval=0.05, timeout=2.0, max_page_bytes=max_bytes, concurrency=4)
         fetcher = kwargs.pop("fetcher", None)
         if fetcher is None:
-            fetcher = (
-                LeanFetcher(timeout=self.limits.timeout, max_bytes=max_bytes)
-                if getattr(session, "lean", False)
-                else AiohttpFetcher(session, self.limits)
-            )
+            fetcher = LeanFetcher(timeout=self.limits.timeout, max_bytes=max_bytes)
         self.collector = ScrapeCollector(
             fetcher=fetcher,  # type: ignore[arg-type]
             store=self.store,
@@ -126,17 +117,9 @@ class Rig:
         return {r.pod for rs in state.last_page.by_namespace.values() for r in rs}
 
 
-@pytest.fixture(params=["aiohttp", "lean"])
-async def session(request: pytest.FixtureRequest) -> AsyncIterator[aiohttp.ClientSession]:
-    """Every test runs with both fetchers: aiohttp, and the lean one (the session then only marks it)."""
-    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar(), trust_env=False) as s:
-        s.lean = request.param == "lean"  # type: ignore[attr-defined]
-        yield s
-
-
-async def test_a_healthy_page_is_read(serve, session) -> None:  # type: ignore[no-untyped-def]
+async def test_a_healthy_page_is_read(serve) -> None:  # type: ignore[no-untyped-def]
     server = await serve({"/metrics": text(PAGE)})
-    rig = Rig(session)
+    rig = Rig()
     assert await rig.collector.scrape_once(server.url())
     assert rig.pods(server.url()) == {"vllm-0", "vllm-1"}
 
@@ -144,35 +127,59 @@ async def test_a_healthy_page_is_read(serve, session) -> None:  # type: ignore[n
 # ---- issue 15 item 2: the size cap counts decompressed bytes ---------------------------------------
 
 
-async def test_gzip_bomb_is_refused_at_the_decompressed_cap(serve, session) -> None:  # type: ignore[no-untyped-def]
+async def test_gzip_bomb_is_refused_at_the_decompressed_cap(serve) -> None:  # type: ignore[no-untyped-def]
     # 64 MiB of comment lines compress to ~64 kB: Content-Length says 64 kB, the page is 1,000 times that.
     bomb = gzip.compress((b"# " + b"x" * 1021 + b"\n") * 65536, compresslevel=9)
     assert len(bomb) < 1 << 20
     server = await serve({"/metrics": text(bomb, **{"Content-Encoding": "gzip"})})
-    rig = Rig(session, max_bytes=1 << 20)
+    rig = Rig(max_bytes=1 << 20)
     assert not await rig.collector.scrape_once(server.url())
     error = rig.error(server.url())
     assert error is not None and "limit of 1048576 bytes" in error, error
 
 
-async def test_a_gzip_page_within_the_cap_is_read(serve, session) -> None:  # type: ignore[no-untyped-def]
+async def test_a_gzip_page_within_the_cap_is_read(serve) -> None:  # type: ignore[no-untyped-def]
     server = await serve({"/metrics": text(gzip.compress(PAGE.encode()), **{"Content-Encoding": "gzip"})})
-    rig = Rig(session)
+    rig = Rig()
     assert await rig.collector.scrape_once(server.url())
     assert rig.pods(server.url()) == {"vllm-0", "vllm-1"}
+
+
+async def test_a_gzip_page_cut_short_is_a_failed_source_not_a_lower_value() -> None:
+    # The stream ends right after the "9" of vllm-1's 97 % and is flushed up to there: inflated, it reads
+    # as a valid page with vllm-1 at 9 %. Only the missing end of the gzip stream tells it was cut.
+    page = dcgm_page([GpuLine("llm", "vllm-0", 37), GpuLine("llm", "vllm-1", 97, gpu=1)]).encode()
+    cut = page.index(b'pod="vllm-1"} 97') + len(b'pod="vllm-1"} 9')
+    compressor = zlib.compressobj(wbits=31)
+    body = compressor.compress(page[:cut]) + compressor.flush(zlib.Z_SYNC_FLUSH)
+    assert zlib.decompressobj(31).decompress(body) == page[:cut]
+
+    async def answer(_: bytes, __: int) -> bytes:
+        return b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+
+    server, url, _ = await raw_server(answer)
+    rig = Rig()
+    try:
+        assert not await rig.collector.scrape_once(url)
+        error = rig.error(url)
+        assert error is not None and "truncated" in error, error
+        (state,) = rig.store.sources()
+        assert state.last_page is None
+    finally:
+        server.close()
 
 
 # ---- issue 15 item 6: redirects are refused ----------------------------------------------------------
 
 
-async def test_a_redirect_is_a_failed_scrape_naming_the_location(serve, session) -> None:  # type: ignore[no-untyped-def]
+async def test_a_redirect_is_a_failed_scrape_naming_the_location(serve) -> None:  # type: ignore[no-untyped-def]
     elsewhere = await serve({"/metrics": text(PAGE)})
 
     async def redirect(_: web.Request) -> web.StreamResponse:
         raise web.HTTPFound(elsewhere.url())
 
     server = await serve({"/metrics": redirect})
-    rig = Rig(session)
+    rig = Rig()
     assert not await rig.collector.scrape_once(server.url())
     error = rig.error(server.url())
     assert error is not None and "302" in error and elsewhere.url() in error and "refused" in error, error
@@ -192,24 +199,24 @@ async def test_a_redirect_is_a_failed_scrape_naming_the_location(serve, session)
     ],
     ids=["another exporter", "empty", "comments only", "json"],
 )
-async def test_a_page_without_gpu_exporter_metrics_is_a_failed_source(serve, session, body: str) -> None:  # type: ignore[no-untyped-def]
+async def test_a_page_without_gpu_exporter_metrics_is_a_failed_source(serve, body: str) -> None:  # type: ignore[no-untyped-def]
     server = await serve({"/metrics": text(body)})
-    rig = Rig(session)
+    rig = Rig()
     assert not await rig.collector.scrape_once(server.url())
     error = rig.error(server.url())
     assert error is not None and "no GPU exporter metrics on this page" in error, error
 
 
-async def test_which_families_make_a_page_valid_is_a_parameter(serve, session) -> None:  # type: ignore[no-untyped-def]
+async def test_which_families_make_a_page_valid_is_a_parameter(serve) -> None:  # type: ignore[no-untyped-def]
     queue = "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 2\n"
     server = await serve({"/metrics": text(queue)})
     names = frozenset({"vllm:num_requests_waiting"})
     reader = PageReader(names, lambda samples, memo: [], names, "inference server metrics")
-    assert await Rig(session, reader=reader).collector.scrape_once(server.url())
+    assert await Rig(reader=reader).collector.scrape_once(server.url())
     # The same page read for GPU metrics is not one of ours; and a GPU page is not an inference page.
-    assert not await Rig(session).collector.scrape_once(server.url())
+    assert not await Rig().collector.scrape_once(server.url())
     gpu = await serve({"/metrics": text(PAGE)})
-    rig = Rig(session, reader=reader)
+    rig = Rig(reader=reader)
     assert not await rig.collector.scrape_once(gpu.url())
     assert rig.error(gpu.url()) == "no inference server metrics on this page"
 
@@ -217,29 +224,29 @@ async def test_which_families_make_a_page_valid_is_a_parameter(serve, session) -
 # ---- issue 15 item 8: conflicting duplicate series -------------------------------------------------
 
 
-async def test_conflicting_duplicate_series_fail_the_page(serve, session) -> None:  # type: ignore[no-untyped-def]
+async def test_conflicting_duplicate_series_fail_the_page(serve) -> None:  # type: ignore[no-untyped-def]
     one = dcgm_page([GpuLine("llm", "vllm-0", 30)])
     other = dcgm_page([GpuLine("llm", "vllm-0", 90)])
     server = await serve({"/metrics": text(one + other)})
-    rig = Rig(session)
+    rig = Rig()
     assert not await rig.collector.scrape_once(server.url())
     error = rig.error(server.url())
     assert error is not None and "DCGM_FI_DEV_GPU_UTIL" in error and "30" in error and "90" in error, error
 
 
-async def test_identical_duplicate_series_are_read_once(serve, session) -> None:  # type: ignore[no-untyped-def]
+async def test_identical_duplicate_series_are_read_once(serve) -> None:  # type: ignore[no-untyped-def]
     server = await serve({"/metrics": text(PAGE + PAGE)})
-    rig = Rig(session)
+    rig = Rig()
     assert await rig.collector.scrape_once(server.url())
 
 
 # ---- issue 15 item 3: what one page may contribute, and big pages off the loop ---------------------
 
 
-async def test_more_series_than_the_limit_fail_the_page(serve, session, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+async def test_more_series_than_the_limit_fail_the_page(serve, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(scrape, "MAX_SERIES_PER_PAGE", 5)
     server = await serve({"/metrics": text(PAGE)})  # 2 GPUs x 3 families = 6 series
-    rig = Rig(session)
+    rig = Rig()
     assert not await rig.collector.scrape_once(server.url())
     error = rig.error(server.url())
     assert error is not None and "more than 5 series" in error, error
@@ -249,7 +256,7 @@ def test_the_default_series_limit_is_far_above_a_real_node_and_far_below_a_hosti
     assert 1_000 < scrape.MAX_SERIES_PER_PAGE <= 20_000
 
 
-async def test_a_large_page_is_parsed_in_a_worker_thread(serve, session, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+async def test_a_large_page_is_parsed_in_a_worker_thread(serve, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     threads: list[str] = []
     real = scrape.read_page
 
@@ -260,7 +267,7 @@ async def test_a_large_page_is_parsed_in_a_worker_thread(serve, session, monkeyp
     monkeypatch.setattr(scrape, "read_page", recording)
     big = PAGE + "# padding\n" * (scrape.PARSE_OFF_LOOP_BYTES // 10 + 1)
     server = await serve({"/metrics": text(PAGE), "/big": text(big)})
-    rig = Rig(session)
+    rig = Rig()
     assert await rig.collector.scrape_once(server.url())
     assert await rig.collector.scrape_once(server.url("/big"))
     main = threading.main_thread().name
@@ -272,8 +279,8 @@ async def test_a_large_page_is_parsed_in_a_worker_thread(serve, session, monkeyp
 # ---- issue 12 item 1 and issue 15 item 9: backoff capped, loops supervised --------------------------
 
 
-def test_backoff_after_2000_failures_is_capped_at_three_intervals(session) -> None:  # type: ignore[no-untyped-def]
-    rig = Rig(session)
+def test_backoff_after_2000_failures_is_capped_at_three_intervals() -> None:
+    rig = Rig()
     interval = rig.limits.interval
     assert rig.collector.retry_delay(0) == interval
     assert rig.collector.retry_delay(1) == interval
@@ -283,9 +290,9 @@ def test_backoff_after_2000_failures_is_capped_at_three_intervals(session) -> No
     assert backoff_delay(2000, first=5.0, cap=15.0) == 15.0
 
 
-async def test_a_scrape_loop_that_raises_is_restarted(serve, session, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+async def test_a_scrape_loop_that_raises_is_restarted(serve, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     server = await serve({"/metrics": text(PAGE)})
-    rig = Rig(session)
+    rig = Rig()
     calls: list[int] = []
     real = rig.collector.scrape_once
 
@@ -311,10 +318,7 @@ async def test_a_scrape_loop_that_raises_is_restarted(serve, session, monkeypatc
 # ---- HTTPS exporters behind kube-rbac-proxy: bearer token and CA -----------------------------------
 
 
-@pytest.mark.parametrize("lean", [False, True], ids=["aiohttp", "lean"])
-async def test_https_exporter_with_bearer_token_read_again_when_it_changes(  # type: ignore[no-untyped-def]
-    serve, tmp_path: Path, lean: bool
-) -> None:
+async def test_https_exporter_with_bearer_token_read_again_when_it_changes(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     ca = CertificateAuthority()
     cert, key = write(tmp_path, "exporter", ca.issue("localhost", ["localhost"]))
     ca_file = tmp_path / "ca.pem"
@@ -330,75 +334,50 @@ async def test_https_exporter_with_bearer_token_read_again_when_it_changes(  # t
     server = await serve({"/metrics": guarded}, ssl_context=server_tls)
     token = tmp_path / "token"
     token.write_text("first\n")
-    limits = ScrapeLimits(interval=0.05, timeout=2.0, max_page_bytes=1 << 20, concurrency=4)
-    connector = aiohttp.TCPConnector(ssl=exporter_ssl(ca_file))
 
-    def fetcher(session: aiohttp.ClientSession, ca: Path | None) -> AiohttpFetcher | LeanFetcher:
-        if lean:
-            return LeanFetcher(
-                timeout=2.0, max_bytes=1 << 20, ssl_context=exporter_ssl(ca), token=BearerToken(token)
-            )
-        return AiohttpFetcher(session, limits, BearerToken(token))
+    def fetcher(ca: Path | None) -> LeanFetcher:
+        return LeanFetcher(
+            timeout=2.0, max_bytes=1 << 20, ssl_context=exporter_ssl(ca), token=BearerToken(token)
+        )
 
-    async with aiohttp.ClientSession(connector=connector, trust_env=False) as tls_session:
-        rig = Rig(tls_session, fetcher=fetcher(tls_session, ca_file))
-        assert await rig.collector.scrape_once(server.url())
-        token.write_text("second-but-longer\n")
-        assert not await rig.collector.scrape_once(server.url())
-        assert "HTTP 401" in (rig.error(server.url()) or "")
-        token.write_text("second\n")
-        assert await rig.collector.scrape_once(server.url())
+    rig = Rig(fetcher=fetcher(ca_file))
+    assert await rig.collector.scrape_once(server.url())
+    token.write_text("second-but-longer\n")
+    assert not await rig.collector.scrape_once(server.url())
+    assert "HTTP 401" in (rig.error(server.url()) or "")
+    token.write_text("second\n")
+    assert await rig.collector.scrape_once(server.url())
     assert [h.get("Authorization") for h in server.seen_headers] == [
         "Bearer first",
         "Bearer second-but-longer",
         "Bearer second",
     ]
     # Without the CA the exporter's certificate is not trusted.
-    async with aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(ssl=exporter_ssl(None)), trust_env=False
-    ) as untrusting:
-        rig = Rig(untrusting, fetcher=fetcher(untrusting, None))
-        assert not await rig.collector.scrape_once(server.url())
-        assert "certificate" in (rig.error(server.url()) or "").lower()
+    rig = Rig(fetcher=fetcher(None))
+    assert not await rig.collector.scrape_once(server.url())
+    assert "certificate" in (rig.error(server.url()) or "").lower()
 
 
-async def test_the_token_is_never_sent_over_plain_http(serve, session, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_the_token_is_never_sent_over_plain_http(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     server = await serve({"/metrics": text(PAGE)})
     token = tmp_path / "token"
     token.write_text("secret")
-    rig = Rig(session)
-    rig.collector._fetcher = (
-        LeanFetcher(timeout=2.0, max_bytes=1 << 20, token=BearerToken(token))
-        if session.lean
-        else AiohttpFetcher(session, rig.limits, BearerToken(token))
-    )
+    rig = Rig(fetcher=LeanFetcher(timeout=2.0, max_bytes=1 << 20, token=BearerToken(token)))
     assert await rig.collector.scrape_once(server.url())
     assert "Authorization" not in server.seen_headers[0]
 
 
-async def test_a_missing_token_file_is_a_failed_scrape_naming_the_flag(serve, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    limits = ScrapeLimits(interval=0.05, timeout=2.0, max_page_bytes=1 << 20, concurrency=4)
-    async with aiohttp.ClientSession(trust_env=False) as s:
-        rig = Rig(s, fetcher=AiohttpFetcher(s, limits, BearerToken(tmp_path / "absent")))
-        assert not await rig.collector.scrape_once("https://localhost:1/metrics")
-        assert "--exporter-bearer-token-file" in (rig.error("https://localhost:1/metrics") or "")
+async def test_a_missing_token_file_is_a_failed_scrape_naming_the_flag() -> None:
+    rig = Rig(
+        fetcher=LeanFetcher(timeout=2.0, max_bytes=1 << 20, token=BearerToken(Path("/nonexistent/token")))
+    )
+    assert not await rig.collector.scrape_once("https://localhost:1/metrics")
+    assert "--exporter-bearer-token-file" in (rig.error("https://localhost:1/metrics") or "")
 
 
 def test_the_default_reader_reads_gpu_exporter_pages() -> None:
     assert GPU_EXPORTER_PAGES.what == "GPU exporter metrics"
     assert "DCGM_FI_DEV_GPU_UTIL" in GPU_EXPORTER_PAGES.valid_names
-
-
-async def test_interest_and_http_helpers_stay_importable_from_scrape() -> None:
-    from keda_gpu_scaler.collect.scrape import (  # noqa: F401
-        SCRAPE_INTEREST,
-        Interest,
-        PageTooLarge,
-        describe_error,
-        read_limited,
-    )
-
-    await asyncio.sleep(0)
 
 
 # ---- the lean fetcher's HTTP/1.1: framing, keep-alive, failures ------------------------------------
@@ -530,20 +509,97 @@ async def test_lean_fetcher_retries_once_when_the_server_closed_the_kept_connect
             "http://elsewhere/",
         ),
         (b"HTTP/1.1 200 OK\r\nContent-Length: 2000000\r\n\r\n", "limit is 1048576"),
+        # str.isdigit() is true for "²": the status and the length must be ASCII digits.
+        ("HTTP/1.1 2²0 OK\r\nContent-Length: 0\r\n\r\n".encode("latin-1"), "not an HTTP/1.x answer"),
+        ("HTTP/1.1 200 OK\r\nContent-Length: ²\r\n\r\n".encode("latin-1"), "malformed Content-Length"),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 12\r\n\r\nnot gzip at all"[:-3],
+            "not valid gzip",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Encoding: deflate\r\nContent-Length: 9\r\n\r\nnot zlib!",
+            "not valid deflate",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s"
+            % (len(TRUNCATED_GZIP), TRUNCATED_GZIP),
+            "gzip body ends before its end of stream (truncated)",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nConnection: close\r\n\r\n" + TRUNCATED_GZIP,
+            "gzip body ends before its end of stream (truncated)",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\xd9\xa1\r\nx\r\n0\r\n\r\n",
+            "malformed chunk size",
+        ),
     ],
-    ids=["cut short", "not http", "bad chunk", "brotli", "404", "redirect", "too long"],
+    ids=[
+        "cut short",
+        "not http",
+        "bad chunk",
+        "brotli",
+        "404",
+        "redirect",
+        "too long",
+        "status with a superscript digit",
+        "length with a superscript digit",
+        "gzip that is not gzip",
+        "deflate that is not deflate",
+        "gzip cut short within its length",
+        "gzip cut short by the close",
+        "chunk size in arabic-indic digits",
+    ],
 )
 async def test_lean_fetcher_failures_name_the_reason(reply: bytes, reason: str) -> None:
     async def answer(_: bytes, index: int) -> bytes | None:
         return reply if index == 0 else None  # then the connection is closed
 
     server, url, _ = await raw_server(answer, close_after_reply=True)
-    rig = Rig(None, fetcher=LeanFetcher(timeout=2.0, max_bytes=1 << 20))  # type: ignore[arg-type]
+    rig = Rig(fetcher=LeanFetcher(timeout=2.0, max_bytes=1 << 20))
     try:
         assert not await rig.collector.scrape_once(url)
         error = rig.error(url)
         assert error is not None and reason in error, error
     finally:
+        server.close()
+
+
+async def test_a_malformed_answer_is_recorded_and_the_fixed_exporter_is_read_at_the_next_scrape(
+    caplog,
+) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    body = PAGE.encode()
+    good = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    current = {"reply": "HTTP/1.1 200 OK\r\nContent-Length: ²\r\n\r\n".encode("latin-1")}
+
+    async def answer(_: bytes, __: int) -> bytes:
+        return current["reply"]
+
+    server, url, _ = await raw_server(answer, close_after_reply=True)
+    rig = Rig()
+    caplog.set_level(logging.ERROR, logger="keda_gpu_scaler.supervise")
+    rig.collector.add(url)
+    task = rig.collector._tasks[url]
+    try:
+
+        async def failure_recorded() -> None:
+            assert "malformed Content-Length '²'" in (rig.error(url) or "")
+
+        await eventually(failure_recorded)
+        current["reply"] = good
+
+        async def read_again() -> None:
+            assert rig.error(url) is None
+            assert rig.pods(url) == {"vllm-0", "vllm-1"}
+
+        await eventually(read_again)
+        # The scrape loop went on: no restart, whose backoff would have delayed the recovery.
+        assert rig.collector._tasks[url] is task and not task.done()
+        assert not [r for r in caplog.records if "restarting" in r.getMessage()]
+    finally:
+        await rig.collector.stop()
         server.close()
 
 
@@ -555,7 +611,7 @@ async def test_lean_fetcher_times_out_and_drops_the_connection() -> None:
     server, url, _ = await raw_server(answer)
     fetcher = LeanFetcher(timeout=0.2, max_bytes=1 << 20)
     try:
-        with pytest.raises(TimeoutError):
+        with pytest.raises(FetchError, match=r"timed out after 0\.2s"):
             await fetcher.get(url)
         assert not fetcher._idle
     finally:
@@ -582,7 +638,7 @@ async def test_lean_fetcher_keeps_one_connection_per_url_and_closes_the_rest() -
         server.close()
 
 
-async def test_a_failure_is_logged_once_per_outage_and_the_recovery_once(serve, session, caplog) -> None:  # type: ignore[no-untyped-def]
+async def test_a_failure_is_logged_once_per_outage_and_the_recovery_once(serve, caplog) -> None:  # type: ignore[no-untyped-def]
     import logging
 
     current = {"page": PAGE}
@@ -591,7 +647,7 @@ async def test_a_failure_is_logged_once_per_outage_and_the_recovery_once(serve, 
         return web.Response(text=current["page"], content_type="text/plain")
 
     server = await serve({"/metrics": handler})
-    rig = Rig(session)
+    rig = Rig()
     caplog.set_level(logging.INFO, logger="keda_gpu_scaler.collect.scrape")
     assert await rig.collector.scrape_once(server.url())
     current["page"] = "up 1\n"  # a page without any GPU exporter family: a failed scrape

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keda_gpu_scaler.errors import ConfigError
+from keda_gpu_scaler.evaluator import aggregation_for
 from keda_gpu_scaler.trigger import (
     Aggregation,
     GpuAggregation,
@@ -32,7 +33,7 @@ def test_defaults_and_keda_keys_ignored() -> None:
     assert spec.activation_threshold == 0.0
     assert spec.gpu_aggregation is GpuAggregation.MEAN
     assert spec.aggregation is None
-    assert spec.effective_aggregation is Aggregation.SUM
+    assert aggregation_for(spec, None) == (Aggregation.SUM, None)
     assert spec.vendor is Vendor.AUTO
     assert spec.nvidia_field is NvidiaField.AUTO
     assert spec.source is None
