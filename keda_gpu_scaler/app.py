@@ -180,7 +180,7 @@ class App:
             self.inference_pages.add_pod_page(url, namespace, pod)
         if self.discovery is not None:
             try:
-                await self.discovery.start(self._collector)
+                await self.discovery.start(self._collector, self.gateway_pages)
             except ConnectError as error:
                 await self._collector.stop()
                 raise SettingsError(f"--kubernetes={s.kubernetes}: {error}") from None

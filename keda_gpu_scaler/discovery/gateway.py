@@ -46,6 +46,14 @@ class GatewaySink(Protocol):
     def forget(self, namespace: str, pool: str) -> None: ...
 
 
+class GatewayBook(GatewaySink, Protocol):
+    """The gateway source as discovery sees it: which pools are wanted, and where their pages go."""
+
+    def wanted(self) -> dict[PoolKey, int]: ...
+
+    async def wait_for_wanted(self, timeout: float) -> None: ...
+
+
 def epp_url(ip: str, port: int, https: bool) -> str:
     host = f"[{ip}]" if ":" in ip else ip
     return f"{'https' if https else 'http'}://{host}:{port}{METRICS_PATH}"

@@ -14,6 +14,7 @@ from prometheus_client import Counter, Gauge
 from keda_gpu_scaler.backoff import backoff_delay, jittered
 from keda_gpu_scaler.discovery.api import KubeApi, KubeError, connect
 from keda_gpu_scaler.discovery.exporters import ExporterDiscovery, ExporterSink
+from keda_gpu_scaler.discovery.gateway import GatewayBook, GatewayDiscovery
 from keda_gpu_scaler.discovery.informer import PodInformer
 from keda_gpu_scaler.discovery.scaledobject import (
     EXTERNAL_TRIGGER_TYPES,
@@ -42,6 +43,8 @@ FIRST_RETRY_SECONDS = 0.5
 # new ones must not grow discovery's state without bound (the oldest is dropped, and read again if asked).
 MAX_OVERRIDES = 8
 MAX_METRIC_TYPES = 32
+# A pool stops being wanted when its triggers' interest expires, which wakes nobody: looked at this often.
+GATEWAY_RECHECK_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,13 +126,31 @@ class KubeDiscovery:
         self._exporters = ExporterDiscovery(
             settings.exporter_selectors, settings.static_urls, self.discovered_exporters
         )
+        self._gateway_book: GatewayBook | None = None
+        self._gateways: GatewayDiscovery | None = None
+        self._gateway_task: asyncio.Task[None] | None = None
 
-    async def start(self, sink: ExporterSink) -> None:
-        """Load credentials (raises api.ConnectError); nothing is read from the API until a call asks."""
+    async def start(self, sink: ExporterSink, gateways: GatewayBook | None = None) -> None:
+        """Load credentials (raises api.ConnectError); nothing is read from the API until a call asks.
+
+        `gateways`: the gateway source, whose wanted InferencePools (those `pending` triggers read) get
+        their endpoint picker pages from here, in namespaces of followed ScaledObjects only.
+        """
         self._exporters.sink = sink
         self._api = KubeApi(await connect(self._settings.kubeconfig))
+        if gateways is not None:
+            self._gateway_book = gateways
+            self._gateways = GatewayDiscovery(self._api, gateways, on_restart=self._restarted)
+            self._gateway_task = supervised(self._follow_gateways, "follow the wanted InferencePools")
 
     async def stop(self) -> None:
+        if self._gateway_task is not None:
+            self._gateway_task.cancel()
+            await asyncio.gather(self._gateway_task, return_exceptions=True)
+            self._gateway_task = None
+        if self._gateways is not None:
+            await self._gateways.stop()
+            self._gateways = None
         tasks = [t.task for t in self._tracked.values() if t.task is not None]
         for task in tasks:
             task.cancel()
@@ -272,6 +293,7 @@ class KubeDiscovery:
         space.holders.add((tracked.namespace, tracked.name))
         tracked.holds_namespace = True
         self._register(tracked)
+        self._follow_gateway_pools()
 
     def _release(self, tracked: _Tracked) -> None:
         """The ScaledObject is gone or forgotten: its selections go, and the watch when nobody else needs it."""
@@ -287,6 +309,7 @@ class KubeDiscovery:
             del self._namespaces[tracked.namespace]
             space.informer.close()
             space.index.release_all()
+            self._follow_gateway_pools()
         if not self._namespaces:
             self._exporters.close()
 
@@ -314,6 +337,24 @@ class KubeDiscovery:
         else:
             log.info("ScaledObject %s: reading it from the Kubernetes API works again", tracked.ref)
         tracked.blip = note
+
+    async def _follow_gateways(self) -> None:
+        assert self._gateway_book is not None
+        while True:
+            self._follow_gateway_pools()
+            await self._gateway_book.wait_for_wanted(GATEWAY_RECHECK_SECONDS)
+
+    def _follow_gateway_pools(self) -> None:
+        """Watch the InferencePools that triggers want, of namespaces that hold a followed ScaledObject.
+
+        A pool's namespace is always its trigger's ScaledObject's (the key comes from the call's
+        ScaledObjectRef); and, as for pods, nothing is watched in a namespace until a ScaledObject there
+        was read from the API, so calls naming objects that do not exist open no watch.
+        """
+        if self._gateways is None or self._gateway_book is None:
+            return
+        wanted = self._gateway_book.wanted()
+        self._gateways.set_wanted({key: port for key, port in wanted.items() if key[0] in self._namespaces})
 
     def _restarted(self, reason: str) -> None:
         self.watch_restarts.labels(reason).inc()

@@ -4,17 +4,32 @@ from __future__ import annotations
 
 import socket
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
 from certs import CertificateAuthority
-from fake_kube import INFERENCE_POOL, POD, SERVICE, FakeKube, inference_pool, pod, service
+from fake_kube import (
+    DEPLOYMENT,
+    INFERENCE_POOL,
+    POD,
+    SCALED_OBJECT,
+    SERVICE,
+    FakeKube,
+    deployment,
+    inference_pool,
+    pod,
+    scaled_object,
+    service,
+)
 from support import eventually
 
+from keda_gpu_scaler.collect.gateway import GatewayPool
 from keda_gpu_scaler.discovery.api import KubeApi, connect
 from keda_gpu_scaler.discovery.gateway import GatewayDiscovery
+from keda_gpu_scaler.trigger import parse_trigger
 
 NS = "llm"
 EPP = {"app": "chat-pool-epp"}
@@ -322,3 +337,45 @@ async def test_an_epp_not_listening_yet_is_a_problem_until_it_answers(kube: Fake
         await discovery.stop()
         if runner is not None:
             await runner.cleanup()
+
+
+# --- through the running scaler: the pools that triggers want, in followed namespaces only --------------
+
+
+async def test_the_scaler_reads_the_wanted_pools_of_followed_namespaces_only(
+    make_scaler: Callable[..., Awaitable[Any]], kube: FakeKube, tmp_path: Path
+) -> None:
+    page, port = await _serve(None)
+    try:
+        scaler = await make_scaler(
+            kubernetes="on", kubeconfig=str(kube.kubeconfig(tmp_path)), discovery_interval=0.2
+        )
+        app = scaler.app
+        chat_pool(kube)
+        kube.put(POD, epp_pod("epp-0", "127.0.0.1"))
+        # The same pool and picker in a namespace where no ScaledObject is followed.
+        kube.put(INFERENCE_POOL, inference_pool("chat-pool", "other", "chat-pool-epp"))
+        kube.put(SERVICE, service("chat-pool-epp", "other", EPP))
+        # A ScaledObject of namespace llm, followed once a call names it.
+        kube.put(DEPLOYMENT, deployment("vllm", NS, {"app": "vllm"}, replicas=0))
+        kube.put(
+            SCALED_OBJECT,
+            scaled_object(
+                "vllm", NS, {"name": "vllm"}, [{"type": "external", "metadata": {"threshold": "70"}}]
+            ),
+        )
+        app.discovery.track(NS, "vllm", parse_trigger({"threshold": "70"}))
+        app.interest.touch(GatewayPool(NS, "chat-pool", port))
+        app.interest.touch(GatewayPool("other", "chat-pool", port))
+
+        async def read() -> None:
+            replicas = app.gateway_pages.replicas(NS, "chat-pool")
+            assert [(r.name, r.url) for r in replicas] == [("epp-0", f"http://127.0.0.1:{port}/metrics")], (
+                app.gateway_pages.problem(NS, "chat-pool")
+            )
+
+        await eventually(read)
+        assert not [path for path, _ in kube.requests if "/namespaces/other/" in path]
+        assert app.gateway_pages.replicas("other", "chat-pool") == ()
+    finally:
+        await page.cleanup()
