@@ -17,6 +17,7 @@ from aiohttp import web
 
 from keda_gpu_scaler import telemetry as telemetry_module
 from keda_gpu_scaler.collect.gateway import GatewayPages
+from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink, PoolInterest
 from keda_gpu_scaler.collect.http import LeanFetcher, exporter_fetcher
 from keda_gpu_scaler.collect.inference import INFERENCE_INTEREST, InferencePages, WantedPages
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, Interest
@@ -64,6 +65,12 @@ def _split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def gateway_max_staleness(settings: Settings) -> float:
+    """Endpoint-picker data older than three gateway intervals is not used (as exporters' at three scrape
+    intervals): a replica that stops answering is seen as missing within seconds."""
+    return 3 * settings.gateway_interval
+
+
 class App:
     """The running scaler. start() binds the ports (port 0 picks a free one), stop() shuts down in order."""
 
@@ -91,9 +98,11 @@ class App:
             else None
         )
         self.inference_pages = InferencePages()
+        self.wanted_pages = WantedPages(self.inference_pages)
         # EPP replica pages per InferencePool (SPEC §7): fed by discovery or --gateway-url.
         self.gateway_pages = GatewayPages(self.interest)
-        self.wanted_pages = WantedPages(self.inference_pages)
+        for namespace, pool, url in settings.gateway_urls:
+            self.gateway_pages.add_static(namespace, pool, url)
         self.evaluator = Evaluator(
             store=self.store,
             telemetry=self.telemetry,
@@ -105,6 +114,8 @@ class App:
             pages=self.wanted_pages if self.discovery is not None else None,
             default_source=Source(settings.default_source),
             prometheus_enabled=settings.prometheus_url is not None,
+            gateway_pages=self.gateway_pages,
+            gateway_max_staleness=gateway_max_staleness(settings),
         )
         self.registry = Registry(
             ttl=settings.interest_ttl,
@@ -136,6 +147,7 @@ class App:
         self._prometheus: PrometheusCollector | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._inference_collector: ScrapeCollector | None = None
+        self._gateway_collector: ScrapeCollector | None = None
 
     def _forgotten(self, followed: Followed) -> None:
         self.telemetry.forget_labels(followed.metric_labels)
@@ -178,6 +190,17 @@ class App:
         self.inference_pages.collector = self._inference_collector
         for namespace, pod, url in s.inference_urls:
             self.inference_pages.add_pod_page(url, namespace, pod)
+        # Endpoint-picker pages: few (one per EPP replica), scraped every --gateway-interval while a
+        # `pending` trigger reads their pool, so a wake from zero follows within that interval.
+        self._gateway_collector = ScrapeCollector(
+            fetcher=fetcher,
+            store=self.store,
+            interest=PoolInterest(self.gateway_pages),
+            limits=ScrapeLimits(s.gateway_interval, s.scrape_timeout, s.max_page_bytes, s.scrape_concurrency),
+            telemetry=self.telemetry,
+            clock=self.clock,
+        )
+        self.gateway_pages.start(GatewayCollectorSink(self._gateway_collector))
         if self.discovery is not None:
             try:
                 await self.discovery.start(self._collector, self.gateway_pages)
@@ -268,6 +291,8 @@ class App:
             await self._collector.stop()
         if self._inference_collector is not None:
             await self._inference_collector.stop()
+        if self._gateway_collector is not None:
+            await self._gateway_collector.stop()
         if self._prometheus is not None:
             await self._prometheus.stop()
         if self._prometheus_session is not None:

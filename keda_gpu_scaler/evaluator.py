@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Protocol, cast
 
+from keda_gpu_scaler.collect.gateway import GatewayPages, GatewayPool
+from keda_gpu_scaler.collect.gateway_source import ReplicaSamples
 from keda_gpu_scaler.collect.inference import (
     INFERENCE_INTEREST,
     PodSamples,
@@ -16,9 +18,10 @@ from keda_gpu_scaler.collect.inference import (
 )
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
 from keda_gpu_scaler.collect.prometheus import prometheus_inference_interest, prometheus_interest
-from keda_gpu_scaler.collect.store import NamespaceView, SourceKind, Store
+from keda_gpu_scaler.collect.store import NamespaceView, SourceKind, Store, source_problem
 from keda_gpu_scaler.discovery.targets import Targets  # defined beside discovery, re-exported here
 from keda_gpu_scaler.errors import ConfigError, NoData
+from keda_gpu_scaler.pending import ReplicaInput, pending_evaluation
 from keda_gpu_scaler.registry import Explanation, Followed, Memo
 from keda_gpu_scaler.scaling import Evaluation, evaluate, inference_pod_values, pod_values
 from keda_gpu_scaler.telemetry import Telemetry
@@ -79,6 +82,8 @@ class Evaluator:
         prometheus_enabled: bool = False,
         targets: TargetResolver | None = None,
         pages: WantedPages | None = None,
+        gateway_pages: GatewayPages | None = None,
+        gateway_max_staleness: float | None = None,
     ) -> None:
         self._store = store
         self._telemetry = telemetry
@@ -89,6 +94,8 @@ class Evaluator:
         self._prometheus_enabled = prometheus_enabled
         self._targets = targets
         self._pages = pages
+        self._gateway_pages = gateway_pages
+        self._gateway_max_staleness = gateway_max_staleness or max_staleness
 
     def source_of(self, spec: TriggerSpec) -> Source:
         return spec.source or self._default_source
@@ -100,6 +107,13 @@ class Evaluator:
                 "metadata source='prometheus' is not available: this server has no --prometheus-url;"
                 " allowed: scrape"
             )
+        if spec.metric.gateway:
+            if self.source_of(spec) is Source.PROMETHEUS:
+                raise ConfigError(
+                    "metadata source='prometheus' is not available for metric=pending on this server;"
+                    " allowed: scrape (the endpoint pickers' own pages)"
+                )
+            return  # the pool's endpoint pickers are read, never the target's pods
         if self._targets is not None:
             self._targets.check(spec)
             return
@@ -117,6 +131,8 @@ class Evaluator:
     def kind_of(self, spec: TriggerSpec) -> SourceKind:
         """Which store sources answer a trigger: GPU exporters or inference servers, directly or via Prometheus."""
         prometheus = self.source_of(spec) is Source.PROMETHEUS
+        if spec.metric.gateway:
+            return SourceKind.GATEWAY
         if spec.metric.inference:
             return SourceKind.PROMETHEUS_INFERENCE if prometheus else SourceKind.INFERENCE
         return SourceKind.PROMETHEUS if prometheus else SourceKind.SCRAPE
@@ -124,6 +140,9 @@ class Evaluator:
     def interest_key(self, namespace: str, spec: TriggerSpec) -> Hashable:
         """What a trigger's data is collected under (interest keeps its collection running)."""
         kind = self.kind_of(spec)
+        if kind is SourceKind.GATEWAY:
+            assert spec.inference_pool is not None
+            return GatewayPool(namespace, spec.inference_pool, spec.gateway_metrics_port)
         if kind is SourceKind.PROMETHEUS:
             return prometheus_interest(namespace)
         if kind is SourceKind.PROMETHEUS_INFERENCE:
@@ -134,6 +153,8 @@ class Evaluator:
 
     def evaluate(self, followed: Followed, spec: TriggerSpec) -> Evaluation:
         """The trigger's value now, from the caches only; raises NoData (UNAVAILABLE) when it cannot be known."""
+        if spec.metric.gateway:
+            return self._evaluate_pending(followed, spec)
         namespace, name = followed.namespace, followed.name
         targets = self._targets.resolve(namespace, name, spec) if self._targets is not None else None
         if targets is not None and self._pages is not None and self.kind_of(spec) is SourceKind.INFERENCE:
@@ -166,6 +187,79 @@ class Evaluator:
         followed.memos[spec] = Memo(version, epoch, targets, valid_until, evaluation, None, fresh)
         self._record(followed, spec, evaluation, None, notes, targets)
         return evaluation
+
+    def _evaluate_pending(self, followed: Followed, spec: TriggerSpec) -> Evaluation:
+        """`pending` (SPEC §7): the pool's endpoint-picker replicas' queues, from the store only.
+
+        Reads the pages GatewayPages lists for the pool and adds or removes nothing. Kept like any
+        evaluation until the namespace's data moves (a replica's page changes, fails or recovers), a
+        source comes or goes (a replica added or dropped), or a fresh page would turn stale.
+        """
+        namespace = followed.namespace
+        now = self._clock()
+        version, epoch = self._store.version(namespace), self._store.epoch
+        memo = followed.memos.get(spec)
+        if memo is not None and memo.still_right(version, epoch, None, now):
+            if memo.error is not None:
+                raise NoData(memo.error)
+            assert memo.evaluation is not None
+            return memo.evaluation
+        replicas, valid_until = self._replica_inputs(namespace, spec, now)
+        try:
+            evaluation, notes = pending_evaluation(
+                replicas, spec, namespace, self._no_replica(namespace, spec)
+            )
+        except NoData as error:
+            followed.memos[spec] = Memo(version, epoch, None, now + NO_DATA_MEMO_SECONDS, None, str(error))
+            self._record(followed, spec, None, str(error), (), None)
+            raise
+        if memo is not None and memo.evaluation == evaluation:
+            evaluation = memo.evaluation  # see evaluate(): keep the objects already held
+        followed.memos[spec] = Memo(version, epoch, None, valid_until, evaluation, None)
+        self._record(followed, spec, evaluation, None, notes, None)
+        return evaluation
+
+    def _replica_inputs(
+        self, namespace: str, spec: TriggerSpec, now: float
+    ) -> tuple[list[ReplicaInput], float]:
+        """Each replica page of the trigger's pool: its fresh samples or why there are none; and until
+        when that holds without a change to the store (the first fresh page to turn stale)."""
+        assert spec.inference_pool is not None
+        staleness = self._gateway_max_staleness
+        found: list[ReplicaInput] = []
+        valid_until = float("inf")
+        replicas = self._gateway_pages.replicas(namespace, spec.inference_pool) if self._gateway_pages else ()
+        for replica in replicas:
+            state = self._store.source(replica.url)
+            page = state.last_page if state is not None else None
+            if state is None or page is None or now - page.collected_at > staleness:
+                problem = source_problem(state, now, staleness) if state is not None else "not scraped yet"
+                found.append(ReplicaInput(replica.name, None, problem))
+                continue
+            valid_until = min(valid_until, page.collected_at + staleness)
+            samples = tuple(
+                sample
+                for reading in cast(tuple[ReplicaSamples, ...], page.by_namespace.get(namespace, ()))
+                for sample in reading.samples
+            )
+            found.append(ReplicaInput(replica.name, samples))
+        return found, valid_until
+
+    def _no_replica(self, namespace: str, spec: TriggerSpec) -> str:
+        pool = f"InferencePool {namespace}/{spec.inference_pool}"
+        assert spec.inference_pool is not None
+        problem = self._gateway_pages.problem(namespace, spec.inference_pool) if self._gateway_pages else None
+        if problem is not None:
+            return problem
+        if self._targets is not None:
+            return (
+                f"no endpoint-picker (EPP) pod of {pool} is known yet: no Ready pod behind its"
+                " endpointPickerRef Service has been seen"
+            )
+        return (
+            f"no endpoint-picker (EPP) page of {pool} is configured: give --gateway-url"
+            f" {namespace}/{spec.inference_pool}=URL (one per EPP replica)"
+        )
 
     def _renewed(
         self,

@@ -122,6 +122,32 @@ def _inference_urls(name: str, raw: Raw) -> tuple[tuple[str, str, str], ...]:
     return tuple((ns, pod, url) for (ns, pod), url in found.items())
 
 
+def _gateway_urls(name: str, raw: Raw) -> tuple[tuple[str, str, str], ...]:
+    """(namespace, pool, url) of each NAMESPACE/POOL=URL: one per endpoint-picker replica, so a pool may
+    have several."""
+    found: dict[tuple[str, str, str], None] = {}
+    for part in _items(raw, ","):
+        ref, sep, url = part.partition("=")
+        namespace, slash, pool = ref.partition("/")
+        if not sep or not slash:
+            raise SettingsError(
+                f"{name}={part[:100]!r} is not NAMESPACE/POOL=URL, e.g."
+                " llm/chat-pool=http://10.0.0.7:9090/metrics"
+            )
+        if not is_namespace(namespace):
+            raise SettingsError(f"{name}={part[:100]!r}: {namespace[:100]!r} is not a namespace name")
+        if not is_object_name(pool):
+            raise SettingsError(f"{name}={part[:100]!r}: {pool[:100]!r} is not an InferencePool name")
+        if not url.startswith(("http://", "https://")):
+            raise SettingsError(f"{name}={part[:100]!r}: {url[:100]!r} is not an http(s) URL")
+        found[(namespace, pool, url)] = None
+    urls = [url for _, _, url in found]
+    if len(set(urls)) != len(urls):
+        twice = next(url for url in urls if urls.count(url) > 1)
+        raise SettingsError(f"{name}: {twice[:100]!r} is given for two pools; one page serves one pool")
+    return tuple(found)
+
+
 def _exporter_selectors(name: str, raw: Raw) -> tuple[ExporterSelector, ...]:
     try:
         return tuple(parse_exporter_selector(p) for p in _items(raw, ";") or DEFAULT_EXPORTER_SELECTORS)
@@ -295,6 +321,30 @@ FLAGS: tuple[Flag, ...] = (
         field="inference_urls",
     ),
     Flag(
+        "--gateway-url",
+        None,
+        "without Kubernetes: an inference gateway endpoint picker's metrics page and the InferencePool it"
+        " serves, as NAMESPACE/POOL=URL; one per endpoint-picker replica; repeatable (environment:"
+        " comma-separated)",
+        repeatable=True,
+        parse=_gateway_urls,
+        field="gateway_urls",
+    ),
+    Flag(
+        "--gateway-interval",
+        "1",
+        "seconds between scrapes of each wanted endpoint-picker page (the wake from zero follows within"
+        " this); their data is stale after 3 intervals",
+        parse=_positive(float),
+    ),
+    Flag(
+        "--gateway-ca-file",
+        None,
+        "PEM CA bundle to verify endpoint pickers that serve their metrics over HTTPS (default: the"
+        " system's CAs)",
+        parse=_path,
+    ),
+    Flag(
         "--interest-ttl",
         "600",
         "seconds a ScaledObject is remembered (and its sources collected) after the last call about it",
@@ -435,6 +485,10 @@ class Settings:
     exporter_ca_file: Path | None = _default("--exporter-ca-file")
     # (namespace, pod, url) of each --inference-url
     inference_urls: tuple[tuple[str, str, str], ...] = _default("--inference-url")
+    # (namespace, pool, url) of each --gateway-url
+    gateway_urls: tuple[tuple[str, str, str], ...] = _default("--gateway-url")
+    gateway_interval: float = _default("--gateway-interval")
+    gateway_ca_file: Path | None = _default("--gateway-ca-file")
     interest_ttl: float = _default("--interest-ttl")
     max_scaledobjects: int = _default("--max-scaledobjects")
     prometheus_url: str | None = _default("--prometheus-url")

@@ -147,6 +147,8 @@ def _pod_json(pod: PodValue) -> dict[str, Any]:
 
 
 def evaluation_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]:
+    if spec.metric.gateway:
+        return _pending_json(evaluation, spec)
     return {
         "value": evaluation.value,
         "active": evaluation.active,
@@ -156,6 +158,28 @@ def evaluation_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]
         "pods": [_pod_json(p) for p in evaluation.pods],
         "missingPods": list(evaluation.missing_pods),
         "missingPodValue": evaluation.missing_pod_value,
+        "hpa": {
+            "currentReplicas": evaluation.what_if.current_replicas,
+            "desiredReplicasAverageValue": evaluation.what_if.average_value,
+            "desiredReplicasValue": evaluation.what_if.value,
+        },
+    }
+
+
+def _pending_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]:
+    """metric=pending: per endpoint-picker replica, whether its page was fresh and its queue by model."""
+    replicas: list[dict[str, Any]] = [
+        {"replica": p.pod, "fresh": True, "pending": p.value, "queueByModel": dict(p.inputs)}
+        for p in evaluation.pods
+    ]
+    replicas += [{"replica": name, "fresh": False} for name in evaluation.missing_pods]
+    return {
+        "value": evaluation.value,
+        "active": evaluation.active,
+        "activationThreshold": spec.activation_threshold,
+        "threshold": spec.threshold,
+        "inferencePool": spec.inference_pool,
+        "gatewayReplicas": replicas,
         "hpa": {
             "currentReplicas": evaluation.what_if.current_replicas,
             "desiredReplicasAverageValue": evaluation.what_if.average_value,

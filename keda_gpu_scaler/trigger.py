@@ -11,8 +11,10 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
+from keda_gpu_scaler.collect.gateway import DEFAULT_GATEWAY_METRICS_PORT
 from keda_gpu_scaler.engines import ENGINE_CHOICES, accepts_model, engine_supports, unsupported_message
 from keda_gpu_scaler.errors import ConfigError, quoted
+from keda_gpu_scaler.names import OBJECT_NAME_RULE, is_object_name
 from keda_gpu_scaler.vendors import Family, NvidiaField
 
 
@@ -23,10 +25,16 @@ class Metric(StrEnum):
     REQUESTS = "requests"
     QUEUE = "queue"
     KV_CACHE = "kv_cache"
+    # Requests the inference gateway holds for an InferencePool (SPEC §7): no pod of the target is read.
+    PENDING = "pending"
 
     @property
     def inference(self) -> bool:
         return self in _INFERENCE_METRICS
+
+    @property
+    def gateway(self) -> bool:
+        return self is Metric.PENDING
 
     @property
     def percent(self) -> bool:
@@ -103,6 +111,10 @@ class TriggerSpec:
         None  # a number or a container port name; None: metrics, else http, else the first
     )
     metrics_path: str = "/metrics"
+    # metric=pending only (SPEC §7): the InferencePool in the ScaledObject's namespace, and the port of its
+    # endpoint picker's metrics page.
+    inference_pool: str | None = None
+    gateway_metrics_port: int = DEFAULT_GATEWAY_METRICS_PORT
 
 
 def _enum_parser(enum: type[StrEnum]) -> Callable[[str, str], Any]:
@@ -190,6 +202,21 @@ def _metrics_path(key: str, raw: str) -> str:
     return raw
 
 
+def _inference_pool(key: str, raw: str) -> str:
+    if not is_object_name(raw):
+        raise ConfigError(
+            f"metadata {key}={quoted(raw)} is not an InferencePool name; allowed: {OBJECT_NAME_RULE}"
+            " (the pool is always in the ScaledObject's own namespace)"
+        )
+    return raw
+
+
+def _port_number(key: str, raw: str) -> int:
+    if raw.isascii() and raw.isdigit() and 1 <= int(raw) <= 65535:
+        return int(raw)
+    raise ConfigError(f"metadata {key}={quoted(raw)} is not a port number; allowed: a number 1-65535")
+
+
 def _activation_threshold(key: str, raw: str) -> float:
     value = _number(key, raw)
     if value < 0:
@@ -248,7 +275,8 @@ KEYS: tuple[MetadataKey, ...] = (
         "`utilization`",
         "`utilization` (GPU busy %, 0–100 per GPU), `memory` (GPU memory used %, 0–100 per GPU), or from the"
         " inference server's own page: `requests` (running + waiting per pod), `queue` (waiting per pod),"
-        " `kv_cache` (KV-cache in use, %)",
+        " `kv_cache` (KV-cache in use, %); or from the inference gateway: `pending` (requests its endpoint"
+        " picker holds for `inferencePool`, which wakes a workload from zero)",
     ),
     MetadataKey(
         "threshold",
@@ -257,7 +285,7 @@ KEYS: tuple[MetadataKey, ...] = (
         _REQUIRED,
         "required",
         "target per pod: in % for utilization, memory and kv_cache (1 <= threshold <= 100); requests or"
-        " waiting requests per pod for requests and queue (>= 0.001)",
+        " waiting requests per pod for requests and queue, pending requests per pod for pending (>= 0.001)",
     ),
     MetadataKey(
         "activationThreshold",
@@ -339,7 +367,8 @@ KEYS: tuple[MetadataKey, ...] = (
         _model,
         None,
         "all models",
-        "inference metrics: only series whose `model_name`/`model` label equals this",
+        "inference metrics: only series whose `model_name`/`model` label equals this; pending: only requests"
+        " whose `target_model_name` (where empty `model_name`) equals this (`other` counts for every model)",
     ),
     MetadataKey(
         "metricsPort",
@@ -358,11 +387,27 @@ KEYS: tuple[MetadataKey, ...] = (
         "inference metrics with Kubernetes: the path of the target pods' metrics page",
     ),
     MetadataKey(
+        "inferencePool",
+        "inference_pool",
+        _inference_pool,
+        None,
+        "required for pending",
+        "pending: the InferencePool whose endpoint picker's queue is read, in the ScaledObject's namespace",
+    ),
+    MetadataKey(
+        "gatewayMetricsPort",
+        "gateway_metrics_port",
+        _port_number,
+        DEFAULT_GATEWAY_METRICS_PORT,
+        f"`{DEFAULT_GATEWAY_METRICS_PORT}`",
+        "pending with Kubernetes: the metrics port of the pool's endpoint-picker pods",
+    ),
+    MetadataKey(
         "metricName",
         "metric_name",
         _metric_name,
         None,
-        "`gpu-utilization` / `gpu-memory`",
+        "`gpu-utilization` / `gpu-memory` (see the metric tables)",
         "the name GetMetricSpec returns (KEDA prefixes it with `sN-`)",
     ),
 )
@@ -374,9 +419,14 @@ DEFAULT_METRIC_NAMES = {
     Metric.REQUESTS: "inference-requests",
     Metric.QUEUE: "inference-queue",
     Metric.KV_CACHE: "kv-cache",
+    Metric.PENDING: "gateway-pending",
 }
 _GPU_ONLY_KEYS = ("vendor", "nvidia_field", "gpu_aggregation")
 _INFERENCE_ONLY_KEYS = ("engine", "model", "metrics_port", "metrics_path")
+_GATEWAY_ONLY_KEYS = ("inference_pool", "gateway_metrics_port")
+# Keys about the target's pods: `pending` reads no pod of the target (there is none at zero replicas),
+# so giving one would silently do nothing.
+_POD_KEYS = ("pod_selector", "pod_name_prefix", "aggregation")
 
 
 def parse_trigger(metadata: Mapping[str, str]) -> TriggerSpec:
@@ -456,6 +506,15 @@ def _check_metric_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
     metric: Metric = fields["metric"]
     if metric.percent:
         _check_percent_threshold(metric, fields["threshold"])
+    if metric.gateway:
+        _check_gateway_fit(given)
+        return
+    for name in _GATEWAY_ONLY_KEYS:
+        if name in given:
+            raise ConfigError(
+                f"metadata {given[name]} applies only to metric=pending (the inference gateway's queue),"
+                f" not to metric={metric.value}"
+            )
     wrong = _GPU_ONLY_KEYS if metric.inference else _INFERENCE_ONLY_KEYS
     for name in wrong:
         if name in given:
@@ -471,6 +530,22 @@ def _check_metric_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
         if fields["model"] is not None and not accepts_model(fields["engine"]):
             raise ConfigError(
                 f"metadata model={quoted(fields['model'])}: engine {fields['engine']} series carry no model label"
+            )
+
+
+def _check_gateway_fit(given: dict[str, str]) -> None:
+    """metric=pending: inferencePool is required; keys about GPUs, inference pages or target pods are not."""
+    if "inference_pool" not in given:
+        raise ConfigError(
+            "metadata inferencePool is required for metric=pending; allowed: the name of the InferencePool"
+            " (in the ScaledObject's namespace) whose endpoint picker holds the requests"
+        )
+    for name in (*_GPU_ONLY_KEYS, *_INFERENCE_ONLY_KEYS, *_POD_KEYS):
+        if name in given and name != "model":
+            raise ConfigError(
+                f"metadata {given[name]} does not apply to metric=pending: it reads the queue of the"
+                " InferencePool's endpoint picker (summed over its replicas), not the target's pods;"
+                " remove it"
             )
 
 

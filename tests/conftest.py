@@ -31,6 +31,7 @@ FAST = Settings(
     http_address="127.0.0.1:0",
     kubernetes="off",
     scrape_interval=0.2,
+    gateway_interval=0.2,
     max_staleness=0.6,
     scrape_timeout=0.5,
     shutdown_grace=2.0,

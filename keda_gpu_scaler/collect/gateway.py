@@ -43,7 +43,7 @@ class GatewayPool:
     port: int = DEFAULT_GATEWAY_METRICS_PORT
 
 
-class WantedKeys(Protocol):
+class InterestKeys(Protocol):
     """What GatewayPages needs of collect.interest.Interest."""
 
     def wanted_keys(self) -> list[Hashable]: ...
@@ -96,7 +96,7 @@ class GatewayPages:
     Read side (the evaluation): `replicas(namespace, pool)` and `problem(namespace, pool)`.
     """
 
-    def __init__(self, interest: WantedKeys) -> None:
+    def __init__(self, interest: InterestKeys) -> None:
         self._interest = interest
         self.sink: GatewaySink | None = None  # set once the HTTP session exists (App.start)
         self._static: dict[PoolKey, dict[str, Replica]] = {}

@@ -5,9 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Hashable
+from typing import Protocol
 
 # Interest key of the exporters scraped directly (per-namespace keys serve the Prometheus source).
 SCRAPE_INTEREST = "scrape"
+
+
+class WantedKeys(Protocol):
+    """What a collector asks of interest: is its key wanted, and wait until it may be."""
+
+    def wanted(self, key: Hashable = SCRAPE_INTEREST) -> bool: ...
+
+    async def wait_until_wanted(self, timeout: float, key: Hashable = SCRAPE_INTEREST) -> None: ...
 
 
 class Interest:

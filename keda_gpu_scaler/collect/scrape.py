@@ -16,7 +16,7 @@ import xxhash
 from keda_gpu_scaler import exposition
 from keda_gpu_scaler.backoff import JITTER, backoff_delay, jittered
 from keda_gpu_scaler.collect.http import FetchError, PageRefused
-from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, Interest
+from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, Interest, WantedKeys
 from keda_gpu_scaler.collect.store import Page, SourceKind, Store
 from keda_gpu_scaler.exposition import ExpositionError, Sample
 from keda_gpu_scaler.supervise import supervised
@@ -187,7 +187,7 @@ class ScrapeCollector:
         self,
         *,
         store: Store,
-        interest: Interest,
+        interest: WantedKeys,
         limits: ScrapeLimits,
         telemetry: Telemetry,
         clock: Callable[[], float],
@@ -207,6 +207,7 @@ class ScrapeCollector:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._last: dict[str, tuple[bytes, Page]] = {}  # url → digest of the last good page, and its page
         self._readers: dict[str, PageReader] = {}
+        self._keys: dict[str, Hashable] = {}  # url → its own interest key, where not the collector's
         self._memos: dict[str, SourceMemo] = {}  # url → what its last page leaves for its next
         self._failing: dict[str, str] = {}  # url → the failure last logged, while it goes on
 
@@ -218,13 +219,17 @@ class ScrapeCollector:
         kind: SourceKind = SourceKind.SCRAPE,
         namespace: str | None = None,
         pod: str | None = None,
+        interest_key: Hashable | None = None,
     ) -> None:
         """Scrape url while wanted. reader: how this URL's page is read (default: the collector's);
-        kind, namespace, pod: what the store files it under (an inference server's page is one pod's)."""
+        kind, namespace, pod: what the store files it under (an inference server's page is one pod's);
+        interest_key: what must be wanted for this URL to be scraped (default: the collector's)."""
         if url in self._tasks:
             return
         if reader is not None:
             self._readers[url] = reader
+        if interest_key is not None:
+            self._keys[url] = interest_key
         self._store.add_source(url, kind, namespace, pod)
         # Supervised: a loop that ended on a bug would leave the URL registered but never scraped again.
         self._tasks[url] = supervised(lambda: self._run(url), f"scrape {url}")
@@ -236,6 +241,7 @@ class ScrapeCollector:
             task.cancel()
         self._last.pop(url, None)
         self._readers.pop(url, None)
+        self._keys.pop(url, None)
         self._memos.pop(url, None)
         self._fetcher.forget(url)
         self._store.remove_source(url)
@@ -301,7 +307,7 @@ class ScrapeCollector:
     async def _run(self, url: str) -> None:
         loop = asyncio.get_running_loop()
         interval = self._limits.interval
-        key = self._interest_key
+        key = self._keys.get(url, self._interest_key)
         failures = 0
         spread = True
         while True:

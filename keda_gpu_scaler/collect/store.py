@@ -49,6 +49,9 @@ class SourceKind(StrEnum):
     # Inference-server pages (SPEC §6): elements are collect.inference.PodSamples, not GPU readings.
     INFERENCE = "inference"  # one pod's own page (its namespace is known)
     PROMETHEUS_INFERENCE = "prometheus-inference"  # one namespace's engine series through Prometheus
+    # Endpoint-picker pages (SPEC §7): one EPP replica's page of one InferencePool; elements are
+    # collect.gateway_source.ReplicaSamples.
+    GATEWAY = "gateway"
 
 
 @dataclass(slots=True)
@@ -133,6 +136,10 @@ class Store:
 
     def sources(self) -> list[SourceState]:
         return list(self._sources.values())
+
+    def source(self, source: str) -> SourceState | None:
+        """One source's state (read only: callers must not change it)."""
+        return self._sources.get(source)
 
     @property
     def epoch(self) -> int:

@@ -1,0 +1,92 @@
+"""Gateway pages as store sources: each endpoint-picker replica page scraped by the gateway collector.
+
+The collector is the ScrapeCollector every other page goes through (fetcher, limits, store, failure
+rules); what differs is the reader (the gateways' families, filed under the replica's pool) and the
+interest (a page is scraped while some followed `pending` trigger reads its pool).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
+
+from keda_gpu_scaler.collect.gateway import GatewayPages, PoolKey
+from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
+from keda_gpu_scaler.collect.scrape import PageReader, ScrapeCollector
+from keda_gpu_scaler.collect.store import SourceKind
+from keda_gpu_scaler.exposition import Sample
+from keda_gpu_scaler.gateways import GATEWAY_SAMPLE_NAMES, wrong_types
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSamples:
+    """One endpoint-picker replica's series (only the gateways' families), as one page gave them."""
+
+    namespace: str
+    pool: str
+    replica: str
+    samples: tuple[Sample, ...]
+
+
+def replica_reader(
+    namespace: str, pool: str, replica: str
+) -> Callable[[Sequence[Sample], object], Iterable[ReplicaSamples]]:
+    def read(samples: Sequence[Sample], _memo: object) -> list[ReplicaSamples]:
+        return [ReplicaSamples(namespace, pool, replica, tuple(samples))]
+
+    return read
+
+
+def _declared_as_levels(body: bytes) -> str | None:
+    """A page declaring the queue as anything but a gauge is refused: a counter is not requests held now."""
+    wrong = wrong_types(body)
+    if not wrong:
+        return None
+    named = ", ".join(f"{name} is a {kind}" for name, kind in sorted(wrong.items()))
+    return f"the page declares {named}; the flow-control queue is a gauge"
+
+
+def gateway_reader(namespace: str, pool: str, replica: str) -> PageReader:
+    return PageReader(
+        GATEWAY_SAMPLE_NAMES,
+        replica_reader(namespace, pool, replica),
+        GATEWAY_SAMPLE_NAMES,
+        "endpoint-picker (EPP) metrics",
+        refuse=_declared_as_levels,
+    )
+
+
+class PoolInterest:
+    """Interest as the gateway collector sees it: a page's key is its pool, wanted while any followed
+    `pending` trigger reads that pool (whatever port it names)."""
+
+    def __init__(self, pages: GatewayPages) -> None:
+        self._pages = pages
+
+    def wanted(self, key: Hashable = SCRAPE_INTEREST) -> bool:
+        return isinstance(key, tuple) and key in self._pages.wanted()
+
+    async def wait_until_wanted(self, timeout: float, key: Hashable = SCRAPE_INTEREST) -> None:
+        if not self.wanted(key):
+            await self._pages.wait_for_wanted(timeout)
+
+
+class GatewayCollectorSink:
+    """GatewayPages' sink in the running scaler: one store source per replica page."""
+
+    def __init__(self, collector: ScrapeCollector) -> None:
+        self.collector = collector
+
+    def add_replica_page(self, url: str, namespace: str, pool: str, replica: str) -> None:
+        key: PoolKey = (namespace, pool)
+        self.collector.add(
+            url,
+            reader=gateway_reader(namespace, pool, replica),
+            kind=SourceKind.GATEWAY,
+            namespace=namespace,
+            pod=replica,
+            interest_key=key,
+        )
+
+    def remove(self, url: str) -> None:
+        self.collector.remove(url)

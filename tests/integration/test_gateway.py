@@ -1,0 +1,255 @@
+"""Waking from zero (SPEC §7) end to end: real loopback endpoint-picker pages, real gRPC calls."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import aiohttp
+import grpc
+from support import ExporterServer, eventually
+
+from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler.gateways.simulated import Queued, epp_page
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "gateways"
+PENDING = {"metric": "pending", "threshold": "4", "inferencePool": "chat-pool"}
+
+
+def ref(metadata: dict[str, str] = PENDING, namespace: str = "llm") -> pb.ScaledObjectRef:
+    return pb.ScaledObjectRef(name="chat", namespace=namespace, scalerMetadata=metadata)
+
+
+async def value(scaler, metadata: dict[str, str] = PENDING, namespace: str = "llm") -> float:  # type: ignore[no-untyped-def]
+    request = pb.GetMetricsRequest(scaledObjectRef=ref(metadata, namespace), metricName="gateway-pending")
+    response = await scaler.stub.GetMetrics(request)
+    assert len(response.metricValues) == 1
+    return response.metricValues[0].metricValueFloat
+
+
+async def error_of(call) -> tuple[grpc.StatusCode, str]:  # type: ignore[no-untyped-def]
+    try:
+        await call
+    except grpc.aio.AioRpcError as error:
+        return error.code(), error.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+def urls(*servers: ExporterServer, pool: str = "chat-pool") -> tuple[tuple[str, str, str], ...]:
+    return tuple(("llm", pool, server.url) for server in servers)
+
+
+async def explain(scaler) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{scaler.http}/explain", params={"namespace": "llm", "name": "chat"}) as r,
+    ):
+        return json.loads(await r.text())  # type: ignore[no-any-return]
+
+
+async def unavailable_saying(
+    scaler, *words: str, metadata: dict[str, str] = PENDING, namespace: str = "llm"
+) -> str:  # type: ignore[no-untyped-def]
+    async def check() -> str:
+        code, message = await error_of(scaler.stub.IsActive(ref(metadata, namespace)))
+        assert code is grpc.StatusCode.UNAVAILABLE, (code, message)
+        for word in words:
+            assert word in message, message
+        return message
+
+    return await eventually(check)
+
+
+async def test_pending_is_summed_over_replicas_and_wakes_the_workload(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    a = await make_exporter(epp_page("chat-pool", {Queued("llama", "team-a"): 3, Queued("qwen"): 1}))
+    b = await make_exporter(epp_page("chat-pool", {Queued("llama", "team-b", "10"): 2}))
+    scaler = await make_scaler(gateway_urls=urls(a, b))
+    spec = await scaler.stub.GetMetricSpec(ref())
+    assert (spec.metricSpecs[0].metricName, spec.metricSpecs[0].targetSizeFloat) == ("gateway-pending", 4)
+
+    async def six() -> None:
+        assert await value(scaler) == 6
+
+    await eventually(six)
+    assert (await scaler.stub.IsActive(ref())).result is True
+    assert await value(scaler, {**PENDING, "model": "llama"}) == 5
+
+
+async def test_pages_are_read_only_while_a_pending_trigger_reads_their_pool(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    wanted = await make_exporter(epp_page("chat-pool", {Queued("llama"): 1}))
+    other = await make_exporter(epp_page("code-pool", {Queued("coder"): 1}))
+    scaler = await make_scaler(gateway_urls=(*urls(wanted), *urls(other, pool="code-pool")))
+    await asyncio.sleep(0.5)  # several gateway intervals: nothing is wanted, nothing may be fetched
+    assert (wanted.requests, other.requests) == (0, 0)
+
+    async def one() -> None:
+        assert await value(scaler) == 1
+
+    await eventually(one)
+    assert other.requests == 0
+
+
+async def test_stream_sends_true_when_requests_queue_and_only_on_each_transition(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    epp = await make_exporter(epp_page("chat-pool", {}))
+    scaler = await make_scaler(gateway_urls=urls(epp))
+
+    async def inactive() -> None:
+        assert (await scaler.stub.IsActive(ref())).result is False
+
+    await eventually(inactive)
+    stream = scaler.stub.StreamIsActive(ref())
+    received: list[bool] = []
+
+    async def read() -> None:
+        async for response in stream:
+            received.append(response.result)
+
+    reader = asyncio.ensure_future(read())
+    try:
+        epp.page = epp_page("chat-pool", {Queued("llama"): 2})
+
+        async def woken() -> None:
+            assert received == [True]
+
+        await eventually(woken)
+        epp.page = epp_page("chat-pool", {Queued("llama"): 5})
+        await eventually(lambda: _value_is(scaler, 5))
+        assert received == [True]  # still active: no second true
+        epp.page = epp_page("chat-pool", {Queued("llama"): 0})
+        await eventually(inactive)
+        epp.page = epp_page("chat-pool", {Queued("llama"): 1})
+
+        async def woken_again() -> None:
+            assert received == [True, True]
+
+        await eventually(woken_again)
+    finally:
+        stream.cancel()
+        await asyncio.gather(reader, return_exceptions=True)
+
+
+async def _value_is(scaler, expected: float) -> None:  # type: ignore[no-untyped-def]
+    assert await value(scaler) == expected
+
+
+async def test_a_failing_replica_leaves_a_lower_bound_or_unavailable_never_zero(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    good = await make_exporter(epp_page("chat-pool", {Queued("llama"): 3}))
+    bad = await make_exporter(epp_page("chat-pool", {Queued("llama"): 9}))
+    bad.status = 500
+    scaler = await make_scaler(gateway_urls=urls(good, bad))
+
+    async def lower_bound() -> None:
+        assert await value(scaler) == 3
+
+    await eventually(lower_bound)
+    assert (await scaler.stub.IsActive(ref())).result is True
+    entry = await explain(scaler)
+    assert any("lower bound" in note for note in entry["notes"]), entry
+    fresh = {r["replica"]: r["fresh"] for r in entry["gatewayReplicas"]}
+    assert fresh == {good.url: True, bad.url: False}
+    good.page = epp_page("chat-pool", {Queued("llama"): 0})
+    message = await unavailable_saying(scaler, "cannot be read", "500")
+    assert "chat-pool" in message
+
+
+async def test_every_replica_failing_is_unavailable_naming_the_pool(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    bad = await make_exporter(epp_page("chat-pool", {}))
+    bad.status = 503
+    scaler = await make_scaler(gateway_urls=urls(bad))
+    await unavailable_saying(scaler, "InferencePool llm/chat-pool", "503")
+
+
+async def test_flow_control_off_is_unavailable_telling_to_enable_it(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    epp = await make_exporter((FIXTURES / "llm_d_epp_flow_control_off.prom").read_text())
+    scaler = await make_scaler(gateway_urls=urls(epp))
+    await unavailable_saying(scaler, "flowControl", "feature gate")
+
+
+async def test_a_page_that_is_not_an_epps_is_unavailable(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    vllm = await make_exporter(
+        '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name="l"} 3\n'
+    )
+    scaler = await make_scaler(gateway_urls=urls(vllm))
+    await unavailable_saying(scaler, "no endpoint-picker (EPP) metrics on this page")
+
+
+async def test_a_queue_of_the_wrong_type_is_unavailable_naming_it(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    epp = await make_exporter((FIXTURES / "llm_d_epp_queue_counter.prom").read_text())
+    scaler = await make_scaler(gateway_urls=urls(epp))
+    await unavailable_saying(scaler, "llm_d_epp_flow_control_queue_size is a counter")
+
+
+async def test_nan_or_negative_sizes_are_unavailable_not_zero(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    epp = await make_exporter((FIXTURES / "llm_d_epp_nan.prom").read_text())
+    scaler = await make_scaler(gateway_urls=urls(epp))
+    await unavailable_saying(scaler, "a queue size must be a finite count")
+    # The model whose series are usable still reads.
+    assert await eventually(lambda: value(scaler, {**PENDING, "model": "Qwen/Qwen3-8B"})) == 2
+
+
+async def test_a_pool_without_any_page_is_unavailable_naming_it(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    epp = await make_exporter(epp_page("chat-pool", {Queued("llama"): 3}))
+    scaler = await make_scaler(gateway_urls=urls(epp))
+    await unavailable_saying(
+        scaler,
+        "InferencePool llm/code-pool",
+        "--gateway-url",
+        metadata={**PENDING, "inferencePool": "code-pool"},
+    )
+
+
+async def test_a_pool_of_another_namespace_is_never_read(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    epp = await make_exporter(epp_page("chat-pool", {Queued("llama"): 3}))
+    scaler = await make_scaler(gateway_urls=urls(epp))
+    # A ScaledObject of namespace team-b naming the pool reads team-b/chat-pool, which has no page.
+    await unavailable_saying(scaler, "InferencePool team-b/chat-pool", namespace="team-b")
+    assert epp.requests == 0
+    code, message = await error_of(
+        scaler.stub.IsActive(ref({**PENDING, "inferencePool": "llm/chat-pool"}, "team-b"))
+    )
+    assert code is grpc.StatusCode.INVALID_ARGUMENT and "inferencePool" in message
+
+
+async def test_a_pool_that_appears_later_is_read_without_a_restart(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    epp = await make_exporter(epp_page("chat-pool", {Queued("llama"): 2}))
+    scaler = await make_scaler()
+    pages = scaler.app.gateway_pages
+    pages.set_problem("llm", "chat-pool", "InferencePool llm/chat-pool does not exist")
+    await unavailable_saying(scaler, "InferencePool llm/chat-pool does not exist")
+    assert pages.wanted() == {("llm", "chat-pool"): 9090}
+    pages.set_replicas("llm", "chat-pool", {"chat-pool-epp-7d9f-x": epp.url})
+
+    async def two() -> None:
+        assert await value(scaler) == 2
+
+    await eventually(two)
+    entry = await explain(scaler)
+    assert [r["replica"] for r in entry["gatewayReplicas"]] == ["chat-pool-epp-7d9f-x"]
+
+
+async def test_explain_shows_each_replicas_queue_by_model_and_the_other_fold(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    epp = await make_exporter(
+        epp_page("chat-pool", {Queued("llama"): 2, Queued("other"): 3, Queued("qwen"): 7})
+    )
+    scaler = await make_scaler(gateway_urls=urls(epp))
+    metadata = {**PENDING, "model": "llama"}
+    assert await eventually(lambda: value(scaler, metadata)) == 5
+    entry = await explain(scaler)
+    (replica,) = entry["gatewayReplicas"]
+    assert replica == {
+        "replica": epp.url,
+        "fresh": True,
+        "pending": 5,
+        "queueByModel": {"llama": 2, "other": 3},
+    }
+    assert entry["inferencePool"] == "chat-pool"
+    assert any("'other'" in note and "llama" in note for note in entry["notes"])

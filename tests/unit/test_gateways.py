@@ -1,0 +1,147 @@
+"""Table tests for the gateway layer: endpoint-picker pages in tests/fixtures/gateways/ → the pool's queue."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from keda_gpu_scaler.collect.gateway_source import gateway_reader
+from keda_gpu_scaler.collect.scrape import NotOurPage, SourceMemo, read_page
+from keda_gpu_scaler.exposition import Sample, parse_exposition
+from keda_gpu_scaler.gateways import (
+    GATEWAY_SAMPLE_NAMES,
+    GatewayProblem,
+    PoolQueue,
+    QueueMissing,
+    epp,
+    read_queue,
+    wrong_types,
+)
+from keda_gpu_scaler.gateways.simulated import Queued, epp_page
+
+FIXTURES = Path(__file__).parent.parent / "fixtures" / "gateways"
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+QWEN = "Qwen/Qwen3-8B"
+
+
+def page(name: str) -> list[Sample]:
+    """A fixture parsed as the scaler parses gateway pages: filtered by GATEWAY_SAMPLE_NAMES."""
+    return parse_exposition((FIXTURES / name).read_bytes(), GATEWAY_SAMPLE_NAMES)
+
+
+# (fixture, model, expected total): the numbers are those written in each fixture's first line.
+QUEUE_CASES = [
+    ("llm_d_epp_v0_10.prom", None, 15),
+    ("llm_d_epp_v0_10.prom", LLAMA, 12),
+    ("llm_d_epp_v0_10.prom", QWEN, 8),
+    ("gie_epp_before_llm_d.prom", None, 8),
+    ("gie_epp_before_llm_d.prom", LLAMA, 2),
+    ("llm_d_epp_both_names.prom", None, 3),
+    ("llm_d_epp_flow_control_idle.prom", None, 0),
+    ("llm_d_epp_nan.prom", QWEN, 2),
+]
+
+
+@pytest.mark.parametrize(("fixture", "model", "total"), QUEUE_CASES)
+def test_fixture_pages(fixture: str, model: str | None, total: float) -> None:
+    reading = read_queue(page(fixture), "chat-pool", "llm", model)
+    assert isinstance(reading, PoolQueue), reading
+    assert reading.total == total
+
+
+def test_every_fixture_is_covered() -> None:
+    covered = {case[0] for case in QUEUE_CASES} | {
+        "llm_d_epp_flow_control_off.prom",
+        "llm_d_epp_queue_counter.prom",
+        "llm_d_epp_nan.prom",
+        "llm_d_epp_other_pool.prom",
+    }
+    assert covered == {path.name for path in FIXTURES.iterdir()}
+
+
+def test_every_fixture_names_the_release_it_follows() -> None:
+    for path in FIXTURES.iterdir():
+        first = path.read_text().splitlines()[0]
+        assert first.startswith("# ") and ("Follows" in first or "Not a real EPP" in first), path.name
+
+
+def test_queue_by_model_and_the_other_fold() -> None:
+    reading = read_queue(page("llm_d_epp_v0_10.prom"), "chat-pool", "llm", None)
+    assert isinstance(reading, PoolQueue)
+    assert dict(reading.by_model) == {LLAMA: 7, QWEN: 3, "other": 5}
+    assert reading.family == epp.QUEUE and not reading.other_counted
+    for_llama = read_queue(page("llm_d_epp_v0_10.prom"), "chat-pool", "llm", LLAMA)
+    assert isinstance(for_llama, PoolQueue) and for_llama.other_counted
+    assert dict(for_llama.by_model) == {LLAMA: 7, "other": 5}
+
+
+def test_a_page_with_both_names_counts_once_and_prefers_the_current_one() -> None:
+    text = epp_page("chat-pool", {Queued("llama"): 3}, names=(epp.QUEUE_OLD,))
+    text += epp_page("chat-pool", {Queued("llama"): 4}).split("\n", 3)[3]  # the current family after it
+    reading = read_queue(parse_exposition(text, GATEWAY_SAMPLE_NAMES), "chat-pool", "llm", None)
+    assert isinstance(reading, PoolQueue)
+    assert (reading.total, reading.family) == (4, epp.QUEUE)
+
+
+def test_flow_control_off_tells_to_enable_the_feature_gate() -> None:
+    reading = read_queue(page("llm_d_epp_flow_control_off.prom"), "chat-pool", "llm", None)
+    assert isinstance(reading, QueueMissing)
+    assert reading.kind is GatewayProblem.FLOW_CONTROL_OFF
+    assert "flowControl" in reading.reason and "feature gate" in reading.reason
+
+
+@pytest.mark.parametrize("model", [None, LLAMA, "llama"])
+def test_nan_or_negative_sizes_are_no_value_never_zero(model: str | None) -> None:
+    reading = read_queue(page("llm_d_epp_nan.prom"), "chat-pool", "llm", model)
+    if model == LLAMA:  # no series of that model, no unusable one either: nothing is queued for it
+        assert isinstance(reading, PoolQueue) and reading.total == 0
+        return
+    assert isinstance(reading, QueueMissing)
+    assert reading.kind is GatewayProblem.NO_VALUE
+    assert "nan" in reading.reason.lower() or "-1" in reading.reason
+
+
+def test_another_pools_epp_is_named_not_read_as_ours() -> None:
+    reading = read_queue(page("llm_d_epp_other_pool.prom"), "chat-pool", "llm", None)
+    assert isinstance(reading, QueueMissing) and reading.kind is GatewayProblem.OTHER_POOL
+    assert "code-pool" in reading.reason
+
+
+def test_the_pool_label_may_carry_its_namespace() -> None:
+    text = epp_page("llm/chat-pool", {Queued("llama"): 2})
+    reading = read_queue(parse_exposition(text, GATEWAY_SAMPLE_NAMES), "chat-pool", "llm", None)
+    assert isinstance(reading, PoolQueue) and reading.total == 2
+
+
+def test_a_queue_declared_as_a_counter_is_refused_naming_its_type() -> None:
+    body = (FIXTURES / "llm_d_epp_queue_counter.prom").read_bytes()
+    assert wrong_types(body) == {epp.QUEUE: "counter"}
+    with pytest.raises(NotOurPage, match=r"llm_d_epp_flow_control_queue_size is a counter"):
+        read_page(body, gateway_reader("llm", "chat-pool", "epp-0"), SourceMemo())
+
+
+def test_a_page_that_is_not_an_epps_is_refused() -> None:
+    vllm = b'# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name="llama"} 3\n'
+    with pytest.raises(NotOurPage, match="no endpoint-picker"):
+        read_page(vllm, gateway_reader("llm", "chat-pool", "epp-0"), SourceMemo())
+
+
+def test_a_replica_page_is_filed_under_its_pool_and_replica() -> None:
+    body = (FIXTURES / "llm_d_epp_v0_10.prom").read_bytes()
+    by_namespace = read_page(body, gateway_reader("llm", "chat-pool", "epp-0"), SourceMemo())
+    (replica,) = by_namespace["llm"]
+    assert (replica.namespace, replica.pool, replica.replica) == ("llm", "chat-pool", "epp-0")  # type: ignore[attr-defined]
+
+
+def test_the_simulated_page_reads_back_its_queue() -> None:
+    queue = {Queued("llama", "a"): 2, Queued("llama", "b", "5"): 1.0, Queued("qwen"): 0}
+    text = epp_page("chat-pool", queue)
+    reading = read_queue(parse_exposition(text, GATEWAY_SAMPLE_NAMES), "chat-pool", "llm", "llama")
+    assert isinstance(reading, PoolQueue) and reading.total == 3
+    off = epp_page("chat-pool", queue, flow_control=False)
+    assert isinstance(
+        read_queue(parse_exposition(off, GATEWAY_SAMPLE_NAMES), "chat-pool", "llm", None), QueueMissing
+    )
+    assert not math.isnan(reading.total)
