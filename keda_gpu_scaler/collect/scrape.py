@@ -16,7 +16,7 @@ import xxhash
 from keda_gpu_scaler import exposition
 from keda_gpu_scaler.backoff import JITTER, backoff_delay, jittered
 from keda_gpu_scaler.collect.http import FetchError, PageRefused
-from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, Interest, WantedKeys
+from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, WantedKeys
 from keda_gpu_scaler.collect.store import Page, SourceKind, Store
 from keda_gpu_scaler.exposition import ExpositionError, Sample
 from keda_gpu_scaler.supervise import supervised
