@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAMESPACE/POD=URL",
         help="an inference server's metrics page and its pod (for metric=requests|queue|kv_cache); repeatable",
     )
+    explain.add_argument(
+        "--gateway-url",
+        action="append",
+        metavar="NAMESPACE/POOL=URL",
+        help="an endpoint picker's metrics page and its InferencePool (for metric=pending); repeatable",
+    )
     explain.add_argument("--namespace", required=True, help="the ScaledObject's namespace")
     explain.add_argument("--name", default="explain", help="a ScaledObject name to show (default: explain)")
     explain.add_argument("--scrape-timeout", default="3", help="seconds per scrape (default: 3)")
@@ -180,14 +186,16 @@ def _explain(args: argparse.Namespace) -> int:
         if not sep:
             raise SettingsError(f"metadata {item!r} is not KEY=VALUE")
         metadata[key] = value
-    if not args.exporter_url and not args.inference_url:
+    if not args.exporter_url and not args.inference_url and not args.gateway_url:
         raise SettingsError(
-            "explain needs --exporter-url (GPU metrics) or --inference-url (inference metrics)"
+            "explain needs --exporter-url (GPU metrics), --inference-url (inference metrics) or"
+            " --gateway-url (metric=pending)"
         )
     settings = build_settings(
         {
             "exporter_url": args.exporter_url,
             "inference_url": args.inference_url,
+            "gateway_url": args.gateway_url,
             "scrape_timeout": args.scrape_timeout,
             "kubernetes": "off",
         }

@@ -8,6 +8,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from keda_gpu_scaler.collect.gateway import GatewayPages
+from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink
 from keda_gpu_scaler.collect.http import exporter_fetcher
 from keda_gpu_scaler.collect.inference import InferencePages
 from keda_gpu_scaler.collect.interest import Interest
@@ -29,7 +31,16 @@ async def explain_once(
     store = Store()
     clock = time.monotonic
     interest = Interest(settings.interest_ttl, clock)
-    evaluator = Evaluator(store=store, telemetry=telemetry, max_staleness=settings.max_staleness, clock=clock)
+    gateway_pages = GatewayPages(interest)
+    for namespace_of_page, pool, url in settings.gateway_urls:
+        gateway_pages.add_static(namespace_of_page, pool, url)
+    evaluator = Evaluator(
+        store=store,
+        telemetry=telemetry,
+        max_staleness=settings.max_staleness,
+        clock=clock,
+        gateway_pages=gateway_pages,
+    )
     registry = Registry(
         ttl=settings.interest_ttl, cap=1, clock=clock, interest=interest, interest_key=evaluator.interest_key
     )
@@ -49,7 +60,12 @@ async def explain_once(
     pages.collector = collector
     for namespace_of_page, pod, url in settings.inference_urls:
         pages.add_pod_page(url, namespace_of_page, pod)
-    urls = [*settings.exporter_urls, *(url for _, _, url in settings.inference_urls)]
+    gateway_pages.start(GatewayCollectorSink(collector))
+    urls = [
+        *settings.exporter_urls,
+        *(url for _, _, url in settings.inference_urls),
+        *(url for _, _, url in settings.gateway_urls),
+    ]
     try:
         await asyncio.gather(*(collector.scrape_once(url) for url in urls))
     finally:
@@ -70,14 +86,19 @@ def render_table(entry: Mapping[str, Any]) -> str:
     lines = [f"ScaledObject {entry.get('namespace')}/{entry.get('scaledObject')}"]
     trigger = entry.get("trigger")
     if trigger:
-        lines[0] += (
-            f"  metric={trigger['metric']} threshold={trigger['threshold']:g}"
-            f" podNamePrefix={trigger['podNamePrefix']}"
+        where = (
+            f"inferencePool={trigger['inferencePool']}"
+            if trigger["metric"] == "pending"
+            else f"podNamePrefix={trigger['podNamePrefix']}"
         )
+        lines[0] += f"  metric={trigger['metric']} threshold={trigger['threshold']:g} {where}"
     for problem in entry.get("exporterErrors", []):
         lines.append(f"  exporter error: {problem}")
     if "error" in entry:
         lines.append(f"  error: {entry['error']}")
+        return "\n".join(lines)
+    if "gatewayReplicas" in entry:
+        lines.extend(_pending_lines(entry))
         return "\n".join(lines)
     header = f"  {'POD':<36} {'FAMILY':<7} {'GPU':<44} {'HOST':<16} {'GPU%':>7} {'POD%':>7}"
     lines.append(header)
@@ -104,3 +125,27 @@ def render_table(entry: Mapping[str, Any]) -> str:
         f" {hpa['desiredReplicasValue']} with Value (never fewer than minReplicaCount, and at least 1)"
     )
     return "\n".join(lines)
+
+
+def _pending_lines(entry: Mapping[str, Any]) -> list[str]:
+    """metric=pending: each endpoint-picker replica, whether it was read fresh, and its queue by model."""
+    lines = [f"  {'EPP REPLICA':<48} {'FRESH':<6} {'PENDING':>8}  QUEUE BY MODEL"]
+    for replica in entry["gatewayReplicas"]:
+        if not replica["fresh"]:
+            lines.append(f"  {replica['replica']:<48} {'no':<6} {'-':>8}")
+            continue
+        models = (
+            ", ".join(f"{model}={count:g}" for model, count in replica["queueByModel"].items()) or "(empty)"
+        )
+        lines.append(f"  {replica['replica']:<48} {'yes':<6} {replica['pending']:8g}  {models}")
+    for note in entry.get("notes", []):
+        lines.append(f"  note: {note}")
+    hpa = entry["hpa"]
+    lines.append(
+        f"  value = {entry['value']:g} requests held for InferencePool {entry['inferencePool']}"
+        f"   active = {str(entry['active']).lower()} (> {entry['activationThreshold']:g})"
+    )
+    lines.append(
+        f"  HPA would ask for {hpa['desiredReplicasAverageValue']} replicas with metricType AverageValue"
+    )
+    return lines

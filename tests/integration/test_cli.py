@@ -250,3 +250,28 @@ async def test_explain_shows_an_inference_servers_inputs(make_exporter) -> None:
     assert "value = 42.00" in out
     code, _, err = await run_cli("explain", "--namespace", "llm", "threshold=70", "podNamePrefix=a-")
     assert code == 2 and "--inference-url" in err
+
+
+async def test_explain_shows_each_endpoint_picker_replica(make_exporter) -> None:  # type: ignore[no-untyped-def]
+    from keda_gpu_scaler.gateways.simulated import Queued, epp_page
+
+    fresh = await make_exporter(epp_page("chat-pool", {Queued("llama"): 2, Queued("other", "x"): 1}))
+    dead = await make_exporter("")
+    dead.status = 403
+    code, out, err = await run_cli(
+        "explain",
+        "--gateway-url",
+        f"llm/chat-pool={fresh.url}",
+        "--gateway-url",
+        f"llm/chat-pool={dead.url}",
+        "--namespace",
+        "llm",
+        "metric=pending",
+        "threshold=1",
+        "inferencePool=chat-pool",
+        "model=llama",
+    )
+    assert code == 0, out + err
+    assert f"{fresh.url}" in out and "llama=2, other=1" in out
+    assert f"{dead.url}" in out and "lower bound" in out and "403" in out
+    assert "value = 3 requests held for InferencePool chat-pool" in out
