@@ -148,6 +148,16 @@ def _digest_and_read(
     return digest, {ns: old[ns] if old.get(ns) == readings else readings for ns, readings in new.items()}
 
 
+def _screen(body: bytes, reader: PageReader, refused: tuple[bytes, str] | None) -> tuple[bytes, str | None]:
+    """A large page's digest, and why it is refused before it is parsed (None: it is not); `refused`: the
+    digest and reason of this source's last refused page. Runs in a worker thread."""
+    digest = xxhash.xxh3_128_digest(body, _DIGEST_SEED)
+    if refused is not None and refused[0] == digest:
+        return digest, refused[1]
+    error = exposition.too_many_samples(body, reader.names, MAX_SERIES_PER_PAGE)
+    return digest, None if error is None else str(error)
+
+
 # Scrapes wake on a grid of slots, SLOTS_PER_INTERVAL per interval: the scrapes due in one slot start in
 # one turn of the event loop and their answers tend to arrive together, so 100 exporters at 1 s cost the
 # loop ~20 wake-ups a second instead of one per scrape (each turn is an epoll call and a pass over the
@@ -210,6 +220,8 @@ class ScrapeCollector:
         self._keys: dict[str, Hashable] = {}  # url → its own interest key, where not the collector's
         self._memos: dict[str, SourceMemo] = {}  # url → what its last page leaves for its next
         self._failing: dict[str, str] = {}  # url → the failure last logged, while it goes on
+        # url → the digest of its last page refused before parsing, and why (until a page is read again)
+        self._refused: dict[str, tuple[bytes, str]] = {}
 
     def add(
         self,
@@ -243,6 +255,7 @@ class ScrapeCollector:
         self._readers.pop(url, None)
         self._keys.pop(url, None)
         self._memos.pop(url, None)
+        self._refused.pop(url, None)
         self._fetcher.forget(url)
         self._store.remove_source(url)
 
@@ -266,6 +279,12 @@ class ScrapeCollector:
                 memo = self._memos[url] = SourceMemo()
             large = len(body) > PARSE_OFF_LOOP_BYTES
             if large:
+                # A page with more series than one page may give is refused before it is parsed, and the
+                # very same page again without even a search (a hostile exporter serves it on every retry).
+                digest, why = await asyncio.to_thread(_screen, body, reader, self._refused.get(url))
+                if why is not None:
+                    self._refused[url] = (digest, why)
+                    raise ExpositionError(why)
                 # The garbage collector is left alone meanwhile on purpose: pausing it around large reads
                 # and freezing what was alive afterwards kept the cyclic garbage of every call made
                 # meanwhile for good (the hostile soak grew to 3.4 GB). Collections cost pauses, not memory.
@@ -291,6 +310,7 @@ class ScrapeCollector:
             else:
                 log.debug("scrape of %s failed again: %s", url, message)
             return False
+        self._refused.pop(url, None)
         if self._failing.pop(url, None) is not None:
             log.info("scrape of %s answers again", url)
         self._store.record_page(page)
@@ -299,9 +319,14 @@ class ScrapeCollector:
         # named pods), and it is freed when its last holder lets it go.
         return True
 
-    def retry_delay(self, failures: int) -> float:
-        """Seconds until the next scrape after `failures` consecutive failures (0: after a success)."""
+    def retry_delay(self, failures: int, refused: bool = False) -> float:
+        """Seconds until the next scrape after `failures` consecutive failures (0: after a success);
+        refused: the last page was refused for its series before it was parsed."""
         interval = self._limits.interval
+        if refused:
+            # Such a page is megabytes that cost a read each time, not an outage to notice the end of:
+            # the exporter is spared at once, not after a few more of them.
+            return MAX_BACKOFF_INTERVALS * interval
         return backoff_delay(failures, first=interval, cap=MAX_BACKOFF_INTERVALS * interval)
 
     async def _run(self, url: str) -> None:
@@ -320,6 +345,6 @@ class ScrapeCollector:
             # Jitter only shortens the wait: data must never be older than one interval because of it.
             # When interest starts, every exporter is scraped at once (data at once); the wait after that
             # first scrape is drawn from the whole interval, so later rounds are spread out, not bursts.
-            delay = jittered(self.retry_delay(failures), 1.0 if spread else JITTER)
+            delay = jittered(self.retry_delay(failures, url in self._refused), 1.0 if spread else JITTER)
             await sleep_until(wake_slot(loop.time() + delay, interval))
             spread = False

@@ -18,6 +18,7 @@ from aiohttp import web
 from certs import CertificateAuthority, write
 from support import GpuLine, dcgm_page, eventually
 
+from keda_gpu_scaler import exposition
 from keda_gpu_scaler.backoff import backoff_delay
 from keda_gpu_scaler.collect import scrape
 from keda_gpu_scaler.collect.http import BearerToken, FetchError, LeanFetcher, exporter_ssl
@@ -250,6 +251,66 @@ async def test_more_series_than_the_limit_fail_the_page(serve, monkeypatch) -> N
     assert not await rig.collector.scrape_once(server.url())
     error = rig.error(server.url())
     assert error is not None and "more than 5 series" in error, error
+
+
+async def test_a_large_page_over_the_series_limit_is_refused_unparsed_and_the_exporter_spared(
+    serve, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(scrape, "MAX_SERIES_PER_PAGE", 5)
+    monkeypatch.setattr(scrape, "PARSE_OFF_LOOP_BYTES", 100)  # every page here is a large one
+    parsed: list[bytes] = []
+    searched: list[bytes] = []
+    real_read, real_search = scrape.read_page, exposition.too_many_samples
+
+    def reading(body, reader, memo=None):  # type: ignore[no-untyped-def]
+        parsed.append(body)
+        return real_read(body, reader, memo)
+
+    def searching(page, names, limit):  # type: ignore[no-untyped-def]
+        searched.append(page)
+        return real_search(page, names, limit)
+
+    monkeypatch.setattr(scrape, "read_page", reading)
+    monkeypatch.setattr(exposition, "too_many_samples", searching)
+    current = {"page": PAGE}  # 2 GPUs x 3 families = 6 series
+
+    async def handler(_: web.Request) -> web.StreamResponse:
+        return web.Response(text=current["page"], content_type="text/plain")
+
+    server = await serve({"/metrics": handler})
+    rig = Rig()
+    for _ in range(3):
+        assert not await rig.collector.scrape_once(server.url())
+        error = rig.error(server.url())
+        assert error is not None and "more than 5 series" in error, error
+    assert not parsed, "a page over the limit is refused before it is parsed"
+    assert len(searched) == 1, "the same page again is refused by its digest, not searched again"
+    interval = rig.limits.interval
+    assert rig.collector.retry_delay(1, refused=True) == scrape.MAX_BACKOFF_INTERVALS * interval
+    assert rig.collector.retry_delay(1) == interval
+
+    current["page"] = dcgm_page([GpuLine("llm", "vllm-0", 30)]) + "# padding\n" * 20  # 3 series
+    assert await rig.collector.scrape_once(server.url())
+    assert rig.pods(server.url()) == {"vllm-0"} and len(parsed) == 1
+
+
+def test_counting_a_pages_series_refuses_it_where_the_parser_would() -> None:
+    names = frozenset({"DCGM_FI_DEV_GPU_UTIL"})
+    page = (
+        b"DCGM_FI_DEV_GPU_UTIL 1\n"
+        b'  DCGM_FI_DEV_GPU_UTIL{gpu="1"} 2\n'
+        b"DCGM_FI_DEV_GPU_UTILX 3\n"
+        b"# DCGM_FI_DEV_GPU_UTIL 3\n"
+        b"DCGM_FI_DEV_GPU_UTIL 4\n"
+    )
+    for limit in range(4):
+        counted = exposition.too_many_samples(page, names, limit)
+        try:
+            exposition.parse_exposition(page, names, max_samples=limit)
+            parsed = None
+        except exposition.ExpositionError as error:
+            parsed = str(error)
+        assert (counted and str(counted)) == parsed
 
 
 def test_the_default_series_limit_is_far_above_a_real_node_and_far_below_a_hostile_page() -> None:
