@@ -7,6 +7,7 @@ import gc
 import logging
 import os
 import signal
+import ssl
 import time
 from collections.abc import Callable, Coroutine, Hashable
 from typing import Any
@@ -17,6 +18,7 @@ from aiohttp import web
 
 from keda_gpu_scaler import telemetry as telemetry_module
 from keda_gpu_scaler.collect.gateway import GatewayPages
+from keda_gpu_scaler.collect.gateway_fetch import GatewayFetcher, gateway_fetcher
 from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink, PoolInterest
 from keda_gpu_scaler.collect.http import LeanFetcher, exporter_fetcher
 from keda_gpu_scaler.collect.inference import INFERENCE_INTEREST, InferencePages, WantedPages
@@ -148,6 +150,7 @@ class App:
         self._sweeper: asyncio.Task[None] | None = None
         self._inference_collector: ScrapeCollector | None = None
         self._gateway_collector: ScrapeCollector | None = None
+        self._gateway_fetcher: GatewayFetcher | None = None
 
     def _forgotten(self, followed: Followed) -> None:
         self.telemetry.forget_labels(followed.metric_labels)
@@ -170,6 +173,14 @@ class App:
         limits = ScrapeLimits(s.scrape_interval, s.scrape_timeout, s.max_page_bytes, s.scrape_concurrency)
         # Exporter pages: the lean keep-alive fetcher (half aiohttp's CPU per page; README, "Scrape cost").
         self._fetcher = fetcher = exporter_fetcher(s)
+        # Endpoint-picker pages have their own fetcher: the scaler's service account token goes to them
+        # only over HTTPS verified against --gateway-ca-file (collect/gateway_fetch.py), never to exporters.
+        try:
+            self._gateway_fetcher = gateway_fetcher(
+                timeout=s.scrape_timeout, max_bytes=s.max_page_bytes, ca_file=s.gateway_ca_file
+            )
+        except (ssl.SSLError, OSError) as error:
+            raise SettingsError(f"--gateway-ca-file: {error}") from None
 
         def collector(interest_key: Hashable) -> ScrapeCollector:
             return ScrapeCollector(
@@ -193,7 +204,7 @@ class App:
         # Endpoint-picker pages: few (one per EPP replica), scraped every --gateway-interval while a
         # `pending` trigger reads their pool, so a wake from zero follows within that interval.
         self._gateway_collector = ScrapeCollector(
-            fetcher=fetcher,
+            fetcher=self._gateway_fetcher,
             store=self.store,
             interest=PoolInterest(self.gateway_pages),
             limits=ScrapeLimits(s.gateway_interval, s.scrape_timeout, s.max_page_bytes, s.scrape_concurrency),
@@ -301,6 +312,8 @@ class App:
             await self._http.cleanup()
         if self._fetcher is not None:
             self._fetcher.close()
+        if self._gateway_fetcher is not None:
+            self._gateway_fetcher.close()
         log.info("stopped")
 
 
