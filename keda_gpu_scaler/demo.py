@@ -14,6 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from keda_gpu_scaler import pagetext
+from keda_gpu_scaler.demo_gateway import DemoGateway
 from keda_gpu_scaler.engines.simulated import EngineLoad, load_for, sglang_page, split, vllm_page
 
 # What the real exporters answer with; scrapers look at the media type, not only at the body.
@@ -46,12 +47,14 @@ _MAX_PINNED_REQUESTS = 10_000
 
 # What /load takes, and what the control server's / says about it.
 _INFERENCE_LOAD_PARAMETERS = ("running", "waiting", "kv_cache")
-_LOAD_PARAMETERS = ("pod", "value", *_INFERENCE_LOAD_PARAMETERS)
+_GATEWAY_LOAD_PARAMETERS = ("pool", "pending")
+_LOAD_PARAMETERS = ("pod", "value", *_INFERENCE_LOAD_PARAMETERS, *_GATEWAY_LOAD_PARAMETERS)
 _LOAD_USAGE = (
     "GPU pods: GET /load?pod=NAME&value=PERCENT pins a pod's GPU utilisation (0-100). Inference pods:"
     " GET /load?pod=NAME&running=N&waiting=N pins its requests running and waiting (the one left out is 0),"
     " value=N pins N requests in flight (split as the server would), kv_cache=PERCENT pins its KV-cache"
-    " too. value=auto returns a pod to the moving pattern"
+    " too. value=auto returns a pod to the moving pattern. The gateway: GET /load?pool=NAME&pending=N"
+    " queues N requests at the pool's endpoint picker (its model server is at zero replicas)"
 )
 
 # (name, TYPE, HELP) in the order of dcgm-exporter's etc/default-counters.csv.
@@ -215,6 +218,8 @@ class DemoFleet:
         inference_pods = _build_inference_layout(random.Random(f"{seed}/inference"), engine_start_s)
         self._inference_pods: dict[str, _InferencePod] = {pod.name: pod for pod in inference_pods}
         self.inference_workloads: tuple[DemoInferenceWorkload, ...] = _inference_workloads_of(inference_pods)
+        # The inference gateway in front of a model server scaled to zero (SPEC §7).
+        self.gateway = DemoGateway(clock)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -232,6 +237,8 @@ class DemoFleet:
             control.router.add_get("/load", self._handle_load)
             # Each inference pod's own page, as if scraped from http://POD_IP:PORT/metrics.
             control.router.add_get("/pods/{pod}/metrics", self._handle_inference_page)
+            # Each endpoint-picker replica's page, as if scraped from http://EPP_POD_IP:9090/metrics.
+            control.router.add_get("/gateways/{pool}/{replica}/metrics", self.gateway.handle_page)
             self._control_url = await self._serve(control, host, control_port)
         except BaseException:
             await self.stop()
@@ -278,6 +285,12 @@ class DemoFleet:
             for workload in self.inference_workloads
             for pod in workload.pods
         ]
+
+    @property
+    def gateway_urls(self) -> list[tuple[str, str, str]]:
+        """(namespace, pool, URL of an EPP replica's page) of every endpoint picker: the scaler's --gateway-url."""
+        base = self.control_url
+        return [(self.NAMESPACE, pool, f"{base}{path}") for pool, _, path in self.gateway.page_paths()]
 
     # -- load ---------------------------------------------------------------------------------------
 
@@ -620,6 +633,7 @@ class DemoFleet:
             "exporters": dict(self._exporter_urls),
             "workloads": workloads,
             "inference_workloads": self._inference_state(),
+            "gateways": self.gateway.state(),
             "usage": _LOAD_USAGE,
         }
 
@@ -636,6 +650,16 @@ class DemoFleet:
         repeated = next((key for key in _LOAD_PARAMETERS if len(query.getall(key, [])) > 1), None)
         if repeated is not None:
             return _bad_request(f"query parameter {repeated!r} is given more than once; give it once")
+        if "pool" in query or "pending" in query:
+            error = self.gateway.load(query)
+            if error is not None:
+                return _bad_request(error)
+            return web.json_response(
+                {
+                    "changed": {"pool": query["pool"], "pending": self.gateway.pending(query["pool"])},
+                    **self.state(),
+                }
+            )
         pod = query.get("pod", "")
         if pod in self._inference_pods:
             return self._load_inference_pod(pod, query)

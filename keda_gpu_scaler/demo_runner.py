@@ -7,6 +7,7 @@ import dataclasses
 import json
 import shutil
 import sys
+import time
 from typing import TextIO
 
 import grpc
@@ -15,6 +16,7 @@ from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App, run_until_signalled
 from keda_gpu_scaler.demo import DemoFleet, DemoInferenceWorkload, DemoWorkload
+from keda_gpu_scaler.demo_gateway import DemoPool
 from keda_gpu_scaler.settings import Settings
 
 DEMO_THRESHOLD = "60"
@@ -22,6 +24,7 @@ DEMO_THRESHOLD = "60"
 INFERENCE_THRESHOLD = "16"
 GPU_METRIC_NAME = "gpu-utilization"
 REQUESTS_METRIC_NAME = "inference-requests"
+PENDING_METRIC_NAME = "gateway-pending"
 
 
 def demo_metadata(workload: DemoWorkload) -> dict[str, str]:
@@ -33,6 +36,11 @@ def inference_metadata(workload: DemoInferenceWorkload) -> dict[str, str]:
     return {"metric": "requests", "threshold": INFERENCE_THRESHOLD, "podNamePrefix": f"{workload.name}-"}
 
 
+def pending_metadata(pool: DemoPool) -> dict[str, str]:
+    """A `pending` trigger: requests the pool's endpoint pickers hold; one per replica wakes it from zero."""
+    return {"metric": "pending", "threshold": "1", "inferencePool": pool.name}
+
+
 @dataclasses.dataclass(frozen=True)
 class DemoTarget:
     """One ScaledObject the demo's status lines ask about, as KEDA would."""
@@ -41,6 +49,7 @@ class DemoTarget:
     metadata: dict[str, str]
     metric_name: str
     unit: str  # what the value counts, for the status line
+    pool: str | None = None  # a `pending` trigger's InferencePool: its status line shows the wake
 
 
 def demo_targets(fleet: DemoFleet) -> list[DemoTarget]:
@@ -49,6 +58,10 @@ def demo_targets(fleet: DemoFleet) -> list[DemoTarget]:
     targets += [
         DemoTarget(w.name, inference_metadata(w), REQUESTS_METRIC_NAME, "requests")
         for w in fleet.inference_workloads
+    ]
+    targets += [
+        DemoTarget(p.workload, pending_metadata(p), PENDING_METRIC_NAME, "pending", p.name)
+        for p in fleet.gateway.pools
     ]
     return targets
 
@@ -60,6 +73,7 @@ def demo_settings(settings: Settings, fleet: DemoFleet) -> Settings:
         settings,
         exporter_urls=tuple(fleet.exporter_urls),
         inference_urls=tuple(fleet.inference_urls),
+        gateway_urls=tuple(fleet.gateway_urls),
         explain=True,
     )
 
@@ -122,6 +136,20 @@ def banner(fleet: DemoFleet, grpc_port: int, http_port: int) -> str:
             "     # pin its requests ('value=auto' to release)",
             f"  curl 'http://127.0.0.1:{http_port}/explain?namespace={fleet.NAMESPACE}&name={llm.name}'",
         ]
+    for pool in fleet.gateway.pools:
+        pending_ref = {
+            "name": pool.workload,
+            "namespace": fleet.NAMESPACE,
+            "scalerMetadata": pending_metadata(pool),
+        }
+        lines += [
+            "",
+            f"  Waking from zero: {pool.workload} ({pool.model}) is at 0 replicas behind InferencePool"
+            f" {pool.name}, whose endpoint picker queues requests. Open the stream, then queue requests:",
+            f"  {grpcurl} -plaintext -d '{_json(pending_ref)}' {target} externalscaler.ExternalScaler/StreamIsActive",
+            f"  curl '{fleet.control_url}/load?pool={pool.name}&pending=3'     # the stream says true about a"
+            " second later ('pending=0' empties the queue)",
+        ]
     lines += [
         f"  curl '{fleet.control_url}/'     # every pod and its load",
         "",
@@ -142,9 +170,15 @@ def _ref(fleet: DemoFleet, target: DemoTarget) -> pb.ScaledObjectRef:
 
 
 async def status_line(
-    app: App, fleet: DemoFleet, stub: pb_grpc.ExternalScalerStub, target: DemoTarget
+    app: App,
+    fleet: DemoFleet,
+    stub: pb_grpc.ExternalScalerStub,
+    target: DemoTarget,
+    woken_at: float | None = None,
 ) -> str:
-    """One workload's line: the value and activity KEDA would get, and the replicas the HPA would want."""
+    """One workload's line: the value and activity KEDA would get, and the replicas the HPA would want.
+
+    woken_at: for a `pending` trigger, when its StreamIsActive last sent true (time.monotonic)."""
     ref = _ref(fleet, target)
     try:
         metrics = await stub.GetMetrics(
@@ -154,6 +188,8 @@ async def status_line(
     except grpc.aio.AioRpcError as error:
         return f"{target.name:<12} {target.unit:<8} {error.code().name}: {error.details()}"
     value = metrics.metricValues[0].metricValueFloat
+    if target.pool is not None:
+        return _wake_line(fleet, target, value, active.result, woken_at)
     explanation = app.explanation(fleet.NAMESPACE, target.name)
     what_if = explanation.evaluation.what_if if explanation and explanation.evaluation else None
     wants = (
@@ -167,6 +203,34 @@ async def status_line(
     )
 
 
+def _wake_line(
+    fleet: DemoFleet, target: DemoTarget, value: float, active: bool, woken_at: float | None
+) -> str:
+    assert target.pool is not None
+    queued_at = fleet.gateway.queued_at(target.pool)
+    if not active:
+        state = "at zero: nothing queued at the gateway"
+    elif woken_at is not None and queued_at is not None and woken_at >= queued_at:
+        state = f"wake: StreamIsActive sent true {woken_at - queued_at:.1f}s after requests queued → KEDA scales 0 → 1"
+    else:
+        state = "requests queued: waking"
+    return f"{target.name:<12} {target.unit:<8} value {value:7.1f}  active {str(active).lower():<5}  pods 0  → {state}"
+
+
+async def _stream_wakes(
+    stub: pb_grpc.ExternalScalerStub, ref: pb.ScaledObjectRef, wakes: dict[str, float]
+) -> None:
+    """Keep a StreamIsActive open as KEDA does for an external-push trigger; note when each true arrives."""
+    while True:
+        try:
+            async for response in stub.StreamIsActive(ref):
+                if response.result:
+                    wakes[ref.name] = time.monotonic()
+        except grpc.aio.AioRpcError:
+            pass
+        await asyncio.sleep(1.0)  # ended (a restart, an error): reopen, as KEDA does
+
+
 async def watch(app: App, fleet: DemoFleet, interval: float, out: TextIO) -> None:
     """Print one status line per workload, asking the scaler through its own gRPC API as KEDA would."""
     targets = demo_targets(fleet)
@@ -178,12 +242,24 @@ async def watch(app: App, fleet: DemoFleet, interval: float, out: TextIO) -> Non
                 await stub.GetMetricSpec(_ref(fleet, target))
             except grpc.aio.AioRpcError as error:
                 print(f"{target.name:<12} {error.code().name}: {error.details()}", file=out, flush=True)
-        await asyncio.sleep(min(interval, 1.0))
-        while True:
-            for target in targets:
-                print(await status_line(app, fleet, stub, target), file=out, flush=True)
-            print(file=out, flush=True)
-            await asyncio.sleep(interval)
+        wakes: dict[str, float] = {}
+        streams = [
+            asyncio.create_task(_stream_wakes(stub, _ref(fleet, t), wakes))
+            for t in targets
+            if t.pool is not None
+        ]
+        try:
+            await asyncio.sleep(min(interval, 1.0))
+            while True:
+                for target in targets:
+                    line = await status_line(app, fleet, stub, target, wakes.get(target.name))
+                    print(line, file=out, flush=True)
+                print(file=out, flush=True)
+                await asyncio.sleep(interval)
+        finally:
+            for stream in streams:
+                stream.cancel()
+            await asyncio.gather(*streams, return_exceptions=True)
 
 
 async def run_demo(settings: Settings, *, control_port: int, watch_interval: float) -> None:

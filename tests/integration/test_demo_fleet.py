@@ -661,7 +661,11 @@ async def test_banner_shows_a_requests_trigger_and_an_inference_pods_load(fleet:
     assert f"{fleet.control_url}/load?pod=vllm-chat-0&running=12&waiting=30" in text
     assert f"{fleet.control_url}/pods/vllm-chat-0/metrics" in text
     names = [target.name for target in demo_targets(fleet)]
-    assert names == [w.name for w in fleet.workloads] + [w.name for w in fleet.inference_workloads]
+    assert names == [
+        *(w.name for w in fleet.workloads),
+        *(w.name for w in fleet.inference_workloads),
+        *(p.workload for p in fleet.gateway.pools),
+    ]
 
 
 DEMO_SCALER = Settings(
