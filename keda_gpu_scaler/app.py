@@ -26,14 +26,15 @@ from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, Interest
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient, prometheus_ssl
 from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
-from keda_gpu_scaler.collect.store import Store
+from keda_gpu_scaler.collect.store import SourceKind, Store
 from keda_gpu_scaler.discovery.api import ConnectError
 from keda_gpu_scaler.discovery.resolver import DiscoveryConfig, KubeDiscovery
 from keda_gpu_scaler.evaluator import Evaluator
 from keda_gpu_scaler.gcpolicy import FreezeAfterFullCollections
-from keda_gpu_scaler.registry import Explanation, Followed, Registry
+from keda_gpu_scaler.registry import Explanation, Followed, Registry, Subscription
 from keda_gpu_scaler.service import ExternalScalerService, HealthStatus, add_services
 from keda_gpu_scaler.settings import Settings, SettingsError, resolve_kubernetes
+from keda_gpu_scaler.subscriptions import PodPageSubscriptions
 from keda_gpu_scaler.supervise import supervised
 from keda_gpu_scaler.telemetry import Telemetry, http_app
 from keda_gpu_scaler.tls import ReloadingServerCredentials
@@ -112,8 +113,6 @@ class App:
             prometheus_max_staleness=settings.prometheus_max_staleness,
             clock=clock,
             targets=self.discovery,
-            # With Kubernetes, inference triggers want their target pods' own pages (SPEC §6).
-            pages=self.wanted_pages if self.discovery is not None else None,
             default_source=Source(settings.default_source),
             prometheus_enabled=settings.prometheus_url is not None,
             gateway_pages=self.gateway_pages,
@@ -126,8 +125,22 @@ class App:
             interest=self.interest,
             interest_key=self.evaluator.interest_key,
             tracker=self.discovery,
-            on_forget=self._forgotten,
+            on_drop=self._dropped,
+            on_subscribe=self._subscribed,
         )
+        # With Kubernetes, inference triggers want their target pods' own pages (SPEC §6).
+        self.pod_pages = (
+            PodPageSubscriptions(
+                resolve=self.discovery.resolve,
+                pages=self.wanted_pages,
+                followed_in=self.registry.in_namespace,
+                reads_pod_pages=lambda spec: self.evaluator.kind_of(spec) is SourceKind.INFERENCE,
+            )
+            if self.discovery is not None
+            else None
+        )
+        if self.discovery is not None and self.pod_pages is not None:
+            self.discovery.on_change = self.pod_pages.changed
         self.telemetry.followed_scaled_objects.set_function(lambda: len(self.registry))
         self.service = ExternalScalerService(
             evaluator=self.evaluator,
@@ -152,9 +165,18 @@ class App:
         self._gateway_collector: ScrapeCollector | None = None
         self._gateway_fetcher: GatewayFetcher | None = None
 
-    def _forgotten(self, followed: Followed) -> None:
-        self.telemetry.forget_labels(followed.metric_labels)
-        self.evaluator.forget_pages(followed)
+    def _subscribed(self, followed: Followed, subscription: Subscription) -> None:
+        if self.pod_pages is not None:
+            self.pod_pages.subscribed(followed, subscription)
+
+    def _dropped(self, followed: Followed, subscription: Subscription) -> None:
+        """A trigger is no longer followed: its series and pages go (what another trigger of the same
+        ScaledObject still publishes under the same labels stays)."""
+        labels = subscription.metric_labels
+        if labels is not None and all(s.metric_labels != labels for s in followed.triggers.values()):
+            self.telemetry.forget_labels((labels,))
+        if self.pod_pages is not None:
+            self.pod_pages.dropped(followed, subscription)
 
     def explanation(self, namespace: str, name: str) -> Explanation | None:
         """The last evaluation of a followed ScaledObject (for /explain and the demo's status lines)."""

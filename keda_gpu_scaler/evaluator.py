@@ -9,20 +9,14 @@ from typing import Protocol, cast
 
 from keda_gpu_scaler.collect.gateway import GatewayPages, GatewayPool
 from keda_gpu_scaler.collect.gateway_source import ReplicaSamples
-from keda_gpu_scaler.collect.inference import (
-    INFERENCE_INTEREST,
-    PodSamples,
-    WantedPages,
-    metrics_port,
-    pod_url,
-)
+from keda_gpu_scaler.collect.inference import INFERENCE_INTEREST, PodSamples
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
 from keda_gpu_scaler.collect.prometheus import prometheus_inference_interest, prometheus_interest
 from keda_gpu_scaler.collect.store import NamespaceView, SourceKind, Store, source_problem
 from keda_gpu_scaler.discovery.targets import Targets  # defined beside discovery, re-exported here
 from keda_gpu_scaler.errors import ConfigError, NoData
 from keda_gpu_scaler.pending import ReplicaInput, pending_evaluation
-from keda_gpu_scaler.registry import Explanation, Followed, Memo
+from keda_gpu_scaler.registry import Explanation, Followed, Memo, Subscription
 from keda_gpu_scaler.scaling import Evaluation, evaluate, inference_pod_values, pod_values
 from keda_gpu_scaler.telemetry import Telemetry
 from keda_gpu_scaler.trigger import Aggregation, Source, TriggerSpec
@@ -81,7 +75,6 @@ class Evaluator:
         default_source: Source = Source.SCRAPE,
         prometheus_enabled: bool = False,
         targets: TargetResolver | None = None,
-        pages: WantedPages | None = None,
         gateway_pages: GatewayPages | None = None,
         gateway_max_staleness: float | None = None,
     ) -> None:
@@ -93,7 +86,6 @@ class Evaluator:
         self._default_source = default_source
         self._prometheus_enabled = prometheus_enabled
         self._targets = targets
-        self._pages = pages
         self._gateway_pages = gateway_pages
         self._gateway_max_staleness = gateway_max_staleness or max_staleness
 
@@ -156,12 +148,11 @@ class Evaluator:
         if spec.metric.gateway:
             return self._evaluate_pending(followed, spec)
         namespace, name = followed.namespace, followed.name
+        subscription = followed.subscription(spec)
         targets = self._targets.resolve(namespace, name, spec) if self._targets is not None else None
-        if targets is not None and self._pages is not None and self.kind_of(spec) is SourceKind.INFERENCE:
-            self._want_pages(followed, spec, targets)
         now = self._clock()
         version, epoch = self._store.version(namespace), self._store.epoch
-        memo = followed.memos.get(spec)
+        memo = subscription.memo
         if memo is not None and memo.still_right(version, epoch, targets, now):
             if memo.error is not None:
                 raise NoData(memo.error)
@@ -171,21 +162,21 @@ class Evaluator:
         if targets is None or targets.pods:
             kind = self.kind_of(spec)
             view = self._store.view(namespace, now, self._staleness(kind), kind)
-            if (renewed := self._renewed(followed, spec, memo, version, epoch, targets, view)) is not None:
+            if (renewed := self._renewed(followed, subscription, version, epoch, targets, view)) is not None:
                 return renewed
         try:
             evaluation, notes, valid_until, fresh = self._evaluate(followed, spec, targets, view)
         except NoData as error:
-            followed.memos[spec] = Memo(version, epoch, targets, now + NO_DATA_MEMO_SECONDS, None, str(error))
-            self._record(followed, spec, None, str(error), (), targets)
+            subscription.memo = Memo(version, epoch, targets, now + NO_DATA_MEMO_SECONDS, None, str(error))
+            self._record(followed, subscription, None, str(error), (), targets)
             raise
         if memo is not None and memo.evaluation == evaluation:
             # The same result again (a page renewed, the memo's time up): the objects already held stay and
             # the new ones die at once. Replacing them on every re-evaluation kept the collector's middle
             # generation full of long-lived values (10-20 ms pauses with 500 ScaledObjects).
             evaluation = memo.evaluation
-        followed.memos[spec] = Memo(version, epoch, targets, valid_until, evaluation, None, fresh)
-        self._record(followed, spec, evaluation, None, notes, targets)
+        subscription.memo = Memo(version, epoch, targets, valid_until, evaluation, None, fresh)
+        self._record(followed, subscription, evaluation, None, notes, targets)
         return evaluation
 
     def _evaluate_pending(self, followed: Followed, spec: TriggerSpec) -> Evaluation:
@@ -198,7 +189,8 @@ class Evaluator:
         namespace = followed.namespace
         now = self._clock()
         version, epoch = self._store.version(namespace), self._store.epoch
-        memo = followed.memos.get(spec)
+        subscription = followed.subscription(spec)
+        memo = subscription.memo
         if memo is not None and memo.still_right(version, epoch, None, now):
             if memo.error is not None:
                 raise NoData(memo.error)
@@ -210,13 +202,13 @@ class Evaluator:
                 replicas, spec, namespace, self._no_replica(namespace, spec)
             )
         except NoData as error:
-            followed.memos[spec] = Memo(version, epoch, None, now + NO_DATA_MEMO_SECONDS, None, str(error))
-            self._record(followed, spec, None, str(error), (), None)
+            subscription.memo = Memo(version, epoch, None, now + NO_DATA_MEMO_SECONDS, None, str(error))
+            self._record(followed, subscription, None, str(error), (), None)
             raise
         if memo is not None and memo.evaluation == evaluation:
             evaluation = memo.evaluation  # see evaluate(): keep the objects already held
-        followed.memos[spec] = Memo(version, epoch, None, valid_until, evaluation, None)
-        self._record(followed, spec, evaluation, None, notes, None)
+        subscription.memo = Memo(version, epoch, None, valid_until, evaluation, None)
+        self._record(followed, subscription, evaluation, None, notes, None)
         return evaluation
 
     def _replica_inputs(
@@ -264,8 +256,7 @@ class Evaluator:
     def _renewed(
         self,
         followed: Followed,
-        spec: TriggerSpec,
-        memo: Memo | None,
+        subscription: Subscription,
         version: int,
         epoch: int,
         targets: Targets | None,
@@ -276,6 +267,7 @@ class Evaluator:
 
         Each ScaledObject would otherwise evaluate again every max-staleness seconds, however still its data.
         """
+        memo = subscription.memo
         if (
             memo is None
             or memo.evaluation is None
@@ -286,58 +278,28 @@ class Evaluator:
             return None
         if view.fresh != memo.fresh or not view.fresh:
             return None
-        followed.memos[spec] = Memo(
-            version, epoch, targets, view.valid_until, memo.evaluation, None, view.fresh
-        )
-        last = followed.explanation
+        subscription.memo = Memo(version, epoch, targets, view.valid_until, memo.evaluation, None, view.fresh)
+        last = subscription.explanation
         notes = last.notes if last is not None and last.evaluation is memo.evaluation else ()
-        self._record(followed, spec, memo.evaluation, None, notes, targets)
+        self._record(followed, subscription, memo.evaluation, None, notes, targets)
         return memo.evaluation
 
     def _staleness(self, kind: SourceKind) -> float:
         through_prometheus = kind in (SourceKind.PROMETHEUS, SourceKind.PROMETHEUS_INFERENCE)
         return self._prometheus_max_staleness if through_prometheus else self._max_staleness
 
-    def _want_pages(self, followed: Followed, spec: TriggerSpec, targets: Targets) -> None:
-        """Scrape the inference-server page of every ready target pod (SPEC §6), and no other."""
-        assert self._pages is not None
-        if followed.pages_for.get(spec) is targets:
-            return  # discovery hands out one Targets per change: the same object means the same pods
-        followed.pages_for[spec] = targets
-        pages: dict[str, tuple[str, str]] = {}
-        for pod in targets.pods:
-            endpoint = targets.endpoints.get(pod)
-            if endpoint is None or not endpoint.ready or not endpoint.ip:
-                continue
-            port = metrics_port(endpoint.port_list, spec.metrics_port)
-            if port is None:
-                followed.log_once(
-                    f"pod {pod} has no container port {spec.metrics_port or 'named metrics or http, nor any'}:"
-                    " its inference-server page cannot be read (set metricsPort)"
-                )
-                continue
-            pages[pod_url(endpoint.ip, port, spec.metrics_path)] = (followed.namespace, pod)
-        self._pages.want((followed.namespace, followed.name, spec), pages)
-
-    def forget_pages(self, followed: Followed) -> None:
-        """The registry forgot a ScaledObject: its pod pages are no longer wanted by it."""
-        if self._pages is None:
-            return
-        for spec in followed.pages_for:
-            self._pages.release((followed.namespace, followed.name, spec))
-        followed.pages_for.clear()
-
     def _record(
         self,
         followed: Followed,
-        spec: TriggerSpec,
+        subscription: Subscription,
         evaluation: Evaluation | None,
         error: str | None,
         notes: tuple[str, ...],
         targets: Targets | None,
     ) -> None:
         self._telemetry.evaluations.labels("ok" if evaluation else "no_data").inc()
-        last = followed.explanation
+        spec = subscription.spec
+        last = subscription.explanation
         if (
             evaluation is not None
             and last is not None
@@ -348,10 +310,10 @@ class Evaluator:
         ):
             last.evaluated_at = time.time()  # the same explanation, now (and the same gauges)
             return
-        followed.explanation = Explanation(spec, time.time(), evaluation, error, notes, targets)
+        subscription.explanation = Explanation(spec, time.time(), evaluation, error, notes, targets)
         if evaluation is not None:
             labels = (followed.namespace, followed.name, spec.metric_name)
-            followed.metric_labels.add(labels)
+            subscription.metric_labels = labels
             self._telemetry.trigger_value.labels(*labels).set(evaluation.value)
             self._telemetry.trigger_active.labels(*labels).set(1 if evaluation.active else 0)
 

@@ -59,19 +59,52 @@ class Explanation:
 
 
 @dataclass(slots=True)
+class Subscription:
+    """One followed trigger: its spec, its last answers, and what was taken from them.
+
+    A ScaledObject may have several external triggers; KEDA calls about each with its own metadata, so
+    each distinct spec is one subscription. A trigger edited in the ScaledObject arrives as a new spec;
+    the old one's subscription is dropped whole (see Registry), never left holding pages or series.
+    """
+
+    spec: TriggerSpec
+    last_call: float
+    memo: Memo | None = None
+    explanation: Explanation | None = None
+    # The /metrics label set of its value and activity gauges, once it has published them.
+    metric_labels: tuple[str, str, str] | None = None
+    # Inference triggers with Kubernetes: the discovery answer their wanted pod pages were taken from.
+    pages_from: Any = None
+
+
+# Subscriptions kept per ScaledObject: more external triggers than this on one object is not a real
+# setup, and a caller sending ever new metadata must not grow the state or /metrics without bound.
+MAX_TRIGGERS_PER_SCALEDOBJECT = 16
+
+
+@dataclass(slots=True)
 class Followed:
     """Everything the scaler keeps about one ScaledObject."""
 
     namespace: str
     name: str
     last_call: float
-    # One entry per trigger KEDA calls about (a ScaledObject may have several external triggers).
-    memos: dict[TriggerSpec, Memo] = field(default_factory=dict)
-    explanation: Explanation | None = None
-    metric_labels: set[tuple[str, str, str]] = field(default_factory=set)
+    # One per trigger spec KEDA calls about, least recently called first.
+    triggers: OrderedDict[TriggerSpec, Subscription] = field(default_factory=OrderedDict)
     notes_logged: set[str] = field(default_factory=set)
-    # Inference triggers with Kubernetes: the discovery answer their wanted pod pages were taken from.
-    pages_for: dict[TriggerSpec, Any] = field(default_factory=dict)
+
+    @property
+    def explanation(self) -> Explanation | None:
+        """The most recent explanation among its triggers."""
+        explained = [s.explanation for s in self.triggers.values() if s.explanation is not None]
+        return max(explained, key=lambda e: e.evaluated_at, default=None)
+
+    def subscription(self, spec: TriggerSpec) -> Subscription:
+        """The subscription of spec (made when missing, without a call counted)."""
+        found = self.triggers.get(spec)
+        if found is None:
+            found = self.triggers[spec] = Subscription(spec, self.last_call)
+        return found
 
     def log_once(self, note: str, level: int = logging.WARNING) -> bool:
         """Log a note about this ScaledObject the first time it is seen; True when it was new."""
@@ -92,6 +125,9 @@ class Tracker(Protocol):
     def track(self, namespace: str, name: str, spec: TriggerSpec) -> None: ...
 
     def forget(self, namespace: str, name: str) -> None: ...
+
+    def is_current(self, namespace: str, name: str, spec: TriggerSpec) -> bool | None:
+        """Whether spec is one of the ScaledObject's triggers as last read (None: not known)."""
 
 
 class InterestSink(Protocol):
@@ -116,6 +152,8 @@ class Registry:
         interest_key: Callable[[str, TriggerSpec], Hashable],
         tracker: Tracker | None = None,
         on_forget: Callable[[Followed], None] = lambda followed: None,
+        on_drop: Callable[[Followed, Subscription], None] = lambda followed, subscription: None,
+        on_subscribe: Callable[[Followed, Subscription], None] = lambda followed, subscription: None,
     ) -> None:
         self._ttl = ttl
         self._cap = cap
@@ -124,6 +162,8 @@ class Registry:
         self._interest_key = interest_key
         self._tracker = tracker
         self._on_forget = on_forget
+        self._on_drop = on_drop
+        self._on_subscribe = on_subscribe
         self._entries: OrderedDict[tuple[str, str], Followed] = OrderedDict()
 
     def __len__(self) -> int:
@@ -151,10 +191,65 @@ class Registry:
         self._interest.touch(self._interest_key(namespace, spec))
         if self._tracker is not None:
             self._tracker.track(namespace, name, spec)
+        subscription = entry.triggers.get(spec)
+        if subscription is None:
+            subscription = entry.triggers[spec] = Subscription(spec, now)
+            self._prune(entry, now)
+            if spec in entry.triggers:
+                self._on_subscribe(entry, subscription)
+        else:
+            entry.triggers.move_to_end(spec)
+            subscription.last_call = now
         return entry
+
+    def _prune(self, entry: Followed, now: float) -> None:
+        """Drop the subscriptions of triggers that are no longer the ScaledObject's.
+
+        Beyond MAX_TRIGGERS_PER_SCALEDOBJECT the least recently called goes. With Kubernetes, a spec that
+        matches none of the ScaledObject's triggers as last read goes once it has not been called for
+        ROOM_AFTER_SECONDS while another, current one has been called since (an edited trigger: KEDA calls
+        only the new metadata). Without Kubernetes the interest TTL ends an idle one (sweep).
+        """
+        while len(entry.triggers) > MAX_TRIGGERS_PER_SCALEDOBJECT:
+            self._drop(entry, next(iter(entry.triggers)))
+        if self._tracker is None:
+            return
+        current = {
+            spec: self._tracker.is_current(entry.namespace, entry.name, spec) for spec in entry.triggers
+        }
+        latest_current = max(
+            (entry.triggers[spec].last_call for spec, is_current in current.items() if is_current),
+            default=None,
+        )
+        if latest_current is None:
+            return
+        for spec, is_current in current.items():
+            subscription = entry.triggers[spec]
+            if (
+                is_current is False
+                and now - subscription.last_call >= ROOM_AFTER_SECONDS
+                and latest_current > subscription.last_call
+            ):
+                self._drop(entry, spec)
+
+    def _drop(self, entry: Followed, spec: TriggerSpec) -> None:
+        subscription = entry.triggers.pop(spec)
+        self._on_drop(entry, subscription)
+
+    def prune(self, now: float | None = None) -> None:
+        """Drop stale subscriptions of every followed ScaledObject (the sweep's second half)."""
+        now = self._clock() if now is None else now
+        for entry in list(self._entries.values()):
+            for spec, subscription in list(entry.triggers.items()):
+                if now - subscription.last_call >= self._ttl:
+                    self._drop(entry, spec)
+            self._prune(entry, now)
 
     def get(self, namespace: str, name: str) -> Followed | None:
         return self._entries.get((namespace, name))
+
+    def in_namespace(self, namespace: str) -> list[Followed]:
+        return [entry for (ns, _), entry in self._entries.items() if ns == namespace]
 
     def followed_keys(self) -> list[tuple[str, str]]:
         return sorted(self._entries)
@@ -190,6 +285,8 @@ class Registry:
     def _forget(self, entry: Followed) -> None:
         if self._tracker is not None:
             self._tracker.forget(entry.namespace, entry.name)
+        for spec in list(entry.triggers):
+            self._drop(entry, spec)
         self._on_forget(entry)
 
     async def sweep(self) -> None:
@@ -197,6 +294,7 @@ class Registry:
         while True:
             await asyncio.sleep(max(min(self._ttl / 10, 30.0), 0.05))
             self.evict_expired()
+            self.prune()
 
 
 def check_reference(namespace: str, name: str) -> None:

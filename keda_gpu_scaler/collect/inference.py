@@ -114,17 +114,23 @@ class WantedPages:
         self._sink = sink
         self._by_owner: dict[object, dict[str, tuple[str, str]]] = {}
         self._owners: dict[str, int] = {}
+        self._bound: dict[str, tuple[str, str]] = {}  # url → the (namespace, pod) its page is filed under
 
     def want(self, owner: object, pages: Mapping[str, tuple[str, str]]) -> None:
         """pages: url → (namespace, pod). Replaces what `owner` wanted before."""
         before = self._by_owner.get(owner, {})
         if before == pages:
             return
-        for url, (namespace, pod) in pages.items():
+        for url, binding in pages.items():
             if url not in before:
                 self._owners[url] = self._owners.get(url, 0) + 1
-                if self._owners[url] == 1:
-                    self._sink.add_pod_page(url, namespace, pod)
+            if self._bound.get(url) != binding:
+                # A new page, or an address now another pod's (pod IPs are reused, across namespaces
+                # too): its page must never be filed under the pod that had it before.
+                if url in self._bound:
+                    self._sink.remove(url)
+                self._bound[url] = binding
+                self._sink.add_pod_page(url, *binding)
         for url in before.keys() - pages.keys():
             self._unref(url)
         if pages:
@@ -145,4 +151,5 @@ class WantedPages:
             self._owners[url] = left
             return
         self._owners.pop(url, None)
+        self._bound.pop(url, None)
         self._sink.remove(url)

@@ -16,6 +16,7 @@ from keda_gpu_scaler.discovery.api import KubeApi, KubeError, connect
 from keda_gpu_scaler.discovery.exporters import ExporterDiscovery, ExporterSink
 from keda_gpu_scaler.discovery.gateway import GatewayBook, GatewayDiscovery
 from keda_gpu_scaler.discovery.informer import PodInformer
+from keda_gpu_scaler.discovery.pods import PodInfo
 from keda_gpu_scaler.discovery.scaledobject import (
     EXTERNAL_TRIGGER_TYPES,
     ScaledObjectError,
@@ -129,6 +130,9 @@ class KubeDiscovery:
         self._gateway_book: GatewayBook | None = None
         self._gateways: GatewayDiscovery | None = None
         self._gateway_task: asyncio.Task[None] | None = None
+        # Told the namespace whenever the targets of its followed selectors may have changed (pod events,
+        # selectors followed or dropped, a relist applied whole): what is collected for them follows.
+        self.on_change: Callable[[str], None] = lambda namespace: None
 
     async def start(self, sink: ExporterSink, gateways: GatewayBook | None = None) -> None:
         """Load credentials (raises api.ConnectError); nothing is read from the API until a call asks.
@@ -203,6 +207,13 @@ class KubeDiscovery:
             tracked.task = None
         self._release(tracked)
         self.tracked_scaled_objects.set(len(self._tracked))
+
+    def is_current(self, namespace: str, name: str, spec: TriggerSpec) -> bool | None:
+        """Whether spec is one of the ScaledObject's external triggers as last read (None: not read yet)."""
+        tracked = self._tracked.get((namespace, name))
+        if tracked is None or tracked.info is None:
+            return None
+        return any(trigger.matches(spec) for trigger in tracked.info.triggers)
 
     def resolve(self, namespace: str, name: str, spec: TriggerSpec) -> Targets:
         tracked = self._tracked.get((namespace, name))
@@ -281,9 +292,9 @@ class KubeDiscovery:
                 self._api,
                 namespace=tracked.namespace,
                 label_selector=None,
-                on_pod=index.on_pod,
+                on_pod=self._pod_handler(index),
                 on_restart=self._restarted,
-                on_relist=index.hold,
+                on_relist=self._relist_handler(index),
             )
             space = _Namespace(informer, index)
             self._namespaces[tracked.namespace] = space
@@ -313,8 +324,24 @@ class KubeDiscovery:
         if not self._namespaces:
             self._exporters.close()
 
+    def _pod_handler(self, index: NamespaceIndex) -> Callable[[PodInfo | None, PodInfo | None], None]:
+        def on_pod(old: PodInfo | None, new: PodInfo | None) -> None:
+            index.on_pod(old, new)
+            self.on_change(index.namespace)
+
+        return on_pod
+
+    def _relist_handler(self, index: NamespaceIndex) -> Callable[[bool], None]:
+        def on_relist(applying: bool) -> None:
+            index.hold(applying)
+            if not applying:
+                self.on_change(index.namespace)
+
+        return on_relist
+
     def _register(self, tracked: _Tracked) -> None:
         """Make the namespace follow exactly the selectors this ScaledObject needs now."""
+        self.on_change(tracked.namespace)
         space = self._namespaces.get(tracked.namespace)
         wanted = tracked.selectors() if tracked.holds_namespace and space is not None else set()
         for selector in [s for s in tracked.selections if s not in wanted]:

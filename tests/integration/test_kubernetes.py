@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -672,3 +673,36 @@ async def test_a_failing_re_read_of_the_scaled_object_keeps_the_last_one_in_use(
     assert await value(scaler) == 180
     kube.allow_all()
     await eventually(lambda: _equals(value(scaler), 180))
+
+
+async def test_pod_pages_follow_discovery_without_any_call_and_evaluation_wants_nothing(  # type: ignore[no-untyped-def]
+    cluster: Cluster, kube_scaler, make_exporter
+) -> None:
+    from keda_gpu_scaler.engines.simulated import EngineLoad, vllm_page
+
+    metadata = {"metric": "requests", "threshold": "8"}
+    servers = [await make_exporter(vllm_page("llama", [EngineLoad(1, i, 0.1)])) for i in range(2)]
+    cluster.kube.put(DEPLOYMENT, deployment("chat", NS, {"app": "chat"}, replicas=2))
+    cluster.kube.put(SCALED_OBJECT, scaled_object("chat", NS, {"name": "chat"}, [external(metadata)]))
+    for index in range(2):
+        cluster.kube.put(
+            POD, pod(f"chat-{index}", NS, {"app": "chat"}, "node-a", ports=[("http", servers[index].port)])
+        )
+    scaler = await kube_scaler()
+    spec = parse_trigger(metadata)
+    # One call starts following the trigger; no other call is made from here on.
+    with contextlib.suppress(grpc.aio.AioRpcError):
+        await scaler.stub.IsActive(pb.ScaledObjectRef(name="chat", namespace=NS, scalerMetadata=metadata))
+
+    async def scraped(expected: set[str]) -> None:
+        assert cluster.scraped(scaler) & {s.url for s in servers} == expected
+
+    await eventually(lambda: scraped({servers[0].url, servers[1].url}))
+    cluster.kube.delete(POD, NS, "chat-0")
+    await eventually(lambda: scraped({servers[1].url}))
+    # An evaluation reads: it neither adds nor removes a page.
+    followed = scaler.app.registry.get(NS, "chat")
+    before = cluster.scraped(scaler)
+    with contextlib.suppress(Exception):
+        scaler.app.evaluator.evaluate(followed, spec)
+    assert cluster.scraped(scaler) == before

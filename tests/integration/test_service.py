@@ -522,3 +522,22 @@ async def test_bytes_that_are_not_the_request_message_are_invalid_argument(make_
             await call
     assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "not a valid externalscaler." in (raised.value.details() or "")
+
+
+async def test_metrics_series_stay_bounded_when_one_scaledobject_sends_ever_new_metric_names(  # type: ignore[no-untyped-def]
+    make_exporter, make_scaler
+) -> None:
+    from keda_gpu_scaler.registry import MAX_TRIGGERS_PER_SCALEDOBJECT
+
+    exporter = await make_exporter(four_pods_at(90))
+    scaler = await make_scaler(exporter)
+    await eventually(lambda: value_of(scaler))
+    for i in range(MAX_TRIGGERS_PER_SCALEDOBJECT * 4):
+        metadata = dict(METADATA, metricName=f"gpu-util-{i}")
+        await scaler.stub.GetMetrics(metrics_request(metadata, name=f"gpu-util-{i}"))
+    async with aiohttp.ClientSession() as session, session.get(f"{scaler.http}/metrics") as response:
+        page = await response.text()
+    series = [line for line in page.splitlines() if line.startswith("keda_gpu_scaler_trigger_value{")]
+    assert 0 < len(series) <= MAX_TRIGGERS_PER_SCALEDOBJECT
+    newest = f"gpu-util-{MAX_TRIGGERS_PER_SCALEDOBJECT * 4 - 1}"
+    assert any(newest in line for line in series)

@@ -38,7 +38,7 @@ def test_the_same_result_again_keeps_the_evaluation_and_explanation_objects() ->
     again = evaluator.evaluate(followed, SPEC)
     assert again is first, "an equal result keeps the long-lived object"
     assert followed.explanation is explanation
-    assert followed.memos[SPEC].valid_until == now[0] + 15.0, "the memo itself moves on"
+    assert followed.triggers[SPEC].memo.valid_until == now[0] + 15.0, "the memo itself moves on"
 
     store.record_page(page(now[0] + 1, 55))  # the value moved: a new result, a new explanation
     now[0] += 1
@@ -77,7 +77,7 @@ def test_pages_renewed_unchanged_extend_the_memo_without_evaluating_again() -> N
         store.record_page(page(now[0], 40))
         assert evaluator.evaluate(followed, SPEC) is first
     assert calls[0] == 1, "evaluated once; the memo only moved its time limit"
-    assert followed.memos[SPEC].valid_until > now[0]
+    assert followed.triggers[SPEC].memo.valid_until > now[0]
 
     now[0] += 20  # no renewal: the page is stale now, which is evaluated (and is no data)
     with pytest.raises(NoData):

@@ -14,7 +14,7 @@ from keda_gpu_scaler.errors import (
     TooManyScaledObjects,
     TooManyStreams,
 )
-from keda_gpu_scaler.registry import Memo, Registry
+from keda_gpu_scaler.registry import MAX_TRIGGERS_PER_SCALEDOBJECT, ROOM_AFTER_SECONDS, Memo, Registry
 from keda_gpu_scaler.service import status_for
 from keda_gpu_scaler.trigger import TriggerSpec, parse_trigger
 
@@ -41,6 +41,8 @@ class RecordingTracker:
     def __init__(self) -> None:
         self.tracked: set[tuple[str, str]] = set()
         self.forgotten: list[tuple[str, str]] = []
+        # The ScaledObject's triggers as discovery last read them (None: not read yet).
+        self.current: set[TriggerSpec] | None = None
 
     def track(self, namespace: str, name: str, spec: TriggerSpec) -> None:
         self.tracked.add((namespace, name))
@@ -48,6 +50,9 @@ class RecordingTracker:
     def forget(self, namespace: str, name: str) -> None:
         self.tracked.discard((namespace, name))
         self.forgotten.append((namespace, name))
+
+    def is_current(self, namespace: str, name: str, spec: TriggerSpec) -> bool | None:
+        return None if self.current is None else spec in self.current
 
 
 def make_registry(clock: Clock, cap: int = 100, ttl: float = 600.0):  # type: ignore[no-untyped-def]
@@ -78,8 +83,8 @@ def test_ttl_forgets_every_piece_of_state_together() -> None:
     clock = Clock()
     registry, tracker, forgotten = make_registry(clock, ttl=600)
     entry = registry.follow("llm", "old", SPEC)
-    entry.memos[SPEC] = Memo(1, 1, None, float("inf"), None, "x")
-    entry.metric_labels.add(("llm", "old", "gpu-utilization"))
+    entry.triggers[SPEC].memo = Memo(1, 1, None, float("inf"), None, "x")
+    entry.triggers[SPEC].metric_labels = ("llm", "old", "gpu-utilization")
     clock.now += 300
     registry.follow("llm", "young", SPEC)
     clock.now += 301  # "old" is past the TTL, "young" is not
@@ -90,7 +95,8 @@ def test_ttl_forgets_every_piece_of_state_together() -> None:
     assert forgotten == ["old"]
     # A call for it again starts from nothing: no memo, no labels, no notes survive.
     again = registry.follow("llm", "old", SPEC)
-    assert again is not entry and not again.memos and not again.metric_labels
+    assert again is not entry
+    assert again.triggers[SPEC].memo is None and again.triggers[SPEC].metric_labels is None
 
 
 def test_a_call_keeps_a_scaledobject_alive() -> None:
@@ -189,3 +195,91 @@ def test_memo_is_right_only_while_nothing_it_depends_on_moved() -> None:
     assert not memo.still_right(3, 3, frozenset({"a"}), 9.9)  # a source came or went
     assert not memo.still_right(3, 2, frozenset({"a", "b"}), 9.9)  # the targets moved
     assert not memo.still_right(3, 2, frozenset({"a"}), 10.0)  # a page aged out
+
+
+def registry_recording_drops(
+    clock: Clock, ttl: float = 600.0
+) -> tuple[Registry, RecordingTracker, list[str]]:
+    tracker = RecordingTracker()
+    dropped: list[str] = []
+    registry = Registry(
+        ttl=ttl,
+        cap=100,
+        clock=clock,
+        interest=RecordingInterest(),
+        interest_key=lambda namespace, spec: ("scrape",),
+        tracker=tracker,
+        on_drop=lambda followed, subscription: dropped.append(subscription.spec.metric_name),
+    )
+    return registry, tracker, dropped
+
+
+def named(metric_name: str) -> TriggerSpec:
+    return parse_trigger({"threshold": "70", "podNamePrefix": "vllm-", "metricName": metric_name})
+
+
+def test_each_trigger_spec_is_its_own_subscription() -> None:
+    registry, _, _ = registry_recording_drops(Clock())
+    registry.follow("llm", "vllm", named("a"))
+    entry = registry.follow("llm", "vllm", named("b"))
+    assert list(entry.triggers) == [named("a"), named("b")]
+
+
+def test_ever_new_trigger_metadata_on_one_scaledobject_keeps_a_bounded_number_of_subscriptions() -> None:
+    clock = Clock()
+    registry, _, dropped = registry_recording_drops(clock)
+    for i in range(5_000):
+        clock.now += 0.001
+        entry = registry.follow("llm", "vllm", named(f"m{i}"))
+    assert len(entry.triggers) == MAX_TRIGGERS_PER_SCALEDOBJECT
+    assert len(dropped) == 5_000 - MAX_TRIGGERS_PER_SCALEDOBJECT
+    assert dropped[:2] == ["m0", "m1"]  # the least recently called go first
+
+
+def test_a_trigger_edited_away_is_dropped_once_discovery_reads_the_new_scaledobject() -> None:
+    clock = Clock()
+    registry, tracker, dropped = registry_recording_drops(clock)
+    registry.follow("llm", "vllm", named("old"))
+    clock.now += 30
+    # KEDA now calls with the edited metadata; discovery has not re-read the ScaledObject yet.
+    tracker.current = {named("old")}
+    registry.follow("llm", "vllm", named("new"))
+    clock.now += ROOM_AFTER_SECONDS
+    registry.follow("llm", "vllm", named("new"))
+    registry.prune()
+    assert dropped == []  # the new one is called but not known current: nothing is dropped on a guess
+    tracker.current = {named("new")}
+    registry.prune()
+    assert dropped == ["old"]
+    (entry,) = [registry.get("llm", "vllm")]
+    assert entry is not None and list(entry.triggers) == [named("new")]
+
+
+def test_a_trigger_not_in_the_scaledobject_but_still_called_stays() -> None:
+    clock = Clock()
+    registry, tracker, dropped = registry_recording_drops(clock)
+    tracker.current = {named("a")}
+    for _ in range(3):
+        registry.follow("llm", "vllm", named("a"))
+        registry.follow("llm", "vllm", named("unmatched"))
+        clock.now += ROOM_AFTER_SECONDS
+        registry.prune()
+    assert dropped == []
+
+
+def test_without_kubernetes_an_idle_trigger_goes_after_the_ttl_and_a_called_one_stays() -> None:
+    clock = Clock()
+    registry = Registry(
+        ttl=600,
+        cap=100,
+        clock=clock,
+        interest=RecordingInterest(),
+        interest_key=lambda namespace, spec: ("scrape",),
+    )
+    registry.follow("llm", "vllm", named("old"))
+    for _ in range(7):
+        clock.now += 100
+        registry.follow("llm", "vllm", named("new"))
+        registry.prune()
+    entry = registry.get("llm", "vllm")
+    assert entry is not None and list(entry.triggers) == [named("new")]
