@@ -11,10 +11,15 @@ from keda_gpu_scaler.collect.inference import PodSamples
 from keda_gpu_scaler.collect.promql import TIMESTAMP_LABEL, Target
 from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES, PodKey, pod_of
 from keda_gpu_scaler.exposition import Sample
+from keda_gpu_scaler.jsonpieces import OFF_LOOP_BYTES, TooManyItems, loads_in_pieces
 
 # Text from the other side (an error message, a header, a malformed element) is quoted at most this long:
 # enough to say what went wrong, never a whole page in a log line or an RPC status.
 REMOTE_TEXT_LIMIT = 100
+# What one answer may hold: 20,000 series, each with its value and its sample time (the queries ask for
+# both), as many as one exporter page may give. A namespace of 1,000 GPU pods answers a few thousand; an
+# answer beyond this is refused before the rest of it is decoded, so it costs a bounded time.
+MAX_ANSWER_ELEMENTS = 40_000
 
 
 class PrometheusError(Exception):
@@ -38,9 +43,16 @@ class Element:
 
 
 def parse_vector(body: bytes) -> tuple[list[Element], list[str]]:
-    """The elements and warnings of a /api/v1/query answer; PrometheusError for anything else."""
+    """The elements and warnings of a /api/v1/query answer; PrometheusError for anything else.
+
+    A large answer is decoded a vector element at a time (run it in a worker thread: see jsonpieces)."""
     try:
-        document = json.loads(body)
+        if len(body) > OFF_LOOP_BYTES:
+            document = loads_in_pieces(body, ("data", "result"), MAX_ANSWER_ELEMENTS)
+        else:
+            document = json.loads(body)
+    except TooManyItems:
+        raise too_many_elements() from None
     # UnicodeDecodeError is a ValueError too; RecursionError: nested deeper than the decoder goes.
     except (ValueError, RecursionError) as error:
         raise PrometheusError(f"the answer is not JSON ({remote_text(str(error))})") from None
@@ -55,6 +67,8 @@ def parse_vector(body: bytes) -> tuple[list[Element], list[str]]:
         raise PrometheusError(
             f"the answer is a {remote_text(repr(data.get('resultType')))}, not an instant vector"
         )
+    if len(data["result"]) > MAX_ANSWER_ELEMENTS:
+        raise too_many_elements()
     elements = []
     for item in data["result"]:
         metric = item.get("metric") if isinstance(item, dict) else None
@@ -74,6 +88,14 @@ def parse_vector(body: bytes) -> tuple[list[Element], list[str]]:
         elements.append(Element(metric, value))
     warnings = document.get("warnings")
     return elements, [remote_text(str(w)) for w in warnings] if isinstance(warnings, list) else []
+
+
+def too_many_elements() -> PrometheusError:
+    return PrometheusError(
+        f"the answer holds more than {MAX_ANSWER_ELEMENTS:,} vector elements (series values and their"
+        f" sample times); the limit is {MAX_ANSWER_ELEMENTS:,}: narrow the trigger's pods, or read the"
+        " exporters directly (source: scrape)"
+    )
 
 
 def api_error(document: Any) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncGenerator, Callable
@@ -12,6 +13,8 @@ from urllib.request import getproxies, proxy_bypass
 
 import aiohttp
 from kubernetes_asyncio import client, config
+
+from keda_gpu_scaler.jsonpieces import OFF_LOOP_BYTES, loads_in_pieces
 
 log = logging.getLogger(__name__)
 
@@ -183,8 +186,13 @@ class KubeApi:
         finally:
             response.release()
         try:
-            data = json.loads(body)
-        except ValueError:
+            if len(body) > OFF_LOOP_BYTES:
+                # An unpaginated pod list of a large cluster is megabytes: decoded a pod at a time in a
+                # worker thread, not in one call that holds the event loop (and every RPC) meanwhile.
+                data = await asyncio.to_thread(loads_in_pieces, body, ("items",))
+            else:
+                data = json.loads(body)
+        except (ValueError, RecursionError):
             raise KubeError(
                 f"the Kubernetes API answered something that is not JSON to {permission}"
             ) from None

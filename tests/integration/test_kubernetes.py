@@ -706,3 +706,32 @@ async def test_pod_pages_follow_discovery_without_any_call_and_evaluation_wants_
     with contextlib.suppress(Exception):
         scaler.app.evaluator.evaluate(followed, spec)
     assert cluster.scraped(scaler) == before
+
+
+async def test_a_large_pod_list_is_decoded_off_the_loop(
+    kube: FakeKube, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unpaginated list of a large cluster is megabytes of JSON: decoded in a worker thread, a pod at
+    a time, so that the event loop keeps answering RPCs meanwhile."""
+    import threading
+
+    from keda_gpu_scaler.discovery import api
+    from keda_gpu_scaler.jsonpieces import OFF_LOOP_BYTES
+
+    threads: list[str] = []
+    real = api.loads_in_pieces
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "loads_in_pieces", recording)
+    for index in range(OFF_LOOP_BYTES // 400):
+        kube.put(POD, pod(f"vllm-{index}", NS, APP, "node-a"), notify=False)
+    api_client = await api.connect(str(kube.kubeconfig(tmp_path)))
+    try:
+        listing = await api.KubeApi(api_client).list_pods(NS, None)
+    finally:
+        await api_client.close()
+    assert len(listing["items"]) == OFF_LOOP_BYTES // 400
+    assert threads and threading.main_thread().name not in threads
