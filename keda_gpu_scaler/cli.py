@@ -39,6 +39,26 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def add_demo_arguments(demo: argparse.ArgumentParser) -> None:
+    """The demo's flags (the README's table of them is made from these)."""
+    demo.add_argument(
+        "--grpc-address", default="127.0.0.1:6000", help="the scaler's gRPC address, KEDA's side"
+    )
+    demo.add_argument(
+        "--http-address", default="127.0.0.1:8080", help="the scaler's HTTP address: /metrics, /explain"
+    )
+    demo.add_argument(
+        "--control-port",
+        type=int,
+        default=8081,
+        help="port of the fleet's control server on 127.0.0.1: /load, /pods/POD/metrics, /",
+    )
+    demo.add_argument("--scrape-interval", default="2", help="seconds between scrapes")
+    demo.add_argument(
+        "--watch-interval", type=float, default=5.0, help="seconds between status lines (0: off)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="keda-gpu-scaler", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -50,24 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_flags(serve)
 
     demo = commands.add_parser(
-        "demo", help="run the scaler with a simulated GPU and LLM-serving fleet on loopback"
+        "demo",
+        help="run the scaler with a simulated GPU and LLM-serving fleet on loopback",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    demo.add_argument(
-        "--grpc-address", default="127.0.0.1:6000", help="gRPC address (default: 127.0.0.1:6000)"
-    )
-    demo.add_argument(
-        "--http-address", default="127.0.0.1:8080", help="HTTP address (default: 127.0.0.1:8080)"
-    )
-    demo.add_argument(
-        "--control-port",
-        type=int,
-        default=8081,
-        help="port of the fleet's load control endpoint (default: 8081)",
-    )
-    demo.add_argument("--scrape-interval", default="2", help="seconds between scrapes (default: 2)")
-    demo.add_argument(
-        "--watch-interval", type=float, default=5.0, help="seconds between status lines (0: off)"
-    )
+    add_demo_arguments(demo)
 
     explain = commands.add_parser("explain", help="scrape once and print what the scaler sees for a target")
     explain.add_argument("--exporter-url", action="append", help="exporter endpoint; repeatable")

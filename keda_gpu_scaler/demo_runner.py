@@ -17,7 +17,7 @@ from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App, run_until_signalled
 from keda_gpu_scaler.demo import DemoFleet, DemoInferenceWorkload, DemoWorkload
 from keda_gpu_scaler.demo_gateway import DemoPool
-from keda_gpu_scaler.settings import Settings
+from keda_gpu_scaler.settings import Settings, SettingsError
 
 DEMO_THRESHOLD = "60"
 # Target concurrency per pod of the inference workloads' `requests` triggers.
@@ -264,7 +264,14 @@ async def watch(app: App, fleet: DemoFleet, interval: float, out: TextIO) -> Non
 
 async def run_demo(settings: Settings, *, control_port: int, watch_interval: float) -> None:
     fleet = DemoFleet()
-    await fleet.start(control_port=control_port)
+    try:
+        await fleet.start(control_port=control_port)
+    except OSError as error:
+        # Most often a demo already runs: one line that says so, as serve says it of its own addresses.
+        raise SettingsError(
+            f"--control-port {control_port}: cannot listen there ({error.strerror or error}); is another demo"
+            " running? Stop it, or give this one other ports (--control-port, --grpc-address, --http-address)"
+        ) from None
     try:
         app = App(demo_settings(settings, fleet))
 

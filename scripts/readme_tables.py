@@ -1,10 +1,12 @@
-"""The README's tables of `serve` flags and trigger metadata, made from the tables the code runs on."""
+"""The README's tables of `serve` and `demo` flags and trigger metadata, made from what the code runs on."""
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 
+from keda_gpu_scaler.cli import add_demo_arguments
 from keda_gpu_scaler.settings import FLAGS
 from keda_gpu_scaler.trigger import KEYS
 
@@ -24,7 +26,15 @@ def metadata_table() -> str:
     return "\n".join(rows) + "\n"
 
 
-TABLES = {"flags": flags_table, "metadata": metadata_table}
+def demo_flags_table() -> str:
+    parser = argparse.ArgumentParser(add_help=False)
+    add_demo_arguments(parser)
+    rows = ["| flag | default | meaning |", "|---|---|---|"]
+    rows += [f"| `{a.option_strings[0]}` | `{a.default}` | {a.help} |" for a in parser._actions]
+    return "\n".join(rows) + "\n"
+
+
+TABLES = {"flags": flags_table, "metadata": metadata_table, "demo-flags": demo_flags_table}
 # Only our own blocks: other generated blocks (e.g. the benchmark summary) belong to their generators.
 _BLOCK = re.compile(rf"(<!-- (?P<name>{'|'.join(TABLES)}):begin -->\n).*?(<!-- (?P=name):end -->)", re.S)
 

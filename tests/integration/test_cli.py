@@ -226,6 +226,26 @@ async def test_a_taken_http_port_is_one_line_naming_the_address() -> None:
     assert "Traceback" not in err and address in err and "--http-address" in err
 
 
+@pytest.mark.parametrize("flag", ["--control-port", "--grpc-address", "--http-address"])
+async def test_a_second_demo_on_a_taken_port_is_one_line_naming_the_flag(flag: str) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        ports = {"--control-port": "0", "--grpc-address": "127.0.0.1:0", "--http-address": "127.0.0.1:0"}
+        ports[flag] = str(port) if flag == "--control-port" else f"127.0.0.1:{port}"
+        code, _, err = await run_cli(
+            "demo", "--watch-interval", "0", *(part for item in ports.items() for part in item)
+        )
+    assert code == 2
+    assert "Traceback" not in err
+    # As with serve: the last line says it (gRPC's own library may log a line of its own before).
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("keda-gpu-scaler: ") and flag in last and str(port) in last
+
+
 async def test_version() -> None:
     code, out, _ = await run_cli("--version")
     assert code == 0 and out.strip() == f"keda-gpu-scaler {__version__}"
