@@ -11,7 +11,13 @@ from keda_gpu_scaler.collect.gateway import GatewayPages, GatewayPool
 from keda_gpu_scaler.collect.gateway_source import ReplicaSamples
 from keda_gpu_scaler.collect.inference import INFERENCE_INTEREST, PodSamples
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
-from keda_gpu_scaler.collect.prometheus import prometheus_inference_interest, prometheus_interest
+from keda_gpu_scaler.collect.prometheus import (
+    gateway_source,
+    prometheus_gateway_interest,
+    prometheus_inference_interest,
+    prometheus_interest,
+)
+from keda_gpu_scaler.collect.prometheus_answer import ReplicaLost
 from keda_gpu_scaler.collect.store import NamespaceView, SourceKind, Store, source_problem
 from keda_gpu_scaler.discovery.targets import Targets  # defined beside discovery, re-exported here
 from keda_gpu_scaler.errors import ConfigError, NoData
@@ -90,6 +96,10 @@ class Evaluator:
         self._gateway_max_staleness = gateway_max_staleness or max_staleness
 
     def source_of(self, spec: TriggerSpec) -> Source:
+        if spec.metric.gateway:
+            # The endpoint pickers' own pages unless the trigger says otherwise: through Prometheus the
+            # wake comes a scrape interval later, which a server-wide default must not choose silently.
+            return spec.source or Source.SCRAPE
         return spec.source or self._default_source
 
     def check(self, spec: TriggerSpec) -> None:
@@ -100,12 +110,7 @@ class Evaluator:
                 " allowed: scrape"
             )
         if spec.metric.gateway:
-            if self.source_of(spec) is Source.PROMETHEUS:
-                raise ConfigError(
-                    "metadata source='prometheus' is not available for metric=pending on this server;"
-                    " allowed: scrape (the endpoint pickers' own pages)"
-                )
-            return  # the pool's endpoint pickers are read, never the target's pods
+            return  # the pool's endpoint pickers are read (or their series), never the target's pods
         if self._targets is not None:
             self._targets.check(spec)
             return
@@ -124,7 +129,7 @@ class Evaluator:
         """Which store sources answer a trigger: GPU exporters or inference servers, directly or via Prometheus."""
         prometheus = self.source_of(spec) is Source.PROMETHEUS
         if spec.metric.gateway:
-            return SourceKind.GATEWAY
+            return SourceKind.PROMETHEUS_GATEWAY if prometheus else SourceKind.GATEWAY
         if spec.metric.inference:
             return SourceKind.PROMETHEUS_INFERENCE if prometheus else SourceKind.INFERENCE
         return SourceKind.PROMETHEUS if prometheus else SourceKind.SCRAPE
@@ -135,6 +140,9 @@ class Evaluator:
         if kind is SourceKind.GATEWAY:
             assert spec.inference_pool is not None
             return GatewayPool(namespace, spec.inference_pool, spec.gateway_metrics_port)
+        if kind is SourceKind.PROMETHEUS_GATEWAY:
+            assert spec.inference_pool is not None
+            return prometheus_gateway_interest(namespace, spec.inference_pool)
         if kind is SourceKind.PROMETHEUS:
             return prometheus_interest(namespace)
         if kind is SourceKind.PROMETHEUS_INFERENCE:
@@ -217,6 +225,8 @@ class Evaluator:
         """Each replica page of the trigger's pool: its fresh samples or why there are none; and until
         when that holds without a change to the store (the first fresh page to turn stale)."""
         assert spec.inference_pool is not None
+        if self.kind_of(spec) is SourceKind.PROMETHEUS_GATEWAY:
+            return self._prometheus_replica_inputs(namespace, spec.inference_pool, now)
         staleness = self._gateway_max_staleness
         found: list[ReplicaInput] = []
         valid_until = float("inf")
@@ -237,12 +247,42 @@ class Evaluator:
             found.append(ReplicaInput(replica.name, samples))
         return found, valid_until
 
+    def _prometheus_replica_inputs(
+        self, namespace: str, pool: str, now: float
+    ) -> tuple[list[ReplicaInput], float]:
+        """The pool's EPP replicas as Prometheus has them (one page per pool: see collect_gateway_once).
+
+        Prometheus failing, or its answer too old, is NoData: the replicas cannot be told at all."""
+        staleness = self._prometheus_max_staleness
+        state = self._store.source(gateway_source(namespace, pool))
+        page = state.last_page if state is not None else None
+        if state is None or page is None or now - page.collected_at > staleness:
+            why = source_problem(state, now, staleness) if state is not None else "not queried yet"
+            raise NoData(
+                f"the endpoint-picker series of InferencePool {namespace}/{pool} in Prometheus: {why}"
+            )
+        found: list[ReplicaInput] = []
+        for element in page.by_namespace.get(namespace, ()):
+            if isinstance(element, ReplicaSamples):
+                found.append(ReplicaInput(element.replica, element.samples))
+            elif isinstance(element, ReplicaLost):
+                found.append(ReplicaInput(element.replica, None, element.reason))
+        return found, page.collected_at + staleness
+
     def _no_replica(self, namespace: str, spec: TriggerSpec) -> str:
         pool = f"InferencePool {namespace}/{spec.inference_pool}"
         assert spec.inference_pool is not None
         problem = self._gateway_pages.problem(namespace, spec.inference_pool) if self._gateway_pages else None
         if problem is not None:
             return problem
+        if self.kind_of(spec) is SourceKind.PROMETHEUS_GATEWAY:
+            return (
+                f"Prometheus has no current endpoint-picker (EPP) series for {pool}: none of"
+                f" llm_d_epp_flow_control_queue_size (or the older inference_extension_ name) and the flow"
+                f" control families with inference_pool={spec.inference_pool!r} and namespace={namespace!r}."
+                " Check that Prometheus scrapes the EPP pods (with their namespace label) and that the EPP's"
+                " `flowControl` feature gate is on"
+            )
         if self._targets is not None:
             return (
                 f"no endpoint-picker (EPP) pod of {pool} is known yet: no Ready pod behind its"

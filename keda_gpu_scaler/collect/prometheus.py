@@ -18,7 +18,9 @@ from keda_gpu_scaler.backoff import backoff_delay, jittered
 from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.prometheus_answer import (
     PrometheusError,
+    ReplicaLost,
     Up,
+    gateway_replicas,
     inference_pods,
     lost_pod,
     lost_target,
@@ -33,6 +35,7 @@ from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
 from keda_gpu_scaler.collect.promql import (
     Target,
     fleet_query,
+    gateway_query,
     gpu_queries,
     inference_query,
     liveness_query,
@@ -49,6 +52,8 @@ log = logging.getLogger(__name__)
 PROMETHEUS_INTEREST = "prometheus"
 # Interest key kind of one namespace's inference-server series (SPEC §6) read through Prometheus.
 PROMETHEUS_INFERENCE_INTEREST = "prometheus-inference"
+# Interest key kind of one InferencePool's endpoint-picker series (SPEC §7) read through Prometheus.
+PROMETHEUS_GATEWAY_INTEREST = "prometheus-gateway"
 
 # One upstream serves every namespace: a failing one is retried at most this many intervals apart, so
 # data comes back within about two intervals of Prometheus (or a refreshed token) coming back, without a
@@ -72,6 +77,16 @@ def prometheus_interest(namespace: str) -> tuple[str, str]:
 def prometheus_inference_interest(namespace: str) -> tuple[str, str]:
     """Touched by inference triggers (`metric: requests|queue|kv_cache`) with `source: prometheus`."""
     return (PROMETHEUS_INFERENCE_INTEREST, namespace)
+
+
+def prometheus_gateway_interest(namespace: str, pool: str) -> tuple[str, str, str]:
+    """Touched by `metric: pending` triggers with `source: prometheus`."""
+    return (PROMETHEUS_GATEWAY_INTEREST, namespace, pool)
+
+
+def gateway_source(namespace: str, pool: str) -> str:
+    """The store source of one InferencePool's endpoint-picker series (SourceKind.PROMETHEUS_GATEWAY)."""
+    return f"prometheus-gateway:{namespace}/{pool}"
 
 
 def inference_source(namespace: str) -> str:
@@ -130,6 +145,9 @@ class PrometheusCollector:
         # the only pods that get a source of their own when their series stop (see collect_inference_once).
         self._inference_pods: dict[str, dict[str, frozenset[Target]]] = {}
         self._inference_missing: dict[str, set[str]] = {}  # those of them with such a source now
+        # Per (namespace, pool), the EPP replicas seen with fresh series, by the targets that served them.
+        self._gateway_replicas: dict[tuple[str, str], dict[str, frozenset[Target]]] = {}
+        self._gateway_failing: set[tuple[str, str]] = set()
         self._told_no_sample_times = False
         self._fleet_seen_until = float("-inf")
         self._tasks: dict[Hashable, asyncio.Task[None]] = {}  # by interest key
@@ -153,7 +171,15 @@ class PrometheusCollector:
         any_new_interest: Hashable = object()
         while True:
             for key in self._interest.wanted_keys():
-                if key in self._tasks or not (isinstance(key, tuple) and len(key) == 2):
+                if key in self._tasks or not isinstance(key, tuple):
+                    continue
+                if len(key) == 3 and key[0] == PROMETHEUS_GATEWAY_INTEREST:
+                    namespace, pool = str(key[1]), str(key[2])
+                    self._tasks[key] = asyncio.create_task(
+                        self._run_gateway(namespace, pool), name=f"prometheus gateway {namespace}/{pool}"
+                    )
+                    continue
+                if len(key) != 2:
                     continue
                 kind, namespace = key[0], str(key[1])
                 if kind == PROMETHEUS_INTEREST:
@@ -180,6 +206,16 @@ class PrometheusCollector:
             self.collect_inference_once,
             self._forget_inference,
             "inference collection",
+        )
+
+    async def _run_gateway(self, namespace: str, pool: str) -> None:
+        """One InferencePool's endpoint-picker series, while a `pending` trigger reads it."""
+        await self._loop(
+            prometheus_gateway_interest(namespace, pool),
+            namespace,
+            lambda _: self.collect_gateway_once(namespace, pool),
+            lambda _: self._forget_gateway(namespace, pool),
+            f"gateway collection of InferencePool {pool}",
         )
 
     async def _loop(
@@ -224,6 +260,66 @@ class PrometheusCollector:
             self._store.remove_source(pod_inference_source(namespace, pod))
         self._store.remove_source(inference_source(namespace))
         self._inference_failing.discard(namespace)
+
+    def _forget_gateway(self, namespace: str, pool: str) -> None:
+        self._gateway_replicas.pop((namespace, pool), None)
+        self._gateway_failing.discard((namespace, pool))
+        self._store.remove_source(gateway_source(namespace, pool))
+
+    async def collect_gateway_once(self, namespace: str, pool: str) -> bool:
+        """Query one InferencePool's endpoint-picker series now and store them. True when Prometheus answered.
+
+        One page per pool (source gateway_source, kind PROMETHEUS_GATEWAY): a ReplicaSamples per EPP
+        replica with fresh series, and a ReplicaLost per replica seen before whose series are gone while
+        Prometheus' `up` says its target is still there (down, frozen, or scraped without them): such a
+        replica may hold requests, so the evaluation counts it as unread, never as 0. A replica whose
+        target Prometheus dropped (the pod was deleted) is gone. Ages as for inference series: nothing
+        older than the sample window is used, and the page is as old as its oldest sample kept.
+        """
+        at, now = round(self._wall() * 1000) / 1000, self._clock()
+        key = (namespace, pool)
+        source = gateway_source(namespace, pool)
+        self._store.add_source(source, SourceKind.PROMETHEUS_GATEWAY, namespace)
+        seen = self._gateway_replicas.setdefault(key, {})
+        try:
+            samples = samples_with_times(
+                await self._client.query(gateway_query(namespace, pool), at, "gateway")
+            )
+            found = gateway_replicas(samples, namespace, pool, at, self._window)
+            fresh = {r.replica for r in found.replicas}
+            lost = sorted(name for name in seen if name not in fresh)
+            ups: list[Up] = []
+            if lost:
+                asked = {t for name in lost for t in seen[name] | found.targets.get(name, frozenset())}
+                ups = up_series(
+                    samples_with_times(await self._client.query(up_query(namespace, lost, asked), at, "up"))
+                )
+        except PrometheusError as error:
+            message = str(error)
+            self._store.record_failure(source, message)
+            if key not in self._gateway_failing:
+                self._gateway_failing.add(key)
+                log.warning("Prometheus source, InferencePool %s/%s: %s", namespace, pool, message)
+            return False
+        if samples and all(s.timestamp_ms == round(at * 1000) for s in samples):
+            self._no_sample_times()
+        if key in self._gateway_failing:
+            self._gateway_failing.discard(key)
+            log.info("Prometheus source, InferencePool %s/%s: answering again", namespace, pool)
+        stale = set(found.stale)
+        missing: list[ReplicaLost] = []
+        for name in lost:
+            why = lost_pod(namespace, name, seen[name], name in stale, ups, at, self._window)
+            if why is None:
+                del seen[name]  # Prometheus no longer has its target: the replica is gone
+            else:
+                missing.append(ReplicaLost(name, why))
+        for replica in found.replicas:
+            seen[replica.replica] = found.targets.get(replica.replica, frozenset())
+        collected_at = now if found.oldest is None else now - max(0.0, at - found.oldest)
+        by_namespace: dict[str, Any] = {namespace: (*found.replicas, *missing)}
+        self._store.record_page(Page(source, collected_at, by_namespace))
+        return True
 
     async def collect_once(self, namespace: str) -> bool:
         """Query Prometheus for one namespace now and store the result. True when Prometheus answered."""

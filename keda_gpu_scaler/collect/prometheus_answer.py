@@ -7,10 +7,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from keda_gpu_scaler.collect.gateway_source import ReplicaSamples
 from keda_gpu_scaler.collect.inference import PodSamples
 from keda_gpu_scaler.collect.promql import TIMESTAMP_LABEL, Target
 from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES, PodKey, pod_of
 from keda_gpu_scaler.exposition import Sample
+from keda_gpu_scaler.gateways import GATEWAY_SAMPLE_NAMES
 from keda_gpu_scaler.jsonpieces import OFF_LOOP_BYTES, TooManyItems, loads_in_pieces
 
 # Text from the other side (an error message, a header, a malformed element) is quoted at most this long:
@@ -204,6 +206,66 @@ def pod_targets(samples: Iterable[Sample], namespace: str) -> dict[str, frozense
         if key is not None and key[0] == namespace:
             by_pod.setdefault(key[1], set()).add(target_of(sample.labels))
     return {pod: frozenset(targets) for pod, targets in by_pod.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayReplicas:
+    """One InferencePool's endpoint-picker series from one answer, grouped by EPP replica, checked for age."""
+
+    replicas: tuple[ReplicaSamples, ...]  # replicas with fresh series, by name
+    oldest: float | None  # the time (s) of the oldest sample kept; None when no replica is kept
+    stale: tuple[str, ...]  # replicas left out: every series of theirs older than the window
+    targets: dict[str, frozenset[Target]]  # the scrape targets that served each replica, fresh or not
+
+
+def replica_of(labels: dict[str, str]) -> str:
+    """The EPP replica a series came from: its pod (Kubernetes service discovery), else its target."""
+    return labels.get("pod") or labels.get("instance") or labels.get("job") or "(unnamed target)"
+
+
+def gateway_replicas(
+    samples: Iterable[Sample], namespace: str, pool: str, at: float, window: float
+) -> GatewayReplicas:
+    """The stamped samples of a gateway query, as one ReplicaSamples per EPP replica of the pool.
+
+    As for inference pods: a series more than `window` seconds older than `at` is left out, and a
+    replica with none left is not in the answer (never old values); the caller decides what its
+    absence means.
+    """
+    by_replica: dict[str, list[Sample]] = {}
+    stale: set[str] = set()
+    targets: dict[str, set[Target]] = {}
+    for sample in samples:
+        if sample.name not in GATEWAY_SAMPLE_NAMES or sample.labels.get("namespace") != namespace:
+            continue
+        replica = replica_of(sample.labels)
+        targets.setdefault(replica, set()).add(target_of(sample.labels))
+        if at - seconds(sample) > window:
+            stale.add(replica)
+            continue
+        by_replica.setdefault(replica, []).append(sample)
+    replicas = []
+    oldest: float | None = None
+    for name in sorted(by_replica):
+        series = sorted(by_replica[name], key=lambda s: (s.name, sorted(s.labels.items())))
+        replicas.append(ReplicaSamples(namespace, pool, name, tuple(series)))
+        first = min(seconds(s) for s in series)
+        oldest = first if oldest is None else min(oldest, first)
+    return GatewayReplicas(
+        tuple(replicas),
+        oldest,
+        tuple(sorted(stale - by_replica.keys())),
+        {name: frozenset(found) for name, found in targets.items()},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaLost:
+    """An EPP replica whose series were fresh before and are not now, while Prometheus still has its
+    target: it may hold requests nobody can see, so it counts as a replica that cannot be read."""
+
+    replica: str
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from collections.abc import Collection, Iterable, Sequence
 from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES
 from keda_gpu_scaler.engines import POD_LABELS as ENGINE_POD_LABELS
 from keda_gpu_scaler.exposition import Sample
+from keda_gpu_scaler.gateways import GATEWAY_SAMPLE_NAMES
 from keda_gpu_scaler.vendors import POD_LABELS, SAMPLE_NAMES, VENDORS
 
 # Label put on the sample-time half of a query's answer, so one instant query brings values and times.
@@ -91,6 +92,20 @@ def inference_query(namespace: str) -> str:
     """
     branches = [[(ns_key, "=", namespace), (pod_key, "!=", "")] for ns_key, pod_key in ENGINE_POD_LABELS]
     return values_and_times(ENGINE_SAMPLE_NAMES, branches)
+
+
+def gateway_query(namespace: str, pool: str) -> str:
+    """The endpoint pickers' series (SPEC §7) of one InferencePool, with their sample times.
+
+    By `inference_pool` (the pool's name, or `namespace/name` as some EPPs print it) and `namespace`, the
+    label Prometheus' Kubernetes service discovery gives the series of a scraped EPP pod: the EPP runs in
+    its pool's namespace, and a pool of another namespace never matches.
+    """
+    branch: list[Matcher] = [
+        ("namespace", "=", namespace),
+        ("inference_pool", "=~", any_of((pool, f"{namespace}/{pool}"))),
+    ]
+    return values_and_times(GATEWAY_SAMPLE_NAMES, [branch])
 
 
 def up_query(namespace: str, pods: Collection[str], targets: Collection[Target]) -> str:

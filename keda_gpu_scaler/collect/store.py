@@ -52,6 +52,9 @@ class SourceKind(StrEnum):
     # Endpoint-picker pages (SPEC §7): one EPP replica's page of one InferencePool; elements are
     # collect.gateway_source.ReplicaSamples.
     GATEWAY = "gateway"
+    # One InferencePool's endpoint-picker series through Prometheus: elements are ReplicaSamples (fresh
+    # replicas) and prometheus_answer.ReplicaLost (replicas seen before that cannot be read now).
+    PROMETHEUS_GATEWAY = "prometheus-gateway"
 
 
 @dataclass(slots=True)

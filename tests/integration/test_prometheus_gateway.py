@@ -1,0 +1,147 @@
+"""`metric: pending` with `source: prometheus` (SPEC §7): a real Prometheus scraping loopback EPP pages."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+from prometheus_support import PASSWORD, PROMETHEUS_BIN, USERNAME, PrometheusServer, address_of
+from support import ExporterServer, eventually
+
+from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler.gateways import epp
+from keda_gpu_scaler.gateways.simulated import Queued, epp_page
+
+pytestmark = pytest.mark.prometheus
+
+# Collection every 0.5 s from a Prometheus scraping every 1 s: data may be up to 3 s old.
+INTERVAL, MAX_STALENESS = 0.5, 3.0
+PENDING = {"metric": "pending", "threshold": "4", "inferencePool": "chat-pool", "source": "prometheus"}
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    if PROMETHEUS_BIN is None:
+        pytest.skip(
+            "no `prometheus` binary (Debian package prometheus; `make test` installs it where it can)"
+        )
+    server = PrometheusServer(tmp_path_factory.mktemp("prometheus-gateway"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def targets(prometheus: PrometheusServer) -> Iterator[Any]:
+    """Register EPP pages as targets, with the labels Kubernetes pod discovery gives an EPP pod."""
+
+    def register(*servers: tuple[ExporterServer, str, str]) -> None:
+        prometheus.set_targets(
+            "operator",  # honor_labels false: the target's namespace and pod label the series
+            "gateway",
+            [(address_of(s), {"namespace": ns, "pod": pod, "container": "epp"}) for s, ns, pod in servers],
+        )
+
+    yield register
+    prometheus.set_targets("operator", "gateway", [])
+
+
+@pytest.fixture
+async def scaler(make_scaler: Any, prometheus: PrometheusServer) -> Any:
+    return await make_scaler(
+        prometheus_url=prometheus.url,
+        prometheus_username=USERNAME,
+        prometheus_password=PASSWORD,
+        prometheus_timeout=2.0,
+        scrape_interval=INTERVAL,
+        max_staleness=MAX_STALENESS,
+        prometheus_max_staleness=MAX_STALENESS,
+    )
+
+
+def ref(metadata: dict[str, str] = PENDING) -> pb.ScaledObjectRef:
+    return pb.ScaledObjectRef(name="chat", namespace="llm", scalerMetadata=metadata)
+
+
+async def value_is(scaler: Any, expected: float, metadata: dict[str, str] = PENDING) -> None:
+    async def check() -> None:
+        request = pb.GetMetricsRequest(scaledObjectRef=ref(metadata), metricName="gateway-pending")
+        try:
+            response = await scaler.stub.GetMetrics(request)
+        except grpc.aio.AioRpcError as error:
+            raise AssertionError(f"{error.code().name}: {error.details()}") from None
+        assert response.metricValues[0].metricValueFloat == expected
+
+    await eventually(check, timeout=20)
+
+
+async def unavailable_saying(scaler: Any, *words: str, metadata: dict[str, str] = PENDING) -> str:
+    async def check() -> str:
+        try:
+            await scaler.stub.IsActive(ref(metadata))
+        except grpc.aio.AioRpcError as error:
+            assert error.code() is grpc.StatusCode.UNAVAILABLE, error
+            message = error.details() or ""
+            for word in words:
+                assert word in message, message
+            return message
+        raise AssertionError("IsActive answered")
+
+    return await eventually(check, timeout=20)
+
+
+async def test_pending_sums_the_pool_s_replicas_of_its_own_namespace(
+    scaler: Any, make_exporter: Any, targets: Any
+) -> None:
+    a = await make_exporter(epp_page("chat-pool", {Queued("llama", "team-a"): 3}))
+    # An older EPP, printing the queue under the Inference Extension's name.
+    b = await make_exporter(epp_page("chat-pool", {Queued("qwen"): 2}, names=(epp.QUEUE_OLD,)))
+    # The same pool name in another namespace, and another pool of this one: never counted.
+    other_namespace = await make_exporter(epp_page("chat-pool", {Queued("llama"): 100}))
+    other_pool = await make_exporter(epp_page("code-pool", {Queued("coder"): 50}))
+    targets(
+        (a, "llm", "chat-pool-epp-0"),
+        (b, "llm", "chat-pool-epp-1"),
+        (other_namespace, "other", "chat-pool-epp-0"),
+        (other_pool, "llm", "code-pool-epp-0"),
+    )
+    await value_is(scaler, 5)
+    assert (await scaler.stub.IsActive(ref())).result is True
+    await value_is(scaler, 3, {**PENDING, "model": "llama"})
+
+
+async def test_no_series_for_the_pool_is_unavailable_naming_it(scaler: Any, targets: Any) -> None:
+    targets()
+    metadata = {**PENDING, "inferencePool": "idle-pool"}  # a pool no EPP in Prometheus ever served
+    await unavailable_saying(scaler, "InferencePool llm/idle-pool", "flowControl", metadata=metadata)
+
+
+async def test_a_replica_prometheus_cannot_scrape_is_never_read_as_zero(
+    scaler: Any, make_exporter: Any, targets: Any
+) -> None:
+    empty = await make_exporter(epp_page("chat-pool", {}))
+    busy = await make_exporter(epp_page("chat-pool", {Queued("llama"): 2}))
+    targets((empty, "llm", "chat-pool-epp-0"), (busy, "llm", "chat-pool-epp-1"))
+    await value_is(scaler, 2)
+    busy.status = 500  # Prometheus' scrapes of it fail (up 0): its 2 requests may still be queued
+    await unavailable_saying(scaler, "chat-pool-epp-1", "cannot be read")
+
+
+async def test_without_source_pending_reads_the_pickers_own_pages_even_where_prometheus_is_the_default(
+    make_scaler: Any, make_exporter: Any, prometheus: PrometheusServer
+) -> None:
+    page = await make_exporter(epp_page("chat-pool", {Queued("llama"): 7}))
+    # With --prometheus-url and no --exporter-url, triggers without `source` read Prometheus; a wake from
+    # zero must not silently wait for Prometheus' scrapes, so pending keeps reading the pages themselves.
+    scaler = await make_scaler(
+        prometheus_url=prometheus.url,
+        prometheus_username=USERNAME,
+        prometheus_password=PASSWORD,
+        gateway_urls=(("llm", "chat-pool", page.url),),
+        default_source="prometheus",
+    )
+    metadata = {k: v for k, v in PENDING.items() if k != "source"}
+    await value_is(scaler, 7, metadata)
+    assert page.requests > 0
