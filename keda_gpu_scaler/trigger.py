@@ -349,8 +349,10 @@ KEYS: tuple[MetadataKey, ...] = (
         "source",
         _enum_parser(Source),
         None,
-        "the server's default",
-        "`scrape` (exporters directly) or `prometheus`",
+        "the server's default (pending: `scrape`)",
+        "`scrape` (exporters directly) or `prometheus`; pending reads the endpoint pickers' own pages unless"
+        " it says `prometheus`, whatever the server's default (through Prometheus the wake waits for its"
+        " scrapes)",
     ),
     MetadataKey(
         "engine",
