@@ -153,6 +153,29 @@ OTHER_FAULTS: tuple[tuple[str, str, str], ...] = (
         "test_kubernetes.py::test_rbac_denied_names_the_missing_permission",
     ),
     (
+        "a pending trigger's InferencePool does not exist (yet)",
+        "UNAVAILABLE naming the pool; its queue is read once it is created, without a restart",
+        "test_gateway_kubernetes.py::test_a_pool_created_later_is_read_without_a_restart",
+    ),
+    (
+        "an InferencePool whose endpointPickerRef is not a Service, or no Ready endpoint picker pod",
+        "UNAVAILABLE naming the kind, or the pool",
+        "test_gateway_kubernetes.py::test_a_picker_that_is_not_a_service_is_unavailable_naming_its_kind,"
+        " test_no_ready_picker_pod_is_unavailable_naming_the_pool",
+    ),
+    (
+        "an endpoint picker answers 401 or 403",
+        "UNAVAILABLE saying what is missing: TLS with --gateway-ca-file (the token goes over verified"
+        " HTTPS only), or `get` on the non-resource URL /metrics",
+        "test_gateway_kubernetes.py::test_a_picker_refusing_the_scaler_is_unavailable_saying_what_is_missing",
+    ),
+    (
+        "an endpoint picker read through Prometheus stops (up 0)",
+        "its replica counts as unread: a lower bound when the others are already active, else UNAVAILABLE;"
+        " never 0",
+        "test_prometheus_gateway.py::test_a_replica_prometheus_cannot_scrape_is_never_read_as_zero",
+    ),
+    (
         "watch answered 410 Gone",
         "relist, then values follow again",
         "test_kubernetes.py::test_watch_410_gone_relists_and_recovers",
