@@ -17,6 +17,7 @@ from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App, run_until_signalled
 from keda_gpu_scaler.demo import DemoFleet, DemoInferenceWorkload, DemoWorkload
 from keda_gpu_scaler.demo_gateway import DemoPool
+from keda_gpu_scaler.explain import counted
 from keda_gpu_scaler.settings import Settings, SettingsError
 
 DEMO_THRESHOLD = "60"
@@ -97,14 +98,15 @@ def banner(fleet: DemoFleet, grpc_port: int, http_port: int) -> str:
         f"  gRPC (KEDA's side)  {target}        HTTP  http://127.0.0.1:{http_port}/metrics",
         "  GPU workloads (namespace demo): "
         + ", ".join(
-            f"{w.name} ({w.vendor}, {len(w.pods)} pods x {w.gpus_per_pod} GPU)" for w in fleet.workloads
+            f"{w.name} ({w.vendor}, {counted(len(w.pods), 'pod')} x {w.gpus_per_pod} GPU)"
+            for w in fleet.workloads
         ),
     ]
     if fleet.inference_workloads:
         lines.append(
             "  inference workloads (namespace demo): "
             + ", ".join(
-                f"{w.name} ({w.engine} {w.model}, {len(w.pods)} pods, "
+                f"{w.name} ({w.engine} {w.model}, {counted(len(w.pods), 'pod')}, "
                 f"{'+'.join(str(n) for n in w.engines_per_pod)} engines)"
                 for w in fleet.inference_workloads
             )

@@ -100,13 +100,33 @@ def render_table(entry: Mapping[str, Any]) -> str:
     if "gatewayReplicas" in entry:
         lines.extend(_pending_lines(entry))
         return "\n".join(lines)
-    header = f"  {'POD':<36} {'FAMILY':<7} {'GPU':<44} {'HOST':<16} {'GPU%':>7} {'POD%':>7}"
-    lines.append(header)
+    metric = trigger["metric"] if trigger else "utilization"
+    if metric in _INFERENCE_VALUE_COLUMNS:
+        lines.extend(_inference_lines(entry, _INFERENCE_VALUE_COLUMNS[metric]))
+    else:
+        lines.extend(_gpu_lines(entry))
+    hpa = entry["hpa"]
+    lines.append(
+        f"  value = {entry['value']:.2f} ({entry['aggregation']} over {counted(hpa['currentReplicas'], 'pod')})"
+        f"   active = {str(entry['active']).lower()} (> {entry['activationThreshold']:g})"
+    )
+    lines.append(
+        f"  HPA would ask for {counted(hpa['desiredReplicasAverageValue'], 'replica')} with metricType"
+        f" AverageValue, {hpa['desiredReplicasValue']} with Value (never fewer than minReplicaCount, and at"
+        " least 1)"
+    )
+    return "\n".join(lines)
+
+
+def counted(count: int, noun: str) -> str:
+    """ "1 pod", "2 pods", "0 pods"."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def _gpu_lines(entry: Mapping[str, Any]) -> list[str]:
+    """GPU metrics: each pod's GPUs, each GPU's value and the pod's."""
+    lines = [f"  {'POD':<36} {'FAMILY':<7} {'GPU':<44} {'HOST':<16} {'GPU%':>7} {'POD%':>7}"]
     for pod in entry["pods"]:
-        if "inputs" in pod:
-            inputs = "  ".join(f"{k}={'-' if v is None else f'{v:g}'}" for k, v in pod["inputs"].items())
-            lines.append(f"  {pod['pod']:<36} {pod['family']:<7} {inputs:<61} {pod['value']:7.1f}")
-            continue
         for index, gpu in enumerate(pod["gpus"]):
             pod_cell = f"{pod['pod']:<36} {pod['family']:<7}" if index == 0 else " " * 44
             pod_value = f"{pod['value']:7.1f}" if index == 0 else ""
@@ -115,16 +135,29 @@ def render_table(entry: Mapping[str, Any]) -> str:
         lines.append(
             f"  {pod:<36} {'-':<7} {'(no fresh data)':<44} {'':<16} {'':>7} {entry['missingPodValue']:7.1f}"
         )
-    hpa = entry["hpa"]
-    lines.append(
-        f"  value = {entry['value']:.2f} ({entry['aggregation']} over {hpa['currentReplicas']} pods)"
-        f"   active = {str(entry['active']).lower()} (> {entry['activationThreshold']:g})"
-    )
-    lines.append(
-        f"  HPA would ask for {hpa['desiredReplicasAverageValue']} replicas with metricType AverageValue,"
-        f" {hpa['desiredReplicasValue']} with Value (never fewer than minReplicaCount, and at least 1)"
-    )
-    return "\n".join(lines)
+    return lines
+
+
+# Inference metrics: what the per-pod value column is called (its inputs have columns of their own).
+_INFERENCE_VALUE_COLUMNS = {"requests": "IN FLIGHT", "queue": "QUEUED", "kv_cache": "POD KV%"}
+# The inputs an inference pod's entry carries (PodValue.inputs), as column headings.
+_INFERENCE_INPUTS = (("running", "RUNNING"), ("waiting", "WAITING"), ("kvCache", "KV-CACHE%"))
+
+
+def _inference_lines(entry: Mapping[str, Any], value_column: str) -> list[str]:
+    """Inference metrics: each pod's engine, running and waiting requests, KV-cache, and its value."""
+    heading = " ".join(f"{title:>9}" for _, title in _INFERENCE_INPUTS)
+    lines = [f"  {'POD':<36} {'ENGINE':<8} {heading} {value_column:>9}"]
+    for pod in entry["pods"]:
+        inputs = pod.get("inputs", {})
+        cells = " ".join(
+            f"{'-' if inputs.get(key) is None else format(inputs[key], 'g'):>9}"
+            for key, _ in _INFERENCE_INPUTS
+        )
+        lines.append(f"  {pod['pod']:<36} {pod['family']:<8} {cells} {pod['value']:9.1f}")
+    for pod in entry["missingPods"]:
+        lines.append(f"  {pod:<36} {'-':<8} {'(no fresh data)':<29} {entry['missingPodValue']:9.1f}")
+    return lines
 
 
 def _pending_lines(entry: Mapping[str, Any]) -> list[str]:
@@ -146,6 +179,7 @@ def _pending_lines(entry: Mapping[str, Any]) -> list[str]:
         f"   active = {str(entry['active']).lower()} (> {entry['activationThreshold']:g})"
     )
     lines.append(
-        f"  HPA would ask for {hpa['desiredReplicasAverageValue']} replicas with metricType AverageValue"
+        f"  HPA would ask for {counted(hpa['desiredReplicasAverageValue'], 'replica')} with metricType"
+        " AverageValue"
     )
     return lines

@@ -159,6 +159,7 @@ async def test_explain_prints_the_table(make_exporter) -> None:  # type: ignore[
     assert "vllm-3" in out
     assert "value = 360.00 (sum over 4 pods)" in out
     assert "HPA would ask for 6 replicas with metricType AverageValue" in out
+    assert "GPU%" in out and "POD%" in out
 
 
 async def test_explain_reports_bad_metadata_and_dead_exporters(make_exporter) -> None:  # type: ignore[no-untyped-def]
@@ -251,7 +252,17 @@ async def test_version() -> None:
     assert code == 0 and out.strip() == f"keda-gpu-scaler {__version__}"
 
 
-async def test_explain_shows_an_inference_servers_inputs(make_exporter) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("metric", "threshold", "value_column", "value", "replicas"),
+    [
+        ("requests", "50", "IN FLIGHT", "42.00", "1 replica with"),
+        ("queue", "8", "QUEUED", "30.00", "4 replicas with"),
+        ("kv_cache", "80", "POD KV%", "50.00", "1 replica with"),
+    ],
+)
+async def test_explain_shows_an_inference_servers_inputs_in_columns_of_its_own(  # type: ignore[no-untyped-def]
+    make_exporter, metric: str, threshold: str, value_column: str, value: str, replicas: str
+) -> None:
     from keda_gpu_scaler.engines.simulated import EngineLoad, vllm_page
 
     server = await make_exporter(vllm_page("llama", [EngineLoad(12, 30, 0.5)]))
@@ -261,13 +272,22 @@ async def test_explain_shows_an_inference_servers_inputs(make_exporter) -> None:
         f"llm/chat-0={server.url}",
         "--namespace",
         "llm",
-        "metric=requests",
-        "threshold=8",
+        f"metric={metric}",
+        f"threshold={threshold}",
         "podNamePrefix=chat-",
     )
     assert code == 0, out + err
-    assert "chat-0" in out and "running=12" in out and "waiting=30" in out
-    assert "value = 42.00" in out
+    header = next(line for line in out.splitlines() if line.strip().startswith("POD"))
+    assert header.split()[:5] == ["POD", "ENGINE", "RUNNING", "WAITING", "KV-CACHE%"]
+    assert header.rstrip().endswith(value_column)
+    assert "GPU" not in header and "HOST" not in header
+    (row,) = (line for line in out.splitlines() if line.strip().startswith("chat-0"))
+    assert row.split()[:5] == ["chat-0", "vllm", "12", "30", "50"]
+    assert f"value = {value} (sum over 1 pod)" in out
+    assert f"HPA would ask for {replicas} metricType AverageValue" in out
+
+
+async def test_explain_without_a_page_to_read_names_the_flags() -> None:
     code, _, err = await run_cli("explain", "--namespace", "llm", "threshold=70", "podNamePrefix=a-")
     assert code == 2 and "--inference-url" in err
 

@@ -660,6 +660,10 @@ async def test_banner_shows_a_requests_trigger_and_an_inference_pods_load(fleet:
     assert "-emit-defaults" in text
     assert f"{fleet.control_url}/load?pod=vllm-chat-0&running=12&waiting=30" in text
     assert f"{fleet.control_url}/pods/vllm-chat-0/metrics" in text
+    for workload in fleet.workloads:
+        pods = len(workload.pods)
+        assert f"{workload.name} ({workload.vendor}, {pods} {'pod' if pods == 1 else 'pods'} x" in text
+    assert any(len(w.pods) == 1 for w in fleet.workloads)  # the singular is seen
     names = [target.name for target in demo_targets(fleet)]
     assert names == [
         *(w.name for w in fleet.workloads),
