@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import fake_kube
 import pytest
 from aiohttp import web
 from certs import CertificateAuthority
@@ -379,3 +380,15 @@ async def test_the_scaler_reads_the_wanted_pools_of_followed_namespaces_only(
         assert app.gateway_pages.replicas("other", "chat-pool") == ()
     finally:
         await page.cleanup()
+
+
+async def test_an_api_server_without_inference_pools_says_to_install_them(
+    kube: FakeKube, gateways: tuple[GatewayDiscovery, Sink], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cluster without the Gateway API Inference Extension: the API server does not know the resource.
+    monkeypatch.setattr(fake_kube, "KINDS", tuple(k for k in fake_kube.KINDS if k is not INFERENCE_POOL))
+    discovery, sink = gateways
+    discovery.set_wanted({(NS, "chat-pool"): 9090})
+    await sink.has_problem(
+        "cannot read InferencePool llm/chat-pool", "inferencepools.inference.networking.k8s.io", "installed"
+    )
