@@ -16,7 +16,7 @@ import aiohttp
 import grpc
 from aiohttp import web
 
-from keda_gpu_scaler import telemetry as telemetry_module
+from keda_gpu_scaler import http_endpoints
 from keda_gpu_scaler.collect.gateway import GatewayPages
 from keda_gpu_scaler.collect.gateway_fetch import GatewayFetcher, gateway_fetcher
 from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink, PoolInterest
@@ -31,12 +31,13 @@ from keda_gpu_scaler.discovery.api import ConnectError
 from keda_gpu_scaler.discovery.resolver import DiscoveryConfig, KubeDiscovery
 from keda_gpu_scaler.evaluator import Evaluator
 from keda_gpu_scaler.gcpolicy import FreezeAfterFullCollections
+from keda_gpu_scaler.http_endpoints import http_app
+from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.registry import Explanation, Followed, Registry, Subscription
 from keda_gpu_scaler.service import ExternalScalerService, HealthStatus, add_services
 from keda_gpu_scaler.settings import Settings, SettingsError, resolve_kubernetes
 from keda_gpu_scaler.subscriptions import PodPageSubscriptions
 from keda_gpu_scaler.supervise import supervised
-from keda_gpu_scaler.telemetry import Telemetry, http_app
 from keda_gpu_scaler.tls import ReloadingServerCredentials
 from keda_gpu_scaler.trigger import Source
 
@@ -82,7 +83,6 @@ class App:
             settings = resolve_kubernetes(settings, os.environ)
         self.settings = settings
         self.clock = clock
-        self._gc_policy = FreezeAfterFullCollections()
         self.telemetry = Telemetry()
         self.store = Store()
         self.interest = Interest(settings.interest_ttl, clock)
@@ -278,7 +278,7 @@ class App:
             access_log=None,
             # From the moment a connection opens: a client that sends no complete request in this time
             # (a slowloris trickling header bytes, an idle keep-alive) is closed, so it cannot hoard sockets.
-            keepalive_timeout=telemetry_module.HTTP_IDLE_SECONDS,
+            keepalive_timeout=http_endpoints.HTTP_IDLE_SECONDS,
         )
         await self._http.setup()
         host, port = _split_address(s.http_address)
@@ -292,11 +292,6 @@ class App:
             ) from None
         self.http_port = self._http.addresses[0][1]
         self.telemetry.ready = True
-        # Everything built so far lives as long as the process: keeping it out of the collector's
-        # generations shortens the full collections that otherwise show as tens of ms in RPC tails; from
-        # now on each full collection freezes what it found alive (gcpolicy).
-        gc.freeze()
-        self._gc_policy.install()
         log.info(
             "serving gRPC on %s (port %d, %s), HTTP on %s (port %d); %d exporter(s)",
             s.grpc_address,
@@ -309,7 +304,6 @@ class App:
 
     async def stop(self) -> None:
         """Health NOT_SERVING, streams end with OK, in-flight calls finish within the grace, then the rest."""
-        self._gc_policy.remove()
         self.telemetry.ready = False
         await self.health.set_serving(False)
         self.service.close_streams()
@@ -349,11 +343,19 @@ async def run_until_signalled(
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stopping.set)
     await app.start()
+    # The process is the scaler's alone from here: everything built so far lives as long as it, and
+    # keeping it out of the collector's generations shortens the full collections that otherwise show as
+    # tens of ms in RPC tails; from now on each full collection freezes what it found alive (gcpolicy).
+    # A process's policy, so set here and not by App, which tests and tools embed.
+    gc_policy = FreezeAfterFullCollections()
+    gc.freeze()
+    gc_policy.install()
     extra = asyncio.create_task(alongside()) if alongside else None
     try:
         await stopping.wait()
         log.info("signal received: shutting down")
     finally:
+        gc_policy.remove()
         if extra is not None:
             extra.cancel()
             await asyncio.gather(extra, return_exceptions=True)

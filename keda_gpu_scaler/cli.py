@@ -12,8 +12,8 @@ import sys
 from collections.abc import Sequence
 
 from keda_gpu_scaler import __version__
+from keda_gpu_scaler.logs import configure_logging
 from keda_gpu_scaler.settings import FLAGS, SettingsError, build_settings, env_values, resolve_kubernetes
-from keda_gpu_scaler.telemetry import configure_logging
 
 log = logging.getLogger("keda_gpu_scaler")
 

@@ -9,7 +9,7 @@ from typing import Protocol, cast
 
 from keda_gpu_scaler.collect.gateway import GatewayPages, GatewayPool
 from keda_gpu_scaler.collect.gateway_source import ReplicaSamples
-from keda_gpu_scaler.collect.inference import INFERENCE_INTEREST, PodSamples
+from keda_gpu_scaler.collect.inference import INFERENCE_INTEREST
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
 from keda_gpu_scaler.collect.prometheus import (
     gateway_source,
@@ -20,11 +20,12 @@ from keda_gpu_scaler.collect.prometheus import (
 from keda_gpu_scaler.collect.prometheus_answer import ReplicaLost
 from keda_gpu_scaler.collect.store import NamespaceView, SourceKind, Store, source_problem
 from keda_gpu_scaler.discovery.targets import Targets  # defined beside discovery, re-exported here
+from keda_gpu_scaler.engines import PodSamples
 from keda_gpu_scaler.errors import ConfigError, NoData
+from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.pending import ReplicaInput, pending_evaluation
 from keda_gpu_scaler.registry import Explanation, Followed, Memo, Subscription
 from keda_gpu_scaler.scaling import Evaluation, evaluate, inference_pod_values, pod_values
-from keda_gpu_scaler.telemetry import Telemetry
 from keda_gpu_scaler.trigger import Aggregation, Source, TriggerSpec
 
 log = logging.getLogger(__name__)

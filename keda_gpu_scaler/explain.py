@@ -17,9 +17,10 @@ from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.errors import ScalerError
 from keda_gpu_scaler.evaluator import Evaluator
+from keda_gpu_scaler.http_endpoints import explanation_json
+from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.registry import Registry
 from keda_gpu_scaler.settings import Settings
-from keda_gpu_scaler.telemetry import Telemetry, explanation_json
 from keda_gpu_scaler.trigger import parse_trigger
 
 

@@ -5,15 +5,12 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from keda_gpu_scaler.engines import Missing, MissingKind, pod_reading, value_for
+from keda_gpu_scaler.engines import Missing, MissingKind, PodSamples, pod_reading, value_for
 from keda_gpu_scaler.errors import NoData
 from keda_gpu_scaler.trigger import Aggregation, GpuAggregation, Metric, TriggerSpec
 from keda_gpu_scaler.vendors import Family, GpuReading, utilization_for
-
-if TYPE_CHECKING:  # collect/ imports this module: only the type is needed here
-    from keda_gpu_scaler.collect.inference import PodSamples
 
 # Kubernetes' HPA leaves replicas alone while the usage ratio is within 10 % of 1.
 HPA_TOLERANCE = 0.1

@@ -27,8 +27,8 @@ from keda_gpu_scaler.errors import (
     quoted,
 )
 from keda_gpu_scaler.evaluator import Evaluator
+from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.registry import Followed, Registry
-from keda_gpu_scaler.telemetry import Telemetry
 from keda_gpu_scaler.trigger import TriggerSpec, parse_trigger
 
 log = logging.getLogger(__name__)

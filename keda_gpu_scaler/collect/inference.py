@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from keda_gpu_scaler.collect.scrape import PageReader, ScrapeCollector
 from keda_gpu_scaler.collect.store import SourceKind
-from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES, wrong_types
+from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES, PodSamples, wrong_types
 from keda_gpu_scaler.exposition import Sample
 
 log = logging.getLogger(__name__)
@@ -25,15 +24,6 @@ INFERENCE_INTEREST = "inference"
 
 # Container port names tried, in order, when the trigger gives no metricsPort (SPEC §6).
 DEFAULT_PORT_NAMES = ("metrics", "http")
-
-
-@dataclass(frozen=True, slots=True)
-class PodSamples:
-    """One pod's inference-server series (only the engines' families), as one page gave them."""
-
-    namespace: str
-    pod: str
-    samples: tuple[Sample, ...]
 
 
 def pod_page_reader(namespace: str, pod: str) -> Callable[[Sequence[Sample], object], Iterable[PodSamples]]:

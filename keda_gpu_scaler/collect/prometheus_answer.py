@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from keda_gpu_scaler.collect.gateway_source import ReplicaSamples
-from keda_gpu_scaler.collect.inference import PodSamples
 from keda_gpu_scaler.collect.promql import TIMESTAMP_LABEL, Target
-from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES, PodKey, pod_of
+from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES, PodKey, PodSamples, pod_of
 from keda_gpu_scaler.exposition import Sample
 from keda_gpu_scaler.gateways import GATEWAY_SAMPLE_NAMES
 from keda_gpu_scaler.jsonpieces import OFF_LOOP_BYTES, TooManyItems, loads_in_pieces

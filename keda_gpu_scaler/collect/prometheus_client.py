@@ -20,9 +20,9 @@ from keda_gpu_scaler.collect.prometheus_answer import (
     remote_text,
 )
 from keda_gpu_scaler.jsonpieces import OFF_LOOP_BYTES
+from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.secretfile import SecretFile
 from keda_gpu_scaler.settings import Settings, SettingsError
-from keda_gpu_scaler.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from keda_gpu_scaler.collect.http import FetchError, PageRefused
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, WantedKeys
 from keda_gpu_scaler.collect.store import Page, SourceKind, Store
 from keda_gpu_scaler.exposition import ExpositionError, Sample
+from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.supervise import supervised
-from keda_gpu_scaler.telemetry import Telemetry
 from keda_gpu_scaler.vendors import SAMPLE_NAMES, GpuReading, ReadingsMemo, readings_from_samples
 
 log = logging.getLogger(__name__)

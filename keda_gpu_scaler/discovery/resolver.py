@@ -28,8 +28,8 @@ from keda_gpu_scaler.discovery.scaledobject import (
 from keda_gpu_scaler.discovery.selectors import ExporterSelector, Selector, SelectorError, parse_selector
 from keda_gpu_scaler.discovery.targets import NamespaceIndex, Selection, Targets
 from keda_gpu_scaler.errors import ConfigError, NoData
+from keda_gpu_scaler.metrics import PREFIX, Telemetry
 from keda_gpu_scaler.supervise import supervised
-from keda_gpu_scaler.telemetry import PREFIX, Telemetry
 from keda_gpu_scaler.trigger import TriggerSpec
 
 __all__ = ["DiscoveryConfig", "ExporterSink", "KubeDiscovery", "Targets"]

@@ -23,6 +23,7 @@ from keda_gpu_scaler.engines._common import (
     Missing,
     MissingKind,
     PodKey,
+    PodSamples,
     Value,
     pod_of,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "Missing",
     "MissingKind",
     "PodKey",
+    "PodSamples",
     "Value",
     "accepts_model",
     "engine_supports",

@@ -273,3 +273,12 @@ def _values_text(g: Gauge) -> str:
     if g.missing is not None:
         return g.missing.reason
     return ", ".join(f"{value:g}" for _, value in sorted(g.values.items())) or "none"
+
+
+@dataclass(frozen=True, slots=True)
+class PodSamples:
+    """One pod's inference-server series (only the engines' families), as one page gave them."""
+
+    namespace: str
+    pod: str
+    samples: tuple[Sample, ...]

@@ -794,7 +794,7 @@ def exported_series() -> set[str]:
 
 
 def test_metric_inventory_matches_the_registry() -> None:
-    from keda_gpu_scaler.telemetry import Telemetry
+    from keda_gpu_scaler.metrics import Telemetry
 
     registered = {metric.name for metric in Telemetry().registry.collect()}
     names = {n.removeprefix("keda_gpu_scaler_") for n in _metric_types()}

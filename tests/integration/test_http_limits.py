@@ -7,14 +7,14 @@ import logging
 
 import pytest
 
-from keda_gpu_scaler import telemetry
-from keda_gpu_scaler.telemetry import OncePerInterval
+from keda_gpu_scaler import http_endpoints
+from keda_gpu_scaler.logs import OncePerInterval
 
 
 async def test_a_client_trickling_headers_is_disconnected(
     make_scaler, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(telemetry, "HTTP_IDLE_SECONDS", 0.5)
+    monkeypatch.setattr(http_endpoints, "HTTP_IDLE_SECONDS", 0.5)
     scaler = await make_scaler()
     reader, writer = await asyncio.open_connection("127.0.0.1", scaler.app.http_port)
 

@@ -38,8 +38,8 @@ from keda_gpu_scaler.collect.prometheus import PrometheusCollector
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
 from keda_gpu_scaler.collect.promql import namespace_query
 from keda_gpu_scaler.collect.store import Store
+from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.settings import Settings
-from keda_gpu_scaler.telemetry import Telemetry
 
 pytestmark = pytest.mark.prometheus
 

@@ -23,7 +23,6 @@ from prometheus_support import (
 from support import ExporterServer, eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler.collect.inference import PodSamples
 from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.prometheus import (
     PrometheusCollector,
@@ -32,9 +31,9 @@ from keda_gpu_scaler.collect.prometheus import (
 )
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
 from keda_gpu_scaler.collect.store import SourceKind, Store
-from keda_gpu_scaler.engines import InferenceMetric, pod_reading, value_for
+from keda_gpu_scaler.engines import InferenceMetric, PodSamples, pod_reading, value_for
+from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.settings import Settings
-from keda_gpu_scaler.telemetry import Telemetry
 
 pytestmark = pytest.mark.prometheus
 

@@ -9,8 +9,8 @@ import pytest
 from keda_gpu_scaler.collect.store import Page, Store
 from keda_gpu_scaler.errors import NoData
 from keda_gpu_scaler.evaluator import Evaluator
+from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.registry import Followed
-from keda_gpu_scaler.telemetry import Telemetry
 from keda_gpu_scaler.trigger import parse_trigger
 from keda_gpu_scaler.vendors import Family, GpuReading
 

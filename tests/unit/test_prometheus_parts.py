@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from support import eventually
 
 from keda_gpu_scaler.collect import prometheus as prometheus_module
-from keda_gpu_scaler.collect.inference import PodSamples
 from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.prometheus import (
     MAX_BACKOFF_INTERVALS,
@@ -54,6 +53,7 @@ from keda_gpu_scaler.collect.store import SourceKind, Store
 from keda_gpu_scaler.engines import (
     ENGINE_SAMPLE_NAMES,
     Engine,
+    PodSamples,
     llamacpp,
     pod_reading,
     simulated,

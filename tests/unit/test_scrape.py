@@ -25,7 +25,7 @@ from keda_gpu_scaler.collect.http import BearerToken, FetchError, LeanFetcher, e
 from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.scrape import GPU_EXPORTER_PAGES, PageReader, ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
-from keda_gpu_scaler.telemetry import Telemetry
+from keda_gpu_scaler.metrics import Telemetry
 
 PAGE = dcgm_page([GpuLine("llm", "vllm-0", 30), GpuLine("llm", "vllm-1", 40, gpu=1)])
 # A gzip page cut inside its stream: the part that inflates still reads as a valid, shorter page.

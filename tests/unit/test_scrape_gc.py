@@ -12,7 +12,7 @@ from support import GpuLine, dcgm_page
 from keda_gpu_scaler.collect import scrape
 from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.store import Store
-from keda_gpu_scaler.telemetry import Telemetry
+from keda_gpu_scaler.metrics import Telemetry
 
 
 class _Node:

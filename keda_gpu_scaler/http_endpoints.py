@@ -1,112 +1,24 @@
-"""The scaler's own metrics, logging, and HTTP endpoints (/metrics, /healthz, /readyz, /explain)."""
+"""The HTTP endpoints beside the gRPC service: /metrics, /healthz, /readyz and /explain."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import datetime
 import json
-import logging
-import sys
-import time
-from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.registry import Explanation
 from keda_gpu_scaler.scaling import Evaluation, PodValue
 from keda_gpu_scaler.trigger import KEYS, TriggerSpec
 
-PREFIX = "keda_gpu_scaler"
 # How long an HTTP connection may stay without a complete request (header read timeout and idle limit).
 # Prometheus reconnects for each scrape after this; 10 s is far above any honest client's header time.
 HTTP_IDLE_SECONDS = 10.0
-# The same error logged again within this many seconds is counted, not printed (see _OncePerInterval).
-REPEATED_ERROR_SECONDS = 10.0
-_RPC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-
-
-class Telemetry:
-    """Owns the metrics registry and the last evaluation of every ScaledObject (for /explain)."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
-        self.rpc_requests = Counter(
-            f"{PREFIX}_rpc_requests",
-            "gRPC calls answered, by method and status code",
-            ["method", "code"],
-            registry=r,
-        )
-        self.rpc_duration = Histogram(
-            f"{PREFIX}_rpc_duration_seconds",
-            "gRPC call latency",
-            ["method"],
-            buckets=_RPC_BUCKETS,
-            registry=r,
-        )
-        self.open_streams = Gauge(f"{PREFIX}_open_streams", "StreamIsActive streams open now", registry=r)
-        self.stream_pushes = Counter(
-            f"{PREFIX}_stream_pushes", "true values pushed on StreamIsActive (inactive→active)", registry=r
-        )
-        self.evaluations = Counter(
-            f"{PREFIX}_evaluations", "workload evaluations, by result", ["result"], registry=r
-        )
-        self.trigger_value = Gauge(
-            f"{PREFIX}_trigger_value",
-            "last value computed for a ScaledObject's trigger",
-            ["namespace", "scaledobject", "metric"],
-            registry=r,
-        )
-        self.trigger_active = Gauge(
-            f"{PREFIX}_trigger_active",
-            "1 when the last evaluation found the workload active",
-            ["namespace", "scaledobject", "metric"],
-            registry=r,
-        )
-        self.aggregation_mismatches = Counter(
-            f"{PREFIX}_aggregation_mismatches",
-            "evaluations whose explicit aggregation contradicts the trigger's metricType",
-            registry=r,
-        )
-        self.scrapes = Counter(f"{PREFIX}_scrapes", "exporter scrapes, by result", ["result"], registry=r)
-        self.scrape_duration = Histogram(
-            f"{PREFIX}_scrape_duration_seconds", "exporter scrape latency including parsing", registry=r
-        )
-        # What the Prometheus source costs the Prometheus it reads: queries by purpose (namespace, gpus,
-        # liveness, fleet) and result.
-        self.prometheus_queries = Counter(
-            f"{PREFIX}_prometheus_queries",
-            "instant queries sent by the Prometheus source, by purpose and result",
-            ["query", "result"],
-            registry=r,
-        )
-        self.prometheus_query_duration = Histogram(
-            f"{PREFIX}_prometheus_query_duration_seconds",
-            "Prometheus source query latency including parsing",
-            registry=r,
-        )
-        self.followed_scaled_objects = Gauge(
-            f"{PREFIX}_scaledobjects_followed",
-            "ScaledObjects the scaler keeps state for (called within --interest-ttl)",
-            registry=r,
-        )
-        self.ready = False
-
-    def scrape_done(self, *, ok: bool, seconds: float) -> None:
-        self.scrapes.labels("ok" if ok else "error").inc()
-        self.scrape_duration.observe(seconds)
-
-    def forget_labels(self, label_sets: Iterable[tuple[str, str, str]]) -> None:
-        """Remove a forgotten ScaledObject's series, so /metrics does not grow with every name ever seen."""
-        for labels in label_sets:
-            for gauge in (self.trigger_value, self.trigger_active):
-                with contextlib.suppress(KeyError):
-                    gauge.remove(*labels)
 
 
 def _spec_json(spec: TriggerSpec) -> dict[str, Any]:
@@ -250,61 +162,3 @@ def http_app(telemetry: Telemetry, explanations: ExplanationSource | None = None
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, indent=2, default=str)
-
-
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time": self.formatTime(record),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
-
-
-class OncePerInterval(logging.Filter):
-    """Lets one record of each message through per interval; says how many were held back.
-
-    When file descriptors run out, asyncio logs every failed accept() with a traceback, thousands a
-    second: the log would bury everything else and cost CPU that the gRPC answers need.
-    """
-
-    def __init__(self, interval: float = REPEATED_ERROR_SECONDS, clock: Callable[[], float] = time.monotonic):
-        super().__init__()
-        self._interval = interval
-        self._clock = clock
-        self._last: dict[str, tuple[float, int]] = {}  # message → (last printed, held back since)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
-            return True
-        key = str(record.msg)[:200]
-        now = self._clock()
-        printed, held = self._last.get(key, (float("-inf"), 0))
-        if now - printed < self._interval:
-            self._last[key] = (printed, held + 1)
-            return False
-        if len(self._last) > 1000:
-            self._last.clear()
-        self._last[key] = (now, 0)
-        if held:
-            record.msg = f"{record.msg} (and {held} more like it in the last {now - printed:.0f}s)"
-        return True
-
-
-def configure_logging(level: str, fmt: str) -> None:
-    # asyncio's own errors (accept() failing when descriptors run out) repeat at machine speed.
-    asyncio_log = logging.getLogger("asyncio")
-    if not any(isinstance(f, OncePerInterval) for f in asyncio_log.filters):
-        asyncio_log.addFilter(OncePerInterval())
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())

@@ -1,0 +1,90 @@
+"""The scaler's own metrics (prefix keda_gpu_scaler_): one registry, made by the app and passed down."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+PREFIX = "keda_gpu_scaler"
+_RPC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class Telemetry:
+    """Owns the metrics registry and the scaler's own series."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.rpc_requests = Counter(
+            f"{PREFIX}_rpc_requests",
+            "gRPC calls answered, by method and status code",
+            ["method", "code"],
+            registry=r,
+        )
+        self.rpc_duration = Histogram(
+            f"{PREFIX}_rpc_duration_seconds",
+            "gRPC call latency",
+            ["method"],
+            buckets=_RPC_BUCKETS,
+            registry=r,
+        )
+        self.open_streams = Gauge(f"{PREFIX}_open_streams", "StreamIsActive streams open now", registry=r)
+        self.stream_pushes = Counter(
+            f"{PREFIX}_stream_pushes", "true values pushed on StreamIsActive (inactive→active)", registry=r
+        )
+        self.evaluations = Counter(
+            f"{PREFIX}_evaluations", "workload evaluations, by result", ["result"], registry=r
+        )
+        self.trigger_value = Gauge(
+            f"{PREFIX}_trigger_value",
+            "last value computed for a ScaledObject's trigger",
+            ["namespace", "scaledobject", "metric"],
+            registry=r,
+        )
+        self.trigger_active = Gauge(
+            f"{PREFIX}_trigger_active",
+            "1 when the last evaluation found the workload active",
+            ["namespace", "scaledobject", "metric"],
+            registry=r,
+        )
+        self.aggregation_mismatches = Counter(
+            f"{PREFIX}_aggregation_mismatches",
+            "evaluations whose explicit aggregation contradicts the trigger's metricType",
+            registry=r,
+        )
+        self.scrapes = Counter(f"{PREFIX}_scrapes", "exporter scrapes, by result", ["result"], registry=r)
+        self.scrape_duration = Histogram(
+            f"{PREFIX}_scrape_duration_seconds", "exporter scrape latency including parsing", registry=r
+        )
+        # What the Prometheus source costs the Prometheus it reads: queries by purpose (namespace, gpus,
+        # liveness, fleet) and result.
+        self.prometheus_queries = Counter(
+            f"{PREFIX}_prometheus_queries",
+            "instant queries sent by the Prometheus source, by purpose and result",
+            ["query", "result"],
+            registry=r,
+        )
+        self.prometheus_query_duration = Histogram(
+            f"{PREFIX}_prometheus_query_duration_seconds",
+            "Prometheus source query latency including parsing",
+            registry=r,
+        )
+        self.followed_scaled_objects = Gauge(
+            f"{PREFIX}_scaledobjects_followed",
+            "ScaledObjects the scaler keeps state for (called within --interest-ttl)",
+            registry=r,
+        )
+        self.ready = False
+
+    def scrape_done(self, *, ok: bool, seconds: float) -> None:
+        self.scrapes.labels("ok" if ok else "error").inc()
+        self.scrape_duration.observe(seconds)
+
+    def forget_labels(self, label_sets: Iterable[tuple[str, str, str]]) -> None:
+        """Remove a forgotten ScaledObject's series, so /metrics does not grow with every name ever seen."""
+        for labels in label_sets:
+            for gauge in (self.trigger_value, self.trigger_active):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*labels)
