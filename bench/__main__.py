@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, str] = {
     "rpc": "bench.bench_rpc",
     "scale": "bench.bench_scale",
     "decisions": "bench.bench_decisions",
+    "llm": "bench.bench_llm",
     "cluster": "bench.bench_cluster",
 }
 OUTPUT = ROOT / "docs" / "BENCHMARKS.md"

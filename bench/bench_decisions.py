@@ -76,7 +76,7 @@ def run(quick: bool = False) -> Section:
     return Section(
         f"""## Decision quality (simulator)
 
-`bench/simulator.py` steps one second at a time through a workload of pods with
+`bench/simulator/gpu.py` steps one second at a time through a workload of pods with
 {timing.gpus_per_pod} GPUs each. Demand is in pods' worth of work; the ready pods share it evenly and each
 pod's GPUs run at min(100 %, its share); a new pod is ready {timing.pod_startup:g} s after it is created
 and shows 0 % until then. dcgm-exporter refreshes its values every {timing.exporter_refresh:g} s; the

@@ -1,4 +1,4 @@
-"""Discrete-time autoscaling simulator: HPA, KEDA, exporter and Prometheus delays, four ways to feed them."""
+"""GPU-utilisation workloads: exporter and Prometheus delays, four ways to feed KEDA and the HPA a GPU metric."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from bench.simulator.autoscaling import Behavior, Hpa, Keda, due
 from keda_gpu_scaler.errors import NoData
 from keda_gpu_scaler.scaling import (
-    HPA_TOLERANCE,
     aggregate,
     desired_replicas_average_value,
     evaluate,
@@ -16,116 +16,6 @@ from keda_gpu_scaler.scaling import (
 )
 from keda_gpu_scaler.trigger import Aggregation, TriggerSpec, parse_trigger
 from keda_gpu_scaler.vendors import Family, GpuReading
-
-# ---------------------------------------------------------------------------------------------------------
-# The HPA (Kubernetes pkg/controller/podautoscaler), written from its documented behaviour; pure functions.
-# Its AverageValue formula is the product's own what-if (scaling.desired_replicas_average_value).
-
-
-def value_replicas(value: float, target: float, current: int, ready: int) -> int:
-    """External metric, Value: ceil(ready pods × value / target), unless within tolerance of 1."""
-    ratio = value / target
-    if abs(ratio - 1) <= HPA_TOLERANCE:
-        return current
-    return math.ceil(ratio * ready)
-
-
-@dataclass(frozen=True)
-class Behavior:
-    """The HPA's default `behavior` (autoscaling/v2) and sync period."""
-
-    sync: float = 15.0
-    up_window: float = 0.0
-    down_window: float = 300.0
-    up_pods: int = 4
-    up_percent: float = 100.0
-    up_period: float = 15.0
-    down_percent: float = 100.0
-    down_period: float = 15.0
-
-
-def scale_up_limit(current: int, added_in_period: int, behavior: Behavior) -> int:
-    """Most replicas allowed now: the larger of the Pods and Percent policies from the period's start."""
-    start = current - added_in_period
-    return max(start + behavior.up_pods, math.ceil(start * (1 + behavior.up_percent / 100)))
-
-
-def scale_down_limit(current: int, removed_in_period: int, behavior: Behavior) -> int:
-    start = current + removed_in_period
-    return int(start * (1 - behavior.down_percent / 100))
-
-
-class Hpa:
-    """One HorizontalPodAutoscaler: stabilisation windows, then rate limits, then min/max."""
-
-    def __init__(
-        self, behavior: Behavior, min_replicas: int, max_replicas: int, now: float, current: int
-    ) -> None:
-        self.behavior = behavior
-        self.min_replicas = min_replicas
-        self.max_replicas = max_replicas
-        # Kubernetes seeds the scale-down window with the current count, so a new HPA does not shrink at once.
-        self.recommendations: list[tuple[float, int]] = [(now, current)]
-        self.events: list[tuple[float, int]] = []
-
-    def decide(self, now: float, current: int, metric_desired: int) -> int:
-        b = self.behavior
-        up, down = metric_desired, metric_desired
-        for at, replicas in self.recommendations:
-            if at > now - b.up_window:
-                up = min(up, replicas)
-            if at > now - b.down_window:
-                down = max(down, replicas)
-        horizon = now - max(b.up_window, b.down_window)
-        self.recommendations = [r for r in self.recommendations if r[0] > horizon]
-        self.recommendations.append((now, metric_desired))
-        desired = max(current, up)
-        desired = min(desired, down)
-        if desired > current:
-            added = sum(d for at, d in self.events if d > 0 and at + b.up_period > now)
-            desired = min(desired, max(scale_up_limit(current, added, b), current), self.max_replicas)
-        elif desired < current:
-            removed = sum(-d for at, d in self.events if d < 0 and at + b.down_period > now)
-            desired = max(desired, min(scale_down_limit(current, removed, b), current), self.min_replicas)
-        desired = min(max(desired, self.min_replicas), self.max_replicas)
-        if desired != current:
-            self.events.append((now, desired - current))
-            self.events = [e for e in self.events if e[0] + max(b.up_period, b.down_period) > now]
-        return desired
-
-
-# ---------------------------------------------------------------------------------------------------------
-# KEDA: activation (0 ↔ 1) and the HPA's bounds.
-
-
-@dataclass
-class Keda:
-    min_replica_count: int
-    max_replica_count: int
-    polling: float = 30.0
-    cooldown: float = 300.0
-    last_active: float = 0.0
-
-    @property
-    def hpa_min(self) -> int:
-        return max(self.min_replica_count, 1)
-
-    def poll(self, now: float, active: bool | None, replicas: int) -> int:
-        """The scale loop: IsActive (None: the scaler failed, replicas stay) → activation or scale to zero."""
-        if active is None:
-            return replicas
-        if active:
-            self.last_active = now
-            return max(replicas, self.hpa_min) if replicas == 0 else replicas
-        if replicas > 0 and self.min_replica_count == 0 and now - self.last_active >= self.cooldown:
-            return 0
-        return replicas
-
-    def push(self, now: float, replicas: int) -> int:
-        """StreamIsActive sent true: activate at once and restart the cooldown."""
-        self.last_active = now
-        return self.hpa_min if replicas == 0 else replicas
-
 
 # ---------------------------------------------------------------------------------------------------------
 # The workload and the pipelines that turn its GPUs into a metric.
@@ -331,10 +221,6 @@ class Timing:
     target_utilization: float = 70.0  # the yardstick for "over-provisioned"
 
 
-def _due(t: float, period: float, phase: float) -> bool:
-    return (t - phase) % period == 0
-
-
 @dataclass
 class Run:
     policy: Policy
@@ -383,9 +269,9 @@ def simulate(policy_type: type[Policy], trace: Trace, timing: Timing = Timing())
         demand = trace.demand(now)
         util = utilization(demand, pods, now)
         world = World(now, tuple(pods))
-        if _due(now, timing.exporter_refresh, timing.exporter_phase):
+        if due(now, timing.exporter_refresh, timing.exporter_phase):
             exporter = Snapshot(now, dict(util))
-        if _due(now, policy.interval, timing.collector_phase):
+        if due(now, policy.interval, timing.collector_phase):
             policy.collect(exporter, len(pods))
             if policy.push:
                 value = policy.value(world)
@@ -393,12 +279,12 @@ def simulate(policy_type: type[Policy], trace: Trace, timing: Timing = Timing())
                 if active and not was_active:
                     resize(keda.push(now, len(pods)), now)
                 was_active = active
-        if _due(now, keda.polling, timing.keda_phase):
+        if due(now, keda.polling, timing.keda_phase):
             value = policy.value(world)
             resize(
                 keda.poll(now, None if value is None else value > policy.activation_threshold, len(pods)), now
             )
-        if _due(now, behavior.sync, timing.hpa_phase) and pods:
+        if due(now, behavior.sync, timing.hpa_phase) and pods:
             value = policy.value(world)
             if value is not None:  # a failed metric: the HPA leaves the replica count alone
                 desired = desired_replicas_average_value(value, policy.target, len(pods))

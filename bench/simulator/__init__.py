@@ -1,0 +1,58 @@
+"""Autoscaling simulators: GPU-utilisation workloads (gpu) and LLM-serving fleets (llm_*), on one model
+of KEDA and the HPA (autoscaling). `python -m bench.simulator {gpu,llm}` runs them from the command line."""
+
+from bench.simulator.autoscaling import (
+    Behavior,
+    Hpa,
+    Keda,
+    due,
+    scale_down_limit,
+    scale_up_limit,
+    value_replicas,
+)
+from bench.simulator.gpu import (
+    POLICIES,
+    TRACES,
+    AksPolicy,
+    DoksPolicy,
+    PerGpuSumPolicy,
+    Pod,
+    Policy,
+    Run,
+    ScalerPolicy,
+    Snapshot,
+    Timing,
+    Trace,
+    World,
+    settling,
+    simulate,
+    simulate_all,
+    utilization,
+)
+
+__all__ = [
+    "POLICIES",
+    "TRACES",
+    "AksPolicy",
+    "Behavior",
+    "DoksPolicy",
+    "Hpa",
+    "Keda",
+    "PerGpuSumPolicy",
+    "Pod",
+    "Policy",
+    "Run",
+    "ScalerPolicy",
+    "Snapshot",
+    "Timing",
+    "Trace",
+    "World",
+    "due",
+    "scale_down_limit",
+    "scale_up_limit",
+    "settling",
+    "simulate",
+    "simulate_all",
+    "utilization",
+    "value_replicas",
+]

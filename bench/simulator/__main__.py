@@ -1,0 +1,102 @@
+"""`python -m bench.simulator gpu|llm`: the autoscaling simulators from the command line.
+
+gpu: the GPU-utilisation traces under the four GPU metrics (one line per trace and policy).
+llm: an LLM-serving fleet under every policy; `--json` prints one object per (trace, policy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from bench.simulator.gpu import simulate_all
+from bench.simulator.llm_fleet import ServerModel
+from bench.simulator.llm_policies import POD_RATE, POLICY_NAMES, REQUESTS_TARGET
+from bench.simulator.llm_run import run_matrix
+from bench.simulator.llm_traces import TraceFileError, builtin_traces, read_trace
+
+
+def _gpu(args: argparse.Namespace) -> int:
+    for trace, runs in simulate_all().items():
+        for run in runs:
+            print(
+                f"{trace:8} {run.policy.label:40} under {run.under:8,.0f} GPU-s"
+                f"  over {run.over:8,.0f} GPU-s  changes {run.changes:3}  most {max(run.replicas)}"
+            )
+    return 0
+
+
+def _llm(args: argparse.Namespace) -> int:
+    try:
+        traces = [read_trace(args.trace)] if args.trace else builtin_traces(POD_RATE, args.seed)
+    except TraceFileError as error:
+        print(f"python -m bench.simulator llm: {error}", file=sys.stderr)
+        return 2
+    model = dataclasses.replace(ServerModel(), gateway_ttl=args.gateway_ttl)
+    policies = tuple(args.policy) if args.policy else POLICY_NAMES
+    runs = run_matrix(
+        traces, policies, args.seed, args.min_replicas, model, requests_target=args.requests_target
+    )
+    rows = [run.summary() for run in runs]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    for row in rows:
+        print(
+            f"{row['trace']:8} {row['policy']:25} GPU-s {row['gpu_seconds']:9,.0f}"
+            f"  waiting req-s {row['waiting_request_seconds']:11,.0f}  p95 wait {row['p95_wait_seconds']:6.1f} s"
+            f"  dropped {row['dropped_requests']:5}  changes {row['scale_changes']:3}"
+        )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.simulator", description=__doc__)
+    commands = parser.add_subparsers(dest="command")
+    gpu = commands.add_parser("gpu", help="GPU-utilisation workloads under the four GPU metrics")
+    gpu.set_defaults(handler=_gpu)
+    llm = commands.add_parser("llm", help="an LLM-serving fleet under every policy")
+    llm.add_argument("--json", action="store_true", help="print a JSON array, one object per (trace, policy)")
+    llm.add_argument(
+        "--trace", type=Path, help="CSV: seconds,requests_per_second[,prompt_tokens,output_tokens]"
+    )
+    llm.add_argument(
+        "--min-replicas",
+        type=int,
+        metavar="N",
+        help="minReplicaCount for every policy (default: 1, and 0 for the two wake-from-zero policies)",
+    )
+    llm.add_argument(
+        "--gateway-ttl",
+        type=float,
+        default=ServerModel().gateway_ttl,
+        metavar="SECONDS",
+        help="how long the gateway holds a request while no pod is Ready (default: the EPP's 60)",
+    )
+    llm.add_argument(
+        "--requests-target",
+        type=float,
+        metavar="N",
+        help=f"target requests in flight per pod for the requests and pending triggers (default {REQUESTS_TARGET})",
+    )
+    llm.add_argument("--policy", action="append", choices=POLICY_NAMES, help="only this policy; repeatable")
+    llm.add_argument("--seed", type=int, default=1, help="random seed of arrivals and tokens (default 1)")
+    llm.set_defaults(handler=_llm)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        args = parser.parse_args(["gpu", *(argv or [])])
+    if getattr(args, "min_replicas", None) is not None and args.min_replicas < 0:
+        parser.error(f"--min-replicas {args.min_replicas}: must be ≥ 0")
+    if getattr(args, "requests_target", None) is not None and not args.requests_target > 0:
+        parser.error(f"--requests-target {args.requests_target:g}: must be > 0")
+    if getattr(args, "gateway_ttl", 1.0) <= 0:
+        parser.error(f"--gateway-ttl {args.gateway_ttl:g}: must be > 0")
+    handler = args.handler
+    return int(handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

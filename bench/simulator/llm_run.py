@@ -1,0 +1,262 @@
+"""One LLM fleet under one policy through one trace, on a fixed time step, and what it cost."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.simulator.autoscaling import Behavior, Hpa, Keda, due
+from bench.simulator.llm_fleet import Fleet, Request, ServerModel
+from bench.simulator.llm_policies import MAX_REPLICAS, POD_RATE, LlmPolicy, make_policy
+from bench.simulator.llm_signals import Signals, Timing
+from bench.simulator.llm_traces import Arrivals, LlmTrace, Segment, draw_arrivals
+
+STEP = 0.25  # seconds per simulation step (decode steps are 7–20 ms: a step holds tens of them)
+SAMPLE = 5.0  # seconds between the points kept for plots
+
+
+@dataclass
+class LlmRun:
+    trace: LlmTrace
+    policy: LlmPolicy
+    gateway_ttl: float
+    gpu_seconds: float = 0.0
+    quiet_gpu_seconds: float = 0.0  # GPU-seconds while nothing arrives and nothing is in the system
+    waiting_request_seconds: float = 0.0
+    p95_wait_seconds: float = 0.0
+    arrived: int = 0
+    completed: int = 0
+    dropped: int = 0
+    in_system: int = 0
+    scale_changes: int = 0
+    seconds_per_token: float = 0.0  # admission → last token, per output token, over completed requests
+    first_waits_after_quiet: list[float | None] = field(default_factory=list)  # None: dropped
+    # Every replica change: (time, replicas before, after, requests waiting for a slot or a pod then).
+    events: list[tuple[float, int, int, int]] = field(default_factory=list)
+    # Every HPA sync: (time, replicas, what the metrics asked for, what the HPA set within its behaviour).
+    decisions: list[tuple[float, int, int, int]] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    replicas: list[int] = field(default_factory=list)
+    ready: list[int] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)
+    rate: list[float] = field(default_factory=list)
+
+    @property
+    def scale_downs_while_waiting(self) -> int:
+        return sum(1 for _, before, after, waiting in self.events if after < before and waiting > 0)
+
+    def first_decision_after(self, t: float) -> tuple[float, int, int] | None:
+        """The first HPA decision after time t that changed the count: (seconds after t, what the metrics
+        asked for, what the HPA set)."""
+        return next(
+            (
+                (at - t, asked, set_)
+                for at, current, asked, set_ in self.decisions
+                if at > t and set_ != current
+            ),
+            None,
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "trace": self.trace.name,
+            "policy": self.policy.name,
+            "min_replicas": self.policy.min_replicas,
+            "gateway_ttl_seconds": self.gateway_ttl,
+            "gpu_seconds": round(self.gpu_seconds, 1),
+            "quiet_gpu_seconds": round(self.quiet_gpu_seconds, 1),
+            "waiting_request_seconds": round(self.waiting_request_seconds, 1),
+            "p95_wait_seconds": round(self.p95_wait_seconds, 2),
+            "dropped_requests": self.dropped,
+            "scale_changes": self.scale_changes,
+            "scale_downs_while_waiting": self.scale_downs_while_waiting,
+            "arrived_requests": self.arrived,
+            "completed_requests": self.completed,
+            "requests_in_system_at_end": self.in_system,
+            "max_replicas": max(self.replicas, default=0),
+            "ms_per_output_token": round(1000 * self.seconds_per_token, 1),
+            "first_wait_after_quiet_seconds": [
+                None if w is None else round(w, 1) for w in self.first_waits_after_quiet
+            ],
+        }
+
+
+def initial_replicas(trace: LlmTrace, policy: LlmPolicy, unit: float) -> int:
+    """Start from the fleet the first rate needs (a warm start), or from zero when it is 0 and allowed."""
+    needed = math.ceil(trace.rate_at(0.0) / unit) if unit > 0 else 1
+    return max(policy.min_replicas, needed)
+
+
+def simulate_llm(
+    trace: LlmTrace,
+    arrivals: Arrivals,
+    policy: LlmPolicy,
+    unit: float,
+    model: ServerModel | None = None,
+    timing: Timing | None = None,
+    behavior: Behavior | None = None,
+) -> LlmRun:
+    model = model or ServerModel()
+    timing = timing or Timing()
+    behavior = behavior or Behavior()
+    start = initial_replicas(trace, policy, unit)
+    fleet = Fleet(model, start, 0.0)
+    keda = Keda(policy.min_replicas, MAX_REPLICAS)
+    hpa = Hpa(behavior, keda.hpa_min, MAX_REPLICAS, 0.0, start)
+    signals = Signals(timing)
+    run = LlmRun(trace, policy, model.gateway_ttl)
+    watched = _first_after_quiet(trace, arrivals)
+    times, prompts, outputs = arrivals.times, arrivals.prompts, arrivals.outputs
+    index, total = 0, len(times)
+    steps = round(trace.duration / STEP)
+
+    def resize(target: int, now: float) -> None:
+        before = fleet.replicas
+        if fleet.resize(target, now):
+            run.scale_changes += 1
+            run.events.append((now, before, target, fleet.waiting()))
+
+    for step in range(steps + 1):
+        now = step * STEP
+        if step:
+            fleet.step(now, STEP)
+            gpus = fleet.gpus() * STEP
+            run.gpu_seconds += gpus
+            if gpus and trace.rate_at(now - STEP) == 0 and not fleet.in_system():
+                run.quiet_gpu_seconds += gpus
+        gateway_read, scraped = signals.tick(now, fleet)
+        policy.tick(now, signals, fleet, scraped)
+        if gateway_read and policy.pushed(signals):
+            resize(keda.push(now, fleet.replicas), now)
+        if due(now, 30.0, timing.keda_phase):
+            resize(keda.poll(now, policy.active(signals), fleet.replicas), now)
+        if fleet.replicas and due(now, behavior.sync, timing.hpa_phase):
+            desired = policy.desired(signals, fleet.replicas)
+            if desired is not None:
+                decided = hpa.decide(now, fleet.replicas, desired)
+                run.decisions.append((now, fleet.replicas, desired, decided))
+                resize(decided, now)
+        if due(now, SAMPLE, 0.0):
+            run.times.append(now)
+            run.replicas.append(fleet.replicas)
+            run.ready.append(len(fleet.ready_pods()))
+            run.waiting.append(fleet.waiting())
+            run.rate.append(trace.rate_at(now))
+        end = now + STEP
+        while index < total and times[index] < end:
+            request = Request(times[index], prompts[index], outputs[index])
+            if index in watched:
+                watched[index] = request
+            fleet.arrive(request)
+            index += 1
+
+    tally = fleet.tally
+    end_time = steps * STEP
+    still_waiting = [r.arrived for r in fleet.gateway] + [
+        r.arrived for pod in (*fleet.pods, *fleet.draining) for r in pod.queue
+    ]
+    run.waiting_request_seconds = math.fsum(tally.waits) + math.fsum(end_time - t for t in still_waiting)
+    run.p95_wait_seconds = _p95(tally.waits)
+    run.arrived, run.completed, run.dropped = tally.arrived, tally.completed, tally.dropped
+    run.in_system = fleet.in_system()
+    run.seconds_per_token = tally.busy_decode_seconds / tally.output_tokens if tally.output_tokens else 0.0
+    run.first_waits_after_quiet = [_wait(r) for r in watched.values()]
+    return run
+
+
+def _first_after_quiet(trace: LlmTrace, arrivals: Arrivals) -> dict[int, Request | None]:
+    watched: dict[int, Request | None] = {}
+    for end in trace.quiet_ends():
+        index = bisect.bisect_left(arrivals.times, end)
+        if index < len(arrivals.times):
+            watched[index] = None
+    return watched
+
+
+def _wait(request: Request | None) -> float | None:
+    if request is None or request.dropped:
+        return None
+    if request.admitted is None:
+        return math.inf
+    return request.admitted - request.arrived
+
+
+def _p95(values: list[float]) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+def run_matrix(
+    traces: list[LlmTrace],
+    policies: tuple[str, ...],
+    seed: int,
+    min_replicas: int | None = None,
+    model: ServerModel | None = None,
+    unit: float = POD_RATE,
+    requests_target: float | None = None,
+) -> list[LlmRun]:
+    """Every policy through every trace; each trace's arrivals are drawn once and replayed for all."""
+    runs = []
+    for trace in traces:
+        arrivals = draw_arrivals(trace, seed)
+        for name in policies:
+            runs.append(
+                simulate_llm(trace, arrivals, make_policy(name, min_replicas, requests_target), unit, model)
+            )
+    return runs
+
+
+@dataclass(frozen=True)
+class PodPoint:
+    """One pod at a constant arrival rate, after warming up: what a concurrency sweep would measure."""
+
+    rate: float
+    served: float  # requests completed per second
+    in_flight: float
+    kv: float
+    ms_per_token: float
+    utilization: float  # % of the time the GPU had work
+
+
+def pod_curve(rates: list[float], seed: int, model: ServerModel | None = None) -> list[PodPoint]:
+    model = model or ServerModel()
+    points = []
+    warm, seconds = 300.0, 1500.0
+    for rate in rates:
+        trace = LlmTrace("pod", "", (Segment(0.0, rate),), seconds)
+        arrivals = draw_arrivals(trace, seed)
+        fleet = Fleet(model, 1, 0.0)
+        pod = fleet.pods[0]
+        index, in_flight, kv, samples = 0, 0.0, 0.0, 0
+        completed_at_warm = busy_at_warm = tokens_at_warm = decode_at_warm = 0.0
+        for step in range(1, round(seconds / STEP) + 1):
+            now = step * STEP
+            fleet.step(now, STEP)
+            while index < len(arrivals.times) and arrivals.times[index] < now + STEP:
+                fleet.arrive(Request(arrivals.times[index], arrivals.prompts[index], arrivals.outputs[index]))
+                index += 1
+            tally = fleet.tally
+            if now == warm:
+                completed_at_warm, busy_at_warm = tally.completed, pod.busy
+                tokens_at_warm, decode_at_warm = tally.output_tokens, tally.busy_decode_seconds
+            if now > warm:
+                in_flight += fleet.in_system()
+                kv += pod.kv_usage()
+                samples += 1
+        tally, span = fleet.tally, seconds - warm
+        tokens = tally.output_tokens - tokens_at_warm
+        points.append(
+            PodPoint(
+                rate,
+                (tally.completed - completed_at_warm) / span,
+                in_flight / samples,
+                kv / samples,
+                1000 * (tally.busy_decode_seconds - decode_at_warm) / tokens if tokens else 0.0,
+                100 * (pod.busy - busy_at_warm) / span,
+            )
+        )
+    return points

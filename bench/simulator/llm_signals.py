@@ -1,0 +1,89 @@
+"""What each collector saw, and when: the scaler's own scrape of the pods, Prometheus, the GPU exporter,
+and the gateway's queue page. Policies read these views, never the fleet itself."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from bench.simulator.autoscaling import due
+from bench.simulator.llm_fleet import Fleet
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One pod's inference page at one instant (vllm:num_requests_running/waiting, kv_cache_usage_perc)."""
+
+    running: int
+    waiting: int
+    kv: float  # 0–1
+
+
+@dataclass(frozen=True)
+class View:
+    at: float
+    pages: dict[str, Page] = field(default_factory=dict)  # Ready pods only: a starting pod has no page yet
+    targets: tuple[str, ...] = ()  # the Deployment's pods (what Kubernetes discovery lists)
+    pending: int = 0  # requests the gateway holds
+    utilization: dict[str, float] = field(default_factory=dict)  # the GPU exporter's last values, %
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Collector periods and phases (s); phases differ so no two loops tick in lockstep."""
+
+    scrape_interval: float = 5.0  # the scaler's --scrape-interval default
+    scrape_phase: float = 2.0
+    gateway_interval: float = 1.0  # the scaler's --gateway-interval default
+    prometheus_interval: float = 15.0  # a common Prometheus scrape interval (15–30 s)
+    prometheus_phase: float = 4.0
+    exporter_refresh: float = 30.0  # dcgm-exporter's default collection interval
+    exporter_phase: float = 0.0
+    hpa_phase: float = 7.0
+    keda_phase: float = 11.0
+    history: float = 60.0  # how far back Prometheus views are kept (the saturation analyser's [1m])
+
+
+class Signals:
+    def __init__(self, timing: Timing) -> None:
+        self.timing = timing
+        self.direct = View(-1.0)
+        self.prometheus = View(-1.0)
+        self.history: deque[View] = deque()
+        self.pending = 0  # the gateway page as the scaler last read it
+        self._utilization: dict[str, float] = {}
+        self._busy: dict[str, tuple[float, float]] = {}  # pod → (busy seconds, time) at the last refresh
+
+    def tick(self, now: float, fleet: Fleet) -> tuple[bool, bool]:
+        """Run the collectors due now; returns (the gateway page was read, Prometheus scraped)."""
+        t = self.timing
+        if due(now, t.exporter_refresh, t.exporter_phase):
+            self._refresh_exporter(now, fleet)
+        if due(now, t.scrape_interval, t.scrape_phase):
+            self.direct = self._view(now, fleet)
+        gateway = due(now, t.gateway_interval, 0.0)
+        if gateway:
+            self.pending = len(fleet.gateway)
+        scraped = due(now, t.prometheus_interval, t.prometheus_phase)
+        if scraped:
+            self.prometheus = self._view(now, fleet)
+            self.history.append(self.prometheus)
+            while self.history[0].at <= now - t.history:
+                self.history.popleft()
+        return gateway, scraped
+
+    def _view(self, now: float, fleet: Fleet) -> View:
+        pages = {p.name: Page(p.batch, p.waiting, p.kv_usage()) for p in fleet.ready_pods()}
+        targets = tuple(p.name for p in fleet.pods)
+        utilization = {name: self._utilization.get(name, 0.0) for name in targets}
+        return View(now, pages, targets, len(fleet.gateway), utilization)
+
+    def _refresh_exporter(self, now: float, fleet: Fleet) -> None:
+        """DCGM_FI_DEV_GPU_UTIL: the share of the last interval a kernel ran, per pod's GPU."""
+        values, busy = {}, {}
+        for pod in fleet.pods:
+            before, since = self._busy.get(pod.name, (0.0, pod.created))
+            window = now - since
+            values[pod.name] = min(100.0, 100.0 * (pod.busy - before) / window) if window > 0 else 0.0
+            busy[pod.name] = (pod.busy, now)
+        self._utilization, self._busy = values, busy
