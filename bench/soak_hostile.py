@@ -5,13 +5,16 @@ four hostile ones, each in its own process apart from the measuring one:
   - a gzip bomb: a small gzip body that inflates to far more than --max-page-bytes;
   - a ~15 MB page of ~150,000 series, different on every scrape (inside --max-page-bytes);
   - an exporter that answers 302, redirecting to a healthy exporter's page;
-  - a slowloris exporter: headers, then one byte every half second.
+  - a slowloris exporter: headers, then one byte every half second;
+  - a Prometheus server whose every /api/v1/query answer is a ~15 MiB vector, read by a ScaledObject of
+    another namespace (`source: prometheus`).
 A hostile client (its own process) calls at a fixed rate with thousands of distinct names and
 namespaces and with invalid metadata, names and protobuf; another process opens StreamIsActive streams
 and is then frozen with SIGSTOP (the scaler must drop them by keepalive and give their slots back).
 
 Measured for the healthy ScaledObject (GetMetrics + IsActive every 100 ms, plus a StreamIsActive while
-its load goes idle/busy): RPC latency p50/p99, UNAVAILABLE answers, pushes vs transitions; the scaler's
+its load goes idle/busy): RPC latency p50/p99 beside the machine's floor (the gRPC health Check, called
+in the same rounds: what any call costs here), UNAVAILABLE answers, pushes vs transitions; the scaler's
 peak RSS against the manifests' memory limit; whether legitimate streams opened after the freeze were
 refused. Writes its section of docs/SOAK.md. Run: `python -m bench.soak_hostile --minutes 4`.
 """
@@ -37,6 +40,7 @@ from typing import Any
 import aiohttp
 import grpc
 from aiohttp import web
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.harness import ROOT, Child, categorise, page_server, percentile, profile, rss_mib, scaler
 from bench.soak_registry import product_commit, write_section
@@ -56,9 +60,15 @@ LEGIT_STREAMS = 100
 MAX_STREAMS = FROZEN_STREAMS + 50  # frozen streams alone leave no room for the legitimate ones
 HOSTILE_RATE = 300.0  # RPC/s offered by the hostile client
 CALM_HEAD = 30.0  # seconds with only the hostile exporters, before the hostile client and streams
-HOSTILE_EXPORTERS = ("bomb", "big", "redirect", "slowloris")
+HOSTILE_EXPORTERS = ("bomb", "big", "redirect", "slowloris", "prometheus")
 BOMB_INFLATED = 256 * 1024 * 1024
 BIG_SERIES = 150_000
+PROMETHEUS_ELEMENTS = 50_000  # ~15 MiB of /api/v1/query vector
+HOSTILE_PROMETHEUS = pb.ScaledObjectRef(
+    name="hostile-prometheus",
+    namespace="hostile-prom",
+    scalerMetadata={"podNamePrefix": "vllm-", "threshold": "60", "source": "prometheus"},
+)
 MANIFEST = ROOT / "manifests" / "base" / "deployment.yaml"
 HEALTHY = pb.ScaledObjectRef(
     name="healthy",
@@ -103,10 +113,23 @@ def big_page() -> tuple[bytes, bytes]:
     return head + first, "".join(lines).encode()
 
 
+def prometheus_vector(shift: int) -> bytes:
+    """A /api/v1/query answer of PROMETHEUS_ELEMENTS GPU series of one namespace (~15 MiB)."""
+    result = ",".join(
+        f'{{"metric":{{"__name__":"DCGM_FI_DEV_GPU_UTIL","gpu":"{i % 8}","UUID":"GPU-{i:08d}",'
+        f'"Hostname":"node-{i // 8}","container":"main","namespace":"hostile-prom","pod":"vllm-{i // 8}",'
+        f'"job":"dcgm-exporter","instance":"10.0.{i // 2000}.{i % 250}:9400","modelName":"NVIDIA H100 80GB HBM3",'
+        f'"pci_bus_id":"00000000:{i % 256:02X}:00.0"}},"value":[1700000000.000,"{(i + shift) % 100}"]}}'
+        for i in range(PROMETHEUS_ELEMENTS)
+    )
+    return f'{{"status":"success","data":{{"resultType":"vector","result":[{result}]}}}}'.encode()
+
+
 async def serve_hostile_exporters(redirect_to: str) -> None:
     counts: Counter[str] = Counter()
     bomb = bomb_body()
     big_first, big_rest = big_page()
+    vectors = (prometheus_vector(0), prometheus_vector(1))
     headers = {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
 
     async def gzip_bomb(_: web.Request) -> web.Response:
@@ -122,16 +145,35 @@ async def serve_hostile_exporters(redirect_to: str) -> None:
         counts["redirect"] += 1
         return web.Response(status=302, headers={"Location": redirect_to})
 
+    async def prometheus(_: web.Request) -> web.Response:
+        counts["prometheus"] += 1
+        return web.Response(body=vectors[counts["prometheus"] % 2], content_type="application/json")
+
     async def stats(_: web.Request) -> web.Response:
         return web.json_response(
-            {**counts, "bomb_bytes": len(bomb), "big_bytes": len(big_first + big_rest) + 3}
+            {
+                **counts,
+                "bomb_bytes": len(bomb),
+                "big_bytes": len(big_first + big_rest) + 3,
+                "prometheus_bytes": len(vectors[0]),
+            }
         )
 
     ports: dict[str, int] = {}
     runners = []
-    for name, handler in (("bomb", gzip_bomb), ("big", big), ("redirect", redirect), ("control", stats)):
+    routes = (
+        ("bomb", "/metrics", gzip_bomb),
+        ("big", "/metrics", big),
+        ("redirect", "/metrics", redirect),
+        ("prometheus", "/api/v1/query", prometheus),
+        ("control", "/stats", stats),
+    )
+    for name, path, handler in routes:
         app = web.Application()
-        app.router.add_get("/metrics" if name != "control" else "/stats", handler)
+        if name == "prometheus":
+            app.router.add_post(path, handler)
+        else:
+            app.router.add_get(path, handler)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -290,9 +332,9 @@ async def spawn(*args: str) -> tuple[Child, dict[str, Any]]:
 
 async def run(minutes: float, with_profile: bool, exporters_used: list[str], rate: float) -> str:
     seconds = minutes * 60
-    if seconds < CALM_HEAD + 90:
-        raise SystemExit("--minutes must leave at least 90 s after the first 30 s")
-    latencies: dict[str, list[float]] = {"calm": [], "attacked": []}
+    if seconds < CALM_HEAD + 30:
+        raise SystemExit("--minutes must leave at least 30 s after the first 30 s")
+    latencies: dict[str, list[float]] = {"calm": [], "attacked": [], "floor calm": [], "floor attacked": []}
     codes: Counter[str] = Counter()
     rss: list[tuple[float, float]] = []
     open_streams: list[tuple[float, float]] = []
@@ -301,11 +343,17 @@ async def run(minutes: float, with_profile: bool, exporters_used: list[str], rat
     async with page_server(HEALTHY_EXPORTERS) as pages:
         exporters, ports = await spawn("--role", "exporters", "--redirect-to", pages.url(0))
         hostile_urls = {
-            name: f"http://127.0.0.1:{port}/metrics" for name, port in ports.items() if name in exporters_used
+            name: f"http://127.0.0.1:{port}/metrics"
+            for name, port in ports.items()
+            if name in exporters_used and name != "prometheus"
         }
+        prometheus = {}
+        if "prometheus" in exporters_used:
+            prometheus["prometheus_url"] = f"http://127.0.0.1:{ports['prometheus']}"
         try:
             async with scaler(
                 [*(pages.url(i) for i in range(HEALTHY_EXPORTERS)), *hostile_urls.values()],
+                **prometheus,
                 scrape_interval=f"{SCRAPE_INTERVAL:g}",
                 keepalive_time=f"{KEEPALIVE_TIME:g}",
                 keepalive_timeout=f"{KEEPALIVE_TIMEOUT:g}",
@@ -313,7 +361,16 @@ async def run(minutes: float, with_profile: bool, exporters_used: list[str], rat
                 explain="off",
             ) as server:
                 result = await attack(
-                    server, pages, seconds, with_profile, rate, latencies, codes, rss, open_streams
+                    server,
+                    pages,
+                    seconds,
+                    with_profile,
+                    rate,
+                    latencies,
+                    codes,
+                    rss,
+                    open_streams,
+                    bool(prometheus),
                 )
                 result["scaler_peak_rss"] = rss_mib(server.child.pid)[1]
                 result["scaler_log"] = list(server.child.tail)
@@ -325,6 +382,7 @@ async def run(minutes: float, with_profile: bool, exporters_used: list[str], rat
         finally:
             await exporters.stop()
     result["rate"] = rate
+    result["exporters"] = exporters_used
     result["commit"] = commit
     return report(minutes, latencies, codes, rss, open_streams, hostile_urls, result)
 
@@ -339,10 +397,12 @@ async def attack(
     codes: Counter[str],
     rss: list[tuple[float, float]],
     open_streams: list[tuple[float, float]],
+    hostile_prometheus: bool,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {}
     channel = grpc.aio.insecure_channel(server.target)
     stub = pb_grpc.ExternalScalerStub(channel)
+    health = health_pb2_grpc.HealthStub(channel)
     http = aiohttp.ClientSession()
     t0 = time.monotonic()
     phase = "calm"
@@ -363,7 +423,24 @@ async def attack(
                     codes[f"{phase} {method} {error.code().name}"] += 1
                     errors.setdefault(error.code().name, f"{method}: {(error.details() or '')[:300]}")
                 latencies[phase].append(time.perf_counter() - started)
+            # The floor: the cheapest call the server has, through the same channel and loop.
+            started = time.perf_counter()
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await health.Check(health_pb2.HealthCheckRequest(), timeout=10)
+                latencies[f"floor {phase}"].append(time.perf_counter() - started)
             await asyncio.sleep(POLL_EVERY)
+
+    async def poll_hostile_prometheus() -> None:
+        # Called like KEDA would call it, so that its namespace stays followed: never counted as healthy.
+        request = pb.GetMetricsRequest(scaledObjectRef=HOSTILE_PROMETHEUS, metricName="gpu-utilization")
+        await stub.GetMetricSpec(HOSTILE_PROMETHEUS)
+        while True:
+            try:
+                await stub.GetMetrics(request, timeout=30)
+                result["prometheus_answer"] = "OK"
+            except grpc.aio.AioRpcError as error:
+                result["prometheus_answer"] = f"{error.code().name}: {(error.details() or '')[:240]}"
+            await asyncio.sleep(1)
 
     pushes: list[float] = []
     errors: dict[str, str] = {}
@@ -412,7 +489,8 @@ async def attack(
                         result["followed_last"] = float(line.split()[1])
             await asyncio.sleep(1)
 
-    background = [asyncio.create_task(f()) for f in (poll, healthy_stream, load, sampler)]
+    tasks = [poll, healthy_stream, load, sampler] + ([poll_hostile_prometheus] if hostile_prometheus else [])
+    background = [asyncio.create_task(f()) for f in tasks]
     await asyncio.sleep(max(0.0, CALM_HEAD - (time.monotonic() - t0)))
 
     # The attack: frozen streams first (they must get their slots), then the hostile client.
@@ -547,16 +625,17 @@ def report(
     command = f"python -m bench.soak_hostile --minutes {minutes:g}"
     if "profile" in r:
         command += " --profile"
-    if list(hostile_urls) != list(HOSTILE_EXPORTERS):
-        command += " --exporters " + (",".join(hostile_urls) or "''")
+    if list(r["exporters"]) != list(HOSTILE_EXPORTERS):
+        command += " --exporters " + (",".join(r["exporters"]) or "''")
     if r["rate"] != HOSTILE_RATE:
         command += f" --rate {r['rate']:g}"
     title = (
-        "## Soak: hostile neighbours (gzip bomb, 15 MB changing page, redirects, slowloris, hostile client)"
+        "## Soak: hostile neighbours (gzip bomb, 15 MB changing page, redirects, slowloris, 15 MiB"
+        " Prometheus answers, hostile client)"
     )
-    if variant(list(hostile_urls), r["rate"]):
+    if variant(list(r["exporters"]), r["rate"]):
         title = (
-            f"### Hostile neighbours, in part: hostile exporters {', '.join(hostile_urls) or 'none'},"
+            f"### Hostile neighbours, in part: hostile exporters {', '.join(r['exporters']) or 'none'},"
             f" hostile client at {r['rate']:g} RPC/s"
         )
     lines = [
@@ -575,7 +654,10 @@ def report(
         f" Hostile exporters, from the start: a gzip bomb ({stats_.get('bomb_bytes', '?')} bytes inflating to"
         f" {BOMB_INFLATED >> 20} MiB), a {stats_.get('big_bytes', 0) / 1e6:.1f} MB page of {BIG_SERIES} series"
         " changing on every scrape, a 302 to a healthy exporter's page, a slowloris (headers, then 1 byte per"
-        f" 0.5 s). From {CALM_HEAD:g} s: {FROZEN_STREAMS} StreamIsActive streams in a process then frozen with"
+        f" 0.5 s), a Prometheus (`--prometheus-url`) answering every query with a"
+        f" {stats_.get('prometheus_bytes', 0) / 2**20:.1f} MiB vector of {PROMETHEUS_ELEMENTS:,} series, read by"
+        " `hostile-prom/hostile-prometheus` (`source: prometheus`, GetMetrics every second). From"
+        f" {CALM_HEAD:g} s: {FROZEN_STREAMS} StreamIsActive streams in a process then frozen with"
         f" SIGSTOP, and a hostile client at {r['rate']:g} RPC/s (half new ScaledObjects each with its own name"
         " and namespace, the rest invalid metadata, invalid names, garbage protobuf, or many names in `llm`).",
         "",
@@ -584,6 +666,9 @@ def report(
         f"| healthy RPCs, all | {stats(everything)} | p99 ≤ 10 ms: {'met' if goal_p99 else f'missed by {p99 - 10:.1f} ms'} |",
         f"| healthy RPCs, hostile exporters only (first {CALM_HEAD:g} s) | {stats(latencies['calm'])} | |",
         f"| healthy RPCs, under the whole attack | {stats(latencies['attacked'])} | |",
+        f"| the machine's floor: gRPC health Check in the same rounds, first {CALM_HEAD:g} s"
+        f" | {stats(latencies['floor calm'])} | |",
+        f"| the machine's floor under the whole attack | {stats(latencies['floor attacked'])} | |",
         f"| healthy answers other than OK | {not_ok or 'none'}"
         f"{''.join(f'; {code}: `{text}`' for code, text in r['healthy_errors'].items())} | no UNAVAILABLE: {'met' if goal_unavailable else f'missed ({unavailable})'} |",
         f"| healthy stream: pushes / idle → busy transitions | {len(r['pushes'])} / {expected_pushes};"
@@ -605,6 +690,11 @@ def report(
         "What the scaler said about each hostile exporter (its last log line):",
         "",
         *(f"- {name}: `{text}`" for name, text in failures.items()),
+        *(
+            [f"- prometheus (GetMetrics of `hostile-prom/hostile-prometheus`): `{r['prometheus_answer']}`"]
+            if "prometheus_answer" in r
+            else []
+        ),
     ]
     if "profile" in r:
         rules = [

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+
+from keda_gpu_scaler.exposition import release_in_slices
 
 # Documents larger than this are decoded in pieces in a worker thread; smaller ones (a few ms at most)
 # cost the loop less than the hand-off to a thread.
@@ -29,11 +33,17 @@ class TooManyItems(ValueError):
         self.limit = limit
 
 
-def loads_in_pieces(body: bytes | str, path: tuple[str, ...], max_items: int | None = None) -> Any:
+def loads_in_pieces(
+    body: bytes | str,
+    path: tuple[str, ...],
+    max_items: int | None = None,
+    convert: Callable[[Any], Any] | None = None,
+) -> Any:
     """What json.loads(body) gives (a ValueError where it fails), the array at `path` (object keys from
-    the top) decoded element by element; TooManyItems once that array has more than `max_items`."""
+    the top) decoded element by element, each element replaced by convert(element) when given;
+    TooManyItems once that array has more than `max_items`."""
     text = body.decode("utf-8") if isinstance(body, bytes) else body
-    value, end = _value(text, _skip(text, 0), path, max_items)
+    value, end = _value(text, _skip(text, 0), path, _Array(max_items, convert))
     if _skip(text, end) != len(text):
         raise ValueError(f"extra data at character {end}")
     return value
@@ -45,10 +55,16 @@ def _skip(text: str, at: int) -> int:
     return match.end()
 
 
-def _value(text: str, at: int, path: tuple[str, ...], max_items: int | None) -> tuple[Any, int]:
+@dataclass(frozen=True, slots=True)
+class _Array:
+    max_items: int | None
+    convert: Callable[[Any], Any] | None
+
+
+def _value(text: str, at: int, path: tuple[str, ...], array: _Array) -> tuple[Any, int]:
     if not path:
         if text.startswith("[", at):
-            return _array(text, at, max_items)
+            return _array(text, at, array)
         return _DECODER.raw_decode(text, at)
     if not text.startswith("{", at):
         return _DECODER.raw_decode(text, at)  # not the object the path goes through: decoded whole
@@ -65,7 +81,7 @@ def _value(text: str, at: int, path: tuple[str, ...], max_items: int | None) -> 
             raise ValueError(f"expected ':' at character {at}")
         at = _skip(text, at + 1)
         if key == path[0]:
-            document[key], at = _value(text, at, path[1:], max_items)
+            document[key], at = _value(text, at, path[1:], array)
         else:
             document[key], at = _DECODER.raw_decode(text, at)
         at = _skip(text, at)
@@ -77,16 +93,19 @@ def _value(text: str, at: int, path: tuple[str, ...], max_items: int | None) -> 
             raise ValueError(f"expected ',' or '}}' at character {at}")
 
 
-def _array(text: str, at: int, max_items: int | None) -> tuple[list[Any], int]:
+def _array(text: str, at: int, array: _Array) -> tuple[list[Any], int]:
     items: list[Any] = []
     at = _skip(text, at + 1)
     if text.startswith("]", at):
         return items, at + 1
     while True:
-        if max_items is not None and len(items) == max_items:
-            raise TooManyItems(max_items)
+        if array.max_items is not None and len(items) == array.max_items:
+            # What was decoded goes in slices: dropped at once, its million objects would be freed in one
+            # call holding the GIL for tens of ms.
+            release_in_slices(items)
+            raise TooManyItems(array.max_items)
         item, at = _DECODER.raw_decode(text, at)
-        items.append(item)
+        items.append(item if array.convert is None else array.convert(item))
         at = _skip(text, at)
         if text.startswith(",", at):
             at = _skip(text, at + 1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from keda_gpu_scaler.collect.gateway_source import ReplicaSamples
 from keda_gpu_scaler.collect.promql import TIMESTAMP_LABEL, Target
@@ -35,9 +35,9 @@ def remote_text(value: object, limit: int = REMOTE_TEXT_LIMIT) -> str:
     return shown + "…" if len(text) > limit else shown
 
 
-@dataclass(frozen=True, slots=True)
-class Element:
-    """One element of an instant vector."""
+class Element(NamedTuple):
+    """One element of an instant vector. (A tuple of a str-only dict and a float, which the garbage
+    collector stops tracking: a 40,000-element answer adds nothing to walk in a full collection.)"""
 
     labels: dict[str, str]
     value: float
@@ -46,10 +46,12 @@ class Element:
 def parse_vector(body: bytes) -> tuple[list[Element], list[str]]:
     """The elements and warnings of a /api/v1/query answer; PrometheusError for anything else.
 
-    A large answer is decoded a vector element at a time (run it in a worker thread: see jsonpieces)."""
+    A large answer is decoded a vector element at a time (run it in a worker thread: see jsonpieces),
+    each element made an Element as it is decoded: the decoder's dict and list of each are freed at once,
+    never 40,000 of them alive together for the garbage collector to walk."""
     try:
         if len(body) > OFF_LOOP_BYTES:
-            document = loads_in_pieces(body, ("data", "result"), MAX_ANSWER_ELEMENTS)
+            document = loads_in_pieces(body, ("data", "result"), MAX_ANSWER_ELEMENTS, _element_or_item)
         else:
             document = json.loads(body)
     except TooManyItems:
@@ -70,25 +72,36 @@ def parse_vector(body: bytes) -> tuple[list[Element], list[str]]:
         )
     if len(data["result"]) > MAX_ANSWER_ELEMENTS:
         raise too_many_elements()
-    elements = []
-    for item in data["result"]:
-        metric = item.get("metric") if isinstance(item, dict) else None
-        pair = item.get("value") if isinstance(item, dict) else None
-        if (
-            not isinstance(metric, dict)
-            or not all(isinstance(k, str) and isinstance(v, str) for k, v in metric.items())
-            or not isinstance(pair, list)
-            or len(pair) != 2
-            or not isinstance(pair[1], str)
-        ):
-            raise PrometheusError(f"malformed vector element: {remote_text(str(item))}")
-        try:
-            value = float(pair[1])  # also "NaN", "+Inf", "-Inf"
-        except ValueError:
-            raise PrometheusError(f"malformed sample value {remote_text(repr(pair[1]))}") from None
-        elements.append(Element(metric, value))
+    elements = [item if isinstance(item, Element) else _element(item) for item in data["result"]]
     warnings = document.get("warnings")
     return elements, [remote_text(str(w)) for w in warnings] if isinstance(warnings, list) else []
+
+
+def _element(item: Any) -> Element:
+    metric = item.get("metric") if isinstance(item, dict) else None
+    pair = item.get("value") if isinstance(item, dict) else None
+    if (
+        not isinstance(metric, dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in metric.items())
+        or not isinstance(pair, list)
+        or len(pair) != 2
+        or not isinstance(pair[1], str)
+    ):
+        raise PrometheusError(f"malformed vector element: {remote_text(str(item))}")
+    try:
+        value = float(pair[1])  # also "NaN", "+Inf", "-Inf"
+    except ValueError:
+        raise PrometheusError(f"malformed sample value {remote_text(repr(pair[1]))}") from None
+    return Element(metric, value)
+
+
+def _element_or_item(item: Any) -> Any:
+    """The Element an item of the result is, or the item itself: why it is none is said once the
+    answer is known to be a vector (a matrix's items are no vector elements either)."""
+    try:
+        return _element(item)
+    except PrometheusError:
+        return item
 
 
 def too_many_elements() -> PrometheusError:

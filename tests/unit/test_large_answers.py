@@ -95,6 +95,8 @@ def test_the_element_limit_is_far_above_a_namespace_of_1000_gpu_pods() -> None:
         b'{"status":"success"}',
         b"[" * 100_000,
         b'{"status": "success", "data": {"result": [1,]}}',
+        b'{"status":"success","data":{"resultType":"matrix","result":[{"metric":{},"values":[[1,"2"]]}]}}',
+        b'{"status":"success","data":{"resultType":"vector","result":[{"metric":{},"value":[1,"x"]}]}}',
     ],
 )
 def test_a_broken_answer_fails_alike_decoded_whole_or_in_pieces(monkeypatch, body: bytes) -> None:  # type: ignore[no-untyped-def]
@@ -105,6 +107,13 @@ def test_a_broken_answer_fails_alike_decoded_whole_or_in_pieces(monkeypatch, bod
             parse_vector(body)
         messages.append(str(error.value).partition(" (")[0])
     assert messages[0] == messages[1]
+
+
+def test_an_answer_reads_the_same_decoded_whole_or_in_pieces(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    body = vector(50)
+    whole = parse_vector(body)
+    monkeypatch.setattr(prometheus_answer, "OFF_LOOP_BYTES", 0)
+    assert parse_vector(body) == whole and len(whole[0]) == 50
 
 
 @pytest.fixture
