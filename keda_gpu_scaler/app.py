@@ -183,6 +183,11 @@ class App:
         followed = self.registry.get(namespace, name)
         return followed.explanation if followed is not None else None
 
+    def explanations(self, namespace: str, name: str) -> list[Explanation]:
+        """The last evaluation of each trigger of a followed ScaledObject (for /explain)."""
+        followed = self.registry.get(namespace, name)
+        return followed.explanations() if followed is not None else []
+
     def explained(self) -> list[tuple[str, str]]:
         return [
             key for key in self.registry.followed_keys() if (f := self.registry.get(*key)) and f.explanation

@@ -95,7 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--scrape-timeout", default="3", help="seconds per scrape (default: 3)")
     explain.add_argument("--json", action="store_true", help="print JSON instead of a table")
     explain.add_argument(
-        "metadata", nargs="+", metavar="KEY=VALUE", help="trigger metadata, e.g. threshold=70"
+        "metadata", nargs="*", metavar="KEY=VALUE", help="trigger metadata, e.g. threshold=70"
+    )
+    explain.add_argument(
+        "--trigger",
+        action="append",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another trigger of the same ScaledObject, after the first one's metadata; repeatable:"
+        " each is shown from the same scrape",
     )
     return parser
 
@@ -187,12 +196,9 @@ def _explain(args: argparse.Namespace) -> int:
     from keda_gpu_scaler.explain import explain_once, render_table
 
     configure_logging("warning", "text")
-    metadata: dict[str, str] = {}
-    for item in args.metadata:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SettingsError(f"metadata {item!r} is not KEY=VALUE")
-        metadata[key] = value
+    triggers = [_metadata(items) for items in ([args.metadata] if args.metadata else []) + args.trigger]
+    if not triggers:
+        raise SettingsError("explain needs a trigger's metadata, e.g. threshold=70 podNamePrefix=vllm-")
     if not args.exporter_url and not args.inference_url and not args.gateway_url:
         raise SettingsError(
             "explain needs --exporter-url (GPU metrics), --inference-url (inference metrics) or"
@@ -207,6 +213,25 @@ def _explain(args: argparse.Namespace) -> int:
             "kubernetes": "off",
         }
     )
-    entry = asyncio.run(explain_once(settings, args.namespace, args.name, metadata))
-    print(json.dumps(entry, indent=2, default=str) if args.json else render_table(entry))
-    return 0 if "error" not in entry else 1
+    entries = asyncio.run(explain_once(settings, args.namespace, args.name, triggers))
+    if args.json:
+        # As /explain answers: one trigger's entry, or the ScaledObject with every trigger's.
+        shown: object = (
+            entries[0]
+            if len(entries) == 1
+            else {"namespace": args.namespace, "scaledObject": args.name, "triggers": entries}
+        )
+        print(json.dumps(shown, indent=2, default=str))
+    else:
+        print("\n\n".join(render_table(entry) for entry in entries))
+    return 0 if all("error" not in entry for entry in entries) else 1
+
+
+def _metadata(items: Sequence[str]) -> dict[str, str]:
+    metadata: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SettingsError(f"metadata {item!r} is not KEY=VALUE")
+        metadata[key] = value
+    return metadata

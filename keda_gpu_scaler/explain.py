@@ -1,11 +1,11 @@
-"""One-shot explain: scrape the exporters once and show what the scaler sees for one trigger."""
+"""One-shot explain: scrape the exporters once and show what the scaler sees for a ScaledObject's triggers."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from keda_gpu_scaler.collect.gateway import GatewayPages
@@ -25,9 +25,10 @@ from keda_gpu_scaler.trigger import parse_trigger
 
 
 async def explain_once(
-    settings: Settings, namespace: str, name: str, metadata: Mapping[str, str]
-) -> dict[str, Any]:
-    """The same entry /explain shows, after one scrape of every exporter; errors become an "error" field."""
+    settings: Settings, namespace: str, name: str, triggers: Sequence[Mapping[str, str]]
+) -> list[dict[str, Any]]:
+    """The entries /explain shows for each trigger (metadata), from one scrape of every page; a trigger's
+    errors become its entry's "error" field."""
     telemetry = Telemetry()
     store = Store()
     clock = time.monotonic
@@ -45,12 +46,20 @@ async def explain_once(
     registry = Registry(
         ttl=settings.interest_ttl, cap=1, clock=clock, interest=interest, interest_key=evaluator.interest_key
     )
-    try:
-        spec = parse_trigger(metadata)
-        evaluator.check(spec)
-        followed = registry.follow(namespace, name, spec)
-    except ScalerError as error:
-        return {"namespace": namespace, "scaledObject": name, "error": str(error)}
+    entries: list[dict[str, Any] | None] = []
+    specs = []
+    for metadata in triggers:
+        try:
+            spec = parse_trigger(metadata)
+            evaluator.check(spec)
+            followed = registry.follow(namespace, name, spec)
+        except ScalerError as error:
+            entries.append({"namespace": namespace, "scaledObject": name, "error": str(error)})
+            continue
+        entries.append(None)  # filled in after the scrape
+        specs.append(spec)
+    if not specs:
+        return [entry for entry in entries if entry is not None]
     limits = ScrapeLimits(settings.scrape_interval, settings.scrape_timeout, settings.max_page_bytes, 8)
     # The very fetcher `serve` uses (its TLS and bearer token too), so explain sees what the scaler sees.
     fetcher = exporter_fetcher(settings)
@@ -72,14 +81,20 @@ async def explain_once(
     finally:
         await collector.stop()
         fetcher.close()
-    with contextlib.suppress(ScalerError):  # recorded in the explanation with its message
-        evaluator.evaluate(followed, spec)
-    assert followed.explanation is not None
-    entry = explanation_json(namespace, name, followed.explanation)
     problems = [f"{s.source}: {s.last_error}" for s in store.sources() if s.last_error]
-    if problems:
-        entry["exporterErrors"] = problems
-    return entry
+    evaluated = iter(specs)
+    for index, entry in enumerate(entries):
+        if entry is not None:
+            continue
+        spec = next(evaluated)
+        with contextlib.suppress(ScalerError):  # recorded in the explanation with its message
+            evaluator.evaluate(followed, spec)
+        explanation = followed.triggers[spec].explanation
+        assert explanation is not None
+        entries[index] = entry = explanation_json(namespace, name, explanation)
+        if problems:
+            entry["exporterErrors"] = problems
+    return [entry for entry in entries if entry is not None]
 
 
 def render_table(entry: Mapping[str, Any]) -> str:

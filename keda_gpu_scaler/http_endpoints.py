@@ -100,12 +100,24 @@ def _pending_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]:
     }
 
 
+def triggers_named(explained: list[Explanation], metric: str) -> list[Explanation]:
+    """The triggers /explain's `metric=` selects: the one whose metricName it is (compared as GetMetrics
+    compares names, case-insensitively), else every trigger whose `metric` it is."""
+    wanted = metric.lower()
+    by_name = [e for e in explained if e.spec.metric_name.lower() == wanted]
+    return by_name or [e for e in explained if e.spec.metric.value == wanted]
+
+
+def _trigger_names(explanation: Explanation) -> dict[str, str]:
+    return {"metric": explanation.spec.metric.value, "metricName": explanation.spec.metric_name}
+
+
 # Explanations of a big namespace run to megabytes of JSON: built on a worker thread, not the event loop.
 _JSON_OFF_LOOP_PODS = 200
 
 
 class ExplanationSource(Protocol):
-    def explanation(self, namespace: str, name: str) -> Explanation | None: ...
+    def explanations(self, namespace: str, name: str) -> list[Explanation]: ...
 
     def explained(self) -> list[tuple[str, str]]: ...
 
@@ -135,18 +147,45 @@ def http_app(telemetry: Telemetry, explanations: ExplanationSource | None = None
             return web.json_response(
                 {"error": "give ?namespace=NS&name=SCALEDOBJECT", "known": known}, status=400, dumps=_dumps
             )
-        explanation = explanations.explanation(namespace, name)
-        if explanation is None:
+        explained = explanations.explanations(namespace, name)
+        if not explained:
             return web.json_response(
                 {"error": f"no evaluation yet for ScaledObject {namespace[:100]}/{name[:100]}"},
                 status=404,
                 dumps=_dumps,
             )
-        evaluation = explanation.evaluation
-        pods = 0 if evaluation is None else len(evaluation.pod_rows) + len(evaluation.missing_pods)
+        metric = request.query.get("metric")
+        if metric is not None:
+            chosen = triggers_named(explained, metric)
+            if len(chosen) != 1:
+                problem = (
+                    f"no trigger of ScaledObject {namespace[:100]}/{name[:100]} has metric or metricName"
+                    f" {metric[:100]!r}"
+                    if not chosen
+                    else f"{len(chosen)} triggers have metric={metric[:100]}: give metric=METRICNAME of one"
+                )
+                return web.json_response(
+                    {"error": problem, "triggers": [_trigger_names(e) for e in explained]},
+                    status=404 if not chosen else 400,
+                    dumps=_dumps,
+                )
+            explained = chosen
+        pods = sum(
+            len(e.evaluation.pod_rows) + len(e.evaluation.missing_pods)
+            for e in explained
+            if e.evaluation is not None
+        )
 
         def render() -> str:
-            return _dumps(explanation_json(namespace, name, explanation))
+            if metric is not None:
+                return _dumps(explanation_json(namespace, name, explained[0]))
+            return _dumps(
+                {
+                    "namespace": namespace,
+                    "scaledObject": name,
+                    "triggers": [explanation_json(namespace, name, e) for e in explained],
+                }
+            )
 
         text = await asyncio.to_thread(render) if pods > _JSON_OFF_LOOP_PODS else render()
         return web.Response(text=text, content_type="application/json")

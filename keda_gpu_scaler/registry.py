@@ -99,6 +99,11 @@ class Followed:
         explained = [s.explanation for s in self.triggers.values() if s.explanation is not None]
         return max(explained, key=lambda e: e.evaluated_at, default=None)
 
+    def explanations(self) -> list[Explanation]:
+        """The last explanation of each of its triggers, in the order of their metric names."""
+        explained = [s.explanation for s in self.triggers.values() if s.explanation is not None]
+        return sorted(explained, key=lambda e: (e.spec.metric_name, e.spec.metric.value))
+
     def subscription(self, spec: TriggerSpec) -> Subscription:
         """The subscription of spec (made when missing, without a call counted)."""
         found = self.triggers.get(spec)

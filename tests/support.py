@@ -6,7 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from aiohttp import web
@@ -119,3 +119,12 @@ def tgi_page(load: EngineLoad | tuple[float, float, float]) -> str:
         f"tgi_batch_current_max_tokens {int(state.running) * 1024}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def latest_trigger(explained: dict[str, Any]) -> dict[str, Any]:
+    """Of /explain's answer for a whole ScaledObject, the trigger evaluated last (the one just called);
+    an error answer (no "triggers") as it is."""
+    if "triggers" not in explained:
+        return explained
+    latest: dict[str, Any] = max(explained["triggers"], key=lambda entry: entry["evaluatedAt"])
+    return latest

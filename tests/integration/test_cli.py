@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -285,6 +286,27 @@ async def test_explain_shows_an_inference_servers_inputs_in_columns_of_its_own( 
     assert row.split()[:5] == ["chat-0", "vllm", "12", "30", "50"]
     assert f"value = {value} (sum over 1 pod)" in out
     assert f"HPA would ask for {replicas} metricType AverageValue" in out
+
+
+async def test_explain_shows_each_trigger_of_a_scaledobject_from_one_scrape(make_exporter) -> None:  # type: ignore[no-untyped-def]
+    from keda_gpu_scaler.engines.simulated import EngineLoad, vllm_page
+
+    server = await make_exporter(vllm_page("llama", [EngineLoad(12, 30, 0.5)]))
+    common = ["--inference-url", f"llm/chat-0={server.url}", "--namespace", "llm", "--name", "chat"]
+    requests = ["metric=requests", "threshold=16", "podNamePrefix=chat-"]
+    kv_cache = ["metric=kv_cache", "threshold=80", "podNamePrefix=chat-"]
+    code, out, err = await run_cli("explain", *common, *requests, "--trigger", *kv_cache, "--json")
+    assert code == 0, out + err
+    shown = json.loads(out)
+    assert (shown["namespace"], shown["scaledObject"]) == ("llm", "chat")
+    assert [(t["trigger"]["metric"], t["value"]) for t in shown["triggers"]] == [
+        ("requests", 42),
+        ("kv_cache", 50),
+    ]
+    code, out, _ = await run_cli("explain", *common, *requests, "--trigger", *kv_cache, "--trigger", "x=1")
+    assert code == 1
+    assert "metric=requests threshold=16" in out and "metric=kv_cache threshold=80" in out
+    assert "'x'" in out  # the third trigger's own error, beside the two tables
 
 
 async def test_explain_without_a_page_to_read_names_the_flags() -> None:

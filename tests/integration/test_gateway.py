@@ -8,7 +8,7 @@ from pathlib import Path
 
 import aiohttp
 import grpc
-from support import ExporterServer, eventually
+from support import ExporterServer, eventually, latest_trigger
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.gateways.simulated import Queued, epp_page
@@ -45,7 +45,7 @@ async def explain(scaler) -> dict:  # type: ignore[no-untyped-def,type-arg]
         aiohttp.ClientSession() as session,
         session.get(f"{scaler.http}/explain", params={"namespace": "llm", "name": "chat"}) as r,
     ):
-        return json.loads(await r.text())  # type: ignore[no-any-return]
+        return latest_trigger(json.loads(await r.text()))
 
 
 async def unavailable_saying(

@@ -24,7 +24,7 @@ from fake_kube import (
     pod,
     scaled_object,
 )
-from support import ExporterServer, GpuLine, dcgm_page, eventually
+from support import ExporterServer, GpuLine, dcgm_page, eventually, latest_trigger
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.discovery.selectors import parse_exporter_selector
@@ -157,8 +157,7 @@ async def explain(scaler: Any, name: str = "vllm") -> dict[str, Any]:
         aiohttp.ClientSession() as session,
         session.get(f"{scaler.http}/explain", params={"namespace": NS, "name": name}) as response,
     ):
-        result: dict[str, Any] = json.loads(await response.text())
-        return result
+        return latest_trigger(json.loads(await response.text()))
 
 
 async def unavailable(scaler: Any, *needles: str, name: str = "vllm") -> str:

@@ -73,7 +73,9 @@ async def test_four_pods_at_90_give_360(make_exporter, make_scaler) -> None:  # 
     assert (await scaler.stub.IsActive(ref())).result is True
     async with (
         aiohttp.ClientSession() as session,
-        session.get(f"{scaler.http}/explain", params={"namespace": "llm", "name": "vllm"}) as r,
+        session.get(
+            f"{scaler.http}/explain", params={"namespace": "llm", "name": "vllm", "metric": "utilization"}
+        ) as r,
     ):
         explanation = json.loads(await r.text())
     assert explanation["value"] == 360
@@ -83,6 +85,52 @@ async def test_four_pods_at_90_give_360(make_exporter, make_scaler) -> None:  # 
         "desiredReplicasValue": 21,
     }
     assert [p["pod"] for p in explanation["pods"]] == ["vllm-0", "vllm-1", "vllm-2", "vllm-3"]
+
+
+async def get_explain(scaler, **params: str) -> tuple[int, dict]:  # type: ignore[no-untyped-def,type-arg]
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{scaler.http}/explain", params={"namespace": "llm", "name": "vllm", **params}) as r,
+    ):
+        return r.status, json.loads(await r.text())
+
+
+async def test_explain_shows_every_trigger_with_its_own_inputs_and_metric_selects_one(  # type: ignore[no-untyped-def]
+    make_exporter, make_scaler
+) -> None:
+    scaler = await make_scaler(await make_exporter(four_pods_at(90)))
+    memory = METADATA | {"metric": "memory", "threshold": "50"}
+    busy = METADATA | {"threshold": "80", "metricName": "gpu-busy"}
+
+    async def both_evaluated() -> None:
+        assert await value_of(scaler) == 360
+        response = await scaler.stub.GetMetrics(metrics_request(memory, name="gpu-memory"))
+        assert response.metricValues[0].metricValueFloat == pytest.approx(4 * 100 * 40000 / 81000)
+
+    await eventually(both_evaluated)
+    status, whole = await get_explain(scaler)
+    assert status == 200 and (whole["namespace"], whole["scaledObject"]) == ("llm", "vllm")
+    by_name = {entry["trigger"]["metricName"]: entry for entry in whole["triggers"]}
+    assert list(by_name) == ["gpu-memory", "gpu-utilization"]
+    assert by_name["gpu-utilization"]["value"] == 360 and by_name["gpu-utilization"]["threshold"] == 70
+    assert by_name["gpu-memory"]["threshold"] == 50
+    assert by_name["gpu-memory"]["pods"][0]["gpus"][0]["value"] == pytest.approx(100 * 40000 / 81000)
+    assert by_name["gpu-utilization"]["pods"][0]["gpus"][0]["value"] == 90
+
+    status, one = await get_explain(scaler, metric="memory")
+    assert status == 200 and one == by_name["gpu-memory"] | {"evaluatedAt": one["evaluatedAt"]}
+    status, one = await get_explain(scaler, metric="GPU-Utilization")  # a metricName, as GetMetrics takes it
+    assert status == 200 and one["trigger"]["metric"] == "utilization" and one["value"] == 360
+
+    status, answer = await get_explain(scaler, metric="requests")
+    assert status == 404 and "'requests'" in answer["error"]
+    assert {"metric": "memory", "metricName": "gpu-memory"} in answer["triggers"]
+
+    await eventually(lambda: scaler.stub.GetMetrics(metrics_request(busy, name="gpu-busy")))
+    status, answer = await get_explain(scaler, metric="utilization")
+    assert status == 400 and "2 triggers have metric=utilization" in answer["error"]
+    status, one = await get_explain(scaler, metric="gpu-busy")
+    assert status == 200 and one["threshold"] == 80
 
 
 async def test_value_rounded_half_up(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
