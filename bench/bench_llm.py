@@ -128,7 +128,7 @@ def _versus(
                 )
         every &= count == len(per_seed)
         held, total = held + count, total + len(per_seed)
-        lines.append(f"  - {trace}: holds in {count} of {len(per_seed)} seeds; {cells[0]}")
+        lines.append(f"   - {trace}: holds in {count} of {len(per_seed)} seeds; {cells[0]}")
     return "\n".join(lines), every, f"holds in {held} of {total} runs"
 
 
@@ -172,7 +172,7 @@ def goals(
             "none" if f is None else f"asked {f[1]}, set {f[2]} at +{f[0]:.0f} s" for f in firsts
         )
         lines.append(
-            f"  - {trace}: needs {needed}; the first decision per seed: {shown}; scale-downs while requests"
+            f"   - {trace}: needs {needed}; the first decision per seed: {shown}; scale-downs while requests"
             f" waited, all seeds: {downs}"
         )
     out.append(
@@ -257,7 +257,7 @@ def _wake_goal(
                     f"TTL {ttl:g} s: {ours} vs {theirs} dropped; first wait ≤ {max(firsts[ours_name]):.1f} s"
                 )
         lines.append(
-            f"  - TTL {ttl:g} s: dropped ({len(seeds)} seeds) {ours} vs {theirs}; the first request after a"
+            f"   - TTL {ttl:g} s: dropped ({len(seeds)} seeds) {ours} vs {theirs}; the first request after a"
             f" quiet period waited {_spread(firsts[ours_name])} vs {_spread(firsts[theirs_name])};"
             f" idle GPU-s per run {_spread(idle[ours_name]).removesuffix(' s')} vs"
             f" {_spread(idle[theirs_name]).removesuffix(' s')}"
@@ -343,7 +343,7 @@ def constants() -> str:
         (
             "KEDA",
             "polling 30 s, cooldown 300 s (to zero only), activation 0 ↔ 1; push wakes at once",
-            "keda.sh ScaledObject spec; KEDA scale loop (docs/keda-protocol in this repo's references)",
+            "keda.sh ScaledObject spec (pollingInterval, cooldownPeriod); KEDA `pkg/scaling/scale_handler.go`; push: keda.sh external-push scaler",
         ),
         (
             "this scaler",

@@ -4,6 +4,7 @@ the product's formula, runs repeat with a seed, and a bad trace file is refused 
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -145,3 +146,32 @@ def test_a_trace_file_with_token_means_is_read_piecewise_constant(tmp_path: Path
     arrivals = draw_arrivals(trace, 1)
     assert all(t < 60 for t in arrivals.times)
     assert 300 < sum(arrivals.prompts) / len(arrivals.prompts) < 700
+
+
+def test_the_json_has_one_object_per_trace_and_policy_with_the_named_fields(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "short.csv"
+    path.write_text("seconds,requests_per_second\n0,5\n120,0\n")
+    args = ["llm", "--json", "--trace", str(path), "--policy", "requests", "--policy", "requests+pending"]
+    assert main([*args, "--min-replicas", "1"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["trace"], r["policy"], r["min_replicas"]) for r in rows] == [
+        ("short", "requests", 1),
+        ("short", "requests+pending", 1),
+    ]
+    for field in (
+        "gpu_seconds",
+        "waiting_request_seconds",
+        "p95_wait_seconds",
+        "dropped_requests",
+        "scale_changes",
+    ):
+        assert all(isinstance(r[field], int | float) for r in rows)
+
+
+def test_the_gpu_simulator_still_runs_from_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gpu"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 5 * 4  # five traces, four GPU metrics
+    assert lines[0].startswith("step     (a) keda-gpu-scaler")
