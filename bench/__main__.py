@@ -25,6 +25,7 @@ from bench.harness import ROOT, Section
 BENCHMARKS: dict[str, str] = {
     "parse": "bench.bench_parse",
     "scrape": "bench.bench_scrape",
+    "http": "bench.bench_http",
     "freshness": "bench.bench_freshness",
     "rpc": "bench.bench_rpc",
     "scale": "bench.bench_scale",

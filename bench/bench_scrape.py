@@ -155,82 +155,8 @@ async def run(quick: bool = False) -> Section:
                 table = (await measure_scaler(session, pages, plan, profiled=True))[1]
         results.append(ModeResult(mode.label, mode.goal, ours, theirs, table))
     section = render(plan, results)
-    clients = await http_clients(plan.targets, rounds=3 if quick else 10)
     stall = await loop_stall(hostile_series=50_000 if quick else 150_000)
-    return Section(section.markdown + clients + stall, section.headlines)
-
-
-# --- the HTTP client alone: CPU per page of each candidate, in this process ----------------------------
-
-
-async def http_clients(targets: int, rounds: int, repeats: int = 3) -> str:
-    """CPU time of this process per page fetched, for each client, against one page server (a separate
-    process): the choice of the lean fetcher (README, "How exporter pages are fetched")."""
-    import resource
-
-    from bench.aiohttp_fetcher import AiohttpFetcher
-    from keda_gpu_scaler.collect.http import LeanFetcher
-
-    def cpu() -> float:
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        return usage.ru_utime + usage.ru_stime
-
-    async def measure(kind: str, urls: list[str]) -> float:
-        session = None
-        if kind == "lean":
-            fetcher: AiohttpFetcher | LeanFetcher = LeanFetcher(timeout=5.0, max_bytes=16 << 20)
-        elif kind == "aiohttp":
-            session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64), auto_decompress=True)
-            fetcher = AiohttpFetcher(session, 5.0, 16 << 20)
-        else:
-            session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=64),
-                cookie_jar=aiohttp.DummyCookieJar(),
-                trust_env=False,
-                read_bufsize=256 * 1024,
-            )
-            fetcher = AiohttpFetcher(session, 5.0, 16 << 20)
-        semaphore = asyncio.Semaphore(64)
-
-        async def one(url: str) -> bytes:
-            async with semaphore:
-                return await fetcher.get(url)
-
-        try:
-            await asyncio.gather(*(one(u) for u in urls))  # connections opened outside the measure
-            started = cpu()
-            for _ in range(rounds):
-                await asyncio.gather(*(one(u) for u in urls))
-            return (cpu() - started) / (rounds * len(urls))
-        finally:
-            fetcher.close()
-            if session is not None:
-                await session.close()
-
-    kinds = {
-        "aiohttp as it was (default session)": "aiohttp",
-        "aiohttp tuned (no cookie jar, trust_env=False, one timeout, 256 kB reads)": "tuned",
-        "lean keep-alive HTTP/1.1 fetcher (collect/http.py, used)": "lean",
-    }
-    rows = []
-    async with page_server(targets) as pages:
-        urls = [pages.url(i) for i in range(targets)]
-        for label, kind in kinds.items():
-            runs = [await measure(kind, urls) for _ in range(repeats)]
-            cells = ", ".join(f"{1e6 * r:.0f}" for r in runs)
-            rows.append(f"| {label} | {cells} | **{1e6 * median(runs):.0f}** |")
-    table = "\n".join(rows)
-    return f"""
-### The HTTP client alone
-
-CPU time of the benchmark's own process per page fetched from {targets} loopback exporters (one page
-server process, unchanged 8-GPU pages, keep-alive, 64 requests in flight, {rounds} rounds after one
-that opens the connections), for each client; nothing is parsed. {repeats} runs each.
-
-| client | µs of CPU per page, per run | median |
-|---|---|---|
-{table}
-"""
+    return Section(section.markdown + stall, section.headlines)
 
 
 # --- one huge page that changes on every scrape: how long does the event loop wait? ---------------------
