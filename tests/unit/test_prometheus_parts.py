@@ -29,6 +29,7 @@ from keda_gpu_scaler.collect.prometheus_answer import (
     Element,
     PrometheusError,
     Up,
+    gateway_replicas,
     inference_pods,
     lost_pod,
     parse_vector,
@@ -41,6 +42,7 @@ from keda_gpu_scaler.collect.prometheus_client import http_error
 from keda_gpu_scaler.collect.promql import (
     TIMESTAMP_LABEL,
     any_of,
+    gateway_query,
     gpu_queries,
     inference_query,
     liveness_query,
@@ -995,3 +997,43 @@ async def test_the_pods_own_sources_go_with_the_namespace_loop() -> None:
     finally:
         await source.stop()
     assert source._inference_pods == {} and source._inference_missing == {}
+
+
+# --- the gateway's queue (metric pending) through Prometheus ------------------------------------------------
+
+
+def test_gateway_query_names_the_pool_and_its_namespace_only() -> None:
+    text = gateway_query("llm", "chat.pool")
+    assert 'namespace="llm"' in text
+    # The pool as its name or as namespace/name, each a literal (a dot is no wildcard).
+    assert 'inference_pool=~"chat\\\\.pool|llm/chat\\\\.pool"' in text
+    assert (
+        "llm_d_epp_flow_control_queue_size" in text and "inference_extension_flow_control_queue_size" in text
+    )
+
+
+def test_gateway_replicas_group_by_pod_and_leave_out_old_series_and_other_namespaces() -> None:
+    at = 1000.0
+    queue = "llm_d_epp_flow_control_queue_size"
+
+    def series(pod: str, value: float, age: float, namespace: str = "llm") -> Sample:
+        labels = {
+            "namespace": namespace,
+            "pod": pod,
+            "inference_pool": "chat-pool",
+            "job": "epp",
+            "instance": pod,
+        }
+        return Sample(queue, labels, value, round((at - age) * 1000))
+
+    found = gateway_replicas(
+        [series("epp-0", 3, 1), series("epp-1", 2, 60), series("epp-2", 9, 1, namespace="other")],
+        "llm",
+        "chat-pool",
+        at,
+        window=10,
+    )
+    assert [(r.replica, [s.value for s in r.samples]) for r in found.replicas] == [("epp-0", [3])]
+    assert found.stale == ("epp-1",)  # old values are never used: the caller decides what it means
+    assert set(found.targets) == {"epp-0", "epp-1"}
+    assert found.oldest == at - 1
