@@ -340,8 +340,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "--gateway-ca-file",
         None,
-        "PEM CA bundle to verify endpoint pickers that serve their metrics over HTTPS (default: the"
-        " system's CAs)",
+        "PEM CA bundle to verify endpoint pickers that serve their metrics over HTTPS; the scaler's service"
+        " account token goes to them only once their certificate verified. With it, host names are not"
+        " checked (pickers are reached by pod IP): give a CA that signs endpoint-picker certificates only"
+        " (default: the system's CAs, host names checked)",
         parse=_path,
     ),
     Flag(
