@@ -302,6 +302,17 @@ EVERYTHING: dict[str, Any] = {
         "enabled": True,
         "additionalIngress": [{"ports": [{"port": "http"}], "from": [{"podSelector": {}}]}],
     },
+    "tenantNetworkPolicy": {
+        "enabled": True,
+        "namespaces": [
+            {"namespace": "llm", "ports": [{"port": 8000, "protocol": "TCP"}]},
+            {
+                "namespace": "gpu-operator",
+                "ports": [{"port": 9400}],
+                "podSelector": {"matchLabels": {"app": "nvidia-dcgm-exporter"}},
+            },
+        ],
+    },
     "podDisruptionBudget": {"maxUnavailable": 1},
     "prometheus": {
         "serviceMonitor": {
@@ -424,9 +435,19 @@ def test_variants_render_and_validate(values: dict[str, Any]) -> None:
         {"service": {"grpcPort": "6000"}},
         {"prometheus": {"serviceMonitor": {"enable": True}}},
         {"networkPolicy": {"grpcFrom": []}},  # an empty `from` would admit everyone
+        {"tenantNetworkPolicy": {"namespaces": [{"namespace": "llm"}]}},  # no port: it would open every one
         {"rbac": {"scaleTargets": [{"apiGroups": ["apps"], "resources": ["deployments"]}]}},
     ],
-    ids=["top-level", "flag", "flag-choice", "port-type", "nested", "open-policy", "scale-only"],
+    ids=[
+        "top-level",
+        "flag",
+        "flag-choice",
+        "port-type",
+        "nested",
+        "open-policy",
+        "tenant-policy-ports",
+        "scale-only",
+    ],
 )
 def test_schema_rejects_typos_and_bad_values(values: dict[str, Any]) -> None:
     with helm.Chart.load(str(CHART)) as chart, pytest.raises(helm.HelmValuesError):
@@ -657,10 +678,62 @@ def test_network_policy_chart_and_component_agree(tmp_path: Path) -> None:
 
 
 def test_network_policy_selects_the_scaler_pods(everything: list[dict[str, Any]]) -> None:
-    policy = find(everything, "NetworkPolicy")
+    policy = find(everything, "NetworkPolicy", RELEASE)
     pod_labels = find(everything, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
     assert policy["spec"]["ingress"][-1] == EVERYTHING["networkPolicy"]["additionalIngress"][0]
+
+
+def test_tenant_network_policy_admits_the_scaler_pods_to_the_ports_it_reads(
+    everything: list[dict[str, Any]],
+) -> None:
+    policies = {
+        d["metadata"]["namespace"]: d
+        for d in everything
+        if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == f"{RELEASE}-scrape"
+    }
+    assert set(policies) == {"llm", "gpu-operator"}
+    pod_labels = find(everything, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    for namespace, policy in policies.items():
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        (rule,) = policy["spec"]["ingress"]
+        (peer,) = rule["from"]
+        assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
+        assert peer["podSelector"]["matchLabels"].items() <= pod_labels.items()
+        wanted = next(
+            n for n in EVERYTHING["tenantNetworkPolicy"]["namespaces"] if n["namespace"] == namespace
+        )
+        assert rule["ports"] == wanted["ports"]
+        assert policy["spec"]["podSelector"] == wanted.get("podSelector", {})
+
+
+def test_tenant_network_policy_needs_its_namespaces() -> None:
+    with pytest.raises(helm.HelmError, match=r"tenantNetworkPolicy\.namespaces"):
+        render_files({"tenantNetworkPolicy": {"enabled": True}})
+
+
+def test_the_tenant_policy_to_copy_in_the_docs_is_what_the_chart_renders() -> None:
+    security = (ROOT / "docs" / "SECURITY.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", security, re.S)
+    (documented,) = (
+        yaml.safe_load(b) for b in blocks if "kind: NetworkPolicy" in b and f"{RELEASE}-scrape" in b
+    )
+    namespace = documented["metadata"]["namespace"]
+    (port_rule,) = documented["spec"]["ingress"]
+    rendered = find(
+        render(
+            {
+                "tenantNetworkPolicy": {
+                    "enabled": True,
+                    "namespaces": [{"namespace": namespace, "ports": port_rule["ports"]}],
+                }
+            }
+        ),
+        "NetworkPolicy",
+    )
+    validate(documented)
+    assert documented["spec"] == rendered["spec"]
+    assert documented["metadata"]["name"] == rendered["metadata"]["name"]
 
 
 # --- RBAC, monitors, examples --------------------------------------------------------------------------------
