@@ -271,7 +271,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "--discovery-interval",
         "30",
-        "seconds between re-reads of each followed ScaledObject and its scale target's /scale (pods are watched)",
+        "seconds between re-reads of each followed scale target's /scale, and of a ScaledObject not found yet"
+        " (followed ScaledObjects and pods are watched)",
         parse=_positive(float),
     ),
     Flag("--scrape-interval", "5", "seconds between scrapes of each wanted exporter", parse=_positive(float)),

@@ -45,6 +45,7 @@ class NamedKind:
 
 INFERENCE_POOLS = NamedKind("inference.networking.k8s.io", "v1", "inferencepools", "InferencePool")
 SERVICES = NamedKind("", "v1", "services", "Service")
+SCALED_OBJECTS = NamedKind("keda.sh", "v1alpha1", "scaledobjects", "ScaledObject")
 
 
 class ConnectError(Exception):
@@ -260,11 +261,12 @@ class KubeApi:
     # --- one named object of a namespace: InferencePools and Services ---------------------------------
 
     def _named_call(
-        self, what: NamedKind, namespace: str, name: str
+        self, what: NamedKind, namespace: str, name: str | None
     ) -> tuple[Permission, Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
         # metadata.name is a field selector every resource supports: the list and the watch carry only
-        # the one object, and watching it needs the same RBAC as watching all of them.
-        kwargs: dict[str, Any] = {"field_selector": f"metadata.name={name}"}
+        # the one object, and watching it needs the same RBAC as watching all of them. No name: all of
+        # the namespace's objects of that kind.
+        kwargs: dict[str, Any] = {} if name is None else {"field_selector": f"metadata.name={name}"}
         permission = Permission("list", what.plural, what.group, namespace)
         if what.group:
             return (
@@ -276,8 +278,8 @@ class KubeApi:
         assert what.plural == "services", what
         return permission, self._core.list_namespaced_service, (namespace,), kwargs
 
-    async def list_named(self, what: NamedKind, namespace: str, name: str) -> dict[str, Any]:
-        """A list of the objects of kind `what` called `name` in namespace (none or one)."""
+    async def list_named(self, what: NamedKind, namespace: str, name: str | None) -> dict[str, Any]:
+        """A list of the objects of kind `what` called `name` in namespace (none or one; all without a name)."""
         permission, call, args, kwargs = self._named_call(what, namespace, name)
         return await self._json(permission, call, *args, **kwargs)
 
@@ -285,7 +287,7 @@ class KubeApi:
         self,
         what: NamedKind,
         namespace: str,
-        name: str,
+        name: str | None,
         resource_version: str,
         timeout: float,
         on_open: Callable[[], None] = lambda: None,

@@ -344,3 +344,53 @@ class ObjectInformer(_ListWatch[Mapping[str, Any]]):
     def _on_change(self, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
         if new is None or new.get("name") == self.name:
             self._on_object(None if new is None else new["spec"])
+
+
+class NamespaceObjectsInformer(_ListWatch[Mapping[str, Any]]):
+    """Every object of one kind in one namespace (its name and spec), e.g. the ScaledObjects.
+
+    `on_object(name, spec)` is called whenever one appears or changes its spec, and with None when it
+    goes. Only name and spec are kept: status and metadata change often and mean nothing here.
+    """
+
+    def __init__(
+        self,
+        api: KubeApi,
+        kind: NamedKind,
+        namespace: str,
+        on_object: Callable[[str, Mapping[str, Any] | None], None],
+        on_restart: Callable[[str], None] = lambda reason: None,
+        on_status: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(api, on_restart, on_status)
+        self.kind = kind
+        self.namespace = namespace
+        self._on_object = on_object
+
+    def spec(self, name: str) -> Mapping[str, Any] | None:
+        item = self.items.get(name)
+        return None if item is None else item["spec"]
+
+    @property
+    def what(self) -> str:
+        return f"{self.kind.plural}.{self.kind.group} in namespace {self.namespace!r}"
+
+    async def _list(self) -> dict[str, Any]:
+        return await self._api.list_named(self.kind, self.namespace, None)
+
+    def _watch(
+        self, version: str, timeout: float, on_open: Callable[[], None]
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        return self._api.watch_named(self.kind, self.namespace, None, version, timeout, on_open=on_open)
+
+    def _read(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+        meta = obj.get("metadata") or {}
+        return {"name": meta.get("name") or "", "spec": obj.get("spec") or {}}
+
+    def _key(self, item: Mapping[str, Any]) -> str:
+        return str(item["name"])
+
+    def _on_change(self, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
+        item = new if new is not None else old
+        assert item is not None
+        self._on_object(str(item["name"]), None if new is None else new["spec"])

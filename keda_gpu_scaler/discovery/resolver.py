@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any
 
 from prometheus_client import Counter, Gauge
 
 from keda_gpu_scaler.backoff import backoff_delay, jittered
-from keda_gpu_scaler.discovery.api import KubeApi, KubeError, connect
+from keda_gpu_scaler.discovery.api import SCALED_OBJECTS, KubeApi, KubeError, connect
 from keda_gpu_scaler.discovery.exporters import ExporterDiscovery, ExporterSink
 from keda_gpu_scaler.discovery.gateway import GatewayBook, GatewayDiscovery
-from keda_gpu_scaler.discovery.informer import PodInformer
+from keda_gpu_scaler.discovery.informer import NamespaceObjectsInformer, PodInformer
 from keda_gpu_scaler.discovery.pods import PodInfo
 from keda_gpu_scaler.discovery.scaledobject import (
     EXTERNAL_TRIGGER_TYPES,
@@ -70,6 +72,7 @@ class _Tracked:
     task: asyncio.Task[None] | None = None
     notes_logged: set[str] = field(default_factory=set)
     blip: str | None = None  # the re-read failing while the last one read stays in use
+    wake: asyncio.Event = field(default_factory=asyncio.Event)  # the ScaledObject changed: read /scale now
     # True once the ScaledObject was read and has an external trigger: only then are its namespace's pods
     # watched (a caller naming objects that do not exist makes no watch).
     holds_namespace: bool = False
@@ -89,6 +92,7 @@ class _Tracked:
 class _Namespace:
     informer: PodInformer
     index: NamespaceIndex
+    objects: NamespaceObjectsInformer  # the namespace's ScaledObjects
     holders: set[tuple[str, str]] = field(default_factory=set)
 
 
@@ -163,6 +167,7 @@ class KubeDiscovery:
         namespaces, self._namespaces = self._namespaces, {}
         for space in namespaces.values():
             await space.informer.stop()
+            await space.objects.stop()
         await self._exporters.stop()
         if self._api is not None:
             await self._api.close()
@@ -296,9 +301,17 @@ class KubeDiscovery:
                 on_restart=self._restarted,
                 on_relist=self._relist_handler(index),
             )
-            space = _Namespace(informer, index)
+            objects = NamespaceObjectsInformer(
+                self._api,
+                SCALED_OBJECTS,
+                tracked.namespace,
+                on_object=self._object_handler(tracked.namespace),
+                on_restart=self._restarted,
+            )
+            space = _Namespace(informer, index, objects)
             self._namespaces[tracked.namespace] = space
             informer.start()
+            objects.start()
         if not self._exporters.running:
             self._exporters.start(self._api, self._restarted)
         space.holders.add((tracked.namespace, tracked.name))
@@ -319,6 +332,7 @@ class KubeDiscovery:
         if not space.holders:
             del self._namespaces[tracked.namespace]
             space.informer.close()
+            space.objects.close()
             space.index.release_all()
             self._follow_gateway_pools()
         if not self._namespaces:
@@ -387,9 +401,16 @@ class KubeDiscovery:
         self.watch_restarts.labels(reason).inc()
 
     async def _follow(self, tracked: _Tracked) -> None:
-        """Re-read the ScaledObject and its /scale for as long as it is tracked (forget() ends this)."""
+        """Keep the ScaledObject and its target's selector current for as long as it is tracked.
+
+        While the namespace's ScaledObjects are not watched (the object was never found, or has no
+        external trigger), it is read with a GET every --discovery-interval; once it is held, the watch
+        tells every edit at once. The target's /scale is read when the ScaledObject changes and every
+        --discovery-interval after that. forget() ends this.
+        """
         failures = 0
         while True:
+            tracked.wake.clear()
             try:
                 ok = await self._refresh(tracked)
             except Exception:
@@ -400,9 +421,21 @@ class KubeDiscovery:
             failures = 0 if ok else failures + 1
             interval = self._settings.refresh_interval
             delay = interval if ok else backoff_delay(failures, first=FIRST_RETRY_SECONDS, cap=interval)
-            await asyncio.sleep(jittered(delay))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(tracked.wake.wait(), jittered(delay))
 
     async def _refresh(self, tracked: _Tracked) -> bool:
+        space = self._namespaces.get(tracked.namespace)
+        if space is not None and space.objects.synced:
+            # The namespace's watch holds it (or knows it is not there): no GET needed.
+            self._object_handler(tracked.namespace)(tracked.name, space.objects.spec(tracked.name))
+        elif not await self._read_object(tracked):
+            return False
+        if tracked.info is None or not tracked.info.triggers:
+            return True
+        return await self._read_scale(tracked)
+
+    async def _read_object(self, tracked: _Tracked) -> bool:
         assert self._api is not None
         try:
             info = parse_scaled_object(await self._api.scaled_object(tracked.namespace, tracked.name))
@@ -422,6 +455,11 @@ class KubeDiscovery:
                 # server unreachable, RBAC) keep the watch: the object is still there.
                 self._release(tracked)
             return False
+        self._apply(tracked, info)
+        return True
+
+    def _apply(self, tracked: _Tracked, info: ScaledObjectInfo) -> None:
+        """A ScaledObject as just read (by a GET or from the watch)."""
         if info != tracked.info:
             tracked.metric_types.clear()
             if tracked.info is not None and info.target != tracked.info.target:
@@ -432,9 +470,37 @@ class KubeDiscovery:
         if not info.triggers:
             self._release(tracked)  # no external trigger: KEDA never asks this scaler about it
             self._note(tracked, None)
-            return True
+            return
         self._hold(tracked)
-        target = info.target
+
+    def _object_handler(self, namespace: str) -> Callable[[str, Mapping[str, Any] | None], None]:
+        def on_object(name: str, spec: Mapping[str, Any] | None) -> None:
+            tracked = self._tracked.get((namespace, name))
+            if tracked is None:
+                return  # a ScaledObject of the namespace nobody asked about
+            before = tracked.info
+            if spec is None:
+                tracked.info = None
+                tracked.object_error = f"cannot read ScaledObject {tracked.ref}: not found"
+                self._release(tracked)
+            else:
+                try:
+                    info = parse_scaled_object({"spec": spec})
+                except ScaledObjectError as error:
+                    tracked.info = None
+                    tracked.object_error = f"cannot read ScaledObject {tracked.ref}: {error}"
+                    self._release(tracked)
+                else:
+                    self._apply(tracked, info)
+            info_changed = tracked.info != before
+            if info_changed:
+                tracked.wake.set()  # its /scale is read again now (another target, perhaps)
+
+        return on_object
+
+    async def _read_scale(self, tracked: _Tracked) -> bool:
+        assert self._api is not None and tracked.info is not None
+        target = tracked.info.target
         try:
             plural = await self._plural(target)
             scale = await self._api.scale(

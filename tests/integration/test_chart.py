@@ -747,6 +747,8 @@ def test_rbac_namespaced(everything: list[dict[str, Any]], base: list[dict[str, 
             _grants(role)
             == {
                 ("keda.sh", "scaledobjects", "get"),
+                ("keda.sh", "scaledobjects", "list"),
+                ("keda.sh", "scaledobjects", "watch"),
                 ("apps", "deployments/scale", "get"),
                 ("", "pods", "list"),
                 ("", "pods", "watch"),

@@ -394,8 +394,8 @@ async def test_bookmarks_keep_the_watch_resumable(cluster: Cluster, kube: FakeKu
     path = f"/api/v1/namespaces/{NS}/pods"
 
     async def watching() -> None:
-        # The namespace's pod watch and the exporter pods' watch are both open.
-        assert len(kube.watchers) == 2
+        # The namespace's pod and ScaledObject watches and the exporter pods' watch are open.
+        assert len(kube.watchers) == 3
 
     await eventually(watching)
     lists, watches = kube.count(path, watch=False), kube.count(path, watch=True)
@@ -412,7 +412,7 @@ async def test_bookmarks_keep_the_watch_resumable(cluster: Cluster, kube: FakeKu
         assert kube.count(path, watch=True) > watches
         last = [q for p, q in kube.requests if p == path and "watch=true" in q.lower()][-1]
         assert f"resourceVersion={bookmarked}" in last
-        assert len(kube.watchers) == 2
+        assert len(kube.watchers) == 3
 
     await eventually(resumed)
     assert kube.count(path, watch=False) == lists
@@ -532,8 +532,12 @@ async def test_calls_about_objects_that_are_not_there_open_no_pod_watch(
     await eventually(lambda: _equals(value(scaler), 180))  # the real one is served
     for namespace, _ in names:
         assert kube.count(f"/api/v1/namespaces/{namespace}/pods") == 0, namespace
-    # One watch for the real ScaledObject's namespace, one for the exporter pods: nothing else.
-    assert {(w.namespace, w.selector) for w in kube.watchers} == {(NS, ""), (None, "app=test-dcgm-exporter")}
+    # The real ScaledObject's namespace: its pods and its ScaledObjects; the exporter pods: nothing else.
+    assert sorted((w.kind.plural, w.namespace or "", w.selector) for w in kube.watchers) == [
+        ("pods", "", "app=test-dcgm-exporter"),
+        ("pods", NS, ""),
+        ("scaledobjects", NS, ""),
+    ]
     assert "not found" in said["tenant-0"]
     assert "no trigger of type external" in said["other"]
 
@@ -650,7 +654,7 @@ async def test_the_api_client_reads_the_proxy_environment_once_not_per_request(
     await api_client.close()
 
 
-async def test_a_failing_re_read_of_the_scaled_object_keeps_the_last_one_in_use(  # type: ignore[no-untyped-def]
+async def test_api_errors_on_the_scaled_object_and_its_scale_keep_the_last_ones_read_in_use(  # type: ignore[no-untyped-def]
     cluster: Cluster, kube: FakeKube, kube_scaler
 ) -> None:
     await cluster.gpu_node("node-a")
@@ -658,20 +662,43 @@ async def test_a_failing_re_read_of_the_scaled_object_keeps_the_last_one_in_use(
     three_pods_on_two_nodes(cluster)
     scaler = await kube_scaler()
     await eventually(lambda: _equals(value(scaler), 180))
-    path = f"/apis/keda.sh/v1alpha1/namespaces/{NS}/scaledobjects/vllm"
-    # The API server refuses the re-reads for a while (as during an overload or an RBAC roll-out).
-    kube.deny("get", "scaledobjects.keda.sh", NS)
+    objects = f"/apis/keda.sh/v1alpha1/namespaces/{NS}/scaledobjects"
+    scale = f"/apis/apps/v1/namespaces/{NS}/deployments/vllm/scale"
+    # The API server refuses for a while (an overload, an RBAC roll-out): the ScaledObject watch breaks
+    # and cannot list again, and the /scale re-reads fail.
+    for verb in ("get", "list", "watch"):
+        kube.deny(verb, "scaledobjects.keda.sh", NS)
     kube.deny("get", "deployments/scale.apps", NS)
-    refused_from = kube.count(path)
+    kube.end_watches()
+    reads_from, scales_from = kube.count(objects), kube.count(scale)
 
     async def refused_twice_yet_answered() -> None:
-        assert kube.count(path) >= refused_from + 2
+        assert kube.count(objects) >= reads_from + 2
+        assert kube.count(scale) >= scales_from + 2
         assert await value(scaler) == 180
 
     await eventually(refused_twice_yet_answered)
-    assert await value(scaler) == 180
     kube.allow_all()
     await eventually(lambda: _equals(value(scaler), 180))
+
+
+async def test_an_edit_of_the_scaled_object_is_seen_through_its_watch_without_a_re_read(  # type: ignore[no-untyped-def]
+    cluster: Cluster, kube: FakeKube, kube_scaler
+) -> None:
+    await cluster.gpu_node("node-a")
+    await cluster.gpu_node("node-b")
+    three_pods_on_two_nodes(cluster)
+    # Re-reads far apart: only the watch can bring the edit in time.
+    scaler = await kube_scaler(discovery_interval=3600)
+    await eventually(lambda: _equals(value(scaler), 180))
+    gets = kube.count(f"/apis/keda.sh/v1alpha1/namespaces/{NS}/scaledobjects/vllm")
+    # metricType Value: the HPA multiplies by the pods, so the value is the mean, not the sum.
+    kube.put(
+        SCALED_OBJECT,
+        scaled_object("vllm", NS, {"name": "vllm"}, [CPU_TRIGGER, external(metric_type="Value")]),
+    )
+    await eventually(lambda: _equals(value(scaler), 60))
+    assert kube.count(f"/apis/keda.sh/v1alpha1/namespaces/{NS}/scaledobjects/vllm") == gets
 
 
 async def test_pod_pages_follow_discovery_without_any_call_and_evaluation_wants_nothing(  # type: ignore[no-untyped-def]

@@ -200,10 +200,12 @@ def test_cluster_role_is_read_only_and_every_rule_says_why(rendered: dict[str, l
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
-    # Exactly what discovery calls (kube.KubeApi): get ScaledObjects, get /scale, list+watch pods, and
+    # Exactly what discovery calls (kube.KubeApi): get, list+watch ScaledObjects, get /scale, list+watch pods, and
     # list+watch the InferencePools and endpoint picker Services that pending triggers name.
     assert grants == {
         ("keda.sh", "scaledobjects", "get"),
+        ("keda.sh", "scaledobjects", "list"),
+        ("keda.sh", "scaledobjects", "watch"),
         ("*", "*/scale", "get"),
         ("", "pods", "list"),
         ("", "pods", "watch"),

@@ -89,10 +89,11 @@ app=nvidia-dcgm-exporter:9400;app.kubernetes.io/name=dcgm-exporter:9400;app.kube
 
 {{/* What the scaler reads from the Kubernetes API; see manifests/base/clusterrole/clusterrole.yaml. */}}
 {{- define "keda-gpu-scaler.targetRules" -}}
-# A ScaledObject: its scaleTargetRef and the trigger's metricType; get only, one object at a time.
+# A ScaledObject: its scaleTargetRef and the trigger's metricType; get for one named in a call, list+watch
+# of the namespaces holding a followed one (edits count at once, API blips keep the last one read).
 - apiGroups: ["keda.sh"]
   resources: ["scaledobjects"]
-  verbs: ["get"]
+  verbs: ["get", "list", "watch"]
 # The scale target's /scale subresource (status.selector): get only, the scaler never scales.
 {{- range .Values.rbac.scaleTargets }}
 - apiGroups: {{ toJson .apiGroups }}
