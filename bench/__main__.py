@@ -27,6 +27,7 @@ BENCHMARKS: dict[str, str] = {
     "scrape": "bench.bench_scrape",
     "http": "bench.bench_http",
     "freshness": "bench.bench_freshness",
+    "gateway": "bench.bench_gateway",
     "rpc": "bench.bench_rpc",
     "scale": "bench.bench_scale",
     "decisions": "bench.bench_decisions",

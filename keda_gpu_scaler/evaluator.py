@@ -8,7 +8,7 @@ from collections.abc import Callable, Hashable
 from typing import Protocol, cast
 
 from keda_gpu_scaler.collect.gateway import GatewayPages, GatewayPool
-from keda_gpu_scaler.collect.gateway_source import ReplicaSamples
+from keda_gpu_scaler.collect.gateway_source import ReplicaQueue, ReplicaSamples
 from keda_gpu_scaler.collect.inference import INFERENCE_INTEREST
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
 from keda_gpu_scaler.collect.prometheus import (
@@ -22,6 +22,7 @@ from keda_gpu_scaler.collect.store import NamespaceView, SourceKind, Store, sour
 from keda_gpu_scaler.discovery.targets import Targets  # defined beside discovery, re-exported here
 from keda_gpu_scaler.engines import PodSamples
 from keda_gpu_scaler.errors import ConfigError, NoData
+from keda_gpu_scaler.gateways import NotAGatewayPage, table_from_samples
 from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.pending import ReplicaInput, pending_evaluation
 from keda_gpu_scaler.registry import Explanation, Followed, Memo, Subscription
@@ -223,7 +224,7 @@ class Evaluator:
     def _replica_inputs(
         self, namespace: str, spec: TriggerSpec, now: float
     ) -> tuple[list[ReplicaInput], float]:
-        """Each replica page of the trigger's pool: its fresh samples or why there are none; and until
+        """Each replica page of the trigger's pool: its fresh queue or why there is none; and until
         when that holds without a change to the store (the first fresh page to turn stale)."""
         assert spec.inference_pool is not None
         if self.kind_of(spec) is SourceKind.PROMETHEUS_GATEWAY:
@@ -237,15 +238,15 @@ class Evaluator:
             page = state.last_page if state is not None else None
             if state is None or page is None or now - page.collected_at > staleness:
                 problem = source_problem(state, now, staleness) if state is not None else "not scraped yet"
+                # A --gateway-url replica is named by its URL, which the problem already starts with.
+                problem = problem.removeprefix(f"{replica.url}: ") if replica.name == replica.url else problem
                 found.append(ReplicaInput(replica.name, None, problem))
                 continue
             valid_until = min(valid_until, page.collected_at + staleness)
-            samples = tuple(
-                sample
-                for reading in cast(tuple[ReplicaSamples, ...], page.by_namespace.get(namespace, ()))
-                for sample in reading.samples
+            queues = cast(tuple[ReplicaQueue, ...], page.by_namespace.get(namespace, ()))
+            found.append(
+                ReplicaInput(replica.name, queues[0].table if queues else None, "no queue on its page")
             )
-            found.append(ReplicaInput(replica.name, samples))
         return found, valid_until
 
     def _prometheus_replica_inputs(
@@ -265,7 +266,10 @@ class Evaluator:
         found: list[ReplicaInput] = []
         for element in page.by_namespace.get(namespace, ()):
             if isinstance(element, ReplicaSamples):
-                found.append(ReplicaInput(element.replica, element.samples))
+                try:
+                    found.append(ReplicaInput(element.replica, table_from_samples(element.samples)))
+                except NotAGatewayPage as error:
+                    found.append(ReplicaInput(element.replica, None, str(error)))
             elif isinstance(element, ReplicaLost):
                 found.append(ReplicaInput(element.replica, None, element.reason))
         return found, page.collected_at + staleness

@@ -11,8 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from keda_gpu_scaler.errors import NoData
-from keda_gpu_scaler.exposition import Sample
-from keda_gpu_scaler.gateways import OTHER, PoolQueue, read_queue
+from keda_gpu_scaler.gateways import OTHER, PoolQueue, QueueTable, read_queue
 from keda_gpu_scaler.scaling import Evaluation, PodRow, WhatIf, hpa_desired_replicas, pod_row
 from keda_gpu_scaler.trigger import Aggregation, TriggerSpec
 
@@ -22,10 +21,10 @@ REPLICA_FAMILY = "epp"
 
 @dataclass(frozen=True, slots=True)
 class ReplicaInput:
-    """One EPP replica of the pool: its fresh page's samples, or why it has none (`problem`)."""
+    """One EPP replica of the pool: its fresh page's queue, or why it has none (`problem`)."""
 
     name: str
-    samples: tuple[Sample, ...] | None
+    table: QueueTable | None
     problem: str | None = None
 
 
@@ -47,10 +46,10 @@ def pending_evaluation(
     notes: list[str] = []
     total = 0.0
     for replica in replicas:
-        if replica.samples is None:
+        if replica.table is None:
             unread[replica.name] = replica.problem or "no data yet"
             continue
-        queue = read_queue(replica.samples, spec.inference_pool, namespace, spec.model)
+        queue = read_queue(replica.table, spec.inference_pool, namespace, spec.model)
         if not isinstance(queue, PoolQueue):
             unread[replica.name] = queue.reason
             continue

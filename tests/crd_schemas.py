@@ -173,6 +173,42 @@ CERTIFICATE = _object(
     ("apiVersion", "kind", "metadata", "spec"),
 )
 
+# inference.networking.k8s.io/v1 InferencePool (Gateway API Inference Extension 1.x, the fields the
+# examples use).
+INFERENCE_POOL = _object(
+    {
+        "apiVersion": {"const": "inference.networking.k8s.io/v1"},
+        "kind": {"const": "InferencePool"},
+        "metadata": _METADATA,
+        "spec": _object(
+            {
+                "selector": _object({"matchLabels": _STRING_MAP}, ("matchLabels",)),
+                "targetPorts": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": _object(
+                        {"number": {"type": "integer", "minimum": 1, "maximum": 65535}}, ("number",)
+                    ),
+                },
+                "endpointPickerRef": _object(
+                    {
+                        "group": _STRING,
+                        "kind": _STRING,
+                        "name": _STRING,
+                        "port": _object(
+                            {"number": {"type": "integer", "minimum": 1, "maximum": 65535}}, ("number",)
+                        ),
+                        "failureMode": {"enum": ["FailOpen", "FailClose"]},
+                    },
+                    ("name",),
+                ),
+            },
+            ("selector", "targetPorts", "endpointPickerRef"),
+        ),
+    },
+    ("apiVersion", "kind", "metadata", "spec"),
+)
+
 SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ("keda.sh/v1alpha1", "ScaledObject"): SCALED_OBJECT,
     ("keda.sh/v1alpha1", "TriggerAuthentication"): _trigger_authentication("TriggerAuthentication"),
@@ -181,4 +217,5 @@ SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ),
     ("cert-manager.io/v1", "Issuer"): ISSUER,
     ("cert-manager.io/v1", "Certificate"): CERTIFICATE,
+    ("inference.networking.k8s.io/v1", "InferencePool"): INFERENCE_POOL,
 }

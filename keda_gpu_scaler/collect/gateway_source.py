@@ -12,15 +12,21 @@ from dataclasses import dataclass
 
 from keda_gpu_scaler.collect.gateway import GatewayPages, PoolKey
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
-from keda_gpu_scaler.collect.scrape import PageReader, ScrapeCollector
+from keda_gpu_scaler.collect.scrape import MAX_SERIES_PER_PAGE, NotOurPage, PageReader, ScrapeCollector
 from keda_gpu_scaler.collect.store import SourceKind
 from keda_gpu_scaler.exposition import Sample
-from keda_gpu_scaler.gateways import GATEWAY_SAMPLE_NAMES, wrong_types
+from keda_gpu_scaler.gateways import (
+    GATEWAY_SAMPLE_NAMES,
+    NotAGatewayPage,
+    QueueTable,
+    queue_table,
+    wrong_types,
+)
 
 
 @dataclass(frozen=True, slots=True)
 class ReplicaSamples:
-    """One endpoint-picker replica's series (only the gateways' families), as one page gave them."""
+    """One endpoint-picker replica's series of the gateways' families, as Prometheus answered them."""
 
     namespace: str
     pool: str
@@ -28,13 +34,31 @@ class ReplicaSamples:
     samples: tuple[Sample, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class ReplicaQueue:
+    """One endpoint-picker replica's queue (summed per pool label and model), as one page gave it."""
+
+    namespace: str
+    pool: str
+    replica: str
+    table: QueueTable
+
+
 def replica_reader(
     namespace: str, pool: str, replica: str
-) -> Callable[[Sequence[Sample], object], Iterable[ReplicaSamples]]:
-    def read(samples: Sequence[Sample], _memo: object) -> list[ReplicaSamples]:
-        return [ReplicaSamples(namespace, pool, replica, tuple(samples))]
+) -> Callable[[bytes, Sequence[Sample]], Iterable[ReplicaQueue]]:
+    def read(body: bytes, samples: Sequence[Sample]) -> list[ReplicaQueue]:
+        try:
+            table = queue_table(body, samples, MAX_SERIES_PER_PAGE)
+        except NotAGatewayPage as error:
+            raise NotOurPage(str(error)) from None
+        return [ReplicaQueue(namespace, pool, replica, table)]
 
     return read
+
+
+def _unused(samples: Sequence[Sample], memo: object) -> Iterable[ReplicaQueue]:
+    raise AssertionError("gateway pages are read by read_body")
 
 
 def _declared_as_levels(body: bytes) -> str | None:
@@ -47,12 +71,15 @@ def _declared_as_levels(body: bytes) -> str | None:
 
 
 def gateway_reader(namespace: str, pool: str, replica: str) -> PageReader:
+    # No family goes through the general parser: queue_table reads the queue itself and only looks up
+    # whether the EPP's other families are on the page.
     return PageReader(
-        GATEWAY_SAMPLE_NAMES,
-        replica_reader(namespace, pool, replica),
+        frozenset(),
+        _unused,
         GATEWAY_SAMPLE_NAMES,
         "endpoint-picker (EPP) metrics",
         refuse=_declared_as_levels,
+        read_body=replica_reader(namespace, pool, replica),
     )
 
 

@@ -55,6 +55,10 @@ class PageReader:
     # Why the page as a whole cannot be used although its samples parse (None: it can), e.g. a family
     # the page declares as a counter where a level is read: the parser skips `# TYPE` lines.
     refuse: Callable[[bytes], str | None] | None = None
+    # Readers that read a family of the body themselves (a gateway's queue: 10,000 series summed in one
+    # pass): given the body and the samples of `names`, they replace `readings` and decide themselves
+    # whether the page is theirs (raising NotOurPage), so `valid_names` is not looked at.
+    read_body: Callable[[bytes, Sequence[Sample]], Iterable[Any]] | None = None
 
 
 GPU_EXPORTER_PAGES = PageReader(SAMPLE_NAMES, readings_from_samples, SAMPLE_NAMES, "GPU exporter metrics")
@@ -112,12 +116,17 @@ def read_page(
     """A page's readings by namespace (runs on the loop or in a worker thread; changes only the memo of
     the page's source)."""
     samples = parse_exposition(body, reader.names, None if memo is None else memo.labels)
-    if not any(sample.name in reader.valid_names for sample in samples):
+    if reader.read_body is None and not any(sample.name in reader.valid_names for sample in samples):
         raise NotOurPage(f"no {reader.what} on this page")
     if reader.refuse is not None and (why := reader.refuse(body)) is not None:
         raise NotOurPage(why)
+    readings = (
+        reader.read_body(body, samples)
+        if reader.read_body is not None
+        else reader.readings(samples, None if memo is None else memo.readings)
+    )
     grouped: defaultdict[str, list[GpuReading]] = defaultdict(list)
-    for reading in reader.readings(samples, None if memo is None else memo.readings):
+    for reading in readings:
         grouped[reading.namespace].append(reading)
     exposition.release_in_slices(samples)
     return {ns: tuple(rs) for ns, rs in grouped.items()}

@@ -50,7 +50,7 @@ class SourceKind(StrEnum):
     INFERENCE = "inference"  # one pod's own page (its namespace is known)
     PROMETHEUS_INFERENCE = "prometheus-inference"  # one namespace's engine series through Prometheus
     # Endpoint-picker pages (SPEC §7): one EPP replica's page of one InferencePool; elements are
-    # collect.gateway_source.ReplicaSamples.
+    # collect.gateway_source.ReplicaQueue.
     GATEWAY = "gateway"
     # One InferencePool's endpoint-picker series through Prometheus: elements are ReplicaSamples (fresh
     # replicas) and prometheus_answer.ReplicaLost (replicas seen before that cannot be read now).

@@ -1,8 +1,8 @@
 """Gateway layer: an inference gateway's page turned into the requests it holds for a pool (pure: no I/O).
 
 The counterpart of engines/ for SPEC §7: one module per gateway that holds requests while a pool has
-no endpoint (family names, label rules and `read`), one registry line each. Fetching pages, choosing
-replicas and turning a missing queue into a status are the caller's job.
+no endpoint (family names, label rules, `queue_table` and `read`), one registry line each. Fetching
+pages, choosing replicas and turning a missing queue into a status are the caller's job.
 """
 
 from __future__ import annotations
@@ -15,21 +15,29 @@ from keda_gpu_scaler.gateways import epp
 from keda_gpu_scaler.gateways._common import (
     OTHER,
     GatewayProblem,
+    NotAGatewayPage,
     PoolQueue,
     QueueMissing,
     QueueReading,
+    QueueTable,
 )
 
 __all__ = [
     "GATEWAYS",
     "GATEWAY_SAMPLE_NAMES",
+    "MAX_QUEUE_SERIES",
     "OTHER",
     "GatewayModule",
     "GatewayProblem",
+    "NotAGatewayPage",
     "PoolQueue",
     "QueueMissing",
     "QueueReading",
+    "QueueTable",
+    "page_queue",
+    "queue_table",
     "read_queue",
+    "table_from_samples",
     "wrong_types",
 ]
 
@@ -44,26 +52,45 @@ class GatewayModule(Protocol):
     @property
     def LEVEL_FAMILIES(self) -> tuple[str, ...]: ...
 
-    def read(
-        self, samples: Sequence[Sample], pool: str, namespace: str, model: str | None
-    ) -> QueueReading: ...
+    def queue_table(self, body: bytes, samples: Sequence[Sample], max_series: int) -> QueueTable: ...
+
+    def read(self, table: QueueTable, pool: str, namespace: str, model: str | None) -> QueueReading: ...
 
 
 # The one registry: a gateway is one module and one line here.
 GATEWAYS: tuple[GatewayModule, ...] = (epp,)
+# Every family the gateways read (what a Prometheus query asks for); a page's queue is read by queue_table.
 GATEWAY_SAMPLE_NAMES: frozenset[str] = frozenset().union(*(g.SAMPLE_NAMES for g in GATEWAYS))
+# An EPP at its caps prints 1,000 models × 10 fairness ids; far more is not a real page.
+MAX_QUEUE_SERIES = 100_000
 _LEVEL_TYPES = frozenset({"gauge", "untyped"})
 
 
-def read_queue(samples: Sequence[Sample], pool: str, namespace: str, model: str | None) -> QueueReading:
-    """The requests a gateway replica's page says it holds for the pool (only the EPP so far)."""
-    return epp.read(samples, pool, namespace, model)
+def queue_table(body: bytes, samples: Sequence[Sample], max_series: int = MAX_QUEUE_SERIES) -> QueueTable:
+    """A gateway page's queue (only the EPP so far); samples: the page parsed with GATEWAY_SAMPLE_NAMES."""
+    return epp.queue_table(body, samples, max_series)
+
+
+def table_from_samples(samples: Sequence[Sample]) -> QueueTable:
+    """The queue of one replica's parsed series (a Prometheus answer's)."""
+    return epp.table_from_samples(samples)
+
+
+def read_queue(table: QueueTable, pool: str, namespace: str, model: str | None) -> QueueReading:
+    """The requests a gateway replica's page says it holds for the pool."""
+    return epp.read(table, pool, namespace, model)
+
+
+def page_queue(page: bytes | str) -> QueueTable:
+    """A whole page read as the scrape path reads it (for tools, tests and benchmarks)."""
+    body = page.encode() if isinstance(page, str) else page
+    return queue_table(body, ())
 
 
 def wrong_types(page: bytes) -> dict[str, str]:
     """Queue families a page declares as something other than a level (`# TYPE name counter`): name → type.
 
-    The sample parser skips comment lines, so a counter printed under the queue's name would otherwise
+    Comment lines are not read for samples, so a counter printed under the queue's name would otherwise
     be read as requests held now. One substring search per family, never a pass over the lines."""
     found: dict[str, str] = {}
     for gateway in GATEWAYS:

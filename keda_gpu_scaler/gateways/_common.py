@@ -1,18 +1,19 @@
-"""Types shared by the gateway modules: what one endpoint-picker page says about one pool's queue."""
+"""Types shared by the gateway modules: what one endpoint-picker page says about its pools' queues."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-
-from keda_gpu_scaler.exposition import Sample
 
 # The value an EPP prints in place of a model name or fairness id past its cardinality cap: any model
 # may hide behind it, so it counts for every `model` (a spurious wake costs one replica; a missed one
 # loses the requests held).
 OTHER = "other"
+
+
+class NotAGatewayPage(ValueError):
+    """A page that cannot be read as a gateway's (not one at all, a queue of the wrong type, a series
+    printed twice with different values): the source failed, it is not an empty queue."""
 
 
 class GatewayProblem(StrEnum):
@@ -21,6 +22,20 @@ class GatewayProblem(StrEnum):
     FLOW_CONTROL_OFF = "flow_control_off"  # the page is an EPP's, without any flow-control family
     NO_VALUE = "no_value"  # a queue series of the pool is NaN, infinite or negative
     OTHER_POOL = "other_pool"  # the queue series name other pools only: the page is another pool's EPP
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTable:
+    """One gateway page's queue, summed at scrape time per (pool label, model): an EPP at its caps prints
+    10,000 series (1,000 models × 10 fairness ids), which no evaluation should walk again.
+
+    A model is the series' `target_model_name`, or where that is empty its `model_name`."""
+
+    family: str | None  # the queue family read; None: the page has none
+    flow_control: bool  # the page shows flow control running (a queue family or another of its families)
+    totals: tuple[tuple[str, str, float], ...]  # (pool label, model, requests) over usable series
+    # (pool label, model, the series as printed) of series whose value cannot be a count: NaN, ±Inf, < 0
+    unusable: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,21 +48,12 @@ class QueueMissing:
 
 @dataclass(frozen=True, slots=True)
 class PoolQueue:
-    """Requests one EPP replica holds for one pool (summed over fairness ids and priorities)."""
+    """Requests one gateway replica holds for one pool (summed over fairness ids and priorities)."""
 
     total: float
-    by_model: tuple[tuple[str, float], ...]  # model (target_model_name, else model_name) → requests
+    by_model: tuple[tuple[str, float], ...]  # model → requests
     family: str | None  # the family read; None: flow control is on and nothing was ever queued
     other_counted: bool = False  # series folded to `other` counted for the trigger's `model`
 
 
 QueueReading = PoolQueue | QueueMissing
-
-
-def usable(value: float) -> bool:
-    """A queue size is a count: finite and not negative, or no reading at all (never clamped to 0)."""
-    return math.isfinite(value) and value >= 0
-
-
-def names_of(samples: Iterable[Sample]) -> frozenset[str]:
-    return frozenset(sample.name for sample in samples)

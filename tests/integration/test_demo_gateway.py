@@ -20,8 +20,7 @@ from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App
 from keda_gpu_scaler.demo import DemoFleet
 from keda_gpu_scaler.demo_runner import PENDING_METRIC_NAME, banner, demo_settings, pending_metadata, watch
-from keda_gpu_scaler.exposition import parse_exposition
-from keda_gpu_scaler.gateways import GATEWAY_SAMPLE_NAMES, PoolQueue, read_queue
+from keda_gpu_scaler.gateways import PoolQueue, page_queue, read_queue
 from keda_gpu_scaler.settings import Settings
 
 DEMO_SCALER = Settings(
@@ -62,8 +61,8 @@ async def queue_on_pages(http: aiohttp.ClientSession, fleet: DemoFleet) -> list[
     for _, pool, url in fleet.gateway_urls:
         async with http.get(url) as response:
             assert response.status == 200
-            samples = parse_exposition(await response.text(), GATEWAY_SAMPLE_NAMES)
-        reading = read_queue(samples, pool, fleet.NAMESPACE, None)
+            table = page_queue(await response.read())
+        reading = read_queue(table, pool, fleet.NAMESPACE, None)
         assert isinstance(reading, PoolQueue), reading
         found.append(reading.total)
     return found

@@ -9,13 +9,14 @@ import pytest
 
 from keda_gpu_scaler.collect.gateway_source import gateway_reader
 from keda_gpu_scaler.collect.scrape import NotOurPage, SourceMemo, read_page
-from keda_gpu_scaler.exposition import Sample, parse_exposition
 from keda_gpu_scaler.gateways import (
-    GATEWAY_SAMPLE_NAMES,
     GatewayProblem,
+    NotAGatewayPage,
     PoolQueue,
     QueueMissing,
+    QueueTable,
     epp,
+    page_queue,
     read_queue,
     wrong_types,
 )
@@ -26,9 +27,9 @@ LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 QWEN = "Qwen/Qwen3-8B"
 
 
-def page(name: str) -> list[Sample]:
-    """A fixture parsed as the scaler parses gateway pages: filtered by GATEWAY_SAMPLE_NAMES."""
-    return parse_exposition((FIXTURES / name).read_bytes(), GATEWAY_SAMPLE_NAMES)
+def page(name: str) -> QueueTable:
+    """A fixture read as the scaler reads gateway pages."""
+    return page_queue((FIXTURES / name).read_bytes())
 
 
 # (fixture, model, expected total): the numbers are those written in each fixture's first line.
@@ -80,7 +81,7 @@ def test_queue_by_model_and_the_other_fold() -> None:
 def test_a_page_with_both_names_counts_once_and_prefers_the_current_one() -> None:
     text = epp_page("chat-pool", {Queued("llama"): 3}, names=(epp.QUEUE_OLD,))
     text += epp_page("chat-pool", {Queued("llama"): 4}).split("\n", 3)[3]  # the current family after it
-    reading = read_queue(parse_exposition(text, GATEWAY_SAMPLE_NAMES), "chat-pool", "llm", None)
+    reading = read_queue(page_queue(text), "chat-pool", "llm", None)
     assert isinstance(reading, PoolQueue)
     assert (reading.total, reading.family) == (4, epp.QUEUE)
 
@@ -111,7 +112,7 @@ def test_another_pools_epp_is_named_not_read_as_ours() -> None:
 
 def test_the_pool_label_may_carry_its_namespace() -> None:
     text = epp_page("llm/chat-pool", {Queued("llama"): 2})
-    reading = read_queue(parse_exposition(text, GATEWAY_SAMPLE_NAMES), "chat-pool", "llm", None)
+    reading = read_queue(page_queue(text), "chat-pool", "llm", None)
     assert isinstance(reading, PoolQueue) and reading.total == 2
 
 
@@ -132,16 +133,69 @@ def test_a_replica_page_is_filed_under_its_pool_and_replica() -> None:
     body = (FIXTURES / "llm_d_epp_v0_10.prom").read_bytes()
     by_namespace = read_page(body, gateway_reader("llm", "chat-pool", "epp-0"), SourceMemo())
     (replica,) = by_namespace["llm"]
-    assert (replica.namespace, replica.pool, replica.replica) == ("llm", "chat-pool", "epp-0")  # type: ignore[attr-defined]
+    assert (replica.namespace, replica.pool, replica.replica, replica.table.family) == (
+        "llm",
+        "chat-pool",
+        "epp-0",
+        epp.QUEUE,
+    )  # type: ignore[attr-defined]
 
 
 def test_the_simulated_page_reads_back_its_queue() -> None:
     queue = {Queued("llama", "a"): 2, Queued("llama", "b", "5"): 1.0, Queued("qwen"): 0}
     text = epp_page("chat-pool", queue)
-    reading = read_queue(parse_exposition(text, GATEWAY_SAMPLE_NAMES), "chat-pool", "llm", "llama")
+    reading = read_queue(page_queue(text), "chat-pool", "llm", "llama")
     assert isinstance(reading, PoolQueue) and reading.total == 3
     off = epp_page("chat-pool", queue, flow_control=False)
-    assert isinstance(
-        read_queue(parse_exposition(off, GATEWAY_SAMPLE_NAMES), "chat-pool", "llm", None), QueueMissing
-    )
+    assert isinstance(read_queue(page_queue(off), "chat-pool", "llm", None), QueueMissing)
     assert not math.isnan(reading.total)
+
+
+def _line(name: str, labels: str, value: str) -> str:
+    return f"{name}{{{labels}}} {value}\n"
+
+
+SORTED = 'fairness_id="a",inference_pool="chat-pool",model_name="m1",priority="0",target_model_name="{t}"'
+
+
+def test_client_golangs_layout_and_any_other_read_alike() -> None:
+    fast = epp_page("chat-pool", {Queued("m1", "a"): 2, Queued("m2", "b", "5"): 3, Queued("m1", "c"): 1})
+    # The same series as Prometheus' /federate prints them: other labels, another order, a timestamp.
+    federated = "".join(
+        f'{epp.QUEUE}{{target_model_name="{m}",job="epp",fairness_id="{f}",inference_pool="chat-pool",'
+        f'priority="{p}",model_name="{m}"}} {v} 1764633600000\n'
+        for m, f, p, v in (("m1", "a", "0", 2), ("m2", "b", "5", 3), ("m1", "c", "0", 1))
+    )
+    one_odd_line = fast.replace('fairness_id="c"', 'fairness_id="c",instance="10.0.0.7:9090"')
+    tables = [page_queue(text) for text in (fast, federated + "llm_d_epp_ready_endpoints 0\n", one_odd_line)]
+    assert tables[0].totals == (("chat-pool", "m1", 3.0), ("chat-pool", "m2", 3.0))
+    assert tables[1].totals == tables[0].totals and tables[2].totals == tables[0].totals
+
+
+def test_a_series_printed_twice_counts_once_or_fails_the_page_when_its_values_differ() -> None:
+    head = "llm_d_epp_ready_endpoints 0\n"
+    twice = head + _line(epp.QUEUE, SORTED.format(t="m1"), "0") * 2
+    assert page_queue(twice).totals == (("chat-pool", "m1", 0.0),)
+    again = head + _line(epp.QUEUE, SORTED.format(t="m1"), "2") * 2
+    assert page_queue(again).totals == (("chat-pool", "m1", 2.0),)
+    differ = (
+        head + _line(epp.QUEUE, SORTED.format(t="m1"), "2") + _line(epp.QUEUE, SORTED.format(t="m1"), "5")
+    )
+    with pytest.raises(NotAGatewayPage, match="printed twice"):
+        page_queue(differ)
+
+
+def test_an_unlabelled_queue_line_is_read_not_skipped() -> None:
+    table = page_queue(f"{epp.QUEUE} 4\n" + _line(epp.QUEUE, SORTED.format(t="m1"), "1"))
+    assert table.totals == (("", "", 4.0), ("chat-pool", "m1", 1.0))
+
+
+def test_more_queue_series_than_the_limit_fail_the_page() -> None:
+    body = "".join(_line(epp.QUEUE, SORTED.format(t=f"m{i}"), "1") for i in range(11)).encode()
+    with pytest.raises(NotAGatewayPage, match="11 series; at most 10"):
+        epp.queue_table(body, [], 10)
+
+
+def test_a_page_without_any_epp_family_is_not_an_epps() -> None:
+    with pytest.raises(NotAGatewayPage, match="no endpoint-picker"):
+        page_queue('vllm:num_requests_waiting{model_name="l"} 3\n')
