@@ -74,3 +74,32 @@ def test_frozen_objects_growing_by_half_bring_a_walk_of_everything_early() -> No
         policy.remove()
         gc.unfreeze()
         gc.enable()
+
+
+async def test_serve_makes_worker_threads_hand_the_gil_back_within_a_millisecond_while_it_runs() -> None:
+    # Large pages and answers are decoded in worker threads: the event loop must not wait the default
+    # 5 ms for the GIL each time it needs it back. The process's setting comes back when serve ends.
+    import asyncio
+    import dataclasses
+    import os
+    import signal
+    import sys
+
+    from conftest import FAST
+    from support import eventually
+
+    from keda_gpu_scaler.app import App, run_until_signalled
+
+    before = sys.getswitchinterval()
+    app = App(dataclasses.replace(FAST, exporter_urls=()))
+    serving = asyncio.create_task(run_until_signalled(app))
+
+    async def started() -> None:
+        assert sys.getswitchinterval() <= 0.001
+
+    try:
+        await eventually(started)
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)
+        await serving
+    assert sys.getswitchinterval() == before
