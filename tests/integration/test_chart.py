@@ -823,9 +823,12 @@ def test_example_values_install(example: Path) -> None:
     for doc in docs:
         validate(doc)
     # The examples' ScaledObjects name this release's Service.
-    setup = {"aks": "aks-nvidia-gpu-operator", "doks": "doks-amd-mi300x", "ack": "ack-shared-gpu"}[
-        example.stem.removesuffix("-values")
-    ]
+    setup = {
+        "aks": "aks-nvidia-gpu-operator",
+        "doks": "doks-amd-mi300x",
+        "ack": "ack-shared-gpu",
+        "vllm": "vllm-llm-serving",
+    }[example.stem.removesuffix("-values")]
     hosts = {
         find(docs, "Service", n)["metadata"]["name"] + "." + NAMESPACE
         for n in ("keda-gpu-scaler", "keda-gpu-scaler-headless")
@@ -837,12 +840,30 @@ def test_example_values_install(example: Path) -> None:
                     assert trigger["metadata"]["scalerAddress"] in {f"{host}:6000" for host in hosts}
     if example.stem.startswith("ack"):
         assert "ack-prometheus-gpu-exporter" in env(docs)[f"{ENV_PREFIX}EXPORTER_SELECTOR"]
+    if example.stem.startswith("vllm"):
+        # The policy admits the scaler to the example's own vLLM pods on the port they serve /metrics on.
+        policy = find(docs, "NetworkPolicy", f"{RELEASE}-scrape")
+        workload = find(
+            list(yaml.safe_load_all((MANIFESTS / "examples" / setup / "deployment.yaml").read_text())),
+            "Deployment",
+        )
+        assert policy["metadata"]["namespace"] == workload["metadata"]["namespace"]
+        pod = workload["spec"]["template"]
+        assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        container_ports = {p["containerPort"] for c in pod["spec"]["containers"] for p in c["ports"]}
+        assert {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]} <= container_ports
 
 
 def test_notes_name_the_scaler_address() -> None:
     notes = render_files()["keda-gpu-scaler/templates/NOTES.txt"]
-    assert "scalerAddress: keda-gpu-scaler.keda:6000" in notes
+    assert notes.count("scalerAddress: keda-gpu-scaler.keda:6000") == 2
+    assert "metric: requests" in notes and "metric: utilization" in notes  # an LLM server, a GPU workload
     assert "port-forward" in notes
+    assert "names no registry" in notes and "make image" in notes
+    pushed = render_files({"image": {"repository": "registry.example/keda-gpu-scaler"}})
+    assert "names no registry" not in pushed["keda-gpu-scaler/templates/NOTES.txt"]
+    with_mtls = render_files({"tls": {"enabled": True, "certManager": {"enabled": True}}})
+    assert with_mtls["keda-gpu-scaler/templates/NOTES.txt"].count("name: keda-gpu-scaler-mtls") == 2
 
 
 # --- alerts and dashboard ------------------------------------------------------------------------------------
