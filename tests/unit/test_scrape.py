@@ -20,7 +20,7 @@ from support import GpuLine, dcgm_page, eventually
 
 from keda_gpu_scaler import exposition
 from keda_gpu_scaler.backoff import backoff_delay
-from keda_gpu_scaler.collect import scrape
+from keda_gpu_scaler.collect import http, scrape
 from keda_gpu_scaler.collect.http import BearerToken, FetchError, LeanFetcher, exporter_ssl
 from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.scrape import GPU_EXPORTER_PAGES, PageReader, ScrapeCollector, ScrapeLimits
@@ -144,6 +144,30 @@ async def test_a_gzip_page_within_the_cap_is_read(serve) -> None:  # type: ignor
     rig = Rig()
     assert await rig.collector.scrape_once(server.url())
     assert rig.pods(server.url()) == {"vllm-0", "vllm-1"}
+
+
+async def test_a_gzip_page_is_inflated_off_the_loop(serve, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # A gzip bomb inflated to the cap on the loop held every RPC for tens of ms on each retry.
+    threads: list[str] = []
+    real = http.inflate
+
+    def recording(data: bytes, encoding: str, max_bytes: int) -> bytes:
+        threads.append(threading.current_thread().name)
+        return real(data, encoding, max_bytes)
+
+    monkeypatch.setattr(http, "inflate", recording)
+    bomb = gzip.compress(b"# padding\n" * (2 << 20), compresslevel=9)
+    server = await serve(
+        {
+            "/metrics": text(gzip.compress(PAGE.encode()), **{"Content-Encoding": "gzip"}),
+            "/bomb": text(bomb, **{"Content-Encoding": "gzip"}),
+        }
+    )
+    rig = Rig()
+    assert await rig.collector.scrape_once(server.url())
+    assert not await rig.collector.scrape_once(server.url("/bomb"))
+    assert "limit of 1048576 bytes" in (rig.error(server.url("/bomb")) or "")
+    assert len(threads) == 2 and threading.main_thread().name not in threads
 
 
 async def test_a_gzip_page_cut_short_is_a_failed_source_not_a_lower_value() -> None:
