@@ -70,7 +70,8 @@ def vector(count: int) -> bytes:
         }
         for i in range(count)
     ]
-    return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+    document = {"status": "success", "data": {"resultType": "vector", "result": result}}
+    return json.dumps(document, separators=(",", ":")).encode()  # as Prometheus writes it
 
 
 @pytest.mark.parametrize("pieces", [False, True], ids=["json.loads", "in pieces"])
@@ -79,6 +80,34 @@ def test_an_answer_over_the_element_limit_is_refused_naming_the_limit(monkeypatc
     monkeypatch.setattr(prometheus_answer, "OFF_LOOP_BYTES", 0 if pieces else 1 << 30)
     assert len(parse_vector(vector(10))[0]) == 10
     with pytest.raises(PrometheusError, match=r"more than 10 vector elements .* the limit is 10"):
+        parse_vector(vector(11))
+
+
+LABEL_VALUES = st.text(alphabet=st.sampled_from(list('},"value":[{]\\ab')), max_size=12)
+
+
+@settings(max_examples=200)
+@given(
+    labels=st.lists(
+        st.dictionaries(st.sampled_from(["a", "metric", "value", "__name__"]), LABEL_VALUES), max_size=30
+    ),
+    step=st.integers(min_value=1, max_value=64),
+)
+def test_elements_are_counted_exactly_without_decoding(labels: list[dict[str, str]], step: int) -> None:
+    result = [{"metric": metric, "value": [1.5, "2"]} for metric in labels]
+    body = json.dumps(
+        {"status": "success", "data": {"resultType": "vector", "result": result}}, separators=(",", ":")
+    ).encode()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(prometheus_answer, "_COUNT_STEP", step)  # elements across the steps' ends
+        assert prometheus_answer.counted_elements(body) == len(labels)
+
+
+def test_an_answer_counted_over_the_limit_is_refused_undecoded(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(prometheus_answer, "MAX_ANSWER_ELEMENTS", 10)
+    monkeypatch.setattr(prometheus_answer, "OFF_LOOP_BYTES", 0)
+    monkeypatch.setattr(prometheus_answer, "loads_in_pieces", lambda *a, **k: pytest.fail("decoded"))
+    with pytest.raises(PrometheusError, match="more than 10 vector elements"):
         parse_vector(vector(11))
 
 
