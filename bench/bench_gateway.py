@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import statistics
 import timeit
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ PHASES = (0.05, 0.25, 0.5, 0.75, 0.95)
 PROMETHEUS_SCRAPE = 15.0  # a ServiceMonitor's common interval (the EPP's chart default)
 KEDA_POLLING = 30.0  # KEDA's default pollingInterval, which its prometheus trigger is read at
 POLL_SECONDS = 0.01
-PARSE_REPEATS = 5
+PARSE_REPEATS = 7
 PENDING = {"metric": "pending", "threshold": "1", "inferencePool": POOL}
 READER = gateway_reader(NAMESPACE, POOL, "epp-0")
 
@@ -203,10 +202,12 @@ def big_epp_page(models: int = 1000, fairness_ids: int = 10) -> str:
     return pagetext.render(families)
 
 
-def _median_ms(function: Callable[[], object]) -> float:
+def _best_ms(function: Callable[[], object]) -> float:
+    """ms per call in the fastest of PARSE_REPEATS timeit runs: the machine is shared with other work,
+    and the fastest run is the one it disturbed least (the same rule for both parsers)."""
     timer = timeit.Timer(function)
     number, _ = timer.autorange()
-    return statistics.median(timer.repeat(repeat=PARSE_REPEATS, number=number)) / number * 1e3
+    return min(timer.repeat(repeat=PARSE_REPEATS, number=number)) / number * 1e3
 
 
 def _ours(page: bytes) -> float:
@@ -232,9 +233,9 @@ def parse_rows() -> tuple[str, float]:
     body = text.encode()
     assert _ours(body) == _theirs(text)
     samples = len(parse_all(text))
-    ours = _median_ms(lambda: _ours(body))
-    everything = _median_ms(lambda: parse_all(body))
-    theirs = _median_ms(lambda: _theirs(text))
+    ours = _best_ms(lambda: _ours(body))
+    everything = _best_ms(lambda: parse_all(body))
+    theirs = _best_ms(lambda: _theirs(text))
     row = (
         f"| EPP, 1,000 models × 10 fairness ids | {len(body) / 1024 / 1024:.1f} MiB, {samples:,} samples |"
         f" {ours:.1f} | {everything:.1f} | {theirs:.1f} | {theirs / ours:.0f}× |"
@@ -305,6 +306,8 @@ fetch ({repeats} trials per phase, in shuffled order). The clock starts before t
 
 Worst over all phases {worst:.2f} s against a goal of {goal:.1f} s (`--gateway-interval` + 0.2 s):
 {"met" if worst <= goal else "**missed**"}.
+The scaler draws each wait up to the interval (never longer), so a change late in the cycle often meets
+the next scrape at once: then the wake follows in milliseconds.
 
 **The Prometheus path** a user would otherwise build (llm-d's KEDA guide): a real Prometheus scrapes
 the same kind of page every {PROMETHEUS_SCRAPE:g} s, and the time until an instant query
@@ -317,7 +320,8 @@ phase. The result, {len(polled)} combinations: median {median(polled):.1f} s, wo
 {ratio:.0f}× our median. Neither path includes the model server's own cold start (65–85 s for a vLLM pod
 with warm caches), which follows the wake alike.
 
-**Reading an EPP page at its cardinality caps.** ms per page, median of {PARSE_REPEATS} timeit runs.
+**Reading an EPP page at its cardinality caps.** ms per page, the fastest of {PARSE_REPEATS} timeit runs
+for each (the machine is shared with other sessions: the fastest run is the least disturbed one).
 *Ours* is the scrape path (`read_page` with the gateway's reader): the queue family summed per pool and
 model in one pass over client_golang's layout (with the series limit and the check for a series printed
 twice; any other layout goes through the general parser), the EPP's other families only looked up, then

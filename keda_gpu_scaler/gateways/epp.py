@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from operator import methodcaller
 
 from keda_gpu_scaler import exposition
 from keda_gpu_scaler.exposition import Sample
@@ -144,7 +143,11 @@ def _family_table(
 
 def _count_lines(text: str, family: str) -> int:
     """Lines holding a sample of `family` (with or without labels), counted without reading them."""
-    count = text.count(f"\n{family}{{") + text.count(f"\n{family} ") + text.count(f"\n{family}\t")
+    count = text.count(f"\n{family}{{")
+    # Unlabelled samples are rare: looked for only where some line starts with the name and no "{"
+    # (another family whose name starts with this one's, or an unlabelled sample).
+    if text.count(f"\n{family}") != count:
+        count += text.count(f"\n{family} ") + text.count(f"\n{family}\t")
     return count + (1 if text.startswith((f"{family}{{", f"{family} ", f"{family}\t")) else 0)
 
 
@@ -169,16 +172,22 @@ def _fast_columns(text: str, family: str, lines: int) -> Columns | None:
     joints = tokens[10::10]
     between = "\n" + head
     cut = len(between)
-    # Every joint but the last ends with the next head and holds no other line; all start with "} ".
+    # Each joint is "} " VALUE, then (all but the last) the next line's head. Counted over all of them
+    # at once rather than looked at one by one: a joint that lacks its "} " or its head leaves another
+    # with two, whose value then holds that text and is not a number (_totals sends the family to the
+    # general parser). No "_": float() would read "1_000", which the text format does not allow.
     inner = joints[:-1]
-    if not (
-        all(map(methodcaller("startswith", "} "), joints))
-        and all(map(methodcaller("endswith", between), inner))
-        and "".join(joints).count("\n") == len(inner)
+    joined = "".join(joints)
+    if (
+        joined.count("} ") != len(joints)
+        or joined.count(between) != len(inner)
+        or joined.count("\n") != len(inner)
     ):
         return None
-    values = [j[2:-cut] for j in joints[:-1]]
+    values = [j[2:-cut] for j in inner]
     values.append(joints[-1][2:])
+    if "_" in "".join(values):
+        return None
     return tokens[1::10], tokens[3::10], tokens[5::10], tokens[7::10], tokens[9::10], values
 
 
@@ -194,12 +203,19 @@ def _totals(
             values = list(map(float, texts))
         except ValueError:
             return None
-    keys = list(zip(fairness, pools, models, priorities, targets, strict=True))
-    if len(set(keys)) != len(keys):
-        keys, values = _once(keys, values, family)
-        _, pools, models, _, targets = (list(column) for column in zip(*keys, strict=True))
+    # A series printed twice: screened on three of its five labels (an EPP prints one series per
+    # fairness id, priority and target model of its pool), then looked for exactly where that collides.
+    if len(set(zip(fairness, priorities, targets, strict=True))) != len(values) and len(
+        set(zip(fairness, pools, models, priorities, targets, strict=True))
+    ) != len(values):
+        keys, values = _once(
+            list(zip(fairness, pools, models, priorities, targets, strict=True)), values, family
+        )
+        fairness, pools, models, priorities, targets = (list(column) for column in zip(*keys, strict=True))
     unusable: list[tuple[str, str, str]] = []
-    if not all(0 <= value < math.inf for value in values):  # NaN fails every comparison
+    # All usable (finite, >= 0) in two C-speed passes: a NaN or an infinity makes the sum non-finite.
+    if values and not (math.isfinite(sum(values)) and min(values) >= 0):
+        keys = list(zip(fairness, pools, models, priorities, targets, strict=True))
         usable = [0 <= value < math.inf for value in values]
         unusable = [
             (key[1], key[4] or key[2], f"{_series(family, key)} {value!r}")
@@ -211,11 +227,19 @@ def _totals(
         _, pools, models, _, targets = (
             (list(column) for column in zip(*keys, strict=True)) if keys else ([],) * 5
         )
+    # The model of a series is its target model, where empty its model name.
+    chosen = targets if "" not in set(targets) else [t or m for t, m in zip(targets, models, strict=True)]
     totals: dict[tuple[str, str], float] = {}
-    get = totals.get
-    for pool, model_name, target, value in zip(pools, models, targets, values, strict=True):
-        at = (pool, target or model_name)
-        totals[at] = get(at, 0.0) + value
+    if len(set(pools)) == 1:  # one EPP serves one pool: sum by model alone (no key tuple per series)
+        by_model: dict[str, float] = {}
+        get = by_model.get
+        for model, value in zip(chosen, values, strict=True):
+            by_model[model] = get(model, 0.0) + value
+        totals = {(pools[0], model): total for model, total in by_model.items()}
+    else:
+        get_total = totals.get
+        for pool, model, value in zip(pools, chosen, values, strict=True):
+            totals[(pool, model)] = get_total((pool, model), 0.0) + value
     return tuple(sorted((pool, model, v) for (pool, model), v in totals.items())), tuple(unusable)
 
 
