@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import gzip
+import zlib
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -87,6 +88,25 @@ FAULTS: tuple[Fault, ...] = (
         "a 400 kB gzip body that inflates to 200 MB",
         "UNAVAILABLE",
         "decompressed bytes count against --max-page-bytes: refused at the cap, memory bounded; UNAVAILABLE",
+    ),
+    Fault(
+        "gzip_cut",
+        "a gzip page whose stream ends mid-value (it inflates to a valid page reading 3 for 30)",
+        "UNAVAILABLE",
+        "refused: the gzip stream has no end (truncated), never the lower value; UNAVAILABLE",
+    ),
+    Fault(
+        "gzip_invalid",
+        "Content-Encoding: gzip on a body that is not gzip",
+        "UNAVAILABLE",
+        "scrape fails naming the body as not valid gzip; the scrape loop goes on; UNAVAILABLE",
+    ),
+    Fault(
+        "many_series",
+        "a 0.8 MB page of 21,000 series (more than one page may give)",
+        "UNAVAILABLE",
+        "refused after a search for its lines, before any parse (the same page again by its digest);"
+        " UNAVAILABLE",
     ),
     Fault(
         "redirect",
@@ -189,6 +209,13 @@ def gzip_bomb() -> bytes:
     return gzip.compress((b"# " + b"x" * 1021 + b"\n") * 200_000, compresslevel=9)
 
 
+@functools.cache
+def many_series() -> bytes:
+    """21,000 short GPU series after the two healthy ones (made once, when first served)."""
+    lines = [f'DCGM_FI_DEV_GPU_UTIL{{pod="o{i}"}} 5' for i in range(21_000)]
+    return page(line("vllm-0", "30", 0), line("vllm-1", "30", 1), *lines).encode()
+
+
 class FaultyExporter:
     """An aiohttp exporter on 127.0.0.1 that serves two healthy pods until told to misbehave."""
 
@@ -240,6 +267,16 @@ class FaultyExporter:
             return web.Response(text=page(*lines))
         elif fault == "gzip_bomb":
             return web.Response(body=gzip_bomb(), headers={"Content-Encoding": "gzip"})
+        elif fault == "gzip_cut":
+            text = self.healthy().encode()
+            cut = text.index(b'pod="vllm-1"} 30') + len(b'pod="vllm-1"} 3')
+            compressor = zlib.compressobj(wbits=31)
+            body = compressor.compress(text[:cut]) + compressor.flush(zlib.Z_SYNC_FLUSH)
+            return web.Response(body=body, headers={"Content-Encoding": "gzip"})
+        elif fault == "gzip_invalid":
+            return web.Response(text=self.healthy(), headers={"Content-Encoding": "gzip"})
+        elif fault == "many_series":
+            return web.Response(body=many_series())
         elif fault == "redirect":
             raise web.HTTPFound("/elsewhere")
         elif fault == "not_an_exporter":

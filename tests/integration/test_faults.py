@@ -89,6 +89,9 @@ async def test_fault(fault: Fault, faulty: FaultyExporter, make_exporter, make_s
         "restart": ("Cannot connect", "Connect call failed"),
         "reset": ("disconnected", "reset", "ClientPayloadError", "ClientOSError"),
         "garbage": ("not a valid metrics page",),
+        "gzip_cut": ("gzip body ends before its end of stream (truncated)",),
+        "gzip_invalid": ("not valid gzip",),
+        "many_series": ("more than 20,000 series on this page",),
     }
 
     async def failure_recorded() -> None:
