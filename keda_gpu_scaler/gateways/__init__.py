@@ -54,6 +54,8 @@ class GatewayModule(Protocol):
 
     def queue_table(self, body: bytes, samples: Sequence[Sample], max_series: int) -> QueueTable: ...
 
+    def table_from_samples(self, samples: Sequence[Sample]) -> QueueTable: ...
+
     def read(self, table: QueueTable, pool: str, namespace: str, model: str | None) -> QueueReading: ...
 
 
@@ -66,19 +68,34 @@ MAX_QUEUE_SERIES = 100_000
 _LEVEL_TYPES = frozenset({"gauge", "untyped"})
 
 
+_BY_NAME: dict[str, GatewayModule] = {gateway.NAME: gateway for gateway in GATEWAYS}
+
+
 def queue_table(body: bytes, samples: Sequence[Sample], max_series: int = MAX_QUEUE_SERIES) -> QueueTable:
-    """A gateway page's queue (only the EPP so far); samples: the page parsed with GATEWAY_SAMPLE_NAMES."""
-    return epp.queue_table(body, samples, max_series)
+    """A gateway page's queue, read by the first gateway that recognises the page (in GATEWAYS order);
+    samples: the page parsed with GATEWAY_SAMPLE_NAMES (may be empty). NotAGatewayPage when none does."""
+    refused: NotAGatewayPage | None = None
+    for gateway in GATEWAYS:
+        try:
+            return gateway.queue_table(body, samples, max_series)
+        except NotAGatewayPage as error:
+            refused = refused or error
+    assert refused is not None  # GATEWAYS is never empty
+    raise refused
 
 
 def table_from_samples(samples: Sequence[Sample]) -> QueueTable:
-    """The queue of one replica's parsed series (a Prometheus answer's)."""
-    return epp.table_from_samples(samples)
+    """The queue of one replica's parsed series (a Prometheus answer's): read by the first gateway whose
+    families are among them, else by the first gateway (which says what is missing)."""
+    names = {sample.name for sample in samples}
+    chosen = next((g for g in GATEWAYS if names & g.SAMPLE_NAMES), GATEWAYS[0])
+    return chosen.table_from_samples(samples)
 
 
 def read_queue(table: QueueTable, pool: str, namespace: str, model: str | None) -> QueueReading:
-    """The requests a gateway replica's page says it holds for the pool."""
-    return epp.read(table, pool, namespace, model)
+    """The requests a gateway replica's page says it holds for the pool (read by the gateway that read
+    the page)."""
+    return _BY_NAME[table.gateway].read(table, pool, namespace, model)
 
 
 def page_queue(page: bytes | str) -> QueueTable:

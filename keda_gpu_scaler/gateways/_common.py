@@ -31,6 +31,7 @@ class QueueTable:
 
     A model is the series' `target_model_name`, or where that is empty its `model_name`."""
 
+    gateway: str  # the module that read it (its NAME): the one that reads it for a pool
     family: str | None  # the queue family read; None: the page has none
     flow_control: bool  # the page shows flow control running (a queue family or another of its families)
     totals: tuple[tuple[str, str, float], ...]  # (pool label, model, requests) over usable series

@@ -79,11 +79,11 @@ def table_from_samples(samples: Sequence[Sample]) -> QueueTable:
     present = {sample.name for sample in samples}
     family = next((name for name in QUEUE_FAMILIES if name in present), None)
     if family is None:
-        return QueueTable(None, bool(present & FLOW_CONTROL_SIGNS), ())
+        return QueueTable(NAME, None, bool(present & FLOW_CONTROL_SIGNS), ())
     ours = [s for s in samples if s.name == family]
     found = _totals(_columns(ours), family, values=[s.value for s in ours])
     assert found is not None  # values given: nothing left to fail
-    return QueueTable(family, True, *found)
+    return QueueTable(NAME, family, True, *found)
 
 
 def _columns(samples: Sequence[Sample]) -> Columns:
@@ -107,13 +107,13 @@ def queue_table(body: bytes, samples: Sequence[Sample], max_series: int) -> Queu
     for family in QUEUE_FAMILIES:
         table = _family_table(body, text, family, max_series)
         if table is not None:
-            return QueueTable(family, True, *table)
+            return QueueTable(NAME, family, True, *table)
     present = {sample.name for sample in samples} | {
         n for n in IDENTITY | FLOW_CONTROL_SIGNS if _count_lines(text, n)
     }
     if not present & (IDENTITY | FLOW_CONTROL_SIGNS):
         raise NotAGatewayPage("no endpoint-picker (EPP) metrics on this page")
-    return QueueTable(None, bool(present & FLOW_CONTROL_SIGNS), ())
+    return QueueTable(NAME, None, bool(present & FLOW_CONTROL_SIGNS), ())
 
 
 def _family_table(
