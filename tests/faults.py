@@ -190,6 +190,31 @@ OTHER_FAULTS: tuple[tuple[str, str, str], ...] = (
         "test_gateway_kubernetes.py::test_a_picker_refusing_the_scaler_is_unavailable_saying_what_is_missing",
     ),
     (
+        "an endpoint picker replica's page fails or is stale (--gateway-url or discovered)",
+        "a lower bound (the other replicas' sum, said in /explain) when that is already above"
+        " activationThreshold, else UNAVAILABLE naming the pool and the replica's failure; never 0",
+        "test_gateway.py::test_a_failing_replica_leaves_a_lower_bound_or_unavailable_never_zero,"
+        " test_every_replica_failing_is_unavailable_naming_the_pool",
+    ),
+    (
+        "an endpoint picker with its flowControl feature gate off",
+        "UNAVAILABLE telling to enable the EPP's flowControl feature gate",
+        "test_gateway.py::test_flow_control_off_is_unavailable_telling_to_enable_it",
+    ),
+    (
+        "a gateway page that is not an endpoint picker's, declares its queue as a counter, or holds a NaN"
+        " or negative queue size",
+        "that replica is unread (UNAVAILABLE with the reason, or a lower bound), never 0",
+        "test_gateway.py::test_a_page_that_is_not_an_epps_is_unavailable,"
+        " test_a_queue_of_the_wrong_type_is_unavailable_naming_it,"
+        " test_nan_or_negative_sizes_are_unavailable_not_zero",
+    ),
+    (
+        "a pending trigger names a pool of another namespace",
+        "INVALID_ARGUMENT for a namespaced name; a bare name is read in the ScaledObject's own namespace only",
+        "test_gateway.py::test_a_pool_of_another_namespace_is_never_read",
+    ),
+    (
         "an endpoint picker read through Prometheus stops (up 0)",
         "its replica counts as unread: a lower bound when the others are already active, else UNAVAILABLE;"
         " never 0",
