@@ -115,7 +115,10 @@ def read_page(
 ) -> dict[str, tuple[GpuReading, ...]]:
     """A page's readings by namespace (runs on the loop or in a worker thread; changes only the memo of
     the page's source)."""
-    samples = parse_exposition(body, reader.names, None if memo is None else memo.labels)
+    # A reader wanting no family from the general parser (a gateway's) skips its pass over the page.
+    samples = (
+        parse_exposition(body, reader.names, None if memo is None else memo.labels) if reader.names else []
+    )
     if reader.read_body is None and not any(sample.name in reader.valid_names for sample in samples):
         raise NotOurPage(f"no {reader.what} on this page")
     if reader.refuse is not None and (why := reader.refuse(body)) is not None:
