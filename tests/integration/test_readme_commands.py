@@ -32,7 +32,12 @@ DEMO_PORTS = {"grpc": 6000, "http": 8080, "control": 8081}
 
 
 def shell_blocks(text: str) -> list[str]:
-    return re.findall(r"^```sh\n(.*?)^```", text, re.S | re.M)
+    """The ```sh blocks, and the commands (`$ ` lines) of the ```console blocks, which also show output."""
+    blocks = re.findall(r"^```sh\n(.*?)^```", text, re.S | re.M)
+    for console in re.findall(r"^```console\n(.*?)^```", text, re.S | re.M):
+        joined = re.sub(r"\\\n\s*", " ", console)
+        blocks.append("\n".join(line[2:] for line in joined.splitlines() if line.startswith("$ ")))
+    return blocks
 
 
 def commands(block: str) -> list[str]:
