@@ -30,7 +30,7 @@ run: proto ## start the scaler with the simulated demo GPU fleet on loopback
 
 test: proto $(STAMP) ## install what is missing and run the whole test suite
 	bash scripts/ensure-system-deps.sh
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadfile
 
 test-container: proto $(STAMP) ## build the image and run its tests in Docker (starts dockerd if none runs; see README)
 	PY=$(PY) bash scripts/container-test.sh
