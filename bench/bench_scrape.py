@@ -251,8 +251,8 @@ async def loop_stall(hostile_series: int = 150_000, scrapes: int = 3) -> str:
 Exporter pages that change on every scrape, each read {scrapes} times by a `ScrapeCollector` in the
 benchmark's own process (a stub fetcher hands it the bytes), while a probe task sleeps 1 ms in a loop:
 how late it wakes is how long an RPC would wait for the loop. One page at the series limit
-(`MAX_SERIES_PER_PAGE`, {scrape.MAX_SERIES_PER_PAGE:,}: read), one of {hostile_series:,} series (refused once the parse
-reaches the limit). Pages above {scrape.PARSE_OFF_LOOP_BYTES // 1024} KiB are hashed, parsed and turned into readings in a
+(`MAX_SERIES_PER_PAGE`, {scrape.MAX_SERIES_PER_PAGE:,}: read), one of {hostile_series:,} series (refused: in the worker thread
+after a search for its lines, before any parse; on the loop once the parse reaches the limit). Pages above {scrape.PARSE_OFF_LOOP_BYTES // 1024} KiB are hashed, parsed and turned into readings in a
 worker thread, big structures freed in slices. What still holds the loop: single long C calls in the
 worker (splitting the text, sorting the readings) and the garbage collector's full passes, which walk
 every object of the process while holding the GIL (pausing the collector instead kept cyclic garbage
