@@ -123,3 +123,26 @@ def test_other_faults_name_tests_that_exist() -> None:
         source = path.read_text()
         for name in names.split(", "):
             assert f"def {name}(" in source, f"{module}::{name} does not exist"
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("gzip_cut", "gzip body ends before its end of stream (truncated)"),
+        ("gzip_invalid", "not valid gzip"),
+        ("many_series", "more than 20,000 series on this page"),
+    ],
+)
+async def test_unavailable_names_the_exporter_and_what_was_wrong(  # type: ignore[no-untyped-def]
+    fault: str, reason: str, faulty: FaultyExporter, make_scaler
+) -> None:
+    faulty.fault = fault
+    scaler = await make_scaler(faulty, max_page_bytes=1024 * 1024)
+
+    async def said() -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await scaler.stub.GetMetrics(request("llm", AFFECTED))
+        assert error.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert faulty.url in (error.value.details() or "") and reason in (error.value.details() or "")
+
+    await eventually(said)
