@@ -185,10 +185,6 @@ class GatewayPages:
     def problem(self, namespace: str, pool: str) -> str | None:
         return self._problems.get((namespace, pool))
 
-    def pools(self) -> list[PoolKey]:
-        """Every pool with a replica page or a problem (for explain and tests)."""
-        return sorted(self._static.keys() | self._discovered.keys() | self._problems.keys())
-
     # -- bookkeeping ---------------------------------------------------------------------------------
 
     def _use(self, key: PoolKey, replica: Replica) -> None:

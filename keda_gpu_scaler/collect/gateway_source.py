@@ -91,7 +91,7 @@ class PoolInterest:
         self._pages = pages
 
     def wanted(self, key: Hashable = SCRAPE_INTEREST) -> bool:
-        return isinstance(key, tuple) and key in self._pages.wanted()
+        return isinstance(key, tuple) and len(key) == 2 and self._pages.is_wanted(key)
 
     async def wait_until_wanted(self, timeout: float, key: Hashable = SCRAPE_INTEREST) -> None:
         if not self.wanted(key):

@@ -63,7 +63,7 @@ def test_a_problem_drops_the_replicas_and_replicas_clear_it() -> None:
     pages.set_replicas("llm", "chat", {"epp-a": "http://10.0.0.1:9090/metrics"})
     assert pages.problem("llm", "chat") is None
     pages.forget("llm", "chat")
-    assert sink.pages == {} and pages.pools() == []
+    assert sink.pages == {} and pages.replicas("llm", "chat") == () and pages.problem("llm", "chat") is None
 
 
 def test_static_pages_given_before_start_reach_the_collector_and_stay() -> None:
