@@ -157,8 +157,8 @@ class GatewayDiscovery:
             self._api,
             INFERENCE_POOLS,
             namespace,
-            pool,
-            on_object=lambda spec: self._pool_changed(entry, spec),
+            name=pool,
+            on_object=lambda _, spec: self._pool_changed(entry, spec),
             on_restart=self._on_restart,
             on_status=lambda: self._publish(entry),
         )
@@ -193,8 +193,8 @@ class GatewayDiscovery:
                     self._api,
                     SERVICES,
                     entry.namespace,
-                    name,
-                    on_object=lambda spec: self._service_changed(entry, spec),
+                    name=name,
+                    on_object=lambda _, spec: self._service_changed(entry, spec),
                     on_restart=self._on_restart,
                     on_status=lambda: self._publish(entry),
                 )
@@ -280,7 +280,7 @@ class GatewayDiscovery:
             return "problem", f"cannot read {what}: {informer.error}"
         if not informer.synced:
             return "problem", f"reading {what} from the Kubernetes API (first look-up)"
-        spec = informer.spec
+        spec = informer.spec(entry.name)
         if spec is None:
             return "problem", (
                 f"{what} does not exist (no InferencePool {entry.name!r} of inference.networking.k8s.io/v1"
@@ -307,7 +307,7 @@ class GatewayDiscovery:
             return "problem", f"cannot read {service_ref} (the endpoint picker of {what}): {service.error}"
         if not service.synced:
             return "problem", f"reading {service_ref} (the endpoint picker of {what}) (first look-up)"
-        if service.spec is None:
+        if entry.service_name is None or service.spec(entry.service_name) is None:
             return "problem", f"{service_ref}, named by {what} as its endpointPickerRef, does not exist"
         if entry.pods is None:
             return (

@@ -284,10 +284,12 @@ class PodInformer(_ListWatch[PodInfo]):
 
 
 class ObjectInformer(_ListWatch[Mapping[str, Any]]):
-    """One named object of a namespace (its `spec`, or None while it does not exist), watched by name.
+    """Objects of one kind in one namespace (their name and spec): all of them, or the one called `name`
+    (watched through a field selector, so the list and the watch carry only it).
 
-    `on_object(spec)` is called whenever the object appears, changes its spec, or goes (None). `missing`
-    (the API answered 404 to the list: the resource type is not served) is a message for the owner.
+    `on_object(name, spec)` is called whenever one appears or changes its spec, and with None when it
+    goes. Only name and spec are kept: status and metadata change often and mean nothing here. A 404 to
+    the list (the resource type is not served) is said in `error`.
     """
 
     def __init__(
@@ -295,8 +297,9 @@ class ObjectInformer(_ListWatch[Mapping[str, Any]]):
         api: KubeApi,
         kind: NamedKind,
         namespace: str,
-        name: str,
-        on_object: Callable[[Mapping[str, Any] | None], None],
+        on_object: Callable[[str, Mapping[str, Any] | None], None],
+        *,
+        name: str | None = None,
         on_restart: Callable[[str], None] = lambda reason: None,
         on_status: Callable[[], None] | None = None,
     ) -> None:
@@ -306,14 +309,15 @@ class ObjectInformer(_ListWatch[Mapping[str, Any]]):
         self.name = name
         self._on_object = on_object
 
-    @property
-    def spec(self) -> Mapping[str, Any] | None:
-        """The object's spec, or None while it does not exist."""
-        item = self.items.get(self.name)
+    def spec(self, name: str) -> Mapping[str, Any] | None:
+        """The spec of the object called `name`, or None while it does not exist."""
+        item = self.items.get(name)
         return None if item is None else item["spec"]
 
     @property
     def what(self) -> str:
+        if self.name is None:
+            return f"{self.kind.plural}.{self.kind.group or 'core'} in namespace {self.namespace!r}"
         api_version = f"{self.kind.group}/{self.kind.version}" if self.kind.group else self.kind.version
         return f"{self.kind.kind} {self.namespace}/{self.name} ({api_version})"
 
@@ -327,7 +331,6 @@ class ObjectInformer(_ListWatch[Mapping[str, Any]]):
 
     def _read(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
         meta = obj.get("metadata") or {}
-        # Only the name and spec are kept: status and metadata change often and mean nothing here.
         return {"name": meta.get("name") or "", "spec": obj.get("spec") or {}}
 
     def _key(self, item: Mapping[str, Any]) -> str:
@@ -342,55 +345,7 @@ class ObjectInformer(_ListWatch[Mapping[str, Any]]):
         return str(error)
 
     def _on_change(self, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
-        if new is None or new.get("name") == self.name:
-            self._on_object(None if new is None else new["spec"])
-
-
-class NamespaceObjectsInformer(_ListWatch[Mapping[str, Any]]):
-    """Every object of one kind in one namespace (its name and spec), e.g. the ScaledObjects.
-
-    `on_object(name, spec)` is called whenever one appears or changes its spec, and with None when it
-    goes. Only name and spec are kept: status and metadata change often and mean nothing here.
-    """
-
-    def __init__(
-        self,
-        api: KubeApi,
-        kind: NamedKind,
-        namespace: str,
-        on_object: Callable[[str, Mapping[str, Any] | None], None],
-        on_restart: Callable[[str], None] = lambda reason: None,
-        on_status: Callable[[], None] | None = None,
-    ) -> None:
-        super().__init__(api, on_restart, on_status)
-        self.kind = kind
-        self.namespace = namespace
-        self._on_object = on_object
-
-    def spec(self, name: str) -> Mapping[str, Any] | None:
-        item = self.items.get(name)
-        return None if item is None else item["spec"]
-
-    @property
-    def what(self) -> str:
-        return f"{self.kind.plural}.{self.kind.group} in namespace {self.namespace!r}"
-
-    async def _list(self) -> dict[str, Any]:
-        return await self._api.list_named(self.kind, self.namespace, None)
-
-    def _watch(
-        self, version: str, timeout: float, on_open: Callable[[], None]
-    ) -> AsyncGenerator[dict[str, Any], None]:
-        return self._api.watch_named(self.kind, self.namespace, None, version, timeout, on_open=on_open)
-
-    def _read(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
-        meta = obj.get("metadata") or {}
-        return {"name": meta.get("name") or "", "spec": obj.get("spec") or {}}
-
-    def _key(self, item: Mapping[str, Any]) -> str:
-        return str(item["name"])
-
-    def _on_change(self, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> None:
         item = new if new is not None else old
         assert item is not None
-        self._on_object(str(item["name"]), None if new is None else new["spec"])
+        if self.name is None or item["name"] == self.name:
+            self._on_object(str(item["name"]), None if new is None else new["spec"])

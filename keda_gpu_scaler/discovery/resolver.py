@@ -17,7 +17,7 @@ from keda_gpu_scaler.backoff import backoff_delay, jittered
 from keda_gpu_scaler.discovery.api import SCALED_OBJECTS, KubeApi, KubeError, connect
 from keda_gpu_scaler.discovery.exporters import ExporterDiscovery, ExporterSink
 from keda_gpu_scaler.discovery.gateway import GatewayBook, GatewayDiscovery
-from keda_gpu_scaler.discovery.informer import NamespaceObjectsInformer, PodInformer
+from keda_gpu_scaler.discovery.informer import ObjectInformer, PodInformer
 from keda_gpu_scaler.discovery.pods import PodInfo
 from keda_gpu_scaler.discovery.scaledobject import (
     EXTERNAL_TRIGGER_TYPES,
@@ -92,7 +92,7 @@ class _Tracked:
 class _Namespace:
     informer: PodInformer
     index: NamespaceIndex
-    objects: NamespaceObjectsInformer  # the namespace's ScaledObjects
+    objects: ObjectInformer  # the namespace's ScaledObjects
     holders: set[tuple[str, str]] = field(default_factory=set)
 
 
@@ -301,11 +301,11 @@ class KubeDiscovery:
                 on_restart=self._restarted,
                 on_relist=self._relist_handler(index),
             )
-            objects = NamespaceObjectsInformer(
+            objects = ObjectInformer(
                 self._api,
                 SCALED_OBJECTS,
                 tracked.namespace,
-                on_object=self._object_handler(tracked.namespace),
+                self._object_handler(tracked.namespace),
                 on_restart=self._restarted,
             )
             space = _Namespace(informer, index, objects)
