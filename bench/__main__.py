@@ -33,6 +33,7 @@ BENCHMARKS: dict[str, str] = {
     "decisions": "bench.bench_decisions",
     "llm": "bench.bench_llm",
     "cluster": "bench.bench_cluster",
+    "caches": "bench.bench_caches",
 }
 OUTPUT = ROOT / "docs" / "BENCHMARKS.md"
 README = ROOT / "README.md"

@@ -41,6 +41,7 @@ from bench.harness import (
     rss_mib,
     shares,
 )
+from bench.pages import dcgm_page
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 
 EXPORTER_NAMESPACE = "gpu-operator"
@@ -73,6 +74,11 @@ class Plan:
     rate: float = 500.0  # RPC/s offered by the KEDA-shaped client, over every ScaledObject
     window: float = 20.0
     windows: int = 3  # measured windows of each kind (steady, churn)
+    # Whole dcgm-exporter pages (every default family, one GPU per pod, idle GPUs up to 8) instead of
+    # GPU_UTIL lines alone; refresh: seconds between a node's new values (0: only when its pods change),
+    # each node at its own phase, as dcgm-exporter's collection interval does.
+    full_pages: bool = False
+    refresh: float = 0.0
 
     @property
     def pods(self) -> int:
@@ -150,16 +156,23 @@ class ClusterState:
         self.members.setdefault((pod.namespace, pod.workload), set()).add(pod.name)
         if pod.node is not None:
             self.by_node.setdefault(pod.node, set()).add((pod.namespace, pod.name))
-            self.pages.pop(pod.node, None)
+            self.forget_page(pod.node)
 
     def unplace(self, pod: _Pod) -> None:
         self.pods.pop((pod.namespace, pod.name), None)
         self.members.get((pod.namespace, pod.workload), set()).discard(pod.name)
         if pod.node is not None:
             self.by_node.get(pod.node, set()).discard((pod.namespace, pod.name))
-            self.pages.pop(pod.node, None)
+            self.forget_page(pod.node)
+
+    def forget_page(self, node: str) -> None:
+        self.pages.pop(node, None)
+        for key in [k for k in self.pages if k.startswith(node + "@")]:
+            del self.pages[key]
 
     def page(self, node: str) -> bytes:
+        if self.plan.full_pages:
+            return self.full_page(node)
         cached = self.pages.get(node)
         if cached is None:
             lines = [
@@ -177,6 +190,29 @@ class ClusterState:
                 )
             cached = ("\n".join(lines) + "\n").encode()
             self.pages[node] = cached
+        return cached
+
+    def full_page(self, node: str) -> bytes:
+        index = int(node.rpartition("-")[2])
+        refresh = self.plan.refresh
+        # Each node's values move every `refresh` seconds, at a phase of its own.
+        epoch = int((time.time() + index * 7.919) // refresh) if refresh > 0 else 0
+        key = f"{node}@{epoch}"
+        cached = self.pages.get(key)
+        if cached is None:
+            for old in [k for k in self.pages if k.startswith(node + "@")]:
+                del self.pages[old]
+            # (Their utilisations are the page's own draws, not the pods' `util`: no Ready probe reads them.)
+            placed = [self.pods[pod_key] for pod_key in sorted(self.by_node.get(node, ()))]
+            running = [pod for pod in placed if pod.phase == "Running" and not pod.deleting]
+            text = dcgm_page(
+                max(8, len(running)),
+                seed=index,
+                pods=[("main", pod.namespace, pod.name) for pod in running],
+                hostname=node,
+                values_seed=epoch,
+            )
+            cached = self.pages[key] = text.encode()
         return cached
 
     def expected(self, namespace: str, workload: str) -> int:
@@ -221,7 +257,7 @@ async def replace_one(state: ClusterState, rng: random.Random) -> None:
         old = state.pods[(namespace, min(state.members[(namespace, workload)]))]
         old.deleting = True
         state.put(old)  # MODIFIED: terminating
-        state.pages.pop(old.node or "", None)
+        state.forget_page(old.node or "")
         await asyncio.sleep(0.2)
         state.unplace(old)
         state.kube.delete(state.fake.POD, namespace, old.name)  # DELETED
@@ -410,7 +446,9 @@ async def cluster(plan: Plan) -> AsyncIterator[tuple[Child, str, int]]:
 
 
 @contextlib.asynccontextmanager
-async def scaler(kubeconfig: str) -> AsyncIterator[tuple[Child, str]]:
+async def scaler(
+    kubeconfig: str, extra_env: dict[str, str] | None = None
+) -> AsyncIterator[tuple[Child, str]]:
     # BENCH_SCALER_ROOT: run another checkout's scaler (e.g. a worktree of an older commit) for comparison.
     root = Path(os.environ.get("BENCH_SCALER_ROOT", str(ROOT)))
     args = [
@@ -424,6 +462,7 @@ async def scaler(kubeconfig: str) -> AsyncIterator[tuple[Child, str]]:
         "PYTHONPATH": os.pathsep.join((str(GC_PROBE), str(root))),
         "BENCH_GC_PROBE": "1",
         "BENCH_LOOP_PROBE": "1",
+        **(extra_env or {}),
     }
     async with _child(args, cpu=SCALER_CPU, cwd=root, env=env) as child:
         assert child.process.stderr is not None

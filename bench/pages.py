@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 from keda_gpu_scaler.pagetext import go_float
 
@@ -126,8 +127,18 @@ _PODS = [
 ]
 
 
-def dcgm_page(gpus: int = 8, seed: int = 1) -> str:
-    """A dcgm-exporter page for `gpus` H100s on one node, formatted as dcgm-exporter writes it."""
+def dcgm_page(
+    gpus: int = 8,
+    seed: int = 1,
+    *,
+    pods: Sequence[tuple[str, str, str]] = _PODS,
+    hostname: str = "gpu-node-a",
+    values_seed: int | None = None,
+) -> str:
+    """A dcgm-exporter page for `gpus` H100s on one node, formatted as dcgm-exporter writes it.
+
+    pods: (container, namespace, pod) of the first GPUs, one each; values_seed: draw the values apart from
+    the GPUs' identities, so that pages of one node differing only in it print the same series."""
     rng = random.Random(seed)
     label_sets = []
     for gpu in range(gpus):
@@ -136,20 +147,22 @@ def dcgm_page(gpus: int = 8, seed: int = 1) -> str:
         )
         labels = (
             f'gpu="{gpu}",UUID="{uuid}",pci_bus_id="00000000:{0x18 + 0x10 * gpu:02X}:00.0",'
-            f'device="nvidia{gpu}",modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-node-a",'
+            f'device="nvidia{gpu}",modelName="NVIDIA H100 80GB HBM3",Hostname="{hostname}",'
             'DCGM_FI_DRIVER_VERSION="550.144.03"'
         )
-        if gpu < len(_PODS):
-            container, namespace, pod = _PODS[gpu]
+        if gpu < len(pods):
+            container, namespace, pod = pods[gpu]
             labels += f',container="{container}",namespace="{namespace}",pod="{pod}"'
         label_sets.append(labels)
+    if values_seed is not None:
+        rng = random.Random(values_seed)
 
     lines = []
     for name, kind, help_text, is_double in _DCGM_FAMILIES:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
         for gpu, labels in enumerate(label_sets):
-            busy = gpu < len(_PODS)
+            busy = gpu < len(pods)
             if name == "DCGM_FI_DEV_XID_ERRORS":
                 labels += ',err_code="0",err_msg="No Error"'
             if is_double:

@@ -72,6 +72,11 @@ def aggregation_for(spec: TriggerSpec, metric_type: str | None) -> tuple[Aggrega
 
 
 class Evaluator:
+    # The evaluation memo (off: every call evaluates) and its renewal when only its time is up; the
+    # caches benchmark turns them off to measure what they save (docs/BENCHMARKS.md, "Caches").
+    reuse_evaluations = True
+    renew_evaluations = True
+
     def __init__(
         self,
         *,
@@ -163,7 +168,7 @@ class Evaluator:
         now = self._clock()
         version, epoch = self._store.version(namespace), self._store.epoch
         memo = subscription.memo
-        if memo is not None and memo.still_right(version, epoch, targets, now):
+        if self.reuse_evaluations and memo is not None and memo.still_right(version, epoch, targets, now):
             if memo.error is not None:
                 raise NoData(memo.error)
             assert memo.evaluation is not None
@@ -172,7 +177,12 @@ class Evaluator:
         if targets is None or targets.pods:
             kind = self.kind_of(spec)
             view = self._store.view(namespace, now, self._staleness(kind), kind)
-            if (renewed := self._renewed(followed, subscription, version, epoch, targets, view)) is not None:
+            renewed = (
+                self._renewed(followed, subscription, version, epoch, targets, view)
+                if self.reuse_evaluations and self.renew_evaluations
+                else None
+            )
+            if renewed is not None:
                 return renewed
         try:
             evaluation, notes, valid_until, fresh = self._evaluate(followed, spec, targets, view)
@@ -201,7 +211,7 @@ class Evaluator:
         version, epoch = self._store.version(namespace), self._store.epoch
         subscription = followed.subscription(spec)
         memo = subscription.memo
-        if memo is not None and memo.still_right(version, epoch, None, now):
+        if self.reuse_evaluations and memo is not None and memo.still_right(version, epoch, None, now):
             if memo.error is not None:
                 raise NoData(memo.error)
             assert memo.evaluation is not None

@@ -105,9 +105,9 @@ class SourceMemo:
 
     __slots__ = ("labels", "readings")
 
-    def __init__(self) -> None:
-        self.labels = exposition.LabelMemo()
-        self.readings = ReadingsMemo()
+    def __init__(self, labels: bool = True, plans: bool = True) -> None:
+        self.labels = exposition.LabelMemo() if labels else None
+        self.readings = ReadingsMemo() if plans else None
 
 
 def read_page(
@@ -141,7 +141,11 @@ _DIGEST_SEED = secrets.randbits(64)
 
 
 def _digest_and_read(
-    body: bytes, previous: tuple[bytes, Page] | None, reader: PageReader, memo: SourceMemo
+    body: bytes,
+    previous: tuple[bytes, Page] | None,
+    reader: PageReader,
+    memo: SourceMemo,
+    reuse: bool = True,
 ) -> tuple[bytes, ByNamespace]:
     # dcgm-exporter refreshes every 30 s: most scrapes return the very page parsed last time, and then
     # only its age changes. A digest (not the bytes) keeps 1,000 exporters' memory small. XXH3-128, not a
@@ -149,7 +153,7 @@ def _digest_and_read(
     # workload does not choose (its pod name at most), and takes 1.5 µs per 70 kB page where SHA-256 took
     # 46. Seeded per process, so no pair of pages collides in every scaler.
     digest = xxhash.xxh3_128_digest(body, _DIGEST_SEED)
-    if previous is None:
+    if previous is None or not reuse:
         return digest, read_page(body, reader, memo)
     old = previous[1].by_namespace
     if digest == previous[0]:
@@ -204,6 +208,13 @@ def _wake(woken: asyncio.Future[None]) -> None:
 
 class ScrapeCollector:
     """One task per exporter URL: scrape, parse only the wanted families, normalise, store."""
+
+    # What one page leaves for the next of its source: its readings when the page is unchanged (by
+    # digest), its label sets (the parser's LabelMemo) and its reading plans (vendors' ReadingsMemo).
+    # The caches benchmark turns them off to measure what they save (docs/BENCHMARKS.md, "Caches").
+    reuse_unchanged_pages = True
+    label_memos = True
+    reading_plans = True
 
     def __init__(
         self,
@@ -288,7 +299,7 @@ class ScrapeCollector:
             reader = self._readers.get(url, self._reader)
             memo = self._memos.get(url)
             if memo is None:
-                memo = self._memos[url] = SourceMemo()
+                memo = self._memos[url] = SourceMemo(self.label_memos, self.reading_plans)
             large = len(body) > PARSE_OFF_LOOP_BYTES
             if large:
                 # A page with more series than one page may give is refused before it is parsed, and the
@@ -300,9 +311,13 @@ class ScrapeCollector:
                 # The garbage collector is left alone meanwhile on purpose: pausing it around large reads
                 # and freezing what was alive afterwards kept the cyclic garbage of every call made
                 # meanwhile for good (the hostile soak grew to 3.4 GB). Collections cost pauses, not memory.
-                digest, by_namespace = await asyncio.to_thread(_digest_and_read, body, previous, reader, memo)
+                digest, by_namespace = await asyncio.to_thread(
+                    _digest_and_read, body, previous, reader, memo, self.reuse_unchanged_pages
+                )
             else:
-                digest, by_namespace = _digest_and_read(body, previous, reader, memo)
+                digest, by_namespace = _digest_and_read(
+                    body, previous, reader, memo, self.reuse_unchanged_pages
+                )
             # The page had the wanted families (else NotOurPage) but named no pod: see Page.unattributed.
             page = Page(url, self._clock(), by_namespace, unattributed=not by_namespace)
             self._last[url] = (digest, page)

@@ -111,6 +111,11 @@ class NamespaceView:
 class Store:
     """Holds each source's last good page and its failures; tells waiters when anything changes."""
 
+    # The per-namespace view cache and the shared freshness of the sources naming pods of any namespace;
+    # the caches benchmark turns them off to measure what they save (docs/BENCHMARKS.md, "Caches").
+    keep_views = True
+    keep_freshness = True
+
     def __init__(self) -> None:
         self._sources: dict[str, SourceState] = {}
         # By kind and namespace (None: sources naming pods of any namespace), so one namespace's view
@@ -220,7 +225,7 @@ class Store:
     def view(
         self, namespace: str, now: float, max_staleness: float, kind: SourceKind = SourceKind.SCRAPE
     ) -> NamespaceView:
-        kept = self._views.get(namespace, {}).get((kind, max_staleness))
+        kept = self._views.get(namespace, {}).get((kind, max_staleness)) if self.keep_views else None
         if kept is not None:
             if now < kept.valid_until:
                 return kept
@@ -232,7 +237,7 @@ class Store:
                 self._views[namespace][(kind, max_staleness)] = renewed
                 return renewed
         view = self._view(namespace, now, max_staleness, kind)
-        if not view.problems and not view.recently_seen:
+        if self.keep_views and not view.problems and not view.recently_seen:
             self._views.setdefault(namespace, {})[(kind, max_staleness)] = view
         else:
             self._views.get(namespace, {}).pop((kind, max_staleness), None)
@@ -299,7 +304,7 @@ class Store:
     def _anywhere(self, kind: SourceKind, now: float, max_staleness: float) -> _Freshness:
         """The freshness of the sources naming pods of any namespace, kept while it holds (see _Freshness)."""
         key = (kind, max_staleness)
-        known = self._freshness_of.get(key)
+        known = self._freshness_of.get(key) if self.keep_freshness else None
         if known is not None and known.computed_at <= now < known.valid_until:
             return known
         fresh: list[str] = []
@@ -312,7 +317,8 @@ class Store:
             if _is_special(state, now, max_staleness):
                 special.append(state)
         known = _Freshness(frozenset(fresh), tuple(fresh), tuple(special), now, valid_until)
-        self._freshness_of[key] = known
+        if self.keep_freshness:
+            self._freshness_of[key] = known
         return known
 
     def _freshness(

@@ -71,6 +71,10 @@ NodeHandler = Callable[[str, int], None]
 class Selection:
     """What one selector picks in one namespace's pods, updated one pod event at a time."""
 
+    # One Targets per snapshot and metricType (off: a new one on every call); the caches benchmark turns
+    # it off to measure what it saves (docs/BENCHMARKS.md, "Caches").
+    keep_answers = True
+
     def __init__(self, selector: Selector, on_node: NodeHandler) -> None:
         self.selector = selector
         self.users: set[object] = set()
@@ -146,7 +150,7 @@ class Selection:
     def targets(self, metric_type: str | None) -> Targets:
         """The current Targets; the same object until something changes (built at most once per change)."""
         snapshot = self._held or self._current()
-        if snapshot is not self._snapshot:
+        if snapshot is not self._snapshot or not self.keep_answers:
             # Held: the answers of the held snapshot are not cached (a relist is short).
             return Targets(snapshot[1], metric_type, snapshot[2])
         answer = self._answers.get(metric_type)
