@@ -33,9 +33,8 @@ log = logging.getLogger(__name__)
 
 
 # GetMetrics is always followed by IsActive, and many streams and polls ask about the same data: one
-# evaluation serves them all until the namespace's data changes, a page ages out, or targets move.
-# A "no data" answer is kept briefly only: its message names ages that move on.
-NO_DATA_MEMO_SECONDS = 1.0
+# evaluation serves them all until the namespace's data changes, a page ages out, a source turns fresh,
+# or targets move. A "no data" answer is worked out on every call: its reasons move on their own.
 
 
 class TargetResolver(Protocol):
@@ -168,14 +167,21 @@ class Evaluator:
         now = self._clock()
         version, epoch = self._store.version(namespace), self._store.epoch
         memo = subscription.memo
-        if self.reuse_evaluations and memo is not None and memo.still_right(version, epoch, targets, now):
-            if memo.error is not None:
-                raise NoData(memo.error)
-            assert memo.evaluation is not None
+        reads_sources = targets is None or bool(targets.pods)
+        kind = self.kind_of(spec)
+        if (
+            self.reuse_evaluations
+            and memo is not None
+            and memo.still_right(version, epoch, targets, now)
+            # A source fresh again with the page it had (after an outage or a pause) moves no version.
+            and (
+                not reads_sources
+                or memo.fresh == self._store.fresh(namespace, now, self._staleness(kind), kind)
+            )
+        ):
             return memo.evaluation
         view = None
-        if targets is None or targets.pods:
-            kind = self.kind_of(spec)
+        if reads_sources:
             view = self._store.view(namespace, now, self._staleness(kind), kind)
             renewed = (
                 self._renewed(followed, subscription, version, epoch, targets, view)
@@ -187,7 +193,6 @@ class Evaluator:
         try:
             evaluation, notes, valid_until, fresh = self._evaluate(followed, spec, targets, view)
         except NoData as error:
-            subscription.memo = Memo(version, epoch, targets, now + NO_DATA_MEMO_SECONDS, None, str(error))
             self._record(followed, subscription, None, str(error), (), targets)
             raise
         if memo is not None and memo.evaluation == evaluation:
@@ -195,53 +200,40 @@ class Evaluator:
             # the new ones die at once. Replacing them on every re-evaluation kept the collector's middle
             # generation full of long-lived values (10-20 ms pauses with 500 ScaledObjects).
             evaluation = memo.evaluation
-        subscription.memo = Memo(version, epoch, targets, valid_until, evaluation, None, fresh)
+        subscription.memo = Memo(version, epoch, targets, valid_until, evaluation, fresh)
         self._record(followed, subscription, evaluation, None, notes, targets)
         return evaluation
 
     def _evaluate_pending(self, followed: Followed, spec: TriggerSpec) -> Evaluation:
         """`pending` (SPEC §7): the pool's endpoint-picker replicas' queues, from the store only.
 
-        Reads the pages GatewayPages lists for the pool and adds or removes nothing. Kept like any
-        evaluation until the namespace's data moves (a replica's page changes, fails or recovers), a
-        source comes or goes (a replica added or dropped), or a fresh page would turn stale.
+        Reads the pages GatewayPages lists for the pool and adds or removes nothing. Worked out on every
+        call: a pool has a few replica pages, and what is kept would have to notice each turning stale
+        or fresh again.
         """
         namespace = followed.namespace
-        now = self._clock()
-        version, epoch = self._store.version(namespace), self._store.epoch
         subscription = followed.subscription(spec)
-        memo = subscription.memo
-        if self.reuse_evaluations and memo is not None and memo.still_right(version, epoch, None, now):
-            if memo.error is not None:
-                raise NoData(memo.error)
-            assert memo.evaluation is not None
-            return memo.evaluation
-        replicas, valid_until = self._replica_inputs(namespace, spec, now)
+        replicas = self._replica_inputs(namespace, spec, self._clock())
         try:
             evaluation, notes = pending_evaluation(
                 replicas, spec, namespace, self._no_replica(namespace, spec)
             )
         except NoData as error:
-            subscription.memo = Memo(version, epoch, None, now + NO_DATA_MEMO_SECONDS, None, str(error))
             self._record(followed, subscription, None, str(error), (), None)
             raise
-        if memo is not None and memo.evaluation == evaluation:
-            evaluation = memo.evaluation  # see evaluate(): keep the objects already held
-        subscription.memo = Memo(version, epoch, None, valid_until, evaluation, None)
+        last = subscription.explanation
+        if last is not None and last.evaluation == evaluation:
+            evaluation = last.evaluation  # see evaluate(): keep the objects already held
         self._record(followed, subscription, evaluation, None, notes, None)
         return evaluation
 
-    def _replica_inputs(
-        self, namespace: str, spec: TriggerSpec, now: float
-    ) -> tuple[list[ReplicaInput], float]:
-        """Each replica page of the trigger's pool: its fresh queue or why there is none; and until
-        when that holds without a change to the store (the first fresh page to turn stale)."""
+    def _replica_inputs(self, namespace: str, spec: TriggerSpec, now: float) -> list[ReplicaInput]:
+        """Each replica page of the trigger's pool: its fresh queue or why there is none."""
         assert spec.inference_pool is not None
         if self.kind_of(spec) is SourceKind.PROMETHEUS_GATEWAY:
             return self._prometheus_replica_inputs(namespace, spec.inference_pool, now)
         staleness = self._gateway_max_staleness
         found: list[ReplicaInput] = []
-        valid_until = float("inf")
         replicas = self._gateway_pages.replicas(namespace, spec.inference_pool) if self._gateway_pages else ()
         for replica in replicas:
             state = self._store.source(replica.url)
@@ -252,16 +244,13 @@ class Evaluator:
                 problem = problem.removeprefix(f"{replica.url}: ") if replica.name == replica.url else problem
                 found.append(ReplicaInput(replica.name, None, problem))
                 continue
-            valid_until = min(valid_until, page.collected_at + staleness)
             queues = cast(tuple[ReplicaQueue, ...], page.by_namespace.get(namespace, ()))
             found.append(
                 ReplicaInput(replica.name, queues[0].table if queues else None, "no queue on its page")
             )
-        return found, valid_until
+        return found
 
-    def _prometheus_replica_inputs(
-        self, namespace: str, pool: str, now: float
-    ) -> tuple[list[ReplicaInput], float]:
+    def _prometheus_replica_inputs(self, namespace: str, pool: str, now: float) -> list[ReplicaInput]:
         """The pool's EPP replicas as Prometheus has them (one page per pool: see collect_gateway_once).
 
         Prometheus failing, or its answer too old, is NoData: the replicas cannot be told at all."""
@@ -282,7 +271,7 @@ class Evaluator:
                     found.append(ReplicaInput(element.replica, None, str(error)))
             elif isinstance(element, ReplicaLost):
                 found.append(ReplicaInput(element.replica, None, element.reason))
-        return found, page.collected_at + staleness
+        return found
 
     def _no_replica(self, namespace: str, spec: TriggerSpec) -> str:
         pool = f"InferencePool {namespace}/{spec.inference_pool}"
@@ -323,17 +312,11 @@ class Evaluator:
         Each ScaledObject would otherwise evaluate again every max-staleness seconds, however still its data.
         """
         memo = subscription.memo
-        if (
-            memo is None
-            or memo.evaluation is None
-            or memo.version != version
-            or memo.epoch != epoch
-            or memo.targets != targets
-        ):
+        if memo is None or memo.version != version or memo.epoch != epoch or memo.targets != targets:
             return None
         if view.fresh != memo.fresh or not view.fresh:
             return None
-        subscription.memo = Memo(version, epoch, targets, view.valid_until, memo.evaluation, None, view.fresh)
+        subscription.memo = Memo(version, epoch, targets, view.valid_until, memo.evaluation, view.fresh)
         last = subscription.explanation
         notes = last.notes if last is not None and last.evaluation is memo.evaluation else ()
         self._record(followed, subscription, memo.evaluation, None, notes, targets)

@@ -20,14 +20,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Memo:
-    """One trigger's last evaluation (or "no data" answer) and what must hold for it to still be right."""
+    """One trigger's last evaluation and what must hold for it to still be right.
+
+    A "no data" answer is not kept: its reasons (a failure, an age) move without the store's versions."""
 
     version: int
     epoch: int
     targets: Any  # the discovery answer it was computed from (None without Kubernetes)
     valid_until: float
-    evaluation: Evaluation | None
-    error: str | None
+    evaluation: Evaluation
     fresh: tuple[str, ...] = ()  # the fresh sources of the view it was computed from (NamespaceView.fresh)
 
     def still_right(self, version: int, epoch: int, targets: Any, now: float) -> bool:

@@ -321,6 +321,13 @@ class Store:
             self._freshness_of[key] = known
         return known
 
+    def fresh(
+        self, namespace: str, now: float, max_staleness: float, kind: SourceKind = SourceKind.SCRAPE
+    ) -> tuple[str, ...]:
+        """The sources whose pages a view of the namespace would read now (NamespaceView.fresh), without
+        reading any page."""
+        return self._freshness(namespace, now, max_staleness, kind)[0]
+
     def _freshness(
         self, namespace: str, now: float, max_staleness: float, kind: SourceKind = SourceKind.SCRAPE
     ) -> tuple[tuple[str, ...], float]:

@@ -85,6 +85,23 @@ def test_pages_renewed_unchanged_extend_the_memo_without_evaluating_again() -> N
     assert calls[0] == 2
 
 
+def test_a_source_fresh_again_with_the_page_it_had_is_read_at_once() -> None:
+    """Its page moves no version (same readings), yet the memo made while it was stale is not right."""
+    now = [1000.0]
+    store = Store()
+    evaluator, calls = counting_evaluator(store, now)
+    followed = Followed("llm", "vllm", now[0])
+    store.record_page(two_exporters(now[0], 40, "a"))
+    store.record_page(two_exporters(now[0], 30, "b"))
+    now[0] += 20  # b is not scraped meanwhile (no failure either): stale from 1015
+    store.record_page(two_exporters(now[0], 40, "a"))
+    assert evaluator.evaluate(followed, SPEC).value == 110.0, "b's pod missing, at the threshold"
+    now[0] += 1
+    store.record_page(two_exporters(now[0], 30, "b"))  # the memo's time (a's page + 15 s) is not up
+    assert evaluator.evaluate(followed, SPEC).value == 70.0
+    assert calls[0] == 2
+
+
 def test_a_source_fresh_again_is_evaluated_again() -> None:
     now = [1000.0]
     store = Store()

@@ -15,10 +15,12 @@ from keda_gpu_scaler.errors import (
     TooManyStreams,
 )
 from keda_gpu_scaler.registry import MAX_TRIGGERS_PER_SCALEDOBJECT, ROOM_AFTER_SECONDS, Memo, Registry
+from keda_gpu_scaler.scaling import evaluate
 from keda_gpu_scaler.service import status_for
-from keda_gpu_scaler.trigger import TriggerSpec, parse_trigger
+from keda_gpu_scaler.trigger import Aggregation, TriggerSpec, parse_trigger
 
 SPEC = parse_trigger({"threshold": "70", "podNamePrefix": "vllm-"})
+EVALUATION = evaluate({}, (), SPEC, Aggregation.SUM)
 
 
 class Clock:
@@ -83,7 +85,7 @@ def test_ttl_forgets_every_piece_of_state_together() -> None:
     clock = Clock()
     registry, tracker, forgotten = make_registry(clock, ttl=600)
     entry = registry.follow("llm", "old", SPEC)
-    entry.triggers[SPEC].memo = Memo(1, 1, None, float("inf"), None, "x")
+    entry.triggers[SPEC].memo = Memo(1, 1, None, float("inf"), EVALUATION)
     entry.triggers[SPEC].metric_labels = ("llm", "old", "gpu-utilization")
     clock.now += 300
     registry.follow("llm", "young", SPEC)
@@ -189,7 +191,7 @@ def test_errors_map_along_the_class_hierarchy(error: Exception, code: grpc.Statu
 
 
 def test_memo_is_right_only_while_nothing_it_depends_on_moved() -> None:
-    memo = Memo(version=3, epoch=2, targets=frozenset({"a"}), valid_until=10.0, evaluation=None, error="e")
+    memo = Memo(version=3, epoch=2, targets=frozenset({"a"}), valid_until=10.0, evaluation=EVALUATION)
     assert memo.still_right(3, 2, frozenset({"a"}), 9.9)
     assert not memo.still_right(4, 2, frozenset({"a"}), 9.9)  # the namespace's data changed
     assert not memo.still_right(3, 3, frozenset({"a"}), 9.9)  # a source came or went
