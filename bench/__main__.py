@@ -230,7 +230,8 @@ def merge(sections: list[Section], now: str, command: str) -> list[Path]:
     rows = [(headline[0], _row(*headline)) for section in sections for headline in section.headlines]
     OUTPUT.write_text(_with_rows(document.rstrip("\n") + "\n", rows))
     written = [OUTPUT]
-    if README.exists():
+    # The README keeps a short Performance section of its own; it gets the rows only if it has the table.
+    if README.exists() and README_BLOCK.search(README.read_text()):
         README.write_text(_with_rows(README.read_text(), rows))
         written.append(README)
     return written

@@ -3,7 +3,7 @@
 `make chart-docs` rewrites, from settings.FLAGS and the `# --` comments of values.yaml:
   - the `flags:` block of charts/keda-gpu-scaler/values.yaml (one value per `serve` flag),
   - the `flags` property of charts/keda-gpu-scaler/values.schema.json,
-  - the table of values in README.md and charts/keda-gpu-scaler/README.md (between chart-values markers).
+  - the table of values in charts/keda-gpu-scaler/README.md (between chart-values markers; README.md links it).
 The chart tests check that running it would change nothing.
 """
 
@@ -25,7 +25,7 @@ from keda_gpu_scaler.settings import FLAGS, Flag  # noqa: E402
 CHART = ROOT / "charts" / "keda-gpu-scaler"
 VALUES = CHART / "values.yaml"
 SCHEMA = CHART / "values.schema.json"
-READMES = (ROOT / "README.md", CHART / "README.md")
+READMES = (CHART / "README.md",)
 
 # Flags the chart sets from values of their own (a port, a Secret it mounts, a switch), not from `flags`.
 STRUCTURED: dict[str, str] = {

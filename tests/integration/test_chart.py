@@ -1248,16 +1248,18 @@ def test_every_value_is_documented() -> None:
     for flag in chart_docs.chart_flags():
         assert f"flags.{chart_docs.value_name(flag)}" in rows
     assert "explain.enabled" in rows and "networkPolicy.grpcFrom" in rows
-    readme = (ROOT / "README.md").read_text()
+    readme = (CHART / "README.md").read_text()
     for key in rows:
         assert f"| `{key}` |" in readme
+    assert "charts/keda-gpu-scaler/README.md#values" in (ROOT / "README.md").read_text()
 
 
 def test_readme_install_section_starts_with_helm_install() -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("## Install with Helm") :]
     first_command = next(line for line in section.splitlines() if line.startswith("helm "))
-    assert first_command == f"helm install {RELEASE} charts/keda-gpu-scaler -n {NAMESPACE}"
+    assert first_command.startswith(f"helm install {RELEASE} charts/keda-gpu-scaler -n {NAMESPACE} ")
+    assert "--set image.repository=" in first_command
 
 
 def test_everything_renders_every_template() -> None:
