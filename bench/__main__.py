@@ -1,4 +1,5 @@
-"""`python -m bench`: run every benchmark and write docs/BENCHMARKS.md (and the README's summary table)."""
+"""`python -m bench`: run every benchmark and write docs/BENCHMARKS.md (and the README's summary table
+where the README has one: its own Performance section is written by hand from these figures)."""
 
 from __future__ import annotations
 
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         "--merge",
         action="store_true",
         help="with --only: replace those sections of docs/BENCHMARKS.md (keeping their hand-written notes)"
-        " and their rows in its summary and the README's table",
+        " and their rows in its summary (and in the README's table, where it has one)",
     )
     args = parser.parse_args(argv)
     if args.merge and (not args.only or args.quick or args.output):
@@ -186,7 +187,7 @@ Measured {now} with {command}, in {elapsed / 60:.1f} minutes, on this machine ({
 All traffic is on 127.0.0.1; every process a benchmark starts (page servers, `keda-gpu-scaler serve`,
 Prometheus, load generators, py-spy) is stopped before the next one starts. Figures are medians of the
 repeats each section states. `python -m bench --quick` is a smoke run; `--only NAME` runs one of
-{", ".join(BENCHMARKS)} (`--merge` puts its sections and rows into this document and the README).
+{", ".join(BENCHMARKS)} (`--merge` puts its sections and rows into this document).
 
 ## Summary
 

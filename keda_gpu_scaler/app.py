@@ -199,7 +199,7 @@ class App:
         # Certificate files are loaded first: a bad one stops start-up before anything runs.
         prometheus_tls = prometheus_ssl(s) if s.prometheus_url is not None else True
         limits = ScrapeLimits(s.scrape_interval, s.scrape_timeout, s.max_page_bytes, s.scrape_concurrency)
-        # Exporter pages: the lean keep-alive fetcher (half aiohttp's CPU per page; README, "Scrape cost").
+        # Exporter pages: the lean keep-alive fetcher (half aiohttp's CPU per page; docs/DESIGN.md).
         self._fetcher = fetcher = exporter_fetcher(s)
         # Endpoint-picker pages have their own fetcher: the scaler's service account token goes to them
         # only over HTTPS verified against --gateway-ca-file (collect/gateway_fetch.py), never to exporters.
