@@ -8,6 +8,7 @@ import json
 import shutil
 import sys
 import time
+from pathlib import Path
 from typing import TextIO
 
 import grpc
@@ -83,8 +84,17 @@ def _json(value: object) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+def grpcurl_command() -> str:
+    """The grpcurl the banner's commands name: the one `make run` installs beside this interpreter (in
+    .venv/bin, often not on the PATH of the terminal they are pasted in), else the PATH's."""
+    beside = Path(sys.executable).with_name("grpcurl")
+    if beside.is_file():
+        return str(beside)
+    return shutil.which("grpcurl") or "grpcurl"
+
+
 def banner(fleet: DemoFleet, grpc_port: int, http_port: int) -> str:
-    grpcurl = shutil.which("grpcurl") or "grpcurl"
+    grpcurl = grpcurl_command()
     target = f"127.0.0.1:{grpc_port}"
     workload = fleet.workloads[0]
     ref = {"name": workload.name, "namespace": fleet.NAMESPACE, "scalerMetadata": demo_metadata(workload)}

@@ -7,7 +7,9 @@ import contextlib
 import io
 import itertools
 import re
+import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -658,6 +660,10 @@ async def test_banner_shows_a_requests_trigger_and_an_inference_pods_load(fleet:
     assert '"metricName":"inference-requests"' in text
     assert '"metric":"requests"' in text and '"podNamePrefix":"vllm-chat-"' in text
     assert "-emit-defaults" in text
+    # The grpcurl `make run` installs beside the interpreter, named so that it runs from any terminal.
+    beside = Path(sys.executable).with_name("grpcurl")
+    if beside.is_file():
+        assert f"  {beside} -plaintext 127.0.0.1:6000 list" in text
     assert f"{fleet.control_url}/load?pod=vllm-chat-0&running=12&waiting=30" in text
     assert f"{fleet.control_url}/pods/vllm-chat-0/metrics" in text
     for workload in fleet.workloads:
