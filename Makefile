@@ -25,7 +25,7 @@ keda_gpu_scaler/_proto/externalscaler_pb2.py: proto/externalscaler.proto scripts
 
 proto: keda_gpu_scaler/_proto/externalscaler_pb2.py ## generate the gRPC stubs (never committed)
 
-run: proto ## start the scaler with the simulated demo GPU fleet on loopback
+run: proto ## start the demo on loopback: the scaler, simulated GPU nodes, LLM servers and an inference gateway (installs grpcurl in .venv/bin)
 	$(PY) -m keda_gpu_scaler demo
 
 test: proto $(STAMP) ## install what is missing and run the whole test suite
