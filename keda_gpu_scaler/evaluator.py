@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Hashable
-from typing import Protocol, cast
+from typing import Protocol
 
 from keda_gpu_scaler.collect.gateway import GatewayPages, GatewayPool
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue, ReplicaSamples
@@ -28,6 +28,7 @@ from keda_gpu_scaler.pending import ReplicaInput, pending_evaluation
 from keda_gpu_scaler.registry import Explanation, Followed, Memo, Subscription
 from keda_gpu_scaler.scaling import Evaluation, evaluate, inference_pod_values, pod_values
 from keda_gpu_scaler.trigger import Aggregation, Source, TriggerSpec
+from keda_gpu_scaler.vendors import GpuReading
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +245,7 @@ class Evaluator:
                 problem = problem.removeprefix(f"{replica.url}: ") if replica.name == replica.url else problem
                 found.append(ReplicaInput(replica.name, None, problem))
                 continue
-            queues = cast(tuple[ReplicaQueue, ...], page.by_namespace.get(namespace, ()))
+            queues = [q for q in page.by_namespace.get(namespace, ()) if isinstance(q, ReplicaQueue)]
             found.append(
                 ReplicaInput(replica.name, queues[0].table if queues else None, "no queue on its page")
             )
@@ -373,14 +374,22 @@ class Evaluator:
             raise NoData(f"no source has fresh data: {problems}")
         families = spec.vendor.families
         inference = spec.metric.inference
+        # A view holds the readings of one source kind: GPU readings, or one PodSamples per inference pod.
+        gpu: list[GpuReading] = []
+        pods: list[PodSamples] = []
         if targets is None:
             # Without Kubernetes the targets are the pods the fresh pages name (with or without a usable
             # value) plus those recently seen on sources now failing or stale; the prefix selects them.
             prefix = spec.pod_name_prefix or ""
-            readings = [
-                r for r in view.readings if r.pod.startswith(prefix) and (inference or r.family in families)
-            ]
-            target_pods = {r.pod for r in readings}
+            if inference:
+                pods = [r for r in view.readings if isinstance(r, PodSamples) and r.pod.startswith(prefix)]
+            else:
+                gpu = [
+                    r
+                    for r in view.readings
+                    if isinstance(r, GpuReading) and r.pod.startswith(prefix) and r.family in families
+                ]
+            target_pods = {r.pod for r in pods} | {r.pod for r in gpu}
             target_pods.update(pod for pod in view.recently_seen if pod.startswith(prefix))
             if not target_pods and view.fresh_sources < view.sources:
                 # "Scaled to zero" is only an answer when every exporter could have named the pods.
@@ -389,10 +398,16 @@ class Evaluator:
                     f" cannot be told from an outage: {problems}"
                 )
         else:
-            readings = [
-                r for r in view.readings if r.pod in targets.pods and (inference or r.family in families)
-            ]
-            target_pods = set(targets.pods)
+            chosen = targets.pods
+            if inference:
+                pods = [r for r in view.readings if isinstance(r, PodSamples) and r.pod in chosen]
+            else:
+                gpu = [
+                    r
+                    for r in view.readings
+                    if isinstance(r, GpuReading) and r.pod in chosen and r.family in families
+                ]
+            target_pods = set(chosen)
         aggregation, mismatch = aggregation_for(spec, targets.metric_type if targets else None)
         notes: tuple[str, ...] = ()
         if targets is None and not target_pods and view.readings:
@@ -411,13 +426,12 @@ class Evaluator:
             self._telemetry.aggregation_mismatches.inc()
             notes += (mismatch,)
         if inference:
-            # Inference sources hold PodSamples, not GPU readings (the store keeps each kind apart).
-            reporting, without_value = inference_pod_values(cast(list[PodSamples], readings), spec)
+            reporting, without_value = inference_pod_values(pods, spec)
             if without_value:
                 reasons = "; ".join(f"{pod}: {why}" for pod, why in sorted(without_value.items())[:5])
                 problems = f"{problems}; {reasons}" if problems else reasons
         else:
-            reporting = pod_values(readings, spec)
+            reporting = pod_values(gpu, spec)
         try:
             return (
                 evaluate(reporting, target_pods - reporting.keys(), spec, aggregation),

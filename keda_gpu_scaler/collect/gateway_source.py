@@ -33,6 +33,10 @@ class ReplicaSamples:
     replica: str
     samples: tuple[Sample, ...]
 
+    @property
+    def pod(self) -> str:
+        return self.replica
+
 
 @dataclass(frozen=True, slots=True)
 class ReplicaQueue:
@@ -42,6 +46,10 @@ class ReplicaQueue:
     pool: str
     replica: str
     table: QueueTable
+
+    @property
+    def pod(self) -> str:
+        return self.replica
 
 
 def replica_reader(

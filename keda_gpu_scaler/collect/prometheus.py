@@ -12,7 +12,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from keda_gpu_scaler.backoff import backoff_delay, jittered
 from keda_gpu_scaler.collect.interest import Interest
@@ -42,7 +41,7 @@ from keda_gpu_scaler.collect.promql import (
     namespace_query,
     up_query,
 )
-from keda_gpu_scaler.collect.store import Page, SourceKind, Store
+from keda_gpu_scaler.collect.store import Page, Reading, SourceKind, Store
 from keda_gpu_scaler.exposition import Sample
 from keda_gpu_scaler.supervise import supervised
 from keda_gpu_scaler.vendors import readings_from_samples
@@ -313,11 +312,11 @@ class PrometheusCollector:
             if why is None:
                 del seen[name]  # Prometheus no longer has its target: the replica is gone
             else:
-                missing.append(ReplicaLost(name, why))
+                missing.append(ReplicaLost(namespace, name, why))
         for replica in found.replicas:
             seen[replica.replica] = found.targets.get(replica.replica, frozenset())
         collected_at = now if found.oldest is None else now - max(0.0, at - found.oldest)
-        by_namespace: dict[str, Any] = {namespace: (*found.replicas, *missing)}
+        by_namespace: dict[str, tuple[Reading, ...]] = {namespace: (*found.replicas, *missing)}
         self._store.record_page(Page(source, collected_at, by_namespace))
         return True
 
@@ -436,7 +435,7 @@ class PrometheusCollector:
             )
         collected_at = now if found.oldest is None else now - max(0.0, at - found.oldest)
         # Elements of this kind are PodSamples, not GPU readings (store.SourceKind.PROMETHEUS_INFERENCE).
-        by_namespace: dict[str, Any] = {namespace: found.pods}
+        by_namespace: dict[str, tuple[Reading, ...]] = {namespace: found.pods}
         self._store.record_page(Page(source, collected_at, by_namespace))
         # With the page, in the same step: no evaluation sees the pod gone from both.
         missing = self._inference_missing.setdefault(namespace, set())

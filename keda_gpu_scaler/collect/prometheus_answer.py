@@ -295,8 +295,13 @@ class ReplicaLost:
     """An EPP replica whose series were fresh before and are not now, while Prometheus still has its
     target: it may hold requests nobody can see, so it counts as a replica that cannot be read."""
 
+    namespace: str
     replica: str
     reason: str
+
+    @property
+    def pod(self) -> str:
+        return self.replica
 
 
 @dataclass(frozen=True, slots=True)

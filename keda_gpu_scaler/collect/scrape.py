@@ -9,7 +9,7 @@ import secrets
 from collections import defaultdict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import xxhash
 
@@ -17,11 +17,11 @@ from keda_gpu_scaler import exposition
 from keda_gpu_scaler.backoff import JITTER, backoff_delay, jittered
 from keda_gpu_scaler.collect.http import FetchError, PageRefused
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, WantedKeys
-from keda_gpu_scaler.collect.store import Page, SourceKind, Store
+from keda_gpu_scaler.collect.store import Page, Reading, SourceKind, Store
 from keda_gpu_scaler.exposition import ExpositionError, Sample
 from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.supervise import supervised
-from keda_gpu_scaler.vendors import SAMPLE_NAMES, GpuReading, ReadingsMemo, readings_from_samples
+from keda_gpu_scaler.vendors import SAMPLE_NAMES, ReadingsMemo, readings_from_samples
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class PageReader:
     names: frozenset[str]
     # GPU readings for exporter pages; one PodSamples for an inference pod's page (anything with a namespace).
     # Also given the source's ReadingsMemo, which a reader may keep what it worked out in for the next page.
-    readings: Callable[[Sequence[Sample], ReadingsMemo | None], Iterable[Any]]
+    readings: Callable[[Sequence[Sample], ReadingsMemo | None], Iterable[Reading]]
     valid_names: frozenset[str]
     what: str
     # Why the page as a whole cannot be used although its samples parse (None: it can), e.g. a family
@@ -58,7 +58,7 @@ class PageReader:
     # Readers that read a family of the body themselves (a gateway's queue: 10,000 series summed in one
     # pass): given the body and the samples of `names`, they replace `readings` and decide themselves
     # whether the page is theirs (raising NotOurPage), so `valid_names` is not looked at.
-    read_body: Callable[[bytes, Sequence[Sample]], Iterable[Any]] | None = None
+    read_body: Callable[[bytes, Sequence[Sample]], Iterable[Reading]] | None = None
 
 
 GPU_EXPORTER_PAGES = PageReader(SAMPLE_NAMES, readings_from_samples, SAMPLE_NAMES, "GPU exporter metrics")
@@ -112,7 +112,7 @@ class SourceMemo:
 
 def read_page(
     body: bytes, reader: PageReader, memo: SourceMemo | None = None
-) -> dict[str, tuple[GpuReading, ...]]:
+) -> dict[str, tuple[Reading, ...]]:
     """A page's readings by namespace (runs on the loop or in a worker thread; changes only the memo of
     the page's source)."""
     # A reader wanting no family from the general parser (a gateway's) skips its pass over the page.
@@ -128,14 +128,14 @@ def read_page(
         if reader.read_body is not None
         else reader.readings(samples, None if memo is None else memo.readings)
     )
-    grouped: defaultdict[str, list[GpuReading]] = defaultdict(list)
+    grouped: defaultdict[str, list[Reading]] = defaultdict(list)
     for reading in readings:
         grouped[reading.namespace].append(reading)
     exposition.release_in_slices(samples)
     return {ns: tuple(rs) for ns, rs in grouped.items()}
 
 
-ByNamespace = dict[str, tuple[GpuReading, ...]]
+ByNamespace = dict[str, tuple[Reading, ...]]
 
 _DIGEST_SEED = secrets.randbits(64)
 

@@ -9,8 +9,20 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol
 
-from keda_gpu_scaler.vendors import GpuReading
+
+class Reading(Protocol):
+    """What the store keeps of a page, whatever its kind: GPU readings (exporters), PodSamples (inference
+    servers), ReplicaQueue and ReplicaSamples (endpoint pickers). Each names its namespace and the pod it
+    is about; readers take the type their source kind holds (SourceKind says which)."""
+
+    @property
+    def namespace(self) -> str: ...
+
+    @property
+    def pod(self) -> str: ...
+
 
 # Without Kubernetes, the pods last seen on an exporter that is now failing or stale, or whose page lost
 # its pod labels, still count as target pods (as missing ones) for as long as that lasts, so one dead
@@ -26,17 +38,17 @@ class Page:
 
     source: str
     collected_at: float  # monotonic seconds
-    by_namespace: dict[str, tuple[GpuReading, ...]]
+    by_namespace: dict[str, tuple[Reading, ...]]
     # The page had GPU series but none named a pod: either no pod uses a GPU there, or the exporter lost
     # track of pods. Which one cannot be told from the page; pods seen there before stay missing pods.
     unattributed: bool = False
 
     @classmethod
     def from_readings(
-        cls, source: str, collected_at: float, readings: Iterable[GpuReading], *, gpu_series: bool = False
+        cls, source: str, collected_at: float, readings: Iterable[Reading], *, gpu_series: bool = False
     ) -> Page:
         """gpu_series: the page had series of a known GPU family (attributed to a pod or not)."""
-        grouped: defaultdict[str, list[GpuReading]] = defaultdict(list)
+        grouped: defaultdict[str, list[Reading]] = defaultdict(list)
         for reading in readings:
             grouped[reading.namespace].append(reading)
         by_namespace = {ns: tuple(rs) for ns, rs in grouped.items()}
@@ -93,7 +105,7 @@ class _Freshness:
 class NamespaceView:
     """What the store knows of one namespace at one instant."""
 
-    readings: tuple[GpuReading, ...]  # from fresh pages only
+    readings: tuple[Reading, ...]  # from fresh pages only
     fresh: tuple[str, ...]  # the sources whose pages are fresh (see Store._freshness)
     sources: int
     # pod → reason, for pods last seen on a source that is now failing, stale or without pod labels
@@ -134,7 +146,7 @@ class Store:
         self._views: dict[str, dict[tuple[SourceKind, float], NamespaceView]] = {}
         # (kind, namespace) → source → its last page's readings of that namespace, for the sources naming
         # pods of any namespace: a view reads the few exporters that have its pods, not all of them.
-        self._by_namespace: dict[tuple[SourceKind, str], dict[str, tuple[GpuReading, ...]]] = {}
+        self._by_namespace: dict[tuple[SourceKind, str], dict[str, tuple[Reading, ...]]] = {}
         self._freshness_of: dict[tuple[SourceKind, float], _Freshness] = {}  # see _Freshness
         self._added = 0
 
@@ -244,7 +256,7 @@ class Store:
         return view
 
     def _view(self, namespace: str, now: float, max_staleness: float, kind: SourceKind) -> NamespaceView:
-        readings: list[GpuReading] = []
+        readings: list[Reading] = []
         recently_seen: dict[str, str] = {}
         problems: list[str] = []
         # The sources naming pods of any namespace first (in the order they were added), then the
@@ -347,7 +359,7 @@ class Store:
         return tuple(fresh), valid_until
 
     def _index_readings(
-        self, state: SourceState, old: dict[str, tuple[GpuReading, ...]], page: Page | None
+        self, state: SourceState, old: dict[str, tuple[Reading, ...]], page: Page | None
     ) -> None:
         """Keep _by_namespace in step with a source's page (None: the source is gone)."""
         new = page.by_namespace if page is not None else {}
