@@ -13,7 +13,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import grpc
@@ -21,6 +24,7 @@ import grpc
 from bench import bench_cluster
 from bench.bench_cluster import OTHERS_CPU, Window, cluster, load_window, pb_grpc, scaler, warm
 from bench.harness import Section, median
+from keda_gpu_scaler.discovery.targets import Targets
 
 # (name, switch as "module:Owner.attribute", what it keeps)
 SWITCHES: tuple[tuple[str, str, str], ...] = (
@@ -87,7 +91,7 @@ QUICK = dataclasses.replace(PLAN, window=4.0)
 # KEDA's defaults (pollingInterval 30 s, the HPA every 15 s) make about 15 RPC/s for 100 ScaledObjects;
 # 300 RPC/s is every ScaledObject polled about every second.
 RATES = (30.0, 300.0)
-REPEATS = 2
+REPEATS = 3
 
 
 @dataclass(frozen=True)
@@ -246,3 +250,183 @@ collect every second): every scrape finds new values.
 """,
         [],
     )
+
+
+# --- per operation, in this process: what each cache saves each time it is used ------------------------
+
+
+def _per_call_us(call: Callable[[], object], seconds: float = 0.3) -> float:
+    """Median µs of one call, over 5 batches of about `seconds` each."""
+    count = 1
+    while True:
+        started = time.perf_counter()
+        for _ in range(count):
+            call()
+        took = time.perf_counter() - started
+        if took > seconds / 5:
+            break
+        count *= 2
+    batches = []
+    for _ in range(5):
+        started = time.perf_counter()
+        for _ in range(count):
+            call()
+        batches.append((time.perf_counter() - started) / count)
+    return 1e6 * median(batches)
+
+
+def per_operation() -> str:
+    """A markdown table: each cache's work per use, on and off, at the size of the benchmark above."""
+    from bench.pages import dcgm_page
+    from keda_gpu_scaler import trigger
+    from keda_gpu_scaler.collect import scrape
+    from keda_gpu_scaler.collect.store import Page, Store
+    from keda_gpu_scaler.discovery.pods import PodInfo
+    from keda_gpu_scaler.discovery.selectors import parse_selector
+    from keda_gpu_scaler.discovery.targets import Selection
+    from keda_gpu_scaler.evaluator import Evaluator
+    from keda_gpu_scaler.metrics import Telemetry
+    from keda_gpu_scaler.registry import Followed
+    from keda_gpu_scaler.vendors import Family, GpuReading
+
+    rows: list[tuple[str, float, float]] = []
+    pods = [("main", f"ns-{i % 10}", f"w-{i % 10}-{i}") for i in range(8)]
+    pages = [dcgm_page(8, seed=1, pods=pods, hostname="node-1", values_seed=v).encode() for v in range(2)]
+    reader = scrape.GPU_EXPORTER_PAGES
+
+    def reads(labels: bool, plans: bool) -> Callable[[], object]:
+        memo = scrape.SourceMemo(labels, plans)
+        turn = [0]
+
+        def read() -> object:
+            turn[0] ^= 1
+            return scrape.read_page(pages[turn[0]], reader, memo)
+
+        return read
+
+    whole = _per_call_us(reads(False, False))
+    rows.append(("parser label memo: a page of new values", _per_call_us(reads(True, False)), whole))
+    rows.append(("reading plans: a page of new values", _per_call_us(reads(False, True)), whole))
+    rows.append(("label memo and plans: a page of new values", _per_call_us(reads(True, True)), whole))
+    memo = scrape.SourceMemo()
+    first = scrape._digest_and_read(pages[0], None, reader, memo)
+    previous = (first[0], Page("u", 0.0, first[1]))
+    rows.append(
+        (
+            "unchanged-page digest: the same page again",
+            _per_call_us(lambda: scrape._digest_and_read(pages[0], previous, reader, memo)),
+            _per_call_us(lambda: scrape._digest_and_read(pages[0], previous, reader, memo, False)),
+        )
+    )
+    metadata = {"threshold": "57", "activationThreshold": "5", "scalerAddress": "keda-gpu-scaler.keda:6000"}
+    trigger.parse_trigger(metadata)
+    cached_parse = _per_call_us(lambda: trigger.parse_trigger(metadata))
+    trigger.CACHE_PARSES = False
+    try:
+        rows.append(
+            (
+                "trigger parse cache: one call's metadata",
+                cached_parse,
+                _per_call_us(lambda: trigger.parse_trigger(metadata)),
+            )
+        )
+    finally:
+        trigger.CACHE_PARSES = True
+    selection = Selection(parse_selector("app=w-0"), lambda node, change: None)
+    for i in range(10):
+        selection.update(
+            None,
+            PodInfo("ns-0", f"w-0-{i}", {"app": "w-0"}, f"node-{i}", "10.0.0.1", "Running", True, False, ()),
+        )
+    kept = _per_call_us(lambda: selection.targets("AverageValue"))
+    selection.keep_answers = False
+    rows.append(
+        (
+            "target answers: one call's targets (10 pods)",
+            kept,
+            _per_call_us(lambda: selection.targets("AverageValue")),
+        )
+    )
+
+    # 125 node exporters, 1,000 pods in 10 namespaces of 10 ScaledObjects of 10 pods: one ScaledObject's call.
+    now = [1000.0]
+    spec = trigger.parse_trigger({"threshold": "50"})
+
+    def evaluator(memo: bool, views: bool, freshness: bool) -> tuple[Evaluator, Followed, Any]:
+        store = Store()
+        store.keep_views, store.keep_freshness = views, freshness
+        for node in range(125):
+            readings = [
+                GpuReading(
+                    Family.NVIDIA,
+                    f"ns-{pod % 10}",
+                    f"w-{pod % 10}-{pod}",
+                    f"GPU-{pod}",
+                    f"n{node}",
+                    50.0,
+                    None,
+                    False,
+                    20.0,
+                )
+                for pod in range(node * 8, node * 8 + 8)
+            ]
+            store.record_page(Page.from_readings(f"http://node-{node}/metrics", now[0], readings))
+        targets = Targets(frozenset(f"w-0-{pod}" for pod in range(0, 1000, 10)), "AverageValue")
+        resolver = _FixedTargets(targets)
+        made = Evaluator(
+            store=store, telemetry=Telemetry(), max_staleness=15.0, clock=lambda: now[0], targets=resolver
+        )
+        made.reuse_evaluations = memo
+        return made, Followed("ns-0", "w-0", now[0]), store
+
+    on, followed_on, _ = evaluator(True, True, True)
+    off_memo, followed_off, _ = evaluator(False, True, True)
+    rows.append(
+        (
+            "evaluation memo: a call whose data did not move",
+            _per_call_us(lambda: on.evaluate(followed_on, spec)),
+            _per_call_us(lambda: off_memo.evaluate(followed_off, spec)),
+        )
+    )
+    views_on, f_views_on, store_on = evaluator(False, True, True)
+    views_off, f_views_off, store_off = evaluator(False, False, True)
+    fresh_off, f_fresh_off, _ = evaluator(False, False, False)
+    rows.append(
+        (
+            "store views: an evaluation (memo off)",
+            _per_call_us(lambda: views_on.evaluate(f_views_on, spec)),
+            _per_call_us(lambda: views_off.evaluate(f_views_off, spec)),
+        )
+    )
+    rows.append(
+        (
+            "store freshness: an evaluation (memo and views off)",
+            _per_call_us(lambda: views_off.evaluate(f_views_off, spec)),
+            _per_call_us(lambda: fresh_off.evaluate(f_fresh_off, spec)),
+        )
+    )
+    lines = "\n".join(
+        f"| {what} | {on_us:,.1f} | {off_us:,.1f} | {off_us - on_us:,.1f} |" for what, on_us, off_us in rows
+    )
+    return "| each use of | cache on µs | off µs | saved µs |\n|---|---|---|---|\n" + lines
+
+
+class _FixedTargets:
+    def __init__(self, targets: Targets) -> None:
+        self.targets = targets
+
+    def check(self, spec: Any) -> None:
+        pass
+
+    def track(self, namespace: str, name: str, spec: Any) -> None:
+        pass
+
+    def resolve(self, namespace: str, name: str, spec: Any) -> Targets:
+        return self.targets
+
+    def forget(self, namespace: str, name: str) -> None:
+        pass
+
+
+if __name__ == "__main__":
+    print(per_operation())

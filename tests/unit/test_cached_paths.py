@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import GpuLine, dcgm_page
 
+from keda_gpu_scaler import trigger
 from keda_gpu_scaler.collect.http import FetchError
 from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
@@ -18,7 +19,7 @@ from keda_gpu_scaler.collect.store import Page, Store
 from keda_gpu_scaler.discovery.pods import PodInfo
 from keda_gpu_scaler.discovery.selectors import parse_selector
 from keda_gpu_scaler.discovery.targets import Selection, Targets
-from keda_gpu_scaler.errors import NoData
+from keda_gpu_scaler.errors import ConfigError, NoData
 from keda_gpu_scaler.evaluator import Evaluator
 from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.registry import Followed
@@ -284,3 +285,34 @@ def test_a_selections_kept_answers_read_as_new_ones(events: list[Any]) -> None:
             made.metric_type,
             dict(made.endpoints),
         )
+
+
+METADATA = st.dictionaries(
+    st.sampled_from(
+        ["threshold", "activationThreshold", "podNamePrefix", "metric", "aggregation", "vendor", "x"]
+    ),
+    st.sampled_from(
+        ["70", "0", "1e3", "-1", "nan", "sum", "mean", "memory", "nvidia", "vllm-", "", "web-\n"]
+    ),
+    max_size=6,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(METADATA, max_size=8))
+def test_a_cached_trigger_parse_reads_as_a_new_parse(calls: list[dict[str, str]]) -> None:
+    """The parse cache against parsing every call: the same spec, or the same error, for any metadata."""
+
+    def outcome(metadata: dict[str, str]) -> TriggerSpec | str:
+        try:
+            return parse_trigger(metadata)
+        except ConfigError as error:
+            return f"ConfigError: {error}"
+
+    cached = [outcome(metadata) for metadata in calls + calls]
+    trigger.CACHE_PARSES = False
+    try:
+        parsed = [outcome(metadata) for metadata in calls + calls]
+    finally:
+        trigger.CACHE_PARSES = True
+    assert cached == parsed
