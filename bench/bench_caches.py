@@ -371,7 +371,7 @@ def per_operation() -> str:
                 for pod in range(node * 8, node * 8 + 8)
             ]
             store.record_page(Page.from_readings(f"http://node-{node}/metrics", now[0], readings))
-        targets = Targets(frozenset(f"w-0-{pod}" for pod in range(0, 1000, 10)), "AverageValue")
+        targets = Targets(frozenset(f"w-0-{pod}" for pod in range(0, 100, 10)), "AverageValue")
         resolver = _FixedTargets(targets)
         made = Evaluator(
             store=store, telemetry=Telemetry(), max_staleness=15.0, clock=lambda: now[0], targets=resolver
