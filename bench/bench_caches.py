@@ -34,11 +34,6 @@ SWITCHES: tuple[tuple[str, str, str], ...] = (
         "a trigger's last evaluation, until its namespace's data, the sources or its targets move",
     ),
     (
-        "memo renewal",
-        "keda_gpu_scaler.evaluator:Evaluator.renew_evaluations",
-        "the memo again, for longer, when every page it read was renewed unchanged",
-    ),
-    (
         "store views",
         "keda_gpu_scaler.collect.store:Store.keep_views",
         "one namespace's view of the store, shared by its ScaledObjects",
@@ -62,11 +57,6 @@ SWITCHES: tuple[tuple[str, str, str], ...] = (
         "reading plans",
         "keda_gpu_scaler.collect.scrape:ScrapeCollector.reading_plans",
         "how a source's samples become readings, for its next page",
-    ),
-    (
-        "target answers",
-        "keda_gpu_scaler.discovery.targets:Selection.keep_answers",
-        "one Targets per pod snapshot, handed to every call until a pod event",
     ),
     (
         "trigger parse cache",
@@ -281,9 +271,6 @@ def per_operation() -> str:
     from keda_gpu_scaler import trigger
     from keda_gpu_scaler.collect import scrape
     from keda_gpu_scaler.collect.store import Page, Store
-    from keda_gpu_scaler.discovery.pods import PodInfo
-    from keda_gpu_scaler.discovery.selectors import parse_selector
-    from keda_gpu_scaler.discovery.targets import Selection
     from keda_gpu_scaler.evaluator import Evaluator
     from keda_gpu_scaler.metrics import Telemetry
     from keda_gpu_scaler.registry import Followed
@@ -332,22 +319,6 @@ def per_operation() -> str:
         )
     finally:
         trigger.CACHE_PARSES = True
-    selection = Selection(parse_selector("app=w-0"), lambda node, change: None)
-    for i in range(10):
-        selection.update(
-            None,
-            PodInfo("ns-0", f"w-0-{i}", {"app": "w-0"}, f"node-{i}", "10.0.0.1", "Running", True, False, ()),
-        )
-    kept = _per_call_us(lambda: selection.targets("AverageValue"))
-    selection.keep_answers = False
-    rows.append(
-        (
-            "target answers: one call's targets (10 pods)",
-            kept,
-            _per_call_us(lambda: selection.targets("AverageValue")),
-        )
-    )
-
     # 125 node exporters, 1,000 pods in 10 namespaces of 10 ScaledObjects of 10 pods: one ScaledObject's call.
     now = [1000.0]
     spec = trigger.parse_trigger({"threshold": "50"})
@@ -388,8 +359,8 @@ def per_operation() -> str:
             _per_call_us(lambda: off_memo.evaluate(followed_off, spec)),
         )
     )
-    views_on, f_views_on, store_on = evaluator(False, True, True)
-    views_off, f_views_off, store_off = evaluator(False, False, True)
+    views_on, f_views_on, _ = evaluator(False, True, True)
+    views_off, f_views_off, _ = evaluator(False, False, True)
     fresh_off, f_fresh_off, _ = evaluator(False, False, False)
     rows.append(
         (

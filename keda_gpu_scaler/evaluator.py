@@ -72,10 +72,9 @@ def aggregation_for(spec: TriggerSpec, metric_type: str | None) -> tuple[Aggrega
 
 
 class Evaluator:
-    # The evaluation memo (off: every call evaluates) and its renewal when only its time is up; the
-    # caches benchmark turns them off to measure what they save (docs/BENCHMARKS.md, "Caches").
+    # The evaluation memo (off: every call evaluates); the caches benchmark turns it off to measure what it
+    # saves (docs/BENCHMARKS.md, "Caches").
     reuse_evaluations = True
-    renew_evaluations = True
 
     def __init__(
         self,
@@ -184,13 +183,6 @@ class Evaluator:
         view = None
         if reads_sources:
             view = self._store.view(namespace, now, self._staleness(kind), kind)
-            renewed = (
-                self._renewed(followed, subscription, version, epoch, targets, view)
-                if self.reuse_evaluations and self.renew_evaluations
-                else None
-            )
-            if renewed is not None:
-                return renewed
         try:
             evaluation, notes, valid_until, fresh = self._evaluate(followed, spec, targets, view)
         except NoData as error:
@@ -298,31 +290,6 @@ class Evaluator:
             f" {namespace}/{spec.inference_pool}=URL (one per EPP replica)"
         )
 
-    def _renewed(
-        self,
-        followed: Followed,
-        subscription: Subscription,
-        version: int,
-        epoch: int,
-        targets: Targets | None,
-        view: NamespaceView,
-    ) -> Evaluation | None:
-        """The memo's evaluation again when only its time is up and every page it read was renewed
-        unchanged (the same sources fresh, nothing else moved), with the view's later time limit; else None.
-
-        Each ScaledObject would otherwise evaluate again every max-staleness seconds, however still its data.
-        """
-        memo = subscription.memo
-        if memo is None or memo.version != version or memo.epoch != epoch or memo.targets != targets:
-            return None
-        if view.fresh != memo.fresh or not view.fresh:
-            return None
-        subscription.memo = Memo(version, epoch, targets, view.valid_until, memo.evaluation, view.fresh)
-        last = subscription.explanation
-        notes = last.notes if last is not None and last.evaluation is memo.evaluation else ()
-        self._record(followed, subscription, memo.evaluation, None, notes, targets)
-        return memo.evaluation
-
     def _staleness(self, kind: SourceKind) -> float:
         through_prometheus = kind in (SourceKind.PROMETHEUS, SourceKind.PROMETHEUS_INFERENCE)
         return self._prometheus_max_staleness if through_prometheus else self._max_staleness
@@ -345,7 +312,7 @@ class Evaluator:
             and last.evaluation is evaluation
             and last.spec == spec
             and last.notes == notes
-            and last.targets is targets
+            and last.targets == targets
         ):
             last.evaluated_at = time.time()  # the same explanation, now (and the same gauges)
             return

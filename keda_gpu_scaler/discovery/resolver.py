@@ -8,7 +8,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 from prometheus_client import Counter, Gauge
@@ -556,9 +555,8 @@ class KubeDiscovery:
         return plural
 
 
-@lru_cache(maxsize=1024)
 def _pod_selector(text: str) -> Selector:
-    # Cached: KEDA sends the same metadata on every call, and check() runs on each of them.
+    # Parsed on every call, as the trigger's metadata is (a few µs; docs/BENCHMARKS.md, "Caches").
     try:
         selector = parse_selector(text)
     except SelectorError as error:

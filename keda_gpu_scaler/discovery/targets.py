@@ -71,10 +71,6 @@ NodeHandler = Callable[[str, int], None]
 class Selection:
     """What one selector picks in one namespace's pods, updated one pod event at a time."""
 
-    # One Targets per snapshot and metricType (off: a new one on every call); the caches benchmark turns
-    # it off to measure what it saves (docs/BENCHMARKS.md, "Caches").
-    keep_answers = True
-
     def __init__(self, selector: Selector, on_node: NodeHandler) -> None:
         self.selector = selector
         self.users: set[object] = set()
@@ -85,7 +81,6 @@ class Selection:
         self._occupied: Counter[str] = Counter()  # nodes of matching pods worth scraping
         self.version = 0  # moves on with every change of the targets, their nodes or the endpoints
         self._snapshot: tuple[int, frozenset[str], Mapping[str, PodEndpoint]] | None = None
-        self._answers: dict[str | None, Targets] = {}  # by metricType, for the current snapshot
         # While the namespace's pods are being listed again, readers get the snapshot from before the
         # relist began: its differences arrive in slices, and a half-applied relist (the deletions of a
         # rollout before its additions) would read as fewer pods. None: answers follow every event.
@@ -148,16 +143,9 @@ class Selection:
         self.complete = True
 
     def targets(self, metric_type: str | None) -> Targets:
-        """The current Targets; the same object until something changes (built at most once per change)."""
+        """The current Targets (the snapshot's pods and endpoints are built at most once per change)."""
         snapshot = self._held or self._current()
-        if snapshot is not self._snapshot or not self.keep_answers:
-            # Held: the answers of the held snapshot are not cached (a relist is short).
-            return Targets(snapshot[1], metric_type, snapshot[2])
-        answer = self._answers.get(metric_type)
-        if answer is None:
-            answer = Targets(snapshot[1], metric_type, snapshot[2])
-            self._answers[metric_type] = answer
-        return answer
+        return Targets(snapshot[1], metric_type, snapshot[2])
 
     def _current(self) -> tuple[int, frozenset[str], Mapping[str, PodEndpoint]]:
         if self._snapshot is None or self._snapshot[0] != self.version:
@@ -165,7 +153,6 @@ class Selection:
                 {name: p for name, p in self._members.items() if p.occupies_node or p.counts_as_target}
             )
             self._snapshot = (self.version, frozenset(self._targets), endpoints)
-            self._answers = {}
         return self._snapshot
 
 

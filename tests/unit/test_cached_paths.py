@@ -4,7 +4,6 @@ cache answers (the caches are switched off through the same seams the caches ben
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from typing import Any
 
 from hypothesis import given, settings
@@ -16,9 +15,7 @@ from keda_gpu_scaler.collect.http import FetchError
 from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Page, Store
-from keda_gpu_scaler.discovery.pods import PodInfo
-from keda_gpu_scaler.discovery.selectors import parse_selector
-from keda_gpu_scaler.discovery.targets import Selection, Targets
+from keda_gpu_scaler.discovery.targets import Targets
 from keda_gpu_scaler.errors import ConfigError, NoData
 from keda_gpu_scaler.evaluator import Evaluator
 from keda_gpu_scaler.metrics import Telemetry
@@ -231,60 +228,6 @@ def test_pages_read_through_the_scrape_caches_read_as_read_whole_every_time(scra
                 )
 
     asyncio.run(scenario())
-
-
-POD_EVENTS = st.lists(
-    st.tuples(
-        st.sampled_from(["web-0", "web-1", "web-2"]),
-        st.one_of(
-            st.none(),  # deleted
-            st.builds(
-                lambda app, node, phase, ready, deleting: PodInfo(
-                    "llm", "", {"app": app}, node, "10.0.0.1", phase, ready, deleting, (("http", 8000),)
-                ),
-                st.sampled_from(["web", "other"]),
-                st.sampled_from([None, "node-a", "node-b"]),
-                st.sampled_from(["Pending", "Running", "Succeeded"]),
-                st.booleans(),
-                st.booleans(),
-            ),
-        ),
-        st.sampled_from([None, "AverageValue", "Value"]),
-        st.booleans(),  # a relist holds the answers meanwhile
-    ),
-    max_size=30,
-)
-
-
-@settings(max_examples=200, deadline=None)
-@given(POD_EVENTS)
-def test_a_selections_kept_answers_read_as_new_ones(events: list[Any]) -> None:
-    """One Targets per pod snapshot and metricType, against a new one on every call: through pods added,
-    changed, deleted and relisted."""
-    selector = parse_selector("app=web")
-    cached, simple = Selection(selector, lambda node, change: None), Selection(selector, lambda n, c: None)
-    simple.keep_answers = False
-    pods: dict[str, PodInfo] = {}
-    for name, pod, metric_type, relist in events:
-        if relist:
-            cached.hold()
-            simple.hold()
-        new = None if pod is None else dataclasses.replace(pod, name=name)
-        old = pods.pop(name, None)
-        if new is not None:
-            pods[name] = new
-        if old is not None or new is not None:  # (deleting a pod never seen is no event)
-            for selection in (cached, simple):
-                selection.update(old, new)
-        if relist and len(pods) % 2:
-            cached.release()
-            simple.release()
-        kept, made = cached.targets(metric_type), simple.targets(metric_type)
-        assert (kept.pods, kept.metric_type, dict(kept.endpoints)) == (
-            made.pods,
-            made.metric_type,
-            dict(made.endpoints),
-        )
 
 
 METADATA = st.dictionaries(

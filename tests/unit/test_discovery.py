@@ -349,15 +349,15 @@ def test_target_sets_follow_every_pod_event_as_a_full_rescan_would() -> None:
         assert +occupied == expected_nodes, step
 
 
-def test_targets_are_the_same_object_until_something_changes() -> None:
+def test_targets_stay_the_same_until_something_changes() -> None:
     index = NamespaceIndex("ns", lambda node, delta: None)
     selection = index.acquire(parse_selector("app=a"), "so", {})
     ready = _info("a-0", {"app": "a"}, "n1", "Running", True, False)
     index.on_pod(None, ready)
     first = selection.targets(None)
-    assert selection.targets(None) is first
+    assert selection.targets(None) == first and selection.targets(None).endpoints is first.endpoints
     index.on_pod(None, _info("b-0", {"app": "b"}, "n1", "Running", True, False))  # another workload's pod
-    assert selection.targets(None) is first
+    assert selection.targets(None).endpoints is first.endpoints, "the snapshot is built once per change"
     index.on_pod(ready, _info("a-0", {"app": "a"}, "n1", "Running", False, False))  # no longer ready
     assert selection.targets(None).pods == frozenset()
     endpoint = selection.targets(None).endpoints["a-0"]
