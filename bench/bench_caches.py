@@ -49,16 +49,6 @@ SWITCHES: tuple[tuple[str, str, str], ...] = (
         "a page's readings when its next page is the same bytes",
     ),
     (
-        "parser label memo",
-        "keda_gpu_scaler.collect.scrape:ScrapeCollector.label_memos",
-        "a source's parsed label sets for its next page",
-    ),
-    (
-        "reading plans",
-        "keda_gpu_scaler.collect.scrape:ScrapeCollector.reading_plans",
-        "how a source's samples become readings, for its next page",
-    ),
-    (
         "trigger parse cache",
         "keda_gpu_scaler.trigger:CACHE_PARSES",
         "the parsed TriggerSpec of each metadata map (lru_cache)",
@@ -119,9 +109,9 @@ async def _configuration(
     return Measured(windows), floor_window
 
 
-# The scrape path's caches again with every scrape finding new values (an exporter collecting every
-# second, as many are set up): the case the label memo and the plans are for, and the digest is not.
-SCRAPE_PATH = ("unchanged-page digest", "parser label memo", "reading plans")
+# The scrape path's cache again with every scrape finding new values (an exporter collecting every
+# second, as many are set up): the case the digest is not for.
+SCRAPE_PATH = ("unchanged-page digest",)
 FAST_REFRESH = 1.0
 
 
@@ -229,7 +219,7 @@ at its own phase: most scrapes find the page they found before.
 
 {_table(*dcgm_default)}
 
-The scrape path's caches again, with each node's values moving every {FAST_REFRESH:g} s (an exporter set to
+The scrape path's cache again, with each node's values moving every {FAST_REFRESH:g} s (an exporter set to
 collect every second): every scrape finds new values.
 
 {_table(*fast)}
@@ -281,28 +271,13 @@ def per_operation() -> str:
     pages = [dcgm_page(8, seed=1, pods=pods, hostname="node-1", values_seed=v).encode() for v in range(2)]
     reader = scrape.GPU_EXPORTER_PAGES
 
-    def reads(labels: bool, plans: bool) -> Callable[[], object]:
-        memo = scrape.SourceMemo(labels, plans)
-        turn = [0]
-
-        def read() -> object:
-            turn[0] ^= 1
-            return scrape.read_page(pages[turn[0]], reader, memo)
-
-        return read
-
-    whole = _per_call_us(reads(False, False))
-    rows.append(("parser label memo: a page of new values", _per_call_us(reads(True, False)), whole))
-    rows.append(("reading plans: a page of new values", _per_call_us(reads(False, True)), whole))
-    rows.append(("label memo and plans: a page of new values", _per_call_us(reads(True, True)), whole))
-    memo = scrape.SourceMemo()
-    first = scrape._digest_and_read(pages[0], None, reader, memo)
+    first = scrape._digest_and_read(pages[0], None, reader)
     previous = (first[0], Page("u", 0.0, first[1]))
     rows.append(
         (
             "unchanged-page digest: the same page again",
-            _per_call_us(lambda: scrape._digest_and_read(pages[0], previous, reader, memo)),
-            _per_call_us(lambda: scrape._digest_and_read(pages[0], previous, reader, memo, False)),
+            _per_call_us(lambda: scrape._digest_and_read(pages[0], previous, reader)),
+            _per_call_us(lambda: scrape._digest_and_read(pages[0], previous, reader, False)),
         )
     )
     metadata = {"threshold": "57", "activationThreshold": "5", "scalerAddress": "keda-gpu-scaler.keda:6000"}

@@ -42,26 +42,8 @@ _BLANKS = (" ", "\t")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
-class LabelMemo:
-    """The label sets one source printed on its last page, kept for its next page.
-
-    An exporter prints the same label sets on every scrape (only values move), so a page read with the
-    memo of the page before parses none of them again. It holds one page's sets at most, and none of a
-    page with more than MAX_MEMO_SETS (a hostile page's 20,000 sets are not kept alive for its next).
-    One memo per source, used by one parse at a time.
-    """
-
-    __slots__ = ("sets",)
-
-    def __init__(self) -> None:
-        self.sets: dict[str | None, dict[str, str]] = {}  # label set text (None: no braces) → its labels
-
-
-# An 8-GPU dcgm-exporter page has ~8 label sets; a node of time-shared GPUs a few hundred at most.
-MAX_MEMO_SETS = 1024
-
 # A label set on one page: its labels, and (looking for conflicts) what they are whatever the order they
-# were printed in. The memo keeps the labels only: 1.2 rather than 3 kB per set.
+# were printed in.
 _LabelSet = tuple[dict[str, str], frozenset[tuple[str, str]] | None]
 
 
@@ -71,7 +53,6 @@ def parse_exposition(
     *,
     max_samples: int | None = None,
     reject_conflicts: bool = False,
-    label_memo: LabelMemo | None = None,
 ) -> list[Sample]:
     """Return the samples of `page` whose name is in `names` (all samples when `names` is None).
 
@@ -79,8 +60,7 @@ def parse_exposition(
     bounded, whatever its size in bytes). reject_conflicts: one series (name and label set, in any label
     order) printed twice with different values is an ExpositionError naming both lines, since nothing
     says which value is true; printed twice with the same value, it is kept twice (as the format's own
-    parsers do) and the readers count it once. label_memo: the label sets of this source's previous
-    page, reused where printed again and replaced by this page's (see LabelMemo).
+    parsers do) and the readers count it once.
 
     Samples come back in page order. Only the lines that are kept are validated: a line whose name is not
     wanted is skipped on its first characters without reading the rest, even if the rest is garbage.
@@ -89,10 +69,9 @@ def parse_exposition(
     lines, # HELP and # TYPE included, are skipped unread: they hold nothing a sample needs.
     """
     text = _decode(page)
-    # Exporters repeat each GPU's label set in every family, so each distinct set is parsed once per page
-    # (once per source with a memo). label set text (None: no braces) → its labels.
+    # Exporters repeat each GPU's label set in every family, so each distinct set is parsed once per page.
+    # label set text (None: no braces) → its labels.
     label_sets: dict[str | None, _LabelSet] = {}
-    known = label_memo.sets if label_memo is not None else {}
     samples: list[Sample] = []
     # series → (value, where) of its first sample, when conflicts are looked for.
     seen: dict[tuple[str, frozenset[tuple[str, str]]], tuple[float, int]] | None = (
@@ -113,9 +92,7 @@ def parse_exposition(
                 name, block, value_text, timestamp_text = line
             label_set = label_sets.get(block)
             if label_set is None:
-                labels = known.get(block)
-                if labels is None:
-                    labels = {} if block is None else _parse_labels(block, where)
+                labels = {} if block is None else _parse_labels(block, where)
                 label_set = label_sets[block] = (labels, None if seen is None else _identity(labels))
             value = _parse_value(value_text, where)
             timestamp = None if timestamp_text is None else _parse_timestamp(timestamp_text, where)
@@ -137,12 +114,6 @@ def parse_exposition(
             if first[1] != where and first[0] != value:
                 _conflict((first[0], line_number(first[1])), sample, line_number(where))
         samples.append(sample)
-    if label_memo is not None:
-        label_memo.sets = (
-            {block: label_set[0] for block, label_set in label_sets.items()}
-            if len(label_sets) <= MAX_MEMO_SETS
-            else {}
-        )
     # A huge page leaves huge caches: freed in pieces, so that a parse in a worker thread never holds
     # the GIL for one long deallocation (the event loop would stall on it).
     release_in_slices(label_sets)
@@ -386,7 +357,7 @@ def _parse_labels(block: str, line_number: int) -> dict[str, str]:
         return {}
     if _PLAIN_LABELS.fullmatch(block):
         pairs = _PLAIN_PAIR.findall(block)
-        # Label names interned: every set of a page, and every page's sets kept by a memo, share them.
+        # Label names interned: every set of every page shares them.
         labels = {intern(name): value for name, value in pairs}
         # A duplicate or reserved name is an error: leave it to the full parser below to report it.
         if len(labels) == len(pairs) and "__name__" not in labels:

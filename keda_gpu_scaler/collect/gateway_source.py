@@ -65,7 +65,7 @@ def replica_reader(
     return read
 
 
-def _unused(samples: Sequence[Sample], memo: object) -> Iterable[ReplicaQueue]:
+def _unused(samples: Sequence[Sample]) -> Iterable[ReplicaQueue]:
     raise AssertionError("gateway pages are read by read_body")
 
 

@@ -26,10 +26,10 @@ INFERENCE_INTEREST = "inference"
 DEFAULT_PORT_NAMES = ("metrics", "http")
 
 
-def pod_page_reader(namespace: str, pod: str) -> Callable[[Sequence[Sample], object], Iterable[PodSamples]]:
+def pod_page_reader(namespace: str, pod: str) -> Callable[[Sequence[Sample]], Iterable[PodSamples]]:
     """Reads a pod's own page: every kept sample is that pod's, whatever its labels say."""
 
-    def read(samples: Sequence[Sample], _memo: object) -> list[PodSamples]:  # (nothing worth keeping)
+    def read(samples: Sequence[Sample]) -> list[PodSamples]:
         return [PodSamples(namespace, pod, tuple(samples))]
 
     return read

@@ -21,7 +21,7 @@ from keda_gpu_scaler.collect.store import Page, Reading, SourceKind, Store
 from keda_gpu_scaler.exposition import ExpositionError, Sample
 from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.supervise import supervised
-from keda_gpu_scaler.vendors import SAMPLE_NAMES, ReadingsMemo, readings_from_samples
+from keda_gpu_scaler.vendors import SAMPLE_NAMES, readings_from_samples
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,7 @@ class PageReader:
 
     names: frozenset[str]
     # GPU readings for exporter pages; one PodSamples for an inference pod's page (anything with a namespace).
-    # Also given the source's ReadingsMemo, which a reader may keep what it worked out in for the next page.
-    readings: Callable[[Sequence[Sample], ReadingsMemo | None], Iterable[Reading]]
+    readings: Callable[[Sequence[Sample]], Iterable[Reading]]
     valid_names: frozenset[str]
     what: str
     # Why the page as a whole cannot be used although its samples parse (None: it can), e.g. a family
@@ -86,48 +85,24 @@ class Fetcher(Protocol):
     def close(self) -> None: ...
 
 
-def parse_exposition(
-    page: bytes, names: frozenset[str], label_memo: exposition.LabelMemo | None = None
-) -> list[Sample]:
+def parse_exposition(page: bytes, names: frozenset[str]) -> list[Sample]:
     """The scrape path's parse: at most MAX_SERIES_PER_PAGE series, conflicting duplicates refused.
 
     One series printed twice with different values fails the page: either value could be the wrong one,
     and a wrong value can scale a busy workload down; a failed page makes its pods missing (SPEC §4).
     """
-    return exposition.parse_exposition(
-        page, names, max_samples=MAX_SERIES_PER_PAGE, reject_conflicts=True, label_memo=label_memo
-    )
+    return exposition.parse_exposition(page, names, max_samples=MAX_SERIES_PER_PAGE, reject_conflicts=True)
 
 
-class SourceMemo:
-    """What one source's last page leaves for its next: its label sets (the parser's) and its plans (the
-    reader's). An exporter prints the same series on every scrape; only values move."""
-
-    __slots__ = ("labels", "readings")
-
-    def __init__(self, labels: bool = True, plans: bool = True) -> None:
-        self.labels = exposition.LabelMemo() if labels else None
-        self.readings = ReadingsMemo() if plans else None
-
-
-def read_page(
-    body: bytes, reader: PageReader, memo: SourceMemo | None = None
-) -> dict[str, tuple[Reading, ...]]:
-    """A page's readings by namespace (runs on the loop or in a worker thread; changes only the memo of
-    the page's source)."""
+def read_page(body: bytes, reader: PageReader) -> dict[str, tuple[Reading, ...]]:
+    """A page's readings by namespace (runs on the loop or in a worker thread)."""
     # A reader wanting no family from the general parser (a gateway's) skips its pass over the page.
-    samples = (
-        parse_exposition(body, reader.names, None if memo is None else memo.labels) if reader.names else []
-    )
+    samples = parse_exposition(body, reader.names) if reader.names else []
     if reader.read_body is None and not any(sample.name in reader.valid_names for sample in samples):
         raise NotOurPage(f"no {reader.what} on this page")
     if reader.refuse is not None and (why := reader.refuse(body)) is not None:
         raise NotOurPage(why)
-    readings = (
-        reader.read_body(body, samples)
-        if reader.read_body is not None
-        else reader.readings(samples, None if memo is None else memo.readings)
-    )
+    readings = reader.read_body(body, samples) if reader.read_body is not None else reader.readings(samples)
     grouped: defaultdict[str, list[Reading]] = defaultdict(list)
     for reading in readings:
         grouped[reading.namespace].append(reading)
@@ -141,11 +116,7 @@ _DIGEST_SEED = secrets.randbits(64)
 
 
 def _digest_and_read(
-    body: bytes,
-    previous: tuple[bytes, Page] | None,
-    reader: PageReader,
-    memo: SourceMemo,
-    reuse: bool = True,
+    body: bytes, previous: tuple[bytes, Page] | None, reader: PageReader, reuse: bool = True
 ) -> tuple[bytes, ByNamespace]:
     # dcgm-exporter refreshes every 30 s: most scrapes return the very page parsed last time, and then
     # only its age changes. A digest (not the bytes) keeps 1,000 exporters' memory small. XXH3-128, not a
@@ -154,13 +125,13 @@ def _digest_and_read(
     # 46. Seeded per process, so no pair of pages collides in every scaler.
     digest = xxhash.xxh3_128_digest(body, _DIGEST_SEED)
     if previous is None or not reuse:
-        return digest, read_page(body, reader, memo)
+        return digest, read_page(body, reader)
     old = previous[1].by_namespace
     if digest == previous[0]:
         return digest, old
     # A namespace whose readings did not change keeps the very same tuple: the store's comparison of
     # old and new pages then costs an identity check, not one comparison per GPU.
-    new = read_page(body, reader, memo)
+    new = read_page(body, reader)
     return digest, {ns: old[ns] if old.get(ns) == readings else readings for ns, readings in new.items()}
 
 
@@ -209,12 +180,9 @@ def _wake(woken: asyncio.Future[None]) -> None:
 class ScrapeCollector:
     """One task per exporter URL: scrape, parse only the wanted families, normalise, store."""
 
-    # What one page leaves for the next of its source: its readings when the page is unchanged (by
-    # digest), its label sets (the parser's LabelMemo) and its reading plans (vendors' ReadingsMemo).
-    # The caches benchmark turns them off to measure what they save (docs/BENCHMARKS.md, "Caches").
+    # A page's readings again when the next page of its source is the same bytes (by digest); the caches
+    # benchmark turns it off to measure what it saves (docs/BENCHMARKS.md, "Caches").
     reuse_unchanged_pages = True
-    label_memos = True
-    reading_plans = True
 
     def __init__(
         self,
@@ -241,7 +209,6 @@ class ScrapeCollector:
         self._last: dict[str, tuple[bytes, Page]] = {}  # url → digest of the last good page, and its page
         self._readers: dict[str, PageReader] = {}
         self._keys: dict[str, Hashable] = {}  # url → its own interest key, where not the collector's
-        self._memos: dict[str, SourceMemo] = {}  # url → what its last page leaves for its next
         self._failing: dict[str, str] = {}  # url → the failure last logged, while it goes on
         # url → the digest of its last page refused before parsing, and why (until a page is read again)
         self._refused: dict[str, tuple[bytes, str]] = {}
@@ -277,7 +244,6 @@ class ScrapeCollector:
         self._last.pop(url, None)
         self._readers.pop(url, None)
         self._keys.pop(url, None)
-        self._memos.pop(url, None)
         self._refused.pop(url, None)
         self._fetcher.forget(url)
         self._store.remove_source(url)
@@ -297,9 +263,6 @@ class ScrapeCollector:
                 body = await self._fetcher.get(url)
             previous = self._last.get(url)
             reader = self._readers.get(url, self._reader)
-            memo = self._memos.get(url)
-            if memo is None:
-                memo = self._memos[url] = SourceMemo(self.label_memos, self.reading_plans)
             large = len(body) > PARSE_OFF_LOOP_BYTES
             if large:
                 # A page with more series than one page may give is refused before it is parsed, and the
@@ -312,12 +275,10 @@ class ScrapeCollector:
                 # and freezing what was alive afterwards kept the cyclic garbage of every call made
                 # meanwhile for good (the hostile soak grew to 3.4 GB). Collections cost pauses, not memory.
                 digest, by_namespace = await asyncio.to_thread(
-                    _digest_and_read, body, previous, reader, memo, self.reuse_unchanged_pages
+                    _digest_and_read, body, previous, reader, self.reuse_unchanged_pages
                 )
             else:
-                digest, by_namespace = _digest_and_read(
-                    body, previous, reader, memo, self.reuse_unchanged_pages
-                )
+                digest, by_namespace = _digest_and_read(body, previous, reader, self.reuse_unchanged_pages)
             # The page had the wanted families (else NotOurPage) but named no pod: see Page.unattributed.
             page = Page(url, self._clock(), by_namespace, unattributed=not by_namespace)
             self._last[url] = (digest, page)

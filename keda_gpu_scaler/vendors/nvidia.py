@@ -168,34 +168,17 @@ class _GpuShape:
 
 
 @dataclass(frozen=True, slots=True)
-class PagePlan:
-    """How a page's samples become readings, worked out from their names and label sets alone.
+class _PagePlan:
+    """How a page's samples become readings, worked out from their names and label sets alone: which
+    value table each sample is remembered in, and which GPU and pod each table is. Each reading gets
+    value tables of its own."""
 
-    An exporter prints the same series on every scrape and only their values move, so a source keeps the
-    plan of its last page: a page of the same shape (`fits`) only pours its values into the GPUs and pods
-    worked out before (`readings`), skipping the per-label-set facts, the exporter's own pods and the pod
-    of every sample. Immutable: each reading gets value tables of its own.
-    """
-
-    names: list[str]
-    labels: list[dict[str, str]]  # the page's label sets (read-only, see Sample.labels), compared by ==
-    targets: frozenset[PodKey]  # the resolver's known scrape targets, which change what a pod is
     slots: tuple[int, ...]  # per sample: the value table it is remembered in
     tables: int
     gpus: tuple[_GpuShape, ...]
 
-    def fits(self, samples: Sequence[Sample], resolver: PodResolver) -> bool:
-        """Whether `samples` print the same series, in the same order, as the page this was made for."""
-        # Lists compare element by element with an identity shortcut: the label memo of the parser hands
-        # an exporter's next page the very same label dicts, so this costs a pointer comparison each.
-        return (
-            resolver.targets == self.targets
-            and [sample.name for sample in samples] == self.names
-            and [sample.labels for sample in samples] == self.labels
-        )
-
     def readings(self, samples: Sequence[Sample]) -> list[GpuReading]:
-        """The readings of `samples`, a page this plan fits."""
+        """The readings of `samples`, the page this plan was made for."""
         tables: list[dict[str, float | None]] = [{} for _ in range(self.tables)]
         for slot, sample in zip(self.slots, samples, strict=True):
             remember(tables[slot], sample.name, sample.value)
@@ -212,10 +195,9 @@ class PagePlan:
         return result
 
 
-def plan(samples: Sequence[Sample], resolver: PodResolver) -> PagePlan:
-    """The plan of one page's NVIDIA samples (see PagePlan)."""
+def _plan(samples: Sequence[Sample], resolver: PodResolver) -> _PagePlan:
+    """The plan of one page's NVIDIA samples (see _PagePlan)."""
     facts = _facts_by_label_set(samples)
-    targets = resolver.targets
     resolver = resolver.with_targets(exporter_pods(samples, facts))
     # GPU → (its device table, pod → (its table, families whose series for it carried pod_uid))
     gpus: dict[GpuKey, tuple[int, dict[PodKey, tuple[int, set[str]]]]] = {}
@@ -250,18 +232,11 @@ def plan(samples: Sequence[Sample], resolver: PodResolver) -> PagePlan:
             for pod, (table, with_uid) in by_pod.items()
         )
         shapes.append(_GpuShape(identity, host, bool(instance), device, pod_tables))
-    return PagePlan(
-        [sample.name for sample in samples],
-        [sample.labels for sample in samples],
-        targets,
-        tuple(slots),
-        tables,
-        tuple(shapes),
-    )
+    return _PagePlan(tuple(slots), tables, tuple(shapes))
 
 
 def readings(samples: Sequence[Sample], resolver: PodResolver) -> list[GpuReading]:
-    return plan(samples, resolver).readings(samples)
+    return _plan(samples, resolver).readings(samples)
 
 
 def _reading(gpu: _Gpu, pod: PodKey) -> GpuReading:

@@ -447,9 +447,9 @@ async def test_unchanged_page_is_not_parsed_again_but_stays_fresh(
     parsed: list[int] = []
     real_parse = scrape.parse_exposition
 
-    def counting_parse(page, names=None, label_memo=None):  # type: ignore[no-untyped-def]
+    def counting_parse(page, names=None):  # type: ignore[no-untyped-def]
         parsed.append(1)
-        return real_parse(page, names, label_memo)
+        return real_parse(page, names)
 
     monkeypatch.setattr(scrape, "parse_exposition", counting_parse)
     exporter = await make_exporter(four_pods_at(50))

@@ -103,7 +103,7 @@ OPERATIONS = st.lists(
 def test_the_cached_evaluations_answer_as_evaluating_every_call(
     operations: list[Any], kubernetes: bool
 ) -> None:
-    """The evaluation memo and its renewal, the store's kept views and freshness, against an evaluator and a
+    """The evaluation memo, the store's kept views and freshness, against an evaluator and a
     store that keep nothing: through pages changing and renewed unchanged, exporters failing, recovering,
     losing their pod labels and going away, target pods coming and going, and time passing."""
     now = [1000.0]
@@ -164,7 +164,7 @@ def collector(cached: bool, fetcher: ScriptedFetcher, now: list[float]) -> tuple
         fetcher=fetcher,
     )
     if not cached:
-        scraper.reuse_unchanged_pages = scraper.label_memos = scraper.reading_plans = False
+        scraper.reuse_unchanged_pages = False
     return scraper, store
 
 
@@ -192,9 +192,10 @@ SCRAPES = st.lists(
 
 @settings(max_examples=200, deadline=None)
 @given(SCRAPES)
-def test_pages_read_through_the_scrape_caches_read_as_read_whole_every_time(scrapes: list[Any]) -> None:
-    """The unchanged-page digest, the parser's label memo and the reading plans against a collector that
-    reads every page whole: through pages changing their values, their pods and their GPUs, the very same
+def test_pages_read_through_the_unchanged_page_digest_read_as_read_whole_every_time(
+    scrapes: list[Any],
+) -> None:
+    """The unchanged-page digest against a collector that reads every page whole: through pages changing their values, their pods and their GPUs, the very same
     page again, exporters failing, answering something that is not a metrics page and going away."""
     now = [1000.0]
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from keda_gpu_scaler.exposition import MAX_MEMO_SETS, ExpositionError, LabelMemo, Sample, parse_exposition
+from keda_gpu_scaler.exposition import ExpositionError, Sample, parse_exposition
 
 NAN = float("nan")
 INF = float("inf")
@@ -311,36 +311,6 @@ def test_one_label_set_is_one_read_only_dict_per_page() -> None:
     assert again.labels == {"x": "1"} and again.labels is not first.labels
 
 
-def test_a_label_memo_carries_one_sources_label_sets_to_its_next_page_only() -> None:
-    memo = LabelMemo()
-    first = parse_exposition('a{x="1"} 1\nb{x="2"} 2\n', label_memo=memo)
-    second = parse_exposition('a{x="1"} 5\nc{x="3"} 6\n', label_memo=memo)
-    # Printed again: the very dict of the page before (not parsed again), with this page's value.
-    assert second[0].labels is first[0].labels and second[0].value == 5
-    assert second[1].labels == {"x": "3"}
-    # The memo holds the last page's sets only: x="2" was not printed on it, so it is gone.
-    assert set(memo.sets) == {'x="1"', 'x="3"'}
-    third = parse_exposition('b{x="2"} 7\n', label_memo=memo)
-    assert third[0].labels == {"x": "2"} and third[0].labels is not first[1].labels
-
-
-def test_a_label_memo_keeps_no_sets_of_a_page_with_too_many() -> None:
-    memo = LabelMemo()
-    parse_exposition('a{x="1"} 1\n', label_memo=memo)
-    many = "".join(f'a{{x="{i}"}} {i}\n' for i in range(MAX_MEMO_SETS + 1))
-    assert len(parse_exposition(many, label_memo=memo)) == MAX_MEMO_SETS + 1
-    assert memo.sets == {}
-
-
-def test_a_failed_page_leaves_the_memo_as_it_was() -> None:
-    memo = LabelMemo()
-    parse_exposition('a{x="1"} 1\n', label_memo=memo)
-    kept = dict(memo.sets)
-    with pytest.raises(ExpositionError):
-        parse_exposition('a{x="2"} 1\na{x="2"} 2\n', reject_conflicts=True, label_memo=memo)
-    assert memo.sets == kept
-
-
 def test_huge_line_error_message_stays_short() -> None:
     with pytest.raises(ExpositionError) as caught:
         parse_exposition("a" * 100_000)
@@ -445,21 +415,6 @@ def test_filtering_equals_filtering_the_full_result(
     wanted = data.draw(st.sets(st.sampled_from([*names, "x", "other_name"]) if names else st.just("x")))
     everything = normalise(parse_exposition(page))
     assert normalise(parse_exposition(page, wanted)) == [s for s in everything if s[0] in wanted]
-
-
-@_WHOLE_PAGES
-@given(pages(), pages())
-def test_a_page_read_with_the_memo_of_another_reads_as_without_it(
-    before: tuple[str, list[str]], page_and_names: tuple[str, list[str]]
-) -> None:
-    memo = LabelMemo()
-    parse_exposition(before[0], label_memo=memo)
-    page, names = page_and_names
-    # Twice each: after another page's sets, then after its own (every set printed again).
-    for wanted in (None, None, set(names), set(names)):
-        assert normalise(parse_exposition(page, wanted, label_memo=memo)) == normalise(
-            parse_exposition(page, wanted)
-        )
 
 
 @st.composite

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from keda_gpu_scaler.collect.gateway_source import gateway_reader
-from keda_gpu_scaler.collect.scrape import NotOurPage, SourceMemo, read_page
+from keda_gpu_scaler.collect.scrape import NotOurPage, read_page
 from keda_gpu_scaler.gateways import (
     GatewayProblem,
     NotAGatewayPage,
@@ -120,18 +120,18 @@ def test_a_queue_declared_as_a_counter_is_refused_naming_its_type() -> None:
     body = (FIXTURES / "llm_d_epp_queue_counter.prom").read_bytes()
     assert wrong_types(body) == {epp.QUEUE: "counter"}
     with pytest.raises(NotOurPage, match=r"llm_d_epp_flow_control_queue_size is a counter"):
-        read_page(body, gateway_reader("llm", "chat-pool", "epp-0"), SourceMemo())
+        read_page(body, gateway_reader("llm", "chat-pool", "epp-0"))
 
 
 def test_a_page_that_is_not_an_epps_is_refused() -> None:
     vllm = b'# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name="llama"} 3\n'
     with pytest.raises(NotOurPage, match="no endpoint-picker"):
-        read_page(vllm, gateway_reader("llm", "chat-pool", "epp-0"), SourceMemo())
+        read_page(vllm, gateway_reader("llm", "chat-pool", "epp-0"))
 
 
 def test_a_replica_page_is_filed_under_its_pool_and_replica() -> None:
     body = (FIXTURES / "llm_d_epp_v0_10.prom").read_bytes()
-    by_namespace = read_page(body, gateway_reader("llm", "chat-pool", "epp-0"), SourceMemo())
+    by_namespace = read_page(body, gateway_reader("llm", "chat-pool", "epp-0"))
     (replica,) = by_namespace["llm"]
     assert (replica.namespace, replica.pool, replica.replica, replica.table.family) == (
         "llm",

@@ -236,7 +236,7 @@ async def test_which_families_make_a_page_valid_is_a_parameter(serve) -> None:  
     queue = "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 2\n"
     server = await serve({"/metrics": text(queue)})
     names = frozenset({"vllm:num_requests_waiting"})
-    reader = PageReader(names, lambda samples, memo: [], names, "inference server metrics")
+    reader = PageReader(names, lambda samples: [], names, "inference server metrics")
     assert await Rig(reader=reader).collector.scrape_once(server.url())
     # The same page read for GPU metrics is not one of ours; and a GPU page is not an inference page.
     assert not await Rig().collector.scrape_once(server.url())
@@ -286,9 +286,9 @@ async def test_a_large_page_over_the_series_limit_is_refused_unparsed_and_the_ex
     searched: list[bytes] = []
     real_read, real_search = scrape.read_page, exposition.too_many_samples
 
-    def reading(body, reader, memo=None):  # type: ignore[no-untyped-def]
+    def reading(body, reader):  # type: ignore[no-untyped-def]
         parsed.append(body)
-        return real_read(body, reader, memo)
+        return real_read(body, reader)
 
     def searching(page, names, limit):  # type: ignore[no-untyped-def]
         searched.append(page)
@@ -345,9 +345,9 @@ async def test_a_large_page_is_parsed_in_a_worker_thread(serve, monkeypatch) -> 
     threads: list[str] = []
     real = scrape.read_page
 
-    def recording(body, reader, label_memo=None):  # type: ignore[no-untyped-def]
+    def recording(body, reader):  # type: ignore[no-untyped-def]
         threads.append(threading.current_thread().name)
-        return real(body, reader, label_memo)
+        return real(body, reader)
 
     monkeypatch.setattr(scrape, "read_page", recording)
     big = PAGE + "# padding\n" * (scrape.PARSE_OFF_LOOP_BYTES // 10 + 1)
