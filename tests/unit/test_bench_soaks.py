@@ -1,4 +1,4 @@
-"""The soaks of `make soak` start: their modules import, their arguments parse, their pieces work."""
+"""The soaks of `make soak` and the caches benchmark start: their modules import, their arguments parse, their pieces work."""
 
 from __future__ import annotations
 
@@ -55,3 +55,17 @@ def test_hostile_requests_mix_valid_and_invalid_calls() -> None:
 
 def test_the_manifests_memory_limit_is_read() -> None:
     assert soak_hostile.memory_limit_mib() == 512
+
+
+def test_every_cache_switch_of_the_caches_benchmark_is_a_seam_that_is_on() -> None:
+    import importlib
+
+    from bench.bench_caches import SWITCHES
+
+    for _, switch, _ in SWITCHES:
+        module, _, path = switch.partition(":")
+        owner: object = importlib.import_module(module)
+        *parents, attribute = path.split(".")
+        for parent in parents:
+            owner = getattr(owner, parent)
+        assert getattr(owner, attribute) is True, switch
