@@ -370,8 +370,10 @@ async def run_until_signalled(
         await stopping.wait()
         log.info("signal received: shutting down")
     finally:
+        # The process as it was before serving (it may go on: tests and tools embed this).
         sys.setswitchinterval(switch_interval)
         gc_policy.remove()
+        gc.unfreeze()
         if extra is not None:
             extra.cancel()
             await asyncio.gather(extra, return_exceptions=True)
