@@ -244,7 +244,7 @@ class App:
             try:
                 await self.discovery.start(self._collector, self.gateway_pages)
             except ConnectError as error:
-                await self._collector.stop()
+                await self.stop()
                 raise SettingsError(f"--kubernetes={s.kubernetes}: {error}") from None
         if s.prometheus_url is not None:
             # Its own session: its own TLS settings, and queries never wait behind exporter scrapes.

@@ -6,7 +6,6 @@ are not.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -97,7 +96,5 @@ def _evaluation(
         pod_rows=rows,
         missing_pods=unread,
         missing_pod_value=0.0,
-        what_if=WhatIf(
-            current_replicas=0, average_value=desired, value=max(1, math.ceil(value / spec.threshold))
-        ),
+        what_if=WhatIf(current_replicas=0, average_value=desired, value=desired),
     )

@@ -99,6 +99,10 @@ def fetch_error(error: BaseException, timeout: float) -> FetchError:
         return FetchError(f"HTTP {error.status} {error.message}".strip())
     if isinstance(error, SecretFileError):
         return FetchError(str(error))
+    if isinstance(error, UnicodeError):
+        # A host or path that cannot be encoded (non-ASCII, an empty or over-long IDNA label), or a
+        # token that is not Latin-1: the URL or the secret is wrong, and that is the reason to record.
+        return FetchError(f"the URL or its credentials cannot be encoded for HTTP: {error}")
     if isinstance(error, (OSError, aiohttp.ClientError)):
         text = str(error)
         return FetchError(f"{type(error).__name__}: {text}" if text else type(error).__name__)
@@ -106,7 +110,7 @@ def fetch_error(error: BaseException, timeout: float) -> FetchError:
 
 
 # What a request can fail with before it reaches fetch_error.
-REQUEST_FAILURES = (FetchError, OSError, TimeoutError, SecretFileError, aiohttp.ClientError)
+REQUEST_FAILURES = (FetchError, OSError, TimeoutError, SecretFileError, UnicodeError, aiohttp.ClientError)
 
 
 def exporter_ssl(ca_file: Path | None) -> ssl.SSLContext:

@@ -141,6 +141,8 @@ def _screen(body: bytes, reader: PageReader, refused: tuple[bytes, str] | None) 
     digest = xxhash.xxh3_128_digest(body, _DIGEST_SEED)
     if refused is not None and refused[0] == digest:
         return digest, refused[1]
+    if not reader.names:
+        return digest, None  # a reader of the body itself (read_body) keeps to the limit as it reads
     error = exposition.too_many_samples(body, reader.names, MAX_SERIES_PER_PAGE)
     return digest, None if error is None else str(error)
 
@@ -245,6 +247,7 @@ class ScrapeCollector:
         self._readers.pop(url, None)
         self._keys.pop(url, None)
         self._refused.pop(url, None)
+        self._failing.pop(url, None)
         self._fetcher.forget(url)
         self._store.remove_source(url)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from keda_gpu_scaler import exposition
 from keda_gpu_scaler.exposition import Sample
 from keda_gpu_scaler.gateways import epp
 from keda_gpu_scaler.gateways._common import (
@@ -108,16 +109,7 @@ def wrong_types(page: bytes) -> dict[str, str]:
     """Queue families a page declares as something other than a level (`# TYPE name counter`): name → type.
 
     Comment lines are not read for samples, so a counter printed under the queue's name would otherwise
-    be read as requests held now. One substring search per family, never a pass over the lines."""
-    found: dict[str, str] = {}
-    for gateway in GATEWAYS:
-        for name in gateway.LEVEL_FAMILIES:
-            marker = f"# TYPE {name} ".encode()
-            at = page.find(marker)
-            if at < 0:
-                continue
-            end = page.find(b"\n", at)
-            declared = page[at + len(marker) : None if end < 0 else end].decode("utf-8", "replace").strip()
-            if declared not in _LEVEL_TYPES:
-                found[name] = declared
-    return found
+    be read as requests held now."""
+    levels = {name for gateway in GATEWAYS for name in gateway.LEVEL_FAMILIES}
+    declared = exposition.declared_types(page, levels)
+    return {name: kind for name, kind in declared.items() if kind not in _LEVEL_TYPES}

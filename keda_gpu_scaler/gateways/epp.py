@@ -4,7 +4,9 @@ Extension: requests its flow-control queue holds for an InferencePool (SPEC §7)
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
+from functools import lru_cache
 
 from keda_gpu_scaler import exposition
 from keda_gpu_scaler.exposition import Sample
@@ -148,7 +150,17 @@ def _count_lines(text: str, family: str) -> int:
     # (another family whose name starts with this one's, or an unlabelled sample).
     if text.count(f"\n{family}") != count:
         count += text.count(f"\n{family} ") + text.count(f"\n{family}\t")
-    return count + (1 if text.startswith((f"{family}{{", f"{family} ", f"{family}\t")) else 0)
+    count += 1 if text.startswith((f"{family}{{", f"{family} ", f"{family}\t")) else 0
+    if "\n " in text or "\n\t" in text or text.startswith((" ", "\t")):
+        # The format allows blanks before a sample's name: such lines count too (and are left to the
+        # general parser, since they are not in client_golang's layout).
+        count += len(_indented(family).findall(text))
+    return count
+
+
+@lru_cache(maxsize=16)
+def _indented(family: str) -> re.Pattern[str]:
+    return re.compile(rf"^[ \t]+{re.escape(family)}(?=[{{ \t])", re.MULTILINE)
 
 
 def _fast_columns(text: str, family: str, lines: int) -> Columns | None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from keda_gpu_scaler.collect import scrape
 from keda_gpu_scaler.collect.gateway_source import gateway_reader
 from keda_gpu_scaler.collect.scrape import NotOurPage, read_page
 from keda_gpu_scaler.gateways import (
@@ -228,3 +229,32 @@ def test_anything_else_between_two_series_goes_through_the_general_parser(joint:
     assert fast is None or epp._totals(fast, epp.QUEUE) is None
     if joint.startswith("} 3 "):  # valid text: the general parser reads it
         assert page_queue(text).totals == (("chat-pool", "m1", 3.0), ("chat-pool", "m2", 1.0))
+
+
+def test_a_queue_line_with_blanks_before_its_name_is_read_not_skipped() -> None:
+    # The text format allows blanks before a sample's name: such a line holds requests too.
+    text = epp_page("chat-pool", {Queued(LLAMA): 5})
+    indented = text.replace(f"\n{epp.QUEUE}{{", f"\n  {epp.QUEUE}{{")
+    assert indented != text
+    assert page_queue(indented).totals == page_queue(text).totals == (("chat-pool", LLAMA, 5.0),)
+
+
+@pytest.mark.parametrize("blank", [" ", "\t", "  "], ids=["space", "tab", "two-spaces"])
+def test_a_queue_declared_as_a_counter_with_any_blanks_is_refused(blank: str) -> None:
+    body = f'# TYPE{blank}{epp.QUEUE}{blank}counter\n{epp.QUEUE}{{inference_pool="p"}} 3\n'.encode()
+    assert wrong_types(body) == {epp.QUEUE: "counter"}
+
+
+def test_a_page_at_the_caps_with_as_many_other_lines_is_not_refused_for_its_size() -> None:
+    # 1,000 models × 10 fairness ids of queue series, and as many lines of another family beside them:
+    # over 20,000 lines, but only the queue's 10,000 series are read.
+    queue = {Queued(f"model-{m}", f"tenant-{f}"): 1.0 for m in range(1_000) for f in range(10)}
+    text = epp_page("chat-pool", queue)
+    other = "".join(f'llm_d_epp_request_running{{model_name="model-{i}"}} 1\n' for i in range(12_000))
+    body = (text + other).encode()
+    reader = gateway_reader("llm", "chat-pool", "epp-0")
+    # The screen a page over 256 KiB passes before it is read must not count lines it does not read.
+    assert len(body) > scrape.PARSE_OFF_LOOP_BYTES
+    assert scrape._screen(body, reader, None)[1] is None
+    (reading,) = read_page(body, reader)["llm"]
+    assert sum(total for _, _, total in reading.table.totals) == 10_000
