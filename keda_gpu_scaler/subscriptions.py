@@ -71,8 +71,9 @@ class PodPageSubscriptions:
             targets = self._resolve(followed.namespace, followed.name, spec)
         except NoData:
             return  # discovery does not know (yet, or for now): the pages wanted so far stay wanted
-        if subscription.pages_from is targets:
-            return  # discovery hands out one Targets per change: the same object means the same pods
+        before = subscription.pages_from
+        if before is not None and before.endpoints is targets.endpoints:
+            return  # one endpoints mapping per snapshot of the selection: the same pods, the same pages
         subscription.pages_from = targets
         pages: dict[str, tuple[str, str]] = {}
         for pod in targets.pods:

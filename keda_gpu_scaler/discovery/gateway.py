@@ -276,7 +276,9 @@ class GatewayDiscovery:
         what = f"InferencePool {entry.ref}"
         informer = entry.pool
         assert informer is not None
-        if informer.error is not None:
+        # A watch failing after its first list keeps what it last read (client-go's informers do too): the
+        # pickers already known are still read, rather than the pool turning UNAVAILABLE for the backoff.
+        if informer.error is not None and not informer.synced:
             return "problem", f"cannot read {what}: {informer.error}"
         if not informer.synced:
             return "problem", f"reading {what} from the Kubernetes API (first look-up)"
@@ -303,7 +305,7 @@ class GatewayDiscovery:
         service = entry.service
         assert service is not None
         service_ref = f"Service {entry.namespace}/{entry.service_name}"
-        if service.error is not None:
+        if service.error is not None and not service.synced:
             return "problem", f"cannot read {service_ref} (the endpoint picker of {what}): {service.error}"
         if not service.synced:
             return "problem", f"reading {service_ref} (the endpoint picker of {what}) (first look-up)"
@@ -315,7 +317,7 @@ class GatewayDiscovery:
                 f"{service_ref} (the endpoint picker of {what}) has no spec.selector: no pods to read",
             )
         pods = entry.pods
-        if pods.error is not None:
+        if pods.error is not None and not pods.synced:
             return "problem", f"cannot read the endpoint picker pods of {what}: {pods.error}"
         if not pods.synced:
             return "problem", f"listing the endpoint picker pods of {what} (first list)"

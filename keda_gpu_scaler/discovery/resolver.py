@@ -299,6 +299,8 @@ class KubeDiscovery:
                 on_pod=self._pod_handler(index),
                 on_restart=self._restarted,
                 on_relist=self._relist_handler(index),
+                # A first list, a failure or a recovery with no pod changed: subscriptions look again.
+                on_status=self._status_handler(tracked.namespace),
             )
             objects = ObjectInformer(
                 self._api,
@@ -343,6 +345,12 @@ class KubeDiscovery:
             self.on_change(index.namespace)
 
         return on_pod
+
+    def _status_handler(self, namespace: str) -> Callable[[], None]:
+        def on_status() -> None:
+            self.on_change(namespace)
+
+        return on_status
 
     def _relist_handler(self, index: NamespaceIndex) -> Callable[[bool], None]:
         def on_relist(applying: bool) -> None:
@@ -511,7 +519,9 @@ class KubeDiscovery:
                 raise KubeError(
                     "its /scale subresource has no status.selector; give podSelector in the trigger metadata"
                 )
-            tracked.scale_error = None
+            if tracked.scale_error is not None:
+                tracked.scale_error = None
+                self.on_change(tracked.namespace)  # resolvable again: subscriptions look again
             if selector != tracked.selector:
                 tracked.selector = selector
                 self._register(tracked)

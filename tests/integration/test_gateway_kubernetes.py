@@ -167,3 +167,26 @@ async def test_a_pool_of_another_namespace_is_never_read(
     await unavailable_saying(scaler, epp, "InferencePool llm/chat-pool does not exist")
     assert epp.requests == 0
     assert not [path for path, _ in kube.requests if "/namespaces/other/" in path]
+
+
+async def test_watches_failing_after_their_first_list_keep_the_pickers_read(
+    scaler: Any, kube: FakeKube, epp: ExporterServer
+) -> None:
+    kube.put(INFERENCE_POOL, inference_pool("chat-pool", NS, "chat-pool-epp"))
+    kube.put(SERVICE, service("chat-pool-epp", NS, EPP))
+    kube.put(POD, pod("chat-pool-epp-0", NS, EPP, "node-a", ip="127.0.0.1"))
+    await value_is(scaler, epp, 3)
+    # The API server refuses the pool's, the Service's and the pods' watches for a while.
+    for resource in ("inferencepools.inference.networking.k8s.io", "services", "pods"):
+        kube.deny("watch", resource, NS)
+        kube.deny("list", resource, NS)
+    watches = kube.count(f"/apis/inference.networking.k8s.io/v1/namespaces/{NS}/inferencepools")
+    kube.end_watches()
+
+    async def refused_twice_yet_read() -> None:
+        assert (
+            kube.count(f"/apis/inference.networking.k8s.io/v1/namespaces/{NS}/inferencepools") >= watches + 2
+        )
+        await value_is(scaler, epp, 3)
+
+    await eventually(refused_twice_yet_read)
