@@ -162,7 +162,7 @@ class Evaluator:
         if spec.metric.gateway:
             return self._evaluate_pending(followed, spec)
         namespace, name = followed.namespace, followed.name
-        subscription = followed.subscription(spec)
+        subscription = followed.triggers[spec]  # follow() made it before any evaluation
         targets = self._targets.resolve(namespace, name, spec) if self._targets is not None else None
         now = self._clock()
         version, epoch = self._store.version(namespace), self._store.epoch
@@ -190,8 +190,8 @@ class Evaluator:
             raise
         if memo is not None and memo.evaluation == evaluation:
             # The same result again (a page renewed, the memo's time up): the objects already held stay and
-            # the new ones die at once. Replacing them on every re-evaluation kept the collector's middle
-            # generation full of long-lived values (10-20 ms pauses with 500 ScaledObjects).
+            # the new ones die at once, so equal results do not promote new long-lived objects through the
+            # collector's generations (10-20 ms pauses with 500 ScaledObjects when they did).
             evaluation = memo.evaluation
         subscription.memo = Memo(version, epoch, targets, valid_until, evaluation, fresh)
         self._record(followed, subscription, evaluation, None, notes, targets)
@@ -205,7 +205,7 @@ class Evaluator:
         or fresh again.
         """
         namespace = followed.namespace
-        subscription = followed.subscription(spec)
+        subscription = followed.triggers[spec]  # follow() made it before any evaluation
         replicas = self._replica_inputs(namespace, spec, self._clock())
         try:
             evaluation, notes = pending_evaluation(

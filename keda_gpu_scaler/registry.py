@@ -105,13 +105,6 @@ class Followed:
         explained = [s.explanation for s in self.triggers.values() if s.explanation is not None]
         return sorted(explained, key=lambda e: (e.spec.metric_name, e.spec.metric.value))
 
-    def subscription(self, spec: TriggerSpec) -> Subscription:
-        """The subscription of spec (made when missing, without a call counted)."""
-        found = self.triggers.get(spec)
-        if found is None:
-            found = self.triggers[spec] = Subscription(spec, self.last_call)
-        return found
-
     def log_once(self, note: str, level: int = logging.WARNING) -> bool:
         """Log a note about this ScaledObject the first time it is seen; True when it was new."""
         if note in self.notes_logged:

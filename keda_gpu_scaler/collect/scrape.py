@@ -274,9 +274,9 @@ class ScrapeCollector:
                 if why is not None:
                     self._refused[url] = (digest, why)
                     raise ExpositionError(why)
-                # The garbage collector is left alone meanwhile on purpose: pausing it around large reads
-                # and freezing what was alive afterwards kept the cyclic garbage of every call made
-                # meanwhile for good (the hostile soak grew to 3.4 GB). Collections cost pauses, not memory.
+                # The garbage collector is not paused around the read: freezing what is alive afterwards
+                # would keep the cyclic garbage of every call made meanwhile for good. Collections cost
+                # pauses, not memory.
                 digest, by_namespace = await asyncio.to_thread(
                     _digest_and_read, body, previous, reader, self.reuse_unchanged_pages
                 )
@@ -306,8 +306,8 @@ class ScrapeCollector:
             log.info("scrape of %s answers again", url)
         self._store.record_page(page)
         self._telemetry.scrape_done(ok=True, seconds=self._clock() - started)
-        # The replaced page is not emptied here: the store may still hold it (as the last page that
-        # named pods), and it is freed when its last holder lets it go.
+        # The replaced page is left as it is: the store may still hold it (as the last page that named
+        # pods); it is freed with its last holder.
         return True
 
     def retry_delay(self, failures: int, refused: bool = False) -> float:

@@ -566,7 +566,7 @@ class KubeDiscovery:
 
 
 def _pod_selector(text: str) -> Selector:
-    # Parsed on every call, as the trigger's metadata is (a few µs; docs/BENCHMARKS.md, "Caches").
+    # Parsed per call: a few µs, less than a cache keyed by the text would save (docs/BENCHMARKS.md, "Caches").
     try:
         selector = parse_selector(text)
     except SelectorError as error:
