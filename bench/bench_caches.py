@@ -263,7 +263,7 @@ def per_operation() -> str:
     from keda_gpu_scaler.collect.store import Page, Store
     from keda_gpu_scaler.evaluator import Evaluator
     from keda_gpu_scaler.metrics import Telemetry
-    from keda_gpu_scaler.registry import Followed
+    from keda_gpu_scaler.registry import Followed, Subscription
     from keda_gpu_scaler.vendors import Family, GpuReading
 
     rows: list[tuple[str, float, float]] = []
@@ -323,7 +323,9 @@ def per_operation() -> str:
             store=store, telemetry=Telemetry(), max_staleness=15.0, clock=lambda: now[0], targets=resolver
         )
         made.reuse_evaluations = memo
-        return made, Followed("ns-0", "w-0", now[0]), store
+        followed = Followed("ns-0", "w-0", now[0])
+        followed.triggers[spec] = Subscription(spec, now[0])  # as Registry.follow makes it
+        return made, followed, store
 
     on, followed_on, _ = evaluator(True, True, True)
     off_memo, followed_off, _ = evaluator(False, True, True)

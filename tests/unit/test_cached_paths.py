@@ -19,7 +19,7 @@ from keda_gpu_scaler.discovery.targets import Targets
 from keda_gpu_scaler.errors import ConfigError, NoData
 from keda_gpu_scaler.evaluator import Evaluator
 from keda_gpu_scaler.metrics import Telemetry
-from keda_gpu_scaler.registry import Followed
+from keda_gpu_scaler.registry import Followed, Subscription
 from keda_gpu_scaler.trigger import TriggerSpec, parse_trigger
 from keda_gpu_scaler.vendors import Family, GpuReading
 
@@ -78,6 +78,7 @@ class Scaler:
 
     def answer(self, spec: TriggerSpec) -> tuple[Any, ...]:
         try:
+            self.followed.triggers.setdefault(spec, Subscription(spec, 0.0))  # as Registry.follow does
             evaluation = self.evaluator.evaluate(self.followed, spec)
         except NoData as error:
             return ("no data", str(error))
