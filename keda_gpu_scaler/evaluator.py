@@ -8,7 +8,7 @@ from collections.abc import Callable, Hashable
 from typing import Protocol
 
 from keda_gpu_scaler.collect.gateway import GatewayPages, GatewayPool
-from keda_gpu_scaler.collect.gateway_source import ReplicaQueue, ReplicaSamples
+from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
 from keda_gpu_scaler.collect.inference import INFERENCE_INTEREST
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
 from keda_gpu_scaler.collect.prometheus import (
@@ -22,7 +22,6 @@ from keda_gpu_scaler.collect.store import NamespaceView, SourceKind, Store, sour
 from keda_gpu_scaler.discovery.targets import Targets  # defined beside discovery, re-exported here
 from keda_gpu_scaler.engines import PodSamples
 from keda_gpu_scaler.errors import ConfigError, NoData
-from keda_gpu_scaler.gateways import NotAGatewayPage, table_from_samples
 from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.pending import ReplicaInput, pending_evaluation
 from keda_gpu_scaler.registry import Explanation, Followed, Memo, Subscription
@@ -257,11 +256,8 @@ class Evaluator:
             )
         found: list[ReplicaInput] = []
         for element in page.by_namespace.get(namespace, ()):
-            if isinstance(element, ReplicaSamples):
-                try:
-                    found.append(ReplicaInput(element.replica, table_from_samples(element.samples)))
-                except NotAGatewayPage as error:
-                    found.append(ReplicaInput(element.replica, None, str(error)))
+            if isinstance(element, ReplicaQueue):
+                found.append(ReplicaInput(element.replica, element.table))
             elif isinstance(element, ReplicaLost):
                 found.append(ReplicaInput(element.replica, None, element.reason))
         return found

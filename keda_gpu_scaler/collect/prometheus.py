@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from keda_gpu_scaler.backoff import backoff_delay, jittered
+from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
 from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.prometheus_answer import (
     PrometheusError,
@@ -43,6 +44,7 @@ from keda_gpu_scaler.collect.promql import (
 )
 from keda_gpu_scaler.collect.store import Page, Reading, SourceKind, Store
 from keda_gpu_scaler.exposition import Sample
+from keda_gpu_scaler.gateways import NotAGatewayPage, table_from_samples
 from keda_gpu_scaler.supervise import supervised
 from keda_gpu_scaler.vendors import readings_from_samples
 
@@ -268,7 +270,7 @@ class PrometheusCollector:
     async def collect_gateway_once(self, namespace: str, pool: str) -> bool:
         """Query one InferencePool's endpoint-picker series now and store them. True when Prometheus answered.
 
-        One page per pool (source gateway_source, kind PROMETHEUS_GATEWAY): a ReplicaSamples per EPP
+        One page per pool (source gateway_source, kind PROMETHEUS_GATEWAY): a ReplicaQueue per EPP
         replica with fresh series, and a ReplicaLost per replica seen before whose series are gone while
         Prometheus' `up` says its target is still there (down, frozen, or scraped without them): such a
         replica may hold requests, so the evaluation counts it as unread, never as 0. A replica whose
@@ -313,10 +315,18 @@ class PrometheusCollector:
                 del seen[name]  # Prometheus no longer has its target: the replica is gone
             else:
                 missing.append(ReplicaLost(namespace, name, why))
+        queues: list[Reading] = []
         for replica in found.replicas:
             seen[replica.replica] = found.targets.get(replica.replica, frozenset())
+            # Summed here, once per answer, as the scrape path does: not on every evaluation.
+            try:
+                table = table_from_samples(replica.samples)
+            except NotAGatewayPage as error:
+                queues.append(ReplicaLost(namespace, replica.replica, str(error)))
+            else:
+                queues.append(ReplicaQueue(namespace, pool, replica.replica, table))
         collected_at = now if found.oldest is None else now - max(0.0, at - found.oldest)
-        by_namespace: dict[str, tuple[Reading, ...]] = {namespace: (*found.replicas, *missing)}
+        by_namespace: dict[str, tuple[Reading, ...]] = {namespace: (*queues, *missing)}
         self._store.record_page(Page(source, collected_at, by_namespace))
         return True
 

@@ -14,7 +14,7 @@ from typing import Protocol
 
 class Reading(Protocol):
     """What the store keeps of a page, whatever its kind: GPU readings (exporters), PodSamples (inference
-    servers), ReplicaQueue and ReplicaSamples (endpoint pickers). Each names its namespace and the pod it
+    servers), ReplicaQueue and ReplicaLost (endpoint pickers). Each names its namespace and the pod it
     is about; readers take the type their source kind holds (SourceKind says which)."""
 
     @property
@@ -64,8 +64,9 @@ class SourceKind(StrEnum):
     # Endpoint-picker pages (SPEC §7): one EPP replica's page of one InferencePool; elements are
     # collect.gateway_source.ReplicaQueue.
     GATEWAY = "gateway"
-    # One InferencePool's endpoint-picker series through Prometheus: elements are ReplicaSamples (fresh
-    # replicas) and prometheus_answer.ReplicaLost (replicas seen before that cannot be read now).
+    # One InferencePool's endpoint-picker series through Prometheus: elements are ReplicaQueue (fresh
+    # replicas, summed when the answer came) and prometheus_answer.ReplicaLost (replicas seen before that
+    # cannot be read now, or whose series are not a queue).
     PROMETHEUS_GATEWAY = "prometheus-gateway"
 
 
