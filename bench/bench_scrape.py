@@ -31,7 +31,7 @@ PROFILE_RULES = (
     ("HTTP client (collect/http.py: request, answer, body)", "collect/http.py"),
     ("parsing the page (exposition.py)", "parse_exposition"),
     ("per-GPU readings (vendors/)", "readings_from_samples"),
-    ("unchanged-page digest (SHA-256)", "_digest_and_read"),
+    ("unchanged-page digest (XXH3)", "_digest_and_read"),
     ("store and scrape metrics", "record_page"),
     ("store and scrape metrics", "scrape_done"),
 )
@@ -299,11 +299,11 @@ def render(plan: Plan, results: list[ModeResult]) -> Section:
         explanation = f"""
 ### Where the rest goes, and what would close it
 
-A page whose bytes did not change since the last scrape is not parsed again (a SHA-256 digest of the
+A page whose bytes did not change since the last scrape is not parsed again (an XXH3-128 digest of the
 body is compared): only its age is renewed. A new page is parsed by one regular expression that finds
-the wanted lines ({len(SAMPLE_NAMES)} names merged into a prefix tree) and splits them; the label sets an
-exporter printed on its previous page are not parsed again (a per-exporter memo of one page's sets), and
-a label set is worked out once per page by the vendor reader. Scrapes wake on a grid of 20 slots per
+the wanted lines ({len(SAMPLE_NAMES)} names merged into a prefix tree) and splits them, and a label set
+is worked out once per page by the vendor reader (no memo of the previous page's label sets or reading
+plans: they paid only when every scrape brings a new page; "Caches" below). Scrapes wake on a grid of 20 slots per
 interval, so the scrapes due in one slot share a turn of the event loop. (Not parsing again the lines an
 exporter printed on its previous page was tried: no gain beyond the noise, for 42 MiB more per 1,000
 exporters; it was removed.) What is left on a new page is the pass of the regular expression over the
