@@ -12,7 +12,13 @@ from dataclasses import dataclass
 
 from keda_gpu_scaler.collect.gateway import GatewayPages, PoolKey
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
-from keda_gpu_scaler.collect.scrape import MAX_SERIES_PER_PAGE, NotOurPage, PageReader, ScrapeCollector
+from keda_gpu_scaler.collect.scrape import (
+    MAX_SERIES_PER_PAGE,
+    NotOurPage,
+    PageReader,
+    ScrapeCollector,
+    refuse_unless_levels,
+)
 from keda_gpu_scaler.collect.store import SourceKind
 from keda_gpu_scaler.exposition import Sample
 from keda_gpu_scaler.gateways import (
@@ -69,13 +75,8 @@ def _unused(samples: Sequence[Sample]) -> Iterable[ReplicaQueue]:
     raise AssertionError("gateway pages are read by read_body")
 
 
-def _declared_as_levels(body: bytes) -> str | None:
-    """A page declaring the queue as anything but a gauge is refused: a counter is not requests held now."""
-    wrong = wrong_types(body)
-    if not wrong:
-        return None
-    named = ", ".join(f"{name} is a {kind}" for name, kind in sorted(wrong.items()))
-    return f"the page declares {named}; the flow-control queue is a gauge"
+# A page declaring the queue as anything but a gauge is refused: a counter is not requests held now.
+_DECLARED_AS_LEVELS = refuse_unless_levels(wrong_types, "the flow-control queue is a gauge")
 
 
 def gateway_reader(namespace: str, pool: str, replica: str) -> PageReader:
@@ -86,7 +87,7 @@ def gateway_reader(namespace: str, pool: str, replica: str) -> PageReader:
         _unused,
         GATEWAY_SAMPLE_NAMES,
         "endpoint-picker (EPP) metrics",
-        refuse=_declared_as_levels,
+        refuse=_DECLARED_AS_LEVELS,
         read_body=replica_reader(namespace, pool, replica),
     )
 

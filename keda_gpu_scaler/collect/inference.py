@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
-from keda_gpu_scaler.collect.scrape import PageReader, ScrapeCollector
+from keda_gpu_scaler.collect.scrape import PageReader, ScrapeCollector, refuse_unless_levels
 from keda_gpu_scaler.collect.store import SourceKind
 from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES, PodSamples, wrong_types
 from keda_gpu_scaler.exposition import Sample
@@ -54,13 +54,8 @@ def pod_url(ip: str, port: int, path: str) -> str:
     return f"http://{host}:{port}{path}"
 
 
-def _declared_as_levels(body: bytes) -> str | None:
-    """A page declaring a family the engines read as anything but a level (gauge or untyped) is refused."""
-    wrong = wrong_types(body)
-    if not wrong:
-        return None
-    named = ", ".join(f"{name} is a {kind}" for name, kind in sorted(wrong.items()))
-    return f"the page declares {named}; a gauge is needed"
+# A page declaring a family the engines read as anything but a level (gauge or untyped) is refused.
+_DECLARED_AS_LEVELS = refuse_unless_levels(wrong_types, "a gauge is needed")
 
 
 class PageSink(Protocol):
@@ -84,7 +79,7 @@ class InferencePages:
             pod_page_reader(namespace, pod),
             ENGINE_SAMPLE_NAMES,
             "inference-server metrics",
-            refuse=_declared_as_levels,
+            refuse=_DECLARED_AS_LEVELS,
         )
         self.collector.add(url, reader=reader, kind=SourceKind.INFERENCE, namespace=namespace, pod=pod)
 

@@ -7,7 +7,7 @@ import logging
 import math
 import secrets
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -63,6 +63,23 @@ class PageReader:
 GPU_EXPORTER_PAGES = PageReader(SAMPLE_NAMES, readings_from_samples, SAMPLE_NAMES, "GPU exporter metrics")
 
 
+def refuse_unless_levels(
+    wrong_types: Callable[[bytes], Mapping[str, str]], needed: str
+) -> Callable[[bytes], str | None]:
+    """A PageReader.refuse for pages whose families are read as levels: a page declaring one of them as
+    anything else (`# TYPE name counter`) is refused naming it. `wrong_types`: page → {family: type}
+    of those declared otherwise; `needed`: what the message says the family must be."""
+
+    def refuse(body: bytes) -> str | None:
+        wrong = wrong_types(body)
+        if not wrong:
+            return None
+        named = ", ".join(f"{name} is a {kind}" for name, kind in sorted(wrong.items()))
+        return f"the page declares {named}; {needed}"
+
+    return refuse
+
+
 class NotOurPage(PageRefused):
     pass
 
@@ -116,14 +133,20 @@ _DIGEST_SEED = secrets.randbits(64)
 
 
 def _digest_and_read(
-    body: bytes, previous: tuple[bytes, Page] | None, reader: PageReader, reuse: bool = True
+    body: bytes,
+    previous: tuple[bytes, Page] | None,
+    reader: PageReader,
+    reuse: bool = True,
+    digest: bytes | None = None,
 ) -> tuple[bytes, ByNamespace]:
+    """The page's digest (`digest` when already worked out) and its readings by namespace."""
     # dcgm-exporter refreshes every 30 s: most scrapes return the very page parsed last time, and then
     # only its age changes. A digest (not the bytes) keeps 1,000 exporters' memory small. XXH3-128, not a
     # cryptographic hash: it only tells a page from the one before it on the same exporter, whose bytes a
     # workload does not choose (its pod name at most), and takes 1.5 µs per 70 kB page where SHA-256 took
     # 46. Seeded per process, so no pair of pages collides in every scaler.
-    digest = xxhash.xxh3_128_digest(body, _DIGEST_SEED)
+    if digest is None:
+        digest = xxhash.xxh3_128_digest(body, _DIGEST_SEED)
     if previous is None or not reuse:
         return digest, read_page(body, reader)
     old = previous[1].by_namespace
@@ -135,14 +158,19 @@ def _digest_and_read(
     return digest, {ns: old[ns] if old.get(ns) == readings else readings for ns, readings in new.items()}
 
 
-def _screen(body: bytes, reader: PageReader, refused: tuple[bytes, str] | None) -> tuple[bytes, str | None]:
+def _screen(
+    body: bytes, reader: PageReader, refused: tuple[bytes, str] | None, accepted: bytes | None = None
+) -> tuple[bytes, str | None]:
     """A large page's digest, and why it is refused before it is parsed (None: it is not); `refused`: the
-    digest and reason of this source's last refused page. Runs in a worker thread."""
+    digest and reason of this source's last refused page, `accepted`: the digest of its last good page
+    (the same page again needs no search). Runs in a worker thread."""
     digest = xxhash.xxh3_128_digest(body, _DIGEST_SEED)
     if refused is not None and refused[0] == digest:
         return digest, refused[1]
-    if not reader.names:
-        return digest, None  # a reader of the body itself (read_body) keeps to the limit as it reads
+    if digest == accepted or not reader.names:
+        # The page passed before, or is read by a reader of the body itself (read_body), which keeps
+        # to the limit as it reads.
+        return digest, None
     error = exposition.too_many_samples(body, reader.names, MAX_SERIES_PER_PAGE)
     return digest, None if error is None else str(error)
 
@@ -270,7 +298,9 @@ class ScrapeCollector:
             if large:
                 # A page with more series than one page may give is refused before it is parsed, and the
                 # very same page again without even a search (a hostile exporter serves it on every retry).
-                digest, why = await asyncio.to_thread(_screen, body, reader, self._refused.get(url))
+                digest, why = await asyncio.to_thread(
+                    _screen, body, reader, self._refused.get(url), previous[0] if previous else None
+                )
                 if why is not None:
                     self._refused[url] = (digest, why)
                     raise ExpositionError(why)
@@ -278,7 +308,7 @@ class ScrapeCollector:
                 # would keep the cyclic garbage of every call made meanwhile for good. Collections cost
                 # pauses, not memory.
                 digest, by_namespace = await asyncio.to_thread(
-                    _digest_and_read, body, previous, reader, self.reuse_unchanged_pages
+                    _digest_and_read, body, previous, reader, self.reuse_unchanged_pages, digest
                 )
             else:
                 digest, by_namespace = _digest_and_read(body, previous, reader, self.reuse_unchanged_pages)

@@ -83,3 +83,14 @@ async def test_pods_of_the_last_labelled_page_stay_missing_pods_after_an_attribu
     finally:
         await collector.stop()
         fetcher.close()
+
+
+def test_a_large_page_the_same_as_the_last_good_one_is_not_searched_again() -> None:
+    from keda_gpu_scaler.collect import scrape
+
+    lines = "".join(f'DCGM_FI_DEV_GPU_UTIL{{gpu="{i}"}} 1\n' for i in range(scrape.MAX_SERIES_PER_PAGE + 1))
+    body = lines.encode()
+    digest, why = scrape._screen(body, scrape.GPU_EXPORTER_PAGES, None)
+    assert why is not None and "more than" in why  # searched: over the limit
+    # Given as the last good page's digest, the search is skipped (it passed it then).
+    assert scrape._screen(body, scrape.GPU_EXPORTER_PAGES, None, accepted=digest) == (digest, None)
