@@ -70,11 +70,16 @@ def evaluation_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]
         "pods": [_pod_json(p) for p in evaluation.pods],
         "missingPods": list(evaluation.missing_pods),
         "missingPodValue": evaluation.missing_pod_value,
-        "hpa": {
-            "currentReplicas": evaluation.what_if.current_replicas,
-            "desiredReplicasAverageValue": evaluation.what_if.average_value,
-            "desiredReplicasValue": evaluation.what_if.value,
-        },
+        "hpa": _hpa_json(evaluation),
+    }
+
+
+def _hpa_json(evaluation: Evaluation) -> dict[str, Any]:
+    """The replica counts the HPA would compute from the value, for either metricType."""
+    return {
+        "currentReplicas": evaluation.what_if.current_replicas,
+        "desiredReplicasAverageValue": evaluation.what_if.average_value,
+        "desiredReplicasValue": evaluation.what_if.value,
     }
 
 
@@ -92,11 +97,7 @@ def _pending_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]:
         "threshold": spec.threshold,
         "inferencePool": spec.inference_pool,
         "gatewayReplicas": replicas,
-        "hpa": {
-            "currentReplicas": evaluation.what_if.current_replicas,
-            "desiredReplicasAverageValue": evaluation.what_if.average_value,
-            "desiredReplicasValue": evaluation.what_if.value,
-        },
+        "hpa": _hpa_json(evaluation),
     }
 
 

@@ -429,6 +429,9 @@ _GATEWAY_ONLY_KEYS = ("inference_pool", "gateway_metrics_port")
 # Keys about the target's pods: `pending` reads no pod of the target (there is none at zero replicas),
 # so giving one would silently do nothing.
 _POD_KEYS = ("pod_selector", "pod_name_prefix", "aggregation")
+# What `pending` refuses: every key about GPUs, inference pages or target pods, except `model`, which
+# selects the queue's model there too.
+_NOT_FOR_PENDING = tuple(k for k in (*_GPU_ONLY_KEYS, *_INFERENCE_ONLY_KEYS, *_POD_KEYS) if k != "model")
 
 
 def parse_trigger(metadata: Mapping[str, str]) -> TriggerSpec:
@@ -547,8 +550,8 @@ def _check_gateway_fit(given: dict[str, str]) -> None:
             "metadata inferencePool is required for metric=pending; allowed: the name of the InferencePool"
             " (in the ScaledObject's namespace) whose endpoint picker holds the requests"
         )
-    for name in (*_GPU_ONLY_KEYS, *_INFERENCE_ONLY_KEYS, *_POD_KEYS):
-        if name in given and name != "model":
+    for name in _NOT_FOR_PENDING:
+        if name in given:
             raise ConfigError(
                 f"metadata {given[name]} does not apply to metric=pending: it reads the queue of the"
                 " InferencePool's endpoint picker (summed over its replicas), not the target's pods;"
