@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import io
 import re
 from collections.abc import AsyncIterator
@@ -13,6 +14,7 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
+from conftest import FAST
 from support import eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
@@ -21,18 +23,9 @@ from keda_gpu_scaler.app import App
 from keda_gpu_scaler.demo import DemoFleet
 from keda_gpu_scaler.demo_runner import PENDING_METRIC_NAME, banner, demo_settings, pending_metadata, watch
 from keda_gpu_scaler.gateways import PoolQueue, page_queue, read_queue
-from keda_gpu_scaler.settings import Settings
 
-DEMO_SCALER = Settings(
-    grpc_address="127.0.0.1:0",
-    http_address="127.0.0.1:0",
-    kubernetes="off",
-    scrape_interval=0.2,
-    gateway_interval=0.2,
-    max_staleness=0.6,
-    scrape_timeout=0.5,
-    shutdown_grace=2.0,
-)
+# The tests' fast scaler, with /explain off as the demo serves it.
+DEMO_SCALER = dataclasses.replace(FAST, explain=False)
 
 
 @pytest.fixture
