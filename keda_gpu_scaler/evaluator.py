@@ -328,8 +328,10 @@ class Evaluator:
         kind = self.kind_of(spec)
         if view is None:
             # Scaled to zero with discovery healthy: 0 and inactive, whatever the sources say (SPEC §4).
+            # A target with pods that are not Ready yet is not at zero: evaluate() says UNAVAILABLE.
             assert targets is not None
-            return evaluate({}, (), spec, aggregation_for(spec, targets.metric_type)[0]), (), float("inf"), ()
+            aggregation = aggregation_for(spec, targets.metric_type)[0]
+            return evaluate({}, (), spec, aggregation, targets.starting), (), float("inf"), ()
         problems = "; ".join(view.problems[:5])
         if view.sources == 0:
             raise NoData(f"no {kind.value} source is configured or discovered for namespace {namespace!r}")
@@ -397,7 +399,13 @@ class Evaluator:
             reporting = pod_values(gpu, spec)
         try:
             return (
-                evaluate(reporting, target_pods - reporting.keys(), spec, aggregation),
+                evaluate(
+                    reporting,
+                    target_pods - reporting.keys(),
+                    spec,
+                    aggregation,
+                    targets.starting if targets is not None else (),
+                ),
                 notes,
                 view.valid_until,
                 view.fresh,
