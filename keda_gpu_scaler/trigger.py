@@ -451,12 +451,7 @@ def parse_trigger(metadata: Mapping[str, str]) -> TriggerSpec:
         # KEDA's own keys configure KEDA's side only: they are neither parsed nor kept in the cache key.
         if key not in KEDA_OWN_KEYS:
             ours.append((key, raw))
-    return (_parse_cached if CACHE_PARSES else _parse_cached.__wrapped__)(frozenset(ours))
-
-
-# The parse cache below (off: every call parses); the caches benchmark turns it off to measure what it
-# saves (docs/BENCHMARKS.md, "Caches").
-CACHE_PARSES = True
+    return _parse_cached(frozenset(ours))
 
 
 @lru_cache(maxsize=4096)

@@ -136,7 +136,6 @@ def _digest_and_read(
     body: bytes,
     previous: tuple[bytes, Page] | None,
     reader: PageReader,
-    reuse: bool = True,
     digest: bytes | None = None,
 ) -> tuple[bytes, ByNamespace]:
     """The page's digest (`digest` when already worked out) and its readings by namespace."""
@@ -147,7 +146,7 @@ def _digest_and_read(
     # 46. Seeded per process, so no pair of pages collides in every scaler.
     if digest is None:
         digest = xxhash.xxh3_128_digest(body, _DIGEST_SEED)
-    if previous is None or not reuse:
+    if previous is None:
         return digest, read_page(body, reader)
     old = previous[1].by_namespace
     if digest == previous[0]:
@@ -209,10 +208,6 @@ def _wake(woken: asyncio.Future[None]) -> None:
 
 class ScrapeCollector:
     """One task per exporter URL: scrape, parse only the wanted families, normalise, store."""
-
-    # A page's readings again when the next page of its source is the same bytes (by digest); the caches
-    # benchmark turns it off to measure what it saves (docs/BENCHMARKS.md, "Caches").
-    reuse_unchanged_pages = True
 
     def __init__(
         self,
@@ -308,10 +303,10 @@ class ScrapeCollector:
                 # would keep the cyclic garbage of every call made meanwhile for good. Collections cost
                 # pauses, not memory.
                 digest, by_namespace = await asyncio.to_thread(
-                    _digest_and_read, body, previous, reader, self.reuse_unchanged_pages, digest
+                    _digest_and_read, body, previous, reader, digest
                 )
             else:
-                digest, by_namespace = _digest_and_read(body, previous, reader, self.reuse_unchanged_pages)
+                digest, by_namespace = _digest_and_read(body, previous, reader)
             # The page had the wanted families (else NotOurPage) but named no pod: see Page.unattributed.
             page = Page(url, self._clock(), by_namespace, unattributed=not by_namespace)
             self._last[url] = (digest, page)

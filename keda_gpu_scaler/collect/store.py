@@ -124,11 +124,6 @@ class NamespaceView:
 class Store:
     """Holds each source's last good page and its failures; tells waiters when anything changes."""
 
-    # The per-namespace view cache and the shared freshness of the sources naming pods of any namespace;
-    # the caches benchmark turns them off to measure what they save (docs/BENCHMARKS.md, "Caches").
-    keep_views = True
-    keep_freshness = True
-
     def __init__(self) -> None:
         self._sources: dict[str, SourceState] = {}
         # By kind and namespace (None: sources naming pods of any namespace), so one namespace's view
@@ -238,7 +233,7 @@ class Store:
     def view(
         self, namespace: str, now: float, max_staleness: float, kind: SourceKind = SourceKind.SCRAPE
     ) -> NamespaceView:
-        kept = self._views.get(namespace, {}).get((kind, max_staleness)) if self.keep_views else None
+        kept = self._views.get(namespace, {}).get((kind, max_staleness))
         if kept is not None:
             if now < kept.valid_until:
                 return kept
@@ -250,7 +245,7 @@ class Store:
                 self._views[namespace][(kind, max_staleness)] = renewed
                 return renewed
         view = self._view(namespace, now, max_staleness, kind)
-        if self.keep_views and not view.problems and not view.recently_seen:
+        if not view.problems and not view.recently_seen:
             self._views.setdefault(namespace, {})[(kind, max_staleness)] = view
         else:
             self._views.get(namespace, {}).pop((kind, max_staleness), None)
@@ -317,9 +312,14 @@ class Store:
     def _anywhere(self, kind: SourceKind, now: float, max_staleness: float) -> _Freshness:
         """The freshness of the sources naming pods of any namespace, kept while it holds (see _Freshness)."""
         key = (kind, max_staleness)
-        known = self._freshness_of.get(key) if self.keep_freshness else None
-        if known is not None and known.computed_at <= now < known.valid_until:
-            return known
+        known = self._freshness_of.get(key)
+        if known is None or not known.computed_at <= now < known.valid_until:
+            known = self._walk_anywhere(kind, now, max_staleness)
+            self._freshness_of[key] = known
+        return known
+
+    def _walk_anywhere(self, kind: SourceKind, now: float, max_staleness: float) -> _Freshness:
+        """_anywhere() worked out from the sources, kept nowhere."""
         fresh: list[str] = []
         special: list[SourceState] = []
         valid_until = float("inf")
@@ -329,10 +329,7 @@ class Store:
                 valid_until = min(valid_until, page.collected_at + max_staleness)
             if _is_special(state, now, max_staleness):
                 special.append(state)
-        known = _Freshness(frozenset(fresh), tuple(fresh), tuple(special), now, valid_until)
-        if self.keep_freshness:
-            self._freshness_of[key] = known
-        return known
+        return _Freshness(frozenset(fresh), tuple(fresh), tuple(special), now, valid_until)
 
     def fresh(
         self, namespace: str, now: float, max_staleness: float, kind: SourceKind = SourceKind.SCRAPE

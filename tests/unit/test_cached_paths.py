@@ -1,16 +1,17 @@
 """The caches against the simple version: whatever happens, a cached path answers what the path without the
-cache answers (the caches are switched off through the same seams the caches benchmark uses)."""
+cache answers (the simple version is the one the caches benchmark measures: bench/cache_switches.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import GpuLine, dcgm_page
 
-from keda_gpu_scaler import trigger
+from bench.cache_switches import switched_off
 from keda_gpu_scaler.collect.http import FetchError
 from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
@@ -64,16 +65,21 @@ class Scaler:
 
     def __init__(self, cached: bool, now: list[float], kubernetes: bool) -> None:
         self.store = Store()
+        self.now = now
+        self.targets = FixedTargets() if kubernetes else None
         self.evaluator = Evaluator(
             store=self.store,
             telemetry=Telemetry(),
             max_staleness=10.0,
             clock=lambda: now[0],
-            targets=FixedTargets() if kubernetes else None,
+            targets=self.targets,
         )
-        if not cached:
-            self.store.keep_views = self.store.keep_freshness = False
+        self.cached = cached
         self.followed = Followed("llm", "chat", now[0])
+
+    def simple_unless_cached(self) -> contextlib.AbstractContextManager[None]:
+        """The store's caches switched off around a step of the simple version."""
+        return contextlib.nullcontext() if self.cached else switched_off("store views", "store freshness")
 
     def answer(self, spec: TriggerSpec) -> tuple[Any, ...]:
         try:
@@ -110,27 +116,37 @@ def test_the_cached_evaluations_answer_as_evaluating_every_call(
     last: dict[str, list[tuple[str, int, int]]] = {}
     for what, source, contents, seconds, ask in operations:
         for scaler in (cached, simple):
-            store = scaler.store
-            if what == "page":
-                store.record_page(Page.from_readings(source, now[0], readings(contents)))
-            elif what == "same page":
-                store.record_page(Page.from_readings(source, now[0], readings(last.get(source, []))))
-            elif what == "unattributed":
-                store.record_page(Page.from_readings(source, now[0], (), gpu_series=True))
-            elif what == "fail":
-                store.record_failure(source, "HTTP 500")
-            elif what == "remove":
-                store.remove_source(source)
-            elif what == "targets" and isinstance(targets := scaler.evaluator._targets, FixedTargets):
-                chosen = frozenset(pod for pod, _, _ in contents)
-                targets.pods = None if seconds > 10 else chosen
+            with scaler.simple_unless_cached():
+                step(scaler, what, source, contents, seconds, last.get(source, []))
         if what == "page":
             last[source] = contents
         elif what == "wait":
             now[0] += seconds
         if ask:
             for spec in SPECS:
-                assert cached.answer(spec) == simple.answer(spec), (what, now[0])
+                with simple.simple_unless_cached():
+                    expected = simple.answer(spec)
+                assert cached.answer(spec) == expected, (what, now[0])
+
+
+def step(
+    scaler: Scaler, what: str, source: str, contents: list[Any], seconds: float, last: list[Any]
+) -> None:
+    """One operation of the property test on one scaler (`last`: the source's last page's contents)."""
+    store, now = scaler.store, scaler.now
+    if what == "page":
+        store.record_page(Page.from_readings(source, now[0], readings(contents)))
+    elif what == "same page":
+        store.record_page(Page.from_readings(source, now[0], readings(last)))
+    elif what == "unattributed":
+        store.record_page(Page.from_readings(source, now[0], (), gpu_series=True))
+    elif what == "fail":
+        store.record_failure(source, "HTTP 500")
+    elif what == "remove":
+        store.remove_source(source)
+    elif what == "targets" and scaler.targets is not None:
+        chosen = frozenset(pod for pod, _, _ in contents)
+        scaler.targets.pods = None if seconds > 10 else chosen
 
 
 class ScriptedFetcher:
@@ -152,7 +168,7 @@ class ScriptedFetcher:
         pass
 
 
-def collector(cached: bool, fetcher: ScriptedFetcher, now: list[float]) -> tuple[ScrapeCollector, Store]:
+def collector(fetcher: ScriptedFetcher, now: list[float]) -> tuple[ScrapeCollector, Store]:
     store = Store()
     scraper = ScrapeCollector(
         store=store,
@@ -162,8 +178,6 @@ def collector(cached: bool, fetcher: ScriptedFetcher, now: list[float]) -> tuple
         clock=lambda: now[0],
         fetcher=fetcher,
     )
-    if not cached:
-        scraper.reuse_unchanged_pages = False
     return scraper, store
 
 
@@ -200,8 +214,8 @@ def test_pages_read_through_the_unchanged_page_digest_read_as_read_whole_every_t
 
     async def scenario() -> None:
         fetcher = ScriptedFetcher()
-        cached, cached_store = collector(True, fetcher, now)
-        simple, simple_store = collector(False, fetcher, now)
+        cached, cached_store = collector(fetcher, now)
+        simple, simple_store = collector(fetcher, now)
         for url, what, gpus in scrapes:
             now[0] += 1
             if what == "page":
@@ -214,7 +228,9 @@ def test_pages_read_through_the_unchanged_page_digest_read_as_read_whole_every_t
                 cached.remove(url)
                 simple.remove(url)
                 continue
-            assert await cached.scrape_once(url) == await simple.scrape_once(url)
+            with switched_off("unchanged-page digest"):
+                read_whole = await simple.scrape_once(url)
+            assert await cached.scrape_once(url) == read_whole
             for namespace in ("llm", "embed"):
                 kept, read = (
                     cached_store.view(namespace, now[0], 10.0),
@@ -253,9 +269,6 @@ def test_a_cached_trigger_parse_reads_as_a_new_parse(calls: list[dict[str, str]]
             return f"ConfigError: {error}"
 
     cached = [outcome(metadata) for metadata in calls + calls]
-    trigger.CACHE_PARSES = False
-    try:
+    with switched_off("trigger parse cache"):
         parsed = [outcome(metadata) for metadata in calls + calls]
-    finally:
-        trigger.CACHE_PARSES = True
     assert cached == parsed
