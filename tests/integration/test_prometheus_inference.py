@@ -14,7 +14,6 @@ import grpc
 import pytest
 from prometheus_support import (
     PASSWORD,
-    PROMETHEUS_BIN,
     USERNAME,
     PrometheusServer,
     address_of,
@@ -54,18 +53,6 @@ def with_own_pod_labels(text: str, namespace: str, pod: str) -> str:
 def pod_labels(namespace: str, pod: str) -> dict[str, str]:
     """The target labels Prometheus' Kubernetes pod discovery gives a scraped pod (after the usual relabeling)."""
     return {"namespace": namespace, "pod": pod, "container": "server"}
-
-
-@pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
-    if PROMETHEUS_BIN is None:
-        pytest.skip(
-            "no `prometheus` binary (Debian package prometheus; `make test` installs it where it can)"
-        )
-    server = PrometheusServer(tmp_path_factory.mktemp("prometheus-inference"))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
