@@ -9,7 +9,6 @@ cached path answers what its simple version answers.
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -77,7 +76,7 @@ def _freeze_once() -> list[tuple[Any, str, Any]]:
 def _default_switch_interval() -> list[tuple[Any, str, Any]]:
     from keda_gpu_scaler import app
 
-    return [(app, "GIL_SWITCH_INTERVAL", sys.getswitchinterval())]
+    return [(app, "GIL_SWITCH_INTERVAL", 0.005)]  # Python's own default
 
 
 _PATCHES: dict[str, Callable[[], list[tuple[Any, str, Any]]]] = {
