@@ -17,7 +17,6 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 import grpc
@@ -26,7 +25,6 @@ from bench import bench_cluster
 from bench.bench_cluster import OTHERS_CPU, Window, cluster, load_window, pb_grpc, scaler, warm
 from bench.cache_switches import POLICIES, SWITCHES, switched_off
 from bench.harness import Section, median
-from keda_gpu_scaler.discovery.targets import Targets
 
 BASELINE = "every cache on"
 ALL_OFF = "every cache off"
@@ -310,13 +308,8 @@ def _timed(call: Callable[[], object], *off: str) -> float:
 def per_operation() -> str:
     """A markdown table: each cache's work per use, on and off, at the size of the benchmark above."""
     from bench.pages import dcgm_page
-    from keda_gpu_scaler import trigger
     from keda_gpu_scaler.collect import scrape
-    from keda_gpu_scaler.collect.store import Page, Store
-    from keda_gpu_scaler.evaluator import Evaluator
-    from keda_gpu_scaler.metrics import Telemetry
-    from keda_gpu_scaler.registry import Followed, Subscription
-    from keda_gpu_scaler.vendors import Family, GpuReading
+    from keda_gpu_scaler.collect.store import Page
 
     rows: list[tuple[str, float, float]] = []
     pods = [("main", f"ns-{i % 10}", f"w-{i % 10}-{i}") for i in range(8)]
@@ -336,79 +329,10 @@ def per_operation() -> str:
             _timed(same_page_again, "unchanged-page digest"),
         )
     )
-    metadata = {"threshold": "57", "activationThreshold": "5", "scalerAddress": "keda-gpu-scaler.keda:6000"}
-    trigger.parse_trigger(metadata)
-    rows.append(
-        (
-            "trigger parse cache: one call's metadata",
-            _timed(lambda: trigger.parse_trigger(metadata)),
-            _timed(lambda: trigger.parse_trigger(metadata), "trigger parse cache"),
-        )
-    )
-    # 125 node exporters, 1,000 pods in 10 namespaces of 10 ScaledObjects of 10 pods: one ScaledObject's call.
-    now = [1000.0]
-    spec = trigger.parse_trigger({"threshold": "50"})
-
-    store = Store()
-    for node in range(125):
-        readings = [
-            GpuReading(
-                Family.NVIDIA,
-                f"ns-{pod % 10}",
-                f"w-{pod % 10}-{pod}",
-                f"GPU-{pod}",
-                f"n{node}",
-                50.0,
-                None,
-                False,
-                20.0,
-            )
-            for pod in range(node * 8, node * 8 + 8)
-        ]
-        store.record_page(Page.from_readings(f"http://node-{node}/metrics", now[0], readings))
-    targets = Targets(frozenset(f"w-0-{pod}" for pod in range(0, 100, 10)), "AverageValue")
-    evaluator = Evaluator(
-        store=store,
-        telemetry=Telemetry(),
-        max_staleness=15.0,
-        clock=lambda: now[0],
-        targets=_FixedTargets(targets),
-    )
-    followed = Followed("ns-0", "w-0", now[0])
-    followed.triggers[spec] = Subscription(spec, now[0])  # as Registry.follow makes it
-
-    def evaluation() -> object:
-        return evaluator.evaluate(followed, spec)
-
-    rows.append(("store views: an evaluation", _timed(evaluation), _timed(evaluation, "store views")))
-    rows.append(
-        (
-            "store freshness: an evaluation (views off)",
-            _timed(evaluation, "store views"),
-            _timed(evaluation, "store views", "store freshness"),
-        )
-    )
     lines = "\n".join(
         f"| {what} | {on_us:,.1f} | {off_us:,.1f} | {off_us - on_us:,.1f} |" for what, on_us, off_us in rows
     )
     return "| each use of | cache on µs | off µs | saved µs |\n|---|---|---|---|\n" + lines
-
-
-class _FixedTargets:
-    def __init__(self, targets: Targets) -> None:
-        self.targets = targets
-
-    def check(self, spec: Any) -> None:
-        pass
-
-    def track(self, namespace: str, name: str, spec: Any) -> None:
-        pass
-
-    def resolve(self, namespace: str, name: str, spec: Any) -> Targets:
-        return self.targets
-
-    def forget(self, namespace: str, name: str) -> None:
-        pass
 
 
 if __name__ == "__main__":

@@ -14,33 +14,12 @@ from typing import Any
 
 # name → what the cache keeps (the table in docs/BENCHMARKS.md, "Caches")
 SWITCHES: dict[str, str] = {
-    "store views": "one namespace's view of the store, shared by its ScaledObjects (`Store._views`)",
-    "store freshness": "which node exporters are fresh, worked out once for every namespace (`Store._freshness_of`)",
     "unchanged-page digest": "a page's readings when its next page is the same bytes (`scrape._digest_and_read`)",
-    "trigger parse cache": "the parsed TriggerSpec of each metadata map (`trigger._parse_cached`, lru_cache)",
 }
 # Process policies of `serve` (app.run_until_signalled), switched the same way.
 POLICIES: dict[str, str] = {
-    "gc: freeze after start-up only": "no freeze after every full collection (`gcpolicy`), one `gc.freeze()` at start-up",
-    "gil: default switch interval": "`sys.setswitchinterval` left at Python's 5 ms instead of 1 ms",
+    "gc: no freeze at start-up": "`gc.freeze()` after start-up (app.run_until_signalled) does nothing",
 }
-
-
-def _store_views() -> list[tuple[Any, str, Any]]:
-    from keda_gpu_scaler.collect.store import SourceKind, Store
-
-    def view(
-        self: Store, namespace: str, now: float, max_staleness: float, kind: SourceKind = SourceKind.SCRAPE
-    ) -> Any:
-        return self._view(namespace, now, max_staleness, kind)
-
-    return [(Store, "view", view)]
-
-
-def _store_freshness() -> list[tuple[Any, str, Any]]:
-    from keda_gpu_scaler.collect.store import Store
-
-    return [(Store, "_anywhere", Store._walk_anywhere)]
 
 
 def _unchanged_page_digest() -> list[tuple[Any, str, Any]]:
@@ -54,38 +33,18 @@ def _unchanged_page_digest() -> list[tuple[Any, str, Any]]:
     return [(scrape, "_digest_and_read", whole)]
 
 
-def _trigger_parse_cache() -> list[tuple[Any, str, Any]]:
-    from keda_gpu_scaler import trigger
+def _no_freeze() -> list[tuple[Any, str, Any]]:
+    import gc
 
-    return [(trigger, "_parse_cached", trigger._parse_cached.__wrapped__)]
+    def freeze() -> None:
+        pass
 
-
-def _freeze_once() -> list[tuple[Any, str, Any]]:
-    from keda_gpu_scaler import app
-
-    class StartupFreezeOnly:
-        def install(self) -> None:
-            pass
-
-        def remove(self) -> None:
-            pass
-
-    return [(app, "FreezeAfterFullCollections", StartupFreezeOnly)]
-
-
-def _default_switch_interval() -> list[tuple[Any, str, Any]]:
-    from keda_gpu_scaler import app
-
-    return [(app, "GIL_SWITCH_INTERVAL", 0.005)]  # Python's own default
+    return [(gc, "freeze", freeze)]
 
 
 _PATCHES: dict[str, Callable[[], list[tuple[Any, str, Any]]]] = {
-    "store views": _store_views,
-    "store freshness": _store_freshness,
     "unchanged-page digest": _unchanged_page_digest,
-    "trigger parse cache": _trigger_parse_cache,
-    "gc: freeze after start-up only": _freeze_once,
-    "gil: default switch interval": _default_switch_interval,
+    "gc: no freeze at start-up": _no_freeze,
 }
 
 

@@ -1,10 +1,10 @@
-"""The caches against the simple version: whatever happens, a cached path answers what the path without the
-cache answers (the simple version is the one the caches benchmark measures: bench/cache_switches.py)."""
+"""The unchanged-page digest against the simple version: whatever happens, the
+cached path answers what reading every page whole answers (the simple version is the one the caches
+benchmark measures: bench/cache_switches.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 from hypothesis import given, settings
@@ -15,138 +15,8 @@ from bench.cache_switches import switched_off
 from keda_gpu_scaler.collect.http import FetchError
 from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
-from keda_gpu_scaler.collect.store import Page, Store
-from keda_gpu_scaler.discovery.targets import Targets
-from keda_gpu_scaler.errors import ConfigError, NoData
-from keda_gpu_scaler.evaluator import Evaluator
+from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.metrics import Telemetry
-from keda_gpu_scaler.registry import Followed, Subscription
-from keda_gpu_scaler.trigger import TriggerSpec, parse_trigger
-from keda_gpu_scaler.vendors import Family, GpuReading
-
-EXPORTERS = ["http://node-a/metrics", "http://node-b/metrics", "http://node-c/metrics"]
-PODS = ["vllm-0", "vllm-1", "vllm-2", "other-0"]
-SPECS = [
-    parse_trigger({"threshold": "50", "podNamePrefix": "vllm-"}),
-    parse_trigger({"threshold": "50", "podNamePrefix": "vllm-", "metric": "memory"}),
-]
-
-
-class FixedTargets:
-    """Discovery as the evaluator sees it: the target pods now (changed by the test), or failing."""
-
-    def __init__(self) -> None:
-        self.pods: frozenset[str] | None = frozenset(PODS[:3])
-
-    def check(self, spec: TriggerSpec) -> None:
-        pass
-
-    def track(self, namespace: str, name: str, spec: TriggerSpec) -> None:
-        pass
-
-    def resolve(self, namespace: str, name: str, spec: TriggerSpec) -> Targets:
-        if self.pods is None:
-            raise NoData("discovery is failing")
-        return Targets(self.pods, "AverageValue")
-
-    def forget(self, namespace: str, name: str) -> None:
-        pass
-
-
-def readings(contents: list[tuple[str, int, int]]) -> list[GpuReading]:
-    return [
-        GpuReading(Family.NVIDIA, "llm", pod, f"GPU-{gpu}", "node", float(value), None, False, float(value))
-        for pod, gpu, value in contents
-    ]
-
-
-class Scaler:
-    """A store and an evaluator, with every cache of theirs on (the product) or off (the simple version)."""
-
-    def __init__(self, cached: bool, now: list[float], kubernetes: bool) -> None:
-        self.store = Store()
-        self.now = now
-        self.targets = FixedTargets() if kubernetes else None
-        self.evaluator = Evaluator(
-            store=self.store,
-            telemetry=Telemetry(),
-            max_staleness=10.0,
-            clock=lambda: now[0],
-            targets=self.targets,
-        )
-        self.cached = cached
-        self.followed = Followed("llm", "chat", now[0])
-
-    def simple_unless_cached(self) -> contextlib.AbstractContextManager[None]:
-        """The store's caches switched off around a step of the simple version."""
-        return contextlib.nullcontext() if self.cached else switched_off("store views", "store freshness")
-
-    def answer(self, spec: TriggerSpec) -> tuple[Any, ...]:
-        try:
-            self.followed.triggers.setdefault(spec, Subscription(spec, 0.0))  # as Registry.follow does
-            evaluation = self.evaluator.evaluate(self.followed, spec)
-        except NoData as error:
-            return ("no data", str(error))
-        return (evaluation.value, evaluation.active, evaluation.pod_rows, evaluation.missing_pods)
-
-
-OPERATIONS = st.lists(
-    st.tuples(
-        st.sampled_from(["page", "same page", "unattributed", "fail", "remove", "wait", "targets"]),
-        st.sampled_from(EXPORTERS),
-        st.lists(
-            st.tuples(st.sampled_from(PODS), st.integers(0, 1), st.sampled_from([0, 30, 90])), max_size=3
-        ),
-        st.floats(0, 12),
-        st.booleans(),  # asked right after this step
-    ),
-    max_size=40,
-)
-
-
-@settings(max_examples=300, deadline=None)
-@given(OPERATIONS, st.booleans())
-def test_the_cached_evaluations_answer_as_evaluating_every_call(
-    operations: list[Any], kubernetes: bool
-) -> None:
-    """The store's kept views and freshness, against a store that keeps nothing: through pages changing and renewed unchanged, exporters failing, recovering,
-    losing their pod labels and going away, target pods coming and going, and time passing."""
-    now = [1000.0]
-    cached, simple = Scaler(True, now, kubernetes), Scaler(False, now, kubernetes)
-    last: dict[str, list[tuple[str, int, int]]] = {}
-    for what, source, contents, seconds, ask in operations:
-        for scaler in (cached, simple):
-            with scaler.simple_unless_cached():
-                step(scaler, what, source, contents, seconds, last.get(source, []))
-        if what == "page":
-            last[source] = contents
-        elif what == "wait":
-            now[0] += seconds
-        if ask:
-            for spec in SPECS:
-                with simple.simple_unless_cached():
-                    expected = simple.answer(spec)
-                assert cached.answer(spec) == expected, (what, now[0])
-
-
-def step(
-    scaler: Scaler, what: str, source: str, contents: list[Any], seconds: float, last: list[Any]
-) -> None:
-    """One operation of the property test on one scaler (`last`: the source's last page's contents)."""
-    store, now = scaler.store, scaler.now
-    if what == "page":
-        store.record_page(Page.from_readings(source, now[0], readings(contents)))
-    elif what == "same page":
-        store.record_page(Page.from_readings(source, now[0], readings(last)))
-    elif what == "unattributed":
-        store.record_page(Page.from_readings(source, now[0], (), gpu_series=True))
-    elif what == "fail":
-        store.record_failure(source, "HTTP 500")
-    elif what == "remove":
-        store.remove_source(source)
-    elif what == "targets" and scaler.targets is not None:
-        chosen = frozenset(pod for pod, _, _ in contents)
-        scaler.targets.pods = None if seconds > 10 else chosen
 
 
 class ScriptedFetcher:
@@ -244,31 +114,3 @@ def test_pages_read_through_the_unchanged_page_digest_read_as_read_whole_every_t
                 )
 
     asyncio.run(scenario())
-
-
-METADATA = st.dictionaries(
-    st.sampled_from(
-        ["threshold", "activationThreshold", "podNamePrefix", "metric", "aggregation", "vendor", "x"]
-    ),
-    st.sampled_from(
-        ["70", "0", "1e3", "-1", "nan", "sum", "mean", "memory", "nvidia", "vllm-", "", "web-\n"]
-    ),
-    max_size=6,
-)
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(METADATA, max_size=8))
-def test_a_cached_trigger_parse_reads_as_a_new_parse(calls: list[dict[str, str]]) -> None:
-    """The parse cache against parsing every call: the same spec, or the same error, for any metadata."""
-
-    def outcome(metadata: dict[str, str]) -> TriggerSpec | str:
-        try:
-            return parse_trigger(metadata)
-        except ConfigError as error:
-            return f"ConfigError: {error}"
-
-    cached = [outcome(metadata) for metadata in calls + calls]
-    with switched_off("trigger parse cache"):
-        parsed = [outcome(metadata) for metadata in calls + calls]
-    assert cached == parsed
