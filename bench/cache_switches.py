@@ -16,7 +16,7 @@ from typing import Any
 SWITCHES: dict[str, str] = {
     "unchanged-page digest": "a page's readings when its next page is the same bytes (`scrape._digest_and_read`)",
 }
-# Process policies of `serve` (app.run_until_signalled), switched the same way.
+# Process settings of `serve` (app.run_until_signalled), switched the same way.
 POLICIES: dict[str, str] = {
     "gc: no freeze at start-up": "`gc.freeze()` after start-up (app.run_until_signalled) does nothing",
 }
