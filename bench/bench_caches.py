@@ -1,5 +1,5 @@
 """What each cache pays: the scaler's CPU and RPC latency with one cache switched off at a time; and what
-what the process's garbage-collector setting (one freeze after start-up) does to the RPC tail.
+the process's garbage-collector setting (one freeze after start-up) does to the RPC tail.
 
 At a realistic size: 1,000 pods of 100 ScaledObjects (10 namespaces) on 125 nodes, each node's
 dcgm-exporter page a whole one (every default family, 8 GPUs or more) whose values move every 30 s
