@@ -12,7 +12,20 @@ from functools import lru_cache
 from typing import Any
 
 from keda_gpu_scaler.collect.gateway import DEFAULT_GATEWAY_METRICS_PORT
-from keda_gpu_scaler.engines import ENGINE_CHOICES, accepts_model, engine_supports, unsupported_message
+from keda_gpu_scaler.demand import (
+    DEFAULT_PREFILL_WEIGHT,
+    DEFAULT_WINDOW_SECONDS,
+    MAX_WINDOW_SECONDS,
+    MIN_WINDOW_SECONDS,
+    DemandUnit,
+)
+from keda_gpu_scaler.engines import (
+    ENGINE_CHOICES,
+    accepts_model,
+    engine_supports,
+    supports_tokens,
+    unsupported_message,
+)
 from keda_gpu_scaler.errors import ConfigError, quoted
 from keda_gpu_scaler.names import OBJECT_NAME_RULE, is_object_name
 from keda_gpu_scaler.vendors import Family, NvidiaField
@@ -25,6 +38,9 @@ class Metric(StrEnum):
     REQUESTS = "requests"
     QUEUE = "queue"
     KV_CACHE = "kv_cache"
+    # Work arriving per second, from each pod's counter of finished requests and its in-flight count
+    # (SPEC §6): the sizing signal for LLM serving.
+    DEMAND = "demand"
     # Requests the inference gateway holds for an InferencePool (SPEC §7): no pod of the target is read.
     PENDING = "pending"
 
@@ -42,7 +58,7 @@ class Metric(StrEnum):
         return self in (Metric.UTILIZATION, Metric.MEMORY, Metric.KV_CACHE)
 
 
-_INFERENCE_METRICS = frozenset({Metric.REQUESTS, Metric.QUEUE, Metric.KV_CACHE})
+_INFERENCE_METRICS = frozenset({Metric.REQUESTS, Metric.QUEUE, Metric.KV_CACHE, Metric.DEMAND})
 
 
 class GpuAggregation(StrEnum):
@@ -115,6 +131,11 @@ class TriggerSpec:
     # endpoint picker's metrics page.
     inference_pool: str | None = None
     gateway_metrics_port: int = DEFAULT_GATEWAY_METRICS_PORT
+    # metric=demand only (SPEC §6): the seconds its rates are taken over, what one unit of demand is, and
+    # what a prompt token weighs against a generated one when requests are weighed by their tokens.
+    window: float = DEFAULT_WINDOW_SECONDS
+    demand_unit: DemandUnit = DemandUnit.REQUESTS
+    prefill_weight: float = DEFAULT_PREFILL_WEIGHT
 
 
 def _enum_parser(enum: type[StrEnum]) -> Callable[[str, str], Any]:
@@ -211,6 +232,26 @@ def _inference_pool(key: str, raw: str) -> str:
     return raw
 
 
+def _window(key: str, raw: str) -> float:
+    value = _number(key, raw)
+    if not MIN_WINDOW_SECONDS <= value <= MAX_WINDOW_SECONDS:
+        raise ConfigError(
+            f"metadata {key}={quoted(raw)} is out of range; allowed: seconds,"
+            f" {MIN_WINDOW_SECONDS:g} <= {key} <= {MAX_WINDOW_SECONDS:g}"
+        )
+    return value
+
+
+def _prefill_weight(key: str, raw: str) -> float:
+    value = _number(key, raw)
+    if not 0 <= value <= 1:
+        raise ConfigError(
+            f"metadata {key}={quoted(raw)} is out of range; allowed: 0 <= {key} <= 1 (what one prompt token"
+            " weighs against one generated token)"
+        )
+    return value
+
+
 def _port_number(key: str, raw: str) -> int:
     if raw.isascii() and raw.isdigit() and 1 <= int(raw) <= 65535:
         return int(raw)
@@ -275,8 +316,9 @@ KEYS: tuple[MetadataKey, ...] = (
         "`utilization`",
         "`utilization` (GPU busy %, 0–100 per GPU), `memory` (GPU memory used %, 0–100 per GPU), or from the"
         " inference server's own page: `requests` (running + waiting per pod), `queue` (waiting per pod),"
-        " `kv_cache` (KV-cache in use, %); or from the inference gateway: `pending` (requests its endpoint"
-        " picker holds for `inferencePool`, which wakes a workload from zero)",
+        " `kv_cache` (KV-cache in use, %), `demand` (work arriving per second, from the counter of finished"
+        " requests: the one to size LLM servers with); or from the inference gateway: `pending` (requests"
+        " its endpoint picker holds for `inferencePool`, which wakes a workload from zero)",
     ),
     MetadataKey(
         "threshold",
@@ -285,7 +327,8 @@ KEYS: tuple[MetadataKey, ...] = (
         _REQUIRED,
         "required",
         "target per pod: in % for utilization, memory and kv_cache (1 <= threshold <= 100); requests or"
-        " waiting requests per pod for requests and queue, pending requests per pod for pending (>= 0.001)",
+        " waiting requests per pod for requests and queue, requests (or weighted tokens) per second one"
+        " replica serves for demand, pending requests per pod for pending (>= 0.001)",
     ),
     MetadataKey(
         "activationThreshold",
@@ -394,7 +437,8 @@ KEYS: tuple[MetadataKey, ...] = (
         _inference_pool,
         None,
         "required for pending",
-        "pending: the InferencePool whose endpoint picker's queue is read, in the ScaledObject's namespace",
+        "pending (and demand, optionally): the InferencePool whose endpoint picker's queue is read, in the"
+        " ScaledObject's namespace",
     ),
     MetadataKey(
         "gatewayMetricsPort",
@@ -403,6 +447,31 @@ KEYS: tuple[MetadataKey, ...] = (
         DEFAULT_GATEWAY_METRICS_PORT,
         f"`{DEFAULT_GATEWAY_METRICS_PORT}`",
         "pending with Kubernetes: the metrics port of the pool's endpoint-picker pods",
+    ),
+    MetadataKey(
+        "window",
+        "window",
+        _window,
+        DEFAULT_WINDOW_SECONDS,
+        f"`{DEFAULT_WINDOW_SECONDS:g}`",
+        f"demand: the seconds each pod's rate is taken over ({MIN_WINDOW_SECONDS:g}-{MAX_WINDOW_SECONDS:g})",
+    ),
+    MetadataKey(
+        "demandUnit",
+        "demand_unit",
+        _enum_parser(DemandUnit),
+        DemandUnit.REQUESTS,
+        "`requests`",
+        "demand: `requests` (requests per second) or `tokens` (each request weighed by its prompt and"
+        " generated tokens, so one threshold holds when the request mix changes)",
+    ),
+    MetadataKey(
+        "prefillWeight",
+        "prefill_weight",
+        _prefill_weight,
+        DEFAULT_PREFILL_WEIGHT,
+        f"`{DEFAULT_PREFILL_WEIGHT:g}`",
+        "demand with demandUnit tokens: what one prompt token weighs against one generated token (0-1)",
     ),
     MetadataKey(
         "metricName",
@@ -421,17 +490,21 @@ DEFAULT_METRIC_NAMES = {
     Metric.REQUESTS: "inference-requests",
     Metric.QUEUE: "inference-queue",
     Metric.KV_CACHE: "kv-cache",
+    Metric.DEMAND: "inference-demand",
     Metric.PENDING: "gateway-pending",
 }
 _GPU_ONLY_KEYS = ("vendor", "nvidia_field", "gpu_aggregation")
 _INFERENCE_ONLY_KEYS = ("engine", "model", "metrics_port", "metrics_path")
 _GATEWAY_ONLY_KEYS = ("inference_pool", "gateway_metrics_port")
+_DEMAND_ONLY_KEYS = ("window", "demand_unit", "prefill_weight")
 # Keys about the target's pods: `pending` reads no pod of the target (there is none at zero replicas),
 # so giving one would silently do nothing.
 _POD_KEYS = ("pod_selector", "pod_name_prefix", "aggregation")
 # What `pending` refuses: every key about GPUs, inference pages or target pods, except `model`, which
 # selects the queue's model there too.
-_NOT_FOR_PENDING = tuple(k for k in (*_GPU_ONLY_KEYS, *_INFERENCE_ONLY_KEYS, *_POD_KEYS) if k != "model")
+_NOT_FOR_PENDING = tuple(
+    k for k in (*_GPU_ONLY_KEYS, *_INFERENCE_ONLY_KEYS, *_POD_KEYS, *_DEMAND_ONLY_KEYS) if k != "model"
+)
 
 
 def parse_trigger(metadata: Mapping[str, str]) -> TriggerSpec:
@@ -519,19 +592,28 @@ def _check_metric_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
     if metric.gateway:
         _check_gateway_fit(given)
         return
-    for name in _GATEWAY_ONLY_KEYS:
-        if name in given:
-            raise ConfigError(
-                f"metadata {given[name]} applies only to metric=pending (the inference gateway's queue),"
-                f" not to metric={metric.value}"
-            )
+    if metric is Metric.DEMAND:
+        _check_demand_fit(fields, given)
+    else:
+        for name in _DEMAND_ONLY_KEYS:
+            if name in given:
+                raise ConfigError(
+                    f"metadata {given[name]}={quoted(_given_value(fields, name))} applies only to"
+                    f" metric=demand, not to metric={metric.value}; remove it"
+                )
+        for name in _GATEWAY_ONLY_KEYS:
+            if name in given:
+                raise ConfigError(
+                    f"metadata {given[name]} applies only to metric=pending and metric=demand (the inference"
+                    f" gateway's queue), not to metric={metric.value}"
+                )
     wrong = _GPU_ONLY_KEYS if metric.inference else _INFERENCE_ONLY_KEYS
     for name in wrong:
         if name in given:
             kind = (
                 "GPU metrics (utilization, memory)"
                 if metric.inference
-                else "inference metrics (requests, queue, kv_cache)"
+                else "inference metrics (requests, queue, kv_cache, demand)"
             )
             raise ConfigError(f"metadata {given[name]} applies only to {kind}, not to metric={metric.value}")
     if metric.inference:
@@ -541,6 +623,35 @@ def _check_metric_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
             raise ConfigError(
                 f"metadata model={quoted(fields['model'])}: engine {fields['engine']} series carry no model label"
             )
+
+
+def _given_value(fields: dict[str, Any], name: str) -> str:
+    value = fields[name]
+    return value.value if isinstance(value, StrEnum) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _check_demand_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
+    """metric=demand: what the unit and the pool need."""
+    if fields["demand_unit"] is DemandUnit.TOKENS and not supports_tokens(fields["engine"]):
+        raise ConfigError(
+            f"metadata demandUnit=tokens: engine {fields['engine']} prints no token counters; use"
+            " demandUnit requests"
+        )
+    if "prefill_weight" in given and fields["demand_unit"] is not DemandUnit.TOKENS:
+        raise ConfigError(
+            f"metadata {given['prefill_weight']} applies only to demandUnit=tokens (requests are counted,"
+            " not weighed); remove it or set demandUnit: tokens"
+        )
+    if fields["source"] is Source.PROMETHEUS:
+        raise ConfigError(
+            "metadata source='prometheus' is not available for metric=demand: its rates are taken over the"
+            " pods' own pages as they are read; allowed: scrape"
+        )
+    if "gateway_metrics_port" in given and "inference_pool" not in given:
+        raise ConfigError(
+            f"metadata {given['gateway_metrics_port']} applies only with inferencePool (the pool whose"
+            " endpoint picker's queue adds to demand)"
+        )
 
 
 def _check_gateway_fit(given: dict[str, str]) -> None:
