@@ -312,7 +312,9 @@ def pod_counters(
         missing = _no_engine()
         return missing, DemandCounters(missing.waiting, missing.waiting, missing.waiting)
     gauges = module.read([s for s in page if s.name in module.sample_names], model)
-    counters = module.read_counters([s for s in page if s.name in module.counter_names], model)
+    # The gauges too: a counter may count only where a gauge says whose it is (trtllm.read_counters).
+    own = module.counter_names | module.sample_names
+    counters = module.read_counters([s for s in page if s.name in own], model)
     return gauges, counters
 
 
