@@ -24,6 +24,7 @@ never holds NaN or a negative number: the caller turns such a page into a missin
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -80,7 +81,7 @@ def over_window(points: Sequence[DemandPoint], window: float) -> Sequence[Demand
 def _increase(values: Sequence[float]) -> float:
     """How much a running total grew over consecutive readings; a drop is a restart counted from 0."""
     grown = 0.0
-    for before, after in zip(values, values[1:], strict=False):
+    for before, after in itertools.pairwise(values):
         grown += after - before if after >= before else after
     return grown
 
@@ -89,7 +90,7 @@ def _arrivals(points: Sequence[DemandPoint]) -> tuple[float, float]:
     """Requests finished and requests arrived between the first point and the last."""
     finished = 0.0
     arrived = 0.0
-    for before, after in zip(points, points[1:], strict=False):
+    for before, after in itertools.pairwise(points):
         if after.finished >= before.finished:
             done = after.finished - before.finished
             piled = after.in_flight - before.in_flight
@@ -125,7 +126,9 @@ def pod_demand(
     prompt = [p.prompt_tokens for p in points]
     generated = [p.generation_tokens for p in points]
     if any(v is None for v in prompt) or any(v is None for v in generated):
-        return Missing(MissingKind.NOT_EXPORTED, "no token counters on its page (demandUnit tokens needs them)")
+        return Missing(
+            MissingKind.NOT_EXPORTED, "no token counters on its page (demandUnit tokens needs them)"
+        )
     work = _increase([v for v in prompt if v is not None]) * prefill_weight + _increase(
         [v for v in generated if v is not None]
     )
@@ -133,7 +136,8 @@ def pod_demand(
         if rate == 0:
             return 0.0
         return Missing(
-            MissingKind.NO_RATE, "no request finished within the window: the size of its requests is not known yet"
+            MissingKind.NO_RATE,
+            "no request finished within the window: the size of its requests is not known yet",
         )
     per_request = work / finished
     value = rate * per_request

@@ -627,7 +627,13 @@ def _check_metric_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
 
 def _given_value(fields: dict[str, Any], name: str) -> str:
     value = fields[name]
-    return value.value if isinstance(value, StrEnum) else f"{value:g}" if isinstance(value, float) else str(value)
+    return (
+        value.value
+        if isinstance(value, StrEnum)
+        else f"{value:g}"
+        if isinstance(value, float)
+        else str(value)
+    )
 
 
 def _check_demand_fit(fields: dict[str, Any], given: dict[str, str]) -> None:

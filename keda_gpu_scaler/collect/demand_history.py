@@ -41,19 +41,22 @@ class Track:
     # missing until a page gives one again, whatever older points say.
     problem: Missing | None = None
     last_at: float = float("-inf")
+    engine: str = "unknown"  # what the newest page was read as (for /explain)
 
 
-def demand_point(page: PodSamples, key: TrackKey, at: float) -> DemandPoint | Missing:
-    """A pod page's point for `metric: demand`, or why it has none (never a made-up 0)."""
+def demand_point(page: PodSamples, key: TrackKey, at: float) -> tuple[str, DemandPoint | Missing]:
+    """What a pod page was read as, and its point for `metric: demand` or why it has none (never a
+    made-up 0)."""
     reading, counters = pod_counters(page.samples, key[0], key[1])
+    engine = reading.engine.value if reading.engine is not None else "unknown"
     flight = in_flight(reading)
     if isinstance(flight, Missing):
-        return flight
+        return engine, flight
     if isinstance(counters.finished, Missing):
-        return counters.finished
+        return engine, counters.finished
     prompt = None if isinstance(counters.prompt_tokens, Missing) else counters.prompt_tokens
     generated = None if isinstance(counters.generation_tokens, Missing) else counters.generation_tokens
-    return DemandPoint(at, counters.finished, flight, prompt, generated)
+    return engine, DemandPoint(at, counters.finished, flight, prompt, generated)
 
 
 class DemandHistory:
@@ -63,6 +66,8 @@ class DemandHistory:
         self._forget_after = forget_after
         self._tracks: dict[PodKey, dict[TrackKey, Track]] = {}
         self._newest: dict[PodKey, tuple[float, PodSamples]] = {}
+        # (namespace, pool, model) → its pending totals as evaluations read them, and when last asked for.
+        self._pending: dict[tuple[str, str, str | None], tuple[list[tuple[float, float]], float]] = {}
         self._swept_at = float("-inf")
 
     def __len__(self) -> int:
@@ -82,6 +87,27 @@ class DemandHistory:
             track.wanted_at = now
             track.window = max(track.window, window)
         return track
+
+    def pending(
+        self, pool: tuple[str, str, str | None], held: float, window: float, now: float
+    ) -> list[tuple[float, float]]:
+        """A pool's pending total now added to its points, and its points over the window (oldest first).
+
+        Read when evaluations come (the gateway's pages change every second, the rate of growth over a
+        window needs no more): bounded like the pods' points, and forgotten when no one asks."""
+        points = self._pending.get(pool, ([], now))[0]
+        if not points or now > points[-1][0]:
+            points.append((now, held))
+        start = 0
+        for index in range(len(points) - 1, -1, -1):
+            if points[index][0] <= now - window:
+                start = index
+                break
+        points = points[start:][-MAX_POINTS:]
+        self._pending[pool] = (points, now)
+        if now - self._swept_at >= SWEEP_EVERY:
+            self._sweep(now)
+        return list(points)
 
     def on_page(self, kind: SourceKind, page: Page) -> None:
         """Store listener: a page was recorded."""
@@ -111,7 +137,7 @@ class DemandHistory:
         if at <= track.last_at:
             return  # the same page again
         track.last_at = at
-        point = demand_point(samples, key, at)
+        track.engine, point = demand_point(samples, key, at)
         if isinstance(point, Missing):
             track.problem = point
             return
@@ -124,6 +150,8 @@ class DemandHistory:
 
     def _sweep(self, now: float) -> None:
         self._swept_at = now
+        for pool in [p for p, (_, asked) in self._pending.items() if now - asked > self._forget_after]:
+            del self._pending[pool]
         for pod in list(self._tracks):
             tracks = self._tracks[pod]
             for key in [k for k, t in tracks.items() if now - t.wanted_at > self._forget_after]:

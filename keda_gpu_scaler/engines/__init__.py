@@ -16,8 +16,8 @@ from keda_gpu_scaler.engines import llamacpp, sglang, tgi, triton, trtllm, trtll
 from keda_gpu_scaler.engines._common import (
     AUTO,
     MODEL_LABELS,
-    DemandCounters,
     POD_LABELS,
+    DemandCounters,
     Engine,
     InferenceMetric,
     InferenceReading,

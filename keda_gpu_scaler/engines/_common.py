@@ -326,7 +326,9 @@ class CounterFamily:
         return self.spellings[0]
 
 
-def counter_total(samples: Sequence[Sample], families: Sequence[CounterFamily], *, model: str | None) -> Value:
+def counter_total(
+    samples: Sequence[Sample], families: Sequence[CounterFamily], *, model: str | None
+) -> Value:
     """The sum of the counter families on one page (every series, every split label value).
 
     An absent family that is not optional, or any family without a usable sample (NaN, ±Inf, negative),
@@ -335,7 +337,9 @@ def counter_total(samples: Sequence[Sample], families: Sequence[CounterFamily], 
     total = 0.0
     for family in families:
         if len(family.spellings) > 1:
-            counted = gauge_of_spellings(samples, family.spellings, model=model, engine_labels=family.split_labels)
+            counted = gauge_of_spellings(
+                samples, family.spellings, model=model, engine_labels=family.split_labels
+            )
         else:
             counted = gauge(samples, family.name, model=model, engine_labels=family.split_labels)
         value = counted.total()
@@ -348,4 +352,3 @@ def counter_total(samples: Sequence[Sample], families: Sequence[CounterFamily], 
             return Missing(MissingKind.FAMILY_ABSENT, f"{value.reason}{hint}", family.name)
         total += value
     return total
-

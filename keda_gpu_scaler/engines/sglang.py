@@ -47,7 +47,9 @@ ENGINE_LABELS = ("dp_rank",)
 # request that ran also finishes through that path (it would count twice). The client library prints a
 # labelled counter only once it moved: a server that has not finished a request yet has no such series.
 _LAZY = "SGLang prints it, with --enable-metrics, once a request has finished"
-FINISHED = CounterFamily(("sglang:num_requests_total", "sglang_num_requests_total"), ENGINE_LABELS, absent_hint=_LAZY)
+FINISHED = CounterFamily(
+    ("sglang:num_requests_total", "sglang_num_requests_total"), ENGINE_LABELS, absent_hint=_LAZY
+)
 PROMPT_TOKENS = CounterFamily(
     ("sglang:prompt_tokens_total", "sglang_prompt_tokens_total"), ENGINE_LABELS, absent_hint=_LAZY
 )

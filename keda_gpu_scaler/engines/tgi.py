@@ -38,7 +38,9 @@ FINISHED = CounterFamily(("tgi_request_success",), absent_hint="TGI prints it on
 FAILED = CounterFamily(("tgi_request_failure",), ("err",), optional=True)
 PROMPT_TOKENS = CounterFamily(("tgi_request_input_length_sum",))
 GENERATION_TOKENS = CounterFamily(("tgi_request_generated_tokens_sum",))
-COUNTER_NAMES = frozenset(n for f in (FINISHED, FAILED, PROMPT_TOKENS, GENERATION_TOKENS) for n in f.spellings)
+COUNTER_NAMES = frozenset(
+    n for f in (FINISHED, FAILED, PROMPT_TOKENS, GENERATION_TOKENS) for n in f.spellings
+)
 
 
 def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:

@@ -14,16 +14,22 @@ from keda_gpu_scaler.demand import (
 from keda_gpu_scaler.engines import Missing, MissingKind
 
 
-def p(at: float, finished: float, flight: float, prompt: float | None = None, gen: float | None = None) -> DemandPoint:
+def p(
+    at: float, finished: float, flight: float, prompt: float | None = None, gen: float | None = None
+) -> DemandPoint:
     return DemandPoint(at, finished, flight, prompt, gen)
 
 
 CASES = [
     # (points, expected requests per second)
     pytest.param([p(0, 100, 10), p(60, 700, 10)], 10.0, id="steady: finished only"),
-    pytest.param([p(0, 100, 10), p(30, 400, 40), p(60, 700, 70)], 11.0, id="a backlog builds: it arrived too"),
+    pytest.param(
+        [p(0, 100, 10), p(30, 400, 40), p(60, 700, 70)], 11.0, id="a backlog builds: it arrived too"
+    ),
     pytest.param([p(0, 100, 70), p(60, 760, 10)], 10.0, id="a backlog drains: it arrived before"),
-    pytest.param([p(0, 500, 5), p(30, 800, 5), p(40, 50, 3), p(60, 250, 3)], (300 + 53 + 200) / 60, id="restart"),
+    pytest.param(
+        [p(0, 500, 5), p(30, 800, 5), p(40, 50, 3), p(60, 250, 3)], (300 + 53 + 200) / 60, id="restart"
+    ),
     pytest.param([p(0, 500, 5), p(60, 500, 5)], 0.0, id="idle"),
     # Requests lost at a restart never finish: what arrived cannot be below none.
     pytest.param([p(0, 500, 40), p(60, 500, 0)], 0.0, id="lost requests: never negative"),

@@ -372,7 +372,12 @@ def test_value_for_rejects_an_unknown_metric() -> None:
 
 def test_engine_choices_and_supported_metrics() -> None:
     assert ENGINE_CHOICES == ("auto", "vllm", "sglang", "tgi", "triton", "trtllm", "llamacpp")
-    every = (InferenceMetric.REQUESTS, InferenceMetric.QUEUE, InferenceMetric.KV_CACHE, InferenceMetric.DEMAND)
+    every = (
+        InferenceMetric.REQUESTS,
+        InferenceMetric.QUEUE,
+        InferenceMetric.KV_CACHE,
+        InferenceMetric.DEMAND,
+    )
     assert {choice: supported_metrics(choice) for choice in ENGINE_CHOICES} == {
         "auto": every,
         "vllm": every,
