@@ -177,7 +177,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from keda_gpu_scaler.demo_runner import run_demo
+    from keda_gpu_scaler.demo.runner import run_demo
 
     configure_logging("info", "text")
     settings = build_settings(

@@ -21,7 +21,7 @@ from support import ExporterServer, eventually, latest_trigger
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App
-from keda_gpu_scaler.gateways.simulated import Queued, epp_page
+from keda_gpu_scaler.demo.epp import Queued, epp_page
 
 DEMAND = {"metric": "demand", "threshold": "10", "podNamePrefix": "chat-"}
 MODEL = 'model_name="llama"'
