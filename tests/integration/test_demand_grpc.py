@@ -22,6 +22,7 @@ from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App
 from keda_gpu_scaler.demo.epp import Queued, epp_page
+from keda_gpu_scaler.explain import render_table
 
 DEMAND = {"metric": "demand", "threshold": "10", "podNamePrefix": "chat-"}
 MODEL = 'model_name="llama"'
@@ -172,6 +173,8 @@ async def test_demand_is_finished_plus_piled_up_per_second_summed_over_pods(flee
     assert pods["chat-0"]["inputs"]["samplesUsed"] == 2
     assert pods["chat-0"]["inputs"]["spanSeconds"] == 30
     assert explained["trigger"]["window"] == 60
+    table = render_table(explained)
+    assert "RATE/S" in table and "SAMPLES" in table and "SPAN S" in table
     # The window slides: at 1090 chat-0's rate is over 1030..1090 only.
     await f.show(1060, vllm_page(700, 10, 0), None)
     await f.show(1090, vllm_page(760, 10, 0), None)
