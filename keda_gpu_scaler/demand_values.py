@@ -20,7 +20,7 @@ from keda_gpu_scaler.scaling import (
     desired_replicas_value,
     pod_row,
 )
-from keda_gpu_scaler.trigger import TriggerSpec
+from keda_gpu_scaler.trigger import Aggregation, TriggerSpec
 
 
 def demand_pod_values(
@@ -84,8 +84,10 @@ def with_pending(
     requests wakes and asks for at least one replica.
     """
     extra = pending_demand(points, spec.window)
-    value = evaluation.value + extra
     current = evaluation.what_if.current_replicas
+    # A per-pod mean (metricType Value) carries the pool's share per pod: the HPA multiplies it back.
+    share = extra / current if evaluation.aggregation is Aggregation.MEAN and current > 0 else extra
+    value = evaluation.value + share
     what_if = WhatIf(
         current_replicas=current,
         average_value=desired_replicas_average_value(value, spec.threshold, current),
