@@ -4,14 +4,17 @@ The `demand` threshold is the work one replica should serve per second. It depen
 the engine's settings and the request mix, so it is measured, not guessed: run a load generator against
 one pod with a slowly rising rate, and let this command read the pod's own page every few seconds. It
 prints the arrival rate over the last window (requests per second, and weighted tokens per second where
-the engine prints token counters) beside the requests waiting, and at the end the highest rate the pod
-took while nothing waited: past it, requests queue and latency climbs. A threshold a little below that
-figure leaves the headroom you want for your latency target.
+the engine prints token counters) beside the requests waiting and the mean time per output token, and at
+the end the highest rate the pod took while nothing waited (and, given a target, while the time per
+output token stayed within it): past it, requests queue and latency climbs. A threshold a little below
+that figure leaves headroom.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -39,6 +42,46 @@ class Step:
     tokens: float | None  # weighted tokens per second (None: no token counters, or no rate yet)
     in_flight: float
     waiting: float
+    per_token: float | None = None  # mean seconds per output token over the window (None: not printed)
+
+
+# The engines' per-output-token latency histograms, the first one on a page is read (its _sum and _count):
+# vLLM's inter-token latency (0.10 on) and its older per-request mean, SGLang's in both spellings,
+# trtllm-serve's, TGI's per-request mean time per token.
+LATENCY_FAMILIES = (
+    "vllm:inter_token_latency_seconds",
+    "vllm:time_per_output_token_seconds",
+    "sglang:inter_token_latency_seconds",
+    "sglang_inter_token_latency_seconds",
+    "sglang:time_per_output_token_seconds",
+    "sglang_time_per_output_token_seconds",
+    "trtllm_time_per_output_token_seconds",
+    "tgi_request_mean_time_per_token_duration",
+)
+_LATENCY_NAMES = frozenset(f"{base}{end}" for base in LATENCY_FAMILIES for end in ("_sum", "_count"))
+_PAGE_NAMES = POD_PAGE_NAMES | _LATENCY_NAMES
+
+
+def latency_totals(samples: list[Sample]) -> tuple[float, float] | None:
+    """(seconds, observations) of the first per-token latency histogram on a page, summed over its series."""
+    for base in LATENCY_FAMILIES:
+        sums = [s.value for s in samples if s.name == f"{base}_sum"]
+        counts = [s.value for s in samples if s.name == f"{base}_count"]
+        if sums and counts:
+            return math.fsum(sums), math.fsum(counts)
+    return None
+
+
+def mean_per_token(totals: list[tuple[float, float]]) -> float | None:
+    """Mean seconds per observation between the first totals and the last (a drop: counted from 0)."""
+    seconds = observations = 0.0
+    for (s0, c0), (s1, c1) in itertools.pairwise(totals):
+        restarted = c1 < c0 or s1 < s0
+        seconds += s1 if restarted else s1 - s0
+        observations += c1 if restarted else c1 - c0
+    if observations <= 0 or not math.isfinite(seconds / observations):
+        return None
+    return seconds / observations
 
 
 @dataclass(slots=True)
@@ -51,15 +94,17 @@ class Calibration:
     engine: str = "auto"
     model: str | None = None
     prefill_weight: float = DEFAULT_PREFILL_WEIGHT
+    per_token_target: float | None = None  # seconds per output token not to pass (None: waiting alone)
     points: list[DemandPoint] = field(default_factory=list)
     best: Step | None = None  # the step with the highest rate while nothing waited in its window
     waited_in_a_row: int = 0
     _waiting: list[tuple[float, float]] = field(default_factory=list)
+    _latency: list[tuple[float, tuple[float, float]]] = field(default_factory=list)
 
     def observe(self, at: float, page: bytes) -> Step | str:
         """Read one page; a Step, or why this page gives none."""
         try:
-            samples = parse_exposition(page, POD_PAGE_NAMES)
+            samples = parse_exposition(page, _PAGE_NAMES)
         except ExpositionError as error:
             return f"not a metrics page: {error}"
         engine, point = demand_point(PodSamples("", "", tuple(samples)), (self.engine, self.model), at)
@@ -71,6 +116,11 @@ class Calibration:
         self._waiting.append((at, waiting))
         start = self.points[0].at
         self._waiting = [(t, w) for t, w in self._waiting if t >= start]
+        totals = latency_totals(samples)
+        if totals is not None:
+            self._latency.append((at, totals))
+        self._latency = [(t, v) for t, v in self._latency if t >= start]
+        per_token = mean_per_token([v for _, v in self._latency])
         requests = pod_demand(self.points, DemandUnit.REQUESTS)
         tokens = pod_demand(self.points, DemandUnit.TOKENS, self.prefill_weight)
         step = Step(
@@ -79,9 +129,12 @@ class Calibration:
             None if isinstance(tokens, Missing) else tokens,
             point.in_flight,
             waiting,
+            per_token,
         )
-        self.waited_in_a_row = self.waited_in_a_row + 1 if waiting > self.waiting_above else 0
-        calm = all(w <= self.waiting_above for _, w in self._waiting)
+        slow = self.per_token_target is not None and (per_token is None or per_token > self.per_token_target)
+        over = waiting > self.waiting_above or (slow and per_token is not None)
+        self.waited_in_a_row = self.waited_in_a_row + 1 if over else 0
+        calm = all(w <= self.waiting_above for _, w in self._waiting) and not slow
         if (
             calm
             and step.requests is not None
@@ -92,7 +145,8 @@ class Calibration:
 
     @property
     def saturated(self) -> bool:
-        """Requests have waited on `sustain` pages in a row: the ramp is past what the pod serves."""
+        """Requests have waited (or the time per output token passed its target) on `sustain` pages in a
+        row: the ramp is past what the pod serves."""
         return self.waited_in_a_row >= self.sustain
 
 
@@ -105,21 +159,29 @@ def _waiting_of(samples: list[Sample], engine: str, model: str | None) -> float:
 def step_line(step: Step, started: float) -> str:
     tokens = f"{step.tokens:10.0f}" if step.tokens is not None else "         -"
     requests = f"{step.requests:8.2f}" if step.requests is not None else "       -"
-    return f"{step.at - started:7.0f}s {requests} req/s {tokens} tok/s  in flight {step.in_flight:5.0f}  waiting {step.waiting:4.0f}"
+    latency = f"  {step.per_token * 1000:6.1f} ms/token" if step.per_token is not None else ""
+    return (
+        f"{step.at - started:7.0f}s {requests} req/s {tokens} tok/s  in flight {step.in_flight:5.0f}"
+        f"  waiting {step.waiting:4.0f}{latency}"
+    )
 
 
 def summary(calibration: Calibration) -> str:
     best = calibration.best
     if best is None or best.requests is None:
-        return "no rate was measured while nothing waited: start the ramp lower, or give it longer"
+        return "no rate was measured while nothing waited (and within the latency target): start the ramp lower, or give it longer"
     tokens = f" ({best.tokens:.0f} weighted tokens/s, demandUnit: tokens)" if best.tokens is not None else ""
+    limit = "requests started waiting"
+    if calibration.per_token_target is not None:
+        limit += f" or the time per output token passed {calibration.per_token_target * 1000:g} ms"
     reached = (
-        "requests started waiting past it"
+        f"{limit} past it"
         if calibration.saturated
         else "requests never waited: the ramp did not reach this pod's capacity, so this is a lower bound"
     )
+    within = " and within the latency target" if calibration.per_token_target is not None else ""
     return (
-        f"highest arrival rate with nothing waiting: {best.requests:.2f} requests/s{tokens}; {reached}.\n"
+        f"highest arrival rate with nothing waiting{within}: {best.requests:.2f} requests/s{tokens}; {reached}.\n"
         f'threshold for metric: demand: a little below it, e.g. "{best.requests * 0.9:.3g}" (90 %), lower'
         " for more latency headroom"
     )

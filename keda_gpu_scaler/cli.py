@@ -145,6 +145,14 @@ def add_calibrate_arguments(calibrate: argparse.ArgumentParser) -> None:
         default=DEFAULT_PREFILL_WEIGHT,
         help="what a prompt token weighs against a generated one (demandUnit: tokens)",
     )
+    calibrate.add_argument(
+        "--per-token-target",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="milliseconds per output token not to pass (the engine's inter-token latency histogram);"
+        " without it, the limit is requests waiting",
+    )
     calibrate.add_argument("--scrape-timeout", default="3", help="seconds per read of the page")
 
 
@@ -272,9 +280,17 @@ def _calibrate(args: argparse.Namespace) -> int:
     from keda_gpu_scaler import calibrate
     from keda_gpu_scaler.collect.http import exporter_fetcher
 
-    if args.interval <= 0 or args.window < 2 * args.interval or args.duration <= 0 or args.sustain < 1:
+    target = args.per_token_target
+    if (
+        args.interval <= 0
+        or args.window < 2 * args.interval
+        or args.duration <= 0
+        or args.sustain < 1
+        or (target is not None and not target > 0)
+    ):
         raise SettingsError(
-            "calibrate needs --interval > 0, --window of at least two intervals, --duration > 0 and --sustain >= 1"
+            "calibrate needs --interval > 0, --window of at least two intervals, --duration > 0, --sustain >= 1"
+            " and --per-token-target > 0"
         )
     configure_logging("warning", "text")
     settings = build_settings({"scrape_timeout": args.scrape_timeout, "kubernetes": "off"})
@@ -285,6 +301,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         engine=args.engine,
         model=args.model,
         prefill_weight=args.prefill_weight,
+        per_token_target=None if args.per_token_target is None else args.per_token_target / 1000,
     )
 
     async def measure() -> calibrate.Calibration:
