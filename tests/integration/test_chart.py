@@ -859,9 +859,10 @@ def test_notes_name_the_scaler_address() -> None:
     assert notes.count("scalerAddress: keda-gpu-scaler.keda:6000") == 2
     assert "metric: requests" in notes and "metric: utilization" in notes  # an LLM server, a GPU workload
     assert "port-forward" in notes
-    assert "names no registry" in notes and "make image" in notes
-    pushed = render_files({"image": {"repository": "registry.example/keda-gpu-scaler"}})
-    assert "names no registry" not in pushed["keda-gpu-scaler/templates/NOTES.txt"]
+    # The default is the released image on ghcr.io; a repository without a registry is a local build.
+    assert "ghcr.io/keda-gpu-scaler/keda-gpu-scaler:" in notes and "names no registry" not in notes
+    local = render_files({"image": {"repository": "keda-gpu-scaler"}})["keda-gpu-scaler/templates/NOTES.txt"]
+    assert "names no registry" in local and "make image" in local
     with_mtls = render_files({"tls": {"enabled": True, "certManager": {"enabled": True}}})
     assert with_mtls["keda-gpu-scaler/templates/NOTES.txt"].count("name: keda-gpu-scaler-mtls") == 2
 
