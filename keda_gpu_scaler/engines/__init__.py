@@ -9,7 +9,7 @@ pods and turning a missing value into a status are the caller's job.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from keda_gpu_scaler import exposition
 from keda_gpu_scaler.engines import llamacpp, sglang, tgi, triton, trtllm, trtllm_serve, vllm
@@ -191,8 +191,31 @@ def pod_reading(
     else:
         # The engine's format on the page; on a page without any, its first one names what is missing.
         formats = _BY_ENGINE[named]
-        module = _module_on(names, formats) or formats[0]
+        found = _module_on(names, formats)
+        module = found or formats[0]
+        if found is None and (other := _module_on(names, ENGINES)) is not None:
+            # Another engine's page: say which, so the reader need not guess from the families missing.
+            reading = module.read([s for s in page if s.name in module.sample_names], model)
+            return _noted(
+                reading,
+                f"the page is recognised as engine {other.engine.value} (it carries {other.signature}):"
+                f" set engine: {other.engine.value} or auto",
+            )
     return module.read([s for s in page if s.name in module.sample_names], model)
+
+
+def _noted(reading: InferenceReading, note: str) -> InferenceReading:
+    """The reading with `note` added to the reason of each value it is missing."""
+
+    def note_on(value: Value) -> Value:
+        return replace(value, reason=f"{value.reason}; {note}") if isinstance(value, Missing) else value
+
+    return replace(
+        reading,
+        waiting=note_on(reading.waiting),
+        running=note_on(reading.running),
+        kv_cache=note_on(reading.kv_cache),
+    )
 
 
 def value_for(reading: InferenceReading, metric: InferenceMetric | str) -> Value:
