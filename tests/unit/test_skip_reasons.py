@@ -15,9 +15,9 @@ def test_a_skipped_test_is_listed_with_its_reason(tmp_path: Path) -> None:
         "import pytest\n\n\ndef test_needs_a_tool() -> None:\n    pytest.skip('the tool is not installed')\n"
     )
     # The project's own configuration, on a test file of its own: what `make test` prints for a skip.
+    command = [sys.executable, "-m", "pytest", "-q", "-c", str(ROOT / "pyproject.toml")]
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path)]
-        + ["-p", "no:randomly", "-p", "no:cacheprovider", str(test)],
+        [*command, "--rootdir", str(tmp_path), "-p", "no:randomly", "-p", "no:cacheprovider", str(test)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
