@@ -57,7 +57,7 @@ soak: proto $(VENV)/.bench-stamp ## fuzz 10,000 examples per property; 10 min of
 	$(PY) -m bench.soak_registry --minutes 4
 	$(PY) -m bench.soak_hostile --minutes 4 --profile
 
-docs: proto $(STAMP) ## refresh the README's tables and docs/RELIABILITY.md from the code and the fault table
+docs: proto $(STAMP) ## refresh docs/reference.md's tables and docs/RELIABILITY.md from the code and the fault table
 	$(PY) scripts/readme_tables.py
 	cd tests && ../$(PY) -c "import faults, pathlib; pathlib.Path('../docs/RELIABILITY.md').write_text(faults.reliability_markdown())"
 

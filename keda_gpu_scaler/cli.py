@@ -47,7 +47,7 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_demo_arguments(demo: argparse.ArgumentParser) -> None:
-    """The demo's flags (the README's table of them is made from these)."""
+    """The demo's flags (the table of them in docs/reference.md is made from these)."""
     demo.add_argument(
         "--grpc-address", default="127.0.0.1:6000", help="the scaler's gRPC address, KEDA's side"
     )

@@ -267,7 +267,7 @@ def _pod_selector(key: str, raw: str) -> str:
     return raw.strip()
 
 
-# The one table of keys: it drives parsing, the defaults, and the README's metadata table.
+# The one table of keys: it drives parsing, the defaults, and docs/reference.md's metadata table.
 _REQUIRED = object()
 
 

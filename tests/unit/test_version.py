@@ -54,7 +54,18 @@ def test_every_kustomization_sets_this_image_tag() -> None:
 
 def test_every_image_reference_in_manifests_charts_and_docs_is_this_version() -> None:
     tracked = subprocess.run(
-        ["git", "ls-files", "manifests", "charts", "docs", "README.md", "Makefile", "Dockerfile"],
+        [
+            "git",
+            "ls-files",
+            "manifests",
+            "charts",
+            "docs",
+            ".github",
+            "README.md",
+            "CHANGELOG.md",
+            "Makefile",
+            "Dockerfile",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
