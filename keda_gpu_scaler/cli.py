@@ -211,7 +211,7 @@ def _log_unconfigured(settings: Settings) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from keda_gpu_scaler.demo_runner import run_demo
+    from keda_gpu_scaler.demo.runner import run_demo
 
     configure_logging("info", "text")
     settings = build_settings(

@@ -24,17 +24,12 @@ from keda_gpu_scaler.engines import PodSamples
 from keda_gpu_scaler.errors import ConfigError, NoData
 from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.pending import ReplicaInput, pending_evaluation
-from keda_gpu_scaler.registry import Explanation, Followed, Memo, Subscription
+from keda_gpu_scaler.registry import Explanation, Followed, Subscription
 from keda_gpu_scaler.scaling import Evaluation, evaluate, inference_pod_values, pod_values
 from keda_gpu_scaler.trigger import Aggregation, Source, TriggerSpec
 from keda_gpu_scaler.vendors import GpuReading
 
 log = logging.getLogger(__name__)
-
-
-# GetMetrics is always followed by IsActive, and many streams and polls ask about the same data: one
-# evaluation serves them all until the namespace's data changes, a page ages out, a source turns fresh,
-# or targets move. A "no data" answer is worked out on every call: its reasons move on their own.
 
 
 class TargetResolver(Protocol):
@@ -71,9 +66,8 @@ def aggregation_for(spec: TriggerSpec, metric_type: str | None) -> tuple[Aggrega
 
 
 class Evaluator:
-    # The evaluation memo (off: every call evaluates); the caches benchmark turns it off to measure what it
-    # saves (docs/BENCHMARKS.md, "Caches").
-    reuse_evaluations = True
+    """Works out a trigger's value on every call, from the store only: at the rate KEDA calls (each
+    ScaledObject every 30 s by default) an evaluation costs far less than keeping one would save."""
 
     def __init__(
         self,
@@ -164,35 +158,20 @@ class Evaluator:
         subscription = followed.triggers[spec]  # follow() made it before any evaluation
         targets = self._targets.resolve(namespace, name, spec) if self._targets is not None else None
         now = self._clock()
-        version, epoch = self._store.version(namespace), self._store.epoch
-        memo = subscription.memo
-        reads_sources = targets is None or bool(targets.pods)
         kind = self.kind_of(spec)
-        if (
-            self.reuse_evaluations
-            and memo is not None
-            and memo.still_right(version, epoch, targets, now)
-            # A source fresh again with the page it had (after an outage or a pause) moves no version.
-            and (
-                not reads_sources
-                or memo.fresh == self._store.fresh(namespace, now, self._staleness(kind), kind)
-            )
-        ):
-            return memo.evaluation
         view = None
-        if reads_sources:
+        if targets is None or targets.pods:
             view = self._store.view(namespace, now, self._staleness(kind), kind)
         try:
-            evaluation, notes, valid_until, fresh = self._evaluate(followed, spec, targets, view)
+            evaluation, notes = self._evaluate(followed, spec, targets, view)
         except NoData as error:
             self._record(followed, subscription, None, str(error), (), targets)
             raise
-        if memo is not None and memo.evaluation == evaluation:
-            # The same result again (a page renewed, the memo's time up): the objects already held stay and
-            # the new ones die at once, so equal results do not promote new long-lived objects through the
-            # collector's generations (10-20 ms pauses with 500 ScaledObjects when they did).
-            evaluation = memo.evaluation
-        subscription.memo = Memo(version, epoch, targets, valid_until, evaluation, fresh)
+        last = subscription.explanation
+        if last is not None and last.evaluation == evaluation:
+            # The same result again: the objects already held stay and the new ones die at once, so equal
+            # results do not promote new long-lived objects through the collector's generations.
+            evaluation = last.evaluation
         self._record(followed, subscription, evaluation, None, notes, targets)
         return evaluation
 
@@ -321,15 +300,16 @@ class Evaluator:
 
     def _evaluate(
         self, followed: Followed, spec: TriggerSpec, targets: Targets | None, view: NamespaceView | None
-    ) -> tuple[Evaluation, tuple[str, ...], float, tuple[str, ...]]:
-        """The evaluation from the namespace's view (None: no pods to read), its notes, until when it
-        stays right if the store does not change, and the fresh sources it read."""
+    ) -> tuple[Evaluation, tuple[str, ...]]:
+        """The evaluation from the namespace's view (None: no pods to read) and its notes."""
         namespace = followed.namespace
         kind = self.kind_of(spec)
         if view is None:
             # Scaled to zero with discovery healthy: 0 and inactive, whatever the sources say (SPEC §4).
+            # A target with pods that are not Ready yet is not at zero: evaluate() says UNAVAILABLE.
             assert targets is not None
-            return evaluate({}, (), spec, aggregation_for(spec, targets.metric_type)[0]), (), float("inf"), ()
+            aggregation = aggregation_for(spec, targets.metric_type)[0]
+            return evaluate({}, (), spec, aggregation, targets.starting), ()
         problems = "; ".join(view.problems[:5])
         if view.sources == 0:
             raise NoData(f"no {kind.value} source is configured or discovered for namespace {namespace!r}")
@@ -397,10 +377,14 @@ class Evaluator:
             reporting = pod_values(gpu, spec)
         try:
             return (
-                evaluate(reporting, target_pods - reporting.keys(), spec, aggregation),
+                evaluate(
+                    reporting,
+                    target_pods - reporting.keys(),
+                    spec,
+                    aggregation,
+                    targets.starting if targets is not None else (),
+                ),
                 notes,
-                view.valid_until,
-                view.fresh,
             )
         except NoData as error:
             raise NoData(f"{error}{'; ' + problems if problems else ''}") from None

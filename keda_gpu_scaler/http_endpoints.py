@@ -69,7 +69,9 @@ def evaluation_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]
         "aggregation": evaluation.aggregation.value,
         "pods": [_pod_json(p) for p in evaluation.pods],
         "missingPods": list(evaluation.missing_pods),
+        "startingPods": list(evaluation.starting_pods),
         "missingPodValue": evaluation.missing_pod_value,
+        "rule": evaluation.rule,
         "hpa": _hpa_json(evaluation),
     }
 

@@ -11,9 +11,9 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any
 
-from keda_gpu_scaler.collect.gateway import DEFAULT_GATEWAY_METRICS_PORT
 from keda_gpu_scaler.engines import ENGINE_CHOICES, accepts_model, engine_supports, unsupported_message
 from keda_gpu_scaler.errors import ConfigError, quoted
+from keda_gpu_scaler.gateways import DEFAULT_GATEWAY_METRICS_PORT
 from keda_gpu_scaler.names import OBJECT_NAME_RULE, is_object_name
 from keda_gpu_scaler.vendors import Family, NvidiaField
 

@@ -310,7 +310,7 @@ async def test_version() -> None:
 async def test_explain_shows_an_inference_servers_inputs_in_columns_of_its_own(  # type: ignore[no-untyped-def]
     make_exporter, metric: str, threshold: str, value_column: str, value: str, replicas: str
 ) -> None:
-    from keda_gpu_scaler.engines.simulated import EngineLoad, vllm_page
+    from keda_gpu_scaler.demo.engines import EngineLoad, vllm_page
 
     server = await make_exporter(vllm_page("llama", [EngineLoad(12, 30, 0.5)]))
     code, out, err = await run_cli(
@@ -335,7 +335,7 @@ async def test_explain_shows_an_inference_servers_inputs_in_columns_of_its_own( 
 
 
 async def test_explain_shows_each_trigger_of_a_scaledobject_from_one_scrape(make_exporter) -> None:  # type: ignore[no-untyped-def]
-    from keda_gpu_scaler.engines.simulated import EngineLoad, vllm_page
+    from keda_gpu_scaler.demo.engines import EngineLoad, vllm_page
 
     server = await make_exporter(vllm_page("llama", [EngineLoad(12, 30, 0.5)]))
     common = ["--inference-url", f"llm/chat-0={server.url}", "--namespace", "llm", "--name", "chat"]
@@ -361,7 +361,7 @@ async def test_explain_without_a_page_to_read_names_the_flags() -> None:
 
 
 async def test_explain_shows_each_endpoint_picker_replica(make_exporter) -> None:  # type: ignore[no-untyped-def]
-    from keda_gpu_scaler.gateways.simulated import Queued, epp_page
+    from keda_gpu_scaler.demo.epp import Queued, epp_page
 
     fresh = await make_exporter(epp_page("chat-pool", {Queued("llama"): 2, Queued("other", "x"): 1}))
     dead = await make_exporter("")

@@ -452,35 +452,6 @@ async def test_stream_limit_is_resource_exhausted(make_exporter, make_scaler) ->
         stream.cancel()
 
 
-async def test_one_evaluation_serves_repeated_calls_until_data_changes(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
-    exporter = await make_exporter(four_pods_at(50))
-    scaler = await make_scaler(exporter, scrape_interval=0.2, max_staleness=30.0)
-    evaluations = scaler.app.telemetry.evaluations.labels("ok")
-
-    async def fresh() -> None:
-        assert await value_of(scaler) == 200
-
-    await eventually(fresh)
-    before = evaluations._value.get()
-    scrapes = exporter.requests
-
-    async def scraped_twice_more() -> None:
-        assert exporter.requests >= scrapes + 2
-        assert await value_of(scaler) == 200
-        assert (await scaler.stub.IsActive(ref())).result is True
-
-    await eventually(scraped_twice_more)
-    # Scrapes of an unchanged page went on between the calls; none made the value be computed again.
-    assert evaluations._value.get() == before
-    exporter.page = four_pods_at(60)
-
-    async def changed() -> None:
-        assert await value_of(scaler) == 240
-
-    await eventually(changed)
-    assert evaluations._value.get() > before
-
-
 async def test_unchanged_page_is_not_parsed_again_but_stays_fresh(
     make_exporter, make_scaler, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
