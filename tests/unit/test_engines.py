@@ -16,6 +16,7 @@ from support import tgi_page
 
 from keda_gpu_scaler.collect.prometheus_answer import inference_pods, parse_vector, samples_with_times
 from keda_gpu_scaler.collect.promql import TIMESTAMP_LABEL, any_of, values_and_times
+from keda_gpu_scaler.demo import engines as simulated
 from keda_gpu_scaler.engines import (
     ENGINE_CHOICES,
     ENGINE_SAMPLE_NAMES,
@@ -32,7 +33,6 @@ from keda_gpu_scaler.engines import (
     pod_reading,
     recognise,
     sglang,
-    simulated,
     supported_metrics,
     tgi,
     triton,
