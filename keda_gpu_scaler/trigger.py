@@ -157,10 +157,29 @@ _DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1
 MIN_THRESHOLD = 0.001
 
 
+_BLANKS = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab", " ": "a blank"}
+
+
+def _around_a_number(raw: str) -> str:
+    """Why a number with white space around it is refused, naming the character: a YAML `|` block keeps
+    its last newline, which the repr alone (`'16\\n'`) leaves for the reader to spot."""
+    end = next((f"it ends in {_BLANKS[c]}" for c in raw[-1:] if c in _BLANKS), None)
+    start = next((f"it starts with {_BLANKS[c]}" for c in raw[:1] if c in _BLANKS), None)
+    what = " and ".join(filter(None, (start, end)))
+    hint = (
+        " (a YAML `|` block keeps its last newline: use a quoted value or `|-`)" if raw.endswith("\n") else ""
+    )
+    return f": {what}{hint}"
+
+
 def _number(key: str, raw: str) -> float:
     if not _DECIMAL.fullmatch(raw):
+        # A number with white space around it is refused too (KEDA passes the value as written), but the
+        # message says what is there.
+        why = _around_a_number(raw) if raw.strip() and _DECIMAL.fullmatch(raw.strip()) else ""
         raise ConfigError(
-            f"metadata {key}={quoted(raw)} is not a number; allowed: a finite decimal number like 70 or 0.5"
+            f"metadata {key}={quoted(raw)} is not a number{why}; allowed: a finite decimal number like 70"
+            " or 0.5"
         )
     value = float(raw)
     if not math.isfinite(value):
@@ -289,7 +308,7 @@ def _pod_selector(key: str, raw: str) -> str:
     return raw.strip()
 
 
-# The one table of keys: it drives parsing, the defaults, and the README's metadata table.
+# The one table of keys: it drives parsing, the defaults, and docs/reference.md's metadata table.
 _REQUIRED = object()
 
 

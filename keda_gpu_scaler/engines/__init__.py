@@ -9,7 +9,7 @@ pods and turning a missing value into a status are the caller's job.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from keda_gpu_scaler import exposition
 from keda_gpu_scaler.engines import llamacpp, sglang, tgi, triton, trtllm, trtllm_serve, vllm
@@ -250,10 +250,40 @@ def pod_reading(
     engine, whatever else it carries. `model` keeps only series whose `model_name`/`model` equals it.
     """
     page = [sample for sample in samples if sample.name in ENGINE_SAMPLE_NAMES]
-    module = _module_for({sample.name for sample in page}, engine)
-    if module is None:
-        return _no_engine()
+    names = {sample.name for sample in page}
+    named = _engine(engine)
+    if named is None:
+        module = _module_on(names, ENGINES)
+        if module is None:
+            return _no_engine()
+    else:
+        # The engine's format on the page; on a page without any, its first one names what is missing.
+        formats = _BY_ENGINE[named]
+        found = _module_on(names, formats)
+        module = found or formats[0]
+        if found is None and (other := _module_on(names, ENGINES)) is not None:
+            # Another engine's page: say which, so the reader need not guess from the families missing.
+            reading = module.read([s for s in page if s.name in module.sample_names], model)
+            return _noted(
+                reading,
+                f"the page is recognised as engine {other.engine.value} (it carries {other.signature}):"
+                f" set engine: {other.engine.value} or auto",
+            )
     return module.read([s for s in page if s.name in module.sample_names], model)
+
+
+def _noted(reading: InferenceReading, note: str) -> InferenceReading:
+    """The reading with `note` added to the reason of each value it is missing."""
+
+    def note_on(value: Value) -> Value:
+        return replace(value, reason=f"{value.reason}; {note}") if isinstance(value, Missing) else value
+
+    return replace(
+        reading,
+        waiting=note_on(reading.waiting),
+        running=note_on(reading.running),
+        kv_cache=note_on(reading.kv_cache),
+    )
 
 
 def value_for(reading: InferenceReading, metric: InferenceMetric | str) -> Value:
@@ -307,11 +337,10 @@ def pod_counters(
     """One pod's gauges and its demand counters from its own page (parsed with ENGINE_SAMPLE_NAMES and
     DEMAND_SAMPLE_NAMES), the page read as pod_reading() reads it (the gauges decide the engine)."""
     page = [s for s in samples if s.name in ENGINE_SAMPLE_NAMES or s.name in DEMAND_SAMPLE_NAMES]
+    gauges = pod_reading(page, engine, model)
     module = _module_for({s.name for s in page if s.name in ENGINE_SAMPLE_NAMES}, engine)
     if module is None:
-        missing = _no_engine()
-        return missing, DemandCounters(missing.waiting, missing.waiting, missing.waiting)
-    gauges = module.read([s for s in page if s.name in module.sample_names], model)
+        return gauges, DemandCounters(gauges.waiting, gauges.waiting, gauges.waiting)
     # The gauges too: a counter may count only where a gauge says whose it is (trtllm.read_counters).
     own = module.counter_names | module.sample_names
     counters = module.read_counters([s for s in page if s.name in own], model)

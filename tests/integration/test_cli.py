@@ -24,8 +24,9 @@ METADATA = {"podNamePrefix": "vllm-", "threshold": "70"}
 
 
 async def start_serve(
-    *args: str, env: dict[str, str] | None = None
+    *args: str, env: dict[str, str] | None = None, logged: list[str] | None = None
 ) -> tuple[asyncio.subprocess.Process, int]:
+    """serve on free ports; `logged` gets the lines it printed until it was ready."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -46,6 +47,8 @@ async def start_serve(
         while True:
             line = (await process.stderr.readline()).decode()
             assert line, "serve exited before it was ready"
+            if logged is not None:
+                logged.append(line)
             if match := READY_LINE.search(line):
                 return process, int(match.group(1))
 
@@ -246,6 +249,49 @@ async def test_a_second_demo_on_a_taken_port_is_one_line_naming_the_flag(flag: s
     # As with serve: the last line says it (gRPC's own library may log a line of its own before).
     last = err.strip().splitlines()[-1]
     assert last.startswith("keda-gpu-scaler: ") and flag in last and str(port) in last
+
+
+@pytest.mark.parametrize(
+    ("args", "named", "not_named"),
+    [
+        (
+            ["--gateway-url", "llm/pool=http://127.0.0.1:9/metrics"],
+            ["--exporter-url", "--inference-url"],
+            ["--gateway-url"],
+        ),
+        (
+            ["--inference-url", "llm/vllm-0=http://127.0.0.1:9/metrics"],
+            ["--exporter-url", "--gateway-url"],
+            ["--inference-url"],
+        ),
+        (
+            ["--exporter-url", "http://127.0.0.1:9/metrics"],
+            ["--inference-url", "--gateway-url"],
+            ["--exporter-url"],
+        ),
+    ],
+)
+async def test_serve_names_only_the_pages_it_was_not_given(
+    processes: list[asyncio.subprocess.Process], args: list[str], named: list[str], not_named: list[str]
+) -> None:
+    logged: list[str] = []
+    process, _ = await start_serve(*args, logged=logged)
+    processes.append(process)
+    text = "".join(logged)
+    assert "every call will answer UNAVAILABLE" not in text
+    (line,) = [line for line in logged if "answer UNAVAILABLE" in line]
+    assert all(flag in line for flag in named), line
+    assert not any(flag in line for flag in not_named), line
+
+
+async def test_serve_with_no_page_at_all_says_every_call_answers_unavailable(
+    processes: list[asyncio.subprocess.Process],
+) -> None:
+    logged: list[str] = []
+    process, _ = await start_serve(logged=logged)
+    processes.append(process)
+    (line,) = [line for line in logged if "answer UNAVAILABLE" in line]
+    assert "no --exporter-url or --inference-url or --gateway-url given: every call will answer" in line
 
 
 async def test_version() -> None:

@@ -1025,3 +1025,16 @@ def test_a_family_declared_with_another_type_is_named() -> None:
         "# TYPE sglang:token_usage untyped"
     )
     assert wrong_types(text) == {"vllm:num_requests_waiting": "counter", "tgi_queue_size": "summary"}
+
+
+def test_a_named_engine_on_another_engines_page_says_what_the_page_is() -> None:
+    reading = pod_reading(page("vllm_v1.prom"), "sglang")
+    assert reading.engine is Engine.SGLANG
+    for value in (reading.waiting, reading.running, reading.kv_cache):
+        assert isinstance(value, Missing) and value.kind is MissingKind.FAMILY_ABSENT
+        assert value.reason.endswith(
+            f"; the page is recognised as engine vllm (it carries {vllm.WAITING}): set engine: vllm or auto"
+        ), value.reason
+    # A page of no engine at all has nothing to name.
+    bare = pod_reading([], "sglang")
+    assert isinstance(bare.waiting, Missing) and "recognised" not in bare.waiting.reason
