@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import math
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -27,7 +25,22 @@ from keda_gpu_scaler.engines import (
 )
 from keda_gpu_scaler.errors import ConfigError, quoted
 from keda_gpu_scaler.gateways import DEFAULT_GATEWAY_METRICS_PORT
-from keda_gpu_scaler.names import OBJECT_NAME_RULE, is_object_name
+from keda_gpu_scaler.metadata_values import (
+    enum_parser,
+    parse_activation_threshold,
+    parse_engine,
+    parse_inference_pool,
+    parse_metric_name,
+    parse_metrics_path,
+    parse_metrics_port,
+    parse_model,
+    parse_pod_name_prefix,
+    parse_pod_selector,
+    parse_port_number,
+    parse_prefill_weight,
+    parse_threshold,
+    parse_window,
+)
 from keda_gpu_scaler.vendors import Family, NvidiaField
 
 
@@ -102,9 +115,6 @@ FROM_ENV = "FromEnv"
 MAX_METADATA_KEYS = 64
 MAX_METADATA_VALUE_CHARS = 1024
 MAX_METADATA_KEY_CHARS = 128
-# A metric name becomes a path segment of the HPA's external metric (`s0-<name>`).
-_METRIC_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,198}[A-Za-z0-9])?")
-_POD_NAME_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251})?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,176 +148,6 @@ class TriggerSpec:
     prefill_weight: float = DEFAULT_PREFILL_WEIGHT
 
 
-def _enum_parser(enum: type[StrEnum]) -> Callable[[str, str], Any]:
-    allowed = ", ".join(member.value for member in enum)
-
-    def parse(key: str, raw: str) -> StrEnum:
-        try:
-            return enum(raw)
-        except ValueError:
-            raise ConfigError(f"metadata {key}={quoted(raw)} is not allowed; use one of: {allowed}") from None
-
-    return parse
-
-
-# ASCII decimal only: float() also takes "５０", "٣", "5_0", "nan" and "1e-320", none of which a person
-# means as a threshold.
-_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
-# KEDA treats a target under 0.0005 as none at all (the HPA becomes invalid).
-MIN_THRESHOLD = 0.001
-
-
-_BLANKS = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab", " ": "a blank"}
-
-
-def _around_a_number(raw: str) -> str:
-    """Why a number with white space around it is refused, naming the character: a YAML `|` block keeps
-    its last newline, which the repr alone (`'16\\n'`) leaves for the reader to spot."""
-    end = next((f"it ends in {_BLANKS[c]}" for c in raw[-1:] if c in _BLANKS), None)
-    start = next((f"it starts with {_BLANKS[c]}" for c in raw[:1] if c in _BLANKS), None)
-    what = " and ".join(filter(None, (start, end)))
-    hint = (
-        " (a YAML `|` block keeps its last newline: use a quoted value or `|-`)" if raw.endswith("\n") else ""
-    )
-    return f": {what}{hint}"
-
-
-def _number(key: str, raw: str) -> float:
-    if not _DECIMAL.fullmatch(raw):
-        # A number with white space around it is refused too (KEDA passes the value as written), but the
-        # message says what is there.
-        why = _around_a_number(raw) if raw.strip() and _DECIMAL.fullmatch(raw.strip()) else ""
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is not a number{why}; allowed: a finite decimal number like 70"
-            " or 0.5"
-        )
-    value = float(raw)
-    if not math.isfinite(value):
-        raise ConfigError(f"metadata {key}={quoted(raw)} must be a finite number")
-    return value
-
-
-def _threshold(key: str, raw: str) -> float:
-    value = _number(key, raw)
-    # The upper bound (100 for percentages) depends on the metric: checked once all keys are read.
-    if value < MIN_THRESHOLD:
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is out of range; allowed: {MIN_THRESHOLD:g} <= {key} (and <= 100 for"
-            " the percentage metrics utilization, memory and kv_cache)"
-        )
-    return value
-
-
-def _engine(key: str, raw: str) -> str:
-    if raw not in ENGINE_CHOICES:
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is not allowed; use one of: {', '.join(ENGINE_CHOICES)}"
-        )
-    return raw
-
-
-def _model(key: str, raw: str) -> str:
-    # Blanks at either end are a quoting slip in the YAML, never part of a served model's name.
-    if not raw or len(raw) > 253 or not raw.isprintable() or raw != raw.strip():
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is not a model name; allowed: 1-253 printable characters,"
-            " not starting or ending with a blank"
-        )
-    return raw
-
-
-_PORT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?")
-
-
-def _metrics_port(key: str, raw: str) -> str:
-    if raw.isascii() and raw.isdigit() and 1 <= int(raw) <= 65535:
-        return str(int(raw))
-    if _PORT_NAME.fullmatch(raw) and any(c.isalpha() for c in raw):
-        return raw
-    raise ConfigError(
-        f"metadata {key}={quoted(raw)} is not a port; allowed: a number 1-65535 or a container port name"
-        " (at most 15 lower-case letters, digits and '-')"
-    )
-
-
-_PATH = re.compile(r"/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*")
-
-
-def _metrics_path(key: str, raw: str) -> str:
-    if not _PATH.fullmatch(raw) or len(raw) > 256:
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is not a URL path; allowed: a path starting with '/', without"
-            " query or fragment, e.g. /metrics"
-        )
-    return raw
-
-
-def _inference_pool(key: str, raw: str) -> str:
-    if not is_object_name(raw):
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is not an InferencePool name; allowed: {OBJECT_NAME_RULE}"
-            " (the pool is always in the ScaledObject's own namespace)"
-        )
-    return raw
-
-
-def _window(key: str, raw: str) -> float:
-    value = _number(key, raw)
-    if not MIN_WINDOW_SECONDS <= value <= MAX_WINDOW_SECONDS:
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is out of range; allowed: seconds,"
-            f" {MIN_WINDOW_SECONDS:g} <= {key} <= {MAX_WINDOW_SECONDS:g}"
-        )
-    return value
-
-
-def _prefill_weight(key: str, raw: str) -> float:
-    value = _number(key, raw)
-    if not 0 <= value <= 1:
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is out of range; allowed: 0 <= {key} <= 1 (what one prompt token"
-            " weighs against one generated token)"
-        )
-    return value
-
-
-def _port_number(key: str, raw: str) -> int:
-    if raw.isascii() and raw.isdigit() and 1 <= int(raw) <= 65535:
-        return int(raw)
-    raise ConfigError(f"metadata {key}={quoted(raw)} is not a port number; allowed: a number 1-65535")
-
-
-def _activation_threshold(key: str, raw: str) -> float:
-    value = _number(key, raw)
-    if value < 0:
-        raise ConfigError(f"metadata {key}={quoted(raw)} is out of range; allowed: a finite number >= 0")
-    return value
-
-
-def _metric_name(key: str, raw: str) -> str:
-    if not _METRIC_NAME.fullmatch(raw):
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is not a valid metric name; allowed: 1-200 letters, digits, '-', '_' or '.',"
-            " starting and ending with a letter or digit"
-        )
-    return raw
-
-
-def _pod_name_prefix(key: str, raw: str) -> str:
-    if not _POD_NAME_PREFIX.fullmatch(raw):
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is not a pod name prefix; allowed: lower-case letters, digits, '-' and '.',"
-            " starting with a letter or digit"
-        )
-    return raw
-
-
-def _pod_selector(key: str, raw: str) -> str:
-    if not raw.strip():
-        raise ConfigError(f"metadata {key}={quoted(raw)} is empty; allowed: a Kubernetes label selector")
-    return raw.strip()
-
-
 # The one table of keys: it drives parsing, the defaults, and docs/reference.md's metadata table.
 _REQUIRED = object()
 
@@ -330,7 +170,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "metric",
         "metric",
-        _enum_parser(Metric),
+        enum_parser(Metric),
         Metric.UTILIZATION,
         "`utilization`",
         "`utilization` (GPU busy %, 0–100 per GPU), `memory` (GPU memory used %, 0–100 per GPU), or from the"
@@ -342,7 +182,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "threshold",
         "threshold",
-        _threshold,
+        parse_threshold,
         _REQUIRED,
         "required",
         "target per pod: in % for utilization, memory and kv_cache (1 <= threshold <= 100); requests or"
@@ -352,7 +192,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "activationThreshold",
         "activation_threshold",
-        _activation_threshold,
+        parse_activation_threshold,
         0.0,
         "`0`",
         "active when the returned value is greater than this (a finite number >= 0)",
@@ -360,7 +200,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "podSelector",
         "pod_selector",
-        _pod_selector,
+        parse_pod_selector,
         None,
         "the scale target's selector",
         "Kubernetes label selector for the target pods (Kubernetes on only)",
@@ -368,7 +208,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "podNamePrefix",
         "pod_name_prefix",
-        _pod_name_prefix,
+        parse_pod_name_prefix,
         None,
         "none",
         "without Kubernetes (required there): the target pods are the namespace's pods whose name starts with this",
@@ -376,7 +216,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "gpuAggregation",
         "gpu_aggregation",
-        _enum_parser(GpuAggregation),
+        enum_parser(GpuAggregation),
         GpuAggregation.MEAN,
         "`mean`",
         "how one pod's GPUs combine: `mean` or `max`",
@@ -384,7 +224,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "aggregation",
         "aggregation",
-        _enum_parser(Aggregation),
+        enum_parser(Aggregation),
         None,
         "from `metricType`, else `sum`",
         "how pods combine into the returned value: `sum` (for AverageValue), `mean` (for Value), `max`",
@@ -392,7 +232,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "vendor",
         "vendor",
-        _enum_parser(Vendor),
+        enum_parser(Vendor),
         Vendor.AUTO,
         "`auto`",
         "`auto`, `nvidia`, `amd`, `ack`: which exporters' series may count",
@@ -400,7 +240,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "nvidiaField",
         "nvidia_field",
-        _enum_parser(NvidiaField),
+        enum_parser(NvidiaField),
         NvidiaField.AUTO,
         "`auto`",
         "`gpu_util` (DCGM_FI_DEV_GPU_UTIL), `gr_engine_active` (DCGM_FI_PROF_GR_ENGINE_ACTIVE × 100), or `auto`"
@@ -409,7 +249,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "source",
         "source",
-        _enum_parser(Source),
+        enum_parser(Source),
         None,
         "the server's default (pending: `scrape`)",
         "`scrape` (exporters directly) or `prometheus`; pending reads the endpoint pickers' own pages unless"
@@ -419,7 +259,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "engine",
         "engine",
-        _engine,
+        parse_engine,
         "auto",
         "`auto`",
         "inference metrics: `auto` (recognised from the page), "
@@ -428,7 +268,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "model",
         "model",
-        _model,
+        parse_model,
         None,
         "all models",
         "inference metrics: only series whose `model_name`/`model` label equals this; pending: only requests"
@@ -437,7 +277,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "metricsPort",
         "metrics_port",
-        _metrics_port,
+        parse_metrics_port,
         None,
         "port `metrics`, else `http`, else the first",
         "inference metrics with Kubernetes: the target pods' metrics port, a number or a container port name",
@@ -445,7 +285,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "metricsPath",
         "metrics_path",
-        _metrics_path,
+        parse_metrics_path,
         "/metrics",
         "`/metrics`",
         "inference metrics with Kubernetes: the path of the target pods' metrics page",
@@ -453,7 +293,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "inferencePool",
         "inference_pool",
-        _inference_pool,
+        parse_inference_pool,
         None,
         "required for pending",
         "pending (and demand, optionally): the InferencePool whose endpoint picker's queue is read, in the"
@@ -462,7 +302,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "gatewayMetricsPort",
         "gateway_metrics_port",
-        _port_number,
+        parse_port_number,
         DEFAULT_GATEWAY_METRICS_PORT,
         f"`{DEFAULT_GATEWAY_METRICS_PORT}`",
         "pending with Kubernetes: the metrics port of the pool's endpoint-picker pods",
@@ -470,7 +310,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "window",
         "window",
-        _window,
+        parse_window,
         DEFAULT_WINDOW_SECONDS,
         f"`{DEFAULT_WINDOW_SECONDS:g}`",
         f"demand: the seconds each pod's rate is taken over ({MIN_WINDOW_SECONDS:g}-{MAX_WINDOW_SECONDS:g})",
@@ -478,7 +318,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "demandUnit",
         "demand_unit",
-        _enum_parser(DemandUnit),
+        enum_parser(DemandUnit),
         DemandUnit.REQUESTS,
         "`requests`",
         "demand: `requests` (requests per second) or `tokens` (each request weighed by its prompt and"
@@ -487,7 +327,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "prefillWeight",
         "prefill_weight",
-        _prefill_weight,
+        parse_prefill_weight,
         DEFAULT_PREFILL_WEIGHT,
         f"`{DEFAULT_PREFILL_WEIGHT:g}`",
         "demand with demandUnit tokens: what one prompt token weighs against one generated token (0-1)",
@@ -495,7 +335,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "metricName",
         "metric_name",
-        _metric_name,
+        parse_metric_name,
         None,
         "`gpu-utilization` / `gpu-memory` (see the metric tables)",
         "the name GetMetricSpec returns (KEDA prefixes it with `sN-`)",
