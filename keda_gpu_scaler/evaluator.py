@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 from typing import Protocol
 
 from keda_gpu_scaler.collect.demand_history import DemandHistory
@@ -436,8 +436,6 @@ class Evaluator:
                 )
             raise
         key = (namespace, spec.inference_pool, spec.model)
-        points: Sequence[tuple[float, float]] = self.demand_history.pending(
-            key, pending.value, spec.window, now
-        )
-        evaluation, note = with_pending(evaluation, spec, list(points))
+        points = self.demand_history.pending(key, pending.value, spec.window, now)
+        evaluation, note = with_pending(evaluation, spec, points)
         return evaluation, (note,)
