@@ -13,6 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from keda_gpu_scaler import pagetext
+from keda_gpu_scaler.demo.counters import ServedTotals
 from keda_gpu_scaler.demo.engines import EngineLoad, load_for, sglang_page, split, vllm_page
 from keda_gpu_scaler.demo.gateway import DemoGateway
 from keda_gpu_scaler.demo.layout import (
@@ -80,6 +81,7 @@ class DemoFleet:
         self.inference_workloads: tuple[DemoInferenceWorkload, ...] = inference_workloads_of(inference_pods)
         # The inference gateway in front of a model server scaled to zero (SPEC §7).
         self.gateway = DemoGateway(clock)
+        self._served = ServedTotals()
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -329,7 +331,20 @@ class DemoFleet:
         loads = self.inference_loads(pod)
         if info.engine == "sglang":
             return sglang_page(info.model, loads, tp_size=info.tp_size)
-        return vllm_page(info.model, loads)
+        totals = (
+            self._served.totals(pod, self._elapsed(), lambda t: self._running_at(info, t)) if loads else []
+        )
+        return vllm_page(info.model, loads, totals)
+
+    def _running_at(self, info: InferencePod, t: float) -> list[float]:
+        """Each engine's running requests at second t (a pin holds from when it was set)."""
+        if t < info.starts_after_s:
+            return [0.0] * info.engines  # the engine is still loading its model: nothing runs
+        pin = self._request_pins.get(info.name)
+        if pin is not None:
+            return split(pin.running, info.engines)
+        loads = split(self._in_flight(info, t), info.engines)
+        return [min(share, info.max_running) for share in loads]
 
     def render_page(self, node: str) -> str:
         """The /metrics page ``node``'s exporter prints now, in that vendor's exporter format."""
