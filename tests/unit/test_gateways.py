@@ -43,6 +43,10 @@ QUEUE_CASES = [
     ("llm_d_epp_both_names.prom", None, 3),
     ("llm_d_epp_flow_control_idle.prom", None, 0),
     ("llm_d_epp_nan.prom", QWEN, 2),
+    ("gie_epp_flow_control_idle.prom", None, 0),
+    ("llm_d_epp_sharded.prom", None, 8),
+    ("llm_d_epp_no_endpoints_before.prom", None, 0),
+    ("llm_d_epp_no_endpoints_after.prom", None, 0),
 ]
 
 
