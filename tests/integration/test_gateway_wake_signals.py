@@ -83,3 +83,19 @@ async def test_a_model_never_seen_reads_0_and_explain_lists_the_models_shown(
     assert await value(scaler, metadata) == 0
     notes = (await explain(scaler))["notes"]
     assert any("'mistral' is not among the models" in n and "'Qwen/Qwen3-8B'" in n for n in notes)
+
+
+async def test_the_explain_table_says_how_many_requests_were_turned_away(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    from keda_gpu_scaler.explain import render_table
+
+    epp = await make_exporter(BEFORE)
+    scaler = await make_scaler(gateway_urls=urls(epp))
+    await eventually(lambda: value(scaler))
+    epp.page = AFTER
+
+    async def shown() -> None:
+        await scaler.stub.IsActive(ref())
+        table = render_table(await explain(scaler))
+        assert "turned away since its previous page: 5" in table, table
+
+    await eventually(shown)
