@@ -124,3 +124,35 @@ def test_the_tenant_policy_keeps_the_gateways_ports_open() -> None:
     assert "from" not in kept and kept["ports"] == GATEWAY_PORTS
     values = (CHART / "values.yaml").read_text()
     assert "9002" in values and "isolates" in values
+
+
+def test_chart_and_kustomize_component_give_the_same_identity_and_mount() -> None:
+    from test_chart import MANIFESTS, kustomize
+
+    chart = _token({"enabled": True, "plainHTTP": True})
+    component = kustomize(MANIFESTS / "examples" / "vllm-wake-from-zero" / "scaler")
+    for kind, name in (
+        ("ServiceAccount", TOKEN_SA),
+        ("Secret", f"{TOKEN_SA}-token"),
+        ("ClusterRole", TOKEN_SA),
+        ("ClusterRoleBinding", TOKEN_SA),
+    ):
+        ours, theirs = find(chart, kind, name), find(component, kind, name)
+        for key in ("rules", "subjects", "roleRef", "type", "automountServiceAccountToken"):
+            assert ours.get(key) == theirs.get(key), (kind, key)
+        annotation = "kubernetes.io/service-account.name"
+        assert ours["metadata"].get("annotations", {}).get(annotation) == theirs["metadata"].get(
+            "annotations", {}
+        ).get(annotation)
+    (theirs_container,) = find(component, "Deployment")["spec"]["template"]["spec"]["containers"]
+    token_env = {e["name"]: e["value"] for e in theirs_container["env"] if "GATEWAY_TOKEN" in e["name"]}
+    assert token_env == {k: v for k, v in env(chart).items() if "GATEWAY_TOKEN" in k}
+    volumes = [
+        [
+            v
+            for v in find(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+            if v["name"] == "gateway-token"
+        ]
+        for docs in (chart, component)
+    ]
+    assert volumes[0] == volumes[1]
