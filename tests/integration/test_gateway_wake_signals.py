@@ -99,3 +99,14 @@ async def test_the_explain_table_says_how_many_requests_were_turned_away(make_ex
         assert "turned away since its previous page: 5" in table, table
 
     await eventually(shown)
+
+
+async def test_an_idle_older_epp_reads_0_and_sharded_series_are_summed(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    idle = await make_exporter((FIXTURES / "gie_epp_flow_control_idle.prom").read_text())
+    sharded = await make_exporter((FIXTURES / "llm_d_epp_sharded.prom").read_text())
+    scaler = await make_scaler(gateway_urls=urls(idle, sharded))
+
+    async def eight() -> None:
+        assert await value(scaler) == 8  # 0 from the idle older EPP, 4 + 4 from the two shards
+
+    await eventually(eight)
