@@ -61,7 +61,7 @@ async def test_a_model_differing_only_by_case_is_invalid_argument_naming_the_mod
 ) -> None:  # type: ignore[no-untyped-def]
     epp = await make_exporter(epp_page("chat-pool", {Queued("Qwen/Qwen3-8B"): 3}))
     scaler = await make_scaler(gateway_urls=urls(epp))
-    await eventually(lambda: value(scaler))
+    # Only this trigger is ever asked about: /explain then shows it (a ScaledObject's latest trigger).
     metadata = {**PENDING, "model": "qwen/qwen3-8b"}
 
     async def refused() -> None:
@@ -79,8 +79,8 @@ async def test_a_model_never_seen_reads_0_and_explain_lists_the_models_shown(
     epp = await make_exporter(epp_page("chat-pool", {Queued("Qwen/Qwen3-8B"): 3}))
     scaler = await make_scaler(gateway_urls=urls(epp))
     metadata = {**PENDING, "model": "mistral"}
-    await eventually(lambda: value(scaler))
-    assert await value(scaler, metadata) == 0
+    # UNAVAILABLE until the page is read; then 0, and only this trigger is ever asked about.
+    assert await eventually(lambda: value(scaler, metadata)) == 0
     notes = (await explain(scaler))["notes"]
     assert any("'mistral' is not among the models" in n and "'Qwen/Qwen3-8B'" in n for n in notes)
 
