@@ -213,7 +213,7 @@ def test_client_golangs_layout_takes_the_fast_path() -> None:
         epp_page("chat-pool", {Queued(f"m{i}", f"t{i % 3}", str(i % 2)): i for i in range(30)}),
         (FIXTURES / "llm_d_epp_v0_10.prom").read_text(),
     ):
-        lines = epp._count_lines(text, epp.QUEUE)
+        lines = epp._count_lines(text, epp.QUEUE, epp._indentation(text))
         assert lines > 0 and epp._fast_columns(text, epp.QUEUE, lines) is not None
 
 
