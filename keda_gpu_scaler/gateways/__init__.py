@@ -15,6 +15,7 @@ from keda_gpu_scaler import exposition
 from keda_gpu_scaler.exposition import Sample
 from keda_gpu_scaler.gateways import epp, epp_flow
 from keda_gpu_scaler.gateways._common import (
+    DEFAULT_GATEWAY_METRICS_PORT,
     OTHER,
     GatewayProblem,
     NotAGatewayPage,
@@ -25,6 +26,7 @@ from keda_gpu_scaler.gateways._common import (
 )
 
 __all__ = [
+    "DEFAULT_GATEWAY_METRICS_PORT",
     "GATEWAYS",
     "GATEWAY_SAMPLE_NAMES",
     "MAX_QUEUE_SERIES",

@@ -22,8 +22,8 @@ from support import eventually
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App
-from keda_gpu_scaler.demo import DemoFleet
-from keda_gpu_scaler.demo_runner import (
+from keda_gpu_scaler.demo.fleet import DemoFleet
+from keda_gpu_scaler.demo.runner import (
     INFERENCE_THRESHOLD,
     REQUESTS_METRIC_NAME,
     banner,

@@ -17,7 +17,7 @@ from test_gateway import error_of, ref, urls, value
 
 from keda_gpu_scaler.collect.gateway_fetch import GatewayFetcher, gateway_fetcher
 from keda_gpu_scaler.collect.http import FetchError
-from keda_gpu_scaler.gateways.simulated import Queued, epp_page
+from keda_gpu_scaler.demo.epp import Queued, epp_page
 from keda_gpu_scaler.settings import SettingsError, build_settings
 
 PAGE = epp_page("chat-pool", {Queued("llama"): 3})

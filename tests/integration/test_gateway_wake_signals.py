@@ -9,7 +9,7 @@ import grpc
 from support import eventually
 from test_gateway import PENDING, error_of, explain, ref, urls, value
 
-from keda_gpu_scaler.gateways.simulated import Queued, epp_page
+from keda_gpu_scaler.demo.epp import Queued, epp_page
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "gateways"
 BEFORE = (FIXTURES / "llm_d_epp_no_endpoints_before.prom").read_text()

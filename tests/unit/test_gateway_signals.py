@@ -11,6 +11,7 @@ import pytest
 
 from keda_gpu_scaler.collect.gateway_source import gateway_reader
 from keda_gpu_scaler.collect.scrape import read_page
+from keda_gpu_scaler.demo.epp import Queued, epp_page
 from keda_gpu_scaler.errors import ConfigError, NoData
 from keda_gpu_scaler.exposition import Sample
 from keda_gpu_scaler.gateways import (
@@ -23,7 +24,6 @@ from keda_gpu_scaler.gateways import (
     since,
     table_from_samples,
 )
-from keda_gpu_scaler.gateways.simulated import Queued, epp_page
 from keda_gpu_scaler.pending import ReplicaInput, pending_evaluation
 from keda_gpu_scaler.trigger import parse_trigger
 

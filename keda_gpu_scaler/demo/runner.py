@@ -16,8 +16,9 @@ import grpc
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App, run_until_signalled
-from keda_gpu_scaler.demo import DemoFleet, DemoInferenceWorkload, DemoWorkload
-from keda_gpu_scaler.demo_gateway import DemoPool
+from keda_gpu_scaler.demo.fleet import DemoFleet
+from keda_gpu_scaler.demo.gateway import DemoPool
+from keda_gpu_scaler.demo.layout import DemoInferenceWorkload, DemoWorkload
 from keda_gpu_scaler.explain import counted
 from keda_gpu_scaler.settings import Settings, SettingsError
 
