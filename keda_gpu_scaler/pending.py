@@ -82,9 +82,12 @@ def pending_evaluation(
             )
     pool = f"InferencePool {namespace}/{spec.inference_pool}"
     if spec.model is not None and shown and spec.model not in shown:
-        unknown = _unknown_model(spec.model, shown, pool)
-        notes.append(unknown)
-        to_log.append(unknown)
+        notes.append(_unknown_model(spec.model, shown, pool))
+        # Logged once per ScaledObject: the line does not change as the pool shows other models.
+        to_log.append(
+            f"model {quoted(spec.model)} is not among the models {pool} has shown: read as 0 (/explain"
+            " lists the models shown)"
+        )
     if turned_away > 0:
         notes.append(
             f"active: the endpoint picker turned {turned_away:g} requests away for want of an endpoint"
@@ -121,10 +124,10 @@ def _unknown_model(model: str, shown: set[str], pool: str) -> str:
     if near:
         raise ConfigError(
             f"model {quoted(model)} matches no series of {pool}, whose endpoint picker shows model"
-            f" {near[0]!r}: the two differ only in case or blanks, and the endpoint picker compares model"
-            f" names exactly; set `model: {near[0]}`"
+            f" {quoted(near[0])}: the two differ only in case or blanks, and the endpoint picker compares"
+            f" model names exactly; set `model: {near[0][:253]}`"
         )
-    listed = ", ".join(repr(name) for name in names[:20]) + (
+    listed = ", ".join(quoted(name) for name in names[:20]) + (
         f" and {len(names) - 20} more" if len(names) > 20 else ""
     )
     return (

@@ -114,7 +114,7 @@ def _distinct(samples: Sequence[Sample], family: str) -> list[Sample]:
         before = seen.setdefault(frozenset(sample.labels.items()), sample)
         if before.value != sample.value and not (math.isnan(before.value) and math.isnan(sample.value)):
             raise NotAGatewayPage(
-                f"{family}{{{epp_flow._series(sample.labels)}}} is printed twice, with {before.value!r} and"
+                f"{family}{{{epp_flow.series_text(sample.labels)}}} is printed twice, with {before.value!r} and"
                 f" {sample.value!r}: either could be wrong"
             )
     return list(seen.values())

@@ -39,7 +39,8 @@ Growth = tuple[str, float]
 """(pool label, requests turned away since the previous page)."""
 
 
-def _series(labels: dict[str, str]) -> str:
+def series_text(labels: dict[str, str]) -> str:
+    """A label set as the text format prints it, sorted by name (for messages and as a series' key)."""
     return ",".join(f'{key}="{value}"' for key, value in sorted(labels.items()))
 
 
@@ -54,7 +55,7 @@ def turned_away(samples: Sequence[Sample]) -> tuple[Counter, ...]:
 
     A value that cannot be a counter (NaN, infinite, negative) is left out: it can tell no growth."""
     found = {
-        (s.labels.get(POOL_LABEL, ""), _series(s.labels), s.value)
+        (s.labels.get(POOL_LABEL, ""), series_text(s.labels), s.value)
         for s in _preferred(samples, REQUESTS_TOTAL, REQUESTS_TOTAL_OLD)
         if s.labels.get("outcome") in NO_ENDPOINT_OUTCOMES and 0 <= s.value < math.inf
     }

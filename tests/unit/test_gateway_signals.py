@@ -187,7 +187,11 @@ def test_a_model_never_shown_reads_0_with_a_note_naming_the_models_shown_to_log_
     assert result.evaluation.value == 0 and not result.evaluation.active
     (note,) = result.notes
     assert "'mistral' is not among the models" in note and "'Qwen/Qwen3-8B', 'llama'" in note
-    assert result.to_log == (note,)
+    (logged,) = result.to_log
+    assert "'mistral' is not among the models InferencePool llm/chat-pool has shown" in logged
+    # The logged line stays the same as the pool shows other models: logged once per ScaledObject.
+    other = page_queue(epp_page("chat-pool", {Queued("Qwen/Qwen3-8B"): 3, Queued("gemma"): 1}))
+    assert evaluate(other, model="mistral").to_log == (logged,)
 
 
 def test_a_model_shown_or_no_model_or_nothing_shown_has_no_note() -> None:
