@@ -78,9 +78,11 @@ class Followed:
         return max(explained, key=lambda e: e.evaluated_at, default=None)
 
     def explanations(self) -> list[Explanation]:
-        """The last explanation of each of its triggers, in the order of their metric names."""
+        """The last explanation of each of its triggers, in the order of their metric names. Triggers that
+        share a metric name follow their whole spec, so /explain's `trigger=INDEX` names the same trigger
+        however recently KEDA called about each."""
         explained = [s.explanation for s in self.triggers.values() if s.explanation is not None]
-        return sorted(explained, key=lambda e: (e.spec.metric_name, e.spec.metric.value))
+        return sorted(explained, key=lambda e: (e.spec.metric_name, e.spec.metric.value, repr(e.spec)))
 
     def log_once(self, note: str, level: int = logging.WARNING) -> bool:
         """Log a note about this ScaledObject the first time it is seen; True when it was new."""

@@ -237,6 +237,10 @@ class ScrapeCollector:
         self._failing: dict[str, str] = {}  # url → the failure last logged, while it goes on
         # url → the digest of its last page refused before parsing, and why (until a page is read again)
         self._refused: dict[str, tuple[bytes, str]] = {}
+        # A page that is the very same bytes as its source's last good one keeps that page's readings (the
+        # unchanged-page digest); off where the reader's readings depend on the page before
+        # (collect/gateway_source.py).
+        self.reuse_unchanged_pages = True
 
     def add(
         self,
@@ -288,6 +292,7 @@ class ScrapeCollector:
             async with self._semaphore:
                 body = await self._fetcher.get(url)
             previous = self._last.get(url)
+            reused = previous if self.reuse_unchanged_pages else None
             reader = self._readers.get(url, self._reader)
             large = len(body) > PARSE_OFF_LOOP_BYTES
             if large:
@@ -302,11 +307,9 @@ class ScrapeCollector:
                 # The garbage collector is not paused around the read: freezing what is alive afterwards
                 # would keep the cyclic garbage of every call made meanwhile for good. Collections cost
                 # pauses, not memory.
-                digest, by_namespace = await asyncio.to_thread(
-                    _digest_and_read, body, previous, reader, digest
-                )
+                digest, by_namespace = await asyncio.to_thread(_digest_and_read, body, reused, reader, digest)
             else:
-                digest, by_namespace = _digest_and_read(body, previous, reader)
+                digest, by_namespace = _digest_and_read(body, reused, reader)
             # The page had the wanted families (else NotOurPage) but named no pod: see Page.unattributed.
             page = Page(url, self._clock(), by_namespace, unattributed=not by_namespace)
             self._last[url] = (digest, page)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -110,6 +110,10 @@ class Store:
         self._versions: defaultdict[str, int] = defaultdict(int)
         self._changed: dict[str, asyncio.Event] = {}
         self._closed = False
+        # Told of every page recorded and of every source removed with its last page (kind, page): what
+        # keeps a history of pages (`metric: demand`'s rates) follows the store without a copy of it.
+        self.page_listeners: list[Callable[[SourceKind, Page], None]] = []
+        self.removal_listeners: list[Callable[[SourceKind, Page], None]] = []
 
     def version(self, namespace: str) -> int:
         # Read without inserting: calls about namespaces with no data (any name a caller invents) add nothing.
@@ -144,6 +148,8 @@ class Store:
             self._index.pop((state.kind, state.namespace), None)
         if state.last_page is not None:
             self._bump(state.last_page.by_namespace)
+            for listener in self.removal_listeners:
+                listener(state.kind, state.last_page)
 
     def record_page(self, page: Page) -> None:
         self.add_source(page.source)
@@ -152,6 +158,8 @@ class Store:
         recovered = old is None or state.last_error is not None
         state.last_page = page
         state.last_error = None
+        for listener in self.page_listeners:
+            listener(state.kind, page)
         if page.by_namespace:
             state.last_attributed = None
         elif page.unattributed and old is not None and old.by_namespace:

@@ -612,7 +612,7 @@ async def test_targets_carry_each_pod_s_address_readiness_and_ports(cluster: Clu
 async def test_inference_metrics_read_each_ready_target_pods_own_page(  # type: ignore[no-untyped-def]
     cluster: Cluster, kube_scaler, make_exporter
 ) -> None:
-    from keda_gpu_scaler.engines.simulated import EngineLoad, vllm_page
+    from keda_gpu_scaler.demo.engines import EngineLoad, vllm_page
 
     metadata = {"metric": "requests", "threshold": "8", "scalerAddress": "keda-gpu-scaler.keda:6000"}
     servers = [await make_exporter(vllm_page("llama", [EngineLoad(5 + i, i, 0.1)])) for i in range(3)]
@@ -731,7 +731,7 @@ async def test_an_edit_of_the_scaled_object_is_seen_through_its_watch_without_a_
 async def test_pod_pages_follow_discovery_without_any_call_and_evaluation_wants_nothing(  # type: ignore[no-untyped-def]
     cluster: Cluster, kube_scaler, make_exporter
 ) -> None:
-    from keda_gpu_scaler.engines.simulated import EngineLoad, vllm_page
+    from keda_gpu_scaler.demo.engines import EngineLoad, vllm_page
 
     metadata = {"metric": "requests", "threshold": "8"}
     servers = [await make_exporter(vllm_page("llama", [EngineLoad(1, i, 0.1)])) for i in range(2)]

@@ -124,11 +124,14 @@ async def test_explain_shows_every_trigger_with_its_own_inputs_and_metric_select
 
     status, answer = await get_explain(scaler, metric="requests")
     assert status == 404 and "'requests'" in answer["error"]
-    assert {"metric": "memory", "metricName": "gpu-memory"} in answer["triggers"]
+    assert [(e["index"], e["metric"], e["metricName"]) for e in answer["triggers"]] == [
+        (0, "memory", "gpu-memory"),
+        (1, "utilization", "gpu-utilization"),
+    ]
 
     await eventually(lambda: scaler.stub.GetMetrics(metrics_request(busy, name="gpu-busy")))
     status, answer = await get_explain(scaler, metric="utilization")
-    assert status == 400 and "2 triggers have metric=utilization" in answer["error"]
+    assert status == 400 and "2 triggers have metric or metricName 'utilization'" in answer["error"]
     status, one = await get_explain(scaler, metric="gpu-busy")
     assert status == 200 and one["threshold"] == 80
 

@@ -16,6 +16,8 @@ def make_soak_arguments(module: str) -> list[str]:
     """The arguments `make soak` runs `python -m <module>` with."""
     makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
     for line in makefile.splitlines():
+        if f"-m {module} " not in line:
+            continue
         words = shlex.split(line)
         if module in words:
             return words[words.index(module) + 1 :]

@@ -190,7 +190,6 @@ def test_errors_map_along_the_class_hierarchy(error: Exception, code: grpc.Statu
     assert status_for(error) is code
 
 
-
 def registry_recording_drops(
     clock: Clock, ttl: float = 600.0
 ) -> tuple[Registry, RecordingTracker, list[str]]:
