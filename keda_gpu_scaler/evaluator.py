@@ -28,6 +28,7 @@ from keda_gpu_scaler.registry import Explanation, Followed, Memo, Subscription
 from keda_gpu_scaler.scaling import Evaluation, evaluate, inference_pod_values, pod_values
 from keda_gpu_scaler.trigger import Aggregation, Source, TriggerSpec
 from keda_gpu_scaler.vendors import GpuReading
+from keda_gpu_scaler.wire import check_rows, check_total
 
 log = logging.getLogger(__name__)
 
@@ -396,8 +397,13 @@ class Evaluator:
         else:
             reporting = pod_values(gpu, spec)
         try:
+            # A pod's value beyond what KEDA can carry is UNAVAILABLE naming it (never INTERNAL); each
+            # within it, their sum is finite and checked in turn.
+            check_rows(reporting.values())
+            evaluation = evaluate(reporting, target_pods - reporting.keys(), spec, aggregation)
+            check_total(evaluation.value, evaluation.pod_rows)
             return (
-                evaluate(reporting, target_pods - reporting.keys(), spec, aggregation),
+                evaluation,
                 notes,
                 view.valid_until,
                 view.fresh,

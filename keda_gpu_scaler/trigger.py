@@ -16,6 +16,7 @@ from keda_gpu_scaler.engines import ENGINE_CHOICES, accepts_model, engine_suppor
 from keda_gpu_scaler.errors import ConfigError, quoted
 from keda_gpu_scaler.names import OBJECT_NAME_RULE, is_object_name
 from keda_gpu_scaler.vendors import Family, NvidiaField
+from keda_gpu_scaler.wire import MAX_WIRE_NUMBER
 
 
 class Metric(StrEnum):
@@ -149,11 +150,12 @@ def _number(key: str, raw: str) -> float:
 
 def _threshold(key: str, raw: str) -> float:
     value = _number(key, raw)
-    # The upper bound (100 for percentages) depends on the metric: checked once all keys are read.
-    if value < MIN_THRESHOLD:
+    # The upper bound for percentages (100) depends on the metric: checked once all keys are read. Any
+    # threshold beyond MAX_WIRE_NUMBER cannot be carried to KEDA (targetSize is an int64, milli-units).
+    if not MIN_THRESHOLD <= value <= MAX_WIRE_NUMBER:
         raise ConfigError(
-            f"metadata {key}={quoted(raw)} is out of range; allowed: {MIN_THRESHOLD:g} <= {key} (and <= 100 for"
-            " the percentage metrics utilization, memory and kv_cache)"
+            f"metadata {key}={quoted(raw)} is out of range; allowed: {MIN_THRESHOLD:g} <= {key} <="
+            f" {MAX_WIRE_NUMBER:g} (and <= 100 for the percentage metrics utilization, memory and kv_cache)"
         )
     return value
 
@@ -285,7 +287,8 @@ KEYS: tuple[MetadataKey, ...] = (
         _REQUIRED,
         "required",
         "target per pod: in % for utilization, memory and kv_cache (1 <= threshold <= 100); requests or"
-        " waiting requests per pod for requests and queue, pending requests per pod for pending (>= 0.001)",
+        " waiting requests per pod for requests and queue, pending requests per pod for pending (0.001 <= threshold"
+        " <= 1e15: KEDA carries it as an int64 of milli-units)",
     ),
     MetadataKey(
         "activationThreshold",
