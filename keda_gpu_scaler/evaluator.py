@@ -316,9 +316,9 @@ class Evaluator:
         subscription.explanation = Explanation(spec, time.time(), evaluation, error, notes, targets)
         if evaluation is not None:
             labels = (followed.namespace, followed.name, spec.metric_name)
-            subscription.metric_labels = labels
-            self._telemetry.trigger_value.labels(*labels).set(evaluation.value)
-            self._telemetry.trigger_active.labels(*labels).set(1 if evaluation.active else 0)
+            # A ScaledObject shows a bounded number of triggers on /metrics (metrics.MAX_PUBLISHED_TRIGGERS).
+            if self._telemetry.publish_trigger(labels, evaluation.value, evaluation.active):
+                subscription.metric_labels = labels
 
     def _evaluate(
         self, followed: Followed, spec: TriggerSpec, targets: Targets | None, view: NamespaceView | None
