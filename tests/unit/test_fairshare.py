@@ -1,0 +1,91 @@
+"""FairSlots: each namespace's own slots, at most half the common pool each, freed slots handed in turn."""
+
+from __future__ import annotations
+
+import asyncio
+
+from keda_gpu_scaler.collect.fairshare import FairSlots
+
+
+async def hold(slots: FairSlots, namespace: str, release: asyncio.Event, started: list[str]) -> None:
+    async with slots.slot(namespace):
+        started.append(namespace)
+        await release.wait()
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_a_namespace_hanging_everywhere_leaves_others_their_own_slots_and_half_the_pool() -> None:
+    slots = FairSlots(shared=8, own=2)
+    hang, done = asyncio.Event(), asyncio.Event()
+    started: list[str] = []
+    hostile = [asyncio.create_task(hold(slots, "hostile", hang, started)) for _ in range(300)]
+    await settle()
+    assert slots.held("hostile") == 2 + 4  # its own slots and half of the common pool, no more
+    healthy = [asyncio.create_task(hold(slots, "healthy", done, started)) for _ in range(6)]
+    await settle()
+    assert slots.held("healthy") == 6  # its own 2 and the 4 common slots left
+    done.set()
+    await asyncio.gather(*healthy)
+    assert slots.held("healthy") == 0 and slots.held("hostile") == 6
+    hang.set()
+    await asyncio.gather(*hostile)
+    assert slots.in_flight == 0 and started.count("hostile") == 300
+
+
+async def test_freed_common_slots_go_to_the_waiting_namespaces_in_turn() -> None:
+    slots = FairSlots(shared=2, own=1)
+    releases = {ns: asyncio.Event() for ns in ("a", "b", "c")}
+    started: list[str] = []
+    tasks = [asyncio.create_task(hold(slots, ns, releases[ns], started)) for ns in ("a", "a", "a", "b", "b", "c", "c")]
+    await settle()
+    # Each has its own slot; a's second took a common one, b's second the other; c's second waits.
+    assert sorted(started) == ["a", "a", "b", "b", "c"]
+    releases["a"].set()
+    await settle()
+    # a's common slot freed: c, waiting longest in turn order with room, gets it before a's third.
+    assert started.count("c") == 2
+    for event in releases.values():
+        event.set()
+    await asyncio.gather(*tasks)
+    assert slots.in_flight == 0
+
+
+async def test_a_cancelled_waiter_gives_nothing_away_and_takes_nothing() -> None:
+    slots = FairSlots(shared=1, own=1)
+    release = asyncio.Event()
+    started: list[str] = []
+    first = [asyncio.create_task(hold(slots, "a", release, started)) for _ in range(2)]
+    waiting = asyncio.create_task(hold(slots, "a", release, started))
+    await settle()
+    assert slots.held("a") == 2
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    release.set()
+    await asyncio.gather(*first)
+    assert slots.in_flight == 0 and started == ["a", "a"]
+
+
+async def test_a_waiter_cancelled_just_before_its_slot_frees_is_passed_over() -> None:
+    slots = FairSlots(shared=1, own=1)
+    release = asyncio.Event()
+    started: list[str] = []
+    holders = [asyncio.create_task(hold(slots, "a", release, started)) for _ in range(2)]
+    await settle()
+    later = asyncio.Event()
+    cancelled = asyncio.create_task(hold(slots, "a", later, started))
+    waiting = asyncio.create_task(hold(slots, "a", later, started))
+    await settle()
+    # The holders end first in the loop's order, then the cancellation lands: the freed slot must skip
+    # the cancelled waiter and go to the next one.
+    release.set()
+    cancelled.cancel()
+    await asyncio.gather(*holders)
+    await settle()
+    assert cancelled.cancelled() and started == ["a", "a", "a"] and slots.held("a") == 1
+    later.set()
+    await waiting
+    assert slots.in_flight == 0
