@@ -16,12 +16,16 @@ REF = pb.ScaledObjectRef(
 )
 
 
-async def test_a_crowd_of_explain_clients_gets_429_quickly_and_grpc_goes_on(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+async def test_a_crowd_of_explain_clients_gets_429_quickly_and_grpc_goes_on(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
     exporter = await make_exporter(dcgm_page([GpuLine("llm", f"vllm-{i}", 50, gpu=i) for i in range(PODS)]))
     scaler = await make_scaler(exporter)
 
     async def evaluated() -> None:
-        response = await scaler.stub.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=REF, metricName="gpu-utilization"))
+        response = await scaler.stub.GetMetrics(
+            pb.GetMetricsRequest(scaledObjectRef=REF, metricName="gpu-utilization")
+        )
         assert response.metricValues[0].metricValueFloat > 0
 
     await eventually(evaluated)

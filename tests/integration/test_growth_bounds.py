@@ -42,7 +42,9 @@ async def test_a_new_pod_name_prefix_on_every_call_keeps_notes_and_log_bounded(
     assert "further ones are not logged" in lines[-1].getMessage()
 
 
-async def test_a_scaledobject_shows_a_bounded_number_of_triggers_on_metrics(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+async def test_a_scaledobject_shows_a_bounded_number_of_triggers_on_metrics(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
     exporter = await make_exporter(dcgm_page([GpuLine("llm", "vllm-0", 50)]))
     scaler = await make_scaler(exporter)
     names = [f"gpu-{i}" for i in range(16)]

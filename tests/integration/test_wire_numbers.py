@@ -48,7 +48,9 @@ async def unavailable_naming(scaler, metadata: dict[str, str], metric: str, *wor
     await eventually(check)
 
 
-async def test_a_value_beyond_the_wire_is_unavailable_naming_the_pod_and_family(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+async def test_a_value_beyond_the_wire_is_unavailable_naming_the_pod_and_family(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
     huge = await make_exporter(vllm_page("llama", [EngineLoad(1, 1e19, 0.5)]))
     scaler = await make_scaler(inference_urls=(("llm", "chat-0", huge.url),))
     await unavailable_naming(scaler, REQUESTS, "inference-requests", "pod chat-0 (vllm metrics)", "1e+19")

@@ -40,7 +40,10 @@ async def test_freed_common_slots_go_to_the_waiting_namespaces_in_turn() -> None
     slots = FairSlots(shared=2, own=1)
     releases = {ns: asyncio.Event() for ns in ("a", "b", "c")}
     started: list[str] = []
-    tasks = [asyncio.create_task(hold(slots, ns, releases[ns], started)) for ns in ("a", "a", "a", "b", "b", "c", "c")]
+    tasks = [
+        asyncio.create_task(hold(slots, ns, releases[ns], started))
+        for ns in ("a", "a", "a", "b", "b", "c", "c")
+    ]
     await settle()
     # Each has its own slot; a's second took a common one, b's second the other; c's second waits.
     assert sorted(started) == ["a", "a", "b", "b", "c"]
