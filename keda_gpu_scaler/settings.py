@@ -302,7 +302,7 @@ FLAGS: tuple[Flag, ...] = (
         "--scrape-concurrency",
         "64",
         "scrapes in flight at once per kind of page, shared fairly between namespaces: each namespace also has"
-        " 2 of its own that no other can take, and uses at most half of these",
+        " 2 of its own that no other can take, and uses at most half of these while another namespace wants one",
         parse=_positive(int),
     ),
     Flag(

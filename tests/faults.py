@@ -234,8 +234,9 @@ TENANT_PROPERTIES: tuple[tuple[str, str, str], ...] = (
     (
         "Collectors share their capacity fairly between namespaces: 300 endpoint-picker replicas of one"
         " tenant hang until the scrape timeout",
-        "each namespace has 2 fetches in flight of its own that no other can take, and at most half of the"
-        " common pool (--scrape-concurrency) on top; freed slots go to the waiting namespaces in turn. The"
+        "each namespace has 2 fetches in flight of its own that no other can take, and the common pool"
+        " (--scrape-concurrency) on top, at most half of it while another namespace wants a slot; freed"
+        " slots go to the waiting namespaces in turn. The"
         " healthy tenant's page is fetched on schedule while the 300 hang (its wake is measured in"
         " docs/SOAK.md); at most --scrape-concurrency + 2 × namespaces fetches run at once",
         "test_fair_collectors.py::test_a_healthy_tenants_page_is_fetched_while_300_replicas_of_another_hang",

@@ -3,13 +3,15 @@
 All pages of a kind share one collector. With one plain semaphore, 300 endpoint-picker replicas of one
 tenant that hang until the scrape timeout held every slot, and another tenant's page waited behind
 them for seconds (its `pending` trigger then UNAVAILABLE 80 % of the time). Here each namespace has
-slots of its own that nobody else can take, and may use at most half of a common pool on top:
+slots of its own that nobody else can take, and a fair part of a common pool on top:
 
 - a namespace with fewer than `own` fetches in flight starts the next at once, whatever the others do;
-- beyond that it takes a slot of the common pool (`shared` slots, --scrape-concurrency) while it holds
-  fewer than `shared // 2` of them and one is free; else its fetch waits in its namespace's own queue;
+- beyond that it takes a free slot of the common pool (`shared` slots, --scrape-concurrency): any while
+  no other namespace has a fetch in flight or waiting, else only while it holds fewer than `shared // 2`
+  of them; else its fetch waits in its namespace's own queue;
 - a freed common slot goes to the waiting namespaces in turn (round robin), a freed own slot to a fetch
-  of its own namespace.
+  of its own namespace. A namespace that took the whole pool while alone gives back every common slot
+  it frees while another waits, until it holds half.
 
 So at most `shared + own × namespaces with a fetch in flight` fetches run at once: the namespaces are
 those of followed ScaledObjects, bounded by --max-scaledobjects. Sources without a namespace (GPU
@@ -34,7 +36,7 @@ class FairSlots:
     def __init__(self, shared: int, own: int = OWN_SLOTS) -> None:
         self._shared = shared
         self._own = own
-        self._most = own + max(1, shared // 2)  # most one namespace holds at once
+        self._most = own + max(1, shared // 2)  # most one namespace holds while another wants a slot
         self._in_flight: dict[Hashable, int] = {}
         self._shared_used = 0
         self._waiting: dict[Hashable, deque[asyncio.Future[None]]] = {}  # in turn order (round robin)
@@ -80,7 +82,14 @@ class FairSlots:
         held = self._in_flight.get(namespace, 0)
         if held < self._own:
             return True
-        return held < self._most and self._shared_used < self._shared
+        if self._shared_used >= self._shared:
+            return False
+        if held < self._most:
+            return True
+        # Past its half only while it is alone: the GPU exporters (one key) keep the whole pool.
+        return all(other == namespace for other in self._in_flight) and all(
+            other == namespace for other in self._waiting
+        )
 
     def _take(self, namespace: Hashable) -> None:
         held = self._in_flight.get(namespace, 0)

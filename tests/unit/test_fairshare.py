@@ -18,20 +18,28 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
-async def test_a_namespace_hanging_everywhere_leaves_others_their_own_slots_and_half_the_pool() -> None:
+async def test_a_namespace_hanging_everywhere_leaves_others_their_own_slots_then_half_the_pool() -> None:
     slots = FairSlots(shared=8, own=2)
-    hang, done = asyncio.Event(), asyncio.Event()
+    hangs = [asyncio.Event() for _ in range(300)]
+    done = asyncio.Event()
     started: list[str] = []
-    hostile = [asyncio.create_task(hold(slots, "hostile", hang, started)) for _ in range(300)]
+    hostile = [asyncio.create_task(hold(slots, "hostile", hang, started)) for hang in hangs]
     await settle()
-    assert slots.held("hostile") == 2 + 4  # its own slots and half of the common pool, no more
+    assert slots.held("hostile") == 2 + 8  # alone, it may use the whole common pool
     healthy = [asyncio.create_task(hold(slots, "healthy", done, started)) for _ in range(6)]
     await settle()
-    assert slots.held("healthy") == 6  # its own 2 and the 4 common slots left
+    assert slots.held("healthy") == 2  # its own slots at once, whatever the other holds
+    # Each common slot the hostile one frees goes to the healthy one until the hostile holds half.
+    for hang in hangs[:4]:
+        hang.set()
+    await settle()
+    assert slots.held("healthy") == 6 and slots.held("hostile") == 2 + 4
     done.set()
     await asyncio.gather(*healthy)
-    assert slots.held("healthy") == 0 and slots.held("hostile") == 6
-    hang.set()
+    await settle()
+    assert slots.held("healthy") == 0 and slots.held("hostile") == 2 + 8  # alone again: the whole pool
+    for hang in hangs:
+        hang.set()
     await asyncio.gather(*hostile)
     assert slots.in_flight == 0 and started.count("hostile") == 300
 
@@ -42,15 +50,16 @@ async def test_freed_common_slots_go_to_the_waiting_namespaces_in_turn() -> None
     started: list[str] = []
     tasks = [
         asyncio.create_task(hold(slots, ns, releases[ns], started))
-        for ns in ("a", "a", "a", "b", "b", "c", "c")
+        for ns in ("b", "c", "a", "a", "a", "b", "c")
     ]
     await settle()
-    # Each has its own slot; a's second took a common one, b's second the other; c's second waits.
+    # Each has its own slot; a's second took a common one (its half), b's second the other; a's third
+    # and c's second wait.
     assert sorted(started) == ["a", "a", "b", "b", "c"]
     releases["a"].set()
     await settle()
-    # a's common slot freed: c, waiting longest in turn order with room, gets it before a's third.
-    assert started.count("c") == 2
+    # a's slots freed: its own goes to a's third, the common one to c (a is not alone: no second one).
+    assert started.count("c") == 2 and started.count("a") == 3
     for event in releases.values():
         event.set()
     await asyncio.gather(*tasks)
