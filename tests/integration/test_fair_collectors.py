@@ -12,7 +12,7 @@ from aiohttp import web
 from support import eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler.gateways.simulated import Queued, epp_page
+from keda_gpu_scaler.demo.epp import Queued, epp_page
 
 HANGING = 300
 CONCURRENCY = 8

@@ -6,8 +6,8 @@ import grpc
 from support import eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler.engines.simulated import EngineLoad, vllm_page
-from keda_gpu_scaler.gateways.simulated import Queued, epp_page
+from keda_gpu_scaler.demo.engines import EngineLoad, vllm_page
+from keda_gpu_scaler.demo.epp import Queued, epp_page
 
 REQUESTS = {"metric": "requests", "threshold": "8", "podNamePrefix": "chat-"}
 PENDING = {"metric": "pending", "threshold": "4", "inferencePool": "chat-pool"}
