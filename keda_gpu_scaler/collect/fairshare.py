@@ -45,6 +45,11 @@ class FairSlots:
     def in_flight(self) -> int:
         return sum(self._in_flight.values())
 
+    @property
+    def waiting(self) -> int:
+        """Fetches waiting for a slot (cancelled ones not yet passed over included)."""
+        return sum(len(queue) for queue in self._waiting.values())
+
     def held(self, namespace: Hashable) -> int:
         return self._in_flight.get(namespace, 0)
 
@@ -116,11 +121,14 @@ class FairSlots:
                 if not self._can_take(namespace):
                     continue
                 queue = self._waiting.pop(namespace)
+                # Waiters cancelled while waiting (their tasks have not run yet) get nothing.
+                while queue and queue[0].done():
+                    queue.popleft()
+                if not queue:
+                    continue
                 waiter = queue.popleft()
                 if queue:
                     self._waiting[namespace] = queue  # to the end of the turn order
-                if waiter.done():
-                    continue  # cancelled while waiting (its task has not run yet): nothing to hand over
                 self._take(namespace)
                 waiter.set_result(None)
                 granted = True

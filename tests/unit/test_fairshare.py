@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 from keda_gpu_scaler.collect.fairshare import FairSlots
 
@@ -83,21 +84,45 @@ async def test_a_cancelled_waiter_gives_nothing_away_and_takes_nothing() -> None
 
 async def test_a_waiter_cancelled_just_before_its_slot_frees_is_passed_over() -> None:
     slots = FairSlots(shared=1, own=1)
-    release = asyncio.Event()
+    first, second = asyncio.Event(), asyncio.Event()
     started: list[str] = []
-    holders = [asyncio.create_task(hold(slots, "a", release, started)) for _ in range(2)]
+    holders = [asyncio.create_task(hold(slots, "a", event, started)) for event in (first, second)]
     await settle()
     later = asyncio.Event()
     cancelled = asyncio.create_task(hold(slots, "a", later, started))
     waiting = asyncio.create_task(hold(slots, "a", later, started))
     await settle()
-    # The holders end first in the loop's order, then the cancellation lands: the freed slot must skip
-    # the cancelled waiter and go to the next one.
-    release.set()
+    # One holder ends first in the loop's order, then the cancellation lands: the one slot it frees must
+    # skip the cancelled waiter and go to the next one.
+    first.set()
     cancelled.cancel()
-    await asyncio.gather(*holders)
+    await holders[0]
     await settle()
-    assert cancelled.cancelled() and started == ["a", "a", "a"] and slots.held("a") == 1
+    assert cancelled.cancelled() and started == ["a", "a", "a"] and slots.held("a") == 2
+    second.set()
     later.set()
-    await waiting
+    await asyncio.gather(holders[1], waiting)
     assert slots.in_flight == 0
+
+
+async def test_random_holds_and_cancellations_keep_the_bounds_and_leave_nothing_behind() -> None:
+    rng = random.Random(7)
+    slots = FairSlots(shared=4, own=1)
+    namespaces = ["a", "b", "c", "d"]
+    peak = 0
+
+    async def one(namespace: str) -> None:
+        nonlocal peak
+        async with slots.slot(namespace):
+            peak = max(peak, slots.in_flight)
+            for _ in range(rng.randrange(3)):
+                await asyncio.sleep(0)
+
+    for _ in range(20):
+        tasks = [asyncio.create_task(one(rng.choice(namespaces))) for _ in range(rng.randrange(5, 40))]
+        await asyncio.sleep(0)
+        for task in rng.sample(tasks, len(tasks) // 4):
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert slots.in_flight == 0 and slots.waiting == 0
+    assert 0 < peak <= 4 + 1 * len(namespaces)
