@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from fake_kube_tokens import TokenIssuer
 
 TOKEN = "fake-service-account-token"
 USER = "system:serviceaccount:keda:keda-gpu-scaler"
@@ -133,6 +134,7 @@ class FakeKube:
         self.watchers: list[_Watcher] = []
         self.denied: set[tuple[str, str, str | None]] = set()  # (verb, resource, namespace or None)
         self.requests: list[tuple[str, str]] = []  # (path, query string) of every request
+        self.tokens = TokenIssuer()  # serviceaccounts/token (TokenRequest)
         self.port = 0
         self._runner: web.AppRunner | None = None
 
@@ -157,6 +159,7 @@ class FakeKube:
         app.router.add_get(
             "/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/scale", self._scale
         )
+        self.tokens.route(app, self._forbidden)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", port)

@@ -152,8 +152,8 @@ class GatewayFetcher:
             return (
                 f"{head}, on by default) over plain HTTP, and the scaler never sends its own service account"
                 f" token over plain HTTP: give it {SERVICEACCOUNT_FLAG} NAMESPACE/NAME, a ServiceAccount whose"
-                " only right is `get` on the non-resource URL /metrics whose short-lived tokens it mints,"
-                f" and {PLAIN_HTTP_FLAG} on (the chart's gateway.metricsToken), or serve the picker's metrics over TLS (its --metrics-cert-dir)"
+                " only right is `get` on the non-resource URL /metrics whose short-lived tokens it mints"
+                f" (or {TOKEN_FLAG} with such a token), and {PLAIN_HTTP_FLAG} on (the chart's gateway.metricsToken), or serve the picker's metrics over TLS (its --metrics-cert-dir)"
                 " and give the scaler --gateway-ca-file, or run the picker with --metrics-endpoint-auth=false"
             )
         return (

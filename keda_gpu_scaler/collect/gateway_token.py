@@ -119,6 +119,7 @@ class MintedToken:
         self._clock = clock
         self._token: str | None = None
         self._expires = 0.0
+        self._life = float(seconds)  # the life of the last token minted (the API server may change it)
         self._failure: str | None = None  # why the last mint failed; None after a success
         self._task: asyncio.Task[None] | None = None
         self.minted = 0  # tokens minted so far
@@ -165,7 +166,7 @@ class MintedToken:
                 continue
             # Backoff, never longer than a tenth of a token's life (short-lived tokens retry sooner).
             await asyncio.sleep(retry)
-            retry = min(retry * 2, MAX_RETRY_SECONDS, max(FIRST_RETRY_SECONDS, self._seconds / 10))
+            retry = min(retry * 2, MAX_RETRY_SECONDS, max(FIRST_RETRY_SECONDS, self._life / 10))
 
     async def mint_once(self) -> float | None:
         """Ask for a new token; the seconds it lives, or None when minting failed (the reason kept)."""
@@ -185,7 +186,7 @@ class MintedToken:
             return None
         if self._failure is not None or self._token is None:
             log.info("minted a token of ServiceAccount %s for endpoint pickers (%.0fs)", self.ref, life)
-        self._token, self._expires, self._failure = token, expires, None
+        self._token, self._expires, self._life, self._failure = token, expires, life, None
         self.minted += 1
         return life
 
