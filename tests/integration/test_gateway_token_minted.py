@@ -4,6 +4,7 @@ only a token that is currently valid (as the EPP's TokenReview would)."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from support import eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.demo.epp import Queued, epp_page
+from keda_gpu_scaler.settings import SettingsError
 
 NS = "llm"
 ACCOUNT = ("keda", "epp-metrics")
@@ -153,7 +155,7 @@ async def test_the_pool_is_read_through_minted_tokens_renewed_before_they_expire
     await eventually(renewed_twice, timeout=20)
     minted = kube.tokens.minted
     # Each token was replaced while it was still valid, and every one is new.
-    assert all(later.issued < earlier.expires for earlier, later in zip(minted, minted[1:], strict=False))
+    assert all(later.issued < earlier.expires for earlier, later in itertools.pairwise(minted))
     assert len({m.token for m in minted}) == len(minted)
     assert {(m.namespace, m.name) for m in minted} == {ACCOUNT}
     # The API server's floor is asked for, never less; the pickers saw more than the first token.
@@ -227,3 +229,9 @@ async def test_without_plain_http_allowed_the_minted_token_stays_home_and_the_40
     message = await unavailable_saying(scaler, epp, "HTTP 401", "--gateway-token-plain-http on")
     assert "the token of --gateway-token-serviceaccount goes over plain HTTP only" in message, message
     assert set(epp.seen) == {"refused None"}
+
+
+async def test_without_kubernetes_the_scaler_does_not_start_and_names_the_flag(make_scaler: Any) -> None:
+    # --kubernetes auto that found no cluster: the flag cannot be honoured, and no other token replaces it.
+    with pytest.raises(SettingsError, match="--gateway-token-serviceaccount needs Kubernetes"):
+        await make_scaler(kubernetes="off", gateway_token_serviceaccount=ACCOUNT)
