@@ -33,6 +33,10 @@ SERVICEACCOUNT_FLAG = "--gateway-token-serviceaccount"
 TOKEN_SECONDS = 600
 # Renewed at this share of a token's life, so an outage of the API server has the rest to pass.
 RENEW_AT = 0.8
+# A token stops being sent this long before its expiry (at most 10 s, 5 % of its life): one sent at the
+# last moment would arrive expired, or meet a clock a little ahead of this one.
+EXPIRY_MARGIN_SECONDS = 10.0
+EXPIRY_MARGIN_SHARE = 0.05
 FIRST_RETRY_SECONDS = 0.5
 MAX_RETRY_SECONDS = 30.0
 WHERE_TO_GRANT = "the chart's gateway.metricsToken, manifests/components/gateway-metrics-token"
@@ -71,12 +75,6 @@ class FileToken:
 
     def identity(self) -> str:
         return f"the token of {FILE_FLAG} {self.path}"
-
-    def start(self) -> None:
-        """Nothing to do in the background: the file is read on use."""
-
-    async def stop(self) -> None:
-        """Nothing runs in the background."""
 
 
 # mint(namespace, name, seconds) → the TokenRequest answer (KubeApi.create_token); raises KubeError.
@@ -119,6 +117,7 @@ class MintedToken:
         self._clock = clock
         self._token: str | None = None
         self._expires = 0.0
+        self._usable_until = 0.0  # the expiry less the margin
         self._life = float(seconds)  # the life of the last token minted (the API server may change it)
         self._failure: str | None = None  # why the last mint failed; None after a success
         self._task: asyncio.Task[None] | None = None
@@ -133,13 +132,17 @@ class MintedToken:
 
     def read(self) -> str:
         now = self._clock()
-        if self._token is not None and now < self._expires:
+        if self._token is not None and now < self._usable_until:
             return self._token
         if self._token is not None:
             expired = datetime.fromtimestamp(self._expires).astimezone().isoformat(timespec="seconds")
+            why = (
+                f"renewing it failed: {self._failure}"
+                if self._failure
+                else "it has not been renewed yet (no answer from the API server)"
+            )
             raise TokenUnavailable(
-                f"{SERVICEACCOUNT_FLAG} {self.ref}: the last minted token expired at {expired} and renewing"
-                f" it failed: {self._failure or 'no answer from the API server yet'}"
+                f"{SERVICEACCOUNT_FLAG} {self.ref}: the last minted token is no longer sent (it expires at {expired}), and {why}"
             )
         raise TokenUnavailable(
             f"{SERVICEACCOUNT_FLAG} {self.ref}: no token minted yet: "
@@ -187,6 +190,7 @@ class MintedToken:
         if self._failure is not None or self._token is None:
             log.info("minted a token of ServiceAccount %s for endpoint pickers (%.0fs)", self.ref, life)
         self._token, self._expires, self._life, self._failure = token, expires, life, None
+        self._usable_until = expires - min(EXPIRY_MARGIN_SECONDS, life * EXPIRY_MARGIN_SHARE)
         self.minted += 1
         return life
 
