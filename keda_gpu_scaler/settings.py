@@ -221,8 +221,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "--gateway-token-plain-http",
         "off",
-        "also send the token of --gateway-token-file or --gateway-token-serviceaccount to endpoint pickers serving their metrics over plain"
-        " HTTP (llm-d's default) inside the cluster; the scaler's own token never goes over plain HTTP",
+        "also send the limited token (--gateway-token-serviceaccount's or --gateway-token-file's) to endpoint"
+        " pickers serving their metrics over plain HTTP (llm-d's default) inside the cluster; the scaler's own"
+        " token never goes over plain HTTP",
         choices=("on", "off"),
         parse=_switch,
     ),

@@ -144,17 +144,19 @@ class GatewayFetcher:
         if not https:
             if self._token.dedicated:
                 return (
-                    f"{head}, on by default) over plain HTTP, and the token of {self._token.flag} goes over"
-                    f" plain HTTP only with {PLAIN_HTTP_FLAG} on (the chart's gateway.metricsToken.plainHTTP);"
+                    f"{head}, on by default) over plain HTTP, and the token of {self._token.flag} goes"
+                    f" over plain HTTP only with {PLAIN_HTTP_FLAG} on (the chart's"
+                    " gateway.metricsToken.plainHTTP);"
                     " or serve the picker's metrics over TLS (its --metrics-cert-dir) and give the scaler"
                     " --gateway-ca-file"
                 )
             return (
                 f"{head}, on by default) over plain HTTP, and the scaler never sends its own service account"
-                f" token over plain HTTP: give it {SERVICEACCOUNT_FLAG} NAMESPACE/NAME, a ServiceAccount whose"
-                " only right is `get` on the non-resource URL /metrics whose short-lived tokens it mints"
-                f" (or {TOKEN_FLAG} with such a token), and {PLAIN_HTTP_FLAG} on (the chart's gateway.metricsToken), or serve the picker's metrics over TLS (its --metrics-cert-dir)"
-                " and give the scaler --gateway-ca-file, or run the picker with --metrics-endpoint-auth=false"
+                f" token over plain HTTP: give it {SERVICEACCOUNT_FLAG} NAMESPACE/NAME, a ServiceAccount"
+                " whose only right is `get` on the non-resource URL /metrics, whose short-lived tokens it"
+                f" mints (or {TOKEN_FLAG} with such a token), and {PLAIN_HTTP_FLAG} on (the chart's"
+                " gateway.metricsToken), or serve the picker's metrics over TLS (its --metrics-cert-dir) and"
+                " give the scaler --gateway-ca-file, or run the picker with --metrics-endpoint-auth=false"
             )
         return (
             f"{head}) and the scaler has no service account token to present ({SERVICE_ACCOUNT_TOKEN} does"

@@ -142,7 +142,8 @@ class MintedToken:
                 else "it has not been renewed yet (no answer from the API server)"
             )
             raise TokenUnavailable(
-                f"{SERVICEACCOUNT_FLAG} {self.ref}: the last minted token is no longer sent (it expires at {expired}), and {why}"
+                f"{SERVICEACCOUNT_FLAG} {self.ref}: the last minted token is no longer sent (it expires at"
+                f" {expired}), and {why}"
             )
         raise TokenUnavailable(
             f"{SERVICEACCOUNT_FLAG} {self.ref}: no token minted yet: "
@@ -204,14 +205,14 @@ class MintedToken:
         if error.status == 403:
             return (
                 f"the API server denies the scaler `create` on serviceaccounts/token for {self.name!r} in"
-                f" namespace {self.namespace!r}: grant the scaler's ServiceAccount a Role in {self.namespace!r}"
-                ' with the rule {apiGroups: [""], resources: ["serviceaccounts/token"], resourceNames:'
-                f' ["{self.name}"], verbs: ["create"]}} ({WHERE_TO_GRANT}) ({error})'
+                f" namespace {self.namespace!r}: grant the scaler's ServiceAccount a Role in"
+                f' {self.namespace!r} with the rule {{apiGroups: [""], resources: ["serviceaccounts/token"],'
+                f' resourceNames: ["{self.name}"], verbs: ["create"]}} ({WHERE_TO_GRANT})'
             )
         if error.status == 404:
             return (
-                f"there is no ServiceAccount {self.name!r} in namespace {self.namespace!r}: create it and give"
-                ' it a ClusterRole rule {nonResourceURLs: ["/metrics"], verbs: ["get"]} only'
+                f"there is no ServiceAccount {self.name!r} in namespace {self.namespace!r}: create it and"
+                ' give it a ClusterRole rule {nonResourceURLs: ["/metrics"], verbs: ["get"]} only'
                 f" ({WHERE_TO_GRANT}), or name another with {SERVICEACCOUNT_FLAG}"
             )
         return str(error)
