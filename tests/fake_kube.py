@@ -7,12 +7,13 @@ import copy
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from fake_kube_selectors import _fields_match, _selector_matches
 from fake_kube_tokens import TokenIssuer
 
 TOKEN = "fake-service-account-token"
@@ -71,38 +72,6 @@ def status(code: int, reason: str, message: str, kind: str | None = None) -> dic
     if kind:
         body["details"] = {"kind": kind}
     return body
-
-
-def _selector_matches(selector: str, labels: Mapping[str, str]) -> bool:
-    # The equality-based forms the tests use (k=v, k==v, k!=v, k, !k), kept apart from the scaler's parser.
-    for part in filter(None, (p.strip() for p in selector.split(","))):
-        if "!=" in part:
-            key, value = part.split("!=", 1)
-            if labels.get(key.strip()) == value.strip():
-                return False
-        elif "=" in part:
-            key, value = part.replace("==", "=").split("=", 1)
-            if labels.get(key.strip()) != value.strip():
-                return False
-        elif part.startswith("!"):
-            if part[1:].strip() in labels:
-                return False
-        elif part not in labels:
-            return False
-    return True
-
-
-def _fields_match(selector: str, meta: Mapping[str, Any]) -> bool:
-    # The field selectors every resource supports: metadata.name and metadata.namespace (= and ==, !=).
-    for part in filter(None, (p.strip() for p in selector.split(","))):
-        negate = "!=" in part
-        field_name, value = part.replace("!=", "=").replace("==", "=").split("=", 1)
-        have = {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace")}
-        if field_name.strip() not in have:
-            raise ValueError(f"field label not supported: {field_name.strip()}")
-        if (have[field_name.strip()] == value.strip()) == negate:
-            return False
-    return True
 
 
 @dataclass
