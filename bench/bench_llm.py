@@ -80,7 +80,9 @@ GOAL = (
     "clairvoyant",
 )
 WAKE = ("demand+pending", "requests+pending", "requests+prometheus-wake")
-OURS = ("demand", "demand-tokens", "demand+pending", "demand-tokens+pending")
+RECOMMENDED = "demand-tokens+pending"  # demand in weighted tokens, with the gateway's pending (inferencePool)
+WINDOWS = (15.0, 30.0, 60.0, 120.0)
+DOWN_WINDOWS = (60.0, 120.0, 300.0)
 
 HEADER = (
     "| policy | min | GPU-s | waiting request-s | TTFT p95 s | ms per output token | dropped | preempted"
@@ -126,11 +128,11 @@ def _sd(values: list[float]) -> float:
 
 
 def _ratio_text(v: Versus) -> str:
-    return f"GPU-s ×{v.gpu.ratio:.2f}, waiting {_times(v.waiting.ratio)}"
-
-
-def _times(ratio: float) -> str:
-    return "both 0" if ratio == 1.0 else ("from 0" if math.isinf(ratio) else f"×{ratio:.2f}")
+    w = v.waiting
+    waiting = (
+        "both 0" if w.ours == w.theirs == 0 else ("from 0" if math.isinf(w.ratio) else f"×{w.ratio:.2f}")
+    )
+    return f"GPU-s ×{v.gpu.ratio:.2f}, waiting {waiting} ({w.ours:,.0f} vs {w.theirs:,.0f} request-s)"
 
 
 def _verdict(met: bool) -> str:
@@ -421,18 +423,12 @@ def run(quick: bool = False) -> Section:
         parts.append(
             f"#### {trace.name}: {trace.description}\n\n{HEADER}\n{rows}\n\n![{trace.name}](llm-{trace.name}.png)\n"
         )
-    windows = sweep(
-        sweep_seeds, "demand", {f"window {w:g} s": {"window": w} for w in (15.0, 30.0, 60.0, 120.0)}
-    )
+    windows = sweep(sweep_seeds, "demand", {f"window {w:g} s": {"window": w} for w in WINDOWS})
     windows.update(
-        sweep(
-            sweep_seeds,
-            "demand-tokens",
-            {f"tokens, window {w:g} s": {"window": w} for w in (15.0, 30.0, 60.0, 120.0)},
-        )
+        sweep(sweep_seeds, RECOMMENDED, {f"{RECOMMENDED}, window {w:g} s": {"window": w} for w in WINDOWS})
     )
     behaviours = sweep(
-        sweep_seeds, "demand", {k: {"behavior": b} for k, b in behaviors((60.0, 120.0, 300.0)).items()}
+        sweep_seeds, RECOMMENDED, {k: {"behavior": b} for k, b in behaviors(DOWN_WINDOWS).items()}
     )
     wake: Runs = {}
     for ttl in TTLS:
@@ -441,7 +437,7 @@ def run(quick: bool = False) -> Section:
         wake.update({(f"diurnal TTL {ttl:g}", p): rs for (_, p), rs in got.items()})
     headlines: list[Headline] = []
     goal_parts = []
-    for ours in ("demand", "demand-tokens+pending"):
+    for ours in ("demand", RECOMMENDED):
         text, heads = goals(runs, trace_names, ours) if not quick else ("(not checked in a quick run)", [])
         goal_parts.append(f"#### `{ours}`\n\n{text}\n")
         headlines += heads
@@ -499,7 +495,7 @@ request-s.
 
 {_means_table(windows, trace_names, sweep_labels)}
 
-### Choosing the HPA behaviour for `demand` (scale-up max(4 pods, 100 %) per 15 s; seeds {", ".join(map(str, sweep_seeds))})
+### Choosing the HPA behaviour for `{RECOMMENDED}` (scale-up max(4 pods, 100 %) per 15 s; seeds {", ".join(map(str, sweep_seeds))})
 
 {_means_table(behaviours, trace_names, behaviour_labels)}
 
