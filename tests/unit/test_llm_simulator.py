@@ -332,3 +332,13 @@ def test_oracle_sizes_at_each_mixs_capacity() -> None:
     assert trigger.needed(rag.start + 10) > 2 * rag.rate / demand_threshold()  # long prompts: fewer per pod
     with pytest.raises(ValueError, match="needs the trace"):
         make_policy("clairvoyant")
+
+
+@pytest.mark.parametrize("window", ["1", "601", "nan"])
+def test_a_window_outside_its_range_is_refused_naming_it(
+    window: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["llm", "--json", "--policy", "demand", "--window", window])
+    assert exit_.value.code == 2
+    assert f"--window {window}: must be between 5 and 600 seconds" in capsys.readouterr().err
