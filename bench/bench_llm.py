@@ -257,10 +257,12 @@ def wake_goal(wake: Runs) -> tuple[str, Headline]:
 
 def _spread(values: list[float]) -> str:
     finite = [v for v in values if math.isfinite(v)]
-    text = f"{min(finite):.1f}–{max(finite):.1f} s" if finite else ""
+    parts = [f"{min(finite):.1f}–{max(finite):.1f} s"] if finite else []
     if len(finite) < len(values):
-        text += f" ({len(values) - len(finite)} of {len(values)} dropped)"
-    return text or "–"
+        parts.append(f"{len(values) - len(finite)} of {len(values)} dropped")
+    if len(parts) == 2:
+        return f"{parts[0]} ({parts[1]})"
+    return parts[0] if parts else "–"
 
 
 def constants() -> str:
