@@ -464,7 +464,7 @@ pod; prefill is a rate (an assumption, above all for long prompts).
 
 Run: `python -m bench.simulator llm --json [--trace FILE] [--policy NAME] [--window S] [--seed N]` (one JSON
 object per trace and policy); this section: `.venv/bin/python -m bench --only llm --merge` ({minutes:.1f} min of
-one core). Tables and plots are seed 1; means ± standard deviation and the goals over seeds
+one core; the whole matrix alone, every policy on every trace for one seed, about 2 min). Tables and plots are seed 1; means ± standard deviation and the goals over seeds
 {", ".join(map(str, seeds))}; sweeps over seeds {", ".join(map(str, sweep_seeds))}. A policy is *beaten* when another is
 no worse on both GPU-seconds and waiting and better on one by more than the noise: twice the standard error
 of the paired per-seed differences, at least {100 * TOLERANCE:g} % of the mean and, for waiting, {WAIT_FLOOR:,.0f}
