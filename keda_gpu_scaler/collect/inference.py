@@ -13,7 +13,7 @@ from typing import Protocol
 
 from keda_gpu_scaler.collect.scrape import PageReader, ScrapeCollector, refuse_unless_levels
 from keda_gpu_scaler.collect.store import SourceKind
-from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES, PodSamples, wrong_types
+from keda_gpu_scaler.engines import DEMAND_SAMPLE_NAMES, ENGINE_SAMPLE_NAMES, PodSamples, wrong_types
 from keda_gpu_scaler.exposition import Sample
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,9 @@ def pod_url(ip: str, port: int, path: str) -> str:
 
 # A page declaring a family the engines read as anything but a level (gauge or untyped) is refused.
 _DECLARED_AS_LEVELS = refuse_unless_levels(wrong_types, "a gauge is needed")
+# What a pod page is parsed for: the gauges, and the counters `metric: demand` takes rates of. Only the
+# gauges make a page an inference server's.
+POD_PAGE_NAMES = ENGINE_SAMPLE_NAMES | DEMAND_SAMPLE_NAMES
 
 
 class PageSink(Protocol):
@@ -75,7 +78,7 @@ class InferencePages:
     def add_pod_page(self, url: str, namespace: str, pod: str) -> None:
         assert self.collector is not None, "pages are wanted only once the scaler has started"
         reader = PageReader(
-            ENGINE_SAMPLE_NAMES,
+            POD_PAGE_NAMES,
             pod_page_reader(namespace, pod),
             ENGINE_SAMPLE_NAMES,
             "inference-server metrics",
