@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 
 from bench.simulator.autoscaling import Behavior
 from bench.simulator.llm_calibrate import capacity
-from bench.simulator.llm_demand import demand_total, pending_rate, pod_rates, spec4_value
+from bench.simulator.llm_demand import demand_value, evaluate_pods
 from bench.simulator.llm_fleet import Fleet, ServerModel
 from bench.simulator.llm_signals import Page, Signals, View
 from bench.simulator.llm_traces import OUTPUT_MEAN, PROMPT_MEAN, LlmTrace
 from keda_gpu_scaler.scaling import hpa_desired_replicas
+from keda_gpu_scaler.trigger import parse_trigger
 
 # Target requests in flight per pod, chosen as a user would from a concurrency sweep of one pod: in this
 # model a pod peaks at 16.1 req/s (prefill-bound) and holds 50 requests in flight at 70 % of that
@@ -56,12 +57,13 @@ class Trigger:
 
 
 class ScalerTrigger(Trigger):
-    """A trigger of this scaler on the pods' pages: the sum over the Ready target pods, missing and
-    starting pods counted as SPEC §4 says, on what its last scrape saw."""
+    """A trigger of this scaler on the pods' pages: the product's evaluation (sum over the Ready target
+    pods, missing and starting pods counted as SPEC §4 says) on what its last scrape saw."""
 
     def __init__(self, metric: str, threshold: float) -> None:
         self.threshold = threshold
         self.metric = metric
+        self.spec = parse_trigger({"metric": metric, "threshold": f"{threshold:g}", "podNamePrefix": "vllm-"})
 
     def pod_value(self, page: Page, view: View, pod: str) -> float:
         if self.metric == "requests":
@@ -74,35 +76,40 @@ class ScalerTrigger(Trigger):
 
     def value(self, signals: Signals) -> float | None:
         view = signals.direct
-        values = [self.pod_value(page, view, pod) for pod, page in view.pages.items()]
+        values = {pod: self.pod_value(page, view, pod) for pod, page in view.pages.items()}
         missing = len(set(view.targets) - view.pages.keys())
-        return spec4_value(math.fsum(values), len(values), missing, len(view.starting), self.threshold)
+        evaluation = evaluate_pods(values, missing, len(view.starting), self.spec)
+        return None if evaluation is None else evaluation.value
 
 
 class DemandTrigger(Trigger):
-    """`metric: demand` (SPEC §6): Σ λ over the Ready pods from the scaler's own scrapes, in requests or
-    weighted tokens per second; with `inferencePool`, the gateway's pending requests add their rate."""
+    """`metric: demand` (SPEC §6) computed by the product's own functions from the scaler's scrapes: Σ λ
+    over the Ready pods, in requests or weighted tokens per second; with `inferencePool`, the gateway's
+    pending requests add their growth and what clears them within the window."""
 
     def __init__(
         self, threshold: float, window: float, weight: float | None = None, pending: bool = False
     ) -> None:
         self.threshold = threshold
-        self.window = window
-        self.weight = weight
         self.pending = pending
+        metadata = {
+            "metric": "demand",
+            "threshold": repr(threshold),
+            "window": f"{window:g}",
+            "podNamePrefix": "vllm-",
+        }
+        if weight is not None:
+            metadata |= {"demandUnit": "tokens", "prefillWeight": f"{weight:g}"}
+        if pending:
+            metadata["inferencePool"] = "pool"
+        self.spec = parse_trigger(metadata)
 
     def value(self, signals: Signals) -> float | None:
-        view = signals.direct
-        total = demand_total(pod_rates(signals.scrapes, self.window, self.weight))
-        if total is None:
-            return None
-        if self.pending:
-            extra = pending_rate(signals.pending_history, self.window)
-            if self.weight is not None:
-                extra *= self.weight * PROMPT_MEAN + OUTPUT_MEAN
-            total += extra
-        missing = len(set(view.targets) - view.pages.keys())
-        return spec4_value(total, len(view.pages), missing, len(view.starting), self.threshold)
+        pending = signals.pending_history if self.pending else None
+        size = (
+            self.spec.prefill_weight * PROMPT_MEAN + OUTPUT_MEAN
+        )  # the calibration mix's, before any finishes
+        return demand_value(signals.scrapes, pending, self.spec, size)
 
 
 class OracleTrigger(Trigger):

@@ -19,10 +19,11 @@ if str(ROOT) not in sys.path:
 
 from bench.simulator.__main__ import main  # noqa: E402
 from bench.simulator.autoscaling import Behavior, Hpa  # noqa: E402
-from bench.simulator.llm_demand import demand_total, pod_rates, spec4_value  # noqa: E402
+from bench.simulator.llm_demand import pod_rates, with_mean_of_others  # noqa: E402
 from bench.simulator.llm_fleet import Fleet, Pod, Request, ServerModel, Tally  # noqa: E402
 from bench.simulator.llm_policies import (  # noqa: E402
     POD_RATE,
+    DemandTrigger,
     LlmPolicy,
     OracleTrigger,
     Trigger,
@@ -198,17 +199,18 @@ def test_the_gpu_simulator_still_runs_from_the_command_line(capsys: pytest.Captu
 
 
 def test_starting_pods_are_starting_not_missing_as_spec_4_now_counts_them() -> None:
-    # The example: 7 fresh pods holding 650, 6 more pods not counted (target 50) → 13, not 19.
-    assert spec4_value(650.0, 7, 0, 6, 50.0) == 650.0
-    assert spec4_value(650.0, 7, 6, 0, 50.0) == 650.0
-    # u ≤ 1: a starting pod counts as the target, so it can never cause a scale-down.
-    assert spec4_value(40.0, 2, 0, 1, 50.0) == 90.0
+    # The example: 7 fresh pods holding 650, 6 pods starting, target 50 → 13 (the old rule: 19).
+    pages = {f"vllm-{i}": Page(93 if i < 6 else 92, 0, 0.3) for i in range(7)}
+    starting = tuple(f"vllm-{i}" for i in range(7, 13))
+    assert make_policy("requests").desired(signals_with(pages, starting), 13) == 13
+    # u ≤ 1: a starting pod counts as the target, so it can never cause a scale-down: 20 + 20 + 50 → 2.
+    two = {"vllm-0": Page(20, 0, 0.1), "vllm-1": Page(20, 0, 0.1)}
+    assert make_policy("requests").desired(signals_with(two, ("vllm-2",)), 3) == 2
     # Many starting pods beside few Ready ones: still an answer (the half-fresh rule is over Ready pods).
-    pages = {"vllm-0": Page(200, 0, 0.3), "vllm-1": Page(200, 0, 0.3)}
+    busy = {"vllm-0": Page(200, 0, 0.3), "vllm-1": Page(200, 0, 0.3)}
     starting = tuple(f"vllm-{i}" for i in range(2, 9))
-    assert make_policy("requests").desired(signals_with(pages, starting), 9) == 9
+    assert make_policy("requests").desired(signals_with(busy, starting), 9) == 9
     # All starting: UNAVAILABLE, never 0.
-    assert spec4_value(0.0, 0, 0, 3, 50.0) is None
     assert make_policy("requests").desired(signals_with({}, ("vllm-0",)), 1) is None
 
 
@@ -296,12 +298,33 @@ def test_demand_is_finished_plus_the_in_flight_change_over_the_window() -> None:
         View(30.0, {"vllm-0": Page(12, 0, 0.1, finished=130), "vllm-1": Page(1, 0, 0.0, finished=0)}),
         View(60.0, {"vllm-0": Page(15, 5, 0.1, finished=160), "vllm-1": Page(4, 0, 0.0, finished=3)}),
     ]
-    rates = pod_rates(views, 60.0)
+    spec = make_policy("demand", window=60.0).triggers[0]
+    assert isinstance(spec, DemandTrigger)
+    rates = pod_rates(views, spec.spec)
     assert rates["vllm-0"] == pytest.approx((60 + 10) / 60)
     assert rates["vllm-1"] == pytest.approx((3 + 3) / 30)  # younger than the window: its own span
-    assert pod_rates(views[:2], 60.0)["vllm-1"] is None  # one sample: no rate yet
-    assert demand_total({"a": 2.0, "b": None, "c": 4.0}) == pytest.approx(9.0)  # the mean of the others
-    assert demand_total({"a": None}) is None
+    assert pod_rates(views[:2], spec.spec)["vllm-1"] is None  # one sample: no rate yet
+    assert with_mean_of_others({"a": 2.0, "b": None, "c": 4.0}) == {"a": 2.0, "b": 3.0, "c": 4.0}
+    assert with_mean_of_others({"a": None}) is None
+
+
+def test_pending_requests_add_to_demand_in_tokens_at_the_pods_tokens_per_request() -> None:
+    views = [
+        View(0.0, {"vllm-0": Page(10, 0, 0.1, finished=0, prompt_tokens=0, generation_tokens=0.0)}),
+        View(
+            30.0, {"vllm-0": Page(10, 0, 0.1, finished=30, prompt_tokens=30_000, generation_tokens=6_000.0)}
+        ),
+    ]
+    requests = make_policy("demand+pending", window=30.0, threshold=1.0).triggers[0]
+    tokens = make_policy("demand-tokens+pending", window=30.0, weight=1.0, threshold=1.0).triggers[0]
+    assert isinstance(requests, DemandTrigger) and isinstance(tokens, DemandTrigger)
+    signals = signals_with(views[-1].pages)
+    signals.scrapes.extend(views)
+    signals.pending_history.extend([(0.0, 0), (30.0, 300)])
+    # 1 req/s at the pods; 300 pending grew by 10/s and clear in one window: + 10 + 10.
+    assert requests.value(signals) == pytest.approx(1 + 20)
+    # In tokens each request is 1,200 weighted tokens: the pending part is weighed the same.
+    assert tokens.value(signals) == pytest.approx(1_200 * (1 + 20))
 
 
 def test_the_pareto_judge_beats_only_beyond_the_noise() -> None:
