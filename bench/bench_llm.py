@@ -38,6 +38,7 @@ from bench.simulator.llm_study import (
     Runs,
     Versus,
     behaviors,
+    extend,
     mean_of,
     mix_error,
     run_seeds,
@@ -413,9 +414,7 @@ def run(quick: bool = False) -> Section:
     began = time.process_time()
     seeds = SEEDS[:1] if quick else SEEDS
     sweep_seeds = SEEDS[:1] if quick else SWEEP_SEEDS
-    runs = run_seeds(seeds[:1], TABLE)
-    for key, more in run_seeds(seeds[1:], GOAL).items():
-        runs[key] = runs[key] + more  # seed 1 first: the tables and plots are its runs
+    runs = extend(run_seeds(seeds[:1], TABLE), run_seeds(seeds[1:], GOAL))  # seed 1 first: the tables' runs
     trace_names = [t.name for t in builtin_traces(POD_RATE, 1)]
     DOCS.mkdir(exist_ok=True)
     parts = []

@@ -114,6 +114,13 @@ def run_seeds(
     return runs
 
 
+def extend(runs: Runs, more: Runs) -> Runs:
+    """More seeds of the same (trace, policy) after the ones already there (never in their place)."""
+    for key, added in more.items():
+        runs[key] = runs.get(key, []) + added
+    return runs
+
+
 def mean_of(runs: list[LlmRun], key: str) -> float:
     return statistics.fmean(float(r.summary()[key]) for r in runs)
 

@@ -32,7 +32,7 @@ from bench.simulator.llm_policies import (  # noqa: E402
 )
 from bench.simulator.llm_run import LlmRun, simulate_llm  # noqa: E402
 from bench.simulator.llm_signals import Page, Signals, Timing, View  # noqa: E402
-from bench.simulator.llm_study import versus  # noqa: E402
+from bench.simulator.llm_study import extend, versus  # noqa: E402
 from bench.simulator.llm_traces import (  # noqa: E402
     LlmTrace,
     Segment,
@@ -365,3 +365,10 @@ def test_a_window_outside_its_range_is_refused_naming_it(
         main(["llm", "--json", "--policy", "demand", "--window", window])
     assert exit_.value.code == 2
     assert f"--window {window}: must be between 5 and 600 seconds" in capsys.readouterr().err
+
+
+def test_more_seeds_add_to_the_runs_of_the_first_instead_of_replacing_them() -> None:
+    first, second, other = (run(WAKE, "requests", seed=s) for s in (1, 2, 3))
+    runs = extend({("wake", "requests"): [first]}, {("wake", "requests"): [second], ("wake", "x"): [other]})
+    assert runs[("wake", "requests")] == [first, second]
+    assert runs[("wake", "x")] == [other]
