@@ -17,6 +17,8 @@ from bench.simulator.llm_fleet import ServerModel
 from bench.simulator.llm_policies import DEMAND_WINDOW, POD_RATE, POLICY_NAMES, REQUESTS_TARGET
 from bench.simulator.llm_run import run_matrix
 from bench.simulator.llm_traces import TraceFileError, builtin_traces, read_trace
+from keda_gpu_scaler.demand import MAX_WINDOW_SECONDS as MAX_WINDOW
+from keda_gpu_scaler.demand import MIN_WINDOW_SECONDS as MIN_WINDOW
 
 
 def _gpu(args: argparse.Namespace) -> int:
@@ -100,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--min-replicas {args.min_replicas}: must be ≥ 0")
     if getattr(args, "requests_target", None) is not None and not args.requests_target > 0:
         parser.error(f"--requests-target {args.requests_target:g}: must be > 0")
-    if getattr(args, "window", None) is not None and not 5 <= args.window <= 600:
-        parser.error(f"--window {args.window:g}: must be between 5 and 600 seconds")
+    if getattr(args, "window", None) is not None and not MIN_WINDOW <= args.window <= MAX_WINDOW:
+        parser.error(f"--window {args.window:g}: must be between {MIN_WINDOW:g} and {MAX_WINDOW:g} seconds")
     if getattr(args, "gateway_ttl", 1.0) <= 0:
         parser.error(f"--gateway-ttl {args.gateway_ttl:g}: must be > 0")
     handler = args.handler

@@ -357,14 +357,14 @@ def test_oracle_sizes_at_each_mixs_capacity() -> None:
         make_policy("clairvoyant")
 
 
-@pytest.mark.parametrize("window", ["1", "601", "nan"])
+@pytest.mark.parametrize("window", ["1", "9", "601", "nan"])
 def test_a_window_outside_its_range_is_refused_naming_it(
     window: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(["llm", "--json", "--policy", "demand", "--window", window])
     assert exit_.value.code == 2
-    assert f"--window {window}: must be between 5 and 600 seconds" in capsys.readouterr().err
+    assert f"--window {window}: must be between 10 and 600 seconds" in capsys.readouterr().err
 
 
 def test_more_seeds_add_to_the_runs_of_the_first_instead_of_replacing_them() -> None:
