@@ -33,17 +33,20 @@ from enum import StrEnum
 from keda_gpu_scaler.engines import Missing, MissingKind
 
 # The `window` metadata (seconds): what the rate is averaged over. Short reacts faster and is noisier
-# (a pod finishing 10 requests a second sees ±30 % over 10 s); long smooths a burst away. The default is
-# the one constant to change once the simulator has measured it (docs/BENCHMARKS.md).
-DEFAULT_WINDOW_SECONDS = 60.0
+# (a pod finishing 10 requests a second sees ±30 % over 10 s); long smooths a burst away. 30 s measured
+# best in the simulator (docs/BENCHMARKS.md, "LLM serving (simulator)"): 15 s waited the same for up to 5 % more
+# GPU-seconds, 60 s saved 2-7 % GPU-seconds but waited 15 % more after a step, 120 s 25-41 % more.
+DEFAULT_WINDOW_SECONDS = 30.0
 MIN_WINDOW_SECONDS = 10.0  # two scrapes at the default 5 s interval at least
 MAX_WINDOW_SECONDS = 600.0  # the history kept per pod is bounded by it
 
-# How much one prompt token weighs against one generated token for `demandUnit: tokens`. A modelling
-# assumption, not a measurement: on an H100 a prefill runs at about 25,000 tokens/s while decoding a batch
-# of 64 produces about 6,700 tokens/s (reference/llm-serving-model.md), so a prompt token costs about a
-# quarter of a generated one. `prefillWeight` overrides it.
-DEFAULT_PREFILL_WEIGHT = 0.25
+# How much one prompt token weighs against one generated token for `demandUnit: tokens`. Each prefill
+# stalls the whole batch's decoding, so against a per-output-token latency target a prompt token costs
+# about as much as a generated one: in the simulator a replica's capacity in weighted tokens/s varied
+# 1.26x over six request mixes at 0.75-0.8, 1.33x at 1 and 2.53x at 0.25 (10.7x in requests/s;
+# docs/BENCHMARKS.md, "LLM serving"). 1 counts every token once. `prefillWeight` overrides it.
+DEFAULT_PREFILL_WEIGHT = 1.0
+MAX_PREFILL_WEIGHT = 4.0
 
 
 class DemandUnit(StrEnum):

@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterable
 
 from keda_gpu_scaler.collect.demand_history import DemandHistory
-from keda_gpu_scaler.demand import over_window, pending_demand, pod_demand
+from keda_gpu_scaler.demand import DemandUnit, over_window, pending_demand, pod_demand
 from keda_gpu_scaler.engines import Missing, MissingKind, PodSamples
 from keda_gpu_scaler.errors import NoData
 from keda_gpu_scaler.scaling import (
@@ -35,6 +35,7 @@ def demand_pod_values(
     """
     key = (spec.engine, spec.model)
     rates: dict[str, tuple[float, str, int, float]] = {}
+    request_rates: dict[str, float] = {}  # demandUnit tokens: the same pods' rates in requests per second
     without_rate: dict[str, tuple[str, str, int]] = {}
     problems: dict[str, str] = {}
     for page in pages:
@@ -53,8 +54,19 @@ def demand_pod_values(
             continue
         span = points[-1].at - points[0].at
         rates[page.pod] = (rate, track.engine, len(points), span)
+        if spec.demand_unit is not DemandUnit.REQUESTS:
+            requests = pod_demand(points, DemandUnit.REQUESTS)
+            if not isinstance(requests, Missing):
+                request_rates[page.pod] = requests
     rows = {
-        pod: pod_row(pod, engine, rate, (), (("samplesUsed", float(used)), ("spanSeconds", span)))
+        pod: pod_row(
+            pod,
+            engine,
+            rate,
+            (),
+            (("samplesUsed", float(used)), ("spanSeconds", span))
+            + ((("requestsPerSecond", request_rates[pod]),) if pod in request_rates else ()),
+        )
         for pod, (rate, engine, used, span) in rates.items()
     }
     notes: tuple[str, ...] = ()
@@ -75,15 +87,28 @@ def demand_pod_values(
 
 
 def with_pending(
-    evaluation: Evaluation, spec: TriggerSpec, points: list[tuple[float, float]]
+    evaluation: Evaluation,
+    spec: TriggerSpec,
+    points: list[tuple[float, float]],
+    tokens_per_request: float | None = None,
 ) -> tuple[Evaluation, str]:
     """The pods' demand plus what the pool's pending requests add (SPEC §6 with `inferencePool`), and a note.
 
-    `points`: the pool's pending total over the window, (time, requests), oldest first. The pending part
+    `points`: the pool's pending total over the window, (time, requests), oldest first. With `demandUnit:
+    tokens` pending requests are weighed at `tokens_per_request` (measured_tokens_per_request(), None when no
+    pod measures it: then they ask for exactly one replica's worth, the wake). The pending part
     counts toward activity as the pods' own sum does (SPEC §4: S plus pending), so a pool at zero holding
     requests wakes and asks for at least one replica.
     """
     extra = pending_demand(points, spec.window)
+    weighed = ""
+    if spec.demand_unit is not DemandUnit.REQUESTS and extra > 0:
+        if tokens_per_request is not None:
+            extra *= tokens_per_request
+            weighed = f", weighed at the pods' {tokens_per_request:.0f} tokens per request"
+        else:
+            extra = spec.threshold
+            weighed = ": no pod measures their tokens yet, so they ask for one replica's worth"
     current = evaluation.what_if.current_replicas
     # A per-pod mean (metricType Value) carries the pool's share per pod: the HPA multiplies it back.
     share = extra / current if evaluation.aggregation is Aggregation.MEAN and current > 0 else extra
@@ -99,6 +124,18 @@ def with_pending(
     active = evaluation.active or fresh + extra > spec.activation_threshold
     note = (
         f"InferencePool {spec.inference_pool}: {held:g} pending requests add {extra:g}/s (their growth and"
-        f" what clears them within {spec.window:g}s)"
+        f" what clears them within {spec.window:g}s){weighed}"
     )
     return dataclasses.replace(evaluation, value=value, active=active, what_if=what_if), note
+
+
+def measured_tokens_per_request(evaluation: Evaluation) -> float | None:
+    """`demandUnit: tokens`: the fresh pods' weighted tokens per request over the window (their tokens per
+    second over their requests per second), None when no pod took a request."""
+    tokens = requests = 0.0
+    for pod in evaluation.pods:
+        per_second = dict(pod.inputs).get("requestsPerSecond")
+        if per_second is not None and per_second > 0:
+            tokens += pod.value
+            requests += per_second
+    return tokens / requests if requests > 0 else None

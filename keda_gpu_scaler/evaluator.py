@@ -20,7 +20,7 @@ from keda_gpu_scaler.collect.prometheus import (
 )
 from keda_gpu_scaler.collect.prometheus_answer import ReplicaLost
 from keda_gpu_scaler.collect.store import NamespaceView, SourceKind, Store, source_problem
-from keda_gpu_scaler.demand_values import demand_pod_values, with_pending
+from keda_gpu_scaler.demand_values import demand_pod_values, measured_tokens_per_request, with_pending
 from keda_gpu_scaler.discovery.targets import Targets  # defined beside discovery, re-exported here
 from keda_gpu_scaler.engines import PodSamples
 from keda_gpu_scaler.errors import ConfigError, NoData
@@ -445,5 +445,5 @@ class Evaluator:
             raise
         key = (namespace, spec.inference_pool, spec.model)
         points = self.demand_history.pending(key, pending.value, spec.window, now)
-        evaluation, note = with_pending(evaluation, spec, points)
+        evaluation, note = with_pending(evaluation, spec, points, measured_tokens_per_request(evaluation))
         return evaluation, (note,)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from keda_gpu_scaler.demand import MAX_WINDOW_SECONDS, MIN_WINDOW_SECONDS
+from keda_gpu_scaler.demand import MAX_PREFILL_WEIGHT, MAX_WINDOW_SECONDS, MIN_WINDOW_SECONDS
 from keda_gpu_scaler.engines import ENGINE_CHOICES
 from keda_gpu_scaler.errors import ConfigError, quoted
 from keda_gpu_scaler.names import OBJECT_NAME_RULE, is_object_name
@@ -146,10 +146,10 @@ def parse_window(key: str, raw: str) -> float:
 
 def parse_prefill_weight(key: str, raw: str) -> float:
     value = parse_number(key, raw)
-    if not 0 <= value <= 1:
+    if not 0 <= value <= MAX_PREFILL_WEIGHT:
         raise ConfigError(
-            f"metadata {key}={quoted(raw)} is out of range; allowed: 0 <= {key} <= 1 (what one prompt token"
-            " weighs against one generated token)"
+            f"metadata {key}={quoted(raw)} is out of range; allowed: 0 <= {key} <= {MAX_PREFILL_WEIGHT:g}"
+            " (what one prompt token weighs against one generated token)"
         )
     return value
 

@@ -330,7 +330,7 @@ KEYS: tuple[MetadataKey, ...] = (
         parse_prefill_weight,
         DEFAULT_PREFILL_WEIGHT,
         f"`{DEFAULT_PREFILL_WEIGHT:g}`",
-        "demand with demandUnit tokens: what one prompt token weighs against one generated token (0-1)",
+        "demand with demandUnit tokens: what one prompt token weighs against one generated token (0-4)",
     ),
     MetadataKey(
         "metricName",

@@ -103,10 +103,10 @@ def demand_value(
     spec: TriggerSpec,
     request_size: float = 1.0,
 ) -> float | None:
-    """`request_size`: weighted tokens per request where none finished within the window (tokens only).
-    In tokens the pending requests are weighed by the pods' tokens per request: the product's
-    with_pending adds them as requests per second, which next to a tokens/s value is next to nothing."""
-    """The trigger's value as the product computes it: pods' demand through evaluate, then pending."""
+    """The trigger's value as the product computes it: pods' demand through evaluate, then pending.
+
+    `request_size`: weighted tokens per request where none finished within the window (tokens only); in
+    tokens the pending requests are weighed by the pods' tokens per request, as the product does."""
     view = scrapes[-1] if scrapes else View(-1.0)
     values = with_mean_of_others(pod_rates(scrapes, spec))
     if values is None:
@@ -117,8 +117,8 @@ def demand_value(
         return None
     if pending is not None:
         held = pending_points(pending, spec.window)
-        if spec.demand_unit is DemandUnit.TOKENS:
-            size = tokens_per_request(scrapes, spec, request_size)
-            held = [(t, p * size) for t, p in held]
-        evaluation, _ = with_pending(evaluation, spec, held)
+        size = (
+            tokens_per_request(scrapes, spec, request_size) if spec.demand_unit is DemandUnit.TOKENS else None
+        )
+        evaluation, _ = with_pending(evaluation, spec, held, size)
     return evaluation.value

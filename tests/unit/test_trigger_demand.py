@@ -55,7 +55,7 @@ def test_every_key_given() -> None:
         ({**DEMAND, "prefillWeight": "0.5"}, ["prefillWeight", "demandUnit=tokens"]),
         (
             {**DEMAND, "demandUnit": "tokens", "prefillWeight": "-0.1"},
-            ["prefillWeight", "0 <= prefillWeight <= 1"],
+            ["prefillWeight", "0 <= prefillWeight <= 4"],
         ),
         ({**DEMAND, "demandUnit": "tokens", "prefillWeight": "NaN"}, ["prefillWeight", "not a number"]),
         (
