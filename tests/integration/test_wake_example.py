@@ -50,9 +50,10 @@ def test_scales_to_zero_and_wakes_on_the_pool_llm_d_creates() -> None:
     scaled = find(docs, "ScaledObject")
     assert scaled["spec"]["minReplicaCount"] == 0
     specs = [parse_trigger(t["metadata"]) for t in scaled["spec"]["triggers"]]
-    assert [s.metric for s in specs] == [Metric.REQUESTS, Metric.PENDING]
+    # demand sizes (the pool's held requests included), pending wakes.
+    assert [s.metric for s in specs] == [Metric.DEMAND, Metric.PENDING]
     assert {t["type"] for t in scaled["spec"]["triggers"]} == {"external-push"}
-    assert specs[1].inference_pool == RELEASE
+    assert specs[0].inference_pool == specs[1].inference_pool == RELEASE
     assert f"helm install {RELEASE} " in (EXAMPLE / "llm-d-router-values.yaml").read_text()
     deployment = find(docs, "Deployment")
     router = _router_values()["router"]
