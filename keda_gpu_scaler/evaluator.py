@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Protocol
 
-from keda_gpu_scaler.collect.gateway import GatewayPages, GatewayPool
+from keda_gpu_scaler.collect.gateway import GatewayPages
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
-from keda_gpu_scaler.collect.inference import INFERENCE_INTEREST
-from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
-from keda_gpu_scaler.collect.prometheus import (
-    gateway_source,
-    prometheus_gateway_interest,
-    prometheus_inference_interest,
-    prometheus_interest,
-)
+from keda_gpu_scaler.collect.prometheus import gateway_source
 from keda_gpu_scaler.collect.prometheus_answer import ReplicaLost
 from keda_gpu_scaler.collect.store import NamespaceView, SourceKind, Store, source_problem
 from keda_gpu_scaler.discovery.targets import Targets  # defined beside discovery, re-exported here
@@ -28,6 +21,7 @@ from keda_gpu_scaler.registry import Explanation, Followed, Memo, Subscription
 from keda_gpu_scaler.scaling import Evaluation, evaluate, inference_pod_values, pod_values
 from keda_gpu_scaler.trigger import Aggregation, Source, TriggerSpec
 from keda_gpu_scaler.vendors import GpuReading
+from keda_gpu_scaler.wanted import EppPool
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +36,6 @@ class TargetResolver(Protocol):
 
     def check(self, spec: TriggerSpec) -> None:
         """Raise ConfigError for metadata this resolver cannot serve."""
-
-    def track(self, namespace: str, name: str, spec: TriggerSpec) -> None:
-        """Start (or keep) discovering this ScaledObject in the background, without waiting."""
 
     def resolve(self, namespace: str, name: str, spec: TriggerSpec) -> Targets:
         """The target pods now; raises NoData while unknown or when discovery is failing."""
@@ -139,23 +130,6 @@ class Evaluator:
             return SourceKind.PROMETHEUS_INFERENCE if prometheus else SourceKind.INFERENCE
         return SourceKind.PROMETHEUS if prometheus else SourceKind.SCRAPE
 
-    def interest_key(self, namespace: str, spec: TriggerSpec) -> Hashable:
-        """What a trigger's data is collected under (interest keeps its collection running)."""
-        kind = self.kind_of(spec)
-        if kind is SourceKind.GATEWAY:
-            assert spec.inference_pool is not None
-            return GatewayPool(namespace, spec.inference_pool, spec.gateway_metrics_port)
-        if kind is SourceKind.PROMETHEUS_GATEWAY:
-            assert spec.inference_pool is not None
-            return prometheus_gateway_interest(namespace, spec.inference_pool)
-        if kind is SourceKind.PROMETHEUS:
-            return prometheus_interest(namespace)
-        if kind is SourceKind.PROMETHEUS_INFERENCE:
-            return prometheus_inference_interest(namespace)
-        if kind is SourceKind.INFERENCE:
-            return INFERENCE_INTEREST
-        return SCRAPE_INTEREST
-
     def evaluate(self, followed: Followed, spec: TriggerSpec) -> Evaluation:
         """The trigger's value now, from the caches only; raises NoData (UNAVAILABLE) when it cannot be known."""
         if spec.metric.gateway:
@@ -226,7 +200,8 @@ class Evaluator:
             return self._prometheus_replica_inputs(namespace, spec.inference_pool, now)
         staleness = self._gateway_max_staleness
         found: list[ReplicaInput] = []
-        replicas = self._gateway_pages.replicas(namespace, spec.inference_pool) if self._gateway_pages else ()
+        pool = EppPool(namespace, spec.inference_pool, spec.gateway_metrics_port)
+        replicas = self._gateway_pages.replicas(pool) if self._gateway_pages else ()
         for replica in replicas:
             state = self._store.source(replica.url)
             page = state.last_page if state is not None else None
@@ -265,7 +240,11 @@ class Evaluator:
     def _no_replica(self, namespace: str, spec: TriggerSpec) -> str:
         pool = f"InferencePool {namespace}/{spec.inference_pool}"
         assert spec.inference_pool is not None
-        problem = self._gateway_pages.problem(namespace, spec.inference_pool) if self._gateway_pages else None
+        problem = (
+            self._gateway_pages.problem(EppPool(namespace, spec.inference_pool, spec.gateway_metrics_port))
+            if self._gateway_pages
+            else None
+        )
         if problem is not None:
             return problem
         if self.kind_of(spec) is SourceKind.PROMETHEUS_GATEWAY:

@@ -1,4 +1,4 @@
-"""Inference-server pages (SPEC §6): which pod each page belongs to, which pages are wanted, and why.
+"""Inference-server pages (SPEC §6): which pod each page belongs to, and where a pod's page is.
 
 GPU exporters serve one page per node naming many pods; an inference server serves its own pod's page,
 so the pod is known from where the page was fetched, not from its labels. Pages are kept as the pod's
@@ -8,19 +8,15 @@ raw samples: how they become a value depends on the trigger (`engine`, `model`, 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterable, Sequence
 
 from keda_gpu_scaler.collect.scrape import PageReader, ScrapeCollector, refuse_unless_levels
 from keda_gpu_scaler.collect.store import SourceKind
 from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES, PodSamples, wrong_types
 from keda_gpu_scaler.exposition import Sample
+from keda_gpu_scaler.wanted import PodPage
 
 log = logging.getLogger(__name__)
-
-# Interest key of inference-server pages scraped directly (pods' own endpoints or --inference-url).
-INFERENCE_INTEREST = "inference"
-
 
 # Container port names tried, in order, when the trigger gives no metricsPort (SPEC §6).
 DEFAULT_PORT_NAMES = ("metrics", "http")
@@ -58,83 +54,28 @@ def pod_url(ip: str, port: int, path: str) -> str:
 _DECLARED_AS_LEVELS = refuse_unless_levels(wrong_types, "a gauge is needed")
 
 
-class PageSink(Protocol):
-    """Where wanted pages go: the inference scrape collector (add/remove a URL with the pod it names)."""
-
-    def add_pod_page(self, url: str, namespace: str, pod: str) -> None: ...
-
-    def remove(self, url: str) -> None: ...
-
-
 class InferencePages:
-    """The PageSink of the running scaler: each pod page becomes a source of its own in the store."""
+    """Pod pages (wanted.PodPage) as sources of the inference collector: each filed under its pod."""
 
-    def __init__(self) -> None:
-        self.collector: ScrapeCollector | None = None  # set once the HTTP session exists (App.start)
+    def __init__(self, collector: ScrapeCollector) -> None:
+        self.collector = collector
 
-    def add_pod_page(self, url: str, namespace: str, pod: str) -> None:
-        assert self.collector is not None, "pages are wanted only once the scaler has started"
+    def add_page(self, page: PodPage) -> None:
         reader = PageReader(
             ENGINE_SAMPLE_NAMES,
-            pod_page_reader(namespace, pod),
+            pod_page_reader(page.namespace, page.pod),
             ENGINE_SAMPLE_NAMES,
             "inference-server metrics",
             refuse=_DECLARED_AS_LEVELS,
         )
-        self.collector.add(url, reader=reader, kind=SourceKind.INFERENCE, namespace=namespace, pod=pod)
+        self.collector.add(
+            page.url,
+            reader=reader,
+            kind=SourceKind.INFERENCE,
+            namespace=page.namespace,
+            pod=page.pod,
+            interest_key=page,
+        )
 
     def remove(self, url: str) -> None:
-        if self.collector is not None:
-            self.collector.remove(url)
-
-
-class WantedPages:
-    """Which pod pages followed ScaledObjects want: a page is scraped while at least one wants it.
-
-    Each owner (a followed ScaledObject's trigger) says which pages it wants now; pages it no longer
-    names (a pod gone in a rollout) are released at once, and all of them when the owner is forgotten.
-    """
-
-    def __init__(self, sink: PageSink) -> None:
-        self._sink = sink
-        self._by_owner: dict[object, dict[str, tuple[str, str]]] = {}
-        self._owners: dict[str, int] = {}
-        self._bound: dict[str, tuple[str, str]] = {}  # url → the (namespace, pod) its page is filed under
-
-    def want(self, owner: object, pages: Mapping[str, tuple[str, str]]) -> None:
-        """pages: url → (namespace, pod). Replaces what `owner` wanted before."""
-        before = self._by_owner.get(owner, {})
-        if before == pages:
-            return
-        for url, binding in pages.items():
-            if url not in before:
-                self._owners[url] = self._owners.get(url, 0) + 1
-            if self._bound.get(url) != binding:
-                # A new page, or an address now another pod's (pod IPs are reused, across namespaces
-                # too): its page must never be filed under the pod that had it before.
-                if url in self._bound:
-                    self._sink.remove(url)
-                self._bound[url] = binding
-                self._sink.add_pod_page(url, *binding)
-        for url in before.keys() - pages.keys():
-            self._unref(url)
-        if pages:
-            self._by_owner[owner] = dict(pages)
-        else:
-            self._by_owner.pop(owner, None)
-
-    def release(self, owner: object) -> None:
-        for url in self._by_owner.pop(owner, {}):
-            self._unref(url)
-
-    def __len__(self) -> int:
-        return len(self._owners)
-
-    def _unref(self, url: str) -> None:
-        left = self._owners.get(url, 0) - 1
-        if left > 0:
-            self._owners[url] = left
-            return
-        self._owners.pop(url, None)
-        self._bound.pop(url, None)
-        self._sink.remove(url)
+        self.collector.remove(url)

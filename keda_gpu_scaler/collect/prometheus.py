@@ -10,12 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from keda_gpu_scaler.backoff import backoff_delay, jittered
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
-from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.prometheus_answer import (
     PrometheusError,
     ReplicaLost,
@@ -45,16 +44,15 @@ from keda_gpu_scaler.collect.promql import (
 from keda_gpu_scaler.collect.store import Page, Reading, SourceKind, Store
 from keda_gpu_scaler.exposition import Sample
 from keda_gpu_scaler.gateways import NotAGatewayPage, table_from_samples
-from keda_gpu_scaler.supervise import supervised
 from keda_gpu_scaler.vendors import readings_from_samples
+from keda_gpu_scaler.wanted import PrometheusQuery, WantedSources
 
 log = logging.getLogger(__name__)
 
-PROMETHEUS_INTEREST = "prometheus"
-# Interest key kind of one namespace's inference-server series (SPEC §6) read through Prometheus.
-PROMETHEUS_INFERENCE_INTEREST = "prometheus-inference"
-# Interest key kind of one InferencePool's endpoint-picker series (SPEC §7) read through Prometheus.
-PROMETHEUS_GATEWAY_INTEREST = "prometheus-gateway"
+# What a PrometheusQuery asks for (wanted.PrometheusQuery.what).
+GPU_SERIES = "gpu"
+INFERENCE_SERIES = "inference"  # a namespace's inference-server series (SPEC §6)
+GATEWAY_SERIES = "gateway"  # one InferencePool's endpoint-picker series (SPEC §7)
 
 # One upstream serves every namespace: a failing one is retried at most this many intervals apart, so
 # data comes back within about two intervals of Prometheus (or a refreshed token) coming back, without a
@@ -69,20 +67,6 @@ def sample_window(max_staleness: float, interval: float) -> float:
     the next one, so at query time it may be at most max-staleness less one interval old.
     """
     return max_staleness - interval if max_staleness > interval else max_staleness
-
-
-def prometheus_interest(namespace: str) -> tuple[str, str]:
-    return (PROMETHEUS_INTEREST, namespace)
-
-
-def prometheus_inference_interest(namespace: str) -> tuple[str, str]:
-    """Touched by inference triggers (`metric: requests|queue|kv_cache`) with `source: prometheus`."""
-    return (PROMETHEUS_INFERENCE_INTEREST, namespace)
-
-
-def prometheus_gateway_interest(namespace: str, pool: str) -> tuple[str, str, str]:
-    """Touched by `metric: pending` triggers with `source: prometheus`."""
-    return (PROMETHEUS_GATEWAY_INTEREST, namespace, pool)
 
 
 def gateway_source(namespace: str, pool: str) -> str:
@@ -126,7 +110,7 @@ class PrometheusCollector:
         *,
         client: PrometheusClient,
         store: Store,
-        interest: Interest,
+        wanted: WantedSources,
         interval: float,
         max_staleness: float,
         clock: Callable[[], float],
@@ -134,7 +118,7 @@ class PrometheusCollector:
     ) -> None:
         self._client = client
         self._store = store
-        self._interest = interest
+        self._wanted = wanted
         self._interval = interval
         self._window = sample_window(max_staleness, interval)
         self._clock = clock
@@ -151,105 +135,62 @@ class PrometheusCollector:
         self._gateway_failing: set[tuple[str, str]] = set()
         self._told_no_sample_times = False
         self._fleet_seen_until = float("-inf")
-        self._tasks: dict[Hashable, asyncio.Task[None]] = {}  # by interest key
-        self._supervisor: asyncio.Task[None] | None = None
+        self._tasks: dict[PrometheusQuery, asyncio.Task[None]] = {}
 
     def start(self) -> None:
-        # Ending would stop every namespace from being collected for good: logged and restarted instead.
-        self._supervisor = supervised(self._supervise, "prometheus namespaces")
+        """Collect every query wanted (now and from now on) while it is wanted."""
+        self._wanted.handle(PrometheusQuery, self._query_wanted, self._query_unwanted)
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._supervisor, *self._tasks.values()) if t is not None]
-        self._supervisor = None
+        tasks = list(self._tasks.values())
         self._tasks.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _supervise(self) -> None:
-        # Never touched: waiting "until it is wanted" wakes on the first touch of any key, i.e. on a
-        # namespace asking for the first time, which then gets its data without waiting an interval.
-        any_new_interest: Hashable = object()
-        while True:
-            for key in self._interest.wanted_keys():
-                if key in self._tasks or not isinstance(key, tuple):
-                    continue
-                if len(key) == 3 and key[0] == PROMETHEUS_GATEWAY_INTEREST:
-                    namespace, pool = str(key[1]), str(key[2])
-                    self._tasks[key] = asyncio.create_task(
-                        self._run_gateway(namespace, pool), name=f"prometheus gateway {namespace}/{pool}"
-                    )
-                    continue
-                if len(key) != 2:
-                    continue
-                kind, namespace = key[0], str(key[1])
-                if kind == PROMETHEUS_INTEREST:
-                    run, name = self._run(namespace), f"prometheus {namespace}"
-                elif kind == PROMETHEUS_INFERENCE_INTEREST:
-                    run, name = self._run_inference(namespace), f"prometheus inference {namespace}"
-                else:
-                    continue
-                # A loop that raised is logged by _loop itself; this one starts it again while wanted.
-                self._tasks[key] = asyncio.create_task(run, name=name)
-            await self._interest.wait_until_wanted(self._interval, any_new_interest)
+    def _query_wanted(self, query: PrometheusQuery) -> None:
+        namespace, pool = query.namespace, query.pool
+        if query.what == GATEWAY_SERIES and pool is not None:
+            run = self._loop(
+                namespace,
+                lambda _: self.collect_gateway_once(namespace, pool),
+                f"gateway collection of {pool}",
+            )
+        elif query.what == INFERENCE_SERIES:
+            run = self._loop(namespace, self.collect_inference_once, "inference collection")
+        else:
+            run = self._loop(namespace, self.collect_once, "collection")
+        self._tasks[query] = asyncio.create_task(run, name=f"prometheus {query}")
 
-    async def _run(self, namespace: str) -> None:
-        """The namespace's GPU series, while wanted."""
-        await self._loop(
-            prometheus_interest(namespace), namespace, self.collect_once, self._forget, "collection"
-        )
+    def _query_unwanted(self, query: PrometheusQuery) -> None:
+        """No trigger asks for it any more: its loop ends and its sources go (a new call starts again)."""
+        task = self._tasks.pop(query, None)
+        if task is not None:
+            task.cancel()
+        if query.what == GATEWAY_SERIES and query.pool is not None:
+            self._forget_gateway(query.namespace, query.pool)
+        elif query.what == INFERENCE_SERIES:
+            self._forget_inference(query.namespace)
+        else:
+            self._forget(query.namespace)
 
-    async def _run_inference(self, namespace: str) -> None:
-        """The namespace's inference-server series, while wanted."""
-        await self._loop(
-            prometheus_inference_interest(namespace),
-            namespace,
-            self.collect_inference_once,
-            self._forget_inference,
-            "inference collection",
-        )
-
-    async def _run_gateway(self, namespace: str, pool: str) -> None:
-        """One InferencePool's endpoint-picker series, while a `pending` trigger reads it."""
-        await self._loop(
-            prometheus_gateway_interest(namespace, pool),
-            namespace,
-            lambda _: self.collect_gateway_once(namespace, pool),
-            lambda _: self._forget_gateway(namespace, pool),
-            f"gateway collection of InferencePool {pool}",
-        )
-
-    async def _loop(
-        self,
-        key: Hashable,
-        namespace: str,
-        collect: Callable[[str], Awaitable[bool]],
-        forget: Callable[[str], None],
-        what: str,
-    ) -> None:
+    async def _loop(self, namespace: str, collect: Callable[[str], Awaitable[bool]], what: str) -> None:
+        """Collect now and every interval (backing off while it fails) until cancelled."""
         failures = 0
-        try:
-            while self._interest.wanted(key):
-                try:
-                    ok = await collect(namespace)
-                except Exception:
-                    # A bug must not end the namespace's collection for good: its data goes stale and
-                    # the calls say UNAVAILABLE, the log says why, and the next round tries again.
-                    log.exception("Prometheus source, namespace %s: %s failed", namespace, what)
-                    ok = False
-                failures = 0 if ok else failures + 1
-                delay = backoff_delay(
-                    failures, first=self._interval, cap=self._interval * MAX_BACKOFF_INTERVALS
-                )
-                # Jitter only shortens the wait: data must never be older than one interval because of it.
-                await asyncio.sleep(jittered(delay))
-            forget(namespace)
-        finally:
-            if self._tasks.get(key) is asyncio.current_task():
-                del self._tasks[key]
+        while True:
+            try:
+                ok = await collect(namespace)
+            except Exception:
+                # A bug must not end the namespace's collection for good: its data goes stale and
+                # the calls say UNAVAILABLE, the log says why, and the next round tries again.
+                log.exception("Prometheus source, namespace %s: %s failed", namespace, what)
+                ok = False
+            failures = 0 if ok else failures + 1
+            delay = backoff_delay(failures, first=self._interval, cap=self._interval * MAX_BACKOFF_INTERVALS)
+            # Jitter only shortens the wait: data must never be older than one interval because of it.
+            await asyncio.sleep(jittered(delay))
 
     def _forget(self, namespace: str) -> None:
-        """No trigger asks for the namespace any more: drop its sources (a new call starts again)."""
         for target in self._targets.pop(namespace, {}).values():
             self._store.remove_source(target.source)
         self._store.remove_source(_namespace_source(namespace))

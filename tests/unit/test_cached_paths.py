@@ -12,7 +12,6 @@ from support import GpuLine, dcgm_page
 
 from keda_gpu_scaler import trigger
 from keda_gpu_scaler.collect.http import FetchError
-from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Page, Store
 from keda_gpu_scaler.discovery.targets import Targets
@@ -22,6 +21,7 @@ from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.registry import Followed, Subscription
 from keda_gpu_scaler.trigger import TriggerSpec, parse_trigger
 from keda_gpu_scaler.vendors import Family, GpuReading
+from keda_gpu_scaler.wanted import WantedSources
 
 EXPORTERS = ["http://node-a/metrics", "http://node-b/metrics", "http://node-c/metrics"]
 PODS = ["vllm-0", "vllm-1", "vllm-2", "other-0"]
@@ -158,7 +158,7 @@ def collector(cached: bool, fetcher: ScriptedFetcher, now: list[float]) -> tuple
     store = Store()
     scraper = ScrapeCollector(
         store=store,
-        interest=Interest(60.0, lambda: now[0]),
+        interest=WantedSources(),
         limits=ScrapeLimits(interval=5.0, timeout=1.0, max_page_bytes=1 << 20, concurrency=4),
         telemetry=Telemetry(),
         clock=lambda: now[0],

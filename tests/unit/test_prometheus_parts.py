@@ -15,14 +15,12 @@ from hypothesis import strategies as st
 from support import eventually
 
 from keda_gpu_scaler.collect import prometheus as prometheus_module
-from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.prometheus import (
+    INFERENCE_SERIES,
     MAX_BACKOFF_INTERVALS,
     PrometheusCollector,
     inference_source,
     pod_inference_source,
-    prometheus_inference_interest,
-    prometheus_interest,
 )
 from keda_gpu_scaler.collect.prometheus_answer import (
     REMOTE_TEXT_LIMIT,
@@ -69,6 +67,7 @@ from keda_gpu_scaler.settings import (
     env_values,
 )
 from keda_gpu_scaler.vendors import POD_LABELS, SAMPLE_NAMES
+from keda_gpu_scaler.wanted import PrometheusQuery, WantedSources
 
 # ---- PromQL ---------------------------------------------------------------------------------------
 
@@ -278,7 +277,7 @@ def collector(
     return PrometheusCollector(
         client=prometheus,  # type: ignore[arg-type]
         store=store,
-        interest=Interest(600, lambda: clock[0]),
+        wanted=WantedSources(),
         interval=1.0,
         max_staleness=4.0,
         clock=lambda: clock[0],
@@ -533,8 +532,7 @@ async def test_retry_delay_is_capped_however_long_prometheus_fails(monkeypatch: 
     monkeypatch.setattr(prometheus_module, "jittered", no_wait)
     store = Store()
     source = collector(FailingPrometheus(), store)
-    source._interest.touch(prometheus_interest("llm"))  # wanted for 600 s of a clock that does not move
-    loop = asyncio.create_task(source._run("llm"))
+    loop = asyncio.create_task(source._loop("llm", source.collect_once, "collection"))
     await asyncio.wait([loop, asyncio.create_task(enough.wait())], return_when=asyncio.FIRST_COMPLETED)
     assert not loop.done(), loop
     loop.cancel()
@@ -544,39 +542,39 @@ async def test_retry_delay_is_capped_however_long_prometheus_fails(monkeypatch: 
     assert max(delays) == MAX_BACKOFF_INTERVALS
 
 
-class BrokenOnceInterest(Interest):
-    def __init__(self, ttl: float, clock: Any) -> None:
-        super().__init__(ttl, clock)
-        self.broken = True
-
-    def wanted_keys(self) -> list[Any]:
-        if self.broken:
-            self.broken = False
-            raise RuntimeError("a bug in the namespace loop")
-        return super().wanted_keys()
-
-
-async def test_the_namespace_supervisor_is_restarted_when_it_fails(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_bug_in_one_collection_is_logged_and_the_loop_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     prometheus, store = ScriptedPrometheus(), Store()
     prometheus.answers["namespace"] = elements_of(gpu("vllm-0", 40, age=0.5))
-    interest = BrokenOnceInterest(600, lambda: 1000.0)
+    wanted = WantedSources()
     source = PrometheusCollector(
         client=prometheus,  # type: ignore[arg-type]
         store=store,
-        interest=interest,
-        interval=1.0,
+        wanted=wanted,
+        interval=0.01,
         max_staleness=4.0,
         clock=lambda: 1000.0,
         wall_clock=lambda: WALL,
     )
-    interest.touch(prometheus_interest("llm"))
+    collect_once = source.collect_once
+    broken = [True]
+
+    async def broken_once(namespace: str) -> bool:
+        if broken.pop() if broken else False:
+            raise RuntimeError("a bug in the namespace loop")
+        return await collect_once(namespace)
+
+    source.collect_once = broken_once  # type: ignore[method-assign]
+    wanted.want("trigger", [PrometheusQuery("gpu", "llm")])
     source.start()
     try:
         async with asyncio.timeout(30):
             await prometheus.heard.wait()
     finally:
         await source.stop()
-    assert any("a bug in the namespace loop" in r.getMessage() for r in caplog.records)
+    assert any(r.exc_info and "a bug in the namespace loop" in str(r.exc_info[1]) for r in caplog.records)
+    assert prometheus.asked[0] == "namespace"  # collected after the failure
 
 
 # ---- inference-server series (SPEC §6) ------------------------------------------------------------
@@ -793,7 +791,7 @@ async def test_inference_interest_starts_and_ends_a_namespace_loop() -> None:
     prometheus.answers["inference"] = elements_of(vllm("vllm-0", 5, 0, age=0.5))
     now = [1000.0]
     source = collector(prometheus, store, now)
-    source._interest.touch(prometheus_inference_interest("llm"))
+    source._wanted.want("trigger", [PrometheusQuery(INFERENCE_SERIES, "llm")])
     source.start()
     try:
         async with asyncio.timeout(30):
@@ -805,7 +803,7 @@ async def test_inference_interest_starts_and_ends_a_namespace_loop() -> None:
 
         await eventually(stored, timeout=30)
         # No trigger asks any more: the loop ends and its source goes.
-        now[0] += 1000
+        source._wanted.release("trigger")
 
         async def gone() -> None:
             assert not any(s.kind is SourceKind.PROMETHEUS_INFERENCE for s in store.sources())
@@ -973,7 +971,7 @@ async def test_the_pods_own_sources_go_with_the_namespace_loop() -> None:
     )
     now = [1000.0]
     source = collector(prometheus, store, now)
-    source._interest.touch(prometheus_inference_interest("llm"))
+    source._wanted.want("trigger", [PrometheusQuery(INFERENCE_SERIES, "llm")])
     source.start()
     try:
 
@@ -988,7 +986,7 @@ async def test_the_pods_own_sources_go_with_the_namespace_loop() -> None:
             assert list(pod_view(store, now[0]).recently_seen) == ["vllm-1"]
 
         await eventually(missing, timeout=30)
-        now[0] += 1000  # no trigger asks any more
+        source._wanted.release("trigger")  # no trigger asks any more
 
         async def gone() -> None:
             assert not any(s.kind is SourceKind.PROMETHEUS_INFERENCE for s in store.sources())
