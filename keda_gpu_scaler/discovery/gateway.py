@@ -147,15 +147,17 @@ class GatewayDiscovery:
         ports: dict[tuple[str, str], set[int]] = {}
         for pool in wanted:
             ports.setdefault((pool.namespace, pool.pool), set()).add(pool.port)
-        for namespace, space in list(self._namespaces.items()):
+        for namespace, space in self._namespaces.items():
             for name, gone in list(space.wanted.items()):
                 if (namespace, name) not in ports:
                     self._drop(space, gone)
+        for (namespace, name), wanted_ports in ports.items():
+            self._set_ports(namespace, name, wanted_ports)
+        # Last: a namespace whose pools were all replaced by others keeps its InferencePool watch.
+        for namespace, space in list(self._namespaces.items()):
             if not space.wanted:
                 space.pools.close()
                 del self._namespaces[namespace]
-        for (namespace, name), wanted_ports in ports.items():
-            self._set_ports(namespace, name, wanted_ports)
         self._end_unused_probes()
 
     def _set_ports(self, namespace: str, name: str, wanted_ports: set[int]) -> None:

@@ -140,6 +140,7 @@ class KubeDiscovery:
         )
         self._gateway_book: GatewayBook | None = None
         self._gateways: GatewayDiscovery | None = None
+        self._gateway_pools_due = False
         # Told the namespace whenever the targets of its followed selectors may have changed (pod events,
         # selectors followed or dropped, a relist applied whole): what is collected for them follows.
         self.on_change: Callable[[str], None] = lambda namespace: None
@@ -154,7 +155,7 @@ class KubeDiscovery:
         if gateways is not None:
             self._gateway_book = gateways
             self._gateways = GatewayDiscovery(self._api, gateways, on_restart=self._restarted)
-            gateways.on_pools = self._follow_gateway_pools
+            gateways.on_pools = self._gateway_pools_changed
             self._follow_gateway_pools()
 
     async def stop(self) -> None:
@@ -440,6 +441,13 @@ class KubeDiscovery:
             log.info("ScaledObject %s: reading it from the Kubernetes API works again", tracked.ref)
         tracked.blip = note
 
+    def _gateway_pools_changed(self) -> None:
+        """Coalesced to one look per loop turn: a subscription replaced whole (one pool released, another
+        wanted) must not close and reopen its namespace's InferencePool watch in between."""
+        if not self._gateway_pools_due:
+            self._gateway_pools_due = True
+            asyncio.get_running_loop().call_soon(self._follow_gateway_pools)
+
     def _follow_gateway_pools(self) -> None:
         """Watch the InferencePools that triggers want, of namespaces that hold a followed ScaledObject.
 
@@ -447,6 +455,7 @@ class KubeDiscovery:
         ScaledObjectRef); and, as for pods, nothing is watched in a namespace until a ScaledObject there
         was read from the API, so calls naming objects that do not exist open no watch.
         """
+        self._gateway_pools_due = False
         if self._gateways is None or self._gateway_book is None:
             return
         self._gateways.set_wanted([p for p in self._gateway_book.pools() if p.namespace in self._namespaces])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -394,3 +395,28 @@ async def test_an_api_server_without_inference_pools_says_to_install_them(
     await sink.has_problem(
         "cannot read InferencePool llm/chat-pool", "inferencepools.inference.networking.k8s.io", "installed"
     )
+
+
+async def test_a_tls_probe_ends_with_the_pool_it_probed(kube: FakeKube, api: KubeApi) -> None:
+    """An EPP address that never answers is retried while its pool is wanted, and no longer after."""
+    port = _free_port()
+    sink = Sink()
+    discovery = GatewayDiscovery(api, sink)  # the real probe: nothing listens at the port
+
+    def probing() -> list[asyncio.Task[Any]]:
+        return [t for t in asyncio.all_tasks() if t.get_name() == f"TLS probe 127.0.0.1:{port}"]
+
+    try:
+        chat_pool(kube)
+        kube.put(POD, epp_pod("epp-0", "127.0.0.1"))
+        discovery.set_wanted([EppPool(NS, "chat-pool", port)])
+        await sink.has_problem("not reachable on metrics port", f"cannot connect to 127.0.0.1:{port}")
+        assert probing()
+        discovery.set_wanted([])
+
+        async def ended() -> None:
+            assert not probing()
+
+        await eventually(ended)
+    finally:
+        await discovery.stop()
