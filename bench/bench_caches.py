@@ -263,7 +263,7 @@ def per_operation() -> str:
     from keda_gpu_scaler.collect.store import Page, Store
     from keda_gpu_scaler.evaluator import Evaluator
     from keda_gpu_scaler.metrics import Telemetry
-    from keda_gpu_scaler.registry import Followed, Subscription
+    from keda_gpu_scaler.registry import Followed, Registry
     from keda_gpu_scaler.vendors import Family, GpuReading
 
     rows: list[tuple[str, float, float]] = []
@@ -323,8 +323,7 @@ def per_operation() -> str:
             store=store, telemetry=Telemetry(), max_staleness=15.0, clock=lambda: now[0], targets=resolver
         )
         made.reuse_evaluations = memo
-        followed = Followed("ns-0", "w-0", now[0])
-        followed.triggers[spec] = Subscription(spec, now[0])  # as Registry.follow makes it
+        followed = Registry(ttl=600, cap=10, clock=lambda: now[0]).follow("ns-0", "w-0", spec)
         return made, followed, store
 
     on, followed_on, _ = evaluator(True, True, True)
@@ -364,9 +363,6 @@ class _FixedTargets:
         self.targets = targets
 
     def check(self, spec: Any) -> None:
-        pass
-
-    def track(self, namespace: str, name: str, spec: Any) -> None:
         pass
 
     def resolve(self, namespace: str, name: str, spec: Any) -> Targets:

@@ -18,7 +18,7 @@ from keda_gpu_scaler.discovery.targets import Targets
 from keda_gpu_scaler.errors import ConfigError, NoData
 from keda_gpu_scaler.evaluator import Evaluator
 from keda_gpu_scaler.metrics import Telemetry
-from keda_gpu_scaler.registry import Followed, Subscription
+from keda_gpu_scaler.registry import Registry
 from keda_gpu_scaler.trigger import TriggerSpec, parse_trigger
 from keda_gpu_scaler.vendors import Family, GpuReading
 from keda_gpu_scaler.wanted import WantedSources
@@ -38,9 +38,6 @@ class FixedTargets:
         self.pods: frozenset[str] | None = frozenset(PODS[:3])
 
     def check(self, spec: TriggerSpec) -> None:
-        pass
-
-    def track(self, namespace: str, name: str, spec: TriggerSpec) -> None:
         pass
 
     def resolve(self, namespace: str, name: str, spec: TriggerSpec) -> Targets:
@@ -74,12 +71,11 @@ class Scaler:
         if not cached:
             self.store.keep_views = self.store.keep_freshness = False
             self.evaluator.reuse_evaluations = False
-        self.followed = Followed("llm", "chat", now[0])
+        self.registry = Registry(ttl=float("inf"), cap=1, clock=lambda: now[0])
 
     def answer(self, spec: TriggerSpec) -> tuple[Any, ...]:
         try:
-            self.followed.triggers.setdefault(spec, Subscription(spec, 0.0))  # as Registry.follow does
-            evaluation = self.evaluator.evaluate(self.followed, spec)
+            evaluation = self.evaluator.evaluate(self.registry.follow("llm", "chat", spec), spec)
         except NoData as error:
             return ("no data", str(error))
         return (evaluation.value, evaluation.active, evaluation.pod_rows, evaluation.missing_pods)
