@@ -92,7 +92,8 @@ class Subscriptions:
             self._refresh(followed)
 
     def _refresh(self, followed: Followed) -> None:
-        live = [s for s in followed.triggers.values() if not self._edited_away(followed, s.spec)]
+        away = self._edited_away(followed)
+        live = [s for s in followed.triggers.values() if s.spec not in away]
         self._select(followed, live)
         live_specs = {s.spec for s in live}
         for subscription in followed.triggers.values():
@@ -113,14 +114,18 @@ class Subscriptions:
             [s.spec for s in subscriptions if self._kind_of(s.spec) in _READS_PODS],
         )
 
-    def _edited_away(self, followed: Followed, spec: TriggerSpec) -> bool:
-        """Discovery read the ScaledObject without this trigger, and with another followed one of it."""
-        discovery = self._discovery
-        if discovery is None or discovery.is_current(followed.namespace, followed.name, spec) is not False:
-            return False
-        return any(
-            discovery.is_current(followed.namespace, followed.name, other) for other in followed.triggers
-        )
+    def _edited_away(self, followed: Followed) -> set[TriggerSpec]:
+        """The triggers discovery read the ScaledObject without, when another followed one of it is there
+        (the edit's new trigger: until KEDA calls it, the old one keeps what it collects)."""
+        if self._discovery is None:
+            return set()
+        current = {
+            spec: self._discovery.is_current(followed.namespace, followed.name, spec)
+            for spec in followed.triggers
+        }
+        if not any(current.values()):
+            return set()
+        return {spec for spec, is_current in current.items() if is_current is False}
 
     def _refresh_one(self, followed: Followed, subscription: Subscription) -> None:
         spec = subscription.spec

@@ -132,16 +132,6 @@ class GatewayDiscovery:
             (ns, name): pool for ns, space in self._namespaces.items() for name, pool in space.wanted.items()
         }
 
-    def watches(self) -> int:
-        """How many watches are open (for bounds: one per namespace, two per existing wanted pool)."""
-        return sum(
-            1 + sum(1 for p in space.wanted.values() for i in (p.service, p.pods) if i is not None)
-            for space in self._namespaces.values()
-        )
-
-    def probes(self) -> int:
-        return sum(1 for p in self._probes.values() if p.task is not None)
-
     def set_wanted(self, wanted: Iterable[EppPool]) -> None:
         """Follow exactly these pools, each at the metrics ports given."""
         ports: dict[tuple[str, str], set[int]] = {}
