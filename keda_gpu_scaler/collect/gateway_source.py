@@ -30,20 +30,6 @@ from keda_gpu_scaler.wanted import EppPage
 
 
 @dataclass(frozen=True, slots=True)
-class ReplicaSamples:
-    """One endpoint-picker replica's series of the gateways' families, as Prometheus answered them."""
-
-    namespace: str
-    pool: str
-    replica: str
-    samples: tuple[Sample, ...]
-
-    @property
-    def pod(self) -> str:
-        return self.replica
-
-
-@dataclass(frozen=True, slots=True)
 class ReplicaQueue:
     """One endpoint-picker replica's queue (summed per pool label and model), as one page gave it."""
 
