@@ -69,14 +69,8 @@ class PrometheusQuery:
 
 
 S = TypeVar("S")
-
-
-class Handler(Generic[S]):
-    """Told when a source of one kind becomes wanted (added) and when nobody wants it any more (removed)."""
-
-    def __init__(self, added: Callable[[S], None], removed: Callable[[S], None]) -> None:
-        self.added = added
-        self.removed = removed
+# A kind's handler: told when a source of it becomes wanted, and when nobody wants it any more.
+_Handler = tuple[Callable[[Any], None], Callable[[Any], None]]
 
 
 class WantedSources:
@@ -89,12 +83,12 @@ class WantedSources:
     def __init__(self) -> None:
         self._by_owner: dict[Hashable, frozenset[Hashable]] = {}
         self._count: dict[Hashable, int] = {}
-        self._handlers: dict[type, Handler[Any]] = {}
+        self._handlers: dict[type, _Handler] = {}
         self._woken = asyncio.Event()
 
     def handle(self, kind: type[S], added: Callable[[S], None], removed: Callable[[S], None]) -> None:
         """Set the handler of a kind; the sources of that kind wanted already are handed to it now."""
-        self._handlers[kind] = Handler(added, removed)
+        self._handlers[kind] = (added, removed)
         for source in [s for s in self._count if type(s) is kind]:
             added(source)
 
@@ -119,9 +113,6 @@ class WantedSources:
 
     def wanted(self, source: Hashable) -> bool:
         return source in self._count
-
-    def owners(self, source: Hashable) -> int:
-        return self._count.get(source, 0)
 
     def of_owner(self, owner: Hashable) -> frozenset[Hashable]:
         return self._by_owner.get(owner, frozenset())
@@ -148,7 +139,7 @@ class WantedSources:
         woken.set()
         handler = self._handlers.get(type(source))
         if handler is not None:
-            handler.added(source)
+            handler[0](source)
 
     def _unref(self, source: Hashable) -> None:
         count = self._count[source] - 1
@@ -158,7 +149,7 @@ class WantedSources:
         del self._count[source]
         handler = self._handlers.get(type(source))
         if handler is not None:
-            handler.removed(source)
+            handler[1](source)
 
 
 class _Page(Protocol, Hashable):
