@@ -88,7 +88,11 @@ async def explain_once(
     wanted.handle(PodPage, bindings.added, bindings.removed)
     gateway_pages.start(GatewayCollectorSink(collector))
     urls = sorted(
-        {p.url for kind in (ExporterPage, PodPage, EppPage) for p in wanted.of_kind(kind)}  # type: ignore[attr-defined]
+        {
+            *(page.url for page in wanted.of_kind(ExporterPage)),
+            *(page.url for page in wanted.of_kind(PodPage)),
+            *(page.url for page in wanted.of_kind(EppPage)),
+        }
     )
     try:
         await asyncio.gather(*(collector.scrape_once(url) for url in urls))
