@@ -17,16 +17,22 @@ from keda_gpu_scaler.discovery.api import SCALED_OBJECTS, KubeApi, KubeError, co
 from keda_gpu_scaler.discovery.exporters import ExporterDiscovery
 from keda_gpu_scaler.discovery.gateway import GatewayBook, GatewayDiscovery
 from keda_gpu_scaler.discovery.informer import ObjectInformer, PodInformer
+from keda_gpu_scaler.discovery.kinds import ScaleKinds
 from keda_gpu_scaler.discovery.pods import PodInfo
 from keda_gpu_scaler.discovery.scaledobject import (
     EXTERNAL_TRIGGER_TYPES,
     ScaledObjectError,
     ScaledObjectInfo,
-    ScaleTarget,
     metric_type_for,
     parse_scaled_object,
 )
-from keda_gpu_scaler.discovery.selectors import ExporterSelector, Selector, SelectorError, parse_selector
+from keda_gpu_scaler.discovery.selectors import (
+    ExporterSelector,
+    Selector,
+    SelectorError,
+    parse_selector,
+    pod_selector_metadata,
+)
 from keda_gpu_scaler.discovery.targets import NamespaceIndex, Selection, Targets
 from keda_gpu_scaler.errors import ConfigError, NoData
 from keda_gpu_scaler.metrics import PREFIX, Telemetry
@@ -38,9 +44,6 @@ __all__ = ["DiscoveryConfig", "KubeDiscovery", "Targets"]
 
 log = logging.getLogger(__name__)
 
-# How long a kind → plural look-up is trusted before a miss triggers a new discovery request (a CRD
-# installed after the scaler started must become usable without a restart).
-DISCOVERY_CACHE_SECONDS = 60.0
 FIRST_RETRY_SECONDS = 0.5
 # Distinct trigger metadata whose metricType is remembered per ScaledObject: a caller that sends ever new
 # ones must not grow discovery's state without bound (all are dropped, and worked out again if asked).
@@ -119,7 +122,7 @@ class KubeDiscovery:
         self._api: KubeApi | None = None
         self._tracked: dict[tuple[str, str], _Tracked] = {}
         self._namespaces: dict[str, _Namespace] = {}
-        self._plurals: dict[tuple[str, str], tuple[float, dict[str, tuple[str, bool]]]] = {}
+        self._kinds = ScaleKinds(clock)
         registry = telemetry.registry
         self.watch_restarts = Counter(
             f"{PREFIX}_kubernetes_watch_restarts",
@@ -187,7 +190,7 @@ class KubeDiscovery:
                 " podNamePrefix, or give podSelector (a label selector) to choose other pods"
             )
         if spec.pod_selector is not None:
-            _pod_selector(spec.pod_selector)
+            pod_selector_metadata(spec.pod_selector)
 
     def track(self, namespace: str, name: str) -> None:
         """Start following a ScaledObject (or note that it is still wanted), without waiting for anything."""
@@ -212,9 +215,9 @@ class KubeDiscovery:
             if spec.pod_selector is None:
                 wants_target = True
             else:
-                overrides[spec.pod_selector] = tracked.overrides.get(spec.pod_selector) or _pod_selector(
+                overrides[spec.pod_selector] = tracked.overrides.get(
                     spec.pod_selector
-                )
+                ) or pod_selector_metadata(spec.pod_selector)
         if wants_target == tracked.wants_target and overrides.keys() == tracked.overrides.keys():
             return
         tracked.wants_target = wants_target
@@ -567,7 +570,7 @@ class KubeDiscovery:
         assert self._api is not None and tracked.info is not None
         target = tracked.info.target
         try:
-            plural = await self._plural(target)
+            plural = await self._kinds.plural(self._api, target)
             scale = await self._api.scale(
                 target.group, target.version, tracked.namespace, plural, target.name
             )
@@ -593,42 +596,3 @@ class KubeDiscovery:
                 return False
             tracked.scale_error = message
             return False
-
-    async def _plural(self, target: ScaleTarget) -> str:
-        """Kind → resource name through API discovery, so any kind with a /scale subresource works."""
-        assert self._api is not None
-        if not target.group:
-            raise KubeError(
-                f"scaleTargetRef apiVersion {target.api_version!r} (the core API group) is not supported"
-            )
-        key = (target.group, target.version)
-        cached = self._plurals.get(key)
-        now = self._clock()
-        if cached is None or (target.kind not in cached[1] and now - cached[0] > DISCOVERY_CACHE_SECONDS):
-            document = await self._api.api_resources(target.group, target.version)
-            names = {r.get("name") for r in document.get("resources") or ()}
-            kinds = {
-                r["kind"]: (r["name"], f"{r['name']}/scale" in names)
-                for r in document.get("resources") or ()
-                if r.get("kind") and r.get("name") and "/" not in r["name"]
-            }
-            cached = (now, kinds)
-            self._plurals[key] = cached
-        found = cached[1].get(target.kind)
-        if found is None:
-            raise KubeError(f"the API server does not serve kind {target.kind!r} in {target.api_version!r}")
-        plural, has_scale = found
-        if not has_scale:
-            raise KubeError(f"kind {target.kind!r} has no /scale subresource, so KEDA cannot scale it either")
-        return plural
-
-
-def _pod_selector(text: str) -> Selector:
-    # Parsed per call: a few µs, less than a cache keyed by the text would save (docs/BENCHMARKS.md, "Caches").
-    try:
-        selector = parse_selector(text)
-    except SelectorError as error:
-        raise ConfigError(f"metadata podSelector={text!r} is not a label selector: {error}") from None
-    if selector.empty:
-        raise ConfigError(f"metadata podSelector={text!r} selects every pod; allowed: a label selector")
-    return selector
