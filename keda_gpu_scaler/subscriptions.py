@@ -84,7 +84,7 @@ class Subscriptions:
     def dropped(self, followed: Followed, subscription: Subscription) -> None:
         self._wanted.release(_owner(followed, subscription))
         subscription.sources_from = None
-        self._select(followed)
+        self._select(followed, self._edited_away(followed))
 
     def _refresh_due(self, namespace: str) -> None:
         self._due.discard(namespace)
@@ -93,26 +93,19 @@ class Subscriptions:
 
     def _refresh(self, followed: Followed) -> None:
         away = self._edited_away(followed)
-        live = [s for s in followed.triggers.values() if s.spec not in away]
-        self._select(followed, live)
-        live_specs = {s.spec for s in live}
+        self._select(followed, away)
         for subscription in followed.triggers.values():
-            if subscription.spec in live_specs:
-                self._refresh_one(followed, subscription)
-            else:
+            if subscription.spec in away:
                 subscription.sources_from = None
                 self._wanted.release(_owner(followed, subscription))
+            else:
+                self._refresh_one(followed, subscription)
 
-    def _select(self, followed: Followed, live: Iterable[Subscription] | None = None) -> None:
+    def _select(self, followed: Followed, away: set[TriggerSpec]) -> None:
         """Tell discovery which triggers read pods, so that it follows exactly their selectors."""
-        if self._discovery is None:
-            return
-        subscriptions = followed.triggers.values() if live is None else live
-        self._discovery.select(
-            followed.namespace,
-            followed.name,
-            [s.spec for s in subscriptions if self._kind_of(s.spec) in _READS_PODS],
-        )
+        if self._discovery is not None:
+            specs = [s for s in followed.triggers if s not in away and self._kind_of(s) in _READS_PODS]
+            self._discovery.select(followed.namespace, followed.name, specs)
 
     def _edited_away(self, followed: Followed) -> set[TriggerSpec]:
         """The triggers discovery read the ScaledObject without, when another followed one of it is there
