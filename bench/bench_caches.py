@@ -29,11 +29,6 @@ from keda_gpu_scaler.discovery.targets import Targets
 # (name, switch as "module:Owner.attribute", what it keeps)
 SWITCHES: tuple[tuple[str, str, str], ...] = (
     (
-        "evaluation memo",
-        "keda_gpu_scaler.evaluator:Evaluator.reuse_evaluations",
-        "a trigger's last evaluation, until its namespace's data, the sources or its targets move",
-    ),
-    (
         "store views",
         "keda_gpu_scaler.collect.store:Store.keep_views",
         "one namespace's view of the store, shared by its ScaledObjects",
@@ -298,7 +293,7 @@ def per_operation() -> str:
     now = [1000.0]
     spec = trigger.parse_trigger({"threshold": "50"})
 
-    def evaluator(memo: bool, views: bool, freshness: bool) -> tuple[Evaluator, Followed, Any]:
+    def evaluator(views: bool, freshness: bool) -> tuple[Evaluator, Followed, Any]:
         store = Store()
         store.keep_views, store.keep_freshness = views, freshness
         for node in range(125):
@@ -322,32 +317,22 @@ def per_operation() -> str:
         made = Evaluator(
             store=store, telemetry=Telemetry(), max_staleness=15.0, clock=lambda: now[0], targets=resolver
         )
-        made.reuse_evaluations = memo
         followed = Registry(ttl=600, cap=10, clock=lambda: now[0]).follow("ns-0", "w-0", spec)
         return made, followed, store
 
-    on, followed_on, _ = evaluator(True, True, True)
-    off_memo, followed_off, _ = evaluator(False, True, True)
+    views_on, f_views_on, _ = evaluator(True, True)
+    views_off, f_views_off, _ = evaluator(False, True)
+    fresh_off, f_fresh_off, _ = evaluator(False, False)
     rows.append(
         (
-            "evaluation memo: a call whose data did not move",
-            _per_call_us(lambda: on.evaluate(followed_on, spec)),
-            _per_call_us(lambda: off_memo.evaluate(followed_off, spec)),
-        )
-    )
-    views_on, f_views_on, _ = evaluator(False, True, True)
-    views_off, f_views_off, _ = evaluator(False, False, True)
-    fresh_off, f_fresh_off, _ = evaluator(False, False, False)
-    rows.append(
-        (
-            "store views: an evaluation (memo off)",
+            "store views: an evaluation",
             _per_call_us(lambda: views_on.evaluate(f_views_on, spec)),
             _per_call_us(lambda: views_off.evaluate(f_views_off, spec)),
         )
     )
     rows.append(
         (
-            "store freshness: an evaluation (memo and views off)",
+            "store freshness: an evaluation (views off)",
             _per_call_us(lambda: views_off.evaluate(f_views_off, spec)),
             _per_call_us(lambda: fresh_off.evaluate(f_fresh_off, spec)),
         )

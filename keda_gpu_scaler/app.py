@@ -118,6 +118,7 @@ class App:
             prometheus_enabled=settings.prometheus_url is not None,
             gateway_pages=self.gateway_pages,
             gateway_max_staleness=gateway_max_staleness(settings),
+            demand_forget_after=settings.interest_ttl,
         )
         self.registry = Registry(
             ttl=settings.interest_ttl,

@@ -69,7 +69,9 @@ def evaluation_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]
         "aggregation": evaluation.aggregation.value,
         "pods": [_pod_json(p) for p in evaluation.pods],
         "missingPods": list(evaluation.missing_pods),
+        "startingPods": list(evaluation.starting_pods),
         "missingPodValue": evaluation.missing_pod_value,
+        "rule": evaluation.rule,
         "hpa": _hpa_json(evaluation),
     }
 
@@ -109,8 +111,54 @@ def triggers_named(explained: list[Explanation], metric: str) -> list[Explanatio
     return by_name or [e for e in explained if e.spec.metric.value == wanted]
 
 
-def _trigger_names(explanation: Explanation) -> dict[str, str]:
-    return {"metric": explanation.spec.metric.value, "metricName": explanation.spec.metric_name}
+def _trigger_choice(index: int, explanation: Explanation) -> dict[str, Any]:
+    """One trigger as an error lists it: its `trigger=INDEX` and its metadata (which tells apart two that
+    share a metricName)."""
+    return {"index": index, **_spec_json(explanation.spec)}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Refusal:
+    """/explain's answer when its query selects no trigger, or not one: the HTTP status and why."""
+
+    status: int
+    problem: str
+
+
+def select_trigger(
+    explained: list[Explanation], metric: str | None, index: str | None
+) -> int | Refusal | None:
+    """Which trigger /explain answers: None for all of them, else its position in `triggers`.
+
+    `metric=` names a metric or metricName; `trigger=INDEX` is the 0-based position in the answer's
+    `triggers` (the only way to tell apart two triggers that share a metricName)."""
+    matching = explained if metric is None else triggers_named(explained, metric)
+    named = [i for i, e in enumerate(explained) if any(e is m for m in matching)]
+    if index is not None:
+        if not index.isascii() or not index.isdigit() or int(index) >= len(explained):
+            return Refusal(
+                400,
+                f"trigger={index[:20]!r} is not a trigger of this ScaledObject: give a whole number from 0 to"
+                f" {len(explained) - 1}, the trigger's position in `triggers`",
+            )
+        if int(index) not in named:
+            return Refusal(
+                400,
+                f"trigger={int(index)} has metricName {explained[int(index)].spec.metric_name!r}, not"
+                f" {(metric or '')[:100]!r}",
+            )
+        return int(index)
+    if metric is None:
+        return None
+    if not named:
+        return Refusal(404, f"no trigger of this ScaledObject has metric or metricName {metric[:100]!r}")
+    if len(named) > 1:
+        return Refusal(
+            400,
+            f"{len(named)} triggers have metric or metricName {metric[:100]!r}: add &trigger=INDEX, one of"
+            f" {', '.join(map(str, named))} (the trigger's 0-based position in `triggers`)",
+        )
+    return named[0]
 
 
 # Explanations of a big namespace run to megabytes of JSON: built on a worker thread, not the event loop.
@@ -155,36 +203,30 @@ def http_app(telemetry: Telemetry, explanations: ExplanationSource | None = None
                 status=404,
                 dumps=_dumps,
             )
-        metric = request.query.get("metric")
-        if metric is not None:
-            chosen = triggers_named(explained, metric)
-            if len(chosen) != 1:
-                problem = (
-                    f"no trigger of ScaledObject {namespace[:100]}/{name[:100]} has metric or metricName"
-                    f" {metric[:100]!r}"
-                    if not chosen
-                    else f"{len(chosen)} triggers have metric={metric[:100]}: give metric=METRICNAME of one"
-                )
-                return web.json_response(
-                    {"error": problem, "triggers": [_trigger_names(e) for e in explained]},
-                    status=404 if not chosen else 400,
-                    dumps=_dumps,
-                )
-            explained = chosen
+        selector = select_trigger(explained, request.query.get("metric"), request.query.get("trigger"))
+        if isinstance(selector, Refusal):
+            listed = [_trigger_choice(i, e) for i, e in enumerate(explained)]
+            return web.json_response(
+                {"error": selector.problem, "triggers": listed}, status=selector.status, dumps=_dumps
+            )
+        one = selector
+        shown = explained if one is None else [explained[one]]
         pods = sum(
             len(e.evaluation.pod_rows) + len(e.evaluation.missing_pods)
-            for e in explained
+            for e in shown
             if e.evaluation is not None
         )
 
         def render() -> str:
-            if metric is not None:
-                return _dumps(explanation_json(namespace, name, explained[0]))
+            if one is not None:
+                return _dumps({"index": one} | explanation_json(namespace, name, explained[one]))
             return _dumps(
                 {
                     "namespace": namespace,
                     "scaledObject": name,
-                    "triggers": [explanation_json(namespace, name, e) for e in explained],
+                    "triggers": [
+                        {"index": i} | explanation_json(namespace, name, e) for i, e in enumerate(explained)
+                    ],
                 }
             )
 

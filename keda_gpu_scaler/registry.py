@@ -1,5 +1,5 @@
 """One owner for every followed ScaledObject: its triggers' subscriptions (what they want collected,
-their evaluation caches, explanations, metric label sets), discovery tracking and logged notes — all
+their last answers, explanations, metric label sets), discovery tracking and logged notes — all
 forgotten together after the TTL."""
 
 from __future__ import annotations
@@ -17,28 +17,6 @@ from keda_gpu_scaler.scaling import Evaluation
 from keda_gpu_scaler.trigger import TriggerSpec
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Memo:
-    """One trigger's last evaluation and what must hold for it to still be right.
-
-    A "no data" answer is not kept: its reasons (a failure, an age) move without the store's versions."""
-
-    version: int
-    epoch: int
-    targets: Any  # the discovery answer it was computed from (None without Kubernetes)
-    valid_until: float
-    evaluation: Evaluation
-    fresh: tuple[str, ...] = ()  # the fresh sources of the view it was computed from (NamespaceView.fresh)
-
-    def still_right(self, version: int, epoch: int, targets: Any, now: float) -> bool:
-        return (
-            self.version == version
-            and self.epoch == epoch
-            and self.targets == targets
-            and now < self.valid_until
-        )
 
 
 @dataclass(slots=True)
@@ -71,7 +49,6 @@ class Subscription:
 
     spec: TriggerSpec
     last_call: float
-    memo: Memo | None = None
     explanation: Explanation | None = None
     # The /metrics label set of its value and activity gauges, once it has published them.
     metric_labels: tuple[str, str, str] | None = None
@@ -102,9 +79,11 @@ class Followed:
         return max(explained, key=lambda e: e.evaluated_at, default=None)
 
     def explanations(self) -> list[Explanation]:
-        """The last explanation of each of its triggers, in the order of their metric names."""
+        """The last explanation of each of its triggers, in the order of their metric names. Triggers that
+        share a metric name follow their whole spec, so /explain's `trigger=INDEX` names the same trigger
+        however recently KEDA called about each."""
         explained = [s.explanation for s in self.triggers.values() if s.explanation is not None]
-        return sorted(explained, key=lambda e: (e.spec.metric_name, e.spec.metric.value))
+        return sorted(explained, key=lambda e: (e.spec.metric_name, e.spec.metric.value, repr(e.spec)))
 
     def log_once(self, note: str, level: int = logging.WARNING) -> bool:
         """Log a note about this ScaledObject the first time it is seen; True when it was new."""

@@ -223,7 +223,7 @@ class Flag:
         return self.name.removeprefix("--").replace("-", "_")
 
 
-# The one table of `serve` flags: the CLI is built from it and the README's table is checked against it.
+# The one table of `serve` flags: the CLI is built from it and docs/reference.md's table is checked against it.
 FLAGS: tuple[Flag, ...] = (
     Flag(
         "--grpc-address",

@@ -22,7 +22,7 @@ from keda_gpu_scaler.collect.store import SourceKind
 from keda_gpu_scaler.discovery.targets import Targets
 from keda_gpu_scaler.errors import NoData
 from keda_gpu_scaler.registry import Followed, Subscription
-from keda_gpu_scaler.trigger import TriggerSpec
+from keda_gpu_scaler.trigger import Metric, TriggerSpec
 from keda_gpu_scaler.wanted import (
     EppPool,
     ExporterNode,
@@ -143,16 +143,21 @@ class Subscriptions:
             try:
                 targets = self._discovery.selected(namespace, followed.name, spec)
             except NoData:
-                return  # discovery does not know (yet, or for now): what was wanted so far stays wanted
-            before = subscription.sources_from
-            if before is not None and before.endpoints is targets.endpoints:
-                return  # one endpoints mapping per snapshot of the selection: the same pods, the same pages
-            subscription.sources_from = targets
-            if kind is SourceKind.SCRAPE:
-                sources.extend(self._exporters)
-                sources.extend(ExporterNode(node) for node in targets.nodes)
+                # Discovery does not know (yet, or for now): what was wanted so far stays wanted.
+                sources.extend(self._wanted.of_owner(_owner(followed, subscription)))
             else:
-                sources.extend(self._pod_pages(followed, spec, targets))
+                before = subscription.sources_from
+                if before is not None and before.endpoints is targets.endpoints:
+                    return  # one endpoints mapping per snapshot of the selection: the same pods and pages
+                subscription.sources_from = targets
+                if kind is SourceKind.SCRAPE:
+                    sources.extend(self._exporters)
+                    sources.extend(ExporterNode(node) for node in targets.nodes)
+                else:
+                    sources.extend(self._pod_pages(followed, spec, targets))
+        if spec.metric is Metric.DEMAND and spec.inference_pool is not None:
+            # `demand` with `inferencePool` adds the requests the pool's endpoint pickers hold (SPEC §6).
+            sources.append(EppPool(namespace, spec.inference_pool, spec.gateway_metrics_port))
         self._wanted.want(_owner(followed, subscription), sources)
 
     def _pod_pages(self, followed: Followed, spec: TriggerSpec, targets: Targets) -> list[PodPage]:

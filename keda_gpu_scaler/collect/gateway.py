@@ -27,9 +27,6 @@ from typing import Protocol
 
 from keda_gpu_scaler.wanted import EppPage, EppPool, PageBindings, WantedSources
 
-# The EPP's metrics port when the trigger names none (llm-d-router's `--metrics-port` default).
-DEFAULT_GATEWAY_METRICS_PORT = 9090
-
 PoolKey = tuple[str, str]
 """(namespace, InferencePool name)."""
 

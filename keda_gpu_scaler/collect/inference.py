@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from keda_gpu_scaler.collect.scrape import PageReader, ScrapeCollector, refuse_unless_levels
 from keda_gpu_scaler.collect.store import SourceKind
-from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES, PodSamples, wrong_types
+from keda_gpu_scaler.engines import DEMAND_SAMPLE_NAMES, ENGINE_SAMPLE_NAMES, PodSamples, wrong_types
 from keda_gpu_scaler.exposition import Sample
 from keda_gpu_scaler.wanted import PodPage
 
@@ -52,6 +52,9 @@ def pod_url(ip: str, port: int, path: str) -> str:
 
 # A page declaring a family the engines read as anything but a level (gauge or untyped) is refused.
 _DECLARED_AS_LEVELS = refuse_unless_levels(wrong_types, "a gauge is needed")
+# What a pod page is parsed for: the gauges, and the counters `metric: demand` takes rates of. Only the
+# gauges make a page an inference server's.
+POD_PAGE_NAMES = ENGINE_SAMPLE_NAMES | DEMAND_SAMPLE_NAMES
 
 
 class InferencePages:
@@ -62,7 +65,7 @@ class InferencePages:
 
     def add_page(self, page: PodPage) -> None:
         reader = PageReader(
-            ENGINE_SAMPLE_NAMES,
+            POD_PAGE_NAMES,
             pod_page_reader(page.namespace, page.pod),
             ENGINE_SAMPLE_NAMES,
             "inference-server metrics",

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -150,6 +150,10 @@ class Store:
         self._by_namespace: dict[tuple[SourceKind, str], dict[str, tuple[Reading, ...]]] = {}
         self._freshness_of: dict[tuple[SourceKind, float], _Freshness] = {}  # see _Freshness
         self._added = 0
+        # Told of every page recorded and of every source removed with its last page (kind, page): what
+        # keeps a history of pages (`metric: demand`'s rates) follows the store without a copy of it.
+        self.page_listeners: list[Callable[[SourceKind, Page], None]] = []
+        self.removal_listeners: list[Callable[[SourceKind, Page], None]] = []
 
     def version(self, namespace: str) -> int:
         # Read without inserting: calls about namespaces with no data (any name a caller invents) add nothing.
@@ -197,6 +201,8 @@ class Store:
             if state.namespace is None:
                 self._index_readings(state, state.last_page.by_namespace, None)
             self._bump(state.last_page.by_namespace)
+            for listener in self.removal_listeners:
+                listener(state.kind, state.last_page)
 
     def record_page(self, page: Page) -> None:
         self.add_source(page.source)
@@ -206,6 +212,8 @@ class Store:
         attributed = state.last_attributed
         state.last_page = page
         state.last_error = None
+        for listener in self.page_listeners:
+            listener(state.kind, page)
         if page.by_namespace:
             state.last_attributed = None
         elif page.unattributed and old is not None and old.by_namespace:

@@ -14,6 +14,7 @@ from keda_gpu_scaler import exposition
 from keda_gpu_scaler.exposition import Sample
 from keda_gpu_scaler.gateways import epp
 from keda_gpu_scaler.gateways._common import (
+    DEFAULT_GATEWAY_METRICS_PORT,
     OTHER,
     GatewayProblem,
     NotAGatewayPage,
@@ -24,6 +25,7 @@ from keda_gpu_scaler.gateways._common import (
 )
 
 __all__ = [
+    "DEFAULT_GATEWAY_METRICS_PORT",
     "GATEWAYS",
     "GATEWAY_SAMPLE_NAMES",
     "MAX_QUEUE_SERIES",

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+# The EPP's metrics port when the trigger names none (llm-d-router's `--metrics-port` default).
+DEFAULT_GATEWAY_METRICS_PORT = 9090
+
 # The value an EPP prints in place of a model name or fairness id past its cardinality cap: any model
 # may hide behind it, so it counts for every `model` (a spurious wake costs one replica; a missed one
 # loses the requests held).

@@ -859,9 +859,10 @@ def test_notes_name_the_scaler_address() -> None:
     assert notes.count("scalerAddress: keda-gpu-scaler.keda:6000") == 2
     assert "metric: requests" in notes and "metric: utilization" in notes  # an LLM server, a GPU workload
     assert "port-forward" in notes
-    assert "names no registry" in notes and "make image" in notes
-    pushed = render_files({"image": {"repository": "registry.example/keda-gpu-scaler"}})
-    assert "names no registry" not in pushed["keda-gpu-scaler/templates/NOTES.txt"]
+    # The default is the released image on ghcr.io; a repository without a registry is a local build.
+    assert "ghcr.io/keda-gpu-scaler/keda-gpu-scaler:" in notes and "names no registry" not in notes
+    local = render_files({"image": {"repository": "keda-gpu-scaler"}})["keda-gpu-scaler/templates/NOTES.txt"]
+    assert "names no registry" in local and "make image" in local
     with_mtls = render_files({"tls": {"enabled": True, "certManager": {"enabled": True}}})
     assert with_mtls["keda-gpu-scaler/templates/NOTES.txt"].count("name: keda-gpu-scaler-mtls") == 2
 
@@ -1254,12 +1255,18 @@ def test_every_value_is_documented() -> None:
     assert "charts/keda-gpu-scaler/README.md#values" in (ROOT / "README.md").read_text()
 
 
-def test_readme_install_section_starts_with_helm_install() -> None:
+def test_readme_install_section_starts_with_helm_install_of_the_released_chart() -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("## Install with Helm") :]
     first_command = next(line for line in section.splitlines() if line.startswith("helm "))
-    assert first_command.startswith(f"helm install {RELEASE} charts/keda-gpu-scaler -n {NAMESPACE} ")
-    assert "--set image.repository=" in first_command
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert first_command == (
+        f"helm install {RELEASE} oci://ghcr.io/keda-gpu-scaler/charts/keda-gpu-scaler"
+        f" --version {chart['version']} -n {NAMESPACE}"
+    )
+    # A build of one's own goes in with the chart from the clone and the repository it was pushed to.
+    own = readme[readme.index("### Your own build") :]
+    assert f"helm install {RELEASE} charts/keda-gpu-scaler -n {NAMESPACE} --set image.repository=" in own
 
 
 def test_everything_renders_every_template() -> None:

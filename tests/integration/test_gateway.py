@@ -11,7 +11,7 @@ import grpc
 from support import ExporterServer, eventually, latest_trigger
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler.gateways.simulated import Queued, epp_page
+from keda_gpu_scaler.demo.epp import Queued, epp_page
 from keda_gpu_scaler.wanted import EppPool
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "gateways"

@@ -175,7 +175,7 @@ def test_base_is_hardened_with_grpc_probes(rendered: dict[str, list[dict[str, An
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     (scaler,) = pod["containers"]
-    assert scaler["image"] == f"keda-gpu-scaler:{__version__}"
+    assert scaler["image"] == f"ghcr.io/keda-gpu-scaler/keda-gpu-scaler:{__version__}"
     assert scaler["livenessProbe"]["grpc"] == {"port": 6000, "service": "liveness"}
     assert scaler["readinessProbe"]["grpc"] == {"port": 6000, "service": "readiness"}
     security = scaler["securityContext"]

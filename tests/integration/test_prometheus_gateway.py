@@ -11,8 +11,8 @@ from prometheus_support import PASSWORD, PROMETHEUS_BIN, USERNAME, PrometheusSer
 from support import ExporterServer, eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler.demo.epp import Queued, epp_page
 from keda_gpu_scaler.gateways import epp
-from keda_gpu_scaler.gateways.simulated import Queued, epp_page
 
 pytestmark = pytest.mark.prometheus
 

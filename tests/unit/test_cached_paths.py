@@ -70,7 +70,6 @@ class Scaler:
         )
         if not cached:
             self.store.keep_views = self.store.keep_freshness = False
-            self.evaluator.reuse_evaluations = False
         self.registry = Registry(ttl=float("inf"), cap=1, clock=lambda: now[0])
 
     def answer(self, spec: TriggerSpec) -> tuple[Any, ...]:
@@ -100,8 +99,7 @@ OPERATIONS = st.lists(
 def test_the_cached_evaluations_answer_as_evaluating_every_call(
     operations: list[Any], kubernetes: bool
 ) -> None:
-    """The evaluation memo, the store's kept views and freshness, against an evaluator and a
-    store that keep nothing: through pages changing and renewed unchanged, exporters failing, recovering,
+    """The store's kept views and freshness, against a store that keeps nothing: through pages changing and renewed unchanged, exporters failing, recovering,
     losing their pod labels and going away, target pods coming and going, and time passing."""
     now = [1000.0]
     cached, simple = Scaler(True, now, kubernetes), Scaler(False, now, kubernetes)

@@ -10,6 +10,7 @@ import pytest
 from keda_gpu_scaler.collect import scrape
 from keda_gpu_scaler.collect.gateway_source import gateway_reader
 from keda_gpu_scaler.collect.scrape import NotOurPage, read_page
+from keda_gpu_scaler.demo.epp import Queued, epp_page
 from keda_gpu_scaler.gateways import (
     GatewayProblem,
     NotAGatewayPage,
@@ -21,7 +22,6 @@ from keda_gpu_scaler.gateways import (
     read_queue,
     wrong_types,
 )
-from keda_gpu_scaler.gateways.simulated import Queued, epp_page
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "gateways"
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
