@@ -195,11 +195,15 @@ class App:
         limits = ScrapeLimits(s.scrape_interval, s.scrape_timeout, s.max_page_bytes, s.scrape_concurrency)
         # Exporter pages: the lean keep-alive fetcher (half aiohttp's CPU per page; docs/DESIGN.md).
         self._fetcher = fetcher = exporter_fetcher(s)
-        # Endpoint-picker pages have their own fetcher: the scaler's service account token goes to them
-        # only over HTTPS verified against --gateway-ca-file (collect/gateway_fetch.py), never to exporters.
+        # Endpoint-picker pages have their own fetcher: --gateway-token-file's limited token, or the scaler's
+        # service account token over verified HTTPS only (collect/gateway_fetch.py), never to exporters.
         try:
             self._gateway_fetcher = gateway_fetcher(
-                timeout=s.scrape_timeout, max_bytes=s.max_page_bytes, ca_file=s.gateway_ca_file
+                timeout=s.scrape_timeout,
+                max_bytes=s.max_page_bytes,
+                ca_file=s.gateway_ca_file,
+                metrics_token_file=s.gateway_token_file,
+                plain_http=s.gateway_token_plain_http,
             )
         except (ssl.SSLError, OSError) as error:
             raise SettingsError(f"--gateway-ca-file: {error}") from None

@@ -170,12 +170,14 @@ class Evaluator:
         subscription = followed.triggers[spec]  # follow() made it before any evaluation
         replicas = self._replica_inputs(namespace, spec, self._clock())
         try:
-            evaluation, notes = pending_evaluation(
-                replicas, spec, namespace, self._no_replica(namespace, spec)
-            )
-        except NoData as error:
+            result = pending_evaluation(replicas, spec, namespace, self._no_replica(namespace, spec))
+        except (NoData, ConfigError) as error:
+            # A `model` that can never match is the trigger's error (INVALID_ARGUMENT), shown in /explain too.
             self._record(followed, subscription, None, str(error), (), None)
             raise
+        evaluation, notes = result.evaluation, result.notes
+        for note in result.to_log:
+            followed.log_once(note, logging.INFO)
         last = subscription.explanation
         if last is not None and last.evaluation == evaluation:
             evaluation = last.evaluation  # see evaluate(): keep the objects already held
@@ -399,9 +401,9 @@ class Evaluator:
             return evaluation, ()
         now = self._clock()
         try:
-            pending, _ = pending_evaluation(
+            pending = pending_evaluation(
                 self._replica_inputs(namespace, spec, now), spec, namespace, self._no_replica(namespace, spec)
-            )
+            ).evaluation
         except NoData as error:
             if evaluation.active:
                 return evaluation, (

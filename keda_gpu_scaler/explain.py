@@ -214,6 +214,8 @@ def _pending_lines(entry: Mapping[str, Any]) -> list[str]:
         models = (
             ", ".join(f"{model}={count:g}" for model, count in replica["queueByModel"].items()) or "(empty)"
         )
+        if replica.get("turnedAwaySincePreviousPage"):
+            models += f"; turned away since its previous page: {replica['turnedAwaySincePreviousPage']:g}"
         lines.append(f"  {replica['replica']:<48} {'yes':<6} {replica['pending']:8g}  {models}")
     for note in entry.get("notes", []):
         lines.append(f"  note: {note}")

@@ -12,6 +12,7 @@ from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from keda_gpu_scaler.metrics import Telemetry
+from keda_gpu_scaler.pending import SATURATION, TURNED_AWAY
 from keda_gpu_scaler.registry import Explanation
 from keda_gpu_scaler.scaling import Evaluation, PodValue
 from keda_gpu_scaler.trigger import KEYS, TriggerSpec
@@ -85,12 +86,23 @@ def _hpa_json(evaluation: Evaluation) -> dict[str, Any]:
     }
 
 
+def _replica_json(replica: PodValue) -> dict[str, Any]:
+    """One fresh endpoint-picker replica: its queue by model, and its flow-control signals where shown
+    (the row's GPU slots carry them: see pending.py)."""
+    found: dict[str, Any] = {"replica": replica.pod, "fresh": True, "pending": replica.value}
+    found["queueByModel"] = dict(replica.inputs)
+    turned_away = sum(s.value for s in replica.gpus if s.gpu == TURNED_AWAY)
+    if turned_away:
+        found["turnedAwaySincePreviousPage"] = turned_away
+    saturation = {s.host or "(no stage)": s.value for s in replica.gpus if s.gpu == SATURATION}
+    if saturation:
+        found["saturationNotLoad"] = saturation
+    return found
+
+
 def _pending_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]:
     """metric=pending: per endpoint-picker replica, whether its page was fresh and its queue by model."""
-    replicas: list[dict[str, Any]] = [
-        {"replica": p.pod, "fresh": True, "pending": p.value, "queueByModel": dict(p.inputs)}
-        for p in evaluation.pods
-    ]
+    replicas: list[dict[str, Any]] = [_replica_json(p) for p in evaluation.pods]
     replicas += [{"replica": name, "fresh": False} for name in evaluation.missing_pods]
     return {
         "value": evaluation.value,

@@ -190,6 +190,44 @@ OTHER_FAULTS: tuple[tuple[str, str, str], ...] = (
         "test_gateway_kubernetes.py::test_a_picker_refusing_the_scaler_is_unavailable_saying_what_is_missing",
     ),
     (
+        "an endpoint picker checks the token as llm-d's does by default (plain HTTP, --metrics-endpoint-auth)",
+        "with --gateway-token-file (and --gateway-token-plain-http on) its page is read; without a token"
+        " 401, with an identity lacking the grant 403: UNAVAILABLE naming the setting and the ClusterRole"
+        " rule; the scaler's own token never goes over plain HTTP",
+        "test_gateway_token.py::test_the_right_token_reads_the_page_over_plain_http_when_allowed,"
+        " test_without_plain_http_allowed_no_token_goes_and_the_401_names_the_setting,"
+        " test_a_token_without_the_grant_gets_a_403_naming_the_rbac",
+    ),
+    (
+        "the --gateway-token-file token is missing, empty, unreadable, or rotated mid-run",
+        "the page fails naming the flag and the file, never with a stale token; a rotated token is read on"
+        " the next scrape",
+        "test_gateway_token.py::test_a_token_file_that_cannot_be_read_fails_the_page_naming_the_flag_and_file,"
+        " test_a_token_rotated_mid_run_is_read_again_and_a_removed_one_is_never_reused,"
+        " test_the_scaler_wakes_through_an_authenticating_epp_and_follows_a_rotation",
+    ),
+    (
+        "the endpoint picker turns requests away for want of an endpoint (RejectedNoEndpoints,"
+        " EvictedNoEndpoints) before a scrape saw them queued",
+        "active (a wake) while the replica's latest page shows those counters grew since its previous one;"
+        " a counter that goes down is an EPP restart: a new baseline, no wake, no error",
+        "test_gateway_wake_signals.py::test_requests_turned_away_wake_the_workload_until_a_page_shows_no_more,"
+        " test_an_epp_restart_resets_its_counters_without_a_wake_or_an_error",
+    ),
+    (
+        "a pending trigger's `model` matches no series of the pool",
+        "INVALID_ARGUMENT naming the model shown when it differs only by case or blanks; else 0, with the"
+        " models the pool has shown in /explain and one log line",
+        "test_gateway_wake_signals.py::test_a_model_differing_only_by_case_is_invalid_argument_naming_the_model_seen,"
+        " test_a_model_never_seen_reads_0_and_explain_lists_the_models_shown",
+    ),
+    (
+        "an older endpoint picker (inference_extension_*) at rest with flow control on; queue series that"
+        " differ only by a label the scaler does not know",
+        '0, not "flow control off"; the series are summed (told apart by their whole label set)',
+        "test_gateway_wake_signals.py::test_an_idle_older_epp_reads_0_and_sharded_series_are_summed",
+    ),
+    (
         "an endpoint picker replica's page fails or is stale (--gateway-url or discovered)",
         "a lower bound (the other replicas' sum, said in /explain) when that is already above"
         " activationThreshold, else UNAVAILABLE naming the pool and the replica's failure; never 0",

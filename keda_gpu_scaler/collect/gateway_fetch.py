@@ -1,18 +1,21 @@
-"""Fetching endpoint picker (EPP) pages: the scaler's own token, over verified HTTPS only.
+"""Fetching endpoint picker (EPP) pages: which token goes to a picker, over what, and what a refusal means.
 
-The EPP authenticates its metrics by default: it reviews the bearer token it is given (TokenReview)
-and asks the API server whether that identity may `get` the non-resource URL /metrics. The scaler
-presents its own service account token, which is worth protecting (it reads pods and ScaledObjects
-cluster-wide), so:
+The EPP authenticates its metrics by default (llm-d: `--metrics-endpoint-auth=true`, over plain HTTP on
+9090): it reviews the bearer token it is given (TokenReview) and asks the API server whether that
+identity may `get` the non-resource URL /metrics (SubjectAccessReview). Two tokens can answer it:
 
-- it is sent only over HTTPS, and only once the EPP's certificate verified: against `--gateway-ca-file`
-  when given (host names are not checked, as EPP pods are reached by IP: give a CA that signs endpoint
-  picker certificates), else against the system's CAs with the host name checked, which a
-  cluster-internal certificate will fail — the page is then not read, never read unverified;
-- an EPP serving plain HTTP is read without it (discovery finds which EPPs serve TLS); if that EPP asks
-  for a token, the answer says how to give it TLS or turn its authentication off.
+- `--gateway-token-file`: the token of an identity of its own whose only right is that `get` (the chart
+  and manifests/components/gateway-metrics-token make one). Read again whenever the file changes, never
+  kept once the file is gone or empty. It goes over HTTPS, and over plain HTTP only where the operator
+  says so with `--gateway-token-plain-http on`: whoever sees it there can read EPP metrics, nothing more.
+- otherwise the scaler's own service account token, which is worth protecting (it reads pods and
+  ScaledObjects cluster-wide): it is sent only over HTTPS, and only once the EPP's certificate verified,
+  never over plain HTTP.
 
-A 401 or 403 answer is a source failure whose reason says which of these applies and what to grant.
+HTTPS is verified against `--gateway-ca-file` when given (host names are not checked, as EPP pods are
+reached by IP: give a CA that signs endpoint picker certificates), else against the system's CAs with the
+host name checked, which a cluster-internal certificate will fail — the page is then not read, never read
+unverified. A 401 or 403 answer is a source failure whose reason names the setting and the RBAC to fix.
 """
 
 from __future__ import annotations
@@ -30,13 +33,39 @@ SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/toke
 METRICS_RULE = '{nonResourceURLs: ["/metrics"], verbs: ["get"]}'
 
 
-class ServiceAccountToken(BearerToken):
-    """The scaler's own service account token, read again whenever the kubelet rotates it."""
+TOKEN_FLAG = "--gateway-token-file"
+PLAIN_HTTP_FLAG = "--gateway-token-plain-http"
 
-    def __init__(self, path: Path | None) -> None:
+
+class GatewayToken(BearerToken):
+    """The token endpoint pickers get, read again whenever its file changes (a rotated token is picked
+    up on the next scrape; a file gone or empty fails the scrape, naming the flag and the file).
+
+    `plain_http`: also sent over plain HTTP. Only ever true for --gateway-token-file's limited identity."""
+
+    def __init__(self, path: Path | None, *, dedicated: bool, plain_http: bool = False) -> None:
         super().__init__(None)
+        assert dedicated or not plain_http  # the scaler's own token never goes over plain HTTP
         self.path = path
-        self._file = SecretFile(path, "the scaler's service account token") if path is not None else None
+        self.dedicated = dedicated
+        self.plain_http = plain_http
+        name = TOKEN_FLAG if dedicated else "the scaler's service account token"
+        self._file = SecretFile(path, name) if path is not None else None
+
+    def header(self, https: bool) -> str | None:
+        if self._file is None or not (https or self.plain_http):
+            return None
+        return f"Bearer {self._file.read()}"
+
+    def sent(self, https: bool) -> bool:
+        """Whether a request over this scheme carries the token."""
+        return self._file is not None and (https or self.plain_http)
+
+    def holder(self) -> str:
+        """Who the picker is told the caller is, in a message."""
+        if self.dedicated:
+            return f"the token of {TOKEN_FLAG} {self.path}"
+        return "the scaler's service account token"
 
 
 def gateway_ssl(ca_file: Path | None) -> ssl.SSLContext:
@@ -52,7 +81,7 @@ def gateway_ssl(ca_file: Path | None) -> ssl.SSLContext:
 class GatewayFetcher:
     """EPP pages through a LeanFetcher; 401, 403 and unverifiable certificates say what to do."""
 
-    def __init__(self, inner: LeanFetcher, token: ServiceAccountToken, ca_file: Path | None) -> None:
+    def __init__(self, inner: LeanFetcher, token: GatewayToken, ca_file: Path | None) -> None:
         self._inner = inner
         self._token = token
         self._ca_file = ca_file
@@ -61,14 +90,11 @@ class GatewayFetcher:
         try:
             return await self._inner.get(url)
         except HTTPStatusError as error:
+            https = urlsplit(url).scheme == "https"
             if error.status == 401:
-                raise FetchError(self._unauthorized(url)) from None
+                raise FetchError(self._unauthorized(https)) from None
             if error.status == 403:
-                raise FetchError(
-                    f"HTTP 403 Forbidden: the endpoint picker denies the scaler's service account its page;"
-                    f" grant that ServiceAccount `get` on the non-resource URL /metrics (a ClusterRole rule"
-                    f" {METRICS_RULE}: manifests/base and the chart's rbac.gateway have it)"
-                ) from None
+                raise FetchError(self._forbidden(https)) from None
             raise
         except FetchError as error:
             if "CERTIFICATE_VERIFY_FAILED" in str(error) or "SSLCertVerificationError" in str(error):
@@ -84,22 +110,51 @@ class GatewayFetcher:
                 ) from None
             raise
 
-    def _unauthorized(self, url: str) -> str:
-        if urlsplit(url).scheme != "https":
+    def _unauthorized(self, https: bool) -> str:
+        head = (
+            "HTTP 401 Unauthorized: the endpoint picker asks for a bearer token (its --metrics-endpoint-auth"
+        )
+        grant = (
+            f"; the identity needs a ClusterRole rule {METRICS_RULE} (the chart's gateway.metricsToken,"
+            " manifests/components/gateway-metrics-token)"
+        )
+        if self._token.sent(https):
             return (
-                "HTTP 401 Unauthorized: the endpoint picker asks for a bearer token but serves its metrics"
-                " over plain HTTP, and the scaler sends its service account token over verified HTTPS only;"
-                " serve the picker's metrics over TLS (its --metrics-cert-dir) and give the scaler"
-                " --gateway-ca-file, or run the picker with --metrics-endpoint-auth=false"
+                f"{head}) and did not accept {self._token.holder()} (its TokenReview failed: the token is"
+                f" not one of this cluster's, or has expired){grant}"
             )
-        if self._token.path is None:
+        if not https:
+            if self._token.dedicated:
+                return (
+                    f"{head}, on by default) over plain HTTP, and the token of {TOKEN_FLAG} goes over plain"
+                    f" HTTP only with {PLAIN_HTTP_FLAG} on (the chart's gateway.metricsToken.plainHTTP);"
+                    " or serve the picker's metrics over TLS (its --metrics-cert-dir) and give the scaler"
+                    " --gateway-ca-file"
+                )
             return (
-                f"HTTP 401 Unauthorized: the endpoint picker asks for a bearer token and the scaler has no"
-                f" service account token ({SERVICE_ACCOUNT_TOKEN} does not exist: it runs outside a pod)"
+                f"{head}, on by default) over plain HTTP, and the scaler never sends its own service account"
+                f" token over plain HTTP: give it {TOKEN_FLAG} with the token of a ServiceAccount whose only"
+                f" right is `get` on the non-resource URL /metrics and {PLAIN_HTTP_FLAG} on (the chart's"
+                " gateway.metricsToken), or serve the picker's metrics over TLS (its --metrics-cert-dir)"
+                " and give the scaler --gateway-ca-file, or run the picker with --metrics-endpoint-auth=false"
             )
         return (
-            "HTTP 401 Unauthorized: the endpoint picker did not accept the scaler's service account token"
-            " (its TokenReview failed: the token is not one of this cluster's, or has expired)"
+            f"{head}) and the scaler has no service account token to present ({SERVICE_ACCOUNT_TOKEN} does"
+            f" not exist: it runs outside a pod): give it {TOKEN_FLAG}{grant}"
+        )
+
+    def _forbidden(self, https: bool) -> str:
+        who = self._token.holder() if self._token.sent(https) else "a caller without a token"
+        fix = (
+            f"grant the ServiceAccount whose token {TOKEN_FLAG} holds"
+            if self._token.dedicated
+            else "grant the scaler's ServiceAccount"
+        )
+        return (
+            f"HTTP 403 Forbidden: the endpoint picker denies {who} its page (its SubjectAccessReview for"
+            f" `get` on the non-resource URL /metrics failed); {fix} a ClusterRole rule {METRICS_RULE}"
+            " (the chart's gateway.metricsToken and rbac.gateway, manifests/components/gateway-metrics-token"
+            " and manifests/base have it)"
         )
 
     def forget(self, url: str) -> None:
@@ -110,11 +165,23 @@ class GatewayFetcher:
 
 
 def gateway_fetcher(
-    *, timeout: float, max_bytes: int, ca_file: Path | None, token_file: Path | None = SERVICE_ACCOUNT_TOKEN
+    *,
+    timeout: float,
+    max_bytes: int,
+    ca_file: Path | None,
+    token_file: Path | None = SERVICE_ACCOUNT_TOKEN,
+    metrics_token_file: Path | None = None,
+    plain_http: bool = False,
 ) -> GatewayFetcher:
-    """The fetcher of EPP pages: raises ssl.SSLError or OSError for a CA file that cannot be loaded."""
-    if token_file is not None and not token_file.exists():
-        token_file = None  # not in a pod: nothing to present (a 401 then says so)
-    token = ServiceAccountToken(token_file)
+    """The fetcher of EPP pages: raises ssl.SSLError or OSError for a CA file that cannot be loaded.
+
+    `metrics_token_file` (--gateway-token-file) replaces the scaler's own token (`token_file`) for
+    pickers; `plain_http` (--gateway-token-plain-http) lets it go over plain HTTP too."""
+    if metrics_token_file is not None:
+        token = GatewayToken(metrics_token_file, dedicated=True, plain_http=plain_http)
+    else:
+        if token_file is not None and not token_file.exists():
+            token_file = None  # not in a pod: nothing to present (a 401 then says so)
+        token = GatewayToken(token_file, dedicated=False)
     inner = LeanFetcher(timeout=timeout, max_bytes=max_bytes, ssl_context=gateway_ssl(ca_file), token=token)
     return GatewayFetcher(inner, token, ca_file)

@@ -255,6 +255,7 @@ async def test_explain_shows_each_replicas_queue_by_model_and_the_other_fold(
         "fresh": True,
         "pending": 5,
         "queueByModel": {"llama": 2, "other": 3},
+        "saturationNotLoad": {"dispatch": 1},  # the simulated EPP's pool has no endpoint: never load
     }
     assert entry["inferencePool"] == "chat-pool"
     assert any("'other'" in note and "llama" in note for note in entry["notes"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -145,3 +146,21 @@ async def test_without_source_pending_reads_the_pickers_own_pages_even_where_pro
     metadata = {k: v for k, v in PENDING.items() if k != "source"}
     await value_is(scaler, 7, metadata)
     assert page.requests > 0
+
+
+async def test_requests_turned_away_between_two_answers_wake_the_workload(
+    scaler: Any, make_exporter: Any, targets: Any
+) -> None:
+    fixtures = Path(__file__).parent.parent / "fixtures" / "gateways"
+    before = (fixtures / "llm_d_epp_no_endpoints_before.prom").read_text()
+    after = (fixtures / "llm_d_epp_no_endpoints_after.prom").read_text()
+    page = await make_exporter(before)
+    targets((page, "llm", "chat-pool-epp-0"))
+    await value_is(scaler, 0)
+    assert (await scaler.stub.IsActive(ref())).result is False
+    page.page = after  # 5 turned away, none ever queued
+
+    async def woken() -> None:
+        assert (await scaler.stub.IsActive(ref())).result is True
+
+    await eventually(woken, timeout=20, interval=0.01)
