@@ -8,7 +8,6 @@ import logging
 import os
 import signal
 import ssl
-import sys
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -30,7 +29,6 @@ from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.discovery.api import ConnectError
 from keda_gpu_scaler.discovery.resolver import DiscoveryConfig, KubeDiscovery
 from keda_gpu_scaler.evaluator import Evaluator
-from keda_gpu_scaler.gcpolicy import FreezeAfterFullCollections
 from keda_gpu_scaler.http_endpoints import http_app
 from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.registry import Explanation, Followed, Registry, Subscription
@@ -340,10 +338,6 @@ class App:
         log.info("stopped")
 
 
-# Seconds a thread holding the GIL keeps it while another waits (sys.setswitchinterval), as `serve` sets it.
-GIL_SWITCH_INTERVAL = 0.001
-
-
 async def run_until_signalled(
     app: App, alongside: Callable[[], Coroutine[Any, Any, None]] | None = None
 ) -> None:
@@ -354,26 +348,18 @@ async def run_until_signalled(
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stopping.set)
     await app.start()
-    # The process is the scaler's alone from here: everything built so far lives as long as it, and
-    # keeping it out of the collector's generations shortens the full collections that otherwise show as
-    # tens of ms in RPC tails; from now on each full collection freezes what it found alive (gcpolicy).
-    # A process's policy, so set here and not by App, which tests and tools embed.
-    gc_policy = FreezeAfterFullCollections()
+    # The process is the scaler's alone from here: what start-up built (modules, gRPC, protobuf, the app)
+    # lives as long as it, and frozen it is no longer walked by every full collection. One freeze, the
+    # usual practice: freezing again after every full collection, and a 1 ms GIL switch interval, did not
+    # shorten the RPC tail at 100 ScaledObjects and 1,000 pods (docs/BENCHMARKS.md, "Caches"). A process's
+    # setting, so made here and not by App, which tests and tools embed.
     gc.freeze()
-    gc_policy.install()
-    # Large pages and answers are decoded in worker threads. While one runs, the event loop waits for the
-    # GIL up to the switch interval each time it needs it back: 5 ms by default, more than an RPC's whole
-    # budget. At 1 ms the worker is made to hand it over sooner; with no worker running it changes nothing.
-    switch_interval = sys.getswitchinterval()
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     extra = asyncio.create_task(alongside()) if alongside else None
     try:
         await stopping.wait()
         log.info("signal received: shutting down")
     finally:
         # The process as it was before serving (it may go on: tests and tools embed this).
-        sys.setswitchinterval(switch_interval)
-        gc_policy.remove()
         gc.unfreeze()
         if extra is not None:
             extra.cancel()

@@ -136,7 +136,6 @@ def _digest_and_read(
     body: bytes,
     previous: tuple[bytes, Page] | None,
     reader: PageReader,
-    reuse: bool = True,
     digest: bytes | None = None,
 ) -> tuple[bytes, ByNamespace]:
     """The page's digest (`digest` when already worked out) and its readings by namespace."""
@@ -147,7 +146,7 @@ def _digest_and_read(
     # 46. Seeded per process, so no pair of pages collides in every scaler.
     if digest is None:
         digest = xxhash.xxh3_128_digest(body, _DIGEST_SEED)
-    if previous is None or not reuse:
+    if previous is None:
         return digest, read_page(body, reader)
     old = previous[1].by_namespace
     if digest == previous[0]:
@@ -210,10 +209,6 @@ def _wake(woken: asyncio.Future[None]) -> None:
 class ScrapeCollector:
     """One task per exporter URL: scrape, parse only the wanted families, normalise, store."""
 
-    # A page's readings again when the next page of its source is the same bytes (by digest); the caches
-    # benchmark turns it off to measure what it saves (docs/BENCHMARKS.md, "Caches").
-    reuse_unchanged_pages = True
-
     def __init__(
         self,
         *,
@@ -242,6 +237,10 @@ class ScrapeCollector:
         self._failing: dict[str, str] = {}  # url → the failure last logged, while it goes on
         # url → the digest of its last page refused before parsing, and why (until a page is read again)
         self._refused: dict[str, tuple[bytes, str]] = {}
+        # A page that is the very same bytes as its source's last good one keeps that page's readings (the
+        # unchanged-page digest); off where the reader's readings depend on the page before
+        # (collect/gateway_source.py).
+        self.reuse_unchanged_pages = True
 
     def add(
         self,
@@ -293,6 +292,7 @@ class ScrapeCollector:
             async with self._semaphore:
                 body = await self._fetcher.get(url)
             previous = self._last.get(url)
+            reused = previous if self.reuse_unchanged_pages else None
             reader = self._readers.get(url, self._reader)
             large = len(body) > PARSE_OFF_LOOP_BYTES
             if large:
@@ -307,11 +307,9 @@ class ScrapeCollector:
                 # The garbage collector is not paused around the read: freezing what is alive afterwards
                 # would keep the cyclic garbage of every call made meanwhile for good. Collections cost
                 # pauses, not memory.
-                digest, by_namespace = await asyncio.to_thread(
-                    _digest_and_read, body, previous, reader, self.reuse_unchanged_pages, digest
-                )
+                digest, by_namespace = await asyncio.to_thread(_digest_and_read, body, reused, reader, digest)
             else:
-                digest, by_namespace = _digest_and_read(body, previous, reader, self.reuse_unchanged_pages)
+                digest, by_namespace = _digest_and_read(body, reused, reader)
             # The page had the wanted families (else NotOurPage) but named no pod: see Page.unattributed.
             page = Page(url, self._clock(), by_namespace, unattributed=not by_namespace)
             self._last[url] = (digest, page)

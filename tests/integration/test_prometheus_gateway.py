@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 import pytest
-from prometheus_support import PASSWORD, PROMETHEUS_BIN, USERNAME, PrometheusServer, address_of
+from prometheus_support import PASSWORD, USERNAME, PrometheusServer, address_of
 from support import ExporterServer, eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
@@ -20,18 +20,6 @@ pytestmark = pytest.mark.prometheus
 # Collection every 0.5 s from a Prometheus scraping every 1 s: data may be up to 3 s old.
 INTERVAL, MAX_STALENESS = 0.5, 3.0
 PENDING = {"metric": "pending", "threshold": "4", "inferencePool": "chat-pool", "source": "prometheus"}
-
-
-@pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
-    if PROMETHEUS_BIN is None:
-        pytest.skip(
-            "no `prometheus` binary (Debian package prometheus; `make test` installs it where it can)"
-        )
-    server = PrometheusServer(tmp_path_factory.mktemp("prometheus-gateway"))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
