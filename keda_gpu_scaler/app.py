@@ -38,7 +38,7 @@ from keda_gpu_scaler.subscriptions import Subscriptions
 from keda_gpu_scaler.supervise import supervised
 from keda_gpu_scaler.tls import ReloadingServerCredentials
 from keda_gpu_scaler.trigger import Source
-from keda_gpu_scaler.wanted import ExporterPage, PageBindings, PodPage, WantedSources
+from keda_gpu_scaler.wanted import ExporterPage, PageBindings, PodPage, WantedSources, owning_pod
 
 log = logging.getLogger(__name__)
 
@@ -226,8 +226,9 @@ class App:
         # Inference-server pages: one source per pod.
         self._inference_collector = collector()
         pod_pages = InferencePages(self._inference_collector)
-        bindings = PageBindings(pod_pages.add_page, pod_pages.remove)
+        bindings = PageBindings(pod_pages.add_page, pod_pages.remove, owning_pod)
         self.wanted.handle(PodPage, bindings.added, bindings.removed)
+        self.subscriptions.filed_under = bindings.bound
         # Endpoint-picker pages: few (one per EPP replica), scraped every --gateway-interval while a
         # `pending` trigger reads their pool, so a wake from zero follows within that interval.
         self._gateway_collector = ScrapeCollector(

@@ -24,6 +24,7 @@ from keda_gpu_scaler.scaling import Evaluation, evaluate, inference_pod_values, 
 from keda_gpu_scaler.trigger import Aggregation, Metric, Source, TriggerSpec
 from keda_gpu_scaler.vendors import GpuReading
 from keda_gpu_scaler.wanted import EppPool
+from keda_gpu_scaler.wire import check_rows, check_total
 
 log = logging.getLogger(__name__)
 
@@ -285,9 +286,9 @@ class Evaluator:
         subscription.explanation = Explanation(spec, time.time(), evaluation, error, notes, targets)
         if evaluation is not None:
             labels = (followed.namespace, followed.name, spec.metric_name)
-            subscription.metric_labels = labels
-            self._telemetry.trigger_value.labels(*labels).set(evaluation.value)
-            self._telemetry.trigger_active.labels(*labels).set(1 if evaluation.active else 0)
+            # A ScaledObject shows a bounded number of triggers on /metrics (metrics.MAX_PUBLISHED_TRIGGERS).
+            if self._telemetry.publish_trigger(labels, evaluation.value, evaluation.active):
+                subscription.metric_labels = labels
 
     def _evaluate(
         self, followed: Followed, spec: TriggerSpec, targets: Targets | None, view: NamespaceView | None
@@ -377,6 +378,9 @@ class Evaluator:
         else:
             reporting = pod_values(gpu, spec)
         try:
+            # A pod's value beyond what KEDA can carry is UNAVAILABLE naming it (never INTERNAL); each
+            # within it, their sum is finite and checked below.
+            check_rows(reporting.values())
             evaluation = evaluate(
                 reporting,
                 target_pods - reporting.keys(),
@@ -387,6 +391,8 @@ class Evaluator:
         except NoData as error:
             raise NoData(f"{error}{'; ' + problems if problems else ''}") from None
         evaluation, pool_notes = self._add_pending(namespace, spec, evaluation)
+        # The workload's value (the pool's pending requests added, for demand) may still be beyond it.
+        check_total(evaluation.value, evaluation.pod_rows)
         return evaluation, notes + pool_notes
 
     def _add_pending(

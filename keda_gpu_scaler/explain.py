@@ -22,7 +22,7 @@ from keda_gpu_scaler.registry import Registry
 from keda_gpu_scaler.settings import Settings
 from keda_gpu_scaler.subscriptions import Subscriptions
 from keda_gpu_scaler.trigger import parse_trigger
-from keda_gpu_scaler.wanted import EppPage, ExporterPage, PageBindings, PodPage, WantedSources
+from keda_gpu_scaler.wanted import EppPage, ExporterPage, PageBindings, PodPage, WantedSources, owning_pod
 
 
 async def explain_once(
@@ -84,7 +84,7 @@ async def explain_once(
         lambda page: collector.remove(page.url),
     )
     pages = InferencePages(collector)
-    bindings = PageBindings(pages.add_page, pages.remove)
+    bindings = PageBindings(pages.add_page, pages.remove, owning_pod)
     wanted.handle(PodPage, bindings.added, bindings.removed)
     gateway_pages.start(GatewayCollectorSink(collector))
     urls = sorted(

@@ -6,11 +6,13 @@ import asyncio
 import dataclasses
 import datetime
 import json
+import math
 from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from keda_gpu_scaler.admission import Admission, explain_cost
 from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.pending import SATURATION, TURNED_AWAY
 from keda_gpu_scaler.registry import Explanation
@@ -183,8 +185,12 @@ class ExplanationSource(Protocol):
     def explained(self) -> list[tuple[str, str]]: ...
 
 
-def http_app(telemetry: Telemetry, explanations: ExplanationSource | None = None) -> web.Application:
-    """/metrics, /healthz, /readyz, and /explain when `explanations` is given (--explain on)."""
+def http_app(
+    telemetry: Telemetry, explanations: ExplanationSource | None = None, admission: Admission | None = None
+) -> web.Application:
+    """/metrics, /healthz, /readyz, and /explain when `explanations` is given (--explain on); `admission`
+    bounds what /explain may cost (default: admission.py's limits)."""
+    gate = admission or Admission()
 
     async def metrics(_: web.Request) -> web.Response:
         # Thousands of label sets take long to render: off the loop, so gRPC calls are not held up.
@@ -200,11 +206,26 @@ def http_app(telemetry: Telemetry, explanations: ExplanationSource | None = None
         return web.Response(status=503, text="not ready\n")
 
     async def explain(request: web.Request) -> web.Response:
+        # Refused before any work when too many are in flight or the budget is spent; an answer's size
+        # is charged once it is known (a few dictionary look-ups later).
+        wait = gate.admit(1.0)
+        if wait is not None:
+            return _too_many(wait)
+        try:
+            return await explain_answer(request)
+        finally:
+            gate.done()
+
+    async def explain_answer(request: web.Request) -> web.Response:
         assert explanations is not None
         namespace = request.query.get("namespace", "")
         name = request.query.get("name", "")
         if not namespace or not name:
-            known = [{"namespace": ns, "name": n} for ns, n in explanations.explained()]
+            followed = explanations.explained()
+            wait = gate.charge(explain_cost(len(followed)))
+            if wait is not None:
+                return _too_many(wait)
+            known = [{"namespace": ns, "name": n} for ns, n in followed]
             return web.json_response(
                 {"error": "give ?namespace=NS&name=SCALEDOBJECT", "known": known}, status=400, dumps=_dumps
             )
@@ -242,6 +263,9 @@ def http_app(telemetry: Telemetry, explanations: ExplanationSource | None = None
                 }
             )
 
+        wait = gate.charge(explain_cost(pods))
+        if wait is not None:
+            return _too_many(wait)
         text = await asyncio.to_thread(render) if pods > _JSON_OFF_LOOP_PODS else render()
         return web.Response(text=text, content_type="application/json")
 
@@ -252,6 +276,17 @@ def http_app(telemetry: Telemetry, explanations: ExplanationSource | None = None
     if explanations is not None:
         app.router.add_get("/explain", explain)
     return app
+
+
+def _too_many(wait: float) -> web.Response:
+    return web.json_response(
+        {
+            "error": "too many /explain requests now (in flight or in the last seconds); try again after"
+            f" {wait:g} s"
+        },
+        status=429,
+        headers={"Retry-After": f"{math.ceil(wait)}"},
+    )
 
 
 def _dumps(value: Any) -> str:

@@ -13,6 +13,7 @@ from keda_gpu_scaler.demand import MAX_WINDOW_SECONDS, MIN_WINDOW_SECONDS
 from keda_gpu_scaler.engines import ENGINE_CHOICES
 from keda_gpu_scaler.errors import ConfigError, quoted
 from keda_gpu_scaler.names import OBJECT_NAME_RULE, is_object_name
+from keda_gpu_scaler.wire import MAX_WIRE_NUMBER
 
 # A metric name becomes a path segment of the HPA's external metric (`s0-<name>`).
 _METRIC_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,198}[A-Za-z0-9])?")
@@ -70,11 +71,12 @@ def parse_number(key: str, raw: str) -> float:
 
 def parse_threshold(key: str, raw: str) -> float:
     value = parse_number(key, raw)
-    # The upper bound (100 for percentages) depends on the metric: checked once all keys are read.
-    if value < MIN_THRESHOLD:
+    # The upper bound for percentages (100) depends on the metric: checked once all keys are read. Any
+    # threshold beyond MAX_WIRE_NUMBER cannot be carried to KEDA (targetSize is an int64, milli-units).
+    if not MIN_THRESHOLD <= value <= MAX_WIRE_NUMBER:
         raise ConfigError(
-            f"metadata {key}={quoted(raw)} is out of range; allowed: {MIN_THRESHOLD:g} <= {key} (and <= 100 for"
-            " the percentage metrics utilization, memory and kv_cache)"
+            f"metadata {key}={quoted(raw)} is out of range; allowed: {MIN_THRESHOLD:g} <= {key} <="
+            f" {MAX_WIRE_NUMBER:g} (and <= 100 for the percentage metrics utilization, memory and kv_cache)"
         )
     return value
 

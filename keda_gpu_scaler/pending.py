@@ -13,6 +13,7 @@ from keda_gpu_scaler.errors import ConfigError, NoData, quoted
 from keda_gpu_scaler.gateways import OTHER, PoolQueue, QueueTable, read_queue
 from keda_gpu_scaler.scaling import Evaluation, PodRow, WhatIf, hpa_desired_replicas, pod_row
 from keda_gpu_scaler.trigger import Aggregation, TriggerSpec
+from keda_gpu_scaler.wire import check_rows, check_total
 
 # How a replica's row names its family in /explain (a replica is shown where pods are for other metrics).
 REPLICA_FAMILY = "epp"
@@ -109,6 +110,9 @@ def pending_evaluation(
             f"value is a lower bound: {len(unread)} of {len(replicas)} endpoint-picker replicas of {pool}"
             f" cannot be read ({reasons})",
         )
+    # A replica's queue beyond what KEDA can carry (or a sum of them) is UNAVAILABLE naming it.
+    check_rows(rows)
+    check_total(total, rows)
     evaluation = _evaluation(total, spec, tuple(sorted(rows)), tuple(sorted(unread)), turned_away > 0)
     return PendingResult(evaluation, tuple(notes), tuple(to_log))
 

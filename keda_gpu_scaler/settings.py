@@ -148,7 +148,13 @@ FLAGS: tuple[Flag, ...] = (
         "largest exporter page or Prometheus answer accepted, in bytes",
         parse=_positive(int),
     ),
-    Flag("--scrape-concurrency", "64", "most exporter scrapes in flight at once", parse=_positive(int)),
+    Flag(
+        "--scrape-concurrency",
+        "64",
+        "scrapes in flight at once per kind of page, shared fairly between namespaces: each namespace also has"
+        " 2 of its own that no other can take, and uses at most half of these while another namespace wants one",
+        parse=_positive(int),
+    ),
     Flag(
         "--exporter-bearer-token-file",
         None,

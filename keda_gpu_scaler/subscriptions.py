@@ -68,6 +68,8 @@ class Subscriptions:
         self._exporters = tuple(ExporterPage(url) for url in exporter_urls)
         self._inference = tuple(PodPage(url, namespace, pod) for namespace, pod, url in inference_urls)
         self._due: set[str] = set()  # namespaces whose refresh is scheduled for the next loop turn
+        # The pod a page is filed under (the inference collector's bindings, set once they exist).
+        self.filed_under: Callable[[str], PodPage | None] | None = None
 
     def changed(self, namespace: str) -> None:
         """Discovery: the pods, selectors or ScaledObjects of a namespace changed. Coalesced: one pod
@@ -159,6 +161,7 @@ class Subscriptions:
             # `demand` with `inferencePool` adds the requests the pool's endpoint pickers hold (SPEC §6).
             sources.append(EppPool(namespace, spec.inference_pool, spec.gateway_metrics_port))
         self._wanted.want(_owner(followed, subscription), sources)
+        self._note_unread(followed, sources)
 
     def _pod_pages(self, followed: Followed, spec: TriggerSpec, targets: Targets) -> list[PodPage]:
         pages: list[PodPage] = []
@@ -173,8 +176,21 @@ class Subscriptions:
                     " its inference-server page cannot be read (set metricsPort)"
                 )
                 continue
-            pages.append(PodPage(pod_url(endpoint.ip, port, spec.metrics_path), followed.namespace, pod))
+            url = pod_url(endpoint.ip, port, spec.metrics_path)
+            declared = any(number == port for _, number in endpoint.port_list)
+            pages.append(PodPage(url, followed.namespace, pod, declared))
         return pages
+
+    def _note_unread(self, followed: Followed, sources: Iterable[Hashable]) -> None:
+        if self.filed_under is None:
+            return
+        for page in sources:
+            if isinstance(page, PodPage) and self.filed_under(page.url) != page:
+                followed.log_once(
+                    f"pod {page.pod}: {page.url} is not read for it: another pod at the same address (e.g."
+                    " hostNetwork pods sharing a node's IP) is named for that page too, and a page is read"
+                    " only for the one pod among them that declares its port as a container port"
+                )
 
 
 def _owner(followed: Followed, subscription: Subscription) -> tuple[str, str, TriggerSpec]:

@@ -186,7 +186,8 @@ KEYS: tuple[MetadataKey, ...] = (
         "required",
         "target per pod: in % for utilization, memory and kv_cache (1 <= threshold <= 100); requests or"
         " waiting requests per pod for requests and queue, requests (or weighted tokens) per second one"
-        " replica serves for demand, pending requests per pod for pending (>= 0.001)",
+        " replica serves for demand, pending requests per pod for pending (0.001 <="
+        " threshold <= 1e15: KEDA carries it as an int64 of milli-units)",
     ),
     MetadataKey(
         "activationThreshold",

@@ -38,6 +38,17 @@ class PodPage:
     url: str
     namespace: str
     pod: str
+    declared: bool = True  # the pod declares the page's port as a container port (it owns that address)
+
+
+def owning_pod(claims: list[PodPage]) -> PodPage | None:
+    """Which claim a page at one URL is filed under: the one pod named for it, else the one among several
+    that declares its port. Pod IPs are shared (hostNetwork pods share their node's) and reused (across
+    namespaces too): when none or several declare it, the page is read for nobody until a claim goes —
+    never for whoever named it last, which would let a tenant naming another's port read that load."""
+    if len({(c.namespace, c.pod) for c in claims}) > 1:
+        claims = [c for c in claims if c.declared]
+    return claims[0] if len({(c.namespace, c.pod) for c in claims}) == 1 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,36 +174,50 @@ P = TypeVar("P", bound=_Page)
 class PageBindings(Generic[P]):
     """One fetch per URL although several wanted sources may name it (a pod IP reused, a repeated flag).
 
-    The page is filed under the first source that named its URL; when that one is no longer wanted,
-    under the next still wanted. Never under two: one page is never read as two pods' or pools'.
+    `choose` says which of the sources naming a URL its page is filed under (None: under none for now);
+    by default the first that named it, and when that one is no longer wanted, the next. Never under two:
+    one page is never read as two pods' or pools'.
     """
 
-    def __init__(self, bind: Callable[[P], None], unbind: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        bind: Callable[[P], None],
+        unbind: Callable[[str], None],
+        choose: Callable[[list[P]], P | None] = lambda claims: claims[0],
+    ) -> None:
         self._bind: Callable[[P], None] = bind
         self._unbind: Callable[[str], None] = unbind
-        self._by_url: dict[str, list[P]] = {}
+        self._choose = choose
+        self._claims: dict[str, list[P]] = {}
+        self._bound: dict[str, P] = {}
 
     def added(self, source: P) -> None:
-        waiting = self._by_url.setdefault(source.url, [])
-        waiting.append(source)
-        if len(waiting) == 1:
-            self._bind(source)
+        self._claims.setdefault(source.url, []).append(source)
+        self._settle(source.url)
 
     def removed(self, source: P) -> None:
-        waiting = self._by_url.get(source.url)
-        if not waiting or source not in waiting:
+        claims = self._claims.get(source.url)
+        if claims is None or source not in claims:
             return
-        first = waiting[0] == source
-        waiting.remove(source)
-        if not first:
-            return
-        self._unbind(source.url)
-        if waiting:
-            self._bind(waiting[0])
-        else:
-            del self._by_url[source.url]
+        claims.remove(source)
+        if not claims:
+            del self._claims[source.url]
+        self._settle(source.url)
 
     def bound(self, url: str) -> P | None:
         """The source the page at `url` is filed under (None: it is not fetched)."""
-        waiting = self._by_url.get(url)
-        return waiting[0] if waiting else None
+        return self._bound.get(url)
+
+    def _settle(self, url: str) -> None:
+        claims = self._claims.get(url)
+        chosen = self._choose(claims) if claims else None
+        bound = self._bound.get(url)
+        if chosen == bound:
+            return
+        if bound is not None:
+            # Never left filed under the source that had it: its address may be another pod's now.
+            del self._bound[url]
+            self._unbind(url)
+        if chosen is not None:
+            self._bound[url] = chosen
+            self._bind(chosen)

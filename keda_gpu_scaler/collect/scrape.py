@@ -15,6 +15,7 @@ import xxhash
 
 from keda_gpu_scaler import exposition
 from keda_gpu_scaler.backoff import JITTER, backoff_delay, jittered
+from keda_gpu_scaler.collect.fairshare import FairSlots
 from keda_gpu_scaler.collect.http import FetchError, PageRefused
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, WantedKeys
 from keda_gpu_scaler.collect.store import Page, Reading, SourceKind, Store
@@ -229,7 +230,9 @@ class ScrapeCollector:
         self._reader = reader
         self._telemetry = telemetry
         self._clock = clock
-        self._semaphore = asyncio.Semaphore(limits.concurrency)
+        # Fetches in flight, shared fairly between the namespaces the pages are filed under.
+        self.slots = FairSlots(limits.concurrency)
+        self._namespaces: dict[str, str] = {}  # url → the namespace its page is filed under, where one
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._last: dict[str, tuple[bytes, Page]] = {}  # url → digest of the last good page, and its page
         self._readers: dict[str, PageReader] = {}
@@ -261,6 +264,8 @@ class ScrapeCollector:
             self._readers[url] = reader
         if interest_key is not None:
             self._keys[url] = interest_key
+        if namespace is not None:
+            self._namespaces[url] = namespace
         self._store.add_source(url, kind, namespace, pod)
         # Supervised: a loop that ended on a bug would leave the URL registered but never scraped again.
         self._tasks[url] = supervised(lambda: self._run(url), f"scrape {url}")
@@ -273,6 +278,7 @@ class ScrapeCollector:
         self._last.pop(url, None)
         self._readers.pop(url, None)
         self._keys.pop(url, None)
+        self._namespaces.pop(url, None)
         self._refused.pop(url, None)
         self._failing.pop(url, None)
         self._fetcher.forget(url)
@@ -289,7 +295,7 @@ class ScrapeCollector:
         """Scrape one exporter now; records the page or the failure in the store. True on success."""
         started = self._clock()
         try:
-            async with self._semaphore:
+            async with self.slots.slot(self._namespaces.get(url)):
                 body = await self._fetcher.get(url)
             previous = self._last.get(url)
             reused = previous if self.reuse_unchanged_pages else None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from keda_gpu_scaler.wanted import EppPool, PageBindings, PodPage, WantedSources
+from keda_gpu_scaler.wanted import EppPool, PageBindings, PodPage, WantedSources, owning_pod
 
 URL = "http://10.0.0.7:8000/metrics"
 
@@ -72,29 +72,46 @@ class Sink:
         self.calls.append(f"remove {url}")
 
 
-def pod_pages() -> tuple[WantedSources, Sink]:
+def pod_pages() -> tuple[WantedSources, Sink, PageBindings[PodPage]]:
     wanted, sink = WantedSources(), Sink()
-    bindings = PageBindings(sink.bind, sink.unbind)
+    bindings = PageBindings(sink.bind, sink.unbind, owning_pod)
     wanted.handle(PodPage, bindings.added, bindings.removed)
-    return wanted, sink
+    return wanted, sink, bindings
 
 
-def test_an_address_reused_by_another_pod_is_filed_under_one_pod_at_a_time() -> None:
-    wanted, sink = pod_pages()
+def test_an_address_claimed_for_two_pods_is_read_for_neither_until_one_claim_goes() -> None:
+    wanted, sink, bindings = pod_pages()
     wanted.want("team-a", [PodPage(URL, "team-a", "chat-0")])
-    # chat-0 is gone and its IP now belongs to a pod of another namespace; team-a's trigger has not
-    # heard yet: the page stays filed under the pod that had it, never read for both.
+    # chat-0 is gone and its IP now belongs to a pod of another namespace, which team-a does not know yet.
     wanted.want("team-b", [PodPage(URL, "team-b", "web-3")])
-    assert sink.pages == {URL: ("team-a", "chat-0")}
+    assert sink.pages == {}, "never read for either: it may be either pod's"
+    assert bindings.bound(URL) is None
+    assert sink.calls[-1] == f"remove {URL}"
     wanted.want("team-a", [])
     assert sink.pages == {URL: ("team-b", "web-3")}
-    assert sink.calls[-2:] == [f"remove {URL}", f"add {URL} team-b/web-3"]
     wanted.release("team-b")
     assert sink.pages == {}
 
 
+def test_a_shared_address_belongs_to_the_pod_that_declares_its_port_whoever_names_it_last() -> None:
+    wanted, sink, _ = pod_pages()
+    # hostNetwork pods share their node's IP: team-a's server declares port 8000.
+    wanted.want("team-a", [PodPage(URL, "team-a", "chat-0", declared=True)])
+    # team-b names 8000 as metricsPort for its own pod on the same node, which does not declare it.
+    wanted.want("team-b", [PodPage(URL, "team-b", "web-3", declared=False)])
+    assert sink.pages == {URL: ("team-a", "chat-0")}
+    assert sink.calls == [f"add {URL} team-a/chat-0"], "team-a's page was never dropped or re-filed"
+    wanted.release("team-b")
+    assert sink.pages == {URL: ("team-a", "chat-0")}
+    # In the other order too: the last to name it does not take it.
+    wanted.want("team-b", [PodPage(URL, "team-b", "web-3", declared=False)])
+    wanted.release("team-a")
+    wanted.want("team-a", [PodPage(URL, "team-a", "chat-0", declared=True)])
+    assert sink.pages == {URL: ("team-a", "chat-0")}
+
+
 def test_the_same_owner_rebinding_an_address_is_read_again_under_the_new_pod() -> None:
-    wanted, sink = pod_pages()
+    wanted, sink, _ = pod_pages()
     wanted.want("a", [PodPage(URL, "llm", "chat-0")])
     wanted.want("a", [PodPage(URL, "llm", "chat-9")])
     assert sink.pages == {URL: ("llm", "chat-9")}
