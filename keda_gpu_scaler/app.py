@@ -20,13 +20,14 @@ from keda_gpu_scaler import http_endpoints
 from keda_gpu_scaler.collect.gateway import GatewayPages
 from keda_gpu_scaler.collect.gateway_fetch import GatewayFetcher, gateway_fetcher
 from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink
+from keda_gpu_scaler.collect.gateway_token import MintedToken
 from keda_gpu_scaler.collect.http import LeanFetcher, exporter_fetcher
 from keda_gpu_scaler.collect.inference import InferencePages
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient, prometheus_ssl
 from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
-from keda_gpu_scaler.discovery.api import ConnectError
+from keda_gpu_scaler.discovery.api import ConnectError, KubeApi, connect
 from keda_gpu_scaler.discovery.resolver import DiscoveryConfig, KubeDiscovery
 from keda_gpu_scaler.evaluator import Evaluator
 from keda_gpu_scaler.http_endpoints import http_app
@@ -159,6 +160,8 @@ class App:
         self._inference_collector: ScrapeCollector | None = None
         self._gateway_collector: ScrapeCollector | None = None
         self._gateway_fetcher: GatewayFetcher | None = None
+        self._minted: MintedToken | None = None
+        self._token_api: KubeApi | None = None
 
     def _subscribed(self, followed: Followed, subscription: Subscription) -> None:
         self.subscriptions.subscribed(followed, subscription)
@@ -193,17 +196,21 @@ class App:
         limits = ScrapeLimits(s.scrape_interval, s.scrape_timeout, s.max_page_bytes, s.scrape_concurrency)
         # Exporter pages: the lean keep-alive fetcher (half aiohttp's CPU per page; docs/DESIGN.md).
         self._fetcher = fetcher = exporter_fetcher(s)
-        # Endpoint-picker pages have their own fetcher: --gateway-token-file's limited token, or the scaler's
-        # service account token over verified HTTPS only (collect/gateway_fetch.py), never to exporters.
+        # Endpoint-picker pages have their own fetcher: the limited token (minted for
+        # --gateway-token-serviceaccount, or --gateway-token-file's), or the scaler's service account token
+        # over verified HTTPS only (collect/gateway_fetch.py), never to exporters.
+        metrics_token = await self._metrics_token()
         try:
             self._gateway_fetcher = gateway_fetcher(
                 timeout=s.scrape_timeout,
                 max_bytes=s.max_page_bytes,
                 ca_file=s.gateway_ca_file,
                 metrics_token_file=s.gateway_token_file,
+                metrics_token=metrics_token,
                 plain_http=s.gateway_token_plain_http,
             )
         except (ssl.SSLError, OSError) as error:
+            await self._stop_minting()
             raise SettingsError(f"--gateway-ca-file: {error}") from None
 
         def collector() -> ScrapeCollector:
@@ -308,6 +315,27 @@ class App:
             len(s.exporter_urls),
         )
 
+    async def _metrics_token(self) -> MintedToken | None:
+        """Tokens minted for --gateway-token-serviceaccount, renewed in the background from now on, through
+        an API client of their own (discovery's connection is not started yet, and stops on its own)."""
+        s = self.settings
+        if s.gateway_token_serviceaccount is None:
+            return None
+        if s.kubernetes != "on":
+            raise SettingsError(
+                "--gateway-token-serviceaccount needs Kubernetes: its tokens are minted through the API"
+                " server, and no in-cluster service account or KUBECONFIG is present (give --kubernetes on"
+                " with --kubeconfig, or --gateway-token-file)"
+            )
+        try:
+            self._token_api = KubeApi(await connect(s.kubeconfig))
+        except ConnectError as error:
+            raise SettingsError(f"--gateway-token-serviceaccount: {error}") from None
+        namespace, name = s.gateway_token_serviceaccount
+        self._minted = MintedToken(namespace, name, self._token_api.create_token)
+        self._minted.start()
+        return self._minted
+
     async def stop(self) -> None:
         """Health NOT_SERVING, streams end with OK, in-flight calls finish within the grace, then the rest."""
         self.telemetry.ready = False
@@ -336,7 +364,16 @@ class App:
             self._fetcher.close()
         if self._gateway_fetcher is not None:
             self._gateway_fetcher.close()
+        await self._stop_minting()
         log.info("stopped")
+
+    async def _stop_minting(self) -> None:
+        if self._minted is not None:
+            await self._minted.stop()
+            self._minted = None
+        if self._token_api is not None:
+            await self._token_api.close()
+            self._token_api = None
 
 
 async def run_until_signalled(

@@ -27,6 +27,7 @@ from keda_gpu_scaler.settings_parsers import (
     _path,
     _positive,
     _prometheus_url,
+    _serviceaccount,
     _switch,
     _text,
     _token_path,
@@ -214,10 +215,21 @@ FLAGS: tuple[Flag, ...] = (
         parse=_token_path,
     ),
     Flag(
+        "--gateway-token-serviceaccount",
+        None,
+        "with Kubernetes: the ServiceAccount, as NAMESPACE/NAME, whose tokens endpoint pickers get for their"
+        " metrics; its only right is `get` on the non-resource URL /metrics. The scaler mints them through"
+        " the TokenRequest API (10-minute tokens, renewed in the background before they expire), which"
+        " needs `create` on serviceaccounts/token for that name (the chart's gateway.metricsToken)."
+        " Instead of --gateway-token-file",
+        parse=_serviceaccount,
+    ),
+    Flag(
         "--gateway-token-plain-http",
         "off",
-        "also send the token of --gateway-token-file to endpoint pickers serving their metrics over plain"
-        " HTTP (llm-d's default) inside the cluster; the scaler's own token never goes over plain HTTP",
+        "also send the limited token (--gateway-token-serviceaccount's or --gateway-token-file's) to endpoint"
+        " pickers serving their metrics over plain HTTP (llm-d's default) inside the cluster; the scaler's own"
+        " token never goes over plain HTTP",
         choices=("on", "off"),
         parse=_switch,
     ),
@@ -367,6 +379,8 @@ class Settings:
     gateway_interval: float = _default("--gateway-interval")
     gateway_ca_file: Path | None = _default("--gateway-ca-file")
     gateway_token_file: Path | None = _default("--gateway-token-file")
+    # (namespace, name) of --gateway-token-serviceaccount
+    gateway_token_serviceaccount: tuple[str, str] | None = _default("--gateway-token-serviceaccount")
     gateway_token_plain_http: bool = _default("--gateway-token-plain-http")
     interest_ttl: float = _default("--interest-ttl")
     max_scaledobjects: int = _default("--max-scaledobjects")
@@ -451,6 +465,26 @@ def _check_prometheus(v: dict[str, Any]) -> None:
             )
 
 
+def _check_gateway_token(v: dict[str, Any]) -> None:
+    """The endpoint pickers' token: a file or minted tokens of a ServiceAccount, never both."""
+    minted = v["gateway_token_serviceaccount"]
+    if minted is not None and v["gateway_token_file"] is not None:
+        raise SettingsError(
+            "give --gateway-token-file or --gateway-token-serviceaccount, not both: one token goes to"
+            " endpoint pickers (a file you keep fresh, or tokens the scaler mints)"
+        )
+    if minted is not None and v["kubernetes"] == "off":
+        raise SettingsError(
+            "--gateway-token-serviceaccount needs Kubernetes (--kubernetes on or auto): its tokens are minted"
+            " through the API server; without it give --gateway-token-file"
+        )
+    if v["gateway_token_plain_http"] and v["gateway_token_file"] is None and minted is None:
+        raise SettingsError(
+            "--gateway-token-plain-http=on needs --gateway-token-file or --gateway-token-serviceaccount: the"
+            " scaler's own service account token never goes over plain HTTP"
+        )
+
+
 def build_settings(values: Mapping[str, str | list[str] | None]) -> Settings:
     """values: flag dest → raw string (list for repeatable flags), already merged from flags and env.
 
@@ -472,11 +506,7 @@ def build_settings(values: Mapping[str, str | list[str] | None]) -> Settings:
         raise SettingsError("--tls-cert-file and --tls-key-file must be given together")
     if parsed["tls_client_ca_file"] is not None and parsed["tls_cert_file"] is None:
         raise SettingsError("--tls-client-ca-file (mTLS) needs --tls-cert-file and --tls-key-file")
-    if parsed["gateway_token_plain_http"] and parsed["gateway_token_file"] is None:
-        raise SettingsError(
-            "--gateway-token-plain-http=on needs --gateway-token-file: the scaler's own service account"
-            " token never goes over plain HTTP"
-        )
+    _check_gateway_token(parsed)
     _check_prometheus(parsed)
     return Settings(**parsed)
 

@@ -89,6 +89,22 @@ def _token_path(name: str, raw: Raw) -> Path | None:
     return Path(raw) if isinstance(raw, str) and raw else None
 
 
+def _serviceaccount(name: str, raw: Raw) -> tuple[str, str] | None:
+    """NAMESPACE/NAME of a ServiceAccount (the scaler mints its tokens), or None when not given."""
+    if not isinstance(raw, str) or not raw:
+        return None
+    namespace, slash, account = raw.partition("/")
+    if not slash:
+        raise SettingsError(
+            f"{name}={raw[:100]!r} is not NAMESPACE/NAME, e.g. keda/keda-gpu-scaler-epp-metrics"
+        )
+    if not is_namespace(namespace):
+        raise SettingsError(f"{name}={raw[:100]!r}: {namespace[:100]!r} is not a namespace name")
+    if not is_object_name(account):
+        raise SettingsError(f"{name}={raw[:100]!r}: {account[:100]!r} is not a ServiceAccount name")
+    return namespace, account
+
+
 def _items(raw: Raw, separator: str) -> list[str]:
     texts = [raw] if isinstance(raw, str) else raw or []
     return [part.strip() for text in texts for part in text.split(separator) if part.strip()]

@@ -207,6 +207,17 @@ OTHER_FAULTS: tuple[tuple[str, str, str], ...] = (
         " test_the_scaler_wakes_through_an_authenticating_epp_and_follows_a_rotation",
     ),
     (
+        "--gateway-token-serviceaccount: the API server refuses to mint (403: no `create` on"
+        " serviceaccounts/token; 404: no such ServiceAccount) or cannot be reached; tokens expire",
+        "tokens are renewed in the background before they expire; a refusal fails the pages naming the flag"
+        " and the Role rule (resourceNames) or the ServiceAccount to create, never another token; in an"
+        " outage the last token is used until it expires, then the pages fail saying so",
+        "test_gateway_token_minted.py::test_the_pool_is_read_through_minted_tokens_renewed_before_they_expire,"
+        " test_a_scaler_without_the_grant_to_mint_fails_the_pool_naming_the_rbac_rule,"
+        " test_a_service_account_that_does_not_exist_is_named_with_what_to_create,"
+        " test_a_minting_outage_keeps_the_last_token_until_it_expires_then_fails_clearly",
+    ),
+    (
         "the endpoint picker turns requests away for want of an endpoint (RejectedNoEndpoints,"
         " EvictedNoEndpoints) before a scrape saw them queued",
         "active (a wake) while the replica's latest page shows those counters grew since its previous one;"

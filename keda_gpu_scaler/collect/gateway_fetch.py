@@ -4,10 +4,12 @@ The EPP authenticates its metrics by default (llm-d: `--metrics-endpoint-auth=tr
 9090): it reviews the bearer token it is given (TokenReview) and asks the API server whether that
 identity may `get` the non-resource URL /metrics (SubjectAccessReview). Two tokens can answer it:
 
-- `--gateway-token-file`: the token of an identity of its own whose only right is that `get` (the chart
-  and manifests/components/gateway-metrics-token make one). Read again whenever the file changes, never
-  kept once the file is gone or empty. It goes over HTTPS, and over plain HTTP only where the operator
-  says so with `--gateway-token-plain-http on`: whoever sees it there can read EPP metrics, nothing more.
+- the token of an identity of its own whose only right is that `get` (collect/gateway_token.py): minted
+  for `--gateway-token-serviceaccount` through the TokenRequest API (10-minute tokens renewed in the
+  background; the chart and manifests/components/gateway-metrics-token set it up), or read from
+  `--gateway-token-file` whenever the file changes, never kept once the file is gone or empty. It goes
+  over HTTPS, and over plain HTTP only where the operator says so with `--gateway-token-plain-http on`:
+  whoever sees it there can read EPP metrics, nothing more, for minutes.
 - otherwise the scaler's own service account token, which is worth protecting (it reads pods and
   ScaledObjects cluster-wide): it is sent only over HTTPS, and only once the EPP's certificate verified,
   never over plain HTTP.
@@ -24,6 +26,7 @@ import ssl
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from keda_gpu_scaler.collect.gateway_token import SERVICEACCOUNT_FLAG, FileToken, MintedToken, TokenSource
 from keda_gpu_scaler.collect.http import BearerToken, FetchError, HTTPStatusError, LeanFetcher
 from keda_gpu_scaler.secretfile import SecretFile
 
@@ -38,33 +41,48 @@ PLAIN_HTTP_FLAG = "--gateway-token-plain-http"
 
 
 class GatewayToken(BearerToken):
-    """The token endpoint pickers get, read again whenever its file changes (a rotated token is picked
-    up on the next scrape; a file gone or empty fails the scrape, naming the flag and the file).
+    """The token endpoint pickers get: the limited one of a TokenSource (--gateway-token-file, or tokens
+    minted for --gateway-token-serviceaccount), or the scaler's own service account token file.
 
-    `plain_http`: also sent over plain HTTP. Only ever true for --gateway-token-file's limited identity."""
+    `plain_http`: also sent over plain HTTP. Only ever true for the limited identity."""
 
-    def __init__(self, path: Path | None, *, dedicated: bool, plain_http: bool = False) -> None:
+    def __init__(self, source: TokenSource | None, *, dedicated: bool, plain_http: bool = False) -> None:
         super().__init__(None)
         assert dedicated or not plain_http  # the scaler's own token never goes over plain HTTP
-        self.path = path
         self.dedicated = dedicated
         self.plain_http = plain_http
-        name = TOKEN_FLAG if dedicated else "the scaler's service account token"
-        self._file = SecretFile(path, name) if path is not None else None
+        self.source = source
+        # The flag that names the limited token, for messages.
+        self.flag = source.flag if dedicated and source is not None else TOKEN_FLAG
 
     def header(self, https: bool) -> str | None:
-        if self._file is None or not (https or self.plain_http):
+        if self.source is None or not (https or self.plain_http):
             return None
-        return f"Bearer {self._file.read()}"
+        return f"Bearer {self.source.read()}"
 
     def sent(self, https: bool) -> bool:
         """Whether a request over this scheme carries the token."""
-        return self._file is not None and (https or self.plain_http)
+        return self.source is not None and (https or self.plain_http)
 
     def holder(self) -> str:
         """Who the picker is told the caller is, in a message."""
-        if self.dedicated:
-            return f"the token of {TOKEN_FLAG} {self.path}"
+        if self.dedicated and self.source is not None:
+            return self.source.identity()
+        return "the scaler's service account token"
+
+
+class _OwnToken:
+    """The scaler's own service account token file (rotated by the kubelet), for verified HTTPS only."""
+
+    flag = "the scaler's service account token"
+
+    def __init__(self, path: Path) -> None:
+        self._file = SecretFile(path, self.flag)
+
+    def read(self) -> str:
+        return self._file.read()
+
+    def identity(self) -> str:
         return "the scaler's service account token"
 
 
@@ -126,30 +144,33 @@ class GatewayFetcher:
         if not https:
             if self._token.dedicated:
                 return (
-                    f"{head}, on by default) over plain HTTP, and the token of {TOKEN_FLAG} goes over plain"
-                    f" HTTP only with {PLAIN_HTTP_FLAG} on (the chart's gateway.metricsToken.plainHTTP);"
+                    f"{head}, on by default) over plain HTTP, and the token of {self._token.flag} goes"
+                    f" over plain HTTP only with {PLAIN_HTTP_FLAG} on (the chart's"
+                    " gateway.metricsToken.plainHTTP);"
                     " or serve the picker's metrics over TLS (its --metrics-cert-dir) and give the scaler"
                     " --gateway-ca-file"
                 )
             return (
                 f"{head}, on by default) over plain HTTP, and the scaler never sends its own service account"
-                f" token over plain HTTP: give it {TOKEN_FLAG} with the token of a ServiceAccount whose only"
-                f" right is `get` on the non-resource URL /metrics and {PLAIN_HTTP_FLAG} on (the chart's"
-                " gateway.metricsToken), or serve the picker's metrics over TLS (its --metrics-cert-dir)"
-                " and give the scaler --gateway-ca-file, or run the picker with --metrics-endpoint-auth=false"
+                f" token over plain HTTP: give it {SERVICEACCOUNT_FLAG} NAMESPACE/NAME, a ServiceAccount"
+                " whose only right is `get` on the non-resource URL /metrics, whose short-lived tokens it"
+                f" mints (or {TOKEN_FLAG} with such a token), and {PLAIN_HTTP_FLAG} on (the chart's"
+                " gateway.metricsToken), or serve the picker's metrics over TLS (its --metrics-cert-dir) and"
+                " give the scaler --gateway-ca-file, or run the picker with --metrics-endpoint-auth=false"
             )
         return (
             f"{head}) and the scaler has no service account token to present ({SERVICE_ACCOUNT_TOKEN} does"
-            f" not exist: it runs outside a pod): give it {TOKEN_FLAG}{grant}"
+            f" not exist: it runs outside a pod): give it {SERVICEACCOUNT_FLAG} or {TOKEN_FLAG}{grant}"
         )
 
     def _forbidden(self, https: bool) -> str:
         who = self._token.holder() if self._token.sent(https) else "a caller without a token"
-        fix = (
-            f"grant the ServiceAccount whose token {TOKEN_FLAG} holds"
-            if self._token.dedicated
-            else "grant the scaler's ServiceAccount"
-        )
+        if not self._token.dedicated:
+            fix = "grant the scaler's ServiceAccount"
+        elif isinstance(self._token.source, MintedToken):
+            fix = f"grant the ServiceAccount {self._token.source.ref} ({SERVICEACCOUNT_FLAG})"
+        else:
+            fix = f"grant the ServiceAccount whose token {TOKEN_FLAG} holds"
         return (
             f"HTTP 403 Forbidden: the endpoint picker denies {who} its page (its SubjectAccessReview for"
             f" `get` on the non-resource URL /metrics failed); {fix} a ClusterRole rule {METRICS_RULE}"
@@ -171,17 +192,21 @@ def gateway_fetcher(
     ca_file: Path | None,
     token_file: Path | None = SERVICE_ACCOUNT_TOKEN,
     metrics_token_file: Path | None = None,
+    metrics_token: TokenSource | None = None,
     plain_http: bool = False,
 ) -> GatewayFetcher:
     """The fetcher of EPP pages: raises ssl.SSLError or OSError for a CA file that cannot be loaded.
 
-    `metrics_token_file` (--gateway-token-file) replaces the scaler's own token (`token_file`) for
+    The limited token — `metrics_token` (minted for --gateway-token-serviceaccount) or the file
+    `metrics_token_file` (--gateway-token-file) — replaces the scaler's own token (`token_file`) for
     pickers; `plain_http` (--gateway-token-plain-http) lets it go over plain HTTP too."""
-    if metrics_token_file is not None:
-        token = GatewayToken(metrics_token_file, dedicated=True, plain_http=plain_http)
+    if metrics_token is None and metrics_token_file is not None:
+        metrics_token = FileToken(metrics_token_file)
+    if metrics_token is not None:
+        token = GatewayToken(metrics_token, dedicated=True, plain_http=plain_http)
     else:
         if token_file is not None and not token_file.exists():
             token_file = None  # not in a pod: nothing to present (a 401 then says so)
-        token = GatewayToken(token_file, dedicated=False)
+        token = GatewayToken(_OwnToken(token_file) if token_file else None, dedicated=False)
     inner = LeanFetcher(timeout=timeout, max_bytes=max_bytes, ssl_context=gateway_ssl(ca_file), token=token)
     return GatewayFetcher(inner, token, ca_file)

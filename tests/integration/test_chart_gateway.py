@@ -34,9 +34,12 @@ def _token(values: dict[str, Any]) -> list[dict[str, Any]]:
     return render({"gateway": {"metricsToken": values}})
 
 
+MINT_ROLE = f"{TOKEN_SA}-token"
+
+
 def test_no_token_objects_unless_asked(defaults: list[dict[str, Any]]) -> None:
     assert not [d for d in defaults if d["metadata"]["name"].startswith(TOKEN_SA)]
-    assert f"{ENV_PREFIX}GATEWAY_TOKEN_FILE" not in env(defaults)
+    assert not [k for k in env(defaults) if k.startswith(f"{ENV_PREFIX}GATEWAY_TOKEN")]
 
 
 def test_the_pickers_identity_may_get_metrics_and_nothing_else() -> None:
@@ -49,24 +52,41 @@ def test_the_pickers_identity_may_get_metrics_and_nothing_else() -> None:
     binding = find(docs, "ClusterRoleBinding", TOKEN_SA)
     assert binding["roleRef"]["name"] == TOKEN_SA
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": TOKEN_SA, "namespace": NAMESPACE}]
-    secret = find(docs, "Secret", f"{TOKEN_SA}-token")
-    assert secret["type"] == "kubernetes.io/service-account-token"
-    assert secret["metadata"]["annotations"]["kubernetes.io/service-account.name"] == TOKEN_SA
+    # Its tokens are minted, short-lived: no long-lived token Secret exists.
+    assert not [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"].startswith(TOKEN_SA)]
 
 
-def test_the_token_is_mounted_read_only_and_named_to_the_scaler_https_only_by_default() -> None:
+def test_by_default_the_scaler_may_mint_that_one_identity_s_tokens_and_is_told_to() -> None:
     docs = _token({"enabled": True})
+    role = find(docs, "Role", MINT_ROLE)
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["serviceaccounts/token"],
+            "resourceNames": [TOKEN_SA],
+            "verbs": ["create"],
+        }
+    ]
+    binding = find(docs, "RoleBinding", MINT_ROLE)
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": MINT_ROLE}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": NAMESPACE}]
     given = env(docs)
-    assert given[f"{ENV_PREFIX}GATEWAY_TOKEN_FILE"] == TOKEN_PATH
-    assert f"{ENV_PREFIX}GATEWAY_TOKEN_PLAIN_HTTP" not in given
-    (mount,) = [m for m in scaler(docs)["volumeMounts"] if m["name"] == "gateway-token"]
-    assert mount["readOnly"] is True and TOKEN_PATH.startswith(mount["mountPath"] + "/")
-    volumes = find(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
-    (volume,) = [v for v in volumes if v["name"] == "gateway-token"]
-    (source,) = volume["projected"]["sources"]
-    assert source["secret"] == {"name": f"{TOKEN_SA}-token", "items": [{"key": "token", "path": "token"}]}
+    assert given[f"{ENV_PREFIX}GATEWAY_TOKEN_SERVICEACCOUNT"] == f"{NAMESPACE}/{TOKEN_SA}"
+    assert (
+        f"{ENV_PREFIX}GATEWAY_TOKEN_FILE" not in given
+        and f"{ENV_PREFIX}GATEWAY_TOKEN_PLAIN_HTTP" not in given
+    )
+    assert not [m for m in scaler(docs)["volumeMounts"] if m["name"] == "gateway-token"]
     settings = build_settings(env_values(given))
-    assert str(settings.gateway_token_file) == TOKEN_PATH and not settings.gateway_token_plain_http
+    assert settings.gateway_token_serviceaccount == (NAMESPACE, TOKEN_SA)
+    assert settings.gateway_token_file is None and not settings.gateway_token_plain_http
+    # Without rbac.create the operator grants it: the chart makes no Role.
+    assert not [
+        d
+        for d in render({"gateway": {"metricsToken": {"enabled": True}}, "rbac": {"create": False}})
+        if d["kind"] == "Role" and d["metadata"]["name"] == MINT_ROLE
+    ]
 
 
 def test_plain_http_is_an_explicit_value_and_needs_the_token() -> None:
@@ -77,12 +97,34 @@ def test_plain_http_is_an_explicit_value_and_needs_the_token() -> None:
         render_files({"gateway": {"metricsToken": {"plainHTTP": True}}})
 
 
-def test_an_existing_secret_replaces_the_one_the_chart_makes() -> None:
-    docs = _token({"enabled": True, "existingSecret": "minted-epp-token"})
-    assert not [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"].startswith(TOKEN_SA)]
+def test_mode_secret_mounts_the_operators_secret_read_only_and_makes_no_role() -> None:
+    docs = _token({"enabled": True, "mode": "secret", "existingSecret": "minted-epp-token"})
+    assert not [
+        d for d in docs if d["kind"] in ("Secret", "Role") and d["metadata"]["name"].startswith(TOKEN_SA)
+    ]
+    given = env(docs)
+    assert given[f"{ENV_PREFIX}GATEWAY_TOKEN_FILE"] == TOKEN_PATH
+    assert f"{ENV_PREFIX}GATEWAY_TOKEN_SERVICEACCOUNT" not in given
+    (mount,) = [m for m in scaler(docs)["volumeMounts"] if m["name"] == "gateway-token"]
+    assert mount["readOnly"] is True and TOKEN_PATH.startswith(mount["mountPath"] + "/")
     volumes = find(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
     (volume,) = [v for v in volumes if v["name"] == "gateway-token"]
-    assert volume["projected"]["sources"][0]["secret"]["name"] == "minted-epp-token"
+    (source,) = volume["projected"]["sources"]
+    assert source["secret"] == {"name": "minted-epp-token", "items": [{"key": "token", "path": "token"}]}
+    assert str(build_settings(env_values(given)).gateway_token_file) == TOKEN_PATH
+
+
+@pytest.mark.parametrize(
+    ("values", "words"),
+    [
+        ({"mode": "secret"}, r"mode=secret needs gateway\.metricsToken\.existingSecret"),
+        ({"existingSecret": "mine"}, r"existingSecret is read with mode=secret only"),
+        ({"mode": "file"}, r"mode"),
+    ],
+)
+def test_a_mode_and_secret_that_do_not_fit_stop_the_render(values: dict[str, Any], words: str) -> None:
+    with pytest.raises(helm.HelmError, match=words):
+        render_files({"gateway": {"metricsToken": {"enabled": True, **values}}})
 
 
 @pytest.fixture(scope="module")
@@ -133,17 +175,16 @@ def test_chart_and_kustomize_component_give_the_same_identity_and_mount() -> Non
     component = kustomize(MANIFESTS / "examples" / "vllm-wake-from-zero" / "scaler")
     for kind, name in (
         ("ServiceAccount", TOKEN_SA),
-        ("Secret", f"{TOKEN_SA}-token"),
         ("ClusterRole", TOKEN_SA),
         ("ClusterRoleBinding", TOKEN_SA),
+        ("Role", MINT_ROLE),
+        ("RoleBinding", MINT_ROLE),
     ):
         ours, theirs = find(chart, kind, name), find(component, kind, name)
-        for key in ("rules", "subjects", "roleRef", "type", "automountServiceAccountToken"):
+        for key in ("rules", "subjects", "roleRef", "automountServiceAccountToken"):
             assert ours.get(key) == theirs.get(key), (kind, key)
-        annotation = "kubernetes.io/service-account.name"
-        assert ours["metadata"].get("annotations", {}).get(annotation) == theirs["metadata"].get(
-            "annotations", {}
-        ).get(annotation)
+        assert ours["metadata"].get("namespace") == theirs["metadata"].get("namespace"), kind
+    assert not [d for d in component if d["kind"] == "Secret"]  # no long-lived token anywhere
     (theirs_container,) = find(component, "Deployment")["spec"]["template"]["spec"]["containers"]
     token_env = {e["name"]: e["value"] for e in theirs_container["env"] if "GATEWAY_TOKEN" in e["name"]}
     assert token_env == {k: v for k, v in env(chart).items() if "GATEWAY_TOKEN" in k}
@@ -155,4 +196,4 @@ def test_chart_and_kustomize_component_give_the_same_identity_and_mount() -> Non
         ]
         for docs in (chart, component)
     ]
-    assert volumes[0] == volumes[1]
+    assert volumes == [[], []]

@@ -121,7 +121,11 @@ async def test_without_plain_http_allowed_no_token_goes_and_the_401_names_the_se
         ),
         (
             gateway_fetcher(timeout=5, max_bytes=1 << 20, ca_file=None, token_file=sa_token),
-            ("--gateway-token-file", "never sends its own service account token over plain HTTP"),
+            (
+                "--gateway-token-serviceaccount",
+                "--gateway-token-file",
+                "never sends its own service account token over plain HTTP",
+            ),
         ),
     ):
         try:

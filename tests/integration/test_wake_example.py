@@ -89,16 +89,28 @@ def test_the_scaler_gets_a_token_that_may_only_read_metrics_allowed_over_plain_h
     env = {e["name"]: e["value"] for e in container["env"]}
     settings = build_settings(env_values(env))
     assert settings.gateway_token_plain_http and settings.kubernetes == "on"
-    assert str(settings.gateway_token_file).startswith("/var/run/secrets/keda-gpu-scaler/gateway/")
-    secret = find(docs, "Secret", "keda-gpu-scaler-epp-metrics-token")
-    account = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+    # The scaler mints short-lived tokens of the limited identity; no long-lived token Secret exists.
+    assert settings.gateway_token_file is None and settings.gateway_token_serviceaccount is not None
+    namespace, account = settings.gateway_token_serviceaccount
+    assert namespace == "keda" and not [d for d in docs if d["kind"] == "Secret"]
     assert find(docs, "ServiceAccount", account)["automountServiceAccountToken"] is False
     role = find(docs, "ClusterRole", account)
     assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
     binding = find(docs, "ClusterRoleBinding", account)
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "keda"}]
+    minting = find(docs, "Role", f"{account}-token")
+    assert minting["metadata"]["namespace"] == "keda"
+    assert minting["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["serviceaccounts/token"],
+            "resourceNames": [account],
+            "verbs": ["create"],
+        }
+    ]
+    (subject,) = find(docs, "RoleBinding", f"{account}-token")["subjects"]
+    assert subject == {"kind": "ServiceAccount", "name": "keda-gpu-scaler", "namespace": "keda"}
     assert binding["roleRef"]["name"] == account
-    volume = next(
+    assert not [
         v for v in find(docs, "Deployment")["spec"]["template"]["spec"]["volumes"] if "projected" in v
-    )
-    assert volume["projected"]["sources"][0]["secret"]["name"] == secret["metadata"]["name"]
+    ]

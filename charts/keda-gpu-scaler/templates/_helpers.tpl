@@ -134,5 +134,5 @@ app=nvidia-dcgm-exporter:9400;app.kubernetes.io/name=dcgm-exporter:9400;app.kube
 {{- end }}
 
 {{- define "keda-gpu-scaler.gatewayTokenSecret" -}}
-{{ .Values.gateway.metricsToken.existingSecret | default (printf "%s-token" (include "keda-gpu-scaler.gatewayTokenName" .)) }}
+{{ .Values.gateway.metricsToken.existingSecret }}
 {{- end }}
