@@ -205,9 +205,9 @@ async def loop_stall(hostile_series: int = 150_000, scrapes: int = 3) -> str:
     import time
 
     from keda_gpu_scaler.collect import scrape
-    from keda_gpu_scaler.collect.interest import Interest
     from keda_gpu_scaler.collect.store import Store
     from keda_gpu_scaler.metrics import Telemetry
+    from keda_gpu_scaler.wanted import WantedSources
 
     rows = []
     for series in (scrape.MAX_SERIES_PER_PAGE, hostile_series):
@@ -222,7 +222,7 @@ async def loop_stall(hostile_series: int = 150_000, scrapes: int = 3) -> str:
                 collector = scrape.ScrapeCollector(
                     fetcher=pages,
                     store=Store(),
-                    interest=Interest(600, time.monotonic),
+                    interest=WantedSources(),
                     limits=scrape.ScrapeLimits(1.0, 60.0, 1 << 30, 4),
                     telemetry=Telemetry(),
                     clock=time.monotonic,

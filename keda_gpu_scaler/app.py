@@ -9,7 +9,7 @@ import os
 import signal
 import ssl
 import time
-from collections.abc import Callable, Coroutine, Hashable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import aiohttp
@@ -19,15 +19,14 @@ from aiohttp import web
 from keda_gpu_scaler import http_endpoints
 from keda_gpu_scaler.collect.gateway import GatewayPages
 from keda_gpu_scaler.collect.gateway_fetch import GatewayFetcher, gateway_fetcher
-from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink, PoolInterest
+from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink
 from keda_gpu_scaler.collect.gateway_token import MintedToken
 from keda_gpu_scaler.collect.http import LeanFetcher, exporter_fetcher
-from keda_gpu_scaler.collect.inference import INFERENCE_INTEREST, InferencePages, WantedPages
-from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, Interest
+from keda_gpu_scaler.collect.inference import InferencePages
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient, prometheus_ssl
 from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
-from keda_gpu_scaler.collect.store import SourceKind, Store
+from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.discovery.api import ConnectError, KubeApi, connect
 from keda_gpu_scaler.discovery.resolver import DiscoveryConfig, KubeDiscovery
 from keda_gpu_scaler.evaluator import Evaluator
@@ -36,10 +35,11 @@ from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.registry import Explanation, Followed, Registry, Subscription
 from keda_gpu_scaler.service import ExternalScalerService, HealthStatus, add_services
 from keda_gpu_scaler.settings import Settings, SettingsError, resolve_kubernetes
-from keda_gpu_scaler.subscriptions import PodPageSubscriptions
+from keda_gpu_scaler.subscriptions import Subscriptions
 from keda_gpu_scaler.supervise import supervised
 from keda_gpu_scaler.tls import ReloadingServerCredentials
 from keda_gpu_scaler.trigger import Source
+from keda_gpu_scaler.wanted import ExporterPage, PageBindings, PodPage, WantedSources, owning_pod
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,8 @@ class App:
         self.clock = clock
         self.telemetry = Telemetry()
         self.store = Store()
-        self.interest = Interest(settings.interest_ttl, clock)
+        # What is collected: every followed trigger's wanted sources, read by every collector.
+        self.wanted = WantedSources()
         self.discovery = (
             KubeDiscovery(
                 DiscoveryConfig(
@@ -95,15 +96,14 @@ class App:
                     static_urls=frozenset(settings.exporter_urls),
                 ),
                 self.telemetry,
+                self.wanted,
                 clock,
             )
             if settings.kubernetes == "on"
             else None
         )
-        self.inference_pages = InferencePages()
-        self.wanted_pages = WantedPages(self.inference_pages)
         # EPP replica pages per InferencePool (SPEC §7): fed by discovery or --gateway-url.
-        self.gateway_pages = GatewayPages(self.interest)
+        self.gateway_pages = GatewayPages(self.wanted)
         for namespace, pool, url in settings.gateway_urls:
             self.gateway_pages.add_static(namespace, pool, url)
         self.evaluator = Evaluator(
@@ -117,32 +117,26 @@ class App:
             prometheus_enabled=settings.prometheus_url is not None,
             gateway_pages=self.gateway_pages,
             gateway_max_staleness=gateway_max_staleness(settings),
-            touch=self.interest.touch,
             demand_forget_after=settings.interest_ttl,
         )
         self.registry = Registry(
             ttl=settings.interest_ttl,
             cap=settings.max_scaledobjects,
             clock=clock,
-            interest=self.interest,
-            interest_key=self.evaluator.interest_key,
             tracker=self.discovery,
             on_drop=self._dropped,
             on_subscribe=self._subscribed,
         )
-        # With Kubernetes, inference triggers want their target pods' own pages (SPEC §6).
-        self.pod_pages = (
-            PodPageSubscriptions(
-                resolve=self.discovery.resolve,
-                pages=self.wanted_pages,
-                followed_in=self.registry.in_namespace,
-                reads_pod_pages=lambda spec: self.evaluator.kind_of(spec) is SourceKind.INFERENCE,
-            )
-            if self.discovery is not None
-            else None
+        self.subscriptions = Subscriptions(
+            wanted=self.wanted,
+            kind_of=self.evaluator.kind_of,
+            followed_in=self.registry.in_namespace,
+            discovery=self.discovery,
+            exporter_urls=settings.exporter_urls,
+            inference_urls=settings.inference_urls,
         )
-        if self.discovery is not None and self.pod_pages is not None:
-            self.discovery.on_change = self.pod_pages.changed
+        if self.discovery is not None:
+            self.discovery.on_change = self.subscriptions.changed
         self.telemetry.followed_scaled_objects.set_function(lambda: len(self.registry))
         self.service = ExternalScalerService(
             evaluator=self.evaluator,
@@ -170,8 +164,7 @@ class App:
         self._token_api: KubeApi | None = None
 
     def _subscribed(self, followed: Followed, subscription: Subscription) -> None:
-        if self.pod_pages is not None:
-            self.pod_pages.subscribed(followed, subscription)
+        self.subscriptions.subscribed(followed, subscription)
 
     def _dropped(self, followed: Followed, subscription: Subscription) -> None:
         """A trigger is no longer followed: its series and pages go (what another trigger of the same
@@ -179,8 +172,7 @@ class App:
         labels = subscription.metric_labels
         if labels is not None and all(s.metric_labels != labels for s in followed.triggers.values()):
             self.telemetry.forget_labels((labels,))
-        if self.pod_pages is not None:
-            self.pod_pages.dropped(followed, subscription)
+        self.subscriptions.dropped(followed, subscription)
 
     def explanation(self, namespace: str, name: str) -> Explanation | None:
         """The last evaluation of a followed ScaledObject (for /explain and the demo's status lines)."""
@@ -221,31 +213,35 @@ class App:
             await self._stop_minting()
             raise SettingsError(f"--gateway-ca-file: {error}") from None
 
-        def collector(interest_key: Hashable) -> ScrapeCollector:
+        def collector() -> ScrapeCollector:
             return ScrapeCollector(
                 fetcher=fetcher,
                 store=self.store,
-                interest=self.interest,
+                interest=self.wanted,
                 limits=limits,
                 telemetry=self.telemetry,
                 clock=self.clock,
-                interest_key=interest_key,
             )
 
-        self._collector = collector(SCRAPE_INTEREST)
-        for url in s.exporter_urls:
-            self._collector.add(url)
-        # Inference-server pages: one source per pod, scraped while an inference trigger wants them.
-        self._inference_collector = collector(INFERENCE_INTEREST)
-        self.inference_pages.collector = self._inference_collector
-        for namespace, pod, url in s.inference_urls:
-            self.inference_pages.add_pod_page(url, namespace, pod)
+        # Each collector fetches exactly the sources of its kind some trigger wants (wanted.py).
+        self._collector = exporters = collector()
+        self.wanted.handle(
+            ExporterPage,
+            lambda page: exporters.add(page.url, interest_key=page),
+            lambda page: exporters.remove(page.url),
+        )
+        # Inference-server pages: one source per pod.
+        self._inference_collector = collector()
+        pod_pages = InferencePages(self._inference_collector)
+        bindings = PageBindings(pod_pages.add_page, pod_pages.remove, owning_pod)
+        self.wanted.handle(PodPage, bindings.added, bindings.removed)
+        self.subscriptions.filed_under = bindings.bound
         # Endpoint-picker pages: few (one per EPP replica), scraped every --gateway-interval while a
         # `pending` trigger reads their pool, so a wake from zero follows within that interval.
         self._gateway_collector = ScrapeCollector(
             fetcher=self._gateway_fetcher,
             store=self.store,
-            interest=PoolInterest(self.gateway_pages),
+            interest=self.wanted,
             limits=ScrapeLimits(s.gateway_interval, s.scrape_timeout, s.max_page_bytes, s.scrape_concurrency),
             telemetry=self.telemetry,
             clock=self.clock,
@@ -253,7 +249,7 @@ class App:
         self.gateway_pages.start(GatewayCollectorSink(self._gateway_collector))
         if self.discovery is not None:
             try:
-                await self.discovery.start(self._collector, self.gateway_pages)
+                await self.discovery.start(self.gateway_pages)
             except ConnectError as error:
                 await self.stop()
                 raise SettingsError(f"--kubernetes={s.kubernetes}: {error}") from None
@@ -265,7 +261,7 @@ class App:
             self._prometheus = PrometheusCollector(
                 client=PrometheusClient(self._prometheus_session, s, self.telemetry, self.clock),
                 store=self.store,
-                interest=self.interest,
+                wanted=self.wanted,
                 interval=s.scrape_interval,
                 max_staleness=s.prometheus_max_staleness,
                 clock=self.clock,

@@ -4,20 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from typing import Protocol
 
 from keda_gpu_scaler.collect.demand_history import DemandHistory
-from keda_gpu_scaler.collect.gateway import GatewayPages, GatewayPool
+from keda_gpu_scaler.collect.gateway import GatewayPages
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
-from keda_gpu_scaler.collect.inference import INFERENCE_INTEREST
-from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
-from keda_gpu_scaler.collect.prometheus import (
-    gateway_source,
-    prometheus_gateway_interest,
-    prometheus_inference_interest,
-    prometheus_interest,
-)
+from keda_gpu_scaler.collect.prometheus import gateway_source
 from keda_gpu_scaler.collect.prometheus_answer import ReplicaLost
 from keda_gpu_scaler.collect.store import NamespaceView, SourceKind, Store, source_problem
 from keda_gpu_scaler.demand_values import demand_pod_values, measured_tokens_per_request, with_pending
@@ -30,6 +23,7 @@ from keda_gpu_scaler.registry import Explanation, Followed, Subscription
 from keda_gpu_scaler.scaling import Evaluation, evaluate, inference_pod_values, pod_values
 from keda_gpu_scaler.trigger import Aggregation, Metric, Source, TriggerSpec
 from keda_gpu_scaler.vendors import GpuReading
+from keda_gpu_scaler.wanted import EppPool
 from keda_gpu_scaler.wire import check_rows, check_total
 
 log = logging.getLogger(__name__)
@@ -40,9 +34,6 @@ class TargetResolver(Protocol):
 
     def check(self, spec: TriggerSpec) -> None:
         """Raise ConfigError for metadata this resolver cannot serve."""
-
-    def track(self, namespace: str, name: str, spec: TriggerSpec) -> None:
-        """Start (or keep) discovering this ScaledObject in the background, without waiting."""
 
     def resolve(self, namespace: str, name: str, spec: TriggerSpec) -> Targets:
         """The target pods now; raises NoData while unknown or when discovery is failing."""
@@ -85,7 +76,6 @@ class Evaluator:
         targets: TargetResolver | None = None,
         gateway_pages: GatewayPages | None = None,
         gateway_max_staleness: float | None = None,
-        touch: Callable[[Hashable], None] | None = None,
         demand_forget_after: float = 600.0,
     ) -> None:
         self._store = store
@@ -98,9 +88,6 @@ class Evaluator:
         self._targets = targets
         self._gateway_pages = gateway_pages
         self._gateway_max_staleness = gateway_max_staleness or max_staleness
-        # `demand` with `inferencePool` reads the pool's endpoint pickers besides the pods: it keeps them
-        # wanted (the registry touches the one key interest_key() gives).
-        self._touch = touch
         # `demand`'s rates: every pod page is told to the history as the store records it.
         self.demand_history = DemandHistory(forget_after=demand_forget_after)
         store.page_listeners.append(self.demand_history.on_page)
@@ -148,23 +135,6 @@ class Evaluator:
             return SourceKind.PROMETHEUS_INFERENCE if prometheus else SourceKind.INFERENCE
         return SourceKind.PROMETHEUS if prometheus else SourceKind.SCRAPE
 
-    def interest_key(self, namespace: str, spec: TriggerSpec) -> Hashable:
-        """What a trigger's data is collected under (interest keeps its collection running)."""
-        kind = self.kind_of(spec)
-        if kind is SourceKind.GATEWAY:
-            assert spec.inference_pool is not None
-            return GatewayPool(namespace, spec.inference_pool, spec.gateway_metrics_port)
-        if kind is SourceKind.PROMETHEUS_GATEWAY:
-            assert spec.inference_pool is not None
-            return prometheus_gateway_interest(namespace, spec.inference_pool)
-        if kind is SourceKind.PROMETHEUS:
-            return prometheus_interest(namespace)
-        if kind is SourceKind.PROMETHEUS_INFERENCE:
-            return prometheus_inference_interest(namespace)
-        if kind is SourceKind.INFERENCE:
-            return INFERENCE_INTEREST
-        return SCRAPE_INTEREST
-
     def evaluate(self, followed: Followed, spec: TriggerSpec) -> Evaluation:
         """The trigger's value now, from the caches only; raises NoData (UNAVAILABLE) when it cannot be known."""
         if spec.metric.gateway:
@@ -174,8 +144,6 @@ class Evaluator:
         targets = self._targets.resolve(namespace, name, spec) if self._targets is not None else None
         now = self._clock()
         kind = self.kind_of(spec)
-        if spec.metric is Metric.DEMAND and spec.inference_pool is not None and self._touch is not None:
-            self._touch(GatewayPool(namespace, spec.inference_pool, spec.gateway_metrics_port))
         view = None
         if targets is None or targets.pods:
             view = self._store.view(namespace, now, self._staleness(kind), kind)
@@ -224,7 +192,8 @@ class Evaluator:
             return self._prometheus_replica_inputs(namespace, spec.inference_pool, now)
         staleness = self._gateway_max_staleness
         found: list[ReplicaInput] = []
-        replicas = self._gateway_pages.replicas(namespace, spec.inference_pool) if self._gateway_pages else ()
+        pool = EppPool(namespace, spec.inference_pool, spec.gateway_metrics_port)
+        replicas = self._gateway_pages.replicas(pool) if self._gateway_pages else ()
         for replica in replicas:
             state = self._store.source(replica.url)
             page = state.last_page if state is not None else None
@@ -263,7 +232,11 @@ class Evaluator:
     def _no_replica(self, namespace: str, spec: TriggerSpec) -> str:
         pool = f"InferencePool {namespace}/{spec.inference_pool}"
         assert spec.inference_pool is not None
-        problem = self._gateway_pages.problem(namespace, spec.inference_pool) if self._gateway_pages else None
+        problem = (
+            self._gateway_pages.problem(EppPool(namespace, spec.inference_pool, spec.gateway_metrics_port))
+            if self._gateway_pages
+            else None
+        )
         if problem is not None:
             return problem
         if self.kind_of(spec) is SourceKind.PROMETHEUS_GATEWAY:

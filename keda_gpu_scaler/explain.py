@@ -12,7 +12,6 @@ from keda_gpu_scaler.collect.gateway import GatewayPages
 from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink
 from keda_gpu_scaler.collect.http import exporter_fetcher
 from keda_gpu_scaler.collect.inference import InferencePages
-from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.errors import ScalerError
@@ -21,7 +20,9 @@ from keda_gpu_scaler.http_endpoints import explanation_json
 from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.registry import Registry
 from keda_gpu_scaler.settings import Settings
+from keda_gpu_scaler.subscriptions import Subscriptions
 from keda_gpu_scaler.trigger import parse_trigger
+from keda_gpu_scaler.wanted import EppPage, ExporterPage, PageBindings, PodPage, WantedSources, owning_pod
 
 
 async def explain_once(
@@ -32,8 +33,8 @@ async def explain_once(
     telemetry = Telemetry()
     store = Store()
     clock = time.monotonic
-    interest = Interest(settings.interest_ttl, clock)
-    gateway_pages = GatewayPages(interest)
+    wanted = WantedSources()
+    gateway_pages = GatewayPages(wanted)
     for namespace_of_page, pool, url in settings.gateway_urls:
         gateway_pages.add_static(namespace_of_page, pool, url)
     evaluator = Evaluator(
@@ -44,7 +45,18 @@ async def explain_once(
         gateway_pages=gateway_pages,
     )
     registry = Registry(
-        ttl=settings.interest_ttl, cap=1, clock=clock, interest=interest, interest_key=evaluator.interest_key
+        ttl=settings.interest_ttl,
+        cap=1,
+        clock=clock,
+        on_subscribe=lambda followed, subscription: subscriptions.subscribed(followed, subscription),
+    )
+    # The same subscriptions as `serve`: the pages scraped are exactly those the triggers read.
+    subscriptions = Subscriptions(
+        wanted=wanted,
+        kind_of=evaluator.kind_of,
+        followed_in=registry.in_namespace,
+        exporter_urls=settings.exporter_urls,
+        inference_urls=settings.inference_urls,
     )
     entries: list[dict[str, Any] | None] = []
     specs = []
@@ -64,18 +76,24 @@ async def explain_once(
     # The very fetcher `serve` uses (its TLS and bearer token too), so explain sees what the scaler sees.
     fetcher = exporter_fetcher(settings)
     collector = ScrapeCollector(
-        fetcher=fetcher, store=store, interest=interest, limits=limits, telemetry=telemetry, clock=clock
+        fetcher=fetcher, store=store, interest=wanted, limits=limits, telemetry=telemetry, clock=clock
     )
-    pages = InferencePages()
-    pages.collector = collector
-    for namespace_of_page, pod, url in settings.inference_urls:
-        pages.add_pod_page(url, namespace_of_page, pod)
+    wanted.handle(
+        ExporterPage,
+        lambda page: collector.add(page.url, interest_key=page),
+        lambda page: collector.remove(page.url),
+    )
+    pages = InferencePages(collector)
+    bindings = PageBindings(pages.add_page, pages.remove, owning_pod)
+    wanted.handle(PodPage, bindings.added, bindings.removed)
     gateway_pages.start(GatewayCollectorSink(collector))
-    urls = [
-        *settings.exporter_urls,
-        *(url for _, _, url in settings.inference_urls),
-        *(url for _, _, url in settings.gateway_urls),
-    ]
+    urls = sorted(
+        {
+            *(page.url for page in wanted.of_kind(ExporterPage)),
+            *(page.url for page in wanted.of_kind(PodPage)),
+            *(page.url for page in wanted.of_kind(EppPage)),
+        }
+    )
     try:
         await asyncio.gather(*(collector.scrape_once(url) for url in urls))
     finally:

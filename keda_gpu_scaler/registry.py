@@ -1,12 +1,13 @@
-"""One owner for every followed ScaledObject: its triggers' last answers, interest, discovery
-tracking, explanation, metric label sets and logged notes — all forgotten together after the TTL."""
+"""One owner for every followed ScaledObject: its triggers' subscriptions (what they want collected,
+their last answers, explanations, metric label sets), discovery tracking and logged notes — all
+forgotten together after the TTL."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -51,8 +52,8 @@ class Subscription:
     explanation: Explanation | None = None
     # The /metrics label set of its value and activity gauges, once it has published them.
     metric_labels: tuple[str, str, str] | None = None
-    # Inference triggers with Kubernetes: the discovery answer their wanted pod pages were taken from.
-    pages_from: Any = None
+    # With Kubernetes: the discovery answer its wanted sources (pod pages, exporter nodes) were taken from.
+    sources_from: Any = None
 
 
 # Subscriptions kept per ScaledObject: more external triggers than this on one object is not a real
@@ -129,7 +130,7 @@ ROOM_AFTER_SECONDS = 60.0
 class Tracker(Protocol):
     """Discovery's side of a ScaledObject's life: start following it, and forget it."""
 
-    def track(self, namespace: str, name: str, spec: TriggerSpec) -> None: ...
+    def track(self, namespace: str, name: str) -> None: ...
 
     def forget(self, namespace: str, name: str) -> None: ...
 
@@ -137,16 +138,13 @@ class Tracker(Protocol):
         """Whether spec is one of the ScaledObject's triggers as last read (None: not known)."""
 
 
-class InterestSink(Protocol):
-    def touch(self, key: Hashable) -> None: ...
-
-
 class Registry:
     """Followed ScaledObjects by (namespace, name), oldest call first, with one TTL and a cap.
 
     Every call goes through follow(): it validates the reference, enforces the cap, keeps the entry
-    alive, notes interest in the data it needs and tells discovery. Entries not called for `ttl`
-    seconds are evicted with all their state, on the next call and by a background sweep.
+    alive, tells discovery, and subscribes a trigger seen for the first time (on_subscribe: it starts
+    wanting what it reads). Entries not called for `ttl` seconds are evicted with all their state
+    (on_drop for each trigger), on the next call and by a background sweep.
     """
 
     def __init__(
@@ -155,8 +153,6 @@ class Registry:
         ttl: float,
         cap: int,
         clock: Callable[[], float],
-        interest: InterestSink,
-        interest_key: Callable[[str, TriggerSpec], Hashable],
         tracker: Tracker | None = None,
         on_forget: Callable[[Followed], None] = lambda followed: None,
         on_drop: Callable[[Followed, Subscription], None] = lambda followed, subscription: None,
@@ -165,8 +161,6 @@ class Registry:
         self._ttl = ttl
         self._cap = cap
         self._clock = clock
-        self._interest = interest
-        self._interest_key = interest_key
         self._tracker = tracker
         self._on_forget = on_forget
         self._on_drop = on_drop
@@ -195,9 +189,8 @@ class Registry:
         else:
             self._entries.move_to_end(key)
             entry.last_call = now
-        self._interest.touch(self._interest_key(namespace, spec))
         if self._tracker is not None:
-            self._tracker.track(namespace, name, spec)
+            self._tracker.track(namespace, name)
         subscription = entry.triggers.get(spec)
         if subscription is None:
             subscription = entry.triggers[spec] = Subscription(spec, now)

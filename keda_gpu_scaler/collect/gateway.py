@@ -2,60 +2,39 @@
 
 The queue that wakes a workload from zero lives in the inference gateway's endpoint picker, not in any
 pod of the target. One InferencePool has one or more EPP replicas (active-active: each keeps its own
-queue), and each replica serves one metrics page. GatewayPages is the one place that knows, per
-(namespace, pool), which replica pages exist and why there are none; it turns that into the gateway
-collector's sources and answers the evaluation's read-only questions.
+queue), and each replica serves one metrics page. GatewayPages is the one place that knows, per wanted
+pool and metrics port (wanted.EppPool, wanted by `pending` triggers' subscriptions), which replica
+pages it has and why there are none; each pool wants its pages (wanted.EppPage) in the registry of
+wanted sources, which hands them to the gateway collector.
 
 Who feeds it:
-- Kubernetes discovery: for every pool in `wanted()`, InferencePool → `endpointPickerRef` Service → its
-  Ready pods → `set_replicas(namespace, pool, {pod name: metrics URL})`, or `set_problem(...)` when
-  there is no replica to read (the pool does not exist yet, its endpointPickerRef is not a Service, no
-  Ready EPP pod). Call again on every change; calls that change nothing cost nothing. `forget()` when a
-  pool leaves `wanted()`.
-- `--gateway-url NAMESPACE/POOL=URL` (no Kubernetes): `add_static()` once per flag at start-up.
+- Kubernetes discovery: for every pool in `pools()`, InferencePool → `endpointPickerRef` Service → its
+  Ready pods → `set_replicas(pool, {pod name: metrics URL})`, or `set_problem(pool, message)` when there
+  is no replica to read (the pool does not exist yet, its endpointPickerRef is not a Service, no Ready
+  EPP pod). Call again on every change; calls that change nothing cost nothing. `forget(pool)` when it
+  is no longer followed.
+- `--gateway-url NAMESPACE/POOL=URL` (no Kubernetes): `add_static()` once per flag at start-up; read
+  while some trigger wants the pool, at whatever port.
 
 Who reads it: the `pending` evaluation (`replicas()`, `problem()`), which never adds or removes anything.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from keda_gpu_scaler.gateways import DEFAULT_GATEWAY_METRICS_PORT
+from keda_gpu_scaler.wanted import EppPage, EppPool, PageBindings, WantedSources
 
 PoolKey = tuple[str, str]
 """(namespace, InferencePool name)."""
 
 
-@dataclass(frozen=True, slots=True)
-class GatewayPool:
-    """The interest key of a followed `pending` trigger: the pool it reads and the EPP metrics port.
-
-    The registry touches it on every call about the trigger (the same interest TTL as every other
-    source), so a pool is wanted exactly while some followed ScaledObject asks about it.
-    """
-
-    namespace: str
-    pool: str
-    port: int = DEFAULT_GATEWAY_METRICS_PORT
-
-
-class InterestKeys(Protocol):
-    """What GatewayPages needs of collect.interest.Interest."""
-
-    def wanted_keys(self) -> list[Hashable]: ...
-
-    def wanted(self, key: Hashable) -> bool: ...
-
-    async def wait_until_wanted(self, timeout: float, key: Hashable) -> None: ...
-
-
 class GatewaySink(Protocol):
     """Where replica pages go: the gateway scrape collector (one store source per replica page)."""
 
-    def add_replica_page(self, url: str, namespace: str, pool: str, replica: str) -> None: ...
+    def add_page(self, page: EppPage) -> None: ...
 
     def remove(self, url: str) -> None: ...
 
@@ -70,153 +49,95 @@ class Replica:
 
 
 class GatewayPages:
-    """Per (namespace, pool): its EPP replica pages, or why there are none (see the module docstring).
+    """Per wanted (namespace, pool, port): its EPP replica pages, or why there are none (see the module
+    docstring). `start(sink)` hands it the collector; from then on the pages wanted are scraped."""
 
-    Interface (stable; safe to call any number of times, from the event loop):
-
-    - `wanted() -> dict[(namespace, pool), port]`: the pools some followed `pending` trigger asked about
-      within the interest TTL, with the EPP metrics port to use (`gatewayMetricsPort`, default 9090; if
-      triggers about one pool name different ports, the lowest). Only namespaces of followed ScaledObjects
-      ever appear: a trigger cannot name another namespace.
-    - `await wait_for_wanted(timeout)`: returns when a pool (or anything else) becomes newly wanted, or
-      after `timeout` seconds; a watcher loops on it and re-reads `wanted()`.
-    - `set_replicas(namespace, pool, replicas)`: `replicas` maps each Ready EPP pod's name to its metrics
-      URL (`http://IP:PORT/metrics`, or `https://…` where the EPP serves TLS). Replaces the pool's
-      discovered replicas whole: pages no longer named stop being scraped and their data is dropped, new
-      ones are scraped at once; clears the pool's problem. An empty mapping is a problem: use
-      `set_problem` to say why (an empty mapping alone reads as "no EPP pod of pool P is Ready").
-    - `set_problem(namespace, pool, message)`: there is no replica to read, and `message` says why in the
-      user's words, naming the object (e.g. "InferencePool llm/chat-pool does not exist"). Drops the
-      pool's discovered replicas. The `pending` trigger answers UNAVAILABLE with this message.
-    - `forget(namespace, pool)`: the pool is no longer watched; its discovered replicas and problem go.
-    - `add_static(namespace, pool, url)`: a `--gateway-url`; kept for the process's life, beside any
-      discovered replicas of the same pool.
-
-    Read side (the evaluation): `replicas(namespace, pool)` and `problem(namespace, pool)`.
-    """
-
-    def __init__(self, interest: InterestKeys) -> None:
-        self._interest = interest
-        self.sink: GatewaySink | None = None  # set once the HTTP session exists (App.start)
+    def __init__(self, wanted: WantedSources) -> None:
+        self._wanted = wanted
         self._static: dict[PoolKey, dict[str, Replica]] = {}
-        self._discovered: dict[PoolKey, dict[str, Replica]] = {}
-        self._problems: dict[PoolKey, str] = {}
-        self._pending: list[tuple[str, PoolKey, Replica]] = []  # static pages given before the sink
-        self._owner: dict[str, PoolKey] = {}  # url → the pool whose page it is (the first to name it)
-        self._users: dict[str, int] = {}  # url → how many replica entries name it
+        self._discovered: dict[EppPool, dict[str, Replica]] = {}
+        self._problems: dict[EppPool, str] = {}
+        self._bindings: PageBindings[EppPage] | None = None
+        self.on_pools: Callable[[], None] = lambda: None  # discovery: the wanted pools changed
+
+    def start(self, sink: GatewaySink) -> None:
+        """Scrape the pages wanted from now on (and those wanted so far) through `sink`."""
+        self._bindings = PageBindings(sink.add_page, sink.remove)
+        self._wanted.handle(EppPage, self._bindings.added, self._bindings.removed)
+        self._wanted.handle(EppPool, self._pool_wanted, self._pool_unwanted)
 
     # -- what is wanted ------------------------------------------------------------------------------
 
-    def wanted(self) -> dict[PoolKey, int]:
-        ports: dict[PoolKey, int] = {}
-        for key in self._interest.wanted_keys():
-            if isinstance(key, GatewayPool):
-                pool = (key.namespace, key.pool)
-                ports[pool] = min(ports.get(pool, key.port), key.port)
-        return ports
+    def pools(self) -> list[EppPool]:
+        """The pools (at their ports) some followed `pending` trigger reads now."""
+        return self._wanted.of_kind(EppPool)
 
-    def is_wanted(self, pool: PoolKey) -> bool:
-        """Whether some followed trigger reads this pool now (its pages are scraped only then)."""
-        return pool in self.wanted()
+    def _pool_wanted(self, pool: EppPool) -> None:
+        self._want_static(pool)
+        self.on_pools()
 
-    async def wait_for_wanted(self, timeout: float) -> None:
-        await self._interest.wait_until_wanted(timeout, _NEVER_TOUCHED)
+    def _pool_unwanted(self, pool: EppPool) -> None:
+        self._wanted.release(("static", pool))
+        self.forget(pool)
+        self.on_pools()
+
+    def _want_static(self, pool: EppPool) -> None:
+        replicas = self._static.get((pool.namespace, pool.pool), {})
+        self._wanted.want(("static", pool), (_page(pool, r) for r in replicas.values()))
 
     # -- the Kubernetes side and the static flag -----------------------------------------------------
 
-    def set_replicas(self, namespace: str, pool: str, replicas: Mapping[str, str]) -> None:
-        key = (namespace, pool)
-        self._problems.pop(key, None)
+    def set_replicas(self, pool: EppPool, replicas: Mapping[str, str]) -> None:
+        self._problems.pop(pool, None)
+        if not self._wanted.wanted(pool):
+            replicas = {}  # a late word about a pool no longer wanted: nothing of it is kept
         new = {name: Replica(name, url, static=False) for name, url in replicas.items()}
-        before = self._discovered.get(key, {})
-        if before == new:
-            return
         if new:
-            self._discovered[key] = new
+            self._discovered[pool] = new
         else:
-            self._discovered.pop(key, None)
-        for name, replica in new.items():
-            if before.get(name) != replica:
-                self._use(key, replica)
-        for name, replica in before.items():
-            if new.get(name) != replica:
-                self._release(replica.url)
+            self._discovered.pop(pool, None)
+        self._wanted.want(("discovered", pool), (_page(pool, r) for r in new.values()))
 
-    def set_problem(self, namespace: str, pool: str, message: str) -> None:
-        self.set_replicas(namespace, pool, {})
-        self._problems[(namespace, pool)] = message
+    def set_problem(self, pool: EppPool, message: str) -> None:
+        self.set_replicas(pool, {})
+        self._problems[pool] = message
 
-    def forget(self, namespace: str, pool: str) -> None:
-        self.set_replicas(namespace, pool, {})
-        self._problems.pop((namespace, pool), None)
+    def forget(self, pool: EppPool) -> None:
+        self.set_replicas(pool, {})
+        self._problems.pop(pool, None)
 
     def add_static(self, namespace: str, pool: str, url: str) -> None:
-        key = (namespace, pool)
-        replicas = self._static.setdefault(key, {})
+        replicas = self._static.setdefault((namespace, pool), {})
         if url in replicas:
             return
-        replica = Replica(url, url, static=True)
-        replicas[url] = replica
-        self._use(key, replica)
-
-    def start(self, sink: GatewaySink) -> None:
-        """Hand every page named so far to the collector's sink; from now on pages go there directly."""
-        self.sink = sink
-        pending, self._pending = self._pending, []
-        for url, (namespace, pool), replica in pending:
-            if self._users.get(url):
-                sink.add_replica_page(url, namespace, pool, replica.name)
+        replicas[url] = Replica(url, url, static=True)
+        for wanted in self.pools():
+            if (wanted.namespace, wanted.pool) == (namespace, pool):
+                self._want_static(wanted)
 
     # -- the read side -------------------------------------------------------------------------------
 
-    def replicas(self, namespace: str, pool: str) -> tuple[Replica, ...]:
+    def replicas(self, pool: EppPool) -> tuple[Replica, ...]:
         """The pool's replica pages (static first, then discovered, each by name); empty when none.
 
-        A URL named by two pools (a repeated --gateway-url) belongs to the first that named it: its
+        A URL named by two pools (a repeated --gateway-url) belongs to the first that wanted it: its
         page is read for that pool only, and the other pool does not list it."""
-        key = (namespace, pool)
         found = [
-            *self._static.get(key, {}).values(),
-            *sorted(self._discovered.get(key, {}).values(), key=_name),
+            *self._static.get((pool.namespace, pool.pool), {}).values(),
+            *sorted(self._discovered.get(pool, {}).values(), key=_name),
         ]
-        return tuple(r for r in found if self._owner.get(r.url) == key)
+        return tuple(r for r in found if self._bound_to(r.url) == (pool.namespace, pool.pool))
 
-    def problem(self, namespace: str, pool: str) -> str | None:
-        return self._problems.get((namespace, pool))
+    def problem(self, pool: EppPool) -> str | None:
+        return self._problems.get(pool)
 
-    # -- bookkeeping ---------------------------------------------------------------------------------
-
-    def _use(self, key: PoolKey, replica: Replica) -> None:
-        url = replica.url
-        self._users[url] = self._users.get(url, 0) + 1
-        if self._users[url] > 1:
-            return
-        self._owner[url] = key
-        if self.sink is None:
-            self._pending.append((url, key, replica))
-        else:
-            self.sink.add_replica_page(url, key[0], key[1], replica.name)
-
-    def _release(self, url: str) -> None:
-        left = self._users.get(url, 0) - 1
-        if left > 0:
-            self._users[url] = left
-            # The page stays, read for a pool that still names it.
-            self._owner[url] = next(
-                key
-                for entries in (self._static, self._discovered)
-                for key, replicas in entries.items()
-                if any(r.url == url for r in replicas.values())
-            )
-            return
-        self._users.pop(url, None)
-        self._owner.pop(url, None)
-        if self.sink is not None:
-            self.sink.remove(url)
+    def _bound_to(self, url: str) -> PoolKey | None:
+        page = self._bindings.bound(url) if self._bindings is not None else None
+        return None if page is None else (page.namespace, page.pool)
 
 
-# An interest key nobody touches: waiting on it returns only when some other key becomes newly wanted.
-_NEVER_TOUCHED = object()
+def _page(pool: EppPool, replica: Replica) -> EppPage:
+    return EppPage(replica.url, pool.namespace, pool.pool, replica.name)
 
 
 def _name(replica: Replica) -> str:

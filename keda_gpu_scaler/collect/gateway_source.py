@@ -1,17 +1,15 @@
 """Gateway pages as store sources: each endpoint-picker replica page scraped by the gateway collector.
 
 The collector is the ScrapeCollector every other page goes through (fetcher, limits, store, failure
-rules); what differs is the reader (the gateways' families, filed under the replica's pool) and the
-interest (a page is scraped while some followed `pending` trigger reads its pool).
+rules); what differs is the reader (the gateways' families, filed under the replica's pool). A page is
+scraped while its pool wants it (collect/gateway.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from keda_gpu_scaler.collect.gateway import GatewayPages, PoolKey
-from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
 from keda_gpu_scaler.collect.scrape import (
     MAX_SERIES_PER_PAGE,
     NotOurPage,
@@ -29,20 +27,7 @@ from keda_gpu_scaler.gateways import (
     since,
     wrong_types,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaSamples:
-    """One endpoint-picker replica's series of the gateways' families, as Prometheus answered them."""
-
-    namespace: str
-    pool: str
-    replica: str
-    samples: tuple[Sample, ...]
-
-    @property
-    def pod(self) -> str:
-        return self.replica
+from keda_gpu_scaler.wanted import EppPage
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,21 +83,6 @@ def gateway_reader(namespace: str, pool: str, replica: str) -> PageReader:
     )
 
 
-class PoolInterest:
-    """Interest as the gateway collector sees it: a page's key is its pool, wanted while any followed
-    `pending` trigger reads that pool (whatever port it names)."""
-
-    def __init__(self, pages: GatewayPages) -> None:
-        self._pages = pages
-
-    def wanted(self, key: Hashable = SCRAPE_INTEREST) -> bool:
-        return isinstance(key, tuple) and len(key) == 2 and self._pages.is_wanted(key)
-
-    async def wait_until_wanted(self, timeout: float, key: Hashable = SCRAPE_INTEREST) -> None:
-        if not self.wanted(key):
-            await self._pages.wait_for_wanted(timeout)
-
-
 class GatewayCollectorSink:
     """GatewayPages' sink in the running scaler: one store source per replica page."""
 
@@ -122,15 +92,14 @@ class GatewayCollectorSink:
         # turned away is its growth since the previous page, which an unchanged page sets back to none.
         collector.reuse_unchanged_pages = False
 
-    def add_replica_page(self, url: str, namespace: str, pool: str, replica: str) -> None:
-        key: PoolKey = (namespace, pool)
+    def add_page(self, page: EppPage) -> None:
         self.collector.add(
-            url,
-            reader=gateway_reader(namespace, pool, replica),
+            page.url,
+            reader=gateway_reader(page.namespace, page.pool, page.replica),
             kind=SourceKind.GATEWAY,
-            namespace=namespace,
-            pod=replica,
-            interest_key=key,
+            namespace=page.namespace,
+            pod=page.replica,
+            interest_key=page,
         )
 
     def remove(self, url: str) -> None:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from keda_gpu_scaler.backoff import backoff_delay, jittered
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
-from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.prometheus_answer import (
+    FreshSeries,
     PrometheusError,
     ReplicaLost,
     Up,
@@ -25,7 +25,6 @@ from keda_gpu_scaler.collect.prometheus_answer import (
     lost_pod,
     lost_target,
     merged,
-    pod_targets,
     samples_with_times,
     seconds,
     target_of,
@@ -43,18 +42,20 @@ from keda_gpu_scaler.collect.promql import (
     up_query,
 )
 from keda_gpu_scaler.collect.store import Page, Reading, SourceKind, Store
+from keda_gpu_scaler.engines import PodSamples
 from keda_gpu_scaler.exposition import Sample
 from keda_gpu_scaler.gateways import NotAGatewayPage, QueueTable, since, table_from_samples
-from keda_gpu_scaler.supervise import supervised
 from keda_gpu_scaler.vendors import readings_from_samples
+from keda_gpu_scaler.wanted import PrometheusQuery, WantedSources
 
 log = logging.getLogger(__name__)
 
-PROMETHEUS_INTEREST = "prometheus"
-# Interest key kind of one namespace's inference-server series (SPEC §6) read through Prometheus.
-PROMETHEUS_INFERENCE_INTEREST = "prometheus-inference"
-# Interest key kind of one InferencePool's endpoint-picker series (SPEC §7) read through Prometheus.
-PROMETHEUS_GATEWAY_INTEREST = "prometheus-gateway"
+# What a PrometheusQuery asks for (wanted.PrometheusQuery.what).
+GPU_SERIES = "gpu"
+INFERENCE_SERIES = "inference"  # a namespace's inference-server series (SPEC §6)
+GATEWAY_SERIES = "gateway"  # one InferencePool's endpoint-picker series (SPEC §7)
+# What an endpoint picker's page must have series of (a replica whose page lacks them is lost, not gone).
+EPP_SERIES = "the endpoint picker's flow-control queue"
 
 # One upstream serves every namespace: a failing one is retried at most this many intervals apart, so
 # data comes back within about two intervals of Prometheus (or a refreshed token) coming back, without a
@@ -69,20 +70,6 @@ def sample_window(max_staleness: float, interval: float) -> float:
     the next one, so at query time it may be at most max-staleness less one interval old.
     """
     return max_staleness - interval if max_staleness > interval else max_staleness
-
-
-def prometheus_interest(namespace: str) -> tuple[str, str]:
-    return (PROMETHEUS_INTEREST, namespace)
-
-
-def prometheus_inference_interest(namespace: str) -> tuple[str, str]:
-    """Touched by inference triggers (`metric: requests|queue|kv_cache`) with `source: prometheus`."""
-    return (PROMETHEUS_INFERENCE_INTEREST, namespace)
-
-
-def prometheus_gateway_interest(namespace: str, pool: str) -> tuple[str, str, str]:
-    """Touched by `metric: pending` triggers with `source: prometheus`."""
-    return (PROMETHEUS_GATEWAY_INTEREST, namespace, pool)
 
 
 def gateway_source(namespace: str, pool: str) -> str:
@@ -126,7 +113,7 @@ class PrometheusCollector:
         *,
         client: PrometheusClient,
         store: Store,
-        interest: Interest,
+        wanted: WantedSources,
         interval: float,
         max_staleness: float,
         clock: Callable[[], float],
@@ -134,14 +121,14 @@ class PrometheusCollector:
     ) -> None:
         self._client = client
         self._store = store
-        self._interest = interest
+        self._wanted = wanted
         self._interval = interval
         self._window = sample_window(max_staleness, interval)
         self._clock = clock
         self._wall = wall_clock
         self._targets: dict[str, dict[Target, _TargetSource]] = {}
-        self._failing: set[str] = set()
-        self._inference_failing: set[str] = set()
+        # The queries whose last answer failed, each said once in the log until it answers again.
+        self._failing: set[PrometheusQuery] = set()
         # Per namespace, the pods its inference page has named, by the scrape targets that served them:
         # the only pods that get a source of their own when their series stop (see collect_inference_once).
         self._inference_pods: dict[str, dict[str, frozenset[Target]]] = {}
@@ -151,124 +138,78 @@ class PrometheusCollector:
         # (namespace, pool) → replica → its previous answer's queue: requests turned away for want of an
         # endpoint are the growth of a counter from one answer to the next (SPEC §7).
         self._gateway_previous: dict[tuple[str, str], dict[str, QueueTable]] = {}
-        self._gateway_failing: set[tuple[str, str]] = set()
         self._told_no_sample_times = False
         self._fleet_seen_until = float("-inf")
-        self._tasks: dict[Hashable, asyncio.Task[None]] = {}  # by interest key
-        self._supervisor: asyncio.Task[None] | None = None
+        self._tasks: dict[PrometheusQuery, asyncio.Task[None]] = {}
 
     def start(self) -> None:
-        # Ending would stop every namespace from being collected for good: logged and restarted instead.
-        self._supervisor = supervised(self._supervise, "prometheus namespaces")
+        """Collect every query wanted (now and from now on) while it is wanted."""
+        self._wanted.handle(PrometheusQuery, self._query_wanted, self._query_unwanted)
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._supervisor, *self._tasks.values()) if t is not None]
-        self._supervisor = None
+        tasks = list(self._tasks.values())
         self._tasks.clear()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _supervise(self) -> None:
-        # Never touched: waiting "until it is wanted" wakes on the first touch of any key, i.e. on a
-        # namespace asking for the first time, which then gets its data without waiting an interval.
-        any_new_interest: Hashable = object()
-        while True:
-            for key in self._interest.wanted_keys():
-                if key in self._tasks or not isinstance(key, tuple):
-                    continue
-                if len(key) == 3 and key[0] == PROMETHEUS_GATEWAY_INTEREST:
-                    namespace, pool = str(key[1]), str(key[2])
-                    self._tasks[key] = asyncio.create_task(
-                        self._run_gateway(namespace, pool), name=f"prometheus gateway {namespace}/{pool}"
-                    )
-                    continue
-                if len(key) != 2:
-                    continue
-                kind, namespace = key[0], str(key[1])
-                if kind == PROMETHEUS_INTEREST:
-                    run, name = self._run(namespace), f"prometheus {namespace}"
-                elif kind == PROMETHEUS_INFERENCE_INTEREST:
-                    run, name = self._run_inference(namespace), f"prometheus inference {namespace}"
-                else:
-                    continue
-                # A loop that raised is logged by _loop itself; this one starts it again while wanted.
-                self._tasks[key] = asyncio.create_task(run, name=name)
-            await self._interest.wait_until_wanted(self._interval, any_new_interest)
+    def _query_wanted(self, query: PrometheusQuery) -> None:
+        namespace, pool = query.namespace, query.pool
+        if query.what == GATEWAY_SERIES and pool is not None:
+            run = self._loop(
+                namespace,
+                lambda _: self.collect_gateway_once(namespace, pool),
+                f"gateway collection of {pool}",
+            )
+        elif query.what == INFERENCE_SERIES:
+            run = self._loop(namespace, self.collect_inference_once, "inference collection")
+        else:
+            run = self._loop(namespace, self.collect_once, "collection")
+        self._tasks[query] = asyncio.create_task(run, name=f"prometheus {query}")
 
-    async def _run(self, namespace: str) -> None:
-        """The namespace's GPU series, while wanted."""
-        await self._loop(
-            prometheus_interest(namespace), namespace, self.collect_once, self._forget, "collection"
-        )
+    def _query_unwanted(self, query: PrometheusQuery) -> None:
+        """No trigger asks for it any more: its loop ends and its sources go (a new call starts again)."""
+        task = self._tasks.pop(query, None)
+        if task is not None:
+            task.cancel()
+        self._failing.discard(query)
+        if query.what == GATEWAY_SERIES and query.pool is not None:
+            self._forget_gateway(query.namespace, query.pool)
+        elif query.what == INFERENCE_SERIES:
+            self._forget_inference(query.namespace)
+        else:
+            self._forget(query.namespace)
 
-    async def _run_inference(self, namespace: str) -> None:
-        """The namespace's inference-server series, while wanted."""
-        await self._loop(
-            prometheus_inference_interest(namespace),
-            namespace,
-            self.collect_inference_once,
-            self._forget_inference,
-            "inference collection",
-        )
-
-    async def _run_gateway(self, namespace: str, pool: str) -> None:
-        """One InferencePool's endpoint-picker series, while a `pending` trigger reads it."""
-        await self._loop(
-            prometheus_gateway_interest(namespace, pool),
-            namespace,
-            lambda _: self.collect_gateway_once(namespace, pool),
-            lambda _: self._forget_gateway(namespace, pool),
-            f"gateway collection of InferencePool {pool}",
-        )
-
-    async def _loop(
-        self,
-        key: Hashable,
-        namespace: str,
-        collect: Callable[[str], Awaitable[bool]],
-        forget: Callable[[str], None],
-        what: str,
-    ) -> None:
+    async def _loop(self, namespace: str, collect: Callable[[str], Awaitable[bool]], what: str) -> None:
+        """Collect now and every interval (backing off while it fails) until cancelled."""
         failures = 0
-        try:
-            while self._interest.wanted(key):
-                try:
-                    ok = await collect(namespace)
-                except Exception:
-                    # A bug must not end the namespace's collection for good: its data goes stale and
-                    # the calls say UNAVAILABLE, the log says why, and the next round tries again.
-                    log.exception("Prometheus source, namespace %s: %s failed", namespace, what)
-                    ok = False
-                failures = 0 if ok else failures + 1
-                delay = backoff_delay(
-                    failures, first=self._interval, cap=self._interval * MAX_BACKOFF_INTERVALS
-                )
-                # Jitter only shortens the wait: data must never be older than one interval because of it.
-                await asyncio.sleep(jittered(delay))
-            forget(namespace)
-        finally:
-            if self._tasks.get(key) is asyncio.current_task():
-                del self._tasks[key]
+        while True:
+            try:
+                ok = await collect(namespace)
+            except Exception:
+                # A bug must not end the namespace's collection for good: its data goes stale and
+                # the calls say UNAVAILABLE, the log says why, and the next round tries again.
+                log.exception("Prometheus source, namespace %s: %s failed", namespace, what)
+                ok = False
+            failures = 0 if ok else failures + 1
+            delay = backoff_delay(failures, first=self._interval, cap=self._interval * MAX_BACKOFF_INTERVALS)
+            # Jitter only shortens the wait: data must never be older than one interval because of it.
+            await asyncio.sleep(jittered(delay))
 
     def _forget(self, namespace: str) -> None:
-        """No trigger asks for the namespace any more: drop its sources (a new call starts again)."""
         for target in self._targets.pop(namespace, {}).values():
             self._store.remove_source(target.source)
         self._store.remove_source(_namespace_source(namespace))
-        self._failing.discard(namespace)
 
     def _forget_inference(self, namespace: str) -> None:
         self._inference_pods.pop(namespace, None)
         for pod in self._inference_missing.pop(namespace, set()):
             self._store.remove_source(pod_inference_source(namespace, pod))
         self._store.remove_source(inference_source(namespace))
-        self._inference_failing.discard(namespace)
 
     def _forget_gateway(self, namespace: str, pool: str) -> None:
         self._gateway_replicas.pop((namespace, pool), None)
         self._gateway_previous.pop((namespace, pool), None)
-        self._gateway_failing.discard((namespace, pool))
         self._store.remove_source(gateway_source(namespace, pool))
 
     async def collect_gateway_once(self, namespace: str, pool: str) -> bool:
@@ -282,63 +223,80 @@ class PrometheusCollector:
         older than the sample window is used, and the page is as old as its oldest sample kept.
         """
         at, now = round(self._wall() * 1000) / 1000, self._clock()
-        key = (namespace, pool)
+        query = PrometheusQuery(GATEWAY_SERIES, namespace, pool)
         source = gateway_source(namespace, pool)
         self._store.add_source(source, SourceKind.PROMETHEUS_GATEWAY, namespace)
-        seen = self._gateway_replicas.setdefault(key, {})
+        seen = self._gateway_replicas.setdefault((namespace, pool), {})
         try:
             samples = samples_with_times(
                 await self._client.query(gateway_query(namespace, pool), at, "gateway")
             )
-            found = gateway_replicas(samples, namespace, pool, at, self._window)
-            fresh = {r.replica for r in found.replicas}
-            lost = sorted(name for name in seen if name not in fresh)
-            ups: list[Up] = []
-            if lost:
-                asked = {t for name in lost for t in seen[name] | found.targets.get(name, frozenset())}
-                ups = up_series(
-                    samples_with_times(await self._client.query(up_query(namespace, lost, asked), at, "up"))
-                )
+            found = gateway_replicas(samples, namespace, at, self._window)
+            ups = await self._ups_of_lost(namespace, seen, found, at)
         except PrometheusError as error:
-            message = str(error)
-            self._store.record_failure(source, message)
-            if key not in self._gateway_failing:
-                self._gateway_failing.add(key)
-                log.warning("Prometheus source, InferencePool %s/%s: %s", namespace, pool, message)
-            return False
-        if samples and all(s.timestamp_ms == round(at * 1000) for s in samples):
-            self._no_sample_times()
-        if key in self._gateway_failing:
-            self._gateway_failing.discard(key)
-            log.info("Prometheus source, InferencePool %s/%s: answering again", namespace, pool)
+            return self._failed(query, source, error)
+        self._answered(query, samples, at)
         stale = set(found.stale)
+        fresh = {name for name, _ in found.by_pod}
         missing: list[ReplicaLost] = []
-        for name in lost:
-            why = lost_pod(namespace, name, seen[name], name in stale, ups, at, self._window)
+        for name in sorted(n for n in seen if n not in fresh):
+            why = lost_pod(namespace, name, seen[name], name in stale, ups, at, self._window, EPP_SERIES)
             if why is None:
                 del seen[name]  # Prometheus no longer has its target: the replica is gone
             else:
                 missing.append(ReplicaLost(namespace, name, why))
         queues: list[Reading] = []
-        previous = self._gateway_previous.get(key, {})
+        previous = self._gateway_previous.get((namespace, pool), {})
         tables: dict[str, QueueTable] = {}
-        for replica in found.replicas:
-            seen[replica.replica] = found.targets.get(replica.replica, frozenset())
+        for name, series in found.by_pod:
+            seen[name] = found.targets.get(name, frozenset())
             # Summed here, once per answer, as the scrape path does: not on every evaluation.
             try:
-                table = since(previous.get(replica.replica), table_from_samples(replica.samples))
+                table = since(previous.get(name), table_from_samples(series))
             except NotAGatewayPage as error:
-                queues.append(ReplicaLost(namespace, replica.replica, str(error)))
+                queues.append(ReplicaLost(namespace, name, str(error)))
             else:
-                tables[replica.replica] = table
-                queues.append(ReplicaQueue(namespace, pool, replica.replica, table))
+                tables[name] = table
+                queues.append(ReplicaQueue(namespace, pool, name, table))
         # A replica missing from this answer but not gone keeps its last queue as the baseline: what it
         # turned away meanwhile shows as growth when its series are back.
-        self._gateway_previous[key] = {**{n: t for n, t in previous.items() if n in seen}, **tables}
+        self._gateway_previous[(namespace, pool)] = {
+            **{n: t for n, t in previous.items() if n in seen},
+            **tables,
+        }
         collected_at = now if found.oldest is None else now - max(0.0, at - found.oldest)
         by_namespace: dict[str, tuple[Reading, ...]] = {namespace: (*queues, *missing)}
         self._store.record_page(Page(source, collected_at, by_namespace))
         return True
+
+    async def _ups_of_lost(
+        self, namespace: str, seen: dict[str, frozenset[Target]], found: FreshSeries, at: float
+    ) -> list[Up]:
+        """Prometheus' `up` series for the pods (or replicas) seen before without fresh series now."""
+        fresh = {name for name, _ in found.by_pod}
+        lost = sorted(name for name in seen if name not in fresh)
+        if not lost:
+            return []
+        asked = {t for name in lost for t in seen[name] | found.targets.get(name, frozenset())}
+        return up_series(
+            samples_with_times(await self._client.query(up_query(namespace, lost, asked), at, "up"))
+        )
+
+    def _failed(self, query: PrometheusQuery, source: str, error: PrometheusError) -> bool:
+        """A query without an answer: recorded on its source; said once in the log, until it answers."""
+        message = str(error)
+        self._store.record_failure(source, message)
+        if query not in self._failing:
+            self._failing.add(query)
+            log.warning("Prometheus source, %s: %s", _what(query), message)
+        return False
+
+    def _answered(self, query: PrometheusQuery, samples: Sequence[Sample], at: float) -> None:
+        if samples and all(s.timestamp_ms == round(at * 1000) for s in samples):
+            self._no_sample_times()
+        if query in self._failing:
+            self._failing.discard(query)
+            log.info("Prometheus source, %s: answering again", _what(query))
 
     async def collect_once(self, namespace: str) -> bool:
         """Query Prometheus for one namespace now and store the result. True when Prometheus answered."""
@@ -370,18 +328,9 @@ class PrometheusCollector:
             if not by_target and not known:
                 await self._check_fleet(at)
         except PrometheusError as error:
-            message = str(error)
             # Said once, on the namespace's source; the targets' pages just age ("last data 5.2s old").
-            self._store.record_failure(source, message)
-            if namespace not in self._failing:
-                self._failing.add(namespace)
-                log.warning("Prometheus source, namespace %s: %s", namespace, message)
-            return False
-        if samples and all(s.timestamp_ms == round(at * 1000) for s in samples):
-            self._no_sample_times()
-        if namespace in self._failing:
-            self._failing.discard(namespace)
-            log.info("Prometheus source, namespace %s: answering again", namespace)
+            return self._failed(PrometheusQuery(GPU_SERIES, namespace), source, error)
+        self._answered(PrometheusQuery(GPU_SERIES, namespace), samples, at)
 
         for target, series in by_target.items():
             self._record_target(namespace, target, series, at, now)
@@ -426,27 +375,13 @@ class PrometheusCollector:
                 await self._client.query(inference_query(namespace), at, "inference")
             )
             found = inference_pods(samples, namespace, at, self._window)
-            served_by = pod_targets(samples, namespace)
-            fresh = {p.pod for p in found.pods}
-            lost = sorted(pod for pod in seen if pod not in fresh)
-            ups: list[Up] = []
-            if lost:
-                asked = {t for pod in lost for t in seen[pod] | served_by.get(pod, frozenset())}
-                ups = up_series(
-                    samples_with_times(await self._client.query(up_query(namespace, lost, asked), at, "up"))
-                )
+            ups = await self._ups_of_lost(namespace, seen, found, at)
         except PrometheusError as error:
-            message = str(error)
-            self._store.record_failure(source, message)
-            if namespace not in self._inference_failing:
-                self._inference_failing.add(namespace)
-                log.warning("Prometheus source, namespace %s, inference series: %s", namespace, message)
-            return False
-        if samples and all(s.timestamp_ms == round(at * 1000) for s in samples):
-            self._no_sample_times()
-        if namespace in self._inference_failing:
-            self._inference_failing.discard(namespace)
-            log.info("Prometheus source, namespace %s, inference series: answering again", namespace)
+            return self._failed(PrometheusQuery(INFERENCE_SERIES, namespace), source, error)
+        self._answered(PrometheusQuery(INFERENCE_SERIES, namespace), samples, at)
+        served_by = found.targets
+        fresh = {pod for pod, _ in found.by_pod}
+        lost = sorted(pod for pod in seen if pod not in fresh)
         if found.stale:
             log.debug(
                 "Prometheus source, namespace %s: no fresh inference series for pods %s",
@@ -455,7 +390,8 @@ class PrometheusCollector:
             )
         collected_at = now if found.oldest is None else now - max(0.0, at - found.oldest)
         # Elements of this kind are PodSamples, not GPU readings (store.SourceKind.PROMETHEUS_INFERENCE).
-        by_namespace: dict[str, tuple[Reading, ...]] = {namespace: found.pods}
+        pods = tuple(PodSamples(namespace, pod, series) for pod, series in found.by_pod)
+        by_namespace: dict[str, tuple[Reading, ...]] = {namespace: pods}
         self._store.record_page(Page(source, collected_at, by_namespace))
         # With the page, in the same step: no evaluation sees the pod gone from both.
         missing = self._inference_missing.setdefault(namespace, set())
@@ -559,6 +495,15 @@ class PrometheusCollector:
                 "Prometheus holds no current series of any GPU exporter family: is it scraping the exporters?"
             )
         self._fleet_seen_until = at + self._interval
+
+
+def _what(query: PrometheusQuery) -> str:
+    """A query as the log names it."""
+    if query.what == GATEWAY_SERIES:
+        return f"InferencePool {query.namespace}/{query.pool}"
+    if query.what == INFERENCE_SERIES:
+        return f"namespace {query.namespace}, inference series"
+    return f"namespace {query.namespace}"
 
 
 def _namespace_source(namespace: str) -> str:

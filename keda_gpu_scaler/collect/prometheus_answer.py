@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from keda_gpu_scaler.collect.gateway_source import ReplicaSamples
 from keda_gpu_scaler.collect.promql import TIMESTAMP_LABEL, Target
-from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES, PodKey, PodSamples, pod_of
+from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES, PodKey, pod_of
 from keda_gpu_scaler.exposition import Sample
 from keda_gpu_scaler.gateways import GATEWAY_SAMPLE_NAMES
 from keda_gpu_scaler.jsonpieces import OFF_LOOP_BYTES, TooManyItems, loads_in_pieces
@@ -187,66 +186,70 @@ def seconds(sample: Sample) -> float:
 
 
 @dataclass(frozen=True, slots=True)
-class InferencePods:
-    """A namespace's inference-server series from one answer, grouped by pod and checked for age."""
+class FreshSeries:
+    """One answer's series grouped by the pod (or endpoint-picker replica) they belong to, checked for age."""
 
-    pods: tuple[PodSamples, ...]  # pods with fresh series, by pod name; each pod's series in a fixed order
-    oldest: float | None  # the time (s) of the oldest sample kept; None when no pod is kept
-    stale: tuple[str, ...]  # pods left out: every series of theirs older than the window
+    # Those with fresh series, by name, each with its series in a fixed order (Prometheus answers in
+    # none: sorted, one set of series always makes one equal page).
+    by_pod: tuple[tuple[str, tuple[Sample, ...]], ...]
+    oldest: float | None  # the time (s) of the oldest sample kept; None when none is kept
+    stale: tuple[str, ...]  # those left out: every series of theirs older than the window
+    targets: dict[str, frozenset[Target]]  # the scrape targets that served each, fresh or not
 
 
-def inference_pods(samples: Iterable[Sample], namespace: str, at: float, window: float) -> InferencePods:
-    """The stamped samples of an inference query, as one PodSamples per pod of `namespace`.
+def fresh_series(
+    samples: Iterable[Sample],
+    names: frozenset[str],
+    pod_of_labels: Callable[[dict[str, str]], str | None],
+    at: float,
+    window: float,
+) -> FreshSeries:
+    """The stamped samples of `names` grouped by `pod_of_labels` (None: not one of ours, left out).
 
-    The pod comes from engines.pod_of (`exported_namespace`/`exported_pod` first, then `namespace`/`pod`);
-    series naming no pod, or a pod of another namespace, are left out. A series whose sample is more than
-    `window` seconds older than the query time `at` is left out too, and a pod with no series left is
-    not in the answer at all: stale values are never used, and the pod is one without data (a missing
-    pod, for the evaluator) rather than one reading old numbers.
+    A series whose sample is more than `window` seconds older than the query time `at` is left out, and
+    a pod with no series left is not in the answer at all: stale values are never used, and the pod is
+    one without data (a missing pod, for the evaluator) rather than one reading old numbers; the caller
+    decides what its absence means.
     """
-    by_pod: dict[str, list[Sample]] = {}
+    grouped: dict[str, list[Sample]] = {}
     stale: set[str] = set()
+    targets: dict[str, set[Target]] = {}
     for sample in samples:
-        if sample.name not in ENGINE_SAMPLE_NAMES:
+        if sample.name not in names:
             continue
-        key = pod_of(sample.labels)
-        if key is None or key[0] != namespace:
+        pod = pod_of_labels(sample.labels)
+        if pod is None:
             continue
+        targets.setdefault(pod, set()).add(target_of(sample.labels))
         if at - seconds(sample) > window:
-            stale.add(key[1])
+            stale.add(pod)
             continue
-        by_pod.setdefault(key[1], []).append(sample)
-    pods = []
+        grouped.setdefault(pod, []).append(sample)
+    by_pod = []
     oldest: float | None = None
-    for pod in sorted(by_pod):
-        # Prometheus answers in no fixed order: sorted, one set of series always makes one equal page.
-        series = sorted(by_pod[pod], key=lambda s: (s.name, sorted(s.labels.items())))
-        pods.append(PodSamples(namespace, pod, tuple(series)))
+    for pod in sorted(grouped):
+        series = tuple(sorted(grouped[pod], key=lambda s: (s.name, sorted(s.labels.items()))))
+        by_pod.append((pod, series))
         first = min(seconds(s) for s in series)
         oldest = first if oldest is None else min(oldest, first)
-    return InferencePods(tuple(pods), oldest, tuple(sorted(stale - by_pod.keys())))
+    return FreshSeries(
+        tuple(by_pod),
+        oldest,
+        tuple(sorted(stale - grouped.keys())),
+        {pod: frozenset(found) for pod, found in targets.items()},
+    )
 
 
-def pod_targets(samples: Iterable[Sample], namespace: str) -> dict[str, frozenset[Target]]:
-    """The scrape targets (job, instance) that served each pod's inference series, fresh or not."""
-    by_pod: dict[str, set[Target]] = {}
-    for sample in samples:
-        if sample.name not in ENGINE_SAMPLE_NAMES:
-            continue
-        key = pod_of(sample.labels)
-        if key is not None and key[0] == namespace:
-            by_pod.setdefault(key[1], set()).add(target_of(sample.labels))
-    return {pod: frozenset(targets) for pod, targets in by_pod.items()}
+def inference_pods(samples: Iterable[Sample], namespace: str, at: float, window: float) -> FreshSeries:
+    """An inference query's series by pod of `namespace`: the pod comes from engines.pod_of
+    (`exported_namespace`/`exported_pod` first, then `namespace`/`pod`); series naming no pod, or a pod
+    of another namespace, are left out."""
 
+    def pod_in_namespace(labels: dict[str, str]) -> str | None:
+        key = pod_of(labels)
+        return key[1] if key is not None and key[0] == namespace else None
 
-@dataclass(frozen=True, slots=True)
-class GatewayReplicas:
-    """One InferencePool's endpoint-picker series from one answer, grouped by EPP replica, checked for age."""
-
-    replicas: tuple[ReplicaSamples, ...]  # replicas with fresh series, by name
-    oldest: float | None  # the time (s) of the oldest sample kept; None when no replica is kept
-    stale: tuple[str, ...]  # replicas left out: every series of theirs older than the window
-    targets: dict[str, frozenset[Target]]  # the scrape targets that served each replica, fresh or not
+    return fresh_series(samples, ENGINE_SAMPLE_NAMES, pod_in_namespace, at, window)
 
 
 def replica_of(labels: dict[str, str]) -> str:
@@ -254,40 +257,13 @@ def replica_of(labels: dict[str, str]) -> str:
     return labels.get("pod") or labels.get("instance") or labels.get("job") or "(unnamed target)"
 
 
-def gateway_replicas(
-    samples: Iterable[Sample], namespace: str, pool: str, at: float, window: float
-) -> GatewayReplicas:
-    """The stamped samples of a gateway query, as one ReplicaSamples per EPP replica of the pool.
+def gateway_replicas(samples: Iterable[Sample], namespace: str, at: float, window: float) -> FreshSeries:
+    """A gateway query's series by endpoint-picker replica of `namespace`."""
 
-    As for inference pods: a series more than `window` seconds older than `at` is left out, and a
-    replica with none left is not in the answer (never old values); the caller decides what its
-    absence means.
-    """
-    by_replica: dict[str, list[Sample]] = {}
-    stale: set[str] = set()
-    targets: dict[str, set[Target]] = {}
-    for sample in samples:
-        if sample.name not in GATEWAY_SAMPLE_NAMES or sample.labels.get("namespace") != namespace:
-            continue
-        replica = replica_of(sample.labels)
-        targets.setdefault(replica, set()).add(target_of(sample.labels))
-        if at - seconds(sample) > window:
-            stale.add(replica)
-            continue
-        by_replica.setdefault(replica, []).append(sample)
-    replicas = []
-    oldest: float | None = None
-    for name in sorted(by_replica):
-        series = sorted(by_replica[name], key=lambda s: (s.name, sorted(s.labels.items())))
-        replicas.append(ReplicaSamples(namespace, pool, name, tuple(series)))
-        first = min(seconds(s) for s in series)
-        oldest = first if oldest is None else min(oldest, first)
-    return GatewayReplicas(
-        tuple(replicas),
-        oldest,
-        tuple(sorted(stale - by_replica.keys())),
-        {name: frozenset(found) for name, found in targets.items()},
-    )
+    def replica_in_namespace(labels: dict[str, str]) -> str | None:
+        return replica_of(labels) if labels.get("namespace") == namespace else None
+
+    return fresh_series(samples, GATEWAY_SAMPLE_NAMES, replica_in_namespace, at, window)
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,8 +303,10 @@ def lost_pod(
     ups: Iterable[Up],
     at: float,
     window: float,
+    serves: str = "a known inference server",
 ) -> str | None:
-    """Why a pod that had fresh inference series and has none now still counts, or None: it is gone.
+    """Why a pod that had fresh series and has none now still counts, or None: it is gone. `serves`:
+    what its page must have series of (an inference server's, an endpoint picker's flow control).
 
     Decided by Prometheus' own `up` series of the scrape targets that served the pod (`targets`) and of
     any target whose labels name the pod. None of them any more means service discovery dropped the
@@ -353,7 +331,7 @@ def lost_pod(
     if stale:
         return "its series stopped updating in Prometheus (sample times older than the max staleness)"
     if any(u.pod == (namespace, pod) for u in current):
-        return "Prometheus scrapes it, but its page has no series of a known inference server"
+        return f"Prometheus scrapes it, but its page has no series of {serves}"
     if not current:
         newest = max(relevant, key=lambda u: u.time)
         return f"Prometheus has not scraped {_target_text(newest.target)} for {at - newest.time:.0f}s"

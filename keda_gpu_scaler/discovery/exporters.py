@@ -1,16 +1,14 @@
-"""Exporter discovery: scrape exactly the GPU exporters that run on nodes where target pods run.
+"""Exporter discovery: which GPU exporter pages serve the nodes where target pods run.
 
-Kept by counting, one change at a time: how many followed selections occupy each node, and which
-exporter URLs each node has. A URL is handed to the scrape collector when its node becomes wanted or
-its exporter pod appears on a wanted node, and taken back when either stops.
+Triggers want the nodes their target pods occupy (wanted.ExporterNode, from their subscriptions);
+here each wanted node wants the pages of the exporter pods running on it (wanted.ExporterPage), kept
+current from a watch of the exporter pods: one change at a time, as exporters come and go.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from collections.abc import Callable, Collection, Mapping
-from typing import Protocol
+from collections.abc import Callable, Mapping
 
 from prometheus_client import Gauge
 
@@ -19,36 +17,29 @@ from keda_gpu_scaler.discovery.informer import PodInformer
 from keda_gpu_scaler.discovery.pods import PodInfo, exporter_url
 from keda_gpu_scaler.discovery.selectors import ExporterSelector
 from keda_gpu_scaler.errors import NoData
+from keda_gpu_scaler.wanted import ExporterNode, ExporterPage, WantedSources
 
 log = logging.getLogger(__name__)
-
-
-class ExporterSink(Protocol):
-    """Where discovered exporter URLs go (the scrape collector)."""
-
-    def add(self, url: str) -> None: ...
-
-    def remove(self, url: str) -> None: ...
 
 
 class ExporterDiscovery:
     def __init__(
         self,
         selectors: tuple[ExporterSelector, ...],
-        static_urls: Collection[str],
+        static: bool,
         gauge: Gauge,
+        wanted: WantedSources,
     ) -> None:
         self._selectors = selectors
-        self._static = frozenset(static_urls)
+        self._static = static  # --exporter-url given: exporters need not be found on the target nodes
         self._gauge = gauge
-        self.sink: ExporterSink | None = None
+        self._wanted = wanted
         self._informers: list[tuple[ExporterSelector, PodInformer]] = []
-        self._node_refs: Counter[str] = Counter()  # node → selections with pods there
+        self._nodes: set[str] = set()  # the wanted nodes
         # node → {(exporter selector index, exporter pod key): URL}
         self._by_node: dict[str, dict[tuple[int, str], str]] = {}
-        self._url_refs: Counter[str] = Counter()  # URLs of exporters on wanted nodes (a URL may repeat)
-        self._url_nodes: dict[str, str] = {}
         self.version = 0  # moves on whenever the set of nodes with an exporter changes
+        wanted.handle(ExporterNode, self._node_wanted, self._node_unwanted)
 
     # --- watching the exporter pods -------------------------------------------------------------------
 
@@ -79,32 +70,48 @@ class ExporterDiscovery:
         for _, informer in self._informers:
             informer.close()
         self._informers = []
-        for url in list(self._url_refs):
-            self._drop_url(url, "discovery follows no ScaledObject")
-        self._url_refs.clear()
         self._by_node.clear()
-        self._node_refs.clear()
+        for node in self._nodes:
+            self._want(node)
         self.version += 1
-        self._gauge.set(0)
 
     async def stop(self) -> None:
         informers, self._informers = self._informers, []
         for _, informer in informers:
             await informer.stop()
 
-    # --- counting -------------------------------------------------------------------------------------
+    # --- the pages each wanted node wants -----------------------------------------------------------
 
-    def node(self, node: str, delta: int) -> None:
-        """A selection started (+1) or stopped (-1) having pods that occupy node."""
-        self._node_refs[node] += delta
-        count = self._node_refs[node]
-        if count == 1 and delta > 0:
-            for url in self._by_node.get(node, {}).values():
-                self._take_url(url, node)
-        elif count <= 0:
-            del self._node_refs[node]
-            for url in self._by_node.get(node, {}).values():
-                self._give_url(url)
+    def _node_wanted(self, source: ExporterNode) -> None:
+        self._nodes.add(source.node)
+        self._want(source.node)
+
+    def _node_unwanted(self, source: ExporterNode) -> None:
+        self._nodes.discard(source.node)
+        self._wanted.release(source)
+        self._count()
+
+    def _want(self, node: str) -> None:
+        if node not in self._nodes:
+            return
+        owner = ExporterNode(node)
+        before = self._wanted.of_owner(owner)
+        pages = {ExporterPage(url) for url in self._by_node.get(node, {}).values()}
+        if pages == before:
+            return
+        for page in pages - before:
+            log.info("exporter %s on node %s serves target pods: scraped", page.url, node)
+        for gone in before - pages:
+            log.info(
+                "exporter %s no longer serves a target node (%s): not scraped",
+                getattr(gone, "url", gone),
+                node,
+            )
+        self._wanted.want(owner, pages)
+        self._count()
+
+    def _count(self) -> None:
+        self._gauge.set(len({url for node in self._nodes for url in self._by_node.get(node, {}).values()}))
 
     def _exporter_pod(self, index: int, old: PodInfo | None, new: PodInfo | None) -> None:
         key = (index, (new or old).key)  # type: ignore[union-attr]
@@ -117,12 +124,11 @@ class ExporterDiscovery:
                 return
         if old is not None and old.node is not None:
             urls = self._by_node.get(old.node)
-            url = urls.pop(key, None) if urls is not None else None
+            if urls is not None:
+                urls.pop(key, None)
             if urls is not None and not urls:
                 del self._by_node[old.node]
                 self.version += 1
-            if url is not None and old.node in self._node_refs:
-                self._give_url(url)
         if new is not None and new.node is not None:
             url = exporter_url(new, exporter)
             if url is not None:
@@ -130,37 +136,14 @@ class ExporterDiscovery:
                 if not urls:
                     self.version += 1
                 urls[key] = url
-                if new.node in self._node_refs:
-                    self._take_url(url, new.node)
-
-    def _take_url(self, url: str, node: str) -> None:
-        self._url_refs[url] += 1
-        if self._url_refs[url] == 1:
-            self._url_nodes[url] = node
-            self._gauge.set(len(self._url_refs))
-            log.info("exporter %s on node %s serves target pods: scraped", url, node)
-            if self.sink is not None:
-                self.sink.add(url)
-
-    def _give_url(self, url: str) -> None:
-        self._url_refs[url] -= 1
-        if self._url_refs[url] <= 0:
-            del self._url_refs[url]
-            self._drop_url(url, "no longer serves a target node")
-            self._gauge.set(len(self._url_refs))
-
-    def _drop_url(self, url: str, why: str) -> None:
-        self._url_nodes.pop(url, None)
-        if url in self._static:
-            return
-        log.info("exporter %s %s: not scraped", url, why)
-        if self.sink is not None:
-            self.sink.remove(url)
+                self._want(new.node)
+        if old is not None and old.node is not None:
+            self._want(old.node)
 
     @property
     def discovered(self) -> Mapping[str, str]:
-        """URL → node of the exporters being scraped because of discovery."""
-        return self._url_nodes
+        """URL → node of the exporters read because a target pod runs on their node."""
+        return {url: node for node in self._nodes for url in self._by_node.get(node, {}).values()}
 
     # --- answering ------------------------------------------------------------------------------------
 

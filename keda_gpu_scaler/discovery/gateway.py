@@ -1,20 +1,21 @@
 """Which endpoint picker (EPP) pages a pool's gateway queue is read from, kept current by watches.
 
-For each (namespace, InferencePool) that a followed `pending` trigger names: the InferencePool →
-its `spec.endpointPickerRef` (a Service of the same namespace) → that Service's selector → its Ready
-pods → `SCHEME://POD_IP:PORT/metrics`. Three watches per pool (the pool and the Service by name, the
-pods by the Service's labels), so a new EPP replica reaches the gateway source as its Ready event
-arrives, and a pool created after the trigger is read without a restart. Nothing outside the
-ScaledObject's own namespace is ever watched: the pool, the Service and the pods are all looked up
-there.
+For each (namespace, InferencePool, metrics port) that a followed `pending` trigger wants
+(wanted.EppPool): the InferencePool → its `spec.endpointPickerRef` (a Service of the same namespace)
+→ that Service's selector → its Ready pods → `SCHEME://POD_IP:PORT/metrics`. One watch per namespace
+for its InferencePools (however many pool names triggers give: a name that does not exist costs a
+look-up in that watch's cache, not a watch of its own), and for each wanted pool that exists, one for
+its Service by name and one for the pods it selects: a new EPP replica reaches the gateway source as
+its Ready event arrives, and a pool created after the trigger is read without a restart. Nothing
+outside the ScaledObject's own namespace is ever watched.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from keda_gpu_scaler.backoff import backoff_delay
@@ -22,6 +23,7 @@ from keda_gpu_scaler.discovery.api import INFERENCE_POOLS, SERVICES, KubeApi
 from keda_gpu_scaler.discovery.informer import ObjectInformer, PodInformer
 from keda_gpu_scaler.discovery.pods import PodInfo
 from keda_gpu_scaler.discovery.tls_probe import serves_tls
+from keda_gpu_scaler.wanted import EppPool
 
 log = logging.getLogger(__name__)
 
@@ -31,27 +33,26 @@ METRICS_PATH = "/metrics"
 PROBE_RETRY_SECONDS = 0.5
 PROBE_RETRY_CAP_SECONDS = 10.0
 
-PoolKey = tuple[str, str]  # (namespace, InferencePool name)
 # Whether a server speaks TLS on (host, port): True or False, or raises OSError/TimeoutError.
 TlsProbe = Callable[[str, int], Awaitable[bool]]
 
 
 class GatewaySink(Protocol):
-    """Where each pool's EPP pages go (the gateway source): its replicas, or why there are none."""
+    """Where each wanted pool's EPP pages go (the gateway source): its replicas, or why there are none."""
 
-    def set_replicas(self, namespace: str, pool: str, replicas: Mapping[str, str]) -> None: ...
+    def set_replicas(self, pool: EppPool, replicas: Mapping[str, str]) -> None: ...
 
-    def set_problem(self, namespace: str, pool: str, message: str) -> None: ...
+    def set_problem(self, pool: EppPool, message: str) -> None: ...
 
-    def forget(self, namespace: str, pool: str) -> None: ...
+    def forget(self, pool: EppPool) -> None: ...
 
 
 class GatewayBook(GatewaySink, Protocol):
     """The gateway source as discovery sees it: which pools are wanted, and where their pages go."""
 
-    def wanted(self) -> dict[PoolKey, int]: ...
+    on_pools: Callable[[], None]  # set by discovery: called whenever pools() changes
 
-    async def wait_for_wanted(self, timeout: float) -> None: ...
+    def pools(self) -> list[EppPool]: ...
 
 
 def epp_url(ip: str, port: int, https: bool) -> str:
@@ -78,30 +79,36 @@ class _Probe:
 
 @dataclass(eq=False)
 class _Pool:
-    """The watches of one (namespace, pool) and what was last handed to the sink."""
+    """One wanted pool name of a namespace: the watches of its picker, and what each port was given."""
 
     namespace: str
     name: str
-    port: int
-    pool: ObjectInformer | None = None
+    pools: ObjectInformer  # the namespace's InferencePools (shared by its pools)
+    ports: set[int] = field(default_factory=set)
     service: ObjectInformer | None = None
     service_name: str | None = None
     pods: PodInformer | None = None
     pod_selector: str | None = None
-    published: tuple[str, object] | None = None  # ("replicas", mapping) or ("problem", message)
+    published: dict[int, tuple[str, object]] = field(default_factory=dict)  # per port: what the sink has
 
     @property
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
 
 
+@dataclass(eq=False)
+class _Namespace:
+    pools: ObjectInformer
+    wanted: dict[str, _Pool] = field(default_factory=dict)
+
+
 class GatewayDiscovery:
     """Follows the EPP replicas of every wanted pool and hands them (or the reason there are none) to a sink.
 
-    `set_wanted({(namespace, pool): port})` says which pools to follow now (the caller guarantees each
-    namespace is that of a followed ScaledObject); pools left out stop being watched and are forgotten
+    `set_wanted(pools)` says which (namespace, pool, port) to follow now (the caller guarantees each
+    namespace is that of a followed ScaledObject); those left out stop being watched and are forgotten
     by the sink. Whether an EPP serves HTTPS is found once per address by `probe` (a TLS handshake):
-    its page URL says https exactly where it does.
+    its page URL says https exactly where it does. A probe ends with the last pool that reads its address.
     """
 
     def __init__(
@@ -116,32 +123,56 @@ class GatewayDiscovery:
         self._sink = sink
         self._probe = probe
         self._on_restart = on_restart
-        self._pools: dict[PoolKey, _Pool] = {}
+        self._namespaces: dict[str, _Namespace] = {}
         self._probes: dict[tuple[str, int], _Probe] = {}  # (pod IP, port) → its scheme
 
     @property
-    def pools(self) -> Mapping[PoolKey, object]:
-        return self._pools
+    def pools(self) -> Mapping[tuple[str, str], object]:
+        return {
+            (ns, name): pool for ns, space in self._namespaces.items() for name, pool in space.wanted.items()
+        }
 
-    def set_wanted(self, wanted: Mapping[PoolKey, int]) -> None:
-        """Follow exactly these pools, each read at its EPP metrics port."""
-        for key in [k for k in self._pools if k not in wanted]:
-            self._drop(self._pools[key])
-            self._sink.forget(*key)
-        for (namespace, pool), port in wanted.items():
-            entry = self._pools.get((namespace, pool))
-            if entry is None:
-                self._start(namespace, pool, port)
-            elif entry.port != port:
-                entry.port = port
-                self._publish(entry)
+    def set_wanted(self, wanted: Iterable[EppPool]) -> None:
+        """Follow exactly these pools, each at the metrics ports given."""
+        ports: dict[tuple[str, str], set[int]] = {}
+        for pool in wanted:
+            ports.setdefault((pool.namespace, pool.pool), set()).add(pool.port)
+        for namespace, space in self._namespaces.items():
+            for name, gone in list(space.wanted.items()):
+                if (namespace, name) not in ports:
+                    self._drop(space, gone)
+        for (namespace, name), wanted_ports in ports.items():
+            self._set_ports(namespace, name, wanted_ports)
+        # Last: a namespace whose pools were all replaced by others keeps its InferencePool watch.
+        for namespace, space in list(self._namespaces.items()):
+            if not space.wanted:
+                space.pools.close()
+                del self._namespaces[namespace]
+        self._end_unused_probes()
+
+    def _set_ports(self, namespace: str, name: str, wanted_ports: set[int]) -> None:
+        space = self._namespaces.get(namespace)
+        if space is None:
+            space = self._namespaces[namespace] = self._watch_namespace(namespace)
+        entry = space.wanted.get(name)
+        if entry is None:
+            entry = space.wanted[name] = _Pool(namespace, name, space.pools)
+            if space.pools.synced:
+                self._pool_changed(entry, space.pools.spec(name))
+        for port in entry.ports - wanted_ports:
+            entry.published.pop(port, None)
+            self._sink.forget(EppPool(namespace, name, port))
+        entry.ports = set(wanted_ports)
+        self._publish(entry)
 
     async def stop(self) -> None:
-        pools, self._pools = self._pools, {}
-        for entry in pools.values():
-            for informer in (entry.pool, entry.service, entry.pods):
-                if informer is not None:
-                    await informer.stop()
+        spaces, self._namespaces = self._namespaces, {}
+        for space in spaces.values():
+            await space.pools.stop()
+            for entry in space.wanted.values():
+                for informer in (entry.service, entry.pods):
+                    if informer is not None:
+                        await informer.stop()
         probes, self._probes = self._probes, {}
         tasks = [p.task for p in probes.values() if p.task is not None]
         for task in tasks:
@@ -150,27 +181,38 @@ class GatewayDiscovery:
 
     # --- internals ------------------------------------------------------------------------------------
 
-    def _start(self, namespace: str, pool: str, port: int) -> None:
-        entry = _Pool(namespace, pool, port)
-        self._pools[(namespace, pool)] = entry
-        entry.pool = ObjectInformer(
+    def _watch_namespace(self, namespace: str) -> _Namespace:
+        def on_pool(name: str, spec: Mapping[str, Any] | None) -> None:
+            entry = space.wanted.get(name)
+            if entry is not None:
+                self._pool_changed(entry, spec)
+
+        def on_status() -> None:
+            for entry in list(space.wanted.values()):
+                self._publish(entry)
+
+        pools = ObjectInformer(
             self._api,
             INFERENCE_POOLS,
             namespace,
-            name=pool,
-            on_object=lambda _, spec: self._pool_changed(entry, spec),
+            on_pool,
             on_restart=self._on_restart,
-            on_status=lambda: self._publish(entry),
+            on_status=on_status,
         )
-        entry.pool.start()
-        self._publish(entry)
+        space = _Namespace(pools)
+        pools.start()
+        return space
 
-    def _drop(self, entry: _Pool) -> None:
-        del self._pools[(entry.namespace, entry.name)]
-        for informer in (entry.pool, entry.service, entry.pods):
+    def _drop(self, space: _Namespace, entry: _Pool) -> None:
+        del space.wanted[entry.name]
+        for informer in (entry.service, entry.pods):
             if informer is not None:
                 informer.close()
-        entry.pool = entry.service = entry.pods = None
+        entry.service = entry.pods = None
+        for port in entry.ports:
+            self._sink.forget(EppPool(entry.namespace, entry.name, port))
+        entry.ports = set()
+        entry.published.clear()
 
     def _pool_changed(self, entry: _Pool, spec: Mapping[str, Any] | None) -> None:
         name: str | None = None
@@ -226,10 +268,28 @@ class GatewayDiscovery:
     def _pod_changed(self, entry: _Pool, old: PodInfo | None, new: PodInfo | None) -> None:
         if old is not None and old.ip is not None and (new is None or new.ip != old.ip):
             # The address went with the pod: another pod may get it, serving otherwise.
-            probe = self._probes.pop((old.ip, entry.port), None)
-            if probe is not None and probe.task is not None:
-                probe.task.cancel()
+            for port in entry.ports:
+                probe = self._probes.pop((old.ip, port), None)
+                if probe is not None and probe.task is not None:
+                    probe.task.cancel()
         self._publish(entry)
+        self._end_unused_probes()
+
+    def _end_unused_probes(self) -> None:
+        """Probes of addresses no wanted pool reads any more end (and are forgotten)."""
+        used = {
+            (pod.ip, port)
+            for space in self._namespaces.values()
+            for entry in space.wanted.values()
+            if entry.pods is not None
+            for pod in entry.pods.pods.values()
+            if pod.ip
+            for port in entry.ports
+        }
+        for key in [k for k in self._probes if k not in used]:
+            probe = self._probes.pop(key)
+            if probe.task is not None:
+                probe.task.cancel()
 
     def _scheme(self, ip: str, port: int) -> _Probe:
         """What is known of (ip, port); starts finding out if nothing is."""
@@ -268,14 +328,14 @@ class GatewayDiscovery:
         self._publish_all()
 
     def _publish_all(self) -> None:
-        for entry in list(self._pools.values()):
-            self._publish(entry)
+        for space in list(self._namespaces.values()):
+            for entry in list(space.wanted.values()):
+                self._publish(entry)
 
-    def _state(self, entry: _Pool) -> tuple[str, object]:
-        """What the sink should know about the pool now: its replicas' pages, or why it has none."""
+    def _state(self, entry: _Pool, port: int) -> tuple[str, object]:
+        """What the sink should know about the pool at a port now: its replicas' pages, or why it has none."""
         what = f"InferencePool {entry.ref}"
-        informer = entry.pool
-        assert informer is not None
+        informer = entry.pools
         # A watch failing after its first list keeps what it last read (client-go's informers do too): the
         # pickers already known are still read, rather than the pool turning UNAVAILABLE for the backoff.
         if informer.error is not None and not informer.synced:
@@ -331,30 +391,30 @@ class GatewayDiscovery:
         unknown: list[str] = []
         for pod in ready:
             assert pod.ip is not None
-            probe = self._scheme(pod.ip, entry.port)
+            probe = self._scheme(pod.ip, port)
             if probe.https is None:
                 unknown.append(f"{pod.name}: {probe.error or 'connecting'}")
             else:
-                replicas[pod.name] = epp_url(pod.ip, entry.port, probe.https)
+                replicas[pod.name] = epp_url(pod.ip, port, probe.https)
         if not replicas:
             # Not read before it is known whether it serves HTTPS: the token goes over verified TLS only.
             return "problem", (
-                f"endpoint picker pods of {what} not reachable on metrics port {entry.port} yet"
+                f"endpoint picker pods of {what} not reachable on metrics port {port} yet"
                 f" ({'; '.join(unknown)})"
             )
         return "replicas", replicas
 
     def _publish(self, entry: _Pool) -> None:
-        if entry.pool is None:
-            return  # dropped
-        state = self._state(entry)
-        if state == entry.published:
-            return
-        entry.published = state
-        kind, value = state
-        if kind == "replicas":
-            assert isinstance(value, dict)
-            log.info("InferencePool %s: endpoint picker pages %s", entry.ref, sorted(value.values()))
-            self._sink.set_replicas(entry.namespace, entry.name, dict(value))
-        else:
-            self._sink.set_problem(entry.namespace, entry.name, str(value))
+        for port in sorted(entry.ports):
+            state = self._state(entry, port)
+            if state == entry.published.get(port):
+                continue
+            entry.published[port] = state
+            kind, value = state
+            pool = EppPool(entry.namespace, entry.name, port)
+            if kind == "replicas":
+                assert isinstance(value, dict)
+                log.info("InferencePool %s: endpoint picker pages %s", entry.ref, sorted(value.values()))
+                self._sink.set_replicas(pool, dict(value))
+            else:
+                self._sink.set_problem(pool, str(value))

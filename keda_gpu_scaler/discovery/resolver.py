@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,39 +14,40 @@ from prometheus_client import Counter, Gauge
 
 from keda_gpu_scaler.backoff import backoff_delay, jittered
 from keda_gpu_scaler.discovery.api import SCALED_OBJECTS, KubeApi, KubeError, connect
-from keda_gpu_scaler.discovery.exporters import ExporterDiscovery, ExporterSink
+from keda_gpu_scaler.discovery.exporters import ExporterDiscovery
 from keda_gpu_scaler.discovery.gateway import GatewayBook, GatewayDiscovery
 from keda_gpu_scaler.discovery.informer import ObjectInformer, PodInformer
+from keda_gpu_scaler.discovery.kinds import ScaleKinds
 from keda_gpu_scaler.discovery.pods import PodInfo
 from keda_gpu_scaler.discovery.scaledobject import (
     EXTERNAL_TRIGGER_TYPES,
     ScaledObjectError,
     ScaledObjectInfo,
-    ScaleTarget,
     metric_type_for,
     parse_scaled_object,
 )
-from keda_gpu_scaler.discovery.selectors import ExporterSelector, Selector, SelectorError, parse_selector
+from keda_gpu_scaler.discovery.selectors import (
+    ExporterSelector,
+    Selector,
+    SelectorError,
+    parse_selector,
+    pod_selector_metadata,
+)
 from keda_gpu_scaler.discovery.targets import NamespaceIndex, Selection, Targets
 from keda_gpu_scaler.errors import ConfigError, NoData
 from keda_gpu_scaler.metrics import PREFIX, Telemetry
 from keda_gpu_scaler.supervise import supervised
 from keda_gpu_scaler.trigger import TriggerSpec
+from keda_gpu_scaler.wanted import WantedSources
 
-__all__ = ["DiscoveryConfig", "ExporterSink", "KubeDiscovery", "Targets"]
+__all__ = ["DiscoveryConfig", "KubeDiscovery", "Targets"]
 
 log = logging.getLogger(__name__)
 
-# How long a kind → plural look-up is trusted before a miss triggers a new discovery request (a CRD
-# installed after the scaler started must become usable without a restart).
-DISCOVERY_CACHE_SECONDS = 60.0
 FIRST_RETRY_SECONDS = 0.5
-# Distinct podSelector values and trigger metadata remembered per ScaledObject: a caller that sends ever
-# new ones must not grow discovery's state without bound (the oldest is dropped, and read again if asked).
-MAX_OVERRIDES = 8
+# Distinct trigger metadata whose metricType is remembered per ScaledObject: a caller that sends ever new
+# ones must not grow discovery's state without bound (all are dropped, and worked out again if asked).
 MAX_METRIC_TYPES = 32
-# A pool stops being wanted when its triggers' interest expires, which wakes nobody: looked at this often.
-GATEWAY_RECHECK_SECONDS = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,13 +68,17 @@ class _Tracked:
     object_error: str | None = None
     selector: Selector | None = None  # the scale target's, from its /scale subresource
     scale_error: str | None = None
-    overrides: dict[str, Selector] = field(default_factory=dict)  # podSelector metadata seen in calls
+    # What its followed triggers select: the scale target's pods (wants_target), or other pods by their
+    # podSelector metadata. Set by their subscriptions (select()); nothing selected, no pod watched.
+    wants_target: bool = False
+    overrides: dict[str, Selector] = field(default_factory=dict)
     task: asyncio.Task[None] | None = None
     notes_logged: set[str] = field(default_factory=set)
     blip: str | None = None  # the re-read failing while the last one read stays in use
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # the ScaledObject changed: read /scale now
-    # True once the ScaledObject was read and has an external trigger: only then are its namespace's pods
-    # watched (a caller naming objects that do not exist makes no watch).
+    # True once the ScaledObject was read and has an external trigger: only then are its namespace's
+    # ScaledObjects watched, and its pods when a trigger selects some (a caller naming objects that do
+    # not exist makes no watch).
     holds_namespace: bool = False
     selections: dict[Selector, Selection] = field(default_factory=dict)  # registered in the namespace
     metric_types: dict[TriggerSpec, tuple[str | None, str | None]] = field(default_factory=dict)
@@ -84,14 +89,15 @@ class _Tracked:
         return f"{self.namespace}/{self.name}"
 
     def selectors(self) -> set[Selector]:
-        return {s for s in (self.selector, *self.overrides.values()) if s is not None}
+        target = self.selector if self.wants_target else None
+        return {s for s in (target, *self.overrides.values()) if s is not None}
 
 
 @dataclass(eq=False)
 class _Namespace:
-    informer: PodInformer
     index: NamespaceIndex
     objects: ObjectInformer  # the namespace's ScaledObjects
+    informer: PodInformer | None = None  # its pods, while some followed trigger selects pods
     holders: set[tuple[str, str]] = field(default_factory=set)
 
 
@@ -99,19 +105,24 @@ class KubeDiscovery:
     """ScaledObject → scaleTargetRef → /scale selector → pods; trigger metricType; exporters on those nodes.
 
     Every ScaledObject asked about is read from the API in the background (track); its namespace's pods
-    are watched only once it was read and has an external trigger. Pod events update the target sets of
-    the selectors they touch, as they arrive; resolve() only reads. forget() drops everything at once.
+    are watched only once it was read, has an external trigger, and a followed trigger of it selects
+    pods (select). Pod events update the target sets of the selectors they touch, as they arrive;
+    resolve() only reads. forget() drops everything at once.
     """
 
     def __init__(
-        self, settings: DiscoveryConfig, telemetry: Telemetry, clock: Callable[[], float] = time.monotonic
+        self,
+        settings: DiscoveryConfig,
+        telemetry: Telemetry,
+        wanted: WantedSources,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._settings = settings
         self._clock = clock
         self._api: KubeApi | None = None
         self._tracked: dict[tuple[str, str], _Tracked] = {}
         self._namespaces: dict[str, _Namespace] = {}
-        self._plurals: dict[tuple[str, str], tuple[float, dict[str, tuple[str, bool]]]] = {}
+        self._kinds = ScaleKinds(clock)
         registry = telemetry.registry
         self.watch_restarts = Counter(
             f"{PREFIX}_kubernetes_watch_restarts",
@@ -128,33 +139,29 @@ class KubeDiscovery:
             f"{PREFIX}_kubernetes_tracked_scaledobjects", "ScaledObjects discovery follows", registry=registry
         )
         self._exporters = ExporterDiscovery(
-            settings.exporter_selectors, settings.static_urls, self.discovered_exporters
+            settings.exporter_selectors, bool(settings.static_urls), self.discovered_exporters, wanted
         )
         self._gateway_book: GatewayBook | None = None
         self._gateways: GatewayDiscovery | None = None
-        self._gateway_task: asyncio.Task[None] | None = None
+        self._gateway_pools_due = False
         # Told the namespace whenever the targets of its followed selectors may have changed (pod events,
         # selectors followed or dropped, a relist applied whole): what is collected for them follows.
         self.on_change: Callable[[str], None] = lambda namespace: None
 
-    async def start(self, sink: ExporterSink, gateways: GatewayBook | None = None) -> None:
+    async def start(self, gateways: GatewayBook | None = None) -> None:
         """Load credentials (raises api.ConnectError); nothing is read from the API until a call asks.
 
         `gateways`: the gateway source, whose wanted InferencePools (those `pending` triggers read) get
         their endpoint picker pages from here, in namespaces of followed ScaledObjects only.
         """
-        self._exporters.sink = sink
         self._api = KubeApi(await connect(self._settings.kubeconfig))
         if gateways is not None:
             self._gateway_book = gateways
             self._gateways = GatewayDiscovery(self._api, gateways, on_restart=self._restarted)
-            self._gateway_task = supervised(self._follow_gateways, "follow the wanted InferencePools")
+            gateways.on_pools = self._gateway_pools_changed
+            self._follow_gateway_pools()
 
     async def stop(self) -> None:
-        if self._gateway_task is not None:
-            self._gateway_task.cancel()
-            await asyncio.gather(self._gateway_task, return_exceptions=True)
-            self._gateway_task = None
         if self._gateways is not None:
             await self._gateways.stop()
             self._gateways = None
@@ -165,7 +172,8 @@ class KubeDiscovery:
         self._tracked.clear()
         namespaces, self._namespaces = self._namespaces, {}
         for space in namespaces.values():
-            await space.informer.stop()
+            if space.informer is not None:
+                await space.informer.stop()
             await space.objects.stop()
         await self._exporters.stop()
         if self._api is not None:
@@ -182,11 +190,10 @@ class KubeDiscovery:
                 " podNamePrefix, or give podSelector (a label selector) to choose other pods"
             )
         if spec.pod_selector is not None:
-            _pod_selector(spec.pod_selector)
+            pod_selector_metadata(spec.pod_selector)
 
-    def track(self, namespace: str, name: str, spec: TriggerSpec) -> None:
+    def track(self, namespace: str, name: str) -> None:
         """Start following a ScaledObject (or note that it is still wanted), without waiting for anything."""
-        self.check(spec)
         key = (namespace, name)
         tracked = self._tracked.get(key)
         if tracked is None:
@@ -195,11 +202,27 @@ class KubeDiscovery:
             self.tracked_scaled_objects.set(len(self._tracked))
         if tracked.task is None and self._api is not None:
             tracked.task = supervised(lambda: self._follow(tracked), f"follow ScaledObject {tracked.ref}")
-        if spec.pod_selector is not None and spec.pod_selector not in tracked.overrides:
-            if len(tracked.overrides) >= MAX_OVERRIDES:
-                del tracked.overrides[next(iter(tracked.overrides))]
-            tracked.overrides[spec.pod_selector] = _pod_selector(spec.pod_selector)
-            self._register(tracked)
+
+    def select(self, namespace: str, name: str, specs: Iterable[TriggerSpec]) -> None:
+        """The followed triggers of a ScaledObject that read its pods (or pods of their podSelector), as
+        its subscriptions say; what no trigger selects any more is no longer followed."""
+        tracked = self._tracked.get((namespace, name))
+        if tracked is None:
+            return
+        wants_target = False
+        overrides: dict[str, Selector] = {}
+        for spec in specs:
+            if spec.pod_selector is None:
+                wants_target = True
+            else:
+                overrides[spec.pod_selector] = tracked.overrides.get(
+                    spec.pod_selector
+                ) or pod_selector_metadata(spec.pod_selector)
+        if wants_target == tracked.wants_target and overrides.keys() == tracked.overrides.keys():
+            return
+        tracked.wants_target = wants_target
+        tracked.overrides = overrides
+        self._register(tracked)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop everything discovery keeps for this ScaledObject, at once (its owner evicted it)."""
@@ -220,11 +243,30 @@ class KubeDiscovery:
         return any(trigger.matches(spec) for trigger in tracked.info.triggers)
 
     def resolve(self, namespace: str, name: str, spec: TriggerSpec) -> Targets:
+        """The trigger's target pods now, with a GPU exporter found on their nodes where one is read."""
+        tracked, selector, selection = self._selection(namespace, name, spec)
+        targets = selection.targets(self._metric_type(tracked, spec))
+        # Inference metrics read the pods' own pages (SPEC §6): no GPU exporter is needed or scraped.
+        if targets.pods and not spec.metric.inference:
+            # Whether an exporter serves the target nodes only changes with them or with the exporters.
+            versions = (selection.version, self._exporters.version)
+            known = True if tracked.covered.get(selector) == versions else None
+            if self._exporters.check(selection.target_nodes, known):
+                tracked.covered[selector] = versions
+        return targets
+
+    def selected(self, namespace: str, name: str, spec: TriggerSpec) -> Targets:
+        """The pods the trigger selects now (for what is collected for it; resolve() also checks exporters)."""
+        tracked, _, selection = self._selection(namespace, name, spec)
+        return selection.targets(self._metric_type(tracked, spec))
+
+    def _selection(
+        self, namespace: str, name: str, spec: TriggerSpec
+    ) -> tuple[_Tracked, Selector, Selection]:
+        """The trigger's selection; raises NoData while it is not known."""
         tracked = self._tracked.get((namespace, name))
-        if tracked is None or (spec.pod_selector is not None and spec.pod_selector not in tracked.overrides):
-            # The registry tracks every ScaledObject it follows: this is only for a caller that did not.
-            self.track(namespace, name, spec)
-            tracked = self._tracked[(namespace, name)]
+        if tracked is None:
+            raise NoData(f"ScaledObject {namespace}/{name} is not followed")
         if self._api is None:
             raise NoData("Kubernetes discovery is not connected")
         if tracked.object_error is not None:
@@ -236,7 +278,10 @@ class KubeDiscovery:
                 f"ScaledObject {tracked.ref} has no trigger of type {' or '.join(sorted(EXTERNAL_TRIGGER_TYPES))}"
             )
         if spec.pod_selector is not None:
-            selector = tracked.overrides[spec.pod_selector]
+            found = tracked.overrides.get(spec.pod_selector)
+            if found is None:
+                raise NoData(f"starting to follow the pods of podSelector {spec.pod_selector!r}")
+            selector = found
         elif tracked.scale_error is not None:
             raise NoData(tracked.scale_error)
         elif tracked.selector is None:
@@ -245,7 +290,7 @@ class KubeDiscovery:
             selector = tracked.selector
         space = self._namespaces.get(namespace)
         selection = tracked.selections.get(selector)
-        if space is None or selection is None:
+        if space is None or selection is None or space.informer is None:
             raise NoData(f"starting to watch the pods in namespace {namespace!r}")
         informer = space.informer
         if informer.error is not None:
@@ -254,15 +299,7 @@ class KubeDiscovery:
             raise NoData(f"listing the {informer.what} (first list)")
         if not selection.complete:
             raise NoData(f"listing the {informer.what} again (the watch fell too far behind)")
-        targets = selection.targets(self._metric_type(tracked, spec))
-        # Inference metrics read the pods' own pages (SPEC §6): no GPU exporter is needed or scraped.
-        if targets.pods and not spec.metric.inference:
-            # Whether an exporter serves the target nodes only changes with them or with the exporters.
-            versions = (selection.version, self._exporters.version)
-            known = True if tracked.covered.get(selector) == versions else None
-            if self._exporters.check(selection.target_nodes, known):
-                tracked.covered[selector] = versions
-        return targets
+        return tracked, selector, selection
 
     # --- internals ------------------------------------------------------------------------------------
 
@@ -286,22 +323,12 @@ class KubeDiscovery:
         return metric_type
 
     def _hold(self, tracked: _Tracked) -> None:
-        """The ScaledObject exists and is ours to serve: watch its namespace's pods (and the exporters)."""
+        """The ScaledObject exists and is ours to serve: watch its namespace's ScaledObjects (and its pods
+        once a trigger selects some)."""
         if tracked.holds_namespace or self._api is None:
             return
         space = self._namespaces.get(tracked.namespace)
         if space is None:
-            index = NamespaceIndex(tracked.namespace, self._exporters.node)
-            informer = PodInformer(
-                self._api,
-                namespace=tracked.namespace,
-                label_selector=None,
-                on_pod=self._pod_handler(index),
-                on_restart=self._restarted,
-                on_relist=self._relist_handler(index),
-                # A first list, a failure or a recovery with no pod changed: subscriptions look again.
-                on_status=self._status_handler(tracked.namespace),
-            )
             objects = ObjectInformer(
                 self._api,
                 SCALED_OBJECTS,
@@ -309,16 +336,43 @@ class KubeDiscovery:
                 self._object_handler(tracked.namespace),
                 on_restart=self._restarted,
             )
-            space = _Namespace(informer, index, objects)
+            space = _Namespace(NamespaceIndex(tracked.namespace), objects)
             self._namespaces[tracked.namespace] = space
-            informer.start()
             objects.start()
-        if not self._exporters.running:
-            self._exporters.start(self._api, self._restarted)
+            self._follow_gateway_pools()
         space.holders.add((tracked.namespace, tracked.name))
         tracked.holds_namespace = True
         self._register(tracked)
-        self._follow_gateway_pools()
+
+    def _watch_pods(self, space: _Namespace) -> PodInformer:
+        """Start watching a namespace's pods (and the GPU exporters) for the selections made there."""
+        assert self._api is not None
+        index = space.index
+        informer = PodInformer(
+            self._api,
+            namespace=index.namespace,
+            label_selector=None,
+            on_pod=self._pod_handler(index),
+            on_restart=self._restarted,
+            on_relist=self._relist_handler(index),
+            # A first list, a failure or a recovery with no pod changed: subscriptions look again.
+            on_status=self._status_handler(index.namespace),
+        )
+        space.informer = informer
+        informer.start()
+        if not self._exporters.running:
+            self._exporters.start(self._api, self._restarted)
+        return informer
+
+    def _unwatch_pods(self, space: _Namespace) -> None:
+        """No selection is left in the namespace: its pod watch ends (and the exporters' when none is left)."""
+        if space.informer is None:
+            return
+        space.informer.close()
+        space.informer = None
+        space.index.release_all()
+        if all(s.informer is None for s in self._namespaces.values()):
+            self._exporters.close()
 
     def _release(self, tracked: _Tracked) -> None:
         """The ScaledObject is gone or forgotten: its selections go, and the watch when nobody else needs it."""
@@ -332,12 +386,9 @@ class KubeDiscovery:
         space.holders.discard((tracked.namespace, tracked.name))
         if not space.holders:
             del self._namespaces[tracked.namespace]
-            space.informer.close()
             space.objects.close()
-            space.index.release_all()
+            self._unwatch_pods(space)
             self._follow_gateway_pools()
-        if not self._namespaces:
-            self._exporters.close()
 
     def _pod_handler(self, index: NamespaceIndex) -> Callable[[PodInfo | None, PodInfo | None], None]:
         def on_pod(old: PodInfo | None, new: PodInfo | None) -> None:
@@ -361,20 +412,27 @@ class KubeDiscovery:
         return on_relist
 
     def _register(self, tracked: _Tracked) -> None:
-        """Make the namespace follow exactly the selectors this ScaledObject needs now."""
-        self.on_change(tracked.namespace)
+        """Make the namespace follow exactly the selectors this ScaledObject needs now; its pods are
+        watched while some selection is made there."""
         space = self._namespaces.get(tracked.namespace)
         wanted = tracked.selectors() if tracked.holds_namespace and space is not None else set()
+        changed = False
         for selector in [s for s in tracked.selections if s not in wanted]:
             del tracked.selections[selector]
             tracked.covered.pop(selector, None)
+            changed = True
             if space is not None:
                 space.index.release(selector, tracked)
-        if space is None:
-            return
-        for selector in wanted:
-            if selector not in tracked.selections:
-                tracked.selections[selector] = space.index.acquire(selector, tracked, space.informer.pods)
+        if space is not None:
+            for selector in wanted:
+                if selector not in tracked.selections:
+                    informer = space.informer or self._watch_pods(space)
+                    tracked.selections[selector] = space.index.acquire(selector, tracked, informer.pods)
+                    changed = True
+            if not space.index.selections:
+                self._unwatch_pods(space)
+        if changed:
+            self.on_change(tracked.namespace)
 
     def _note(self, tracked: _Tracked, note: str | None) -> None:
         """Log a passing problem of the background re-read when it starts or changes, and its end."""
@@ -386,11 +444,12 @@ class KubeDiscovery:
             log.info("ScaledObject %s: reading it from the Kubernetes API works again", tracked.ref)
         tracked.blip = note
 
-    async def _follow_gateways(self) -> None:
-        assert self._gateway_book is not None
-        while True:
-            self._follow_gateway_pools()
-            await self._gateway_book.wait_for_wanted(GATEWAY_RECHECK_SECONDS)
+    def _gateway_pools_changed(self) -> None:
+        """Coalesced to one look per loop turn: a subscription replaced whole (one pool released, another
+        wanted) must not close and reopen its namespace's InferencePool watch in between."""
+        if not self._gateway_pools_due:
+            self._gateway_pools_due = True
+            asyncio.get_running_loop().call_soon(self._follow_gateway_pools)
 
     def _follow_gateway_pools(self) -> None:
         """Watch the InferencePools that triggers want, of namespaces that hold a followed ScaledObject.
@@ -399,10 +458,10 @@ class KubeDiscovery:
         ScaledObjectRef); and, as for pods, nothing is watched in a namespace until a ScaledObject there
         was read from the API, so calls naming objects that do not exist open no watch.
         """
+        self._gateway_pools_due = False
         if self._gateways is None or self._gateway_book is None:
             return
-        wanted = self._gateway_book.wanted()
-        self._gateways.set_wanted({key: port for key, port in wanted.items() if key[0] in self._namespaces})
+        self._gateways.set_wanted([p for p in self._gateway_book.pools() if p.namespace in self._namespaces])
 
     def _restarted(self, reason: str) -> None:
         self.watch_restarts.labels(reason).inc()
@@ -469,6 +528,8 @@ class KubeDiscovery:
         """A ScaledObject as just read (by a GET or from the watch)."""
         if info != tracked.info:
             tracked.metric_types.clear()
+            # Its subscriptions look again: a trigger edited away is no longer collected for.
+            self.on_change(tracked.namespace)
             if tracked.info is not None and info.target != tracked.info.target:
                 tracked.selector = None  # another scale target: its selector is read anew
                 self._register(tracked)
@@ -509,7 +570,7 @@ class KubeDiscovery:
         assert self._api is not None and tracked.info is not None
         target = tracked.info.target
         try:
-            plural = await self._plural(target)
+            plural = await self._kinds.plural(self._api, target)
             scale = await self._api.scale(
                 target.group, target.version, tracked.namespace, plural, target.name
             )
@@ -535,42 +596,3 @@ class KubeDiscovery:
                 return False
             tracked.scale_error = message
             return False
-
-    async def _plural(self, target: ScaleTarget) -> str:
-        """Kind → resource name through API discovery, so any kind with a /scale subresource works."""
-        assert self._api is not None
-        if not target.group:
-            raise KubeError(
-                f"scaleTargetRef apiVersion {target.api_version!r} (the core API group) is not supported"
-            )
-        key = (target.group, target.version)
-        cached = self._plurals.get(key)
-        now = self._clock()
-        if cached is None or (target.kind not in cached[1] and now - cached[0] > DISCOVERY_CACHE_SECONDS):
-            document = await self._api.api_resources(target.group, target.version)
-            names = {r.get("name") for r in document.get("resources") or ()}
-            kinds = {
-                r["kind"]: (r["name"], f"{r['name']}/scale" in names)
-                for r in document.get("resources") or ()
-                if r.get("kind") and r.get("name") and "/" not in r["name"]
-            }
-            cached = (now, kinds)
-            self._plurals[key] = cached
-        found = cached[1].get(target.kind)
-        if found is None:
-            raise KubeError(f"the API server does not serve kind {target.kind!r} in {target.api_version!r}")
-        plural, has_scale = found
-        if not has_scale:
-            raise KubeError(f"kind {target.kind!r} has no /scale subresource, so KEDA cannot scale it either")
-        return plural
-
-
-def _pod_selector(text: str) -> Selector:
-    # Parsed per call: a few µs, less than a cache keyed by the text would save (docs/BENCHMARKS.md, "Caches").
-    try:
-        selector = parse_selector(text)
-    except SelectorError as error:
-        raise ConfigError(f"metadata podSelector={text!r} is not a label selector: {error}") from None
-    if selector.empty:
-        raise ConfigError(f"metadata podSelector={text!r} selects every pod; allowed: a label selector")
-    return selector

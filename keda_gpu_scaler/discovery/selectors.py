@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from keda_gpu_scaler.errors import ConfigError
+
 _NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _KEY = re.compile(rf"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?{_NAME}")
 _VALUE = re.compile(rf"({_NAME})?")
@@ -200,3 +202,15 @@ DEFAULT_EXPORTER_SELECTORS = (
     "app.kubernetes.io/name=dcgm-exporter:9400",
     "app.kubernetes.io/name=metrics-exporter,daemonset-name:5000",
 )
+
+
+def pod_selector_metadata(text: str) -> Selector:
+    """The trigger's `podSelector` metadata; ConfigError (INVALID_ARGUMENT) naming it and what is allowed."""
+    # Parsed per call: a few µs, less than a cache keyed by the text would save (docs/BENCHMARKS.md, "Caches").
+    try:
+        selector = parse_selector(text)
+    except SelectorError as error:
+        raise ConfigError(f"metadata podSelector={text!r} is not a label selector: {error}") from None
+    if selector.empty:
+        raise ConfigError(f"metadata podSelector={text!r} selects every pod; allowed: a label selector")
+    return selector

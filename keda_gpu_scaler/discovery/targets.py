@@ -8,7 +8,7 @@ matches now; resolve() then reads a set built once per change.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -40,6 +40,8 @@ class Targets:
     # Every pod the selector picks that is scheduled and not finished (targets and pods not ready yet),
     # by name. Not compared: the same target pods are the same Targets for the evaluation.
     endpoints: Mapping[str, PodEndpoint] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    # The nodes those pods occupy (scheduled, not finished): where their GPU exporters are read.
+    nodes: frozenset[str] = field(default=frozenset(), compare=False, hash=False, repr=False)
 
 
 def endpoint(pod: PodInfo) -> PodEndpoint:
@@ -66,21 +68,17 @@ class _Endpoints(Mapping[str, PodEndpoint]):
         return len(self._pods)
 
 
-# Called when a selection starts (+1) or stops (-1) having pods that occupy a node.
-NodeHandler = Callable[[str, int], None]
-
-
-# version, target pods, endpoints, starting pods: what readers are given, built once per change.
-_Snapshot = tuple[int, frozenset[str], Mapping[str, PodEndpoint], frozenset[str]]
+# version, target pods, endpoints, occupied nodes, starting pods: what readers are given, built once per
+# change.
+_Snapshot = tuple[int, frozenset[str], Mapping[str, PodEndpoint], frozenset[str], frozenset[str]]
 
 
 class Selection:
     """What one selector picks in one namespace's pods, updated one pod event at a time."""
 
-    def __init__(self, selector: Selector, on_node: NodeHandler) -> None:
+    def __init__(self, selector: Selector) -> None:
         self.selector = selector
         self.users: set[object] = set()
-        self._on_node = on_node
         self._members: dict[str, PodInfo] = {}  # every matching pod, by name
         self._targets: set[str] = set()
         self._starting: set[str] = set()
@@ -116,8 +114,6 @@ class Selection:
                 self._target_nodes[pod.node] += 1
         if pod.occupies_node and pod.node is not None:
             self._occupied[pod.node] += 1
-            if self._occupied[pod.node] == 1:
-                self._on_node(pod.node, 1)
 
     def _drop(self, pod: PodInfo) -> None:
         self._starting.discard(pod.name)
@@ -131,13 +127,6 @@ class Selection:
             self._occupied[pod.node] -= 1
             if not self._occupied[pod.node]:
                 del self._occupied[pod.node]
-                self._on_node(pod.node, -1)
-
-    def release_nodes(self) -> None:
-        """The selection is dropped: give back every node it held."""
-        for node in list(self._occupied):
-            self._on_node(node, -1)
-        self._occupied.clear()
 
     @property
     def target_nodes(self) -> Mapping[str, int]:
@@ -155,14 +144,20 @@ class Selection:
     def targets(self, metric_type: str | None) -> Targets:
         """The current Targets (the snapshot's pods and endpoints are built at most once per change)."""
         snapshot = self._held or self._current()
-        return Targets(snapshot[1], metric_type, snapshot[3], snapshot[2])
+        return Targets(snapshot[1], metric_type, snapshot[4], snapshot[2], snapshot[3])
 
     def _current(self) -> _Snapshot:
         if self._snapshot is None or self._snapshot[0] != self.version:
             endpoints = _Endpoints(
                 {name: p for name, p in self._members.items() if p.occupies_node or p.counts_as_target}
             )
-            self._snapshot = (self.version, frozenset(self._targets), endpoints, frozenset(self._starting))
+            self._snapshot = (
+                self.version,
+                frozenset(self._targets),
+                endpoints,
+                frozenset(self._occupied),
+                frozenset(self._starting),
+            )
         return self._snapshot
 
 
@@ -177,9 +172,8 @@ def _index_key(selector: Selector) -> tuple[str, str] | None:
 class NamespaceIndex:
     """The selections followed in one namespace, and which of them a pod event can touch."""
 
-    def __init__(self, namespace: str, on_node: NodeHandler) -> None:
+    def __init__(self, namespace: str) -> None:
         self.namespace = namespace
-        self._on_node = on_node
         self.selections: dict[Selector, Selection] = {}
         self._by_label: dict[tuple[str, str], set[Selection]] = {}
         self._scan: set[Selection] = set()  # selectors without a key=value requirement: always checked
@@ -189,7 +183,7 @@ class NamespaceIndex:
         """Follow selector for user; a new selection starts from the namespace's pods as cached now."""
         selection = self.selections.get(selector)
         if selection is None:
-            selection = Selection(selector, self._on_node)
+            selection = Selection(selector)
             self.selections[selector] = selection
             key = _index_key(selector)
             if key is None:
@@ -229,11 +223,8 @@ class NamespaceIndex:
                 group.discard(selection)
                 if not group:
                     del self._by_label[key]
-        selection.release_nodes()
 
     def release_all(self) -> None:
-        for selection in self.selections.values():
-            selection.release_nodes()
         self.selections.clear()
         self._by_label.clear()
         self._scan.clear()

@@ -12,6 +12,7 @@ from support import ExporterServer, eventually, latest_trigger
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.demo.epp import Queued, epp_page
+from keda_gpu_scaler.wanted import EppPool
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "gateways"
 PENDING = {"metric": "pending", "threshold": "4", "inferencePool": "chat-pool"}
@@ -224,10 +225,11 @@ async def test_replicas_given_after_a_problem_are_read_without_a_restart(make_ex
     epp = await make_exporter(epp_page("chat-pool", {Queued("llama"): 2}))
     scaler = await make_scaler()
     pages = scaler.app.gateway_pages
-    pages.set_problem("llm", "chat-pool", "InferencePool llm/chat-pool does not exist")
+    pool = EppPool("llm", "chat-pool", 9090)
+    pages.set_problem(pool, "InferencePool llm/chat-pool does not exist")
     await unavailable_saying(scaler, "InferencePool llm/chat-pool does not exist")
-    assert pages.wanted() == {("llm", "chat-pool"): 9090}
-    pages.set_replicas("llm", "chat-pool", {"chat-pool-epp-7d9f-x": epp.url})
+    assert pages.pools() == [pool]
+    pages.set_replicas(pool, {"chat-pool-epp-7d9f-x": epp.url})
 
     async def two() -> None:
         assert await value(scaler) == 2

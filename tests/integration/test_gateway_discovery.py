@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -27,10 +28,10 @@ from fake_kube import (
 )
 from support import eventually
 
-from keda_gpu_scaler.collect.gateway import GatewayPool
 from keda_gpu_scaler.discovery.api import KubeApi, connect
 from keda_gpu_scaler.discovery.gateway import GatewayDiscovery
 from keda_gpu_scaler.trigger import parse_trigger
+from keda_gpu_scaler.wanted import EppPool
 
 NS = "llm"
 EPP = {"app": "chat-pool-epp"}
@@ -45,20 +46,20 @@ class Sink:
         self.forgotten: list[tuple[str, str]] = []
         self.calls = 0
 
-    def set_replicas(self, namespace: str, pool: str, replicas: Mapping[str, str]) -> None:
+    def set_replicas(self, pool: EppPool, replicas: Mapping[str, str]) -> None:
         self.calls += 1
-        self.problems.pop((namespace, pool), None)
-        self.replicas[(namespace, pool)] = dict(replicas)
+        self.problems.pop((pool.namespace, pool.pool), None)
+        self.replicas[(pool.namespace, pool.pool)] = dict(replicas)
 
-    def set_problem(self, namespace: str, pool: str, message: str) -> None:
+    def set_problem(self, pool: EppPool, message: str) -> None:
         self.calls += 1
-        self.replicas.pop((namespace, pool), None)
-        self.problems[(namespace, pool)] = message
+        self.replicas.pop((pool.namespace, pool.pool), None)
+        self.problems[(pool.namespace, pool.pool)] = message
 
-    def forget(self, namespace: str, pool: str) -> None:
-        self.replicas.pop((namespace, pool), None)
-        self.problems.pop((namespace, pool), None)
-        self.forgotten.append((namespace, pool))
+    def forget(self, pool: EppPool) -> None:
+        self.replicas.pop((pool.namespace, pool.pool), None)
+        self.problems.pop((pool.namespace, pool.pool), None)
+        self.forgotten.append((pool.namespace, pool.pool))
 
     async def has_replicas(self, expected: dict[str, str], pool: str = "chat-pool") -> None:
         async def check() -> None:
@@ -122,7 +123,7 @@ async def test_ready_epp_pods_of_the_pool_s_service_are_read_and_follow_changes(
     kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
     kube.put(POD, epp_pod("epp-1", "10.0.0.2", ready=False))
     kube.put(POD, epp_pod("other", "10.0.0.9", labels={"app": "something-else"}))
-    discovery.set_wanted({(NS, "chat-pool"): 9090})
+    discovery.set_wanted([EppPool(NS, "chat-pool", 9090)])
     await sink.has_replicas({"epp-0": "http://10.0.0.1:9090/metrics"})
     # A new replica turning Ready is handed over from its watch event (no re-list, no polling).
     lists = kube.count(f"/api/v1/namespaces/{NS}/pods", watch=False)
@@ -141,7 +142,7 @@ async def test_the_trigger_s_metrics_port_is_used(
     discovery, sink = gateways
     chat_pool(kube)
     kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
-    discovery.set_wanted({(NS, "chat-pool"): 9191})
+    discovery.set_wanted([EppPool(NS, "chat-pool", 9191)])
     await sink.has_replicas({"epp-0": "http://10.0.0.1:9191/metrics"})
 
 
@@ -151,7 +152,7 @@ async def test_no_ready_epp_pod_names_the_pool(
     discovery, sink = gateways
     chat_pool(kube)
     kube.put(POD, epp_pod("epp-0", "10.0.0.1", ready=False))
-    discovery.set_wanted({(NS, "chat-pool"): 9090})
+    discovery.set_wanted([EppPool(NS, "chat-pool", 9090)])
     await sink.has_problem("no Ready endpoint picker pod", "InferencePool llm/chat-pool", "app=chat-pool-epp")
     kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
     await sink.has_replicas({"epp-0": "http://10.0.0.1:9090/metrics"})
@@ -165,7 +166,7 @@ async def test_a_pool_that_does_not_exist_yet_is_read_once_created_without_a_res
     discovery, sink = gateways
     kube.put(SERVICE, service("chat-pool-epp", NS, EPP))
     kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
-    discovery.set_wanted({(NS, "chat-pool"): 9090})
+    discovery.set_wanted([EppPool(NS, "chat-pool", 9090)])
     await sink.has_problem("InferencePool llm/chat-pool does not exist", "namespace 'llm'")
     kube.put(INFERENCE_POOL, inference_pool("chat-pool", NS, "chat-pool-epp"))
     await sink.has_replicas({"epp-0": "http://10.0.0.1:9090/metrics"})
@@ -179,7 +180,7 @@ async def test_an_endpoint_picker_that_is_not_a_service_is_named_by_its_kind(
     discovery, sink = gateways
     chat_pool(kube, kind="EndpointPicker", group="llm-d.ai")
     kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
-    discovery.set_wanted({(NS, "chat-pool"): 9090})
+    discovery.set_wanted([EppPool(NS, "chat-pool", 9090)])
     await sink.has_problem("'EndpointPicker'", "of group 'llm-d.ai'", "not a Service")
     assert (NS, "chat-pool") not in sink.replicas
     # Pointed at the Service (kind left out: Service is the default), the pool is read.
@@ -193,7 +194,7 @@ async def test_a_missing_service_and_a_service_without_selector_are_problems(
     discovery, sink = gateways
     kube.put(INFERENCE_POOL, inference_pool("chat-pool", NS, "chat-pool-epp"))
     kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
-    discovery.set_wanted({(NS, "chat-pool"): 9090})
+    discovery.set_wanted([EppPool(NS, "chat-pool", 9090)])
     await sink.has_problem("Service llm/chat-pool-epp", "does not exist")
     kube.put(SERVICE, service("chat-pool-epp", NS, None))
     await sink.has_problem("Service llm/chat-pool-epp", "no spec.selector")
@@ -209,7 +210,7 @@ async def test_only_the_scaled_object_s_namespace_is_ever_read(
     kube.put(INFERENCE_POOL, inference_pool("chat-pool", "other", "chat-pool-epp"))
     kube.put(SERVICE, service("chat-pool-epp", "other", EPP))
     kube.put(POD, pod("epp-0", "other", EPP, "node-a", ip="10.0.0.1"))
-    discovery.set_wanted({(NS, "chat-pool"): 9090})
+    discovery.set_wanted([EppPool(NS, "chat-pool", 9090)])
     await sink.has_problem("InferencePool llm/chat-pool does not exist")
     paths = {path for path, _ in kube.requests}
     assert all("/namespaces/other/" not in path for path in paths), paths
@@ -226,7 +227,7 @@ async def test_rbac_denial_names_the_permission_and_recovers(
     chat_pool(kube)
     kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
     kube.deny("list", "inferencepools.inference.networking.k8s.io", NS)
-    discovery.set_wanted({(NS, "chat-pool"): 9090})
+    discovery.set_wanted([EppPool(NS, "chat-pool", 9090)])
     await sink.has_problem("list inferencepools.inference.networking.k8s.io in namespace 'llm'", "grant")
     kube.allow_all()
     await sink.has_replicas({"epp-0": "http://10.0.0.1:9090/metrics"})
@@ -238,7 +239,7 @@ async def test_watch_410_gone_relists_and_keeps_following(
     discovery, sink = gateways
     chat_pool(kube)
     kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
-    discovery.set_wanted({(NS, "chat-pool"): 9090})
+    discovery.set_wanted([EppPool(NS, "chat-pool", 9090)])
     await sink.has_replicas({"epp-0": "http://10.0.0.1:9090/metrics"})
     # Changes while the watches are down, then a compaction: the watches resume with 410 and relist.
     kube.put(POD, epp_pod("epp-1", "10.0.0.2"), notify=False)
@@ -255,9 +256,9 @@ async def test_a_pool_no_longer_wanted_stops_its_watches_and_is_forgotten(
     discovery, sink = gateways
     chat_pool(kube)
     kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
-    discovery.set_wanted({(NS, "chat-pool"): 9090})
+    discovery.set_wanted([EppPool(NS, "chat-pool", 9090)])
     await sink.has_replicas({"epp-0": "http://10.0.0.1:9090/metrics"})
-    discovery.set_wanted({})
+    discovery.set_wanted([])
     assert (NS, "chat-pool") not in discovery.pools
     assert sink.forgotten == [(NS, "chat-pool")]
 
@@ -312,7 +313,7 @@ async def test_https_exactly_where_the_epp_serves_tls(kube: FakeKube, api: KubeA
         kube.put(SERVICE, service("code-pool-epp", NS, {"app": "code-pool-epp"}))
         kube.put(POD, epp_pod("epp-chat", "127.0.0.1"))
         kube.put(POD, epp_pod("epp-code", "127.0.0.1", labels={"app": "code-pool-epp"}))
-        discovery.set_wanted({(NS, "chat-pool"): secure_port, (NS, "code-pool"): plain_port})
+        discovery.set_wanted([EppPool(NS, "chat-pool", secure_port), EppPool(NS, "code-pool", plain_port)])
         await sink.has_replicas({"epp-chat": f"https://127.0.0.1:{secure_port}/metrics"})
         await sink.has_replicas({"epp-code": f"http://127.0.0.1:{plain_port}/metrics"}, pool="code-pool")
     finally:
@@ -329,7 +330,7 @@ async def test_an_epp_not_listening_yet_is_a_problem_until_it_answers(kube: Fake
     try:
         chat_pool(kube)
         kube.put(POD, epp_pod("epp-0", "127.0.0.1"))
-        discovery.set_wanted({(NS, "chat-pool"): port})
+        discovery.set_wanted([EppPool(NS, "chat-pool", port)])
         await sink.has_problem("not reachable on metrics port", f"cannot connect to 127.0.0.1:{port}")
         assert (NS, "chat-pool") not in sink.replicas
         runner, _ = await _serve(None, port)
@@ -365,19 +366,21 @@ async def test_the_scaler_reads_the_wanted_pools_of_followed_namespaces_only(
                 "vllm", NS, {"name": "vllm"}, [{"type": "external", "metadata": {"threshold": "70"}}]
             ),
         )
-        app.discovery.track(NS, "vllm", parse_trigger({"threshold": "70"}))
-        app.interest.touch(GatewayPool(NS, "chat-pool", port))
-        app.interest.touch(GatewayPool("other", "chat-pool", port))
+        pending = {"metric": "pending", "threshold": "4", "inferencePool": "chat-pool"}
+        spec = parse_trigger({**pending, "gatewayMetricsPort": str(port)})
+        app.registry.follow(NS, "vllm", spec)  # as every call does
+        app.registry.follow("other", "vllm", spec)  # no such ScaledObject there
+        pool = EppPool(NS, "chat-pool", port)
 
         async def read() -> None:
-            replicas = app.gateway_pages.replicas(NS, "chat-pool")
+            replicas = app.gateway_pages.replicas(pool)
             assert [(r.name, r.url) for r in replicas] == [("epp-0", f"http://127.0.0.1:{port}/metrics")], (
-                app.gateway_pages.problem(NS, "chat-pool")
+                app.gateway_pages.problem(pool)
             )
 
         await eventually(read)
-        assert not [path for path, _ in kube.requests if "/namespaces/other/" in path]
-        assert app.gateway_pages.replicas("other", "chat-pool") == ()
+        assert not [path for path, _ in kube.requests if "/namespaces/other/inference" in path]
+        assert app.gateway_pages.replicas(EppPool("other", "chat-pool", port)) == ()
     finally:
         await page.cleanup()
 
@@ -388,7 +391,32 @@ async def test_an_api_server_without_inference_pools_says_to_install_them(
     # A cluster without the Gateway API Inference Extension: the API server does not know the resource.
     monkeypatch.setattr(fake_kube, "KINDS", tuple(k for k in fake_kube.KINDS if k is not INFERENCE_POOL))
     discovery, sink = gateways
-    discovery.set_wanted({(NS, "chat-pool"): 9090})
+    discovery.set_wanted([EppPool(NS, "chat-pool", 9090)])
     await sink.has_problem(
         "cannot read InferencePool llm/chat-pool", "inferencepools.inference.networking.k8s.io", "installed"
     )
+
+
+async def test_a_tls_probe_ends_with_the_pool_it_probed(kube: FakeKube, api: KubeApi) -> None:
+    """An EPP address that never answers is retried while its pool is wanted, and no longer after."""
+    port = _free_port()
+    sink = Sink()
+    discovery = GatewayDiscovery(api, sink)  # the real probe: nothing listens at the port
+
+    def probing() -> list[asyncio.Task[Any]]:
+        return [t for t in asyncio.all_tasks() if t.get_name() == f"TLS probe 127.0.0.1:{port}"]
+
+    try:
+        chat_pool(kube)
+        kube.put(POD, epp_pod("epp-0", "127.0.0.1"))
+        discovery.set_wanted([EppPool(NS, "chat-pool", port)])
+        await sink.has_problem("not reachable on metrics port", f"cannot connect to 127.0.0.1:{port}")
+        assert probing()
+        discovery.set_wanted([])
+
+        async def ended() -> None:
+            assert not probing()
+
+        await eventually(ended)
+    finally:
+        await discovery.stop()

@@ -32,13 +32,13 @@ from support import ExporterServer, GpuLine, dcgm_page, eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
-from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
 from keda_gpu_scaler.collect.promql import namespace_query
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.settings import Settings
+from keda_gpu_scaler.wanted import WantedSources
 
 pytestmark = pytest.mark.prometheus
 
@@ -270,7 +270,7 @@ async def test_few_queries_per_namespace(fleet: Fleet, proxy: PrometheusProxy) -
         collector = PrometheusCollector(
             client=PrometheusClient(session, settings, Telemetry(), time.monotonic),
             store=store,
-            interest=Interest(600, time.monotonic),
+            wanted=WantedSources(),
             interval=30.0,
             max_staleness=60.0,
             clock=time.monotonic,

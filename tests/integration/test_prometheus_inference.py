@@ -22,7 +22,6 @@ from prometheus_support import (
 from support import ExporterServer, eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.prometheus import (
     PrometheusCollector,
     inference_source,
@@ -33,6 +32,7 @@ from keda_gpu_scaler.collect.store import SourceKind, Store
 from keda_gpu_scaler.engines import InferenceMetric, PodSamples, pod_reading, value_for
 from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.settings import Settings
+from keda_gpu_scaler.wanted import WantedSources
 
 pytestmark = pytest.mark.prometheus
 
@@ -106,7 +106,7 @@ async def source(prometheus: PrometheusServer) -> AsyncIterator[tuple[Prometheus
             PrometheusCollector(
                 client=PrometheusClient(session, settings, Telemetry(), time.monotonic),
                 store=store,
-                interest=Interest(600, time.monotonic),
+                wanted=WantedSources(),
                 interval=INTERVAL,
                 max_staleness=MAX_STALENESS,
                 clock=time.monotonic,

@@ -13,10 +13,10 @@ from support import GpuLine, dcgm_page
 
 from bench.cache_switches import switched_off
 from keda_gpu_scaler.collect.http import FetchError
-from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.metrics import Telemetry
+from keda_gpu_scaler.wanted import WantedSources
 
 
 class ScriptedFetcher:
@@ -42,7 +42,7 @@ def collector(fetcher: ScriptedFetcher, now: list[float]) -> tuple[ScrapeCollect
     store = Store()
     scraper = ScrapeCollector(
         store=store,
-        interest=Interest(60.0, lambda: now[0]),
+        interest=WantedSources(),
         limits=ScrapeLimits(interval=5.0, timeout=1.0, max_page_bytes=1 << 20, concurrency=4),
         telemetry=Telemetry(),
         clock=lambda: now[0],

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import random
 from typing import Any
 
@@ -22,6 +21,7 @@ from keda_gpu_scaler.discovery.targets import NamespaceIndex, Selection
 from keda_gpu_scaler.errors import NoData
 from keda_gpu_scaler.settings import SettingsError, build_settings, resolve_kubernetes
 from keda_gpu_scaler.trigger import parse_trigger
+from keda_gpu_scaler.wanted import ExporterNode, ExporterPage, WantedSources
 
 LABELS = {"app": "vllm", "tier": "gpu", "version": "3", "app.kubernetes.io/name": "dcgm-exporter"}
 
@@ -301,12 +301,7 @@ SELECTORS = ["app=a", "app=b,tier=gpu", "tier in (gpu)", "!canary", "app!=a", "a
 def test_target_sets_follow_every_pod_event_as_a_full_rescan_would() -> None:
     """Random pod events, applied one at a time, leave each selection equal to matching every pod again."""
     rng = random.Random(7)
-    occupied: collections.Counter[str] = collections.Counter()
-
-    def on_node(node: str, delta: int) -> None:
-        occupied[node] += delta
-
-    index = NamespaceIndex("ns", on_node)
+    index = NamespaceIndex("ns")
     pods: dict[str, PodInfo] = {}
     selections = {text: index.acquire(parse_selector(text), text, {}) for text in SELECTORS[:3]}
     for step in range(1500):
@@ -333,10 +328,9 @@ def test_target_sets_follow_every_pod_event_as_a_full_rescan_would() -> None:
                 selections[text] = index.acquire(
                     parse_selector(text), text, {p.key: p for p in pods.values()}
                 )
-        if step == 1000:  # one dropped: its nodes are given back
+        if step == 1000:  # one dropped: a pod event no longer touches it
             index.release(parse_selector("tier in (gpu)"), "tier in (gpu)")
             del selections["tier in (gpu)"]
-        expected_nodes: collections.Counter[str] = collections.Counter()
         for text, selection in selections.items():
             selector = parse_selector(text)
             matching = [p for p in pods.values() if selector.matches(p.labels)]
@@ -345,12 +339,11 @@ def test_target_sets_follow_every_pod_event_as_a_full_rescan_would() -> None:
             assert targets.metric_type == "Value"
             shown = [p for p in matching if p.occupies_node or p.counts_as_target]
             assert set(targets.endpoints) == {p.name for p in shown}
-            expected_nodes.update({p.node for p in matching if p.occupies_node and p.node})
-        assert +occupied == expected_nodes, step
+            assert targets.nodes == {p.node for p in matching if p.occupies_node and p.node}, (step, text)
 
 
 def test_targets_stay_the_same_until_something_changes() -> None:
-    index = NamespaceIndex("ns", lambda node, delta: None)
+    index = NamespaceIndex("ns")
     selection = index.acquire(parse_selector("app=a"), "so", {})
     ready = _info("a-0", {"app": "a"}, "n1", "Running", True, False)
     index.on_pod(None, ready)
@@ -370,22 +363,31 @@ def test_targets_stay_the_same_until_something_changes() -> None:
 
 
 class _Sink:
-    def __init__(self) -> None:
+    """The exporter collector as the registry of wanted sources drives it."""
+
+    def __init__(self, wanted: WantedSources) -> None:
         self.urls: set[str] = set()
+        self.removed: list[str] = []
+        wanted.handle(ExporterPage, self.add, self.remove)
 
-    def add(self, url: str) -> None:
-        assert url not in self.urls
-        self.urls.add(url)
+    def add(self, page: ExporterPage) -> None:
+        assert page.url not in self.urls
+        self.urls.add(page.url)
 
-    def remove(self, url: str) -> None:
-        self.urls.remove(url)
+    def remove(self, page: ExporterPage) -> None:
+        self.urls.remove(page.url)
+        self.removed.append(page.url)
+
+
+def exporter_discovery() -> tuple[ExporterDiscovery, WantedSources, _Sink]:
+    exporter = parse_exporter_selector("app=dcgm:9400")
+    wanted = WantedSources()
+    gauge = Gauge("g", "g", registry=CollectorRegistry())
+    return ExporterDiscovery((exporter,), False, gauge, wanted), wanted, _Sink(wanted)
 
 
 def test_exporters_are_scraped_exactly_on_wanted_nodes() -> None:
-    exporter = parse_exporter_selector("app=dcgm:9400")
-    discovery = ExporterDiscovery((exporter,), frozenset(), Gauge("g", "g", registry=CollectorRegistry()))
-    sink = _Sink()
-    discovery.sink = sink
+    discovery, wanted, sink = exporter_discovery()
 
     def dcgm(node: str, ip: str | None) -> PodInfo:
         return PodInfo("gpu", f"dcgm-{node}", {"app": "dcgm"}, node, ip, "Running", True, False, ())
@@ -393,17 +395,17 @@ def test_exporters_are_scraped_exactly_on_wanted_nodes() -> None:
     a = dcgm("n1", "10.1.0.1")
     discovery._exporter_pod(0, None, a)
     assert sink.urls == set()  # no target pod on n1 yet
-    discovery.node("n1", 1)
-    discovery.node("n1", 1)  # a second selection on the same node
+    wanted.want("trigger a", [ExporterNode("n1")])
+    wanted.want("trigger b", [ExporterNode("n1")])  # a second trigger on the same node
     assert sink.urls == {"http://10.1.0.1:9400/metrics"}
     moved = dcgm("n1", "10.1.0.2")  # the exporter restarted with another IP
     discovery._exporter_pod(0, a, moved)
     assert sink.urls == {"http://10.1.0.2:9400/metrics"}
-    discovery.node("n1", -1)
+    wanted.release("trigger a")
     assert sink.urls == {"http://10.1.0.2:9400/metrics"}
-    discovery.node("n1", -1)
+    wanted.release("trigger b")
     assert sink.urls == set()
-    discovery.node("n2", 1)
+    wanted.want("trigger a", [ExporterNode("n2")])
     discovery._exporter_pod(0, None, dcgm("n2", "10.1.0.3"))
     assert sink.urls == {"http://10.1.0.3:9400/metrics"}
     assert discovery.check({"n2": 1}) is True
@@ -416,7 +418,7 @@ def test_exporters_are_scraped_exactly_on_wanted_nodes() -> None:
 def test_a_pod_event_touches_only_the_selections_it_can_match(monkeypatch: pytest.MonkeyPatch) -> None:
     """Hundreds of ScaledObjects in a namespace: a pod event updates the one or two whose selector names
     its labels (plus any selector without a key=value requirement), not all of them."""
-    index = NamespaceIndex("ns", lambda node, delta: None)
+    index = NamespaceIndex("ns")
     for w in range(300):
         index.acquire(parse_selector(f"app=w-{w},tier=gpu"), w, {})
     index.acquire(parse_selector("tier in (gpu)"), "set-based", {})
@@ -440,21 +442,12 @@ def test_a_pod_event_touches_only_the_selections_it_can_match(monkeypatch: pytes
 
 
 def test_an_exporter_pod_update_that_keeps_its_url_keeps_its_data() -> None:
-    exporter = parse_exporter_selector("app=dcgm:9400")
-    discovery = ExporterDiscovery((exporter,), frozenset(), Gauge("g", "g", registry=CollectorRegistry()))
-    removed: list[str] = []
-
-    class Recording(_Sink):
-        def remove(self, url: str) -> None:
-            removed.append(url)
-            super().remove(url)
-
-    discovery.sink = Recording()
+    discovery, wanted, sink = exporter_discovery()
     before = PodInfo("gpu", "dcgm-n1", {"app": "dcgm"}, "n1", "10.1.0.1", "Running", True, False, ())
     discovery._exporter_pod(0, None, before)
-    discovery.node("n1", 1)
+    wanted.want("trigger", [ExporterNode("n1")])
     relabelled = PodInfo(
         "gpu", "dcgm-n1", {"app": "dcgm", "new": "x"}, "n1", "10.1.0.1", "Running", False, False, ()
     )
     discovery._exporter_pod(0, before, relabelled)  # a readiness flip and a label edit, same node and URL
-    assert removed == []  # the source (and its last page) stays
+    assert sink.removed == []  # the source (and its last page) stays

@@ -745,9 +745,9 @@ def readings_by_pod(
     (inference_pods, no age limit), each pod's series read by pod_reading."""
     namespaces = sorted({key[0] for sample in samples if (key := pod_of(sample.labels)) is not None})
     return {
-        (namespace, pod.pod): pod_reading(pod.samples, engine, model)
+        (namespace, pod): pod_reading(series, engine, model)
         for namespace in namespaces
-        for pod in inference_pods(samples, namespace, at=0.0, window=math.inf).pods
+        for pod, series in inference_pods(samples, namespace, at=0.0, window=math.inf).by_pod
     }
 
 

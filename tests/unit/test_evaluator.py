@@ -8,7 +8,7 @@ from keda_gpu_scaler.collect.store import Page, Store
 from keda_gpu_scaler.errors import NoData
 from keda_gpu_scaler.evaluator import Evaluator
 from keda_gpu_scaler.metrics import Telemetry
-from keda_gpu_scaler.registry import Followed, Subscription
+from keda_gpu_scaler.registry import Registry
 from keda_gpu_scaler.trigger import parse_trigger
 from keda_gpu_scaler.vendors import Family, GpuReading
 
@@ -28,8 +28,7 @@ def test_the_same_result_again_keeps_the_evaluation_and_explanation_objects() ->
     now = [1000.0]
     store = Store()
     evaluator = evaluator_at(store, now)
-    followed = Followed("llm", "vllm", now[0])
-    followed.triggers[SPEC] = Subscription(SPEC, now[0])  # as Registry.follow makes it
+    followed = Registry(ttl=600, cap=10, clock=lambda: now[0]).follow("llm", "vllm", SPEC)
     store.record_page(page(now[0], 40))
     first = evaluator.evaluate(followed, SPEC)
     explanation = followed.explanation
@@ -58,8 +57,7 @@ def test_pages_renewed_unchanged_keep_the_answer_and_a_stale_page_is_no_data() -
     now = [1000.0]
     store = Store()
     evaluator = evaluator_at(store, now)
-    followed = Followed("llm", "vllm", now[0])
-    followed.triggers[SPEC] = Subscription(SPEC, now[0])  # as Registry.follow makes it
+    followed = Registry(ttl=600, cap=10, clock=lambda: now[0]).follow("llm", "vllm", SPEC)
     store.record_page(page(now[0], 40))
     first = evaluator.evaluate(followed, SPEC)
     for _ in range(5):  # an exporter refreshing slower than it is scraped: the same readings, later
@@ -77,8 +75,7 @@ def test_a_source_fresh_again_with_the_page_it_had_is_read_at_once() -> None:
     now = [1000.0]
     store = Store()
     evaluator = evaluator_at(store, now)
-    followed = Followed("llm", "vllm", now[0])
-    followed.triggers[SPEC] = Subscription(SPEC, now[0])  # as Registry.follow makes it
+    followed = Registry(ttl=600, cap=10, clock=lambda: now[0]).follow("llm", "vllm", SPEC)
     store.record_page(two_exporters(now[0], 40, "a"))
     store.record_page(two_exporters(now[0], 30, "b"))
     now[0] += 20  # b is not scraped meanwhile (no failure either): stale from 1015

@@ -1,11 +1,11 @@
-"""GatewayPages: which EPP replica pages are scraped for which InferencePool, and why there are none."""
+"""GatewayPages: which EPP replica pages are scraped for which InferencePool and port, and why none."""
 
 from __future__ import annotations
 
-import asyncio
+from keda_gpu_scaler.collect.gateway import GatewayPages
+from keda_gpu_scaler.wanted import EppPage, EppPool, WantedSources
 
-from keda_gpu_scaler.collect.gateway import GatewayPages, GatewayPool
-from keda_gpu_scaler.collect.interest import Interest
+CHAT = EppPool("llm", "chat", 9090)
 
 
 class Sink:
@@ -13,102 +13,100 @@ class Sink:
         self.pages: dict[str, tuple[str, str, str]] = {}
         self.added: list[str] = []
 
-    def add_replica_page(self, url: str, namespace: str, pool: str, replica: str) -> None:
-        assert url not in self.pages
-        self.pages[url] = (namespace, pool, replica)
-        self.added.append(url)
+    def add_page(self, page: EppPage) -> None:
+        assert page.url not in self.pages
+        self.pages[page.url] = (page.namespace, page.pool, page.replica)
+        self.added.append(page.url)
 
     def remove(self, url: str) -> None:
         del self.pages[url]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def make() -> tuple[GatewayPages, Sink, Interest, Clock]:
-    clock = Clock()
-    interest = Interest(ttl=600, clock=clock)
-    pages = GatewayPages(interest)
+def make(*pools: EppPool) -> tuple[GatewayPages, Sink, WantedSources]:
+    wanted = WantedSources()
+    pages = GatewayPages(wanted)
     sink = Sink()
     pages.start(sink)
-    return pages, sink, interest, clock
+    wanted.want("triggers", pools or (CHAT,))
+    return pages, sink, wanted
 
 
 def test_replicas_replace_whole_and_repeated_calls_change_nothing() -> None:
-    pages, sink, _, _ = make()
-    pages.set_replicas("llm", "chat", {"epp-a": "http://10.0.0.1:9090/metrics"})
-    pages.set_replicas("llm", "chat", {"epp-a": "http://10.0.0.1:9090/metrics"})
+    pages, sink, _ = make()
+    pages.set_replicas(CHAT, {"epp-a": "http://10.0.0.1:9090/metrics"})
+    pages.set_replicas(CHAT, {"epp-a": "http://10.0.0.1:9090/metrics"})
     assert sink.added == ["http://10.0.0.1:9090/metrics"]
     pages.set_replicas(
-        "llm", "chat", {"epp-b": "http://10.0.0.2:9090/metrics", "epp-a": "http://10.0.0.1:9090/metrics"}
+        CHAT, {"epp-b": "http://10.0.0.2:9090/metrics", "epp-a": "http://10.0.0.1:9090/metrics"}
     )
-    assert [r.name for r in pages.replicas("llm", "chat")] == ["epp-a", "epp-b"]
-    pages.set_replicas("llm", "chat", {"epp-b": "http://10.0.0.2:9090/metrics"})
+    assert [r.name for r in pages.replicas(CHAT)] == ["epp-a", "epp-b"]
+    pages.set_replicas(CHAT, {"epp-b": "http://10.0.0.2:9090/metrics"})
     assert sink.pages == {"http://10.0.0.2:9090/metrics": ("llm", "chat", "epp-b")}
-    assert pages.problem("llm", "chat") is None
+    assert pages.problem(CHAT) is None
 
 
 def test_a_problem_drops_the_replicas_and_replicas_clear_it() -> None:
-    pages, sink, _, _ = make()
-    pages.set_replicas("llm", "chat", {"epp-a": "http://10.0.0.1:9090/metrics"})
-    pages.set_problem("llm", "chat", "InferencePool llm/chat does not exist")
+    pages, sink, _ = make()
+    pages.set_replicas(CHAT, {"epp-a": "http://10.0.0.1:9090/metrics"})
+    pages.set_problem(CHAT, "InferencePool llm/chat does not exist")
     assert sink.pages == {}
-    assert pages.replicas("llm", "chat") == ()
-    assert pages.problem("llm", "chat") == "InferencePool llm/chat does not exist"
-    pages.set_replicas("llm", "chat", {"epp-a": "http://10.0.0.1:9090/metrics"})
-    assert pages.problem("llm", "chat") is None
-    pages.forget("llm", "chat")
-    assert sink.pages == {} and pages.replicas("llm", "chat") == () and pages.problem("llm", "chat") is None
+    assert pages.replicas(CHAT) == ()
+    assert pages.problem(CHAT) == "InferencePool llm/chat does not exist"
+    pages.set_replicas(CHAT, {"epp-a": "http://10.0.0.1:9090/metrics"})
+    assert pages.problem(CHAT) is None
+    pages.forget(CHAT)
+    assert sink.pages == {} and pages.replicas(CHAT) == () and pages.problem(CHAT) is None
 
 
-def test_static_pages_given_before_start_reach_the_collector_and_stay() -> None:
-    clock = Clock()
-    pages = GatewayPages(Interest(ttl=600, clock=clock))
+def test_static_pages_are_read_while_a_trigger_wants_their_pool_at_any_port() -> None:
+    wanted = WantedSources()
+    pages = GatewayPages(wanted)
     pages.add_static("llm", "chat", "http://epp:9090/metrics")
     pages.add_static("llm", "chat", "http://epp:9090/metrics")
     sink = Sink()
     pages.start(sink)
+    assert sink.pages == {}  # no trigger reads the pool
+    wanted.want("a", [CHAT])
+    wanted.want("b", [EppPool("llm", "chat", 9191)])
     assert sink.pages == {"http://epp:9090/metrics": ("llm", "chat", "http://epp:9090/metrics")}
-    pages.forget("llm", "chat")
-    assert [r.url for r in pages.replicas("llm", "chat")] == ["http://epp:9090/metrics"]
-
-
-def test_a_page_named_by_two_pools_is_read_for_one_at_a_time() -> None:
-    pages, sink, _, _ = make()
-    url = "http://10.0.0.1:9090/metrics"
-    pages.set_replicas("llm", "a", {"epp": url})
-    pages.set_replicas("llm", "b", {"epp": url})
-    assert len(sink.added) == 1
-    assert pages.replicas("llm", "b") == ()
-    pages.forget("llm", "a")
-    assert sink.pages == {url: ("llm", "a", "epp")}  # still scraped: pool b names it
-    assert [r.url for r in pages.replicas("llm", "b")] == [url]
-    pages.forget("llm", "b")
+    pages.forget(CHAT)
+    assert [r.url for r in pages.replicas(CHAT)] == ["http://epp:9090/metrics"]
+    wanted.release("a")
+    assert list(sink.pages) == ["http://epp:9090/metrics"]  # pool b still reads it
+    wanted.release("b")
     assert sink.pages == {}
 
 
-def test_wanted_pools_follow_interest_with_their_port() -> None:
-    pages, _, interest, clock = make()
-    assert pages.wanted() == {}
-    interest.touch(GatewayPool("llm", "chat", 9091))
-    interest.touch(GatewayPool("llm", "chat", 9090))
-    interest.touch("scrape")
-    assert pages.wanted() == {("llm", "chat"): 9090}
-    assert pages.is_wanted(("llm", "chat"))
-    clock.now += 601
-    assert pages.wanted() == {}
+def test_a_page_named_by_two_pools_is_read_for_one_at_a_time() -> None:
+    a, b = EppPool("llm", "a", 9090), EppPool("llm", "b", 9090)
+    pages, sink, _ = make(a, b)
+    url = "http://10.0.0.1:9090/metrics"
+    pages.set_replicas(a, {"epp": url})
+    pages.set_replicas(b, {"epp": url})
+    assert len(sink.added) == 1
+    assert pages.replicas(b) == ()
+    pages.forget(a)
+    assert sink.pages == {url: ("llm", "b", "epp")}  # still scraped: pool b names it, filed under b now
+    assert [r.url for r in pages.replicas(b)] == [url]
+    pages.forget(b)
+    assert sink.pages == {}
 
 
-async def test_a_watcher_wakes_when_a_pool_becomes_wanted() -> None:
-    pages, _, interest, _ = make()
-    waiter = asyncio.ensure_future(pages.wait_for_wanted(timeout=30))
-    await asyncio.sleep(0)
-    assert not waiter.done()
-    interest.touch(GatewayPool("llm", "chat"))
-    await asyncio.wait_for(waiter, timeout=5)
-    assert pages.wanted() == {("llm", "chat"): 9090}
+def test_two_ports_of_one_pool_each_have_their_own_replicas_and_problem() -> None:
+    typo = EppPool("llm", "chat", 9)
+    pages, sink, wanted = make(CHAT, typo)
+    pages.set_replicas(CHAT, {"epp-a": "http://10.0.0.1:9090/metrics"})
+    pages.set_problem(typo, "endpoint picker pods not reachable on metrics port 9 yet")
+    assert [r.url for r in pages.replicas(CHAT)] == ["http://10.0.0.1:9090/metrics"]
+    assert pages.problem(CHAT) is None and pages.replicas(typo) == ()
+    assert set(pages.pools()) == {CHAT, typo}
+    wanted.want("triggers", [CHAT])  # the typo edited away
+    assert pages.pools() == [CHAT] and pages.problem(typo) is None
+    assert list(sink.pages) == ["http://10.0.0.1:9090/metrics"]
+
+
+def test_a_late_word_about_a_pool_no_longer_wanted_keeps_nothing() -> None:
+    pages, sink, wanted = make()
+    wanted.release("triggers")
+    pages.set_replicas(CHAT, {"epp-a": "http://10.0.0.1:9090/metrics"})
+    assert sink.pages == {} and pages.replicas(CHAT) == ()

@@ -10,10 +10,10 @@ from aiohttp import web
 from support import GpuLine, dcgm_page
 
 from keda_gpu_scaler.collect.http import LeanFetcher
-from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.scrape import PARSE_OFF_LOOP_BYTES, ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.metrics import Telemetry
+from keda_gpu_scaler.wanted import WantedSources
 
 LABELLED = dcgm_page([GpuLine("llm", "llm-0", 90), GpuLine("llm", "llm-1", 90, gpu=1)])
 # The same GPUs with no pod labels: dcgm-exporter lost the kubelet's pod-resources socket.
@@ -56,7 +56,7 @@ async def test_pods_of_the_last_labelled_page_stay_missing_pods_after_an_attribu
 ) -> None:
     page, url = exporter
     store = Store()
-    interest = Interest(600, time.monotonic)
+    interest = WantedSources()
     limits = ScrapeLimits(interval=1.0, timeout=2.0, max_page_bytes=16 << 20, concurrency=1)
     fetcher = LeanFetcher(timeout=limits.timeout, max_bytes=limits.max_page_bytes)
     collector = ScrapeCollector(

@@ -15,25 +15,24 @@ from hypothesis import strategies as st
 from support import eventually
 
 from keda_gpu_scaler.collect import prometheus as prometheus_module
-from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.prometheus import (
+    INFERENCE_SERIES,
     MAX_BACKOFF_INTERVALS,
     PrometheusCollector,
+    gateway_source,
     inference_source,
     pod_inference_source,
-    prometheus_inference_interest,
-    prometheus_interest,
 )
 from keda_gpu_scaler.collect.prometheus_answer import (
     REMOTE_TEXT_LIMIT,
     Element,
     PrometheusError,
+    ReplicaLost,
     Up,
     gateway_replicas,
     inference_pods,
     lost_pod,
     parse_vector,
-    pod_targets,
     remote_text,
     samples_with_times,
     up_series,
@@ -69,6 +68,7 @@ from keda_gpu_scaler.settings import (
     env_values,
 )
 from keda_gpu_scaler.vendors import POD_LABELS, SAMPLE_NAMES
+from keda_gpu_scaler.wanted import PrometheusQuery, WantedSources
 
 # ---- PromQL ---------------------------------------------------------------------------------------
 
@@ -278,7 +278,7 @@ def collector(
     return PrometheusCollector(
         client=prometheus,  # type: ignore[arg-type]
         store=store,
-        interest=Interest(600, lambda: clock[0]),
+        wanted=WantedSources(),
         interval=1.0,
         max_staleness=4.0,
         clock=lambda: clock[0],
@@ -533,8 +533,7 @@ async def test_retry_delay_is_capped_however_long_prometheus_fails(monkeypatch: 
     monkeypatch.setattr(prometheus_module, "jittered", no_wait)
     store = Store()
     source = collector(FailingPrometheus(), store)
-    source._interest.touch(prometheus_interest("llm"))  # wanted for 600 s of a clock that does not move
-    loop = asyncio.create_task(source._run("llm"))
+    loop = asyncio.create_task(source._loop("llm", source.collect_once, "collection"))
     await asyncio.wait([loop, asyncio.create_task(enough.wait())], return_when=asyncio.FIRST_COMPLETED)
     assert not loop.done(), loop
     loop.cancel()
@@ -544,39 +543,39 @@ async def test_retry_delay_is_capped_however_long_prometheus_fails(monkeypatch: 
     assert max(delays) == MAX_BACKOFF_INTERVALS
 
 
-class BrokenOnceInterest(Interest):
-    def __init__(self, ttl: float, clock: Any) -> None:
-        super().__init__(ttl, clock)
-        self.broken = True
-
-    def wanted_keys(self) -> list[Any]:
-        if self.broken:
-            self.broken = False
-            raise RuntimeError("a bug in the namespace loop")
-        return super().wanted_keys()
-
-
-async def test_the_namespace_supervisor_is_restarted_when_it_fails(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_bug_in_one_collection_is_logged_and_the_loop_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     prometheus, store = ScriptedPrometheus(), Store()
     prometheus.answers["namespace"] = elements_of(gpu("vllm-0", 40, age=0.5))
-    interest = BrokenOnceInterest(600, lambda: 1000.0)
+    wanted = WantedSources()
     source = PrometheusCollector(
         client=prometheus,  # type: ignore[arg-type]
         store=store,
-        interest=interest,
-        interval=1.0,
+        wanted=wanted,
+        interval=0.01,
         max_staleness=4.0,
         clock=lambda: 1000.0,
         wall_clock=lambda: WALL,
     )
-    interest.touch(prometheus_interest("llm"))
+    collect_once = source.collect_once
+    broken = [True]
+
+    async def broken_once(namespace: str) -> bool:
+        if broken.pop() if broken else False:
+            raise RuntimeError("a bug in the namespace loop")
+        return await collect_once(namespace)
+
+    source.collect_once = broken_once  # type: ignore[method-assign]
+    wanted.want("trigger", [PrometheusQuery("gpu", "llm")])
     source.start()
     try:
         async with asyncio.timeout(30):
             await prometheus.heard.wait()
     finally:
         await source.stop()
-    assert any("a bug in the namespace loop" in r.getMessage() for r in caplog.records)
+    assert any(r.exc_info and "a bug in the namespace loop" in str(r.exc_info[1]) for r in caplog.records)
+    assert prometheus.asked[0] == "namespace"  # collected after the failure
 
 
 # ---- inference-server series (SPEC §6) ------------------------------------------------------------
@@ -644,10 +643,12 @@ def test_sglang_through_prometheus_reads_as_its_own_page_in_either_spelling(
     own = simulated.sglang_page("llama", loads, tp_size=tp_size)
     underscore = own.replace("sglang:", "sglang_")
     stored = {":": own, "_": underscore, "b": own + underscore}[spelling]
-    (pod,) = inference_pods(as_prometheus_answers(stored, "sglang-0", age=0.5), "llm", WALL, 2.0).pods
+    ((_, series),) = inference_pods(
+        as_prometheus_answers(stored, "sglang-0", age=0.5), "llm", WALL, 2.0
+    ).by_pod
     expected = pod_reading(parse_exposition(own, ENGINE_SAMPLE_NAMES))
     assert expected.engine is Engine.SGLANG
-    assert pod_reading(pod.samples) == expected
+    assert pod_reading(series) == expected
 
 
 @given(running=st.integers(0, 300), waiting=st.integers(0, 300), kv=st.integers(0, 1000))
@@ -663,7 +664,7 @@ def test_llamacpp_and_trtllm_serve_through_prometheus_read_their_gauges(
     samples = as_prometheus_answers(llama, "llama-0", age=0.5) + as_prometheus_answers(
         serve, "serve-0", age=0.5
     )
-    pods = {p.pod: pod_reading(p.samples) for p in inference_pods(samples, "llm", WALL, 2.0).pods}
+    pods = {pod: pod_reading(series) for pod, series in inference_pods(samples, "llm", WALL, 2.0).by_pod}
     assert {pod: (r.engine, r.running, r.waiting) for pod, r in pods.items()} == {
         "llama-0": (Engine.LLAMACPP, running, waiting),
         "serve-0": (Engine.TRTLLM, running, waiting),
@@ -712,15 +713,14 @@ def test_inference_series_grouped_by_pod() -> None:
         Sample("DCGM_FI_DEV_GPU_UTIL", {"namespace": "llm", "pod": "vllm-0"}, 7, round(WALL * 1000)),
     ]
     found = inference_pods(samples, "llm", WALL, 2.0)
-    assert [p.pod for p in found.pods] == ["fed-0", "vllm-0", "vllm-1"]
-    assert all(p.namespace == "llm" for p in found.pods)
-    vllm_0 = found.pods[1]
-    assert [s.name for s in vllm_0.samples] == [
+    assert [pod for pod, _ in found.by_pod] == ["fed-0", "vllm-0", "vllm-1"]
+    _, vllm_0 = found.by_pod[1]
+    assert [s.name for s in vllm_0] == [
         "vllm:kv_cache_usage_perc",
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
     ]
-    assert [s.value for s in vllm_0.samples] == [0.5, 5, 0]
+    assert [s.value for s in vllm_0] == [0.5, 5, 0]
     assert found.oldest == WALL - 1.5
     assert found.stale == ()
     # Prometheus' order is not kept: the same series give an equal page (the store wakes nobody).
@@ -736,8 +736,8 @@ def test_stale_inference_series_and_pods_are_left_out() -> None:
         *vllm("vllm-2", 4, 4, age=10.0, engine="1"),
     ]
     found = inference_pods(samples, "llm", WALL, 2.0)
-    assert [p.pod for p in found.pods] == ["vllm-0", "vllm-2"]
-    assert {s.labels["engine"] for s in found.pods[1].samples} == {"0"}
+    assert [pod for pod, _ in found.by_pod] == ["vllm-0", "vllm-2"]
+    assert {s.labels["engine"] for s in found.by_pod[1][1]} == {"0"}
     assert found.stale == ("vllm-1",)
     assert found.oldest == WALL - 0.5
     assert inference_pods([], "llm", WALL, 2.0).oldest is None
@@ -793,7 +793,7 @@ async def test_inference_interest_starts_and_ends_a_namespace_loop() -> None:
     prometheus.answers["inference"] = elements_of(vllm("vllm-0", 5, 0, age=0.5))
     now = [1000.0]
     source = collector(prometheus, store, now)
-    source._interest.touch(prometheus_inference_interest("llm"))
+    source._wanted.want("trigger", [PrometheusQuery(INFERENCE_SERIES, "llm")])
     source.start()
     try:
         async with asyncio.timeout(30):
@@ -805,7 +805,7 @@ async def test_inference_interest_starts_and_ends_a_namespace_loop() -> None:
 
         await eventually(stored, timeout=30)
         # No trigger asks any more: the loop ends and its source goes.
-        now[0] += 1000
+        source._wanted.release("trigger")
 
         async def gone() -> None:
             assert not any(s.kind is SourceKind.PROMETHEUS_INFERENCE for s in store.sources())
@@ -837,11 +837,11 @@ def up(pod: str, value: float, age: float = 0.5, **labels: str) -> list[Sample]:
 
 def test_up_series_and_the_targets_that_served_each_pod() -> None:
     samples = [*vllm("vllm-0", 1, 0, age=0.5), *vllm("vllm-1", 1, 0, age=30.0), *up("vllm-0", 1)]
-    assert pod_targets(samples, "llm") == {
+    assert inference_pods(samples, "llm", WALL, 2.0).targets == {
         "vllm-0": frozenset({("vllm", "vllm-0:8000")}),
         "vllm-1": frozenset({("vllm", "vllm-1:8000")}),  # stale series name their target too
     }
-    assert pod_targets(samples, "other") == {}
+    assert inference_pods(samples, "other", WALL, 2.0).targets == {}
     assert up_series(samples) == [Up(("vllm", "vllm-0:8000"), 1, WALL - 0.5, ("llm", "vllm-0"))]
 
 
@@ -973,7 +973,7 @@ async def test_the_pods_own_sources_go_with_the_namespace_loop() -> None:
     )
     now = [1000.0]
     source = collector(prometheus, store, now)
-    source._interest.touch(prometheus_inference_interest("llm"))
+    source._wanted.want("trigger", [PrometheusQuery(INFERENCE_SERIES, "llm")])
     source.start()
     try:
 
@@ -988,7 +988,7 @@ async def test_the_pods_own_sources_go_with_the_namespace_loop() -> None:
             assert list(pod_view(store, now[0]).recently_seen) == ["vllm-1"]
 
         await eventually(missing, timeout=30)
-        now[0] += 1000  # no trigger asks any more
+        source._wanted.release("trigger")  # no trigger asks any more
 
         async def gone() -> None:
             assert not any(s.kind is SourceKind.PROMETHEUS_INFERENCE for s in store.sources())
@@ -1029,11 +1029,35 @@ def test_gateway_replicas_group_by_pod_and_leave_out_old_series_and_other_namesp
     found = gateway_replicas(
         [series("epp-0", 3, 1), series("epp-1", 2, 60), series("epp-2", 9, 1, namespace="other")],
         "llm",
-        "chat-pool",
         at,
         window=10,
     )
-    assert [(r.replica, [s.value for s in r.samples]) for r in found.replicas] == [("epp-0", [3])]
+    assert [(replica, [s.value for s in series]) for replica, series in found.by_pod] == [("epp-0", [3])]
     assert found.stale == ("epp-1",)  # old values are never used: the caller decides what it means
     assert set(found.targets) == {"epp-0", "epp-1"}
     assert found.oldest == at - 1
+
+
+async def test_an_epp_replica_scraped_without_its_queue_is_lost_in_the_endpoint_picker_s_words() -> None:
+    prometheus, store = ScriptedPrometheus(), Store()
+    labels = {
+        "namespace": "llm",
+        "pod": "epp-0",
+        "inference_pool": "chat-pool",
+        "job": "epp",
+        "instance": "epp-0",
+    }
+    queue = Sample("llm_d_epp_flow_control_queue_size", labels, 3, round((WALL - 0.5) * 1000))
+    prometheus.answers["gateway"] = elements_of([queue])
+    source = collector(prometheus, store)
+    assert await source.collect_gateway_once("llm", "chat-pool")
+    # Still scraped (up 1, naming the pod), but its page has no queue any more: a replica that cannot be
+    # read, said as an endpoint picker's page, not an inference server's.
+    prometheus.answers["gateway"] = []
+    prometheus.answers["up"] = elements_of([Sample("up", labels, 1, round((WALL - 0.5) * 1000))])
+    assert await source.collect_gateway_once("llm", "chat-pool")
+    state = store.source(gateway_source("llm", "chat-pool"))
+    assert state is not None and state.last_page is not None
+    (lost,) = state.last_page.by_namespace["llm"]
+    assert isinstance(lost, ReplicaLost) and lost.replica == "epp-0"
+    assert "no series of the endpoint picker's flow-control queue" in lost.reason, lost.reason

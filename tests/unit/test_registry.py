@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-
 import grpc
 import pytest
 
@@ -31,14 +29,6 @@ class Clock:
         return self.now
 
 
-class RecordingInterest:
-    def __init__(self) -> None:
-        self.touched: list[Hashable] = []
-
-    def touch(self, key: Hashable) -> None:
-        self.touched.append(key)
-
-
 class RecordingTracker:
     def __init__(self) -> None:
         self.tracked: set[tuple[str, str]] = set()
@@ -46,7 +36,7 @@ class RecordingTracker:
         # The ScaledObject's triggers as discovery last read them (None: not read yet).
         self.current: set[TriggerSpec] | None = None
 
-    def track(self, namespace: str, name: str, spec: TriggerSpec) -> None:
+    def track(self, namespace: str, name: str) -> None:
         self.tracked.add((namespace, name))
 
     def forget(self, namespace: str, name: str) -> None:
@@ -64,8 +54,6 @@ def make_registry(clock: Clock, cap: int = 100, ttl: float = 600.0):  # type: ig
         ttl=ttl,
         cap=cap,
         clock=clock,
-        interest=RecordingInterest(),
-        interest_key=lambda namespace, spec: ("scrape",),
         tracker=tracker,
         on_forget=lambda followed: forgotten.append(followed.name),
     )
@@ -199,8 +187,6 @@ def registry_recording_drops(
         ttl=ttl,
         cap=100,
         clock=clock,
-        interest=RecordingInterest(),
-        interest_key=lambda namespace, spec: ("scrape",),
         tracker=tracker,
         on_drop=lambda followed, subscription: dropped.append(subscription.spec.metric_name),
     )
@@ -266,8 +252,6 @@ def test_without_kubernetes_an_idle_trigger_goes_after_the_ttl_and_a_called_one_
         ttl=600,
         cap=100,
         clock=clock,
-        interest=RecordingInterest(),
-        interest_key=lambda namespace, spec: ("scrape",),
     )
     registry.follow("llm", "vllm", named("old"))
     for _ in range(7):

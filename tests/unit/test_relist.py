@@ -55,7 +55,7 @@ class ListThenGone:
 
 async def test_targets_read_during_a_sliced_relist_are_those_before_it_until_it_is_applied_whole() -> None:
     api = ListThenGone()
-    index = NamespaceIndex("llm", lambda node, delta: None)
+    index = NamespaceIndex("llm")
     seen: list[int] = []
 
     def on_pod(old: Any, new: Any) -> None:
@@ -81,7 +81,7 @@ async def test_targets_read_during_a_sliced_relist_are_those_before_it_until_it_
 
 
 def test_a_selection_started_during_a_relist_is_not_complete_until_it_ends() -> None:
-    index = NamespaceIndex("llm", lambda node, delta: None)
+    index = NamespaceIndex("llm")
     index.hold(True)
     selection = index.acquire(parse_selector("app=vllm"), "user", {})
     assert not selection.complete

@@ -22,10 +22,11 @@ from keda_gpu_scaler import exposition
 from keda_gpu_scaler.backoff import backoff_delay
 from keda_gpu_scaler.collect import http, scrape
 from keda_gpu_scaler.collect.http import BearerToken, FetchError, LeanFetcher, exporter_ssl
-from keda_gpu_scaler.collect.interest import Interest
+from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
 from keda_gpu_scaler.collect.scrape import GPU_EXPORTER_PAGES, PageReader, ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.metrics import Telemetry
+from keda_gpu_scaler.wanted import WantedSources
 
 PAGE = dcgm_page([GpuLine("llm", "vllm-0", 30), GpuLine("llm", "vllm-1", 40, gpu=1)])
 # A gzip page cut inside its stream: the part that inflates still reads as a valid, shorter page.
@@ -92,8 +93,8 @@ class Rig:
 
     def __init__(self, *, max_bytes: int = 1 << 20, **kwargs: object) -> None:
         self.store = Store()
-        self.interest = Interest(600, time.monotonic)
-        self.interest.touch()
+        self.interest = WantedSources()
+        self.interest.want("test", [SCRAPE_INTEREST])
         self.limits = ScrapeLimits(interval=0.05, timeout=2.0, max_page_bytes=max_bytes, concurrency=4)
         fetcher = kwargs.pop("fetcher", None)
         if fetcher is None:

@@ -10,9 +10,9 @@ import pytest
 from support import GpuLine, dcgm_page
 
 from keda_gpu_scaler.collect import scrape
-from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.metrics import Telemetry
+from keda_gpu_scaler.wanted import WantedSources
 
 
 class _Node:
@@ -44,7 +44,7 @@ async def test_cyclic_garbage_made_around_a_large_page_read_is_still_collected(
     collector = scrape.ScrapeCollector(
         fetcher=_OnePage(dcgm_page([GpuLine("llm", "vllm-0", 50)]).encode()),
         store=Store(),
-        interest=Interest(600, time.monotonic),
+        interest=WantedSources(),
         limits=scrape.ScrapeLimits(1.0, 1.0, 1 << 20, 1),
         telemetry=Telemetry(),
         clock=time.monotonic,
