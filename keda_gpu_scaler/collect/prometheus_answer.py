@@ -59,7 +59,7 @@ def parse_vector(body: bytes) -> tuple[list[Element], list[str]]:
         raise too_many_elements() from None
     # UnicodeDecodeError is a ValueError too; RecursionError: nested deeper than the decoder goes.
     except (ValueError, RecursionError) as error:
-        raise PrometheusError(f"the answer is not JSON ({remote_text(str(error))})") from None
+        raise PrometheusError(f"the answer is not JSON ({remote_text(str(error))})") from error
     if not isinstance(document, dict):
         raise PrometheusError("the answer is not a Prometheus API response")
     if document.get("status") != "success":

@@ -161,9 +161,9 @@ class KubeApi:
         try:
             response: aiohttp.ClientResponse = await call(*args, _preload_content=False, **kwargs)
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
-            raise transport_error(error, permission) from None
+            raise transport_error(error, permission) from error
         except client.ApiException as error:  # raised by the client for statuses it sees itself
-            raise api_error(error.status or 0, str(error.body or error.reason).encode(), permission) from None
+            raise api_error(error.status or 0, str(error.body or error.reason).encode(), permission) from error
         if not 200 <= response.status < 300:  # 201 Created answers a create (a TokenRequest)
             try:
                 body = await response.read()
@@ -183,7 +183,7 @@ class KubeApi:
         try:
             body = await response.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
-            raise transport_error(error, permission) from None
+            raise transport_error(error, permission) from error
         finally:
             response.release()
         try:
@@ -193,10 +193,10 @@ class KubeApi:
                 data = await asyncio.to_thread(loads_in_pieces, body, ("items",))
             else:
                 data = json.loads(body)
-        except (ValueError, RecursionError):
+        except (ValueError, RecursionError) as error:
             raise KubeError(
                 f"the Kubernetes API answered something that is not JSON to {permission}"
-            ) from None
+            ) from error
         if not isinstance(data, dict):
             raise KubeError(f"the Kubernetes API answered an unexpected document to {permission}")
         return data
@@ -347,10 +347,10 @@ class KubeApi:
                     raise api_error(int(status.get("code") or 500), json.dumps(status).encode(), permission)
                 yield event
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
-            raise transport_error(error, permission) from None
-        except ValueError:
+            raise transport_error(error, permission) from error
+        except ValueError as error:
             raise KubeError(
                 f"the Kubernetes API sent a watch event that is not a JSON object ({permission})"
-            ) from None
+            ) from error
         finally:
             response.release()
