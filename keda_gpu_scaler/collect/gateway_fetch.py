@@ -21,7 +21,9 @@ import ssl
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from keda_gpu_scaler.collect.http import BearerToken, FetchError, HTTPStatusError, LeanFetcher
+import aiohttp
+
+from keda_gpu_scaler.collect.http import BearerToken, FetchError, HTTPStatusError, PageFetcher
 from keda_gpu_scaler.secretfile import SecretFile
 
 # Where Kubernetes mounts a pod's service account token (projected, rotated by the kubelet).
@@ -50,9 +52,9 @@ def gateway_ssl(ca_file: Path | None) -> ssl.SSLContext:
 
 
 class GatewayFetcher:
-    """EPP pages through a LeanFetcher; 401, 403 and unverifiable certificates say what to do."""
+    """EPP pages through a PageFetcher; 401, 403 and unverifiable certificates say what to do."""
 
-    def __init__(self, inner: LeanFetcher, token: ServiceAccountToken, ca_file: Path | None) -> None:
+    def __init__(self, inner: PageFetcher, token: ServiceAccountToken, ca_file: Path | None) -> None:
         self._inner = inner
         self._token = token
         self._ca_file = ca_file
@@ -62,13 +64,13 @@ class GatewayFetcher:
             return await self._inner.get(url)
         except HTTPStatusError as error:
             if error.status == 401:
-                raise FetchError(self._unauthorized(url)) from None
+                raise FetchError(self._unauthorized(url)) from error
             if error.status == 403:
                 raise FetchError(
                     f"HTTP 403 Forbidden: the endpoint picker denies the scaler's service account its page;"
                     f" grant that ServiceAccount `get` on the non-resource URL /metrics (a ClusterRole rule"
                     f" {METRICS_RULE}: manifests/base and the chart's rbac.gateway have it)"
-                ) from None
+                ) from error
             raise
         except FetchError as error:
             if "CERTIFICATE_VERIFY_FAILED" in str(error) or "SSLCertVerificationError" in str(error):
@@ -81,7 +83,7 @@ class GatewayFetcher:
                 raise FetchError(
                     f"the endpoint picker's certificate does not verify against {trust}; its page is not"
                     f" read and the scaler's token is not sent ({error})"
-                ) from None
+                ) from error
             raise
 
     def _unauthorized(self, url: str) -> str:
@@ -102,19 +104,20 @@ class GatewayFetcher:
             " (its TokenReview failed: the token is not one of this cluster's, or has expired)"
         )
 
-    def forget(self, url: str) -> None:
-        self._inner.forget(url)
-
-    def close(self) -> None:
-        self._inner.close()
-
 
 def gateway_fetcher(
-    *, timeout: float, max_bytes: int, ca_file: Path | None, token_file: Path | None = SERVICE_ACCOUNT_TOKEN
+    session: aiohttp.ClientSession,
+    *,
+    timeout: float,
+    max_bytes: int,
+    ca_file: Path | None,
+    token_file: Path | None = SERVICE_ACCOUNT_TOKEN,
 ) -> GatewayFetcher:
     """The fetcher of EPP pages: raises ssl.SSLError or OSError for a CA file that cannot be loaded."""
     if token_file is not None and not token_file.exists():
         token_file = None  # not in a pod: nothing to present (a 401 then says so)
     token = ServiceAccountToken(token_file)
-    inner = LeanFetcher(timeout=timeout, max_bytes=max_bytes, ssl_context=gateway_ssl(ca_file), token=token)
+    inner = PageFetcher(
+        session, timeout=timeout, max_bytes=max_bytes, ssl_context=gateway_ssl(ca_file), token=token
+    )
     return GatewayFetcher(inner, token, ca_file)
