@@ -691,6 +691,38 @@ async def test_fetch_failures_name_the_reason(reply: bytes, reason: str) -> None
         server.close()
 
 
+# ---- issue 31 item 6: a page that does not end its last line was cut short -----------------------------
+
+# vllm-1's utilisation is 12 %; the body ends inside "12", with no final newline.
+CUT_PAGE = dcgm_page([GpuLine("llm", "vllm-0", 30), GpuLine("llm", "vllm-1", 12, gpu=1)]).encode()
+CUT_PAGE = CUT_PAGE[: CUT_PAGE.index(b'pod="vllm-1"} 12') + len(b'pod="vllm-1"} 1')]
+
+
+@pytest.mark.parametrize(
+    "framing",
+    [
+        b"Connection: close\r\n\r\n" + CUT_PAGE,  # read to the close: nothing else tells it was cut
+        b"Content-Length: %d\r\n\r\n" % len(CUT_PAGE) + CUT_PAGE,
+        b"Transfer-Encoding: chunked\r\n\r\n" + chunked(CUT_PAGE),
+    ],
+    ids=["read to the close", "content-length", "chunked"],
+)
+async def test_a_page_cut_inside_a_number_is_a_failed_source_not_a_smaller_number(framing: bytes) -> None:
+    async def answer(_: bytes, __: int) -> bytes:
+        return b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n" + framing
+
+    server, url, _ = await raw_server(answer, close_after_reply=True)
+    rig = Rig()
+    try:
+        assert not await rig.collector.scrape_once(url)
+        error = rig.error(url)
+        assert error is not None and "truncated" in error, error
+        (state,) = rig.store.sources()
+        assert state.last_page is None
+    finally:
+        server.close()
+
+
 async def test_a_malformed_answer_is_recorded_and_the_fixed_exporter_is_read_at_the_next_scrape(
     caplog,
 ) -> None:  # type: ignore[no-untyped-def]
