@@ -20,6 +20,7 @@ READ_CHUNK = 256 * 1024
 # Bodies larger than this are joined from their pieces in a worker thread (where bytes.join lets go of
 # the GIL: it does so from 1 MiB on).
 JOIN_OFF_LOOP_BYTES = 1024 * 1024
+USER_AGENT = "keda-gpu-scaler"
 # Idle kept connections are closed after this long at least (longer when pages are fetched less often):
 # one connection per source is reused from one scrape to the next.
 MIN_KEEPALIVE_SECONDS = 15.0
@@ -70,6 +71,10 @@ def fetch_error(error: BaseException, timeout: float) -> FetchError:
         return error
     if isinstance(error, TimeoutError):
         return FetchError(f"timed out after {timeout:g}s")
+    if isinstance(error, asyncio.IncompleteReadError):
+        return FetchError(
+            f"the answer's body is cut short (truncated): {len(error.partial)} of {error.expected} bytes"
+        )
     if isinstance(error, aiohttp.ClientPayloadError):
         # The head was read, the body was not: its announced length or last chunk never came, or its
         # framing is broken. (aiohttp's cause holds the parser's words.)
@@ -102,6 +107,7 @@ def _tidy(text: str, limit: int = 300) -> str:
 # What a request can fail with before it reaches fetch_error.
 REQUEST_FAILURES = (
     FetchError,
+    asyncio.IncompleteReadError,
     OSError,
     TimeoutError,
     SecretFileError,
@@ -129,8 +135,9 @@ def client_session(keepalive: float = MIN_KEEPALIVE_SECONDS) -> aiohttp.ClientSe
         auto_decompress=False,
         trust_env=False,
         cookie_jar=aiohttp.DummyCookieJar(),
-        headers={"User-Agent": "keda-gpu-scaler"},
         read_bufsize=READ_CHUNK,
+        # No deadline of aiohttp's: `request` sets its own around each exchange.
+        timeout=aiohttp.ClientTimeout(),
     )
 
 
@@ -170,18 +177,22 @@ async def request(
         # Its bodies would arrive inflated under a Content-Encoding header that says otherwise.
         raise TypeError("an HTTP session of the sources must be made by client_session()")
     try:
-        async with session.request(
-            "GET" if form is None else "POST",
-            url,
-            data=form,
-            headers=headers,
-            ssl=ssl_context,
-            timeout=aiohttp.ClientTimeout(total=timeout),
-            allow_redirects=False,
-        ) as response:
-            encoding = _content_encoding(response)
-            body = await _read_limited(response, max_bytes)
-            answer = Answer(response.status, response.reason or "", response.headers.get("Location"), body)
+        # The deadline is asyncio's, over the whole exchange: aiohttp's own timers per request cost more.
+        async with asyncio.timeout(timeout):
+            response = await session.request(
+                "GET" if form is None else "POST",
+                url,
+                data=form,
+                headers=headers,
+                ssl=ssl_context,
+                allow_redirects=False,
+            )
+            try:
+                encoding = _content_encoding(response)
+                body = await _read_limited(response, max_bytes)
+            finally:
+                response.release()
+        answer = Answer(response.status, response.reason or "", response.headers.get("Location"), body)
     except REQUEST_FAILURES as error:
         raise fetch_error(error, timeout) from error
     if encoding is not None and body:
@@ -196,7 +207,10 @@ _DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 def _content_encoding(response: aiohttp.ClientResponse) -> str | None:
     """gzip or deflate, None for identity; FetchError for anything else or two that disagree."""
-    found = {value.strip().lower() for value in response.headers.getall("Content-Encoding", ())}
+    headers = response.headers
+    if "Content-Encoding" not in headers:
+        return None
+    found = {value.strip().lower() for value in headers.getall("Content-Encoding")}
     found.discard("identity")
     found.discard("")
     if not found:
@@ -217,9 +231,13 @@ async def _read_limited(response: aiohttp.ClientResponse, max_bytes: int) -> byt
     length = response.content_length
     if length is not None and length > max_bytes:
         raise too_large(max_bytes, length)
+    content = response.content
+    if length is not None and length <= JOIN_OFF_LOOP_BYTES:
+        # (The common case, in one call: the parser ends the body at the announced length, and fails
+        # the read when the connection ends first.)
+        return await content.readexactly(length) if length else b""
     pieces: list[bytes] = []
     size = 0
-    content = response.content
     while chunk := await content.readany():
         pieces.append(chunk)
         size += len(chunk)
@@ -292,7 +310,11 @@ class BearerToken:
 
 # What a metrics page is asked for with: the text format, and no compression (the sources are near,
 # and inflating costs the scaler CPU; a compressed answer is read all the same).
-PAGE_HEADERS = {"Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1", "Accept-Encoding": "identity"}
+PAGE_HEADERS = {
+    "User-Agent": USER_AGENT,
+    "Accept": "text/plain;version=0.0.4;q=1,*/*;q=0.1",
+    "Accept-Encoding": "identity",
+}
 
 
 def complete_page(body: bytes) -> bytes:

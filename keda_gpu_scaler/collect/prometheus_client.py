@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from keda_gpu_scaler.collect.http import FetchError, PageTooLarge, request
+from keda_gpu_scaler.collect.http import USER_AGENT, FetchError, PageTooLarge, request
 from keda_gpu_scaler.collect.prometheus_answer import (
     Element,
     PrometheusError,
@@ -144,6 +144,7 @@ class PrometheusClient:
     async def _post(self, form: dict[str, str]) -> bytes:
         """The body of a 200 answer; PrometheusError saying why there is none."""
         headers = self._credentials.headers()
+        headers.setdefault("User-Agent", USER_AGENT)
         # Answers of many series compress well; the body is inflated off the loop (collect/http.py).
         headers.setdefault("Accept-Encoding", "gzip, deflate")
         try:
