@@ -151,16 +151,21 @@ def _count_lines(text: str, family: str) -> int:
     if text.count(f"\n{family}") != count:
         count += text.count(f"\n{family} ") + text.count(f"\n{family}\t")
     count += 1 if text.startswith((f"{family}{{", f"{family} ", f"{family}\t")) else 0
-    if "\n " in text or "\n\t" in text or text.startswith((" ", "\t")):
+    if exposition.has_blank_led_line(text):
         # The format allows blanks before a sample's name: such lines count too (and are left to the
-        # general parser, since they are not in client_golang's layout).
-        count += len(_indented(family).findall(text))
+        # general parser, since they are not in client_golang's layout). Searched in pieces: one pass
+        # over a 16 MB page would hold the GIL for tens of ms.
+        count += exposition.count_in_pieces(_indented(family), text)
     return count
 
 
 @lru_cache(maxsize=16)
 def _indented(family: str) -> re.Pattern[str]:
     return re.compile(rf"^[ \t]+{re.escape(family)}(?=[{{ \t])", re.MULTILINE)
+
+
+# More characters per queue line than any EPP prints (five label values and a number).
+MAX_LINE_CHARS = 4096
 
 
 def _fast_columns(text: str, family: str, lines: int) -> Columns | None:
@@ -171,6 +176,10 @@ def _fast_columns(text: str, family: str, lines: int) -> Columns | None:
     if first <= 0 and not text.startswith(head):
         return None
     end = text.find("\n", max(first, last))
+    if (end if end >= 0 else len(text)) - first > MAX_LINE_CHARS * lines:
+        # The family's lines are not together (other lines between them): not client_golang's layout,
+        # and splitting what lies between would be one long call over most of the page.
+        return None
     span = text[first : end if end >= 0 else None]
     if "\\" in span:
         return None  # an escaped quote would move the split

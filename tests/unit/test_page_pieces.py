@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from keda_gpu_scaler import exposition
 from keda_gpu_scaler.exposition import ExpositionError, Sample
+from keda_gpu_scaler.gateways import epp, page_queue
 
 NAMES = ["up", "up_total", "vllm:num_requests_waiting", "vllm:num_requests_running"]
 NAME = st.sampled_from([*NAMES, "other", "u"])
@@ -127,3 +128,30 @@ def test_counting_series_in_pieces_refuses_where_one_pass_refuses(
     with mock.patch.object(exposition, "PIECE", piece):
         found = exposition.too_many_samples(data, names, limit)
     assert str(found) == str(expected)
+
+
+@given(pages())
+def test_blank_led_lines_counted_in_pieces_are_those_one_pass_counts(
+    case: tuple[str | bytes, set[str], int],
+) -> None:
+    page, names, piece = case
+    text = page.decode("utf-8", "replace") if isinstance(page, bytes) else page
+    indented = re.compile(rf"^[ \t]+(?:{'|'.join(map(re.escape, sorted(names)))})(?=[{{ \t])", re.MULTILINE)
+    with mock.patch.object(exposition, "PIECE", piece):
+        assert exposition.count_in_pieces(indented, text) == len(indented.findall(text))
+        assert exposition.has_blank_led_line(text) == (
+            "\n " in text or "\n\t" in text or text.startswith((" ", "\t"))
+        )
+
+
+def test_a_queue_whose_lines_lie_far_apart_is_read_whole_without_splitting_what_lies_between() -> None:
+    """An EPP page with the queue's two lines at its top and bottom: the fast path would split the
+    whole page between them in one call, the general parser reads them in pieces; the queue is the same."""
+    line = '{f}{{fairness_id="{a}",inference_pool="chat-pool",model_name="m",priority="0",target_model_name="m"}} {v}\n'
+    first = line.format(f=epp.QUEUE, a="a", v=2)
+    last = line.format(f=epp.QUEUE, a="b", v=3)
+    between = "".join(f'other_family{{i="{i}"}} {i}\n' for i in range(2 * epp.MAX_LINE_CHARS // 10))
+    assert epp._fast_columns(first + last, epp.QUEUE, 2) is not None  # together: the fast path
+    apart = first + between + last
+    assert epp._fast_columns(apart, epp.QUEUE, 2) is None
+    assert page_queue(apart).totals == page_queue(first + last).totals == (("chat-pool", "m", 5.0),)
