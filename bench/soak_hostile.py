@@ -7,7 +7,10 @@ four hostile ones, each in its own process apart from the measuring one:
   - an exporter that answers 302, redirecting to a healthy exporter's page;
   - a slowloris exporter: headers, then one byte every half second;
   - a Prometheus server whose every /api/v1/query answer is a ~15 MiB vector, read by a ScaledObject of
-    another namespace (`source: prometheus`).
+    another namespace (`source: prometheus`);
+  - tenants (bench.soak_tenants): 300 endpoint-picker replicas that never answer, a ~16 MB endpoint-picker
+    page changing on every scrape, and later 2,000 pool names and an /explain hammer; the healthy
+    tenant's `pending` wake is timed beside them.
 A hostile client (its own process) calls at a fixed rate with thousands of distinct names and
 namespaces and with invalid metadata, names and protobuf; another process opens StreamIsActive streams
 and is then frozen with SIGSTOP (the scaler must drop them by keepalive and give their slots back).
@@ -44,6 +47,18 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.harness import ROOT, Child, categorise, page_server, percentile, profile, rss_mib, scaler
 from bench.soak_registry import product_commit, write_section
+from bench.soak_tenants import (
+    TENANT_ATTACK,
+    HealthyGateway,
+    explain_hammer,
+    gateway_urls,
+    keep_hostile_pools_wanted,
+    many_pool_names,
+    measure_wakes,
+    serve_tenant_neighbours,
+    tenant_rows,
+    tenant_setup,
+)
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 
@@ -60,7 +75,7 @@ LEGIT_STREAMS = 100
 MAX_STREAMS = FROZEN_STREAMS + 50  # frozen streams alone leave no room for the legitimate ones
 HOSTILE_RATE = 300.0  # RPC/s offered by the hostile client
 CALM_HEAD = 30.0  # seconds with only the hostile exporters, before the hostile client and streams
-HOSTILE_EXPORTERS = ("bomb", "big", "redirect", "slowloris", "prometheus")
+HOSTILE_EXPORTERS = ("bomb", "big", "redirect", "slowloris", "prometheus", "tenants")
 BOMB_INFLATED = 256 * 1024 * 1024
 BIG_SERIES = 150_000
 PROMETHEUS_ELEMENTS = 50_000  # ~15 MiB of /api/v1/query vector
@@ -127,6 +142,7 @@ def prometheus_vector(shift: int) -> bytes:
 
 async def serve_hostile_exporters(redirect_to: str) -> None:
     counts: Counter[str] = Counter()
+    tenant_ports, tenant_sizes, stop_tenants = await serve_tenant_neighbours(counts)
     bomb = bomb_body()
     big_first, big_rest = big_page()
     vectors = (prometheus_vector(0), prometheus_vector(1))
@@ -156,6 +172,7 @@ async def serve_hostile_exporters(redirect_to: str) -> None:
                 "bomb_bytes": len(bomb),
                 "big_bytes": len(big_first + big_rest) + 3,
                 "prometheus_bytes": len(vectors[0]),
+                "fat_epp_bytes": tenant_sizes.get("fat_epp_bytes", 0),
             }
         )
 
@@ -193,6 +210,7 @@ async def serve_hostile_exporters(redirect_to: str) -> None:
 
     loris = await asyncio.start_server(slowloris, "127.0.0.1", 0)
     ports["slowloris"] = loris.sockets[0].getsockname()[1]
+    ports.update(tenant_ports)
     print(json.dumps(ports), flush=True)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -200,6 +218,7 @@ async def serve_hostile_exporters(redirect_to: str) -> None:
         loop.add_signal_handler(sig, stopping.set)
     await stopping.wait()
     loris.close()
+    await stop_tenants()
     for runner in runners:
         await runner.cleanup()
 
@@ -340,8 +359,12 @@ async def run(minutes: float, with_profile: bool, exporters_used: list[str], rat
     open_streams: list[tuple[float, float]] = []
     result: dict[str, Any] = {}
     commit = product_commit()  # the scaler below imports the product as it is now
+    gateway = HealthyGateway()
+    await gateway.start()
     async with page_server(HEALTHY_EXPORTERS) as pages:
         exporters, ports = await spawn("--role", "exporters", "--redirect-to", pages.url(0))
+        tenants = "tenants" in exporters_used
+        env = {"KEDA_GPU_SCALER_GATEWAY_URL": gateway_urls(ports, gateway.port)} if tenants else {}
         hostile_urls = {
             name: f"http://127.0.0.1:{port}/metrics"
             for name, port in ports.items()
@@ -358,11 +381,13 @@ async def run(minutes: float, with_profile: bool, exporters_used: list[str], rat
                 keepalive_time=f"{KEEPALIVE_TIME:g}",
                 keepalive_timeout=f"{KEEPALIVE_TIMEOUT:g}",
                 max_streams=str(MAX_STREAMS),
-                explain="off",
+                explain="on",
+                extra_env=env,
             ) as server:
                 result = await attack(
                     server,
                     pages,
+                    gateway if tenants else None,
                     seconds,
                     with_profile,
                     rate,
@@ -381,6 +406,7 @@ async def run(minutes: float, with_profile: bool, exporters_used: list[str], rat
                 result["exporter_stats"] = await response.json()
         finally:
             await exporters.stop()
+            await gateway.stop()
     result["rate"] = rate
     result["exporters"] = exporters_used
     result["commit"] = commit
@@ -390,6 +416,7 @@ async def run(minutes: float, with_profile: bool, exporters_used: list[str], rat
 async def attack(
     server: Any,
     pages: Any,
+    gateway: HealthyGateway | None,
     seconds: float,
     with_profile: bool,
     rate: float,
@@ -491,6 +518,13 @@ async def attack(
 
     tasks = [poll, healthy_stream, load, sampler] + ([poll_hostile_prometheus] if hostile_prometheus else [])
     background = [asyncio.create_task(f()) for f in tasks]
+    wakes: dict[str, Any] = {}
+    result["wakes"] = wakes
+    if gateway is not None:
+        background += [
+            asyncio.create_task(keep_hostile_pools_wanted(stub)),
+            asyncio.create_task(measure_wakes(stub, gateway, lambda: phase, wakes)),
+        ]
     await asyncio.sleep(max(0.0, CALM_HEAD - (time.monotonic() - t0)))
 
     # The attack: frozen streams first (they must get their slots), then the hostile client.
@@ -506,6 +540,24 @@ async def attack(
     frozen_at = time.monotonic() - t0
     result["frozen_at"] = frozen_at
     client_seconds = seconds - (time.monotonic() - t0) - 15
+    hammer = None
+    if gateway is not None:
+        # The tenants' later neighbours: 2,000 pool names from one ScaledObject, and the /explain hammer.
+        background.append(asyncio.create_task(many_pool_names(stub, max(5.0, client_seconds / 2), result)))
+        hammer = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "bench.soak_hostile",
+            "--role",
+            "explain",
+            "--target",
+            f"http://127.0.0.1:{server.http_port}",
+            "--seconds",
+            f"{max(5.0, client_seconds):.0f}",
+            cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
     hostile = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -560,12 +612,18 @@ async def attack(
         assert hostile.stdout is not None
         out, _ = await asyncio.wait_for(hostile.communicate(), client_seconds + 120)
         result["hostile_client"] = json.loads(out.decode().strip().splitlines()[-1]) if out.strip() else None
+        if hammer is not None:
+            out, _ = await asyncio.wait_for(hammer.communicate(), client_seconds + 120)
+            result["explain_hammer"] = (
+                json.loads(out.decode().strip().splitlines()[-1]) if out.strip() else None
+            )
         for call in legit_calls:
             call.cancel()
     finally:
-        if hostile.returncode is None:
-            hostile.kill()
-            await hostile.wait()
+        for process in (hostile, hammer):
+            if process is not None and process.returncode is None:
+                process.kill()
+                await process.wait()
         os.kill(frozen.pid, signal.SIGCONT)
         await frozen.stop(grace=2)
         for task in background:
@@ -631,7 +689,7 @@ def report(
         command += f" --rate {r['rate']:g}"
     title = (
         "## Soak: hostile neighbours (gzip bomb, 15 MB changing page, redirects, slowloris, 15 MiB"
-        " Prometheus answers, hostile client)"
+        " Prometheus answers, hostile tenants, hostile client)"
     )
     if variant(list(r["exporters"]), r["rate"]):
         title = (
@@ -646,7 +704,7 @@ def report(
         f"Command: `{command}`. Product: commit {r['commit']}.",
         "",
         f"Setup: `keda-gpu-scaler serve --kubernetes off --scrape-interval {SCRAPE_INTERVAL:g} --keepalive-time"
-        f" {KEEPALIVE_TIME:g} --keepalive-timeout {KEEPALIVE_TIMEOUT:g} --max-streams {MAX_STREAMS} --explain off`,"
+        f" {KEEPALIVE_TIME:g} --keepalive-timeout {KEEPALIVE_TIMEOUT:g} --max-streams {MAX_STREAMS} --explain on`,"
         " other flags at their defaults (--max-page-bytes 16 MiB, --scrape-timeout 3, --interest-ttl 600,"
         f" --max-scaledobjects 5000). Healthy: {HEALTHY_EXPORTERS} exporters (8-GPU dcgm-exporter pages,"
         f" namespace `llm`), their load busy ({BUSY_UTIL:g} %) / idle every {LOAD_PHASE:g} s; ScaledObject"
@@ -656,10 +714,13 @@ def report(
         " changing on every scrape, a 302 to a healthy exporter's page, a slowloris (headers, then 1 byte per"
         f" 0.5 s), a Prometheus (`--prometheus-url`) answering every query with a"
         f" {stats_.get('prometheus_bytes', 0) / 2**20:.1f} MiB vector of {PROMETHEUS_ELEMENTS:,} series, read by"
-        " `hostile-prom/hostile-prometheus` (`source: prometheus`, GetMetrics every second). From"
+        " `hostile-prom/hostile-prometheus` (`source: prometheus`, GetMetrics every second)."
+        + (tenant_setup(stats_.get("fat_epp_bytes", 0)) if "tenants" in r["exporters"] else "")
+        + " From"
         f" {CALM_HEAD:g} s: {FROZEN_STREAMS} StreamIsActive streams in a process then frozen with"
         f" SIGSTOP, and a hostile client at {r['rate']:g} RPC/s (half new ScaledObjects each with its own name"
-        " and namespace, the rest invalid metadata, invalid names, garbage protobuf, or many names in `llm`).",
+        " and namespace, the rest invalid metadata, invalid names, garbage protobuf, or many names in `llm`)"
+        + (TENANT_ATTACK if "tenants" in r["exporters"] else "."),
         "",
         "| check | result | goal |",
         "|---|---|---|",
@@ -684,6 +745,7 @@ def report(
         f"| {LEGIT_STREAMS} legitimate streams opened at {r['legit_at']:.0f} s | {r['legit_streams']} | none refused |",
         f"| a new legitimate ScaledObject at {r['late_at']:.0f} s (GetMetricSpec) | {r['late_scaledobject']} | OK |",
         f"| followed ScaledObjects at the end (gauge) | {r.get('followed_last', float('nan')):.0f} | |",
+        *(tenant_rows(r, CALM_HEAD) if "tenants" in r["exporters"] else []),
         f"| hostile client | {hostile.get('rounds', '?')} rounds; {dict(sorted((hostile.get('codes') or {}).items()))} | |",
         f"| hostile exporters' requests | { {k: v for k, v in stats_.items() if not k.endswith('_bytes')} } | |",
         "",
@@ -754,7 +816,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--output", type=Path, default=ROOT / "docs" / "SOAK.md")
     # The processes the soak starts itself.
     p.add_argument(
-        "--role", choices=("soak", "exporters", "client", "frozen"), default="soak", help=argparse.SUPPRESS
+        "--role",
+        choices=("soak", "exporters", "client", "frozen", "explain"),
+        default="soak",
+        help=argparse.SUPPRESS,
     )
     p.add_argument("--redirect-to", default="", help=argparse.SUPPRESS)
     p.add_argument("--target", default="", help=argparse.SUPPRESS)
@@ -771,6 +836,8 @@ def main() -> None:
         asyncio.run(hostile_client(args.target, args.rate, args.seconds))
     elif args.role == "frozen":
         asyncio.run(frozen_streams(args.target, args.count))
+    elif args.role == "explain":
+        asyncio.run(explain_hammer(args.target, args.seconds))
     else:
         given = [name for name in args.exporters.split(",") if name]
         unknown = set(given) - set(HOSTILE_EXPORTERS)

@@ -8,7 +8,6 @@ import logging
 import os
 import signal
 import ssl
-import sys
 import time
 from collections.abc import Callable, Coroutine, Hashable
 from typing import Any
@@ -21,6 +20,7 @@ from keda_gpu_scaler import http_endpoints
 from keda_gpu_scaler.collect.gateway import GatewayPages
 from keda_gpu_scaler.collect.gateway_fetch import gateway_fetcher
 from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink, PoolInterest
+from keda_gpu_scaler.collect.gateway_token import MintedToken
 from keda_gpu_scaler.collect.http import client_session, exporter_fetcher, keepalive_for
 from keda_gpu_scaler.collect.inference import INFERENCE_INTEREST, InferencePages, WantedPages
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, Interest
@@ -28,10 +28,9 @@ from keda_gpu_scaler.collect.prometheus import PrometheusCollector
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient, prometheus_ssl
 from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import SourceKind, Store
-from keda_gpu_scaler.discovery.api import ConnectError
+from keda_gpu_scaler.discovery.api import ConnectError, KubeApi, connect
 from keda_gpu_scaler.discovery.resolver import DiscoveryConfig, KubeDiscovery
 from keda_gpu_scaler.evaluator import Evaluator
-from keda_gpu_scaler.gcpolicy import FreezeAfterFullCollections
 from keda_gpu_scaler.http_endpoints import http_app
 from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.registry import Explanation, Followed, Registry, Subscription
@@ -118,6 +117,8 @@ class App:
             prometheus_enabled=settings.prometheus_url is not None,
             gateway_pages=self.gateway_pages,
             gateway_max_staleness=gateway_max_staleness(settings),
+            touch=self.interest.touch,
+            demand_forget_after=settings.interest_ttl,
         )
         self.registry = Registry(
             ttl=settings.interest_ttl,
@@ -164,6 +165,8 @@ class App:
         self._sweeper: asyncio.Task[None] | None = None
         self._inference_collector: ScrapeCollector | None = None
         self._gateway_collector: ScrapeCollector | None = None
+        self._minted: MintedToken | None = None
+        self._token_api: KubeApi | None = None
 
     def _subscribed(self, followed: Followed, subscription: Subscription) -> None:
         if self.pod_pages is not None:
@@ -201,16 +204,24 @@ class App:
         self._session = session = client_session(keepalive_for(s))
         try:
             fetcher = exporter_fetcher(session, s)
-            # Endpoint-picker pages have their own fetcher: the scaler's service account token goes to
-            # them only over HTTPS verified against --gateway-ca-file (collect/gateway_fetch.py), never
-            # to exporters.
+            # Endpoint-picker pages have their own fetcher: the limited token (minted for
+            # --gateway-token-serviceaccount, or --gateway-token-file's), or the scaler's service account
+            # token over verified HTTPS only (collect/gateway_fetch.py), never to exporters.
+            metrics_token = await self._metrics_token()
             try:
                 epp_fetcher = gateway_fetcher(
-                    session, timeout=s.scrape_timeout, max_bytes=s.max_page_bytes, ca_file=s.gateway_ca_file
+                    session,
+                    timeout=s.scrape_timeout,
+                    max_bytes=s.max_page_bytes,
+                    ca_file=s.gateway_ca_file,
+                    metrics_token_file=s.gateway_token_file,
+                    metrics_token=metrics_token,
+                    plain_http=s.gateway_token_plain_http,
                 )
             except (ssl.SSLError, OSError) as error:
                 raise SettingsError(f"--gateway-ca-file: {error}") from error
         except SettingsError:
+            await self._stop_minting()
             await self._close_session()
             raise
 
@@ -308,6 +319,27 @@ class App:
             len(s.exporter_urls),
         )
 
+    async def _metrics_token(self) -> MintedToken | None:
+        """Tokens minted for --gateway-token-serviceaccount, renewed in the background from now on, through
+        an API client of their own (discovery's connection is not started yet, and stops on its own)."""
+        s = self.settings
+        if s.gateway_token_serviceaccount is None:
+            return None
+        if s.kubernetes != "on":
+            raise SettingsError(
+                "--gateway-token-serviceaccount needs Kubernetes: its tokens are minted through the API"
+                " server, and no in-cluster service account or KUBECONFIG is present (give --kubernetes on"
+                " with --kubeconfig, or --gateway-token-file)"
+            )
+        try:
+            self._token_api = KubeApi(await connect(s.kubeconfig))
+        except ConnectError as error:
+            raise SettingsError(f"--gateway-token-serviceaccount: {error}") from None
+        namespace, name = s.gateway_token_serviceaccount
+        self._minted = MintedToken(namespace, name, self._token_api.create_token)
+        self._minted.start()
+        return self._minted
+
     async def stop(self) -> None:
         """Health NOT_SERVING, streams end with OK, in-flight calls finish within the grace, then the rest."""
         self.telemetry.ready = False
@@ -331,6 +363,7 @@ class App:
         if self._http is not None:
             await self._http.cleanup()
         await self._close_session()
+        await self._stop_minting()
         log.info("stopped")
 
     async def _close_session(self) -> None:
@@ -339,9 +372,13 @@ class App:
             session, self._session = self._session, None
             await session.close()
 
-
-# Seconds a thread holding the GIL keeps it while another waits (sys.setswitchinterval), as `serve` sets it.
-GIL_SWITCH_INTERVAL = 0.001
+    async def _stop_minting(self) -> None:
+        if self._minted is not None:
+            await self._minted.stop()
+            self._minted = None
+        if self._token_api is not None:
+            await self._token_api.close()
+            self._token_api = None
 
 
 async def run_until_signalled(
@@ -354,26 +391,18 @@ async def run_until_signalled(
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         loop.add_signal_handler(sig, stopping.set)
     await app.start()
-    # The process is the scaler's alone from here: everything built so far lives as long as it, and
-    # keeping it out of the collector's generations shortens the full collections that otherwise show as
-    # tens of ms in RPC tails; from now on each full collection freezes what it found alive (gcpolicy).
-    # A process's policy, so set here and not by App, which tests and tools embed.
-    gc_policy = FreezeAfterFullCollections()
+    # The process is the scaler's alone from here: what start-up built (modules, gRPC, protobuf, the app)
+    # lives as long as it, and frozen it is no longer walked by every full collection. One freeze, the
+    # usual practice: freezing again after every full collection, and a 1 ms GIL switch interval, did not
+    # shorten the RPC tail at 100 ScaledObjects and 1,000 pods (docs/BENCHMARKS.md, "Caches"). A process's
+    # setting, so made here and not by App, which tests and tools embed.
     gc.freeze()
-    gc_policy.install()
-    # Large pages and answers are decoded in worker threads. While one runs, the event loop waits for the
-    # GIL up to the switch interval each time it needs it back: 5 ms by default, more than an RPC's whole
-    # budget. At 1 ms the worker is made to hand it over sooner; with no worker running it changes nothing.
-    switch_interval = sys.getswitchinterval()
-    sys.setswitchinterval(GIL_SWITCH_INTERVAL)
     extra = asyncio.create_task(alongside()) if alongside else None
     try:
         await stopping.wait()
         log.info("signal received: shutting down")
     finally:
         # The process as it was before serving (it may go on: tests and tools embed this).
-        sys.setswitchinterval(switch_interval)
-        gc_policy.remove()
         gc.unfreeze()
         if extra is not None:
             extra.cancel()

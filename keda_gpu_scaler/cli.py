@@ -1,4 +1,5 @@
-"""Command line: `serve` (the main job), `demo` (serve + a simulated GPU and LLM fleet) and `explain` (one-shot)."""
+"""Command line: `serve` (the main job), `demo` (serve + a simulated GPU and LLM fleet), `explain` (one-shot)
+and `calibrate` (what one LLM-serving replica serves, for `metric: demand`'s threshold)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ from collections.abc import Sequence
 
 from keda_gpu_scaler import __version__
 from keda_gpu_scaler.logs import configure_logging
-from keda_gpu_scaler.settings import FLAGS, SettingsError, build_settings, env_values, resolve_kubernetes
+from keda_gpu_scaler.settings import (
+    FLAGS,
+    Settings,
+    SettingsError,
+    build_settings,
+    env_values,
+    resolve_kubernetes,
+)
 
 log = logging.getLogger("keda_gpu_scaler")
 
@@ -23,6 +31,7 @@ KEDA external scaler that scales GPU workloads on their own pods' GPU utilisatio
   keda-gpu-scaler serve --exporter-url http://node-a:9400/metrics   the main job (KEDA calls it on :6000)
   keda-gpu-scaler demo                                             try it: a simulated GPU and LLM fleet on loopback
   keda-gpu-scaler explain --exporter-url URL --namespace NS podNamePrefix=vllm- threshold=70
+  keda-gpu-scaler calibrate http://10.0.3.7:8000/metrics            one pod's capacity under a load ramp
 """
 
 
@@ -40,7 +49,7 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_demo_arguments(demo: argparse.ArgumentParser) -> None:
-    """The demo's flags (the README's table of them is made from these)."""
+    """The demo's flags (the table of them in docs/reference.md is made from these)."""
     demo.add_argument(
         "--grpc-address", default="127.0.0.1:6000", help="the scaler's gRPC address, KEDA's side"
     )
@@ -64,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="keda-gpu-scaler", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{serve,demo,explain}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{serve,demo,explain,calibrate}")
 
     serve = commands.add_parser("serve", help="run the external scaler (the main job)")
     _add_serve_flags(serve)
@@ -106,7 +115,52 @@ def build_parser() -> argparse.ArgumentParser:
         help="another trigger of the same ScaledObject, after the first one's metadata; repeatable:"
         " each is shown from the same scrape",
     )
+    add_calibrate_arguments(
+        commands.add_parser(
+            "calibrate",
+            help="read one inference pod's page during a load ramp and print the rate at which requests"
+            " start waiting (the threshold of metric: demand)",
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
+    )
     return parser
+
+
+def add_calibrate_arguments(calibrate: argparse.ArgumentParser) -> None:
+    from keda_gpu_scaler.demand import DEFAULT_PREFILL_WEIGHT, DEFAULT_WINDOW_SECONDS
+    from keda_gpu_scaler.engines import ENGINE_CHOICES
+
+    calibrate.add_argument(
+        "url", help="the pod's inference-server metrics page, e.g. http://10.0.3.7:8000/metrics"
+    )
+    calibrate.add_argument("--interval", type=float, default=5.0, help="seconds between reads of the page")
+    calibrate.add_argument(
+        "--window", type=float, default=DEFAULT_WINDOW_SECONDS, help="seconds each rate is taken over"
+    )
+    calibrate.add_argument("--duration", type=float, default=1800.0, help="seconds to read at most")
+    calibrate.add_argument(
+        "--waiting-above", type=float, default=0.0, help='more requests waiting than this is "requests wait"'
+    )
+    calibrate.add_argument(
+        "--sustain", type=int, default=3, help="pages in a row with requests waiting that end the ramp"
+    )
+    calibrate.add_argument("--engine", choices=ENGINE_CHOICES, default="auto", help="how the page is read")
+    calibrate.add_argument("--model", default=None, help="only series of this model")
+    calibrate.add_argument(
+        "--prefill-weight",
+        type=float,
+        default=DEFAULT_PREFILL_WEIGHT,
+        help="what a prompt token weighs against a generated one (demandUnit: tokens)",
+    )
+    calibrate.add_argument(
+        "--per-token-target",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="milliseconds per output token not to pass (the engine's inter-token latency histogram);"
+        " without it, the limit is requests waiting",
+    )
+    calibrate.add_argument("--scrape-timeout", default="3", help="seconds per read of the page")
 
 
 def _version() -> str:
@@ -120,6 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args)
         if args.command == "demo":
             return _demo(args)
+        if args.command == "calibrate":
+            return _calibrate(args)
         return _explain(args)
     except SettingsError as error:
         print(f"keda-gpu-scaler: {error}", file=sys.stderr)
@@ -168,16 +224,43 @@ def _serve(args: argparse.Namespace) -> int:
             settings.default_source,
             sample_window(settings.prometheus_max_staleness, settings.scrape_interval),
         )
-    if settings.kubernetes == "off" and not settings.exporter_urls and settings.default_source == "scrape":
-        log.warning(
-            "no --exporter-url given: every call will answer UNAVAILABLE until exporters are configured"
-        )
+    if settings.kubernetes == "off":
+        _log_unconfigured(settings)
     asyncio.run(run_until_signalled(App(settings)))
     return 0
 
 
+def unconfigured_sources(settings: Settings) -> list[tuple[str, str]]:
+    """Without Kubernetes, the flags naming pages that were not given, each with the triggers that then
+    answer UNAVAILABLE. Triggers whose default source is Prometheus need no page of their own."""
+    missing: list[tuple[str, str]] = []
+    if settings.default_source == "scrape":
+        if not settings.exporter_urls:
+            missing.append(("--exporter-url", "utilization, memory"))
+        if not settings.inference_urls:
+            missing.append(("--inference-url", "requests, queue, kv_cache"))
+    # `pending` reads the endpoint pickers' pages whatever --default-source says.
+    if not settings.gateway_urls:
+        missing.append(("--gateway-url", "pending"))
+    return missing
+
+
+def _log_unconfigured(settings: Settings) -> None:
+    missing = unconfigured_sources(settings)
+    if not missing:
+        return
+    flags = " or ".join(flag for flag, _ in missing)
+    if len(missing) == 3 and not settings.prometheus_url:
+        log.warning("no %s given: every call will answer UNAVAILABLE until one is configured", flags)
+        return
+    # Some sources are given: name only what is not, and which triggers it leaves without data.
+    metrics = ", ".join(metrics for _, metrics in missing)
+    unless = " unless they say source: prometheus" if settings.prometheus_url else ""
+    log.info("no %s given: triggers with metric %s answer UNAVAILABLE%s", flags, metrics, unless)
+
+
 def _demo(args: argparse.Namespace) -> int:
-    from keda_gpu_scaler.demo_runner import run_demo
+    from keda_gpu_scaler.demo.runner import run_demo
 
     configure_logging("info", "text")
     settings = build_settings(
@@ -225,6 +308,45 @@ def _explain(args: argparse.Namespace) -> int:
     else:
         print("\n\n".join(render_table(entry) for entry in entries))
     return 0 if all("error" not in entry for entry in entries) else 1
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from keda_gpu_scaler import calibrate
+    from keda_gpu_scaler.collect.http import client_session, exporter_fetcher
+
+    target = args.per_token_target
+    if (
+        args.interval <= 0
+        or args.window < 2 * args.interval
+        or args.duration <= 0
+        or args.sustain < 1
+        or (target is not None and not target > 0)
+    ):
+        raise SettingsError(
+            "calibrate needs --interval > 0, --window of at least two intervals, --duration > 0, --sustain >= 1"
+            " and --per-token-target > 0"
+        )
+    configure_logging("warning", "text")
+    settings = build_settings({"scrape_timeout": args.scrape_timeout, "kubernetes": "off"})
+    calibration = calibrate.Calibration(
+        window=args.window,
+        waiting_above=args.waiting_above,
+        sustain=args.sustain,
+        engine=args.engine,
+        model=args.model,
+        prefill_weight=args.prefill_weight,
+        per_token_target=None if args.per_token_target is None else args.per_token_target / 1000,
+    )
+
+    async def measure() -> calibrate.Calibration:
+        async with client_session() as session:
+            fetcher = exporter_fetcher(session, settings)
+            return await calibrate.run(
+                args.url, calibration, fetch=fetcher.get, interval=args.interval, duration=args.duration
+            )
+
+    done = asyncio.run(measure())
+    return 0 if done.best is not None else 1
 
 
 def _metadata(items: Sequence[str]) -> dict[str, str]:

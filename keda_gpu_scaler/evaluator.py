@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Hashable
 from typing import Protocol
 
+from keda_gpu_scaler.collect.demand_history import DemandHistory
 from keda_gpu_scaler.collect.gateway import GatewayPages, GatewayPool
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
 from keda_gpu_scaler.collect.inference import INFERENCE_INTEREST
@@ -19,22 +20,19 @@ from keda_gpu_scaler.collect.prometheus import (
 )
 from keda_gpu_scaler.collect.prometheus_answer import ReplicaLost
 from keda_gpu_scaler.collect.store import NamespaceView, SourceKind, Store, source_problem
+from keda_gpu_scaler.demand_values import demand_pod_values, measured_tokens_per_request, with_pending
 from keda_gpu_scaler.discovery.targets import Targets  # defined beside discovery, re-exported here
 from keda_gpu_scaler.engines import PodSamples
 from keda_gpu_scaler.errors import ConfigError, NoData
 from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.pending import ReplicaInput, pending_evaluation
-from keda_gpu_scaler.registry import Explanation, Followed, Memo, Subscription
+from keda_gpu_scaler.registry import Explanation, Followed, Subscription
 from keda_gpu_scaler.scaling import Evaluation, evaluate, inference_pod_values, pod_values
-from keda_gpu_scaler.trigger import Aggregation, Source, TriggerSpec
+from keda_gpu_scaler.trigger import Aggregation, Metric, Source, TriggerSpec
 from keda_gpu_scaler.vendors import GpuReading
+from keda_gpu_scaler.wire import check_rows, check_total
 
 log = logging.getLogger(__name__)
-
-
-# GetMetrics is always followed by IsActive, and many streams and polls ask about the same data: one
-# evaluation serves them all until the namespace's data changes, a page ages out, a source turns fresh,
-# or targets move. A "no data" answer is worked out on every call: its reasons move on their own.
 
 
 class TargetResolver(Protocol):
@@ -71,9 +69,8 @@ def aggregation_for(spec: TriggerSpec, metric_type: str | None) -> tuple[Aggrega
 
 
 class Evaluator:
-    # The evaluation memo (off: every call evaluates); the caches benchmark turns it off to measure what it
-    # saves (docs/BENCHMARKS.md, "Caches").
-    reuse_evaluations = True
+    """Works out a trigger's value on every call, from the store only: at the rate KEDA calls (each
+    ScaledObject every 30 s by default) an evaluation costs far less than keeping one would save."""
 
     def __init__(
         self,
@@ -88,6 +85,8 @@ class Evaluator:
         targets: TargetResolver | None = None,
         gateway_pages: GatewayPages | None = None,
         gateway_max_staleness: float | None = None,
+        touch: Callable[[Hashable], None] | None = None,
+        demand_forget_after: float = 600.0,
     ) -> None:
         self._store = store
         self._telemetry = telemetry
@@ -99,8 +98,18 @@ class Evaluator:
         self._targets = targets
         self._gateway_pages = gateway_pages
         self._gateway_max_staleness = gateway_max_staleness or max_staleness
+        # `demand` with `inferencePool` reads the pool's endpoint pickers besides the pods: it keeps them
+        # wanted (the registry touches the one key interest_key() gives).
+        self._touch = touch
+        # `demand`'s rates: every pod page is told to the history as the store records it.
+        self.demand_history = DemandHistory(forget_after=demand_forget_after)
+        store.page_listeners.append(self.demand_history.on_page)
+        store.removal_listeners.append(self.demand_history.on_removed)
 
     def source_of(self, spec: TriggerSpec) -> Source:
+        if spec.metric is Metric.DEMAND:
+            # Rates are taken over the pods' own pages as they are read (trigger parsing refuses prometheus).
+            return Source.SCRAPE
         if spec.metric.gateway:
             # The endpoint pickers' own pages unless the trigger says otherwise: through Prometheus the
             # wake comes a scrape interval later, which a server-wide default must not choose silently.
@@ -164,35 +173,22 @@ class Evaluator:
         subscription = followed.triggers[spec]  # follow() made it before any evaluation
         targets = self._targets.resolve(namespace, name, spec) if self._targets is not None else None
         now = self._clock()
-        version, epoch = self._store.version(namespace), self._store.epoch
-        memo = subscription.memo
-        reads_sources = targets is None or bool(targets.pods)
         kind = self.kind_of(spec)
-        if (
-            self.reuse_evaluations
-            and memo is not None
-            and memo.still_right(version, epoch, targets, now)
-            # A source fresh again with the page it had (after an outage or a pause) moves no version.
-            and (
-                not reads_sources
-                or memo.fresh == self._store.fresh(namespace, now, self._staleness(kind), kind)
-            )
-        ):
-            return memo.evaluation
+        if spec.metric is Metric.DEMAND and spec.inference_pool is not None and self._touch is not None:
+            self._touch(GatewayPool(namespace, spec.inference_pool, spec.gateway_metrics_port))
         view = None
-        if reads_sources:
+        if targets is None or targets.pods:
             view = self._store.view(namespace, now, self._staleness(kind), kind)
         try:
-            evaluation, notes, valid_until, fresh = self._evaluate(followed, spec, targets, view)
+            evaluation, notes = self._evaluate(followed, spec, targets, view)
         except NoData as error:
             self._record(followed, subscription, None, str(error), (), targets)
             raise
-        if memo is not None and memo.evaluation == evaluation:
-            # The same result again (a page renewed, the memo's time up): the objects already held stay and
-            # the new ones die at once, so equal results do not promote new long-lived objects through the
-            # collector's generations (10-20 ms pauses with 500 ScaledObjects when they did).
-            evaluation = memo.evaluation
-        subscription.memo = Memo(version, epoch, targets, valid_until, evaluation, fresh)
+        last = subscription.explanation
+        if last is not None and last.evaluation == evaluation:
+            # The same result again: the objects already held stay and the new ones die at once, so equal
+            # results do not promote new long-lived objects through the collector's generations.
+            evaluation = last.evaluation
         self._record(followed, subscription, evaluation, None, notes, targets)
         return evaluation
 
@@ -207,12 +203,14 @@ class Evaluator:
         subscription = followed.triggers[spec]  # follow() made it before any evaluation
         replicas = self._replica_inputs(namespace, spec, self._clock())
         try:
-            evaluation, notes = pending_evaluation(
-                replicas, spec, namespace, self._no_replica(namespace, spec)
-            )
-        except NoData as error:
+            result = pending_evaluation(replicas, spec, namespace, self._no_replica(namespace, spec))
+        except (NoData, ConfigError) as error:
+            # A `model` that can never match is the trigger's error (INVALID_ARGUMENT), shown in /explain too.
             self._record(followed, subscription, None, str(error), (), None)
             raise
+        evaluation, notes = result.evaluation, result.notes
+        for note in result.to_log:
+            followed.log_once(note, logging.INFO)
         last = subscription.explanation
         if last is not None and last.evaluation == evaluation:
             evaluation = last.evaluation  # see evaluate(): keep the objects already held
@@ -315,21 +313,24 @@ class Evaluator:
         subscription.explanation = Explanation(spec, time.time(), evaluation, error, notes, targets)
         if evaluation is not None:
             labels = (followed.namespace, followed.name, spec.metric_name)
-            subscription.metric_labels = labels
-            self._telemetry.trigger_value.labels(*labels).set(evaluation.value)
-            self._telemetry.trigger_active.labels(*labels).set(1 if evaluation.active else 0)
+            # A ScaledObject shows a bounded number of triggers on /metrics (metrics.MAX_PUBLISHED_TRIGGERS).
+            if self._telemetry.publish_trigger(labels, evaluation.value, evaluation.active):
+                subscription.metric_labels = labels
 
     def _evaluate(
         self, followed: Followed, spec: TriggerSpec, targets: Targets | None, view: NamespaceView | None
-    ) -> tuple[Evaluation, tuple[str, ...], float, tuple[str, ...]]:
-        """The evaluation from the namespace's view (None: no pods to read), its notes, until when it
-        stays right if the store does not change, and the fresh sources it read."""
+    ) -> tuple[Evaluation, tuple[str, ...]]:
+        """The evaluation from the namespace's view (None: no pods to read) and its notes."""
         namespace = followed.namespace
         kind = self.kind_of(spec)
         if view is None:
-            # Scaled to zero with discovery healthy: 0 and inactive, whatever the sources say (SPEC §4).
+            # Scaled to zero with discovery healthy: 0 and inactive, whatever the sources say (SPEC §4),
+            # but for the requests the gateway holds for a `demand` trigger's pool.
+            # A target with pods that are not Ready yet is not at zero: evaluate() says UNAVAILABLE.
             assert targets is not None
-            return evaluate({}, (), spec, aggregation_for(spec, targets.metric_type)[0]), (), float("inf"), ()
+            aggregation = aggregation_for(spec, targets.metric_type)[0]
+            zero = evaluate({}, (), spec, aggregation, targets.starting)
+            return self._add_pending(namespace, spec, zero)
         problems = "; ".join(view.problems[:5])
         if view.sources == 0:
             raise NoData(f"no {kind.value} source is configured or discovered for namespace {namespace!r}")
@@ -388,7 +389,15 @@ class Evaluator:
             followed.log_once(mismatch)
             self._telemetry.aggregation_mismatches.inc()
             notes += (mismatch,)
-        if inference:
+        if spec.metric is Metric.DEMAND:
+            reporting, without_value, demand_notes = demand_pod_values(
+                self.demand_history, namespace, pods, spec, self._clock()
+            )
+            notes += demand_notes
+            if without_value:
+                reasons = "; ".join(f"{pod}: {why}" for pod, why in sorted(without_value.items())[:5])
+                problems = f"{problems}; {reasons}" if problems else reasons
+        elif inference:
             reporting, without_value = inference_pod_values(pods, spec)
             if without_value:
                 reasons = "; ".join(f"{pod}: {why}" for pod, why in sorted(without_value.items())[:5])
@@ -396,11 +405,45 @@ class Evaluator:
         else:
             reporting = pod_values(gpu, spec)
         try:
-            return (
-                evaluate(reporting, target_pods - reporting.keys(), spec, aggregation),
-                notes,
-                view.valid_until,
-                view.fresh,
+            # A pod's value beyond what KEDA can carry is UNAVAILABLE naming it (never INTERNAL); each
+            # within it, their sum is finite and checked below.
+            check_rows(reporting.values())
+            evaluation = evaluate(
+                reporting,
+                target_pods - reporting.keys(),
+                spec,
+                aggregation,
+                targets.starting if targets is not None else (),
             )
         except NoData as error:
             raise NoData(f"{error}{'; ' + problems if problems else ''}") from None
+        evaluation, pool_notes = self._add_pending(namespace, spec, evaluation)
+        # The workload's value (the pool's pending requests added, for demand) may still be beyond it.
+        check_total(evaluation.value, evaluation.pod_rows)
+        return evaluation, notes + pool_notes
+
+    def _add_pending(
+        self, namespace: str, spec: TriggerSpec, evaluation: Evaluation
+    ) -> tuple[Evaluation, tuple[str, ...]]:
+        """`demand` with `inferencePool`: the pods' demand plus the pool's pending requests (SPEC §6).
+
+        The pool cannot be read (its replicas failing, none known): the pods' demand alone where it
+        already says active (a lower bound, noted), else NoData: the unread queue may hold the requests
+        that should wake the workload."""
+        if spec.metric is not Metric.DEMAND or spec.inference_pool is None:
+            return evaluation, ()
+        now = self._clock()
+        try:
+            pending = pending_evaluation(
+                self._replica_inputs(namespace, spec, now), spec, namespace, self._no_replica(namespace, spec)
+            ).evaluation
+        except NoData as error:
+            if evaluation.active:
+                return evaluation, (
+                    f"value is a lower bound: the pool's pending requests cannot be read: {error}",
+                )
+            raise
+        key = (namespace, spec.inference_pool, spec.model)
+        points = self.demand_history.pending(key, pending.value, spec.window, now)
+        evaluation, note = with_pending(evaluation, spec, points, measured_tokens_per_request(evaluation))
+        return evaluation, (note,)

@@ -123,7 +123,7 @@ def render_table(entry: Mapping[str, Any]) -> str:
         return "\n".join(lines)
     metric = trigger["metric"] if trigger else "utilization"
     if metric in _INFERENCE_VALUE_COLUMNS:
-        lines.extend(_inference_lines(entry, _INFERENCE_VALUE_COLUMNS[metric]))
+        lines.extend(_inference_lines(entry, _INFERENCE_VALUE_COLUMNS[metric], _INPUTS_OF.get(metric)))
     else:
         lines.extend(_gpu_lines(entry))
     hpa = entry["hpa"]
@@ -160,20 +160,30 @@ def _gpu_lines(entry: Mapping[str, Any]) -> list[str]:
 
 
 # Inference metrics: what the per-pod value column is called (its inputs have columns of their own).
-_INFERENCE_VALUE_COLUMNS = {"requests": "IN FLIGHT", "queue": "QUEUED", "kv_cache": "POD KV%"}
+_INFERENCE_VALUE_COLUMNS = {
+    "requests": "IN FLIGHT",
+    "queue": "QUEUED",
+    "kv_cache": "POD KV%",
+    "demand": "RATE/S",
+}
 # The inputs an inference pod's entry carries (PodValue.inputs), as column headings.
 _INFERENCE_INPUTS = (("running", "RUNNING"), ("waiting", "WAITING"), ("kvCache", "KV-CACHE%"))
+# `demand`: the pages its rate was taken over, the seconds between the first and the last, and 1 where
+# the pod had no rate yet and counts as the mean of the others.
+_INPUTS_OF = {"demand": (("samplesUsed", "SAMPLES"), ("spanSeconds", "SPAN S"), ("meanOfOthers", "MEAN"))}
 
 
-def _inference_lines(entry: Mapping[str, Any], value_column: str) -> list[str]:
+def _inference_lines(
+    entry: Mapping[str, Any], value_column: str, columns: tuple[tuple[str, str], ...] | None = None
+) -> list[str]:
     """Inference metrics: each pod's engine, running and waiting requests, KV-cache, and its value."""
-    heading = " ".join(f"{title:>9}" for _, title in _INFERENCE_INPUTS)
+    columns = columns or _INFERENCE_INPUTS
+    heading = " ".join(f"{title:>9}" for _, title in columns)
     lines = [f"  {'POD':<36} {'ENGINE':<8} {heading} {value_column:>9}"]
     for pod in entry["pods"]:
         inputs = pod.get("inputs", {})
         cells = " ".join(
-            f"{'-' if inputs.get(key) is None else format(inputs[key], 'g'):>9}"
-            for key, _ in _INFERENCE_INPUTS
+            f"{'-' if inputs.get(key) is None else format(inputs[key], 'g'):>9}" for key, _ in columns
         )
         lines.append(f"  {pod['pod']:<36} {pod['family']:<8} {cells} {pod['value']:9.1f}")
     for pod in entry["missingPods"]:
@@ -191,6 +201,8 @@ def _pending_lines(entry: Mapping[str, Any]) -> list[str]:
         models = (
             ", ".join(f"{model}={count:g}" for model, count in replica["queueByModel"].items()) or "(empty)"
         )
+        if replica.get("turnedAwaySincePreviousPage"):
+            models += f"; turned away since its previous page: {replica['turnedAwaySincePreviousPage']:g}"
         lines.append(f"  {replica['replica']:<48} {'yes':<6} {replica['pending']:8g}  {models}")
     for note in entry.get("notes", []):
         lines.append(f"  note: {note}")

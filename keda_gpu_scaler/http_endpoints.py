@@ -6,12 +6,15 @@ import asyncio
 import dataclasses
 import datetime
 import json
+import math
 from typing import Any, Protocol
 
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from keda_gpu_scaler.admission import Admission, explain_cost
 from keda_gpu_scaler.metrics import Telemetry
+from keda_gpu_scaler.pending import SATURATION, TURNED_AWAY
 from keda_gpu_scaler.registry import Explanation
 from keda_gpu_scaler.scaling import Evaluation, PodValue
 from keda_gpu_scaler.trigger import KEYS, TriggerSpec
@@ -69,7 +72,9 @@ def evaluation_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]
         "aggregation": evaluation.aggregation.value,
         "pods": [_pod_json(p) for p in evaluation.pods],
         "missingPods": list(evaluation.missing_pods),
+        "startingPods": list(evaluation.starting_pods),
         "missingPodValue": evaluation.missing_pod_value,
+        "rule": evaluation.rule,
         "hpa": _hpa_json(evaluation),
     }
 
@@ -83,12 +88,23 @@ def _hpa_json(evaluation: Evaluation) -> dict[str, Any]:
     }
 
 
+def _replica_json(replica: PodValue) -> dict[str, Any]:
+    """One fresh endpoint-picker replica: its queue by model, and its flow-control signals where shown
+    (the row's GPU slots carry them: see pending.py)."""
+    found: dict[str, Any] = {"replica": replica.pod, "fresh": True, "pending": replica.value}
+    found["queueByModel"] = dict(replica.inputs)
+    turned_away = sum(s.value for s in replica.gpus if s.gpu == TURNED_AWAY)
+    if turned_away:
+        found["turnedAwaySincePreviousPage"] = turned_away
+    saturation = {s.host or "(no stage)": s.value for s in replica.gpus if s.gpu == SATURATION}
+    if saturation:
+        found["saturationNotLoad"] = saturation
+    return found
+
+
 def _pending_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]:
     """metric=pending: per endpoint-picker replica, whether its page was fresh and its queue by model."""
-    replicas: list[dict[str, Any]] = [
-        {"replica": p.pod, "fresh": True, "pending": p.value, "queueByModel": dict(p.inputs)}
-        for p in evaluation.pods
-    ]
+    replicas: list[dict[str, Any]] = [_replica_json(p) for p in evaluation.pods]
     replicas += [{"replica": name, "fresh": False} for name in evaluation.missing_pods]
     return {
         "value": evaluation.value,
@@ -109,8 +125,54 @@ def triggers_named(explained: list[Explanation], metric: str) -> list[Explanatio
     return by_name or [e for e in explained if e.spec.metric.value == wanted]
 
 
-def _trigger_names(explanation: Explanation) -> dict[str, str]:
-    return {"metric": explanation.spec.metric.value, "metricName": explanation.spec.metric_name}
+def _trigger_choice(index: int, explanation: Explanation) -> dict[str, Any]:
+    """One trigger as an error lists it: its `trigger=INDEX` and its metadata (which tells apart two that
+    share a metricName)."""
+    return {"index": index, **_spec_json(explanation.spec)}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Refusal:
+    """/explain's answer when its query selects no trigger, or not one: the HTTP status and why."""
+
+    status: int
+    problem: str
+
+
+def select_trigger(
+    explained: list[Explanation], metric: str | None, index: str | None
+) -> int | Refusal | None:
+    """Which trigger /explain answers: None for all of them, else its position in `triggers`.
+
+    `metric=` names a metric or metricName; `trigger=INDEX` is the 0-based position in the answer's
+    `triggers` (the only way to tell apart two triggers that share a metricName)."""
+    matching = explained if metric is None else triggers_named(explained, metric)
+    named = [i for i, e in enumerate(explained) if any(e is m for m in matching)]
+    if index is not None:
+        if not index.isascii() or not index.isdigit() or int(index) >= len(explained):
+            return Refusal(
+                400,
+                f"trigger={index[:20]!r} is not a trigger of this ScaledObject: give a whole number from 0 to"
+                f" {len(explained) - 1}, the trigger's position in `triggers`",
+            )
+        if int(index) not in named:
+            return Refusal(
+                400,
+                f"trigger={int(index)} has metricName {explained[int(index)].spec.metric_name!r}, not"
+                f" {(metric or '')[:100]!r}",
+            )
+        return int(index)
+    if metric is None:
+        return None
+    if not named:
+        return Refusal(404, f"no trigger of this ScaledObject has metric or metricName {metric[:100]!r}")
+    if len(named) > 1:
+        return Refusal(
+            400,
+            f"{len(named)} triggers have metric or metricName {metric[:100]!r}: add &trigger=INDEX, one of"
+            f" {', '.join(map(str, named))} (the trigger's 0-based position in `triggers`)",
+        )
+    return named[0]
 
 
 # Explanations of a big namespace run to megabytes of JSON: built on a worker thread, not the event loop.
@@ -123,8 +185,12 @@ class ExplanationSource(Protocol):
     def explained(self) -> list[tuple[str, str]]: ...
 
 
-def http_app(telemetry: Telemetry, explanations: ExplanationSource | None = None) -> web.Application:
-    """/metrics, /healthz, /readyz, and /explain when `explanations` is given (--explain on)."""
+def http_app(
+    telemetry: Telemetry, explanations: ExplanationSource | None = None, admission: Admission | None = None
+) -> web.Application:
+    """/metrics, /healthz, /readyz, and /explain when `explanations` is given (--explain on); `admission`
+    bounds what /explain may cost (default: admission.py's limits)."""
+    gate = admission or Admission()
 
     async def metrics(_: web.Request) -> web.Response:
         # Thousands of label sets take long to render: off the loop, so gRPC calls are not held up.
@@ -140,11 +206,26 @@ def http_app(telemetry: Telemetry, explanations: ExplanationSource | None = None
         return web.Response(status=503, text="not ready\n")
 
     async def explain(request: web.Request) -> web.Response:
+        # Refused before any work when too many are in flight or the budget is spent; an answer's size
+        # is charged once it is known (a few dictionary look-ups later).
+        wait = gate.admit(1.0)
+        if wait is not None:
+            return _too_many(wait)
+        try:
+            return await explain_answer(request)
+        finally:
+            gate.done()
+
+    async def explain_answer(request: web.Request) -> web.Response:
         assert explanations is not None
         namespace = request.query.get("namespace", "")
         name = request.query.get("name", "")
         if not namespace or not name:
-            known = [{"namespace": ns, "name": n} for ns, n in explanations.explained()]
+            followed = explanations.explained()
+            wait = gate.charge(explain_cost(len(followed)))
+            if wait is not None:
+                return _too_many(wait)
+            known = [{"namespace": ns, "name": n} for ns, n in followed]
             return web.json_response(
                 {"error": "give ?namespace=NS&name=SCALEDOBJECT", "known": known}, status=400, dumps=_dumps
             )
@@ -155,39 +236,36 @@ def http_app(telemetry: Telemetry, explanations: ExplanationSource | None = None
                 status=404,
                 dumps=_dumps,
             )
-        metric = request.query.get("metric")
-        if metric is not None:
-            chosen = triggers_named(explained, metric)
-            if len(chosen) != 1:
-                problem = (
-                    f"no trigger of ScaledObject {namespace[:100]}/{name[:100]} has metric or metricName"
-                    f" {metric[:100]!r}"
-                    if not chosen
-                    else f"{len(chosen)} triggers have metric={metric[:100]}: give metric=METRICNAME of one"
-                )
-                return web.json_response(
-                    {"error": problem, "triggers": [_trigger_names(e) for e in explained]},
-                    status=404 if not chosen else 400,
-                    dumps=_dumps,
-                )
-            explained = chosen
+        selector = select_trigger(explained, request.query.get("metric"), request.query.get("trigger"))
+        if isinstance(selector, Refusal):
+            listed = [_trigger_choice(i, e) for i, e in enumerate(explained)]
+            return web.json_response(
+                {"error": selector.problem, "triggers": listed}, status=selector.status, dumps=_dumps
+            )
+        one = selector
+        shown = explained if one is None else [explained[one]]
         pods = sum(
             len(e.evaluation.pod_rows) + len(e.evaluation.missing_pods)
-            for e in explained
+            for e in shown
             if e.evaluation is not None
         )
 
         def render() -> str:
-            if metric is not None:
-                return _dumps(explanation_json(namespace, name, explained[0]))
+            if one is not None:
+                return _dumps({"index": one} | explanation_json(namespace, name, explained[one]))
             return _dumps(
                 {
                     "namespace": namespace,
                     "scaledObject": name,
-                    "triggers": [explanation_json(namespace, name, e) for e in explained],
+                    "triggers": [
+                        {"index": i} | explanation_json(namespace, name, e) for i, e in enumerate(explained)
+                    ],
                 }
             )
 
+        wait = gate.charge(explain_cost(pods))
+        if wait is not None:
+            return _too_many(wait)
         text = await asyncio.to_thread(render) if pods > _JSON_OFF_LOOP_PODS else render()
         return web.Response(text=text, content_type="application/json")
 
@@ -198,6 +276,17 @@ def http_app(telemetry: Telemetry, explanations: ExplanationSource | None = None
     if explanations is not None:
         app.router.add_get("/explain", explain)
     return app
+
+
+def _too_many(wait: float) -> web.Response:
+    return web.json_response(
+        {
+            "error": "too many /explain requests now (in flight or in the last seconds); try again after"
+            f" {wait:g} s"
+        },
+        status=429,
+        headers={"Retry-After": f"{math.ceil(wait)}"},
+    )
 
 
 def _dumps(value: Any) -> str:

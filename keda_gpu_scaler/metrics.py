@@ -8,6 +8,11 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 PREFIX = "keda_gpu_scaler"
+# Triggers of one ScaledObject whose value and activity /metrics shows: a real ScaledObject has one or
+# two; 16 metric names on each of 300 ScaledObjects once made /metrics 822 KB. /metrics so holds at most
+# 2 × MAX_PUBLISHED_TRIGGERS × --max-scaledobjects labelled series (about 0.7 KB per ScaledObject); the
+# triggers beyond it are evaluated and explained as any other, and counted in unpublished_triggers.
+MAX_PUBLISHED_TRIGGERS = 4
 _RPC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -76,15 +81,40 @@ class Telemetry:
             "ScaledObjects the scaler keeps state for (called within --interest-ttl)",
             registry=r,
         )
+        self.unpublished_triggers = Counter(
+            f"{PREFIX}_triggers_unpublished",
+            f"trigger values not shown on /metrics: their ScaledObject already shows {MAX_PUBLISHED_TRIGGERS}",
+            registry=r,
+        )
         self.ready = False
+        # (namespace, ScaledObject) → the metric names whose series are shown
+        self._published: dict[tuple[str, str], set[str]] = {}
 
     def scrape_done(self, *, ok: bool, seconds: float) -> None:
         self.scrapes.labels("ok" if ok else "error").inc()
         self.scrape_duration.observe(seconds)
 
+    def publish_trigger(self, labels: tuple[str, str, str], value: float, active: bool) -> bool:
+        """Show a trigger's last value and activity under (namespace, scaledobject, metric); False (and
+        nothing shown) when its ScaledObject already shows MAX_PUBLISHED_TRIGGERS other metrics."""
+        shown = self._published.setdefault(labels[:2], set())
+        if labels[2] not in shown:
+            if len(shown) >= MAX_PUBLISHED_TRIGGERS:
+                self.unpublished_triggers.inc()
+                return False
+            shown.add(labels[2])
+        self.trigger_value.labels(*labels).set(value)
+        self.trigger_active.labels(*labels).set(1 if active else 0)
+        return True
+
     def forget_labels(self, label_sets: Iterable[tuple[str, str, str]]) -> None:
         """Remove a forgotten ScaledObject's series, so /metrics does not grow with every name ever seen."""
         for labels in label_sets:
+            shown = self._published.get(labels[:2])
+            if shown is not None:
+                shown.discard(labels[2])
+                if not shown:
+                    del self._published[labels[:2]]
             for gauge in (self.trigger_value, self.trigger_active):
                 with contextlib.suppress(KeyError):
                     gauge.remove(*labels)

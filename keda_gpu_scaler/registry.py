@@ -1,4 +1,4 @@
-"""One owner for every followed ScaledObject: its triggers' evaluation caches, interest, discovery
+"""One owner for every followed ScaledObject: its triggers' last answers, interest, discovery
 tracking, explanation, metric label sets and logged notes — all forgotten together after the TTL."""
 
 from __future__ import annotations
@@ -16,28 +16,6 @@ from keda_gpu_scaler.scaling import Evaluation
 from keda_gpu_scaler.trigger import TriggerSpec
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Memo:
-    """One trigger's last evaluation and what must hold for it to still be right.
-
-    A "no data" answer is not kept: its reasons (a failure, an age) move without the store's versions."""
-
-    version: int
-    epoch: int
-    targets: Any  # the discovery answer it was computed from (None without Kubernetes)
-    valid_until: float
-    evaluation: Evaluation
-    fresh: tuple[str, ...] = ()  # the fresh sources of the view it was computed from (NamespaceView.fresh)
-
-    def still_right(self, version: int, epoch: int, targets: Any, now: float) -> bool:
-        return (
-            self.version == version
-            and self.epoch == epoch
-            and self.targets == targets
-            and now < self.valid_until
-        )
 
 
 @dataclass(slots=True)
@@ -70,7 +48,6 @@ class Subscription:
 
     spec: TriggerSpec
     last_call: float
-    memo: Memo | None = None
     explanation: Explanation | None = None
     # The /metrics label set of its value and activity gauges, once it has published them.
     metric_labels: tuple[str, str, str] | None = None
@@ -83,6 +60,13 @@ class Subscription:
 MAX_TRIGGERS_PER_SCALEDOBJECT = 16
 
 
+# Notes one followed ScaledObject remembers (so each is logged once) and logs: a few real notes (a typo,
+# a contradiction) are far fewer; a caller sending new metadata on every call must not grow memory or the
+# log without bound (60,000 calls once made 21 MB of log).
+MAX_NOTES_REMEMBERED = 64
+MAX_NOTES_LOGGED = 32
+
+
 @dataclass(slots=True)
 class Followed:
     """Everything the scaler keeps about one ScaledObject."""
@@ -92,7 +76,9 @@ class Followed:
     last_call: float
     # One per trigger spec KEDA calls about, least recently called first.
     triggers: OrderedDict[TriggerSpec, Subscription] = field(default_factory=OrderedDict)
-    notes_logged: set[str] = field(default_factory=set)
+    # The notes logged so far (most recent last, at most MAX_NOTES_REMEMBERED) and how many were new.
+    notes_logged: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    notes_new: int = 0
 
     @property
     def explanation(self) -> Explanation | None:
@@ -101,16 +87,38 @@ class Followed:
         return max(explained, key=lambda e: e.evaluated_at, default=None)
 
     def explanations(self) -> list[Explanation]:
-        """The last explanation of each of its triggers, in the order of their metric names."""
+        """The last explanation of each of its triggers, in the order of their metric names. Triggers that
+        share a metric name follow their whole spec, so /explain's `trigger=INDEX` names the same trigger
+        however recently KEDA called about each."""
         explained = [s.explanation for s in self.triggers.values() if s.explanation is not None]
-        return sorted(explained, key=lambda e: (e.spec.metric_name, e.spec.metric.value))
+        return sorted(explained, key=lambda e: (e.spec.metric_name, e.spec.metric.value, repr(e.spec)))
 
     def log_once(self, note: str, level: int = logging.WARNING) -> bool:
-        """Log a note about this ScaledObject the first time it is seen; True when it was new."""
+        """Log a note about this ScaledObject the first time it is seen; True when it was new.
+
+        Bounded whatever the caller sends (a new podNamePrefix on every call makes a new note each time):
+        the notes remembered are the most recent MAX_NOTES_REMEMBERED, and at most MAX_NOTES_LOGGED new
+        ones are logged while the ScaledObject is followed; the rest are in /explain only."""
         if note in self.notes_logged:
+            self.notes_logged.move_to_end(note)
             return False
-        self.notes_logged.add(note)
-        log.log(level, "ScaledObject %s/%s: %s", self.namespace, self.name, note)
+        self.notes_logged[note] = None
+        if len(self.notes_logged) > MAX_NOTES_REMEMBERED:
+            self.notes_logged.popitem(last=False)
+        self.notes_new += 1
+        if self.notes_new <= MAX_NOTES_LOGGED:
+            log.log(level, "ScaledObject %s/%s: %s", self.namespace, self.name, note)
+        elif self.notes_new == MAX_NOTES_LOGGED + 1:
+            log.warning(
+                "ScaledObject %s/%s: %d different notes logged; further ones are not logged while it is"
+                " followed (see /explain): %s",
+                self.namespace,
+                self.name,
+                MAX_NOTES_LOGGED,
+                note,
+            )
+        else:
+            log.debug("ScaledObject %s/%s: %s", self.namespace, self.name, note)
         return True
 
 

@@ -90,8 +90,10 @@ class Evaluation:
     aggregation: Aggregation
     pod_rows: tuple[PodRow, ...]  # pods with fresh data, as pod_row() made them (see PodRow)
     missing_pods: tuple[str, ...]  # target pods without fresh data
-    missing_pod_value: float  # what each missing pod counted as (0 or threshold)
+    missing_pod_value: float  # what each missing or starting pod counted as (0 or threshold)
     what_if: WhatIf
+    starting_pods: tuple[str, ...] = ()  # the target's pods that exist but are not Ready yet
+    rule: str = ""  # which SPEC §4 rule gave the value (a Rule), for /explain
 
     @property
     def pods(self) -> tuple[PodValue, ...]:
@@ -196,12 +198,13 @@ def desired_replicas_value(value: float, target: float, current: int) -> int:
     return hpa_desired_replicas(value, target, current, average_value=False)
 
 
-def _replicas_called_for(value: float, aggregation: Aggregation, threshold: float, pods: int) -> int:
-    # A total is read as AverageValue; a per-pod mean or max as Value (the metricType each suits). The
-    # missing-pod rule compares without the tolerance, as the HPA does for its own missing pods.
-    return hpa_desired_replicas(
-        value, threshold, pods, average_value=aggregation is Aggregation.SUM, tolerance=0
-    )
+class Rule:
+    """Which SPEC §4 rule gave the value (shown in /explain)."""
+
+    ALL_FRESH = "every target pod fresh: the fresh pods' value"
+    SCALED_TO_ZERO = "no target pod and no replica: 0, inactive"
+    SCALE_UP = "scale-up (u > 1): max(S, N × T); missing and starting pods count 0, N × T is the floor"
+    HOLD = "no scale-up (u ≤ 1): S + (M + U) × T; missing and starting pods count as the target"
 
 
 def evaluate(
@@ -209,43 +212,85 @@ def evaluate(
     missing: Collection[str],
     spec: TriggerSpec,
     aggregation: Aggregation,
+    starting: Collection[str] = (),
 ) -> Evaluation:
-    """The workload value over the target pods = reporting pods ∪ missing pods (SPEC §4, missing data).
+    """The workload value over the target pods (SPEC §4, missing data), with the HPA's own missing-pod rule.
 
-    Raises NoData when fewer than half of the target pods, or none, have fresh data.
+    reporting: the Ready target pods with fresh data; missing: Ready target pods without; starting: the
+    target's pods that exist but are not Ready yet (pulling an image, loading a model). With S the fresh
+    pods' sum, nR their count, M missing, U starting, N = nR + M + U, T the threshold and u = S / (nR × T):
+    u > 1 → max(S, N × T); u ≤ 1 → S + (M + U) × T; `mean` divides by N. Activity is decided on the fresh
+    pods alone: a missing pod can neither wake a workload nor hold it awake.
+
+    Raises NoData when fewer than half of the Ready target pods, or none, have fresh data, when pods exist
+    but none is Ready (a model loading must never read as 0: KEDA would scale it to zero), and when the
+    fresh pods are at or below the activation threshold while some pods are missing (activity unknown).
     """
     missing = tuple(sorted(set(missing) - reporting.keys()))
-    total = len(reporting) + len(missing)
+    starting = tuple(sorted(set(starting) - reporting.keys() - set(missing)))
+    ready = len(reporting) + len(missing)
     pods = tuple(reporting[name] for name in sorted(reporting))
-    if total == 0:
-        return _result(0.0, spec, aggregation, pods, missing, 0.0)
-    if not reporting or 2 * len(reporting) < total:
+    what = "inference-server" if spec.metric.inference else "GPU"
+    if ready == 0:
+        if starting:
+            raise NoData(
+                f"no target pod is Ready: {len(starting)} starting ({_names(starting)}); the value cannot be"
+                " told until one is Ready, and 0 would let KEDA scale the workload to zero while it starts"
+            )
+        return _result(0.0, False, spec, aggregation, pods, missing, starting, 0.0, Rule.SCALED_TO_ZERO)
+    if not reporting or 2 * len(reporting) < ready:
         raise NoData(
-            f"only {len(reporting)} of {total} target pods have fresh"
-            f" {'inference-server' if spec.metric.inference else 'GPU'} data"
-            f" (missing: {', '.join(missing[:10])}{' …' if len(missing) > 10 else ''}); at least half are needed"
+            f"only {len(reporting)} of {ready} Ready target pods have fresh {what} data"
+            f" (missing: {_names(missing)}); at least half are needed"
         )
     reported = [p[ROW_VALUE] for p in pods]
-    fill = 0.0
-    if missing:
-        # Like the HPA for Pods metrics: missing pods count as 0 only when the reporting pods alone already
-        # call for more replicas than exist; otherwise as exactly the target, so a gap never scales down.
-        with_zero = aggregate(reported + [0.0] * len(missing), aggregation)
-        if _replicas_called_for(with_zero, aggregation, spec.threshold, total) <= total:
-            fill = spec.threshold
-    value = aggregate(reported + [fill] * len(missing), aggregation)
-    return _result(value, spec, aggregation, pods, missing, fill)
+    fresh_value = aggregate(reported, aggregation)
+    active = fresh_value > spec.activation_threshold
+    if missing and not active:
+        raise NoData(
+            f"the fresh pods' value {fresh_value:g} is at or below activationThreshold"
+            f" {spec.activation_threshold:g} while {len(missing)} Ready target pods have no fresh {what}"
+            f" data ({_names(missing)}): whether the workload is idle cannot be told"
+        )
+    if not missing and not starting:
+        return _result(fresh_value, active, spec, aggregation, pods, missing, starting, 0.0, Rule.ALL_FRESH)
+    total = ready + len(starting)
+    threshold = spec.threshold
+    if aggregation is Aggregation.MAX:
+        # A per-pod maximum: over target it asks for more on its own; at or under it, an unread pod may be
+        # the one at target, so it counts as exactly the target.
+        if fresh_value > threshold:
+            return _result(
+                fresh_value, active, spec, aggregation, pods, missing, starting, 0.0, Rule.SCALE_UP
+            )
+        return _result(threshold, active, spec, aggregation, pods, missing, starting, threshold, Rule.HOLD)
+    fresh_sum = math.fsum(reported)
+    if fresh_sum > len(reporting) * threshold:
+        value, fill, rule = max(fresh_sum, total * threshold), 0.0, Rule.SCALE_UP
+    else:
+        value = fresh_sum + (len(missing) + len(starting)) * threshold
+        fill, rule = threshold, Rule.HOLD
+    if aggregation is Aggregation.MEAN:
+        value /= total
+    return _result(value, active, spec, aggregation, pods, missing, starting, fill, rule)
+
+
+def _names(pods: tuple[str, ...]) -> str:
+    return ", ".join(pods[:10]) + (" …" if len(pods) > 10 else "")
 
 
 def _result(
     value: float,
+    active: bool,
     spec: TriggerSpec,
     aggregation: Aggregation,
     pods: tuple[PodRow, ...],
     missing: tuple[str, ...],
+    starting: tuple[str, ...],
     fill: float,
+    rule: str,
 ) -> Evaluation:
-    current = len(pods) + len(missing)
+    current = len(pods) + len(missing) + len(starting)
     what_if = WhatIf(
         current_replicas=current,
         average_value=desired_replicas_average_value(value, spec.threshold, current),
@@ -253,10 +298,12 @@ def _result(
     )
     return Evaluation(
         value=value,
-        active=value > spec.activation_threshold,
+        active=active,
         aggregation=aggregation,
         pod_rows=pods,
         missing_pods=missing,
         missing_pod_value=fill,
         what_if=what_if,
+        starting_pods=starting,
+        rule=rule,
     )

@@ -4,190 +4,41 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from keda_gpu_scaler.discovery.selectors import (
-    DEFAULT_EXPORTER_SELECTORS,
-    ExporterSelector,
-    SelectorError,
-    parse_exporter_selector,
+from keda_gpu_scaler.discovery.selectors import DEFAULT_EXPORTER_SELECTORS, ExporterSelector
+
+# The value parsers live beside this table; SettingsError and the constants are re-exported from here.
+from keda_gpu_scaler.settings_parsers import (
+    ENV_PREFIX,
+    PROMETHEUS_PASSWORD_ENV,
+    Parser,
+    Raw,
+    SettingsError,
+    _address,
+    _choice,
+    _exporter_selectors,
+    _gateway_urls,
+    _headers,
+    _inference_urls,
+    _path,
+    _positive,
+    _prometheus_url,
+    _serviceaccount,
+    _switch,
+    _text,
+    _token_path,
+    _urls,
 )
-from keda_gpu_scaler.names import is_namespace, is_object_name
 
-ENV_PREFIX = "KEDA_GPU_SCALER_"
+__all__ = ["ENV_PREFIX", "FLAGS", "PROMETHEUS_PASSWORD_ENV", "Flag", "Raw", "Settings", "SettingsError"]
+
 # Data read through Prometheus is already as old as Prometheus' own scrape interval (15–60 s in the
 # common setups) when the scaler reads it: its default staleness allows for that.
 PROMETHEUS_STALENESS_MARGIN = 60.0
-# A secret that has no flag (a flag's value shows in `ps`): read from the environment only.
-PROMETHEUS_PASSWORD_ENV = ENV_PREFIX + "PROMETHEUS_PASSWORD"
-
-
-class SettingsError(ValueError):
-    """A flag or environment value that cannot be used; the message names it and what is allowed."""
-
-
-Raw = str | list[str] | None
-Parser = Callable[[str, Raw], Any]
-
-
-def _text(name: str, raw: Raw) -> str | None:
-    return raw if isinstance(raw, str) and raw else None
-
-
-def _positive(kind: type[float] | type[int]) -> Parser:
-    def parse(name: str, raw: Raw) -> float | None:
-        if not isinstance(raw, str) or not raw:
-            return None
-        try:
-            value = kind(raw)
-        except ValueError:
-            raise SettingsError(
-                f"{name}={raw[:100]!r} is not a{'n integer' if kind is int else ' number'}"
-            ) from None
-        if not value > 0 or value != value or value == float("inf"):
-            raise SettingsError(f"{name}={raw[:100]!r} must be a finite number > 0")
-        return value
-
-    return parse
-
-
-def _choice(*allowed: str) -> Parser:
-    # The same check for a flag and its environment variable: a value outside the list is an error, never
-    # silently something else (KEDA_GPU_SCALER_KUBERNETES=yes must not mean "off").
-    def parse(name: str, raw: Raw) -> str:
-        if not isinstance(raw, str) or raw not in allowed:
-            raise SettingsError(f"{name}={str(raw)[:100]!r} is not allowed; use one of: {', '.join(allowed)}")
-        return raw
-
-    return parse
-
-
-def _switch(name: str, raw: Raw) -> bool:
-    return bool(_choice("on", "off")(name, raw) == "on")
-
-
-def _address(name: str, raw: Raw) -> str:
-    text = raw if isinstance(raw, str) else ""
-    _, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise SettingsError(f"{name}={text[:100]!r} is not an address; allowed: HOST:PORT, e.g. 0.0.0.0:6000")
-    return text
-
-
-def _path(name: str, raw: Raw) -> Path | None:
-    """A file that must exist now (it is read at start-up or later, and a typo must stop start-up)."""
-    if not isinstance(raw, str) or not raw:
-        return None
-    if not Path(raw).is_file():
-        raise SettingsError(f"{name}={raw[:100]!r}: no such file")
-    return Path(raw)
-
-
-def _items(raw: Raw, separator: str) -> list[str]:
-    texts = [raw] if isinstance(raw, str) else raw or []
-    return [part.strip() for text in texts for part in text.split(separator) if part.strip()]
-
-
-def _urls(name: str, raw: Raw) -> tuple[str, ...]:
-    urls = _items(raw, ",")
-    for url in urls:
-        if not url.startswith(("http://", "https://")):
-            raise SettingsError(f"{name}={url[:100]!r} is not an http(s) URL")
-    return tuple(dict.fromkeys(urls))
-
-
-def _inference_urls(name: str, raw: Raw) -> tuple[tuple[str, str, str], ...]:
-    found: dict[tuple[str, str], str] = {}
-    for part in _items(raw, ","):
-        ref, sep, url = part.partition("=")
-        namespace, slash, pod = ref.partition("/")
-        if not sep or not slash:
-            raise SettingsError(
-                f"{name}={part[:100]!r} is not NAMESPACE/POD=URL, e.g. llm/vllm-0=http://10.0.0.5:8000/metrics"
-            )
-        if not is_namespace(namespace):
-            raise SettingsError(f"{name}={part[:100]!r}: {namespace[:100]!r} is not a namespace name")
-        if not is_object_name(pod):
-            raise SettingsError(f"{name}={part[:100]!r}: {pod[:100]!r} is not a pod name")
-        if not url.startswith(("http://", "https://")):
-            raise SettingsError(f"{name}={part[:100]!r}: {url[:100]!r} is not an http(s) URL")
-        if found.get((namespace, pod), url) != url:
-            raise SettingsError(f"{name}: pod {namespace}/{pod} is given two URLs")
-        found[(namespace, pod)] = url
-    return tuple((ns, pod, url) for (ns, pod), url in found.items())
-
-
-def _gateway_urls(name: str, raw: Raw) -> tuple[tuple[str, str, str], ...]:
-    """(namespace, pool, url) of each NAMESPACE/POOL=URL: one per endpoint-picker replica, so a pool may
-    have several."""
-    found: dict[tuple[str, str, str], None] = {}
-    for part in _items(raw, ","):
-        ref, sep, url = part.partition("=")
-        namespace, slash, pool = ref.partition("/")
-        if not sep or not slash:
-            raise SettingsError(
-                f"{name}={part[:100]!r} is not NAMESPACE/POOL=URL, e.g."
-                " llm/chat-pool=http://10.0.0.7:9090/metrics"
-            )
-        if not is_namespace(namespace):
-            raise SettingsError(f"{name}={part[:100]!r}: {namespace[:100]!r} is not a namespace name")
-        if not is_object_name(pool):
-            raise SettingsError(f"{name}={part[:100]!r}: {pool[:100]!r} is not an InferencePool name")
-        if not url.startswith(("http://", "https://")):
-            raise SettingsError(f"{name}={part[:100]!r}: {url[:100]!r} is not an http(s) URL")
-        found[(namespace, pool, url)] = None
-    urls = [url for _, _, url in found]
-    if len(set(urls)) != len(urls):
-        twice = next(url for url in urls if urls.count(url) > 1)
-        raise SettingsError(f"{name}: {twice[:100]!r} is given for two pools; one page serves one pool")
-    return tuple(found)
-
-
-def _exporter_selectors(name: str, raw: Raw) -> tuple[ExporterSelector, ...]:
-    try:
-        return tuple(parse_exporter_selector(p) for p in _items(raw, ";") or DEFAULT_EXPORTER_SELECTORS)
-    except SelectorError as error:
-        raise SettingsError(f"{name}: {error}") from None
-
-
-def _prometheus_url(name: str, raw: Raw) -> str | None:
-    url = _text(name, raw)
-    if url is None:
-        return None
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise SettingsError(f"{name}={url[:100]!r} is not an http(s) URL")
-    if parts.username or parts.password:
-        raise SettingsError(
-            f"{name}: no credentials in the URL; use --prometheus-username with"
-            f" --prometheus-password-file or {PROMETHEUS_PASSWORD_ENV}"
-        )
-    if parts.query or parts.fragment or "/api/v1" in parts.path:
-        raise SettingsError(
-            f"{name}={url[:100]!r}: give the base URL (what comes before /api/v1/query), e.g."
-            " http://prometheus.monitoring:9090 or http://mimir/prometheus"
-        )
-    return url.rstrip("/")
-
-
-_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-
-
-def _headers(name: str, raw: Raw) -> tuple[tuple[str, str], ...]:
-    headers: list[tuple[str, str]] = []
-    for line in _items(raw, "\n"):
-        header, sep, value = line.partition(":")
-        header, value = header.strip(), value.strip()
-        if not sep or not _HEADER_NAME.fullmatch(header):
-            # The value is not echoed: it may be a secret.
-            raise SettingsError(f"{name} {header[:40]!r}…: not `Name: value`")
-        headers.append((header, value))
-    return tuple(headers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +74,7 @@ class Flag:
         return self.name.removeprefix("--").replace("-", "_")
 
 
-# The one table of `serve` flags: the CLI is built from it and the README's table is checked against it.
+# The one table of `serve` flags: the CLI is built from it and docs/reference.md's table is checked against it.
 FLAGS: tuple[Flag, ...] = (
     Flag(
         "--grpc-address",
@@ -298,7 +149,13 @@ FLAGS: tuple[Flag, ...] = (
         "largest exporter page or Prometheus answer accepted, in bytes",
         parse=_positive(int),
     ),
-    Flag("--scrape-concurrency", "64", "most exporter scrapes in flight at once", parse=_positive(int)),
+    Flag(
+        "--scrape-concurrency",
+        "64",
+        "scrapes in flight at once per kind of page, shared fairly between namespaces: each namespace also has"
+        " 2 of its own that no other can take, and uses at most half of these while another namespace wants one",
+        parse=_positive(int),
+    ),
     Flag(
         "--exporter-bearer-token-file",
         None,
@@ -346,6 +203,35 @@ FLAGS: tuple[Flag, ...] = (
         " checked (pickers are reached by pod IP): give a CA that signs endpoint-picker certificates only"
         " (default: the system's CAs, host names checked)",
         parse=_path,
+    ),
+    Flag(
+        "--gateway-token-file",
+        None,
+        "bearer token for endpoint pickers' metrics (llm-d's EPP asks for one by default), read again"
+        " whenever it changes: the token of a ServiceAccount of its own whose only right is `get` on the"
+        " non-resource URL /metrics (the chart's gateway.metricsToken). Sent over HTTPS, over plain HTTP"
+        " only with --gateway-token-plain-http on (default: the scaler's own service account token, over"
+        " verified HTTPS only)",
+        parse=_token_path,
+    ),
+    Flag(
+        "--gateway-token-serviceaccount",
+        None,
+        "with Kubernetes: the ServiceAccount, as NAMESPACE/NAME, whose tokens endpoint pickers get for their"
+        " metrics; its only right is `get` on the non-resource URL /metrics. The scaler mints them through"
+        " the TokenRequest API (10-minute tokens, renewed in the background before they expire), which"
+        " needs `create` on serviceaccounts/token for that name (the chart's gateway.metricsToken)."
+        " Instead of --gateway-token-file",
+        parse=_serviceaccount,
+    ),
+    Flag(
+        "--gateway-token-plain-http",
+        "off",
+        "also send the limited token (--gateway-token-serviceaccount's or --gateway-token-file's) to endpoint"
+        " pickers serving their metrics over plain HTTP (llm-d's default) inside the cluster; the scaler's own"
+        " token never goes over plain HTTP",
+        choices=("on", "off"),
+        parse=_switch,
     ),
     Flag(
         "--interest-ttl",
@@ -492,6 +378,10 @@ class Settings:
     gateway_urls: tuple[tuple[str, str, str], ...] = _default("--gateway-url")
     gateway_interval: float = _default("--gateway-interval")
     gateway_ca_file: Path | None = _default("--gateway-ca-file")
+    gateway_token_file: Path | None = _default("--gateway-token-file")
+    # (namespace, name) of --gateway-token-serviceaccount
+    gateway_token_serviceaccount: tuple[str, str] | None = _default("--gateway-token-serviceaccount")
+    gateway_token_plain_http: bool = _default("--gateway-token-plain-http")
     interest_ttl: float = _default("--interest-ttl")
     max_scaledobjects: int = _default("--max-scaledobjects")
     prometheus_url: str | None = _default("--prometheus-url")
@@ -575,6 +465,26 @@ def _check_prometheus(v: dict[str, Any]) -> None:
             )
 
 
+def _check_gateway_token(v: dict[str, Any]) -> None:
+    """The endpoint pickers' token: a file or minted tokens of a ServiceAccount, never both."""
+    minted = v["gateway_token_serviceaccount"]
+    if minted is not None and v["gateway_token_file"] is not None:
+        raise SettingsError(
+            "give --gateway-token-file or --gateway-token-serviceaccount, not both: one token goes to"
+            " endpoint pickers (a file you keep fresh, or tokens the scaler mints)"
+        )
+    if minted is not None and v["kubernetes"] == "off":
+        raise SettingsError(
+            "--gateway-token-serviceaccount needs Kubernetes (--kubernetes on or auto): its tokens are minted"
+            " through the API server; without it give --gateway-token-file"
+        )
+    if v["gateway_token_plain_http"] and v["gateway_token_file"] is None and minted is None:
+        raise SettingsError(
+            "--gateway-token-plain-http=on needs --gateway-token-file or --gateway-token-serviceaccount: the"
+            " scaler's own service account token never goes over plain HTTP"
+        )
+
+
 def build_settings(values: Mapping[str, str | list[str] | None]) -> Settings:
     """values: flag dest → raw string (list for repeatable flags), already merged from flags and env.
 
@@ -596,6 +506,7 @@ def build_settings(values: Mapping[str, str | list[str] | None]) -> Settings:
         raise SettingsError("--tls-cert-file and --tls-key-file must be given together")
     if parsed["tls_client_ca_file"] is not None and parsed["tls_cert_file"] is None:
         raise SettingsError("--tls-client-ca-file (mTLS) needs --tls-cert-file and --tls-key-file")
+    _check_gateway_token(parsed)
     _check_prometheus(parsed)
     return Settings(**parsed)
 

@@ -76,6 +76,7 @@ class PodPageSubscriptions:
             return  # one endpoints mapping per snapshot of the selection: the same pods, the same pages
         subscription.pages_from = targets
         pages: dict[str, tuple[str, str]] = {}
+        declared: set[str] = set()  # pages at a port their pod declares (it owns that address:port)
         for pod in targets.pods:
             endpoint = targets.endpoints.get(pod)
             if endpoint is None or not endpoint.ready or not endpoint.ip:
@@ -87,8 +88,18 @@ class PodPageSubscriptions:
                     " its inference-server page cannot be read (set metricsPort)"
                 )
                 continue
-            pages[pod_url(endpoint.ip, port, spec.metrics_path)] = (followed.namespace, pod)
-        self._pages.want(_owner(followed, subscription), pages)
+            url = pod_url(endpoint.ip, port, spec.metrics_path)
+            pages[url] = (followed.namespace, pod)
+            if any(number == port for _, number in endpoint.port_list):
+                declared.add(url)
+        self._pages.want(_owner(followed, subscription), pages, declared)
+        for url, binding in pages.items():
+            if self._pages.filed_under(url) != binding:
+                followed.log_once(
+                    f"pod {binding[1]}: {url} is not read for it: another pod at the same address (e.g. hostNetwork"
+                    " pods sharing a node's IP) is named for that page too, and a page is read only for the one pod"
+                    " among them that declares its port as a container port"
+                )
 
 
 def _owner(followed: Followed, subscription: Subscription) -> tuple[str, str, TriggerSpec]:

@@ -3,18 +3,43 @@
 from __future__ import annotations
 
 import difflib
-import math
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import lru_cache
 from typing import Any
 
-from keda_gpu_scaler.collect.gateway import DEFAULT_GATEWAY_METRICS_PORT
-from keda_gpu_scaler.engines import ENGINE_CHOICES, accepts_model, engine_supports, unsupported_message
+from keda_gpu_scaler.demand import (
+    DEFAULT_PREFILL_WEIGHT,
+    DEFAULT_WINDOW_SECONDS,
+    MAX_WINDOW_SECONDS,
+    MIN_WINDOW_SECONDS,
+    DemandUnit,
+)
+from keda_gpu_scaler.engines import (
+    ENGINE_CHOICES,
+    accepts_model,
+    engine_supports,
+    supports_tokens,
+    unsupported_message,
+)
 from keda_gpu_scaler.errors import ConfigError, quoted
-from keda_gpu_scaler.names import OBJECT_NAME_RULE, is_object_name
+from keda_gpu_scaler.gateways import DEFAULT_GATEWAY_METRICS_PORT
+from keda_gpu_scaler.metadata_values import (
+    enum_parser,
+    parse_activation_threshold,
+    parse_engine,
+    parse_inference_pool,
+    parse_metric_name,
+    parse_metrics_path,
+    parse_metrics_port,
+    parse_model,
+    parse_pod_name_prefix,
+    parse_pod_selector,
+    parse_port_number,
+    parse_prefill_weight,
+    parse_threshold,
+    parse_window,
+)
 from keda_gpu_scaler.vendors import Family, NvidiaField
 
 
@@ -25,6 +50,9 @@ class Metric(StrEnum):
     REQUESTS = "requests"
     QUEUE = "queue"
     KV_CACHE = "kv_cache"
+    # Work arriving per second, from each pod's counter of finished requests and its in-flight count
+    # (SPEC §6): the sizing signal for LLM serving.
+    DEMAND = "demand"
     # Requests the inference gateway holds for an InferencePool (SPEC §7): no pod of the target is read.
     PENDING = "pending"
 
@@ -42,7 +70,7 @@ class Metric(StrEnum):
         return self in (Metric.UTILIZATION, Metric.MEMORY, Metric.KV_CACHE)
 
 
-_INFERENCE_METRICS = frozenset({Metric.REQUESTS, Metric.QUEUE, Metric.KV_CACHE})
+_INFERENCE_METRICS = frozenset({Metric.REQUESTS, Metric.QUEUE, Metric.KV_CACHE, Metric.DEMAND})
 
 
 class GpuAggregation(StrEnum):
@@ -86,9 +114,6 @@ FROM_ENV = "FromEnv"
 MAX_METADATA_KEYS = 64
 MAX_METADATA_VALUE_CHARS = 1024
 MAX_METADATA_KEY_CHARS = 128
-# A metric name becomes a path segment of the HPA's external metric (`s0-<name>`).
-_METRIC_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,198}[A-Za-z0-9])?")
-_POD_NAME_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251})?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,140 +140,14 @@ class TriggerSpec:
     # endpoint picker's metrics page.
     inference_pool: str | None = None
     gateway_metrics_port: int = DEFAULT_GATEWAY_METRICS_PORT
+    # metric=demand only (SPEC §6): the seconds its rates are taken over, what one unit of demand is, and
+    # what a prompt token weighs against a generated one when requests are weighed by their tokens.
+    window: float = DEFAULT_WINDOW_SECONDS
+    demand_unit: DemandUnit = DemandUnit.REQUESTS
+    prefill_weight: float = DEFAULT_PREFILL_WEIGHT
 
 
-def _enum_parser(enum: type[StrEnum]) -> Callable[[str, str], Any]:
-    allowed = ", ".join(member.value for member in enum)
-
-    def parse(key: str, raw: str) -> StrEnum:
-        try:
-            return enum(raw)
-        except ValueError:
-            raise ConfigError(f"metadata {key}={quoted(raw)} is not allowed; use one of: {allowed}") from None
-
-    return parse
-
-
-# ASCII decimal only: float() also takes "５０", "٣", "5_0", "nan" and "1e-320", none of which a person
-# means as a threshold.
-_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
-# KEDA treats a target under 0.0005 as none at all (the HPA becomes invalid).
-MIN_THRESHOLD = 0.001
-
-
-def _number(key: str, raw: str) -> float:
-    if not _DECIMAL.fullmatch(raw):
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is not a number; allowed: a finite decimal number like 70 or 0.5"
-        )
-    value = float(raw)
-    if not math.isfinite(value):
-        raise ConfigError(f"metadata {key}={quoted(raw)} must be a finite number")
-    return value
-
-
-def _threshold(key: str, raw: str) -> float:
-    value = _number(key, raw)
-    # The upper bound (100 for percentages) depends on the metric: checked once all keys are read.
-    if value < MIN_THRESHOLD:
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is out of range; allowed: {MIN_THRESHOLD:g} <= {key} (and <= 100 for"
-            " the percentage metrics utilization, memory and kv_cache)"
-        )
-    return value
-
-
-def _engine(key: str, raw: str) -> str:
-    if raw not in ENGINE_CHOICES:
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is not allowed; use one of: {', '.join(ENGINE_CHOICES)}"
-        )
-    return raw
-
-
-def _model(key: str, raw: str) -> str:
-    # Blanks at either end are a quoting slip in the YAML, never part of a served model's name.
-    if not raw or len(raw) > 253 or not raw.isprintable() or raw != raw.strip():
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is not a model name; allowed: 1-253 printable characters,"
-            " not starting or ending with a blank"
-        )
-    return raw
-
-
-_PORT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?")
-
-
-def _metrics_port(key: str, raw: str) -> str:
-    if raw.isascii() and raw.isdigit() and 1 <= int(raw) <= 65535:
-        return str(int(raw))
-    if _PORT_NAME.fullmatch(raw) and any(c.isalpha() for c in raw):
-        return raw
-    raise ConfigError(
-        f"metadata {key}={quoted(raw)} is not a port; allowed: a number 1-65535 or a container port name"
-        " (at most 15 lower-case letters, digits and '-')"
-    )
-
-
-_PATH = re.compile(r"/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*")
-
-
-def _metrics_path(key: str, raw: str) -> str:
-    if not _PATH.fullmatch(raw) or len(raw) > 256:
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is not a URL path; allowed: a path starting with '/', without"
-            " query or fragment, e.g. /metrics"
-        )
-    return raw
-
-
-def _inference_pool(key: str, raw: str) -> str:
-    if not is_object_name(raw):
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is not an InferencePool name; allowed: {OBJECT_NAME_RULE}"
-            " (the pool is always in the ScaledObject's own namespace)"
-        )
-    return raw
-
-
-def _port_number(key: str, raw: str) -> int:
-    if raw.isascii() and raw.isdigit() and 1 <= int(raw) <= 65535:
-        return int(raw)
-    raise ConfigError(f"metadata {key}={quoted(raw)} is not a port number; allowed: a number 1-65535")
-
-
-def _activation_threshold(key: str, raw: str) -> float:
-    value = _number(key, raw)
-    if value < 0:
-        raise ConfigError(f"metadata {key}={quoted(raw)} is out of range; allowed: a finite number >= 0")
-    return value
-
-
-def _metric_name(key: str, raw: str) -> str:
-    if not _METRIC_NAME.fullmatch(raw):
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is not a valid metric name; allowed: 1-200 letters, digits, '-', '_' or '.',"
-            " starting and ending with a letter or digit"
-        )
-    return raw
-
-
-def _pod_name_prefix(key: str, raw: str) -> str:
-    if not _POD_NAME_PREFIX.fullmatch(raw):
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is not a pod name prefix; allowed: lower-case letters, digits, '-' and '.',"
-            " starting with a letter or digit"
-        )
-    return raw
-
-
-def _pod_selector(key: str, raw: str) -> str:
-    if not raw.strip():
-        raise ConfigError(f"metadata {key}={quoted(raw)} is empty; allowed: a Kubernetes label selector")
-    return raw.strip()
-
-
-# The one table of keys: it drives parsing, the defaults, and the README's metadata table.
+# The one table of keys: it drives parsing, the defaults, and docs/reference.md's metadata table.
 _REQUIRED = object()
 
 
@@ -270,27 +169,30 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "metric",
         "metric",
-        _enum_parser(Metric),
+        enum_parser(Metric),
         Metric.UTILIZATION,
         "`utilization`",
         "`utilization` (GPU busy %, 0–100 per GPU), `memory` (GPU memory used %, 0–100 per GPU), or from the"
         " inference server's own page: `requests` (running + waiting per pod), `queue` (waiting per pod),"
-        " `kv_cache` (KV-cache in use, %); or from the inference gateway: `pending` (requests its endpoint"
-        " picker holds for `inferencePool`, which wakes a workload from zero)",
+        " `kv_cache` (KV-cache in use, %), `demand` (work arriving per second, from the counter of finished"
+        " requests: the one to size LLM servers with); or from the inference gateway: `pending` (requests"
+        " its endpoint picker holds for `inferencePool`, which wakes a workload from zero)",
     ),
     MetadataKey(
         "threshold",
         "threshold",
-        _threshold,
+        parse_threshold,
         _REQUIRED,
         "required",
         "target per pod: in % for utilization, memory and kv_cache (1 <= threshold <= 100); requests or"
-        " waiting requests per pod for requests and queue, pending requests per pod for pending (>= 0.001)",
+        " waiting requests per pod for requests and queue, requests (or weighted tokens) per second one"
+        " replica serves for demand, pending requests per pod for pending (0.001 <="
+        " threshold <= 1e15: KEDA carries it as an int64 of milli-units)",
     ),
     MetadataKey(
         "activationThreshold",
         "activation_threshold",
-        _activation_threshold,
+        parse_activation_threshold,
         0.0,
         "`0`",
         "active when the returned value is greater than this (a finite number >= 0)",
@@ -298,7 +200,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "podSelector",
         "pod_selector",
-        _pod_selector,
+        parse_pod_selector,
         None,
         "the scale target's selector",
         "Kubernetes label selector for the target pods (Kubernetes on only)",
@@ -306,7 +208,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "podNamePrefix",
         "pod_name_prefix",
-        _pod_name_prefix,
+        parse_pod_name_prefix,
         None,
         "none",
         "without Kubernetes (required there): the target pods are the namespace's pods whose name starts with this",
@@ -314,7 +216,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "gpuAggregation",
         "gpu_aggregation",
-        _enum_parser(GpuAggregation),
+        enum_parser(GpuAggregation),
         GpuAggregation.MEAN,
         "`mean`",
         "how one pod's GPUs combine: `mean` or `max`",
@@ -322,7 +224,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "aggregation",
         "aggregation",
-        _enum_parser(Aggregation),
+        enum_parser(Aggregation),
         None,
         "from `metricType`, else `sum`",
         "how pods combine into the returned value: `sum` (for AverageValue), `mean` (for Value), `max`",
@@ -330,7 +232,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "vendor",
         "vendor",
-        _enum_parser(Vendor),
+        enum_parser(Vendor),
         Vendor.AUTO,
         "`auto`",
         "`auto`, `nvidia`, `amd`, `ack`: which exporters' series may count",
@@ -338,7 +240,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "nvidiaField",
         "nvidia_field",
-        _enum_parser(NvidiaField),
+        enum_parser(NvidiaField),
         NvidiaField.AUTO,
         "`auto`",
         "`gpu_util` (DCGM_FI_DEV_GPU_UTIL), `gr_engine_active` (DCGM_FI_PROF_GR_ENGINE_ACTIVE × 100), or `auto`"
@@ -347,7 +249,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "source",
         "source",
-        _enum_parser(Source),
+        enum_parser(Source),
         None,
         "the server's default (pending: `scrape`)",
         "`scrape` (exporters directly) or `prometheus`; pending reads the endpoint pickers' own pages unless"
@@ -357,7 +259,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "engine",
         "engine",
-        _engine,
+        parse_engine,
         "auto",
         "`auto`",
         "inference metrics: `auto` (recognised from the page), "
@@ -366,7 +268,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "model",
         "model",
-        _model,
+        parse_model,
         None,
         "all models",
         "inference metrics: only series whose `model_name`/`model` label equals this; pending: only requests"
@@ -375,7 +277,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "metricsPort",
         "metrics_port",
-        _metrics_port,
+        parse_metrics_port,
         None,
         "port `metrics`, else `http`, else the first",
         "inference metrics with Kubernetes: the target pods' metrics port, a number or a container port name",
@@ -383,7 +285,7 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "metricsPath",
         "metrics_path",
-        _metrics_path,
+        parse_metrics_path,
         "/metrics",
         "`/metrics`",
         "inference metrics with Kubernetes: the path of the target pods' metrics page",
@@ -391,23 +293,49 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "inferencePool",
         "inference_pool",
-        _inference_pool,
+        parse_inference_pool,
         None,
         "required for pending",
-        "pending: the InferencePool whose endpoint picker's queue is read, in the ScaledObject's namespace",
+        "pending (and demand, optionally): the InferencePool whose endpoint picker's queue is read, in the"
+        " ScaledObject's namespace",
     ),
     MetadataKey(
         "gatewayMetricsPort",
         "gateway_metrics_port",
-        _port_number,
+        parse_port_number,
         DEFAULT_GATEWAY_METRICS_PORT,
         f"`{DEFAULT_GATEWAY_METRICS_PORT}`",
         "pending with Kubernetes: the metrics port of the pool's endpoint-picker pods",
     ),
     MetadataKey(
+        "window",
+        "window",
+        parse_window,
+        DEFAULT_WINDOW_SECONDS,
+        f"`{DEFAULT_WINDOW_SECONDS:g}`",
+        f"demand: the seconds each pod's rate is taken over ({MIN_WINDOW_SECONDS:g}-{MAX_WINDOW_SECONDS:g})",
+    ),
+    MetadataKey(
+        "demandUnit",
+        "demand_unit",
+        enum_parser(DemandUnit),
+        DemandUnit.REQUESTS,
+        "`requests`",
+        "demand: `requests` (requests per second) or `tokens` (each request weighed by its prompt and"
+        " generated tokens, so one threshold holds when the request mix changes)",
+    ),
+    MetadataKey(
+        "prefillWeight",
+        "prefill_weight",
+        parse_prefill_weight,
+        DEFAULT_PREFILL_WEIGHT,
+        f"`{DEFAULT_PREFILL_WEIGHT:g}`",
+        "demand with demandUnit tokens: what one prompt token weighs against one generated token (0-4)",
+    ),
+    MetadataKey(
         "metricName",
         "metric_name",
-        _metric_name,
+        parse_metric_name,
         None,
         "`gpu-utilization` / `gpu-memory` (see the metric tables)",
         "the name GetMetricSpec returns (KEDA prefixes it with `sN-`)",
@@ -421,17 +349,21 @@ DEFAULT_METRIC_NAMES = {
     Metric.REQUESTS: "inference-requests",
     Metric.QUEUE: "inference-queue",
     Metric.KV_CACHE: "kv-cache",
+    Metric.DEMAND: "inference-demand",
     Metric.PENDING: "gateway-pending",
 }
 _GPU_ONLY_KEYS = ("vendor", "nvidia_field", "gpu_aggregation")
 _INFERENCE_ONLY_KEYS = ("engine", "model", "metrics_port", "metrics_path")
 _GATEWAY_ONLY_KEYS = ("inference_pool", "gateway_metrics_port")
+_DEMAND_ONLY_KEYS = ("window", "demand_unit", "prefill_weight")
 # Keys about the target's pods: `pending` reads no pod of the target (there is none at zero replicas),
 # so giving one would silently do nothing.
 _POD_KEYS = ("pod_selector", "pod_name_prefix", "aggregation")
 # What `pending` refuses: every key about GPUs, inference pages or target pods, except `model`, which
 # selects the queue's model there too.
-_NOT_FOR_PENDING = tuple(k for k in (*_GPU_ONLY_KEYS, *_INFERENCE_ONLY_KEYS, *_POD_KEYS) if k != "model")
+_NOT_FOR_PENDING = tuple(
+    k for k in (*_GPU_ONLY_KEYS, *_INFERENCE_ONLY_KEYS, *_POD_KEYS, *_DEMAND_ONLY_KEYS) if k != "model"
+)
 
 
 def parse_trigger(metadata: Mapping[str, str]) -> TriggerSpec:
@@ -448,20 +380,15 @@ def parse_trigger(metadata: Mapping[str, str]) -> TriggerSpec:
             raise ConfigError(
                 f"metadata {quoted(key)} is {len(raw)} characters long; at most {MAX_METADATA_VALUE_CHARS}"
             )
-        # KEDA's own keys configure KEDA's side only: they are neither parsed nor kept in the cache key.
+        # KEDA's own keys configure KEDA's side only: they are not parsed.
         if key not in KEDA_OWN_KEYS:
             ours.append((key, raw))
-    return (_parse_cached if CACHE_PARSES else _parse_cached.__wrapped__)(frozenset(ours))
+    return _parse(ours)
 
 
-# The parse cache below (off: every call parses); the caches benchmark turns it off to measure what it
-# saves (docs/BENCHMARKS.md, "Caches").
-CACHE_PARSES = True
-
-
-@lru_cache(maxsize=4096)
-def _parse_cached(items: frozenset[tuple[str, str]]) -> TriggerSpec:
-    # KEDA sends the same map on every poll: parsing once per distinct map keeps validation off the hot path.
+def _parse(items: list[tuple[str, str]]) -> TriggerSpec:
+    # Parsed on every call: a few µs, against a KEDA poll of each ScaledObject every 30 s (docs/BENCHMARKS.md,
+    # "Caches": a cache of parsed maps saved about 1 % of the scaler's CPU there).
     fields: dict[str, Any] = {}
     for key, raw in sorted(items):
         # KEDA resolves `<key>FromEnv` from the target container's environment and forwards the value
@@ -519,19 +446,28 @@ def _check_metric_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
     if metric.gateway:
         _check_gateway_fit(given)
         return
-    for name in _GATEWAY_ONLY_KEYS:
-        if name in given:
-            raise ConfigError(
-                f"metadata {given[name]} applies only to metric=pending (the inference gateway's queue),"
-                f" not to metric={metric.value}"
-            )
+    if metric is Metric.DEMAND:
+        _check_demand_fit(fields, given)
+    else:
+        for name in _DEMAND_ONLY_KEYS:
+            if name in given:
+                raise ConfigError(
+                    f"metadata {given[name]}={quoted(_given_value(fields, name))} applies only to"
+                    f" metric=demand, not to metric={metric.value}; remove it"
+                )
+        for name in _GATEWAY_ONLY_KEYS:
+            if name in given:
+                raise ConfigError(
+                    f"metadata {given[name]} applies only to metric=pending and metric=demand (the inference"
+                    f" gateway's queue), not to metric={metric.value}"
+                )
     wrong = _GPU_ONLY_KEYS if metric.inference else _INFERENCE_ONLY_KEYS
     for name in wrong:
         if name in given:
             kind = (
                 "GPU metrics (utilization, memory)"
                 if metric.inference
-                else "inference metrics (requests, queue, kv_cache)"
+                else "inference metrics (requests, queue, kv_cache, demand)"
             )
             raise ConfigError(f"metadata {given[name]} applies only to {kind}, not to metric={metric.value}")
     if metric.inference:
@@ -541,6 +477,41 @@ def _check_metric_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
             raise ConfigError(
                 f"metadata model={quoted(fields['model'])}: engine {fields['engine']} series carry no model label"
             )
+
+
+def _given_value(fields: dict[str, Any], name: str) -> str:
+    value = fields[name]
+    return (
+        value.value
+        if isinstance(value, StrEnum)
+        else f"{value:g}"
+        if isinstance(value, float)
+        else str(value)
+    )
+
+
+def _check_demand_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
+    """metric=demand: what the unit and the pool need."""
+    if fields["demand_unit"] is DemandUnit.TOKENS and not supports_tokens(fields["engine"]):
+        raise ConfigError(
+            f"metadata demandUnit=tokens: engine {fields['engine']} prints no token counters; use"
+            " demandUnit requests"
+        )
+    if "prefill_weight" in given and fields["demand_unit"] is not DemandUnit.TOKENS:
+        raise ConfigError(
+            f"metadata {given['prefill_weight']} applies only to demandUnit=tokens (requests are counted,"
+            " not weighed); remove it or set demandUnit: tokens"
+        )
+    if fields["source"] is Source.PROMETHEUS:
+        raise ConfigError(
+            "metadata source='prometheus' is not available for metric=demand: its rates are taken over the"
+            " pods' own pages as they are read; allowed: scrape"
+        )
+    if "gateway_metrics_port" in given and "inference_pool" not in given:
+        raise ConfigError(
+            f"metadata {given['gateway_metrics_port']} applies only with inferencePool (the pool whose"
+            " endpoint picker's queue adds to demand)"
+        )
 
 
 def _check_gateway_fit(given: dict[str, str]) -> None:

@@ -36,6 +36,9 @@ STRUCTURED: dict[str, str] = {
     "--tls-key-file": "tls.enabled",
     "--tls-client-ca-file": "tls.mtls.enabled",
     "--explain": "explain.enabled",
+    "--gateway-token-file": "gateway.metricsToken.existingSecret",
+    "--gateway-token-serviceaccount": "gateway.metricsToken.mode",
+    "--gateway-token-plain-http": "gateway.metricsToken.plainHTTP",
 }
 # Where the chart's default differs from the scaler's, as in manifests/base: in a cluster the scaler
 # finds pods and exporters itself, and logs are JSON.

@@ -1,4 +1,5 @@
-"""The README's tables of `serve` and `demo` flags and trigger metadata, made from what the code runs on."""
+"""The tables of `serve` and `demo` flags and trigger metadata in docs/reference.md (and wherever the README
+holds one of their blocks), made from what the code runs on."""
 
 from __future__ import annotations
 
@@ -40,10 +41,14 @@ _BLOCK = re.compile(rf"(<!-- (?P<name>{'|'.join(TABLES)}):begin -->\n).*?(<!-- (
 
 
 def render(readme: str) -> str:
-    """The README with every `<!-- NAME:begin -->…<!-- NAME:end -->` block made anew from the code."""
+    """The text with every `<!-- NAME:begin -->…<!-- NAME:end -->` block made anew from the code."""
     return _BLOCK.sub(lambda m: m.group(1) + TABLES[m.group("name")]() + m.group(3), readme)
 
 
+ROOT = Path(__file__).resolve().parent.parent
+# The documents whose blocks this script writes: each table lives in exactly one of them.
+DOCUMENTS = (ROOT / "README.md", ROOT / "docs" / "reference.md")
+
 if __name__ == "__main__":
-    path = Path(__file__).resolve().parent.parent / "README.md"
-    path.write_text(render(path.read_text()))
+    for path in DOCUMENTS:
+        path.write_text(render(path.read_text()))

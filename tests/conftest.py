@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from prometheus_support import PROMETHEUS_BIN, PrometheusServer
 from support import ExporterServer
 
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
@@ -86,3 +87,19 @@ async def make_scaler() -> AsyncIterator[Callable[..., Awaitable[RunningScaler]]
     for scaler in running:
         await scaler.channel.close()
         await scaler.app.stop()
+
+
+@pytest.fixture(scope="session")
+def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    """One real Prometheus for the whole session, shared by every test file that reads one: starting it
+    takes seconds. Each file keeps to target groups of its own (PrometheusServer.set_targets' `group`) and
+    removes them when done. Under pytest-xdist (`-n auto --dist loadfile`) a session is one worker's: each
+    worker that runs a Prometheus test starts one Prometheus, once."""
+    if PROMETHEUS_BIN is None:
+        pytest.skip(
+            "no `prometheus` binary (Debian package prometheus; `make test` installs it where it can)"
+        )
+    server = PrometheusServer(tmp_path_factory.mktemp("prometheus"))
+    server.start()
+    yield server
+    server.stop()

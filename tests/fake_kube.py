@@ -7,12 +7,14 @@ import copy
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from fake_kube_selectors import _fields_match, _selector_matches
+from fake_kube_tokens import TokenIssuer
 
 TOKEN = "fake-service-account-token"
 USER = "system:serviceaccount:keda:keda-gpu-scaler"
@@ -72,38 +74,6 @@ def status(code: int, reason: str, message: str, kind: str | None = None) -> dic
     return body
 
 
-def _selector_matches(selector: str, labels: Mapping[str, str]) -> bool:
-    # The equality-based forms the tests use (k=v, k==v, k!=v, k, !k), kept apart from the scaler's parser.
-    for part in filter(None, (p.strip() for p in selector.split(","))):
-        if "!=" in part:
-            key, value = part.split("!=", 1)
-            if labels.get(key.strip()) == value.strip():
-                return False
-        elif "=" in part:
-            key, value = part.replace("==", "=").split("=", 1)
-            if labels.get(key.strip()) != value.strip():
-                return False
-        elif part.startswith("!"):
-            if part[1:].strip() in labels:
-                return False
-        elif part not in labels:
-            return False
-    return True
-
-
-def _fields_match(selector: str, meta: Mapping[str, Any]) -> bool:
-    # The field selectors every resource supports: metadata.name and metadata.namespace (= and ==, !=).
-    for part in filter(None, (p.strip() for p in selector.split(","))):
-        negate = "!=" in part
-        field_name, value = part.replace("!=", "=").replace("==", "=").split("=", 1)
-        have = {"metadata.name": meta.get("name"), "metadata.namespace": meta.get("namespace")}
-        if field_name.strip() not in have:
-            raise ValueError(f"field label not supported: {field_name.strip()}")
-        if (have[field_name.strip()] == value.strip()) == negate:
-            return False
-    return True
-
-
 @dataclass
 class _Watcher:
     kind: Kind
@@ -133,6 +103,7 @@ class FakeKube:
         self.watchers: list[_Watcher] = []
         self.denied: set[tuple[str, str, str | None]] = set()  # (verb, resource, namespace or None)
         self.requests: list[tuple[str, str]] = []  # (path, query string) of every request
+        self.tokens = TokenIssuer()  # serviceaccounts/token (TokenRequest)
         self.port = 0
         self._runner: web.AppRunner | None = None
 
@@ -157,6 +128,7 @@ class FakeKube:
         app.router.add_get(
             "/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}/scale", self._scale
         )
+        self.tokens.route(app, self._forbidden)
         self._runner = web.AppRunner(app, shutdown_timeout=0.5)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", port)

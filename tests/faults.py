@@ -190,6 +190,55 @@ OTHER_FAULTS: tuple[tuple[str, str, str], ...] = (
         "test_gateway_kubernetes.py::test_a_picker_refusing_the_scaler_is_unavailable_saying_what_is_missing",
     ),
     (
+        "an endpoint picker checks the token as llm-d's does by default (plain HTTP, --metrics-endpoint-auth)",
+        "with --gateway-token-file (and --gateway-token-plain-http on) its page is read; without a token"
+        " 401, with an identity lacking the grant 403: UNAVAILABLE naming the setting and the ClusterRole"
+        " rule; the scaler's own token never goes over plain HTTP",
+        "test_gateway_token.py::test_the_right_token_reads_the_page_over_plain_http_when_allowed,"
+        " test_without_plain_http_allowed_no_token_goes_and_the_401_names_the_setting,"
+        " test_a_token_without_the_grant_gets_a_403_naming_the_rbac",
+    ),
+    (
+        "the --gateway-token-file token is missing, empty, unreadable, or rotated mid-run",
+        "the page fails naming the flag and the file, never with a stale token; a rotated token is read on"
+        " the next scrape",
+        "test_gateway_token.py::test_a_token_file_that_cannot_be_read_fails_the_page_naming_the_flag_and_file,"
+        " test_a_token_rotated_mid_run_is_read_again_and_a_removed_one_is_never_reused,"
+        " test_the_scaler_wakes_through_an_authenticating_epp_and_follows_a_rotation",
+    ),
+    (
+        "--gateway-token-serviceaccount: the API server refuses to mint (403: no `create` on"
+        " serviceaccounts/token; 404: no such ServiceAccount) or cannot be reached; tokens expire",
+        "tokens are renewed in the background before they expire; a refusal fails the pages naming the flag"
+        " and the Role rule (resourceNames) or the ServiceAccount to create, never another token; in an"
+        " outage the last token is used until it expires, then the pages fail saying so",
+        "test_gateway_token_minted.py::test_the_pool_is_read_through_minted_tokens_renewed_before_they_expire,"
+        " test_a_scaler_without_the_grant_to_mint_fails_the_pool_naming_the_rbac_rule,"
+        " test_a_service_account_that_does_not_exist_is_named_with_what_to_create,"
+        " test_a_minting_outage_keeps_the_last_token_until_it_expires_then_fails_clearly",
+    ),
+    (
+        "the endpoint picker turns requests away for want of an endpoint (RejectedNoEndpoints,"
+        " EvictedNoEndpoints) before a scrape saw them queued",
+        "active (a wake) while the replica's latest page shows those counters grew since its previous one;"
+        " a counter that goes down is an EPP restart: a new baseline, no wake, no error",
+        "test_gateway_wake_signals.py::test_requests_turned_away_wake_the_workload_until_a_page_shows_no_more,"
+        " test_an_epp_restart_resets_its_counters_without_a_wake_or_an_error",
+    ),
+    (
+        "a pending trigger's `model` matches no series of the pool",
+        "INVALID_ARGUMENT naming the model shown when it differs only by case or blanks; else 0, with the"
+        " models the pool has shown in /explain and one log line",
+        "test_gateway_wake_signals.py::test_a_model_differing_only_by_case_is_invalid_argument_naming_the_model_seen,"
+        " test_a_model_never_seen_reads_0_and_explain_lists_the_models_shown",
+    ),
+    (
+        "an older endpoint picker (inference_extension_*) at rest with flow control on; queue series that"
+        " differ only by a label the scaler does not know",
+        '0, not "flow control off"; the series are summed (told apart by their whole label set)',
+        "test_gateway_wake_signals.py::test_an_idle_older_epp_reads_0_and_sharded_series_are_summed",
+    ),
+    (
         "an endpoint picker replica's page fails or is stale (--gateway-url or discovered)",
         "a lower bound (the other replicas' sum, said in /explain) when that is already above"
         " activationThreshold, else UNAVAILABLE naming the pool and the replica's failure; never 0",
@@ -224,6 +273,59 @@ OTHER_FAULTS: tuple[tuple[str, str, str], ...] = (
         "watch answered 410 Gone",
         "relist, then values follow again",
         "test_kubernetes.py::test_watch_410_gone_relists_and_recovers",
+    ),
+)
+
+
+# What one tenant (a namespace's ScaledObjects and the sources they read) cannot do to another, and the
+# bounds on what any caller can make the scaler hold; each proven by the named tests.
+TENANT_PROPERTIES: tuple[tuple[str, str, str], ...] = (
+    (
+        "Collectors share their capacity fairly between namespaces: 300 endpoint-picker replicas of one"
+        " tenant hang until the scrape timeout",
+        "each namespace has 2 fetches in flight of its own that no other can take, and the common pool"
+        " (--scrape-concurrency) on top, at most half of it while another namespace wants a slot; freed"
+        " slots go to the waiting namespaces in turn. The"
+        " healthy tenant's page is fetched on schedule while the 300 hang (its wake is measured in"
+        " docs/SOAK.md); at most --scrape-concurrency + 2 × namespaces fetches run at once",
+        "test_fair_collectors.py::test_a_healthy_tenants_page_is_fetched_while_300_replicas_of_another_hang",
+    ),
+    (
+        "A shared pod IP (hostNetwork pods share their node's): tenant B names tenant A's port as its"
+        " metricsPort",
+        "a page is filed under the pod that declares that container port at that address; claimed for several"
+        " pods of which not exactly one declares it, it is read for none until a claim goes (B's pod is"
+        " then missing, with a note saying why). Never read across namespaces, never bound to whoever"
+        " named it last: A keeps its value",
+        "test_shared_pod_ip.py::test_a_tenant_naming_anothers_port_neither_reads_its_load_nor_blinds_it",
+    ),
+    (
+        "Numbers the wire cannot carry: `threshold: 1e19`; a page value of 1e19; two 1e308 summing to inf",
+        "a threshold outside 0.001 ≤ threshold ≤ 1e15 (KEDA carries it as int64 milli-units) is"
+        " INVALID_ARGUMENT naming it; a pod's (or endpoint-picker replica's) value beyond 1e15 or not"
+        " finite, and a sum beyond it, are UNAVAILABLE naming the pod and family; never INTERNAL",
+        "test_wire_numbers.py::test_a_threshold_beyond_what_keda_carries_is_invalid_argument,"
+        " test_a_value_beyond_the_wire_is_unavailable_naming_the_pod_and_family,"
+        " test_a_sum_that_is_not_finite_is_unavailable_naming_the_pod,"
+        " test_pods_each_within_the_wire_whose_sum_is_not_are_unavailable,"
+        " test_an_endpoint_picker_queue_beyond_the_wire_is_unavailable_naming_the_replica",
+    ),
+    (
+        "A caller sends new metadata on every call (a new podNamePrefix each time), or many metric names"
+        " per ScaledObject",
+        "a ScaledObject remembers its 64 latest notes and logs at most 32 new ones while followed (one line"
+        " then says the rest are in /explain); /metrics shows the value and activity of at most 4 triggers"
+        " per ScaledObject (the rest counted in keda_gpu_scaler_triggers_unpublished_total): at most"
+        " 8 × --max-scaledobjects labelled series",
+        "test_growth_bounds.py::test_a_new_pod_name_prefix_on_every_call_keeps_notes_and_log_bounded,"
+        " test_a_scaledobject_shows_a_bounded_number_of_triggers_on_metrics",
+    ),
+    (
+        "A crowd of /explain clients",
+        "at most 2 answers rendered at once and a budget of cost units (1 per request plus 1 per 100 pods"
+        " listed; 100 a second, 200 at once): over either, 429 with Retry-After at once, before any work;"
+        " gRPC calls go on",
+        "test_explain_admission.py::test_a_crowd_of_explain_clients_gets_429_quickly_and_grpc_goes_on",
     ),
 )
 
@@ -356,4 +458,14 @@ def reliability_markdown() -> str:
         "|---|---|---|",
     ]
     rows += [f"| {fault} | {behaviour} | `{tests}` |" for fault, behaviour, tests in OTHER_FAULTS]
+    rows += [
+        "",
+        "## Tenants: what one cannot do to another, and what any caller can make the scaler hold",
+        "",
+        "Each proven by the named test in `tests/integration/` (through the real gRPC and HTTP servers).",
+        "",
+        "| attempt | what the scaler does | test |",
+        "|---|---|---|",
+    ]
+    rows += [f"| {attempt} | {behaviour} | `{tests}` |" for attempt, behaviour, tests in TENANT_PROPERTIES]
     return "\n".join(rows) + "\n"

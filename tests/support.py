@@ -12,8 +12,8 @@ import grpc
 from aiohttp import web
 
 from keda_gpu_scaler import pagetext
+from keda_gpu_scaler.demo.engines import EngineLoad
 from keda_gpu_scaler.engines import tgi
-from keda_gpu_scaler.engines.simulated import EngineLoad
 
 T = TypeVar("T")
 

@@ -80,16 +80,8 @@ if os.environ.get("BENCH_SLOW_CALLBACKS"):
     events.Handle._run = _run_timed  # type: ignore[method-assign]
 
 if os.environ.get("BENCH_CACHES_OFF"):
-    # The caches benchmark (bench/bench_caches.py): each "module:Owner.attribute" or "module:CONSTANT" named
-    # is set to False before the scaler starts, switching that cache off through its own seam.
-    import importlib
+    # The caches benchmark (bench/bench_caches.py): each cache or policy named (";"-separated) is replaced
+    # with its simple version before the scaler starts (bench/cache_switches.py).
+    from bench.cache_switches import switch_off
 
-    for _switch in os.environ["BENCH_CACHES_OFF"].split(","):
-        _module, _, _path = _switch.partition(":")
-        _owner: object = importlib.import_module(_module)
-        *_parents, _attribute = _path.split(".")
-        for _parent in _parents:
-            _owner = getattr(_owner, _parent)
-        if getattr(_owner, _attribute) is not True:
-            raise SystemExit(f"bench caches: {_switch} is not a cache switch that is on")
-        setattr(_owner, _attribute, False)
+    switch_off(os.environ["BENCH_CACHES_OFF"].split(";"))

@@ -14,9 +14,11 @@ from pathlib import Path
 
 from bench.simulator.gpu import simulate_all
 from bench.simulator.llm_fleet import ServerModel
-from bench.simulator.llm_policies import POD_RATE, POLICY_NAMES, REQUESTS_TARGET
+from bench.simulator.llm_policies import DEMAND_WINDOW, POD_RATE, POLICY_NAMES, REQUESTS_TARGET
 from bench.simulator.llm_run import run_matrix
 from bench.simulator.llm_traces import TraceFileError, builtin_traces, read_trace
+from keda_gpu_scaler.demand import MAX_WINDOW_SECONDS as MAX_WINDOW
+from keda_gpu_scaler.demand import MIN_WINDOW_SECONDS as MIN_WINDOW
 
 
 def _gpu(args: argparse.Namespace) -> int:
@@ -37,8 +39,9 @@ def _llm(args: argparse.Namespace) -> int:
         return 2
     model = dataclasses.replace(ServerModel(), gateway_ttl=args.gateway_ttl)
     policies = tuple(args.policy) if args.policy else POLICY_NAMES
+    options = {} if args.window is None else {"window": args.window}
     runs = run_matrix(
-        traces, policies, args.seed, args.min_replicas, model, requests_target=args.requests_target
+        traces, policies, args.seed, args.min_replicas, model, requests_target=args.requests_target, **options
     )
     rows = [run.summary() for run in runs]
     if args.json:
@@ -46,8 +49,9 @@ def _llm(args: argparse.Namespace) -> int:
         return 0
     for row in rows:
         print(
-            f"{row['trace']:8} {row['policy']:25} GPU-s {row['gpu_seconds']:9,.0f}"
+            f"{row['trace']:8} {row['policy']:24} GPU-s {row['gpu_seconds']:9,.0f}"
             f"  waiting req-s {row['waiting_request_seconds']:11,.0f}  p95 wait {row['p95_wait_seconds']:6.1f} s"
+            f"  TTFT p95 {row['ttft_p95_seconds']:6.1f} s  {row['ms_per_output_token']:5.1f} ms/token"
             f"  dropped {row['dropped_requests']:5}  changes {row['scale_changes']:3}"
         )
     return 0
@@ -82,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help=f"target requests in flight per pod for the requests and pending triggers (default {REQUESTS_TARGET})",
     )
+    llm.add_argument(
+        "--window",
+        type=float,
+        metavar="SECONDS",
+        help=f"the demand policies' window (default {DEMAND_WINDOW:g})",
+    )
     llm.add_argument("--policy", action="append", choices=POLICY_NAMES, help="only this policy; repeatable")
     llm.add_argument("--seed", type=int, default=1, help="random seed of arrivals and tokens (default 1)")
     llm.set_defaults(handler=_llm)
@@ -92,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--min-replicas {args.min_replicas}: must be ≥ 0")
     if getattr(args, "requests_target", None) is not None and not args.requests_target > 0:
         parser.error(f"--requests-target {args.requests_target:g}: must be > 0")
+    if getattr(args, "window", None) is not None and not MIN_WINDOW <= args.window <= MAX_WINDOW:
+        parser.error(f"--window {args.window:g}: must be between {MIN_WINDOW:g} and {MAX_WINDOW:g} seconds")
     if getattr(args, "gateway_ttl", 1.0) <= 0:
         parser.error(f"--gateway-ttl {args.gateway_ttl:g}: must be > 0")
     handler = args.handler

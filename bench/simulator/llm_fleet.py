@@ -1,14 +1,18 @@
 """An LLM-serving fleet: vLLM-like pods batching requests continuously, behind the inference gateway.
 
-Each pod admits waiting requests while it has a batch slot and KV-cache room for the request's prompt and
-output; prefill of newly admitted prompts takes the pod's step time first, the rest decodes one token per
-running request every ITL = α + β·batch seconds. While no pod is Ready the gateway holds requests, up to
-its request TTL, then drops them. The constants and their sources are in docs/BENCHMARKS.md (LLM serving).
+Each pod admits waiting requests while it has a batch slot and free KV blocks for the prompt; KV grows by
+one token per running request per decode step, and when it is full the pod preempts its most recently
+admitted request (vLLM's recompute preemption: the request waits again and its prompt and the tokens it
+had generated are computed anew). Prefill takes the pod's time first, then one decode step for every
+running request every ITL = α + β·batch seconds. The gateway's endpoint picker (flow control on) holds a
+request while no Ready pod has capacity (queue ≤ 5 and KV ≤ 0.8: its saturation detector), up to its
+request TTL, then drops it. Constants and sources are in docs/BENCHMARKS.md (LLM serving).
 """
 
 from __future__ import annotations
 
 import heapq
+import random
 from collections import deque
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -22,31 +26,54 @@ class ServerModel:
     itl_beta: float = 0.000043  # s per request in the batch: the same fit, β 0.042–0.044 ms
     prefill_tokens_per_second: float = 25_000.0  # an assumption: no trustworthy measured rate was found
     kv_capacity_tokens: int = 444_688  # 27,793 blocks × 16 at gpu_memory_utilization 0.9
+    kv_watermark: float = 0.01  # vLLM keeps 1 % of blocks free when admitting
     batch_limit: int = 1024  # vLLM's max_num_seqs on GPUs ≥ 70 GiB
-    scheduling_seconds: float = 5.0  # an assumption: a node with the image is free
-    model_load_seconds: float = 70.0  # 65–85 s to Ready with weights and compile caches on the node
-    gateway_ttl: float = 60.0  # llm-d EPP noEndpointRequestTTL (follows defaultRequestTTL, 60 s)
+    warm_start: tuple[float, float] = (65.0, 85.0)  # s to Ready, image and caches on the node (uniform)
+    node_start: tuple[float, float] = (90.0, 300.0)  # s more when a node must be provisioned (assumption)
+    node_idle_seconds: float = 600.0  # cluster-autoscaler's scale-down-unneeded-time
+    node_spare: int = 2  # nodes the pool keeps beyond the starting fleet (assumption)
+    gateway_ttl: float = 60.0  # llm-d EPP defaultRequestTTL (noEndpointRequestTTL follows it)
+    saturation_queue: int = 5  # the EPP saturation detector's queue depth threshold
+    saturation_kv: float = 0.8  # … and its KV-cache threshold
 
     @property
     def cold_start(self) -> float:
-        return self.scheduling_seconds + self.model_load_seconds
+        """The mean cold start on a warm node (what `clairvoyant` looks ahead by)."""
+        return sum(self.warm_start) / 2
 
     def itl(self, batch: int) -> float:
         return self.itl_alpha + self.itl_beta * batch
 
 
 class Request:
-    """One request; `admitted` is when it got a batch slot (its wait ends there), None until then."""
+    """One request; `admitted` is when it first got a batch slot (its wait ends there), None until then."""
 
-    __slots__ = ("admitted", "arrived", "dropped", "finish_clock", "output", "prompt")
+    __slots__ = (
+        "admitted",
+        "arrived",
+        "dropped",
+        "finish_clock",
+        "first_token",
+        "generated",
+        "output",
+        "prompt",
+        "start_clock",
+    )
 
     def __init__(self, arrived: float, prompt: int, output: int) -> None:
         self.arrived = arrived
         self.prompt = prompt
         self.output = output
         self.admitted: float | None = None
+        self.first_token = 0.0
         self.dropped = False
+        self.generated = 0.0  # tokens generated before the current admission (a preempted request's)
+        self.start_clock = 0.0  # the pod's clock at the current admission
         self.finish_clock = 0.0
+
+    def kv_offset(self) -> float:
+        """This request's KV = kv_offset + the pod's clock while it runs."""
+        return self.prompt + self.generated - self.start_clock
 
 
 @dataclass
@@ -56,26 +83,31 @@ class Tally:
     arrived: int = 0
     completed: int = 0
     dropped: int = 0
+    preempted: int = 0
     waits: list[float] = field(default_factory=list)  # per admitted or dropped request, seconds
-    busy_decode_seconds: float = 0.0  # Σ over completed requests of admission → last token
-    output_tokens: int = 0  # of completed requests
+    ttfts: list[float] = field(default_factory=list)  # per admitted request: arrival → first token
+    decode_seconds: float = 0.0  # Σ over completed requests of first token → last token
+    decode_tokens: int = 0  # Σ of their output tokens after the first
 
 
 class Pod:
-    """One inference server. `clock` counts the tokens each running request has decoded since the pod
-    started: a request admitted at clock c with n output tokens finishes when the clock reaches c + n."""
+    """One inference server. `clock` counts the decode steps since the pod started: every running request
+    gains one token per step, so one admitted at clock c needing n more tokens finishes at c + n."""
 
     __slots__ = (
         "_serial",
+        "active",
         "busy",
         "clock",
         "created",
+        "finished",
+        "generation_tokens",
         "inflight",
         "kv_base",
-        "kv_reserved",
         "model",
         "name",
         "prefill_owed",
+        "prompt_tokens",
         "queue",
         "ready_at",
         "running",
@@ -87,13 +119,17 @@ class Pod:
         self.ready_at = ready_at
         self.model = model
         self.queue: deque[Request] = deque()
-        self.running: list[tuple[float, int, Request]] = []  # heap by finish clock
+        self.running: list[tuple[float, int, Request]] = []  # heap by finish clock (stale entries skipped)
+        self.active: dict[int, Request] = {}  # running requests by admission serial, oldest first
         self.clock = 0.0
-        self.kv_reserved = 0  # prompt + output of every running request: what admission checks
-        self.kv_base = 0.0  # Σ (prompt − clock at admission): KV in use = kv_base + len(running) × clock
+        self.kv_base = 0.0  # Σ kv_offset of running requests: KV in use = kv_base + len(active) × clock
         self.prefill_owed = 0.0  # seconds of prefill admitted but not yet computed
         self.busy = 0.0  # seconds with work on the GPU (what GPU utilisation measures)
         self.inflight = 0  # running + waiting, the pod's `requests` value
+        # The engine's counters (vllm:request_success_total, prompt_tokens_total, generation_tokens_total).
+        self.finished = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0.0
         self._serial = 0
 
     def ready(self, now: float) -> bool:
@@ -105,12 +141,19 @@ class Pod:
 
     @property
     def batch(self) -> int:
-        return len(self.running)
+        return len(self.active)
+
+    def kv_used(self) -> float:
+        return self.kv_base + len(self.active) * self.clock
 
     def kv_usage(self) -> float:
         """KV cache in use, 0–1: every running request's prompt and the tokens it has generated so far."""
-        used = self.kv_base + len(self.running) * self.clock
-        return min(1.0, max(0.0, used / self.model.kv_capacity_tokens))
+        return min(1.0, max(0.0, self.kv_used() / self.model.kv_capacity_tokens))
+
+    def has_capacity(self) -> bool:
+        """Not saturated for the EPP's detector: queue and KV at or under its thresholds."""
+        model = self.model
+        return len(self.queue) <= model.saturation_queue and self.kv_usage() <= model.saturation_kv
 
     def enqueue(self, request: Request, now: float, tally: Tally) -> None:
         self.queue.append(request)
@@ -120,19 +163,28 @@ class Pod:
 
     def admit(self, now: float, tally: Tally) -> None:
         model = self.model
-        while self.queue and len(self.running) < model.batch_limit:
+        limit = model.kv_capacity_tokens * (1 - model.kv_watermark)
+        while self.queue and len(self.active) < model.batch_limit:
             request = self.queue[0]
-            need = request.prompt + request.output
-            if self.kv_reserved + need > model.kv_capacity_tokens and self.running:
+            need = (
+                request.prompt + request.generated
+            )  # blocks for the prompt (and a preempted request's tokens)
+            if self.kv_used() + need > limit and self.active:
                 break  # vLLM keeps it waiting until blocks free up (an empty pod takes it regardless)
             self.queue.popleft()
-            request.admitted = now
-            tally.waits.append(now - request.arrived)
-            request.finish_clock = self.clock + request.output
-            self.kv_reserved += need
-            self.kv_base += request.prompt - self.clock
-            self.prefill_owed += request.prompt / model.prefill_tokens_per_second
+            prefill = need / model.prefill_tokens_per_second
+            self.prefill_owed += prefill
+            if request.admitted is None:
+                request.admitted = now
+                tally.waits.append(now - request.arrived)
+                request.first_token = now + self.prefill_owed + model.itl(len(self.active) + 1)
+                tally.ttfts.append(request.first_token - request.arrived)
+                self.prompt_tokens += request.prompt
+            request.start_clock = self.clock
+            request.finish_clock = self.clock + request.output - request.generated
+            self.kv_base += request.kv_offset()
             self._serial += 1
+            self.active[self._serial] = request
             heapq.heappush(self.running, (request.finish_clock, self._serial, request))
 
     def advance(self, now: float, dt: float, tally: Tally) -> None:
@@ -143,40 +195,66 @@ class Pod:
             self.prefill_owed -= spent
             budget -= spent
             self.busy += spent
-        if self.running and budget > 0:
-            self.clock += budget / self.model.itl(len(self.running))
+        if self.active and budget > 0:
+            start, before = now - budget, self.clock
+            steps = budget / self.model.itl(len(self.active))
+            self.clock += steps
+            self.generation_tokens += steps * len(self.active)
             self.busy += budget
             while self.running and self.running[0][0] <= self.clock:
-                _, _, request = heapq.heappop(self.running)
-                self.kv_reserved -= request.prompt + request.output
-                self.kv_base -= request.prompt - (request.finish_clock - request.output)
+                finish, serial, request = heapq.heappop(self.running)
+                if self.active.get(serial) is not request:
+                    continue  # preempted since: a stale entry
+                del self.active[serial]
+                self.kv_base -= request.kv_offset()
+                self.generation_tokens -= self.clock - finish  # it stopped at its last token
                 self.inflight -= 1
+                self.finished += 1
                 tally.completed += 1
-                tally.output_tokens += request.output
-                tally.busy_decode_seconds += now - (request.admitted or now)
-            if not self.running:
+                done = start + budget * (finish - before) / steps  # when its last token came, within dt
+                tally.decode_seconds += max(0.0, done - request.first_token)
+                tally.decode_tokens += request.output - 1
+            if not self.active:
                 self.kv_base = 0.0  # no drift from float sums once the pod is empty
+            else:
+                self._preempt(tally)
         if self.queue:
             self.admit(now, tally)
-        self.inflight = len(self.running) + len(self.queue)
+        self.inflight = len(self.active) + len(self.queue)
+
+    def _preempt(self, tally: Tally) -> None:
+        """KV full: the most recently admitted requests go back to the head of the queue (recompute)."""
+        capacity = self.model.kv_capacity_tokens
+        while len(self.active) > 1 and self.kv_used() > capacity:
+            serial = next(reversed(self.active))
+            request = self.active.pop(serial)
+            self.kv_base -= request.kv_offset()
+            request.generated += self.clock - request.start_clock
+            self.queue.appendleft(request)
+            tally.preempted += 1
 
 
 _LOAD = attrgetter("inflight")
 
 
 class Fleet:
-    """The target's pods (serving), pods removed but finishing their work (draining), and the gateway."""
+    """The target's pods (serving), pods removed but finishing their work (draining), the gateway, and the
+    nodes the pods run on (a warm node starts a pod in 65–85 s; a new one takes longer)."""
 
-    def __init__(self, model: ServerModel, replicas: int, now: float) -> None:
+    def __init__(self, model: ServerModel, replicas: int, now: float, seed: int = 0) -> None:
         self.model = model
         self.tally = Tally()
         self.pods: list[Pod] = []
         self.draining: list[Pod] = []
         self.gateway: deque[Request] = deque()
         self._serial = 0
+        self._rng = random.Random(seed ^ 0xC01D)
+        self._pool_min = replicas + model.node_spare
+        self._idle_nodes: list[float] = [now] * model.node_spare  # when each idle node became idle
         for _ in range(replicas):
             self._add(now, ready_at=now)  # the run starts from a warm fleet of this size
         self._ready: list[Pod] = list(self.pods)
+        self._open: list[Pod] = list(self.pods)  # Ready pods with capacity at the last check
 
     @property
     def replicas(self) -> int:
@@ -184,6 +262,9 @@ class Fleet:
 
     def ready_pods(self) -> list[Pod]:
         return self._ready
+
+    def starting_pods(self) -> list[Pod]:
+        return [p for p in self.pods if p not in self._ready] if len(self._ready) != len(self.pods) else []
 
     def gpus(self) -> int:
         """Pods holding a GPU now: serving (starting or ready) and draining."""
@@ -196,12 +277,25 @@ class Fleet:
         """Requests without a batch slot: held by the gateway or queued on a pod."""
         return len(self.gateway) + sum(p.waiting for p in self.pods) + sum(p.waiting for p in self.draining)
 
+    def _pick(self) -> Pod | None:
+        """The pod the endpoint picker sends to: the least loaded Ready pod with capacity; None: saturated.
+        Pods found full leave the open list until the next step checks them again (the picker's metrics
+        are refreshed every 50 ms; a step is a few of those)."""
+        open_ = self._open
+        while open_:
+            pod = min(open_, key=_LOAD)
+            if pod.has_capacity():
+                return pod
+            open_.remove(pod)
+        return None
+
     def arrive(self, request: Request) -> None:
         self.tally.arrived += 1
-        if self._ready:
-            min(self._ready, key=_LOAD).enqueue(request, request.arrived, self.tally)
-        else:
+        pod = None if self.gateway else self._pick()  # first come, first served behind held requests
+        if pod is None:
             self.gateway.append(request)
+        else:
+            pod.enqueue(request, request.arrived, self.tally)
 
     def step(self, now: float, dt: float) -> None:
         """Advance every pod to `now`, then readiness, the gateway's TTL, and its release of held requests."""
@@ -211,35 +305,63 @@ class Fleet:
         if self.draining:
             for pod in self.draining:
                 pod.advance(now, dt, tally)
-            self.draining = [p for p in self.draining if p.inflight or p.prefill_owed > 0]
+            done = [p for p in self.draining if not (p.inflight or p.prefill_owed > 0)]
+            if done:
+                self.draining = [p for p in self.draining if p not in done]
+                self._idle_nodes += [now] * len(done)
         if len(self._ready) != len(self.pods):
             self._ready = [p for p in self.pods if p.ready(now)]
+        self._open = [p for p in self._ready if p.has_capacity()]
         gateway = self.gateway
         while gateway and gateway[0].arrived + self.model.gateway_ttl <= now:
             request = gateway.popleft()
             request.dropped = True
             tally.dropped += 1
             tally.waits.append(self.model.gateway_ttl)
-        if gateway and self._ready:
-            while gateway:
-                min(self._ready, key=_LOAD).enqueue(gateway.popleft(), now, tally)
+        while gateway:
+            chosen = self._pick()
+            if chosen is None:
+                break
+            chosen.enqueue(gateway.popleft(), now, tally)
 
     def resize(self, target: int, now: float) -> bool:
         """Scale the Deployment to `target` pods; False when it already has that many."""
         if target == len(self.pods):
             return False
         while len(self.pods) < target:
-            self._add(now, now + self.model.cold_start)
+            self._add(now, None)
         if len(self.pods) > target:
             # A ReplicaSet removes pods that are not ready before ready ones, and newer before older.
             self.pods.sort(key=lambda p: (p.ready(now), -p.created), reverse=True)
             for pod in self.pods[target:]:
                 if pod.ready(now) and (pod.inflight or pod.prefill_owed > 0):
                     self.draining.append(pod)  # leaves the pool; finishes what it holds, on its GPU
+                else:
+                    self._idle_nodes.append(now)
             del self.pods[target:]
         self._ready = [p for p in self.pods if p.ready(now)]
+        self._open = [p for p in self._ready if p.has_capacity()]
         return True
 
-    def _add(self, now: float, ready_at: float) -> None:
+    def _add(self, now: float, ready_at: float | None) -> None:
+        if ready_at is None:
+            # Two draws for every pod, whatever it needs: runs under different policies see the same sequence.
+            warm = self._rng.uniform(*self.model.warm_start)
+            node = self._rng.uniform(*self.model.node_start)
+            ready_at = now + warm + (0.0 if self._take_node(now) else node)
         self.pods.append(Pod(f"vllm-{self._serial}", now, ready_at, self.model))
         self._serial += 1
+
+    def _take_node(self, now: float) -> bool:
+        """A warm node for a new pod, if one is left; idle nodes above the pool's minimum go after 10 min."""
+        nodes_in_use = self.gpus()
+        keep = max(0, self._pool_min - nodes_in_use)
+        self._idle_nodes = [
+            t
+            for i, t in enumerate(sorted(self._idle_nodes, reverse=True))
+            if i < keep or t + self.model.node_idle_seconds > now
+        ]
+        if self._idle_nodes:
+            self._idle_nodes.pop()
+            return True
+        return False

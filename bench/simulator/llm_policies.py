@@ -1,17 +1,21 @@
 """The policies a user would configure for an LLM fleet, each a list of KEDA triggers as written in a
-ScaledObject (and, for llm-d's saturation autoscaler, its controller). The HPA takes the largest of the
-triggers' replica counts, each from the product's own formula (scaling.hpa_desired_replicas)."""
+ScaledObject (and, for llm-d's saturation autoscaler, its controller), with its HPA behaviour. The HPA
+takes the largest of the triggers' replica counts, each from the product's own formula
+(scaling.hpa_desired_replicas); a trigger that fails forbids a scale-down, as in the HPA."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
-from bench.simulator.llm_fleet import Fleet
+from bench.simulator.autoscaling import Behavior
+from bench.simulator.llm_calibrate import capacity
+from bench.simulator.llm_demand import demand_value, evaluate_pods
+from bench.simulator.llm_fleet import Fleet, ServerModel
 from bench.simulator.llm_signals import Page, Signals, View
-from keda_gpu_scaler.errors import NoData
-from keda_gpu_scaler.scaling import PodRow, evaluate, hpa_desired_replicas, pod_row
-from keda_gpu_scaler.trigger import Aggregation, parse_trigger
+from bench.simulator.llm_traces import OUTPUT_MEAN, PROMPT_MEAN, LlmTrace
+from keda_gpu_scaler.scaling import hpa_desired_replicas
+from keda_gpu_scaler.trigger import parse_trigger
 
 # Target requests in flight per pod, chosen as a user would from a concurrency sweep of one pod: in this
 # model a pod peaks at 16.1 req/s (prefill-bound) and holds 50 requests in flight at 70 % of that
@@ -24,6 +28,24 @@ AKS_THRESHOLD = 5.0  # Azure's AKS tutorial: avg(DCGM_FI_DEV_GPU_UTIL), threshol
 QUEUE_THRESHOLD = 5.0  # waiting requests per pod: the EPP's saturation queue depth
 KV_THRESHOLD = 70.0  # % KV cache per pod
 MAX_REPLICAS = 20  # the AKS tutorial's maxReplicaCount, for every policy
+DEMAND_WINDOW = 30.0  # demand's `window` default (s), chosen in docs/BENCHMARKS.md
+TOKEN_WEIGHT = 1.0  # a prompt token against a generated one, chosen in docs/BENCHMARKS.md
+EPP_QUEUE_TARGET = 1.0  # llm-d's KEDA recipe: sum(flow_control_queue_size), 1 per replica
+EPP_RUNNING_TARGET = 16.0  # … and the EPP's running requests, 16 per replica
+# The behaviour this project's LLM examples ship (chosen in docs/BENCHMARKS.md), and llm-d's recipe's.
+DEMAND_BEHAVIOR = Behavior(down_window=120.0)
+LLMD_BEHAVIOR = Behavior(up_pods=0, up_percent=100.0, up_period=15.0, down_window=300.0)
+
+
+def demand_threshold(prompt_mean: float = PROMPT_MEAN, output_mean: float = OUTPUT_MEAN) -> float:
+    """The README's rule: the rate one replica serves at the latency target, measured on a load ramp of
+    one pod with the traffic's mix (the simulator's calibration mix is the Azure conversation trace)."""
+    return capacity(prompt_mean, output_mean)
+
+
+def demand_tokens_threshold(weight: float = TOKEN_WEIGHT) -> float:
+    """The same ramp read in weighted tokens per second."""
+    return demand_threshold() * (weight * PROMPT_MEAN + OUTPUT_MEAN)
 
 
 class Trigger:
@@ -35,8 +57,8 @@ class Trigger:
 
 
 class ScalerTrigger(Trigger):
-    """A trigger of this scaler on the pods' pages: the product's own evaluation (sum over the target's
-    pods, missing pods counted as SPEC §4 says) on what its last scrape saw."""
+    """A trigger of this scaler on the pods' pages: the product's evaluation (sum over the Ready target
+    pods, missing and starting pods counted as SPEC §4 says) on what its last scrape saw."""
 
     def __init__(self, metric: str, threshold: float) -> None:
         self.threshold = threshold
@@ -54,25 +76,76 @@ class ScalerTrigger(Trigger):
 
     def value(self, signals: Signals) -> float | None:
         view = signals.direct
-        if self.metric == "utilization":
-            # The exporter's page exists from pod creation (the GPU is attributed to the pod at once).
-            rows: dict[str, PodRow] = {
-                pod: pod_row(pod, "nvidia", view.utilization[pod]) for pod in view.targets
-            }
-        else:
-            rows = {
-                pod: pod_row(pod, "vllm", self.pod_value(page, view, pod))
-                for pod, page in view.pages.items()
-                if pod in view.targets
-            }
-        try:
-            return evaluate(rows, set(view.targets) - rows.keys(), self.spec, Aggregation.SUM).value
-        except NoData:
-            return None
+        values = {pod: self.pod_value(page, view, pod) for pod, page in view.pages.items()}
+        missing = len(set(view.targets) - view.pages.keys())
+        evaluation = evaluate_pods(values, missing, len(view.starting), self.spec)
+        return None if evaluation is None else evaluation.value
+
+
+class DemandTrigger(Trigger):
+    """`metric: demand` (SPEC §6) computed by the product's own functions from the scaler's scrapes: Σ λ
+    over the Ready pods, in requests or weighted tokens per second; with `inferencePool`, the gateway's
+    pending requests add their growth and what clears them within the window."""
+
+    def __init__(
+        self, threshold: float, window: float, weight: float | None = None, pending: bool = False
+    ) -> None:
+        self.threshold = threshold
+        self.pending = pending
+        metadata = {
+            "metric": "demand",
+            "threshold": repr(threshold),
+            "window": f"{window:g}",
+            "podNamePrefix": "vllm-",
+        }
+        if weight is not None:
+            metadata |= {"demandUnit": "tokens", "prefillWeight": f"{weight:g}"}
+        if pending:
+            metadata["inferencePool"] = "pool"
+        self.spec = parse_trigger(metadata)
+
+    def value(self, signals: Signals) -> float | None:
+        pending = signals.pending_history if self.pending else None
+        size = (
+            self.spec.prefill_weight * PROMPT_MEAN + OUTPUT_MEAN
+        )  # the calibration mix's, before any finishes
+        return demand_value(signals.scrapes, pending, self.spec, size)
+
+
+class OracleTrigger(Trigger):
+    """A limit, not a product: the replicas the true arrival rate and mix need at the same operating point
+    (each mix's calibrated capacity), now or, `ahead` seconds on, whichever is more."""
+
+    threshold = 1.0
+
+    def __init__(self, trace: LlmTrace, ahead: float = 0.0, model: ServerModel | None = None) -> None:
+        self.trace = trace
+        self.ahead = ahead
+        self.model = model
+
+    def needed(self, t: float) -> float:
+        segment = self.trace.segment_at(t)
+        if segment is None or segment.rate <= 0:
+            return 0.0
+        return segment.rate / capacity(segment.prompt_mean, segment.output_mean, self.model)
+
+    def value(self, signals: Signals) -> float | None:
+        now = signals.now
+        return max(self.needed(now), self.needed(now + self.ahead)) if self.ahead else self.needed(now)
+
+
+class EppQueue(Trigger):
+    """KEDA's prometheus trigger on `sum(llm_d_epp_flow_control_queue_size)`: the requests the EPP holds."""
+
+    threshold = EPP_QUEUE_TARGET
+
+    def value(self, signals: Signals) -> float | None:
+        return float(signals.prometheus.pending)
 
 
 class PrometheusRequests(Trigger):
-    """KEDA's prometheus trigger on `sum(vllm:num_requests_running + vllm:num_requests_waiting)`."""
+    """KEDA's prometheus trigger on `sum(vllm:num_requests_running + vllm:num_requests_waiting)`; the
+    EPP's running requests (dispatched, not finished) are the same sum."""
 
     def __init__(self, threshold: float) -> None:
         self.threshold = threshold
@@ -171,19 +244,27 @@ class LlmPolicy:
     min_replicas: int = 1
     push: Pending | None = None  # the trigger whose StreamIsActive wakes KEDA at once (external-push)
     controller: SaturationController | None = None
+    behavior: Behavior = field(default_factory=Behavior)
+    polling: float = 30.0  # KEDA's pollingInterval
     description: str = ""
     _was_active: bool = field(default=False, repr=False)
 
     def desired(self, signals: Signals, current: int) -> int | None:
-        """What the HPA's metrics ask for: the largest over the triggers that answered (None: none did)."""
-        wanted = []
+        """What the HPA's metrics ask for: the largest over the triggers that answered (None: none did).
+        A trigger that failed forbids a scale-down (the HPA keeps the count rather than shrink on part
+        of its metrics)."""
+        wanted, failed = [], False
         for trigger in self.triggers:
             value = trigger.value(signals)
             if value is not None and math.isfinite(value):
                 wanted.append(
                     hpa_desired_replicas(max(0.0, value), trigger.threshold, current, average_value=True)
                 )
-        return max(wanted) if wanted else None
+            else:
+                failed = True
+        if not wanted:
+            return None
+        return max(*wanted, current) if failed else max(wanted)
 
     def active(self, signals: Signals) -> bool | None:
         """KEDA's IsActive over the triggers (activation threshold 0); None when every trigger failed."""
@@ -212,12 +293,29 @@ class LlmPolicy:
 
 
 def make_policy(
-    name: str, min_replicas: int | None = None, requests_target: float | None = None
+    name: str,
+    min_replicas: int | None = None,
+    requests_target: float | None = None,
+    *,
+    trace: LlmTrace | None = None,
+    window: float | None = None,
+    threshold: float | None = None,
+    weight: float | None = None,
+    behavior: Behavior | None = None,
+    model: ServerModel | None = None,
 ) -> LlmPolicy:
-    """The named policy; `requests_target` overrides the requests and pending targets (default REQUESTS_TARGET)."""
+    """The named policy. `requests_target` overrides the requests and pending targets (default
+    REQUESTS_TARGET); `window`, `threshold`, `weight` and `behavior` the demand policies' (defaults: the
+    chosen ones); `trace` is what `oracle` and `clairvoyant` know."""
+    if name not in POLICY_NAMES:
+        raise ValueError(f"policy {name!r} is not one of {', '.join(POLICY_NAMES)}")
     target = float(REQUESTS_TARGET if requests_target is None else requests_target)
     requests = ScalerTrigger("requests", target)
-    policies: dict[str, tuple[list[Trigger], int]] = {
+    span = DEMAND_WINDOW if window is None else window
+    token_weight = TOKEN_WEIGHT if weight is None else weight
+    if name in ("oracle", "clairvoyant") and trace is None:
+        raise ValueError(f"policy {name!r} needs the trace it knows")
+    builders: dict[str, tuple[list[Trigger], int]] = {
         "gpu-utilization": ([ScalerTrigger("utilization", GPU_THRESHOLD)], 1),
         "gpu-utilization-average": ([PrometheusAverageUtilization()], 1),
         "queue": ([ScalerTrigger("queue", QUEUE_THRESHOLD)], 1),
@@ -227,21 +325,41 @@ def make_policy(
         "saturation-thresholds": ([], 1),
         "requests+pending": ([requests, Pending(target, through_prometheus=False)], 0),
         "requests+prometheus-wake": ([requests, Pending(target, through_prometheus=True)], 0),
+        "llm-d-epp": ([EppQueue(), PrometheusRequests(EPP_RUNNING_TARGET)], 1),
     }
-    if name not in policies:
-        raise ValueError(f"policy {name!r} is not one of {', '.join(POLICY_NAMES)}")
-    triggers, default_min = policies[name]
+    if name in ("demand", "demand+pending"):
+        t = demand_threshold() if threshold is None else threshold
+        pending = name == "demand+pending"
+        builders[name] = ([DemandTrigger(t, span, pending=pending)], 0 if pending else 1)
+    elif name in ("demand-tokens", "demand-tokens+pending"):
+        t = demand_tokens_threshold(token_weight) if threshold is None else threshold
+        pending = name == "demand-tokens+pending"
+        builders[name] = ([DemandTrigger(t, span, weight=token_weight, pending=pending)], 0 if pending else 1)
+    elif name in ("oracle", "clairvoyant"):
+        assert trace is not None
+        ahead = (model or ServerModel()).cold_start if name == "clairvoyant" else 0.0
+        builders[name] = ([OracleTrigger(trace, ahead, model)], 1)
+    triggers, default_min = builders[name]
     policy = LlmPolicy(name, triggers, default_min if min_replicas is None else min_replicas)
+    if name in OURS_DEMAND or name in ("oracle", "clairvoyant"):
+        policy.behavior = DEMAND_BEHAVIOR
+    if name == "llm-d-epp":
+        policy.behavior, policy.polling = LLMD_BEHAVIOR, 15.0
+    if behavior is not None:
+        policy.behavior = behavior
     if name == "saturation-thresholds":
         policy.controller = SaturationController()
         policy.triggers = [SaturationDesired(policy.controller)]
     if name == "requests+pending":
-        pending = triggers[1]
-        assert isinstance(pending, Pending)
-        policy.push = pending
+        wake = triggers[1]
+        assert isinstance(wake, Pending)
+        policy.push = wake
+    if name in ("demand+pending", "demand-tokens+pending"):
+        policy.push = Pending(1.0, through_prometheus=False)  # StreamIsActive: pending above 0 wakes it
     return policy
 
 
+OURS_DEMAND = ("demand", "demand-tokens", "demand+pending", "demand-tokens+pending")
 POLICY_NAMES = (
     "gpu-utilization",
     "gpu-utilization-average",
@@ -252,4 +370,11 @@ POLICY_NAMES = (
     "saturation-thresholds",
     "requests+pending",
     "requests+prometheus-wake",
+    "demand",
+    "demand-tokens",
+    "demand+pending",
+    "demand-tokens+pending",
+    "llm-d-epp",
+    "oracle",
+    "clairvoyant",
 )

@@ -11,7 +11,7 @@ from bench.simulator.autoscaling import Behavior, Hpa, Keda, due
 from bench.simulator.llm_fleet import Fleet, Request, ServerModel
 from bench.simulator.llm_policies import MAX_REPLICAS, POD_RATE, LlmPolicy, make_policy
 from bench.simulator.llm_signals import Signals, Timing
-from bench.simulator.llm_traces import Arrivals, LlmTrace, Segment, draw_arrivals
+from bench.simulator.llm_traces import Arrivals, LlmTrace, draw_arrivals
 
 STEP = 0.25  # seconds per simulation step (decode steps are 7–20 ms: a step holds tens of them)
 SAMPLE = 5.0  # seconds between the points kept for plots
@@ -26,12 +26,16 @@ class LlmRun:
     quiet_gpu_seconds: float = 0.0  # GPU-seconds while nothing arrives and nothing is in the system
     waiting_request_seconds: float = 0.0
     p95_wait_seconds: float = 0.0
+    ttft_p95_seconds: float = 0.0
+    preempted: int = 0
     arrived: int = 0
     completed: int = 0
     dropped: int = 0
     in_system: int = 0
     scale_changes: int = 0
-    seconds_per_token: float = 0.0  # admission → last token, per output token, over completed requests
+    seconds_per_token: float = (
+        0.0  # first → last token, per output token after the first (completed requests)
+    )
     first_waits_after_quiet: list[float | None] = field(default_factory=list)  # None: dropped
     # Every replica change: (time, replicas before, after, requests waiting for a slot or a pod then).
     events: list[tuple[float, int, int, int]] = field(default_factory=list)
@@ -69,6 +73,7 @@ class LlmRun:
             "quiet_gpu_seconds": round(self.quiet_gpu_seconds, 1),
             "waiting_request_seconds": round(self.waiting_request_seconds, 1),
             "p95_wait_seconds": round(self.p95_wait_seconds, 2),
+            "ttft_p95_seconds": round(self.ttft_p95_seconds, 2),
             "dropped_requests": self.dropped,
             "scale_changes": self.scale_changes,
             "scale_downs_while_waiting": self.scale_downs_while_waiting,
@@ -77,6 +82,7 @@ class LlmRun:
             "requests_in_system_at_end": self.in_system,
             "max_replicas": max(self.replicas, default=0),
             "ms_per_output_token": round(1000 * self.seconds_per_token, 1),
+            "preemptions": self.preempted,
             "first_wait_after_quiet_seconds": [
                 None if w is None else round(w, 1) for w in self.first_waits_after_quiet
             ],
@@ -97,13 +103,15 @@ def simulate_llm(
     model: ServerModel | None = None,
     timing: Timing | None = None,
     behavior: Behavior | None = None,
+    seed: int = 0,
 ) -> LlmRun:
+    """`behavior` overrides the policy's own; `seed` draws the cold starts (the same for every policy)."""
     model = model or ServerModel()
     timing = timing or Timing()
-    behavior = behavior or Behavior()
+    behavior = behavior or policy.behavior
     start = initial_replicas(trace, policy, unit)
-    fleet = Fleet(model, start, 0.0)
-    keda = Keda(policy.min_replicas, MAX_REPLICAS)
+    fleet = Fleet(model, start, 0.0, seed)
+    keda = Keda(policy.min_replicas, MAX_REPLICAS, polling=policy.polling)
     hpa = Hpa(behavior, keda.hpa_min, MAX_REPLICAS, 0.0, start)
     signals = Signals(timing)
     run = LlmRun(trace, policy, model.gateway_ttl)
@@ -130,7 +138,7 @@ def simulate_llm(
         policy.tick(now, signals, fleet, scraped)
         if gateway_read and policy.pushed(signals):
             resize(keda.push(now, fleet.replicas), now)
-        if due(now, 30.0, timing.keda_phase):
+        if due(now, keda.polling, timing.keda_phase):
             resize(keda.poll(now, policy.active(signals), fleet.replicas), now)
         if fleet.replicas and due(now, behavior.sync, timing.hpa_phase):
             desired = policy.desired(signals, fleet.replicas)
@@ -159,9 +167,12 @@ def simulate_llm(
     ]
     run.waiting_request_seconds = math.fsum(tally.waits) + math.fsum(end_time - t for t in still_waiting)
     run.p95_wait_seconds = _p95(tally.waits)
+    # A request still waiting at the end has waited at least this long for its first token.
+    run.ttft_p95_seconds = _p95(tally.ttfts + [end_time - t for t in still_waiting])
+    run.preempted = tally.preempted
     run.arrived, run.completed, run.dropped = tally.arrived, tally.completed, tally.dropped
     run.in_system = fleet.in_system()
-    run.seconds_per_token = tally.busy_decode_seconds / tally.output_tokens if tally.output_tokens else 0.0
+    run.seconds_per_token = tally.decode_seconds / tally.decode_tokens if tally.decode_tokens else 0.0
     run.first_waits_after_quiet = [_wait(r) for r in watched.values()]
     return run
 
@@ -198,65 +209,14 @@ def run_matrix(
     model: ServerModel | None = None,
     unit: float = POD_RATE,
     requests_target: float | None = None,
+    **options: Any,
 ) -> list[LlmRun]:
-    """Every policy through every trace; each trace's arrivals are drawn once and replayed for all."""
+    """Every policy through every trace; each trace's arrivals and cold starts are drawn once and replayed
+    for all. `options` go to make_policy (window, threshold, weight, behavior)."""
     runs = []
     for trace in traces:
         arrivals = draw_arrivals(trace, seed)
         for name in policies:
-            runs.append(
-                simulate_llm(trace, arrivals, make_policy(name, min_replicas, requests_target), unit, model)
-            )
+            policy = make_policy(name, min_replicas, requests_target, trace=trace, model=model, **options)
+            runs.append(simulate_llm(trace, arrivals, policy, unit, model, seed=seed))
     return runs
-
-
-@dataclass(frozen=True)
-class PodPoint:
-    """One pod at a constant arrival rate, after warming up: what a concurrency sweep would measure."""
-
-    rate: float
-    served: float  # requests completed per second
-    in_flight: float
-    kv: float
-    ms_per_token: float
-    utilization: float  # % of the time the GPU had work
-
-
-def pod_curve(rates: list[float], seed: int, model: ServerModel | None = None) -> list[PodPoint]:
-    model = model or ServerModel()
-    points = []
-    warm, seconds = 300.0, 1500.0
-    for rate in rates:
-        trace = LlmTrace("pod", "", (Segment(0.0, rate),), seconds)
-        arrivals = draw_arrivals(trace, seed)
-        fleet = Fleet(model, 1, 0.0)
-        pod = fleet.pods[0]
-        index, in_flight, kv, samples = 0, 0.0, 0.0, 0
-        completed_at_warm = busy_at_warm = tokens_at_warm = decode_at_warm = 0.0
-        for step in range(1, round(seconds / STEP) + 1):
-            now = step * STEP
-            fleet.step(now, STEP)
-            while index < len(arrivals.times) and arrivals.times[index] < now + STEP:
-                fleet.arrive(Request(arrivals.times[index], arrivals.prompts[index], arrivals.outputs[index]))
-                index += 1
-            tally = fleet.tally
-            if now == warm:
-                completed_at_warm, busy_at_warm = tally.completed, pod.busy
-                tokens_at_warm, decode_at_warm = tally.output_tokens, tally.busy_decode_seconds
-            if now > warm:
-                in_flight += fleet.in_system()
-                kv += pod.kv_usage()
-                samples += 1
-        tally, span = fleet.tally, seconds - warm
-        tokens = tally.output_tokens - tokens_at_warm
-        points.append(
-            PodPoint(
-                rate,
-                (tally.completed - completed_at_warm) / span,
-                in_flight / samples,
-                kv / samples,
-                1000 * (tally.busy_decode_seconds - decode_at_warm) / tokens if tokens else 0.0,
-                100 * (pod.busy - busy_at_warm) / span,
-            )
-        )
-    return points

@@ -12,18 +12,23 @@ from bench.simulator.llm_fleet import Fleet
 
 @dataclass(frozen=True, slots=True)
 class Page:
-    """One pod's inference page at one instant (vllm:num_requests_running/waiting, kv_cache_usage_perc)."""
+    """One pod's inference page at one instant: vllm:num_requests_running/waiting, kv_cache_usage_perc, and
+    the counters request_success_total, prompt_tokens_total and generation_tokens_total."""
 
     running: int
     waiting: int
     kv: float  # 0–1
+    finished: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: float = 0.0
 
 
 @dataclass(frozen=True)
 class View:
     at: float
     pages: dict[str, Page] = field(default_factory=dict)  # Ready pods only: a starting pod has no page yet
-    targets: tuple[str, ...] = ()  # the Deployment's pods (what Kubernetes discovery lists)
+    targets: tuple[str, ...] = ()  # the Deployment's Ready pods (SPEC §4's target pods)
+    starting: tuple[str, ...] = ()  # its pods that exist but are not Ready yet
     pending: int = 0  # requests the gateway holds
     utilization: dict[str, float] = field(default_factory=dict)  # the GPU exporter's last values, %
 
@@ -42,28 +47,39 @@ class Timing:
     hpa_phase: float = 7.0
     keda_phase: float = 11.0
     history: float = 60.0  # how far back Prometheus views are kept (the saturation analyser's [1m])
+    scrape_history: float = 300.0  # how far back the scaler's own scrapes are kept (demand's window)
 
 
 class Signals:
     def __init__(self, timing: Timing) -> None:
         self.timing = timing
+        self.now = 0.0
         self.direct = View(-1.0)
         self.prometheus = View(-1.0)
         self.history: deque[View] = deque()
         self.pending = 0  # the gateway page as the scaler last read it
+        self.pending_history: deque[tuple[float, int]] = deque()  # (time, pending) of each gateway read
+        self.scrapes: deque[View] = deque()  # the scaler's own scrapes, newest last
         self._utilization: dict[str, float] = {}
         self._busy: dict[str, tuple[float, float]] = {}  # pod → (busy seconds, time) at the last refresh
 
     def tick(self, now: float, fleet: Fleet) -> tuple[bool, bool]:
         """Run the collectors due now; returns (the gateway page was read, Prometheus scraped)."""
         t = self.timing
+        self.now = now
         if due(now, t.exporter_refresh, t.exporter_phase):
             self._refresh_exporter(now, fleet)
         if due(now, t.scrape_interval, t.scrape_phase):
             self.direct = self._view(now, fleet)
+            self.scrapes.append(self.direct)
+            while self.scrapes[0].at < now - t.scrape_history:
+                self.scrapes.popleft()
         gateway = due(now, t.gateway_interval, 0.0)
         if gateway:
             self.pending = len(fleet.gateway)
+            self.pending_history.append((now, self.pending))
+            while self.pending_history[0][0] < now - t.scrape_history:
+                self.pending_history.popleft()
         scraped = due(now, t.prometheus_interval, t.prometheus_phase)
         if scraped:
             self.prometheus = self._view(now, fleet)
@@ -73,10 +89,14 @@ class Signals:
         return gateway, scraped
 
     def _view(self, now: float, fleet: Fleet) -> View:
-        pages = {p.name: Page(p.batch, p.waiting, p.kv_usage()) for p in fleet.ready_pods()}
-        targets = tuple(p.name for p in fleet.pods)
-        utilization = {name: self._utilization.get(name, 0.0) for name in targets}
-        return View(now, pages, targets, len(fleet.gateway), utilization)
+        pages = {
+            p.name: Page(p.batch, p.waiting, p.kv_usage(), p.finished, p.prompt_tokens, p.generation_tokens)
+            for p in fleet.ready_pods()
+        }
+        targets = tuple(pages)
+        starting = tuple(p.name for p in fleet.starting_pods())
+        utilization = {p.name: self._utilization.get(p.name, 0.0) for p in fleet.pods}
+        return View(now, pages, targets, starting, len(fleet.gateway), utilization)
 
     def _refresh_exporter(self, now: float, fleet: Fleet) -> None:
         """DCGM_FI_DEV_GPU_UTIL: the share of the last interval a kernel ran, per pod's GPU."""

@@ -1,8 +1,11 @@
 """Request traces for the LLM fleet: a rate (and token means) piecewise constant in time, and the arrivals
-drawn from it: Poisson at the segment's rate, prompt and output tokens log-normal with the segment's means.
+drawn from it: Poisson at the segment's rate (or gamma gaps with a higher variation), prompt and output
+tokens log-normal with the segment's means.
 
-Built-in: step, spike, diurnal with quiet nights, bursty (a two-state Markov-modulated Poisson process);
-any other from a CSV file with header `seconds,requests_per_second[,prompt_tokens,output_tokens]`.
+Built-in: step, spike, a day compressed 4×, bursty (a two-state Markov-modulated process with gamma gaps,
+shaped like Azure's code trace), mix-shift (chat hours and RAG/agent hours), and diurnal with quiet nights
+(the wake-from-zero runs); any other from a CSV file with header
+`seconds,requests_per_second[,prompt_tokens,output_tokens]`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,10 @@ OUTPUT_MEAN = 211.0
 PROMPT_SIGMA = math.sqrt(2 * math.log(1155 / 1020))
 OUTPUT_SIGMA = math.sqrt(2 * math.log(211 / 129))
 MAX_TOKENS = 32_768  # one request's prompt or output, at most (a tail draw beyond is cut here)
+# Long-prompt traffic (assumptions, in the range RAG and agent services report): retrieved context or tool
+# transcripts of thousands of tokens, and longer answers.
+RAG = (6000.0, 600.0)
+AGENT = (4000.0, 1000.0)
 QUIET_SECONDS = 300.0  # a stretch with no arrivals at least this long is a quiet period (KEDA's cooldown)
 
 HEADER = ("seconds", "requests_per_second")
@@ -32,6 +39,7 @@ class Segment:
     rate: float  # requests per second
     prompt_mean: float = PROMPT_MEAN
     output_mean: float = OUTPUT_MEAN
+    cv: float = 1.0  # coefficient of variation of the gaps between arrivals: 1 is Poisson, more is burstier
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,17 @@ class LlmTrace:
                 break
             rate = segment.rate
         return rate
+
+    def segment_at(self, t: float) -> Segment | None:
+        """The segment in force at t (None before the first, or at or after the end)."""
+        if t >= self.duration:
+            return None
+        found = None
+        for segment in self.segments:
+            if segment.start > t:
+                break
+            found = segment
+        return found
 
     def quiet_ends(self) -> list[float]:
         """Where each stretch of rate 0 lasting at least QUIET_SECONDS ends (the next request wakes the fleet)."""
@@ -86,13 +105,19 @@ def draw_arrivals(trace: LlmTrace, seed: int) -> Arrivals:
     for segment, end in zip(trace.segments, bounds, strict=True):
         if segment.rate <= 0:
             continue
-        # Poisson arrivals are memoryless: restarting the exponential gaps at each segment is exact.
-        t = segment.start + rng.expovariate(segment.rate)
+        # Poisson arrivals are memoryless: restarting the exponential gaps at each segment is exact (for
+        # gamma gaps, a fresh start at each segment: close enough at these rates).
+        shape = 1 / (segment.cv * segment.cv)
+
+        def gap(rate: float = segment.rate, shape: float = shape) -> float:
+            return rng.expovariate(rate) if shape == 1 else rng.gammavariate(shape, 1 / (shape * rate))
+
+        t = segment.start + gap()
         while t < end:
             times.append(t)
             prompts.append(_lognormal(rng, segment.prompt_mean, PROMPT_SIGMA))
             outputs.append(_lognormal(rng, segment.output_mean, OUTPUT_SIGMA))
-            t += rng.expovariate(segment.rate)
+            t += gap()
     return Arrivals(times, prompts, outputs)
 
 
@@ -129,25 +154,65 @@ def diurnal_trace(unit: float) -> LlmTrace:
 
 
 def bursty_trace(unit: float, seed: int) -> LlmTrace:
-    """Markov-modulated Poisson: calm and burst states with exponential dwell times (mean 240 s and 60 s);
-    the burst rate is 4× the calm one, like the per-minute peak/mean of 4.2 in Azure's code trace."""
+    """Shaped like Azure's 2023 code trace (per-minute peak/mean 4.2, per-second counts far burstier than
+    Poisson) with its conversation mix: calm and burst states with exponential dwell times (mean 300 s and
+    45 s), bursts 7× the calm rate, gamma gaps with a coefficient of variation of 2 in both."""
     rng = random.Random(seed ^ 0x5EED)
-    calm, burst = 1.5 * unit, 6 * unit
+    calm, burst = 1.2 * unit, 8.4 * unit
     segments, t, bursting = [], 0.0, False
-    while t < 3600:
-        segments.append(Segment(round(t, 1), burst if bursting else calm))
-        t += rng.expovariate(1 / (60.0 if bursting else 240.0))
+    while t < 7200:
+        segments.append(Segment(round(t, 1), burst if bursting else calm, cv=2.0))
+        t += rng.expovariate(1 / (45.0 if bursting else 300.0))
         bursting = not bursting
     return LlmTrace(
         "bursty",
-        f"MMPP: {calm:.0f} req/s calm (mean 4 min), {burst:.0f} in bursts (mean 1 min)",
+        f"2 h, Azure-code-like: {calm:.0f} req/s calm (mean 5 min), {burst:.0f} in bursts (mean 45 s), gaps CV 2",
         tuple(segments),
-        3600.0,
+        7200.0,
+    )
+
+
+def day_trace(unit: float, seed: int) -> LlmTrace:
+    """A day compressed 4× into 6 hours: conversation traffic from a trough at 04:00 to a peak 2.5× higher
+    at 14:00 (Azure 2024: weekday peak/trough ≈2–2.5× for conversation), each compressed 5 minutes ±10 %."""
+    rng = random.Random(seed ^ 0xDA7)
+    peak, trough = 7 * unit, 2.8 * unit
+    segments = []
+    for index in range(72):  # 72 × 5 compressed minutes = 24 hours
+        hour = index / 3
+        shape = (1 + math.cos(2 * math.pi * (hour - 14) / 24)) / 2
+        rate = (trough + (peak - trough) * shape) * rng.uniform(0.9, 1.1)
+        segments.append(Segment(index * 300.0, round(rate, 2)))
+    return LlmTrace(
+        "day",
+        f"a day in 6 h (4× compressed): {trough:.0f} req/s at 04:00 to {peak:.0f} at 14:00, ±10 % per 5 min",
+        tuple(segments),
+        21600.0,
+    )
+
+
+def mix_shift_trace(unit: float) -> LlmTrace:
+    """The mix changes by the hour (each block 30 minutes here): chat, then RAG, chat, agents, chat, RAG.
+    A replica serves about 11 chat requests per second at the latency target, 2.3 RAG and 2.8 agent ones."""
+    chat = (PROMPT_MEAN, OUTPUT_MEAN)
+    blocks = [(5.5, chat), (1.6, RAG), (4.0, chat), (1.3, AGENT), (5.0, chat), (1.1, RAG)]
+    segments = tuple(Segment(i * 1800.0, round(pods * unit, 2), *mix) for i, (pods, mix) in enumerate(blocks))
+    return LlmTrace(
+        "mix-shift",
+        "3 h in 30-min blocks: chat 62 req/s, RAG 18, chat 45, agents 15, chat 56, RAG 12",
+        segments,
+        10800.0,
     )
 
 
 def builtin_traces(unit: float, seed: int) -> list[LlmTrace]:
-    return [step_trace(unit), spike_trace(unit), diurnal_trace(unit), bursty_trace(unit, seed)]
+    return [
+        step_trace(unit),
+        spike_trace(unit),
+        day_trace(unit, seed),
+        bursty_trace(unit, seed),
+        mix_shift_trace(unit),
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -23,8 +23,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-# The EPP's metrics port when the trigger names none (llm-d-router's `--metrics-port` default).
-DEFAULT_GATEWAY_METRICS_PORT = 9090
+from keda_gpu_scaler.gateways import DEFAULT_GATEWAY_METRICS_PORT
 
 PoolKey = tuple[str, str]
 """(namespace, InferencePool name)."""

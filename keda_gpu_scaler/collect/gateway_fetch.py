@@ -1,18 +1,23 @@
-"""Fetching endpoint picker (EPP) pages: the scaler's own token, over verified HTTPS only.
+"""Fetching endpoint picker (EPP) pages: which token goes to a picker, over what, and what a refusal means.
 
-The EPP authenticates its metrics by default: it reviews the bearer token it is given (TokenReview)
-and asks the API server whether that identity may `get` the non-resource URL /metrics. The scaler
-presents its own service account token, which is worth protecting (it reads pods and ScaledObjects
-cluster-wide), so:
+The EPP authenticates its metrics by default (llm-d: `--metrics-endpoint-auth=true`, over plain HTTP on
+9090): it reviews the bearer token it is given (TokenReview) and asks the API server whether that
+identity may `get` the non-resource URL /metrics (SubjectAccessReview). Two tokens can answer it:
 
-- it is sent only over HTTPS, and only once the EPP's certificate verified: against `--gateway-ca-file`
-  when given (host names are not checked, as EPP pods are reached by IP: give a CA that signs endpoint
-  picker certificates), else against the system's CAs with the host name checked, which a
-  cluster-internal certificate will fail — the page is then not read, never read unverified;
-- an EPP serving plain HTTP is read without it (discovery finds which EPPs serve TLS); if that EPP asks
-  for a token, the answer says how to give it TLS or turn its authentication off.
+- the token of an identity of its own whose only right is that `get` (collect/gateway_token.py): minted
+  for `--gateway-token-serviceaccount` through the TokenRequest API (10-minute tokens renewed in the
+  background; the chart and manifests/components/gateway-metrics-token set it up), or read from
+  `--gateway-token-file` whenever the file changes, never kept once the file is gone or empty. It goes
+  over HTTPS, and over plain HTTP only where the operator says so with `--gateway-token-plain-http on`:
+  whoever sees it there can read EPP metrics, nothing more, for minutes.
+- otherwise the scaler's own service account token, which is worth protecting (it reads pods and
+  ScaledObjects cluster-wide): it is sent only over HTTPS, and only once the EPP's certificate verified,
+  never over plain HTTP.
 
-A 401 or 403 answer is a source failure whose reason says which of these applies and what to grant.
+HTTPS is verified against `--gateway-ca-file` when given (host names are not checked, as EPP pods are
+reached by IP: give a CA that signs endpoint picker certificates), else against the system's CAs with the
+host name checked, which a cluster-internal certificate will fail — the page is then not read, never read
+unverified. A 401 or 403 answer is a source failure whose reason names the setting and the RBAC to fix.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from keda_gpu_scaler.collect.gateway_token import SERVICEACCOUNT_FLAG, FileToken, MintedToken, TokenSource
 from keda_gpu_scaler.collect.http import BearerToken, FetchError, HTTPStatusError, PageFetcher
 from keda_gpu_scaler.secretfile import SecretFile
 
@@ -32,13 +38,54 @@ SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/toke
 METRICS_RULE = '{nonResourceURLs: ["/metrics"], verbs: ["get"]}'
 
 
-class ServiceAccountToken(BearerToken):
-    """The scaler's own service account token, read again whenever the kubelet rotates it."""
+TOKEN_FLAG = "--gateway-token-file"
+PLAIN_HTTP_FLAG = "--gateway-token-plain-http"
 
-    def __init__(self, path: Path | None) -> None:
+
+class GatewayToken(BearerToken):
+    """The token endpoint pickers get: the limited one of a TokenSource (--gateway-token-file, or tokens
+    minted for --gateway-token-serviceaccount), or the scaler's own service account token file.
+
+    `plain_http`: also sent over plain HTTP. Only ever true for the limited identity."""
+
+    def __init__(self, source: TokenSource | None, *, dedicated: bool, plain_http: bool = False) -> None:
         super().__init__(None)
-        self.path = path
-        self._file = SecretFile(path, "the scaler's service account token") if path is not None else None
+        assert dedicated or not plain_http  # the scaler's own token never goes over plain HTTP
+        self.dedicated = dedicated
+        self.plain_http = plain_http
+        self.source = source
+        # The flag that names the limited token, for messages.
+        self.flag = source.flag if dedicated and source is not None else TOKEN_FLAG
+
+    def header(self, https: bool) -> str | None:
+        if self.source is None or not (https or self.plain_http):
+            return None
+        return f"Bearer {self.source.read()}"
+
+    def sent(self, https: bool) -> bool:
+        """Whether a request over this scheme carries the token."""
+        return self.source is not None and (https or self.plain_http)
+
+    def holder(self) -> str:
+        """Who the picker is told the caller is, in a message."""
+        if self.dedicated and self.source is not None:
+            return self.source.identity()
+        return "the scaler's service account token"
+
+
+class _OwnToken:
+    """The scaler's own service account token file (rotated by the kubelet), for verified HTTPS only."""
+
+    flag = "the scaler's service account token"
+
+    def __init__(self, path: Path) -> None:
+        self._file = SecretFile(path, self.flag)
+
+    def read(self) -> str:
+        return self._file.read()
+
+    def identity(self) -> str:
+        return "the scaler's service account token"
 
 
 def gateway_ssl(ca_file: Path | None) -> ssl.SSLContext:
@@ -54,7 +101,7 @@ def gateway_ssl(ca_file: Path | None) -> ssl.SSLContext:
 class GatewayFetcher:
     """EPP pages through a PageFetcher; 401, 403 and unverifiable certificates say what to do."""
 
-    def __init__(self, inner: PageFetcher, token: ServiceAccountToken, ca_file: Path | None) -> None:
+    def __init__(self, inner: PageFetcher, token: GatewayToken, ca_file: Path | None) -> None:
         self._inner = inner
         self._token = token
         self._ca_file = ca_file
@@ -63,14 +110,11 @@ class GatewayFetcher:
         try:
             return await self._inner.get(url)
         except HTTPStatusError as error:
+            https = urlsplit(url).scheme == "https"
             if error.status == 401:
-                raise FetchError(self._unauthorized(url)) from error
+                raise FetchError(self._unauthorized(https)) from error
             if error.status == 403:
-                raise FetchError(
-                    f"HTTP 403 Forbidden: the endpoint picker denies the scaler's service account its page;"
-                    f" grant that ServiceAccount `get` on the non-resource URL /metrics (a ClusterRole rule"
-                    f" {METRICS_RULE}: manifests/base and the chart's rbac.gateway have it)"
-                ) from error
+                raise FetchError(self._forbidden(https)) from error
             raise
         except FetchError as error:
             if "CERTIFICATE_VERIFY_FAILED" in str(error) or "SSLCertVerificationError" in str(error):
@@ -86,22 +130,54 @@ class GatewayFetcher:
                 ) from error
             raise
 
-    def _unauthorized(self, url: str) -> str:
-        if urlsplit(url).scheme != "https":
+    def _unauthorized(self, https: bool) -> str:
+        head = (
+            "HTTP 401 Unauthorized: the endpoint picker asks for a bearer token (its --metrics-endpoint-auth"
+        )
+        grant = (
+            f"; the identity needs a ClusterRole rule {METRICS_RULE} (the chart's gateway.metricsToken,"
+            " manifests/components/gateway-metrics-token)"
+        )
+        if self._token.sent(https):
             return (
-                "HTTP 401 Unauthorized: the endpoint picker asks for a bearer token but serves its metrics"
-                " over plain HTTP, and the scaler sends its service account token over verified HTTPS only;"
-                " serve the picker's metrics over TLS (its --metrics-cert-dir) and give the scaler"
-                " --gateway-ca-file, or run the picker with --metrics-endpoint-auth=false"
+                f"{head}) and did not accept {self._token.holder()} (its TokenReview failed: the token is"
+                f" not one of this cluster's, or has expired){grant}"
             )
-        if self._token.path is None:
+        if not https:
+            if self._token.dedicated:
+                return (
+                    f"{head}, on by default) over plain HTTP, and the token of {self._token.flag} goes"
+                    f" over plain HTTP only with {PLAIN_HTTP_FLAG} on (the chart's"
+                    " gateway.metricsToken.plainHTTP);"
+                    " or serve the picker's metrics over TLS (its --metrics-cert-dir) and give the scaler"
+                    " --gateway-ca-file"
+                )
             return (
-                f"HTTP 401 Unauthorized: the endpoint picker asks for a bearer token and the scaler has no"
-                f" service account token ({SERVICE_ACCOUNT_TOKEN} does not exist: it runs outside a pod)"
+                f"{head}, on by default) over plain HTTP, and the scaler never sends its own service account"
+                f" token over plain HTTP: give it {SERVICEACCOUNT_FLAG} NAMESPACE/NAME, a ServiceAccount"
+                " whose only right is `get` on the non-resource URL /metrics, whose short-lived tokens it"
+                f" mints (or {TOKEN_FLAG} with such a token), and {PLAIN_HTTP_FLAG} on (the chart's"
+                " gateway.metricsToken), or serve the picker's metrics over TLS (its --metrics-cert-dir) and"
+                " give the scaler --gateway-ca-file, or run the picker with --metrics-endpoint-auth=false"
             )
         return (
-            "HTTP 401 Unauthorized: the endpoint picker did not accept the scaler's service account token"
-            " (its TokenReview failed: the token is not one of this cluster's, or has expired)"
+            f"{head}) and the scaler has no service account token to present ({SERVICE_ACCOUNT_TOKEN} does"
+            f" not exist: it runs outside a pod): give it {SERVICEACCOUNT_FLAG} or {TOKEN_FLAG}{grant}"
+        )
+
+    def _forbidden(self, https: bool) -> str:
+        who = self._token.holder() if self._token.sent(https) else "a caller without a token"
+        if not self._token.dedicated:
+            fix = "grant the scaler's ServiceAccount"
+        elif isinstance(self._token.source, MintedToken):
+            fix = f"grant the ServiceAccount {self._token.source.ref} ({SERVICEACCOUNT_FLAG})"
+        else:
+            fix = f"grant the ServiceAccount whose token {TOKEN_FLAG} holds"
+        return (
+            f"HTTP 403 Forbidden: the endpoint picker denies {who} its page (its SubjectAccessReview for"
+            f" `get` on the non-resource URL /metrics failed); {fix} a ClusterRole rule {METRICS_RULE}"
+            " (the chart's gateway.metricsToken and rbac.gateway, manifests/components/gateway-metrics-token"
+            " and manifests/base have it)"
         )
 
 
@@ -112,11 +188,23 @@ def gateway_fetcher(
     max_bytes: int,
     ca_file: Path | None,
     token_file: Path | None = SERVICE_ACCOUNT_TOKEN,
+    metrics_token_file: Path | None = None,
+    metrics_token: TokenSource | None = None,
+    plain_http: bool = False,
 ) -> GatewayFetcher:
-    """The fetcher of EPP pages: raises ssl.SSLError or OSError for a CA file that cannot be loaded."""
-    if token_file is not None and not token_file.exists():
-        token_file = None  # not in a pod: nothing to present (a 401 then says so)
-    token = ServiceAccountToken(token_file)
+    """The fetcher of EPP pages: raises ssl.SSLError or OSError for a CA file that cannot be loaded.
+
+    The limited token — `metrics_token` (minted for --gateway-token-serviceaccount) or the file
+    `metrics_token_file` (--gateway-token-file) — replaces the scaler's own token (`token_file`) for
+    pickers; `plain_http` (--gateway-token-plain-http) lets it go over plain HTTP too."""
+    if metrics_token is None and metrics_token_file is not None:
+        metrics_token = FileToken(metrics_token_file)
+    if metrics_token is not None:
+        token = GatewayToken(metrics_token, dedicated=True, plain_http=plain_http)
+    else:
+        if token_file is not None and not token_file.exists():
+            token_file = None  # not in a pod: nothing to present (a 401 then says so)
+        token = GatewayToken(_OwnToken(token_file) if token_file else None, dedicated=False)
     inner = PageFetcher(
         session, timeout=timeout, max_bytes=max_bytes, ssl_context=gateway_ssl(ca_file), token=token
     )

@@ -26,6 +26,7 @@ from keda_gpu_scaler.gateways import (
     NotAGatewayPage,
     QueueTable,
     queue_table,
+    since,
     wrong_types,
 )
 
@@ -61,11 +62,16 @@ class ReplicaQueue:
 def replica_reader(
     namespace: str, pool: str, replica: str
 ) -> Callable[[bytes, Sequence[Sample]], Iterable[ReplicaQueue]]:
+    # The previous page's turned-away counters: their growth to this page is a wake (SPEC §7). Only one
+    # scrape of a page runs at a time, so this needs no lock.
+    previous: list[QueueTable] = []
+
     def read(body: bytes, samples: Sequence[Sample]) -> list[ReplicaQueue]:
         try:
-            table = queue_table(body, samples, MAX_SERIES_PER_PAGE)
+            table = since(previous[0] if previous else None, queue_table(body, samples, MAX_SERIES_PER_PAGE))
         except NotAGatewayPage as error:
             raise NotOurPage(str(error)) from None
+        previous[:] = [table]
         return [ReplicaQueue(namespace, pool, replica, table)]
 
     return read
@@ -112,6 +118,9 @@ class GatewayCollectorSink:
 
     def __init__(self, collector: ScrapeCollector) -> None:
         self.collector = collector
+        # Every page is read, even the same bytes as the one before: what a page says about requests
+        # turned away is its growth since the previous page, which an unchanged page sets back to none.
+        collector.reuse_unchanged_pages = False
 
     def add_replica_page(self, url: str, namespace: str, pool: str, replica: str) -> None:
         key: PoolKey = (namespace, pool)

@@ -44,7 +44,7 @@ from keda_gpu_scaler.collect.promql import (
 )
 from keda_gpu_scaler.collect.store import Page, Reading, SourceKind, Store
 from keda_gpu_scaler.exposition import Sample
-from keda_gpu_scaler.gateways import NotAGatewayPage, table_from_samples
+from keda_gpu_scaler.gateways import NotAGatewayPage, QueueTable, since, table_from_samples
 from keda_gpu_scaler.supervise import supervised
 from keda_gpu_scaler.vendors import readings_from_samples
 
@@ -148,6 +148,9 @@ class PrometheusCollector:
         self._inference_missing: dict[str, set[str]] = {}  # those of them with such a source now
         # Per (namespace, pool), the EPP replicas seen with fresh series, by the targets that served them.
         self._gateway_replicas: dict[tuple[str, str], dict[str, frozenset[Target]]] = {}
+        # (namespace, pool) → replica → its previous answer's queue: requests turned away for want of an
+        # endpoint are the growth of a counter from one answer to the next (SPEC §7).
+        self._gateway_previous: dict[tuple[str, str], dict[str, QueueTable]] = {}
         self._gateway_failing: set[tuple[str, str]] = set()
         self._told_no_sample_times = False
         self._fleet_seen_until = float("-inf")
@@ -264,6 +267,7 @@ class PrometheusCollector:
 
     def _forget_gateway(self, namespace: str, pool: str) -> None:
         self._gateway_replicas.pop((namespace, pool), None)
+        self._gateway_previous.pop((namespace, pool), None)
         self._gateway_failing.discard((namespace, pool))
         self._store.remove_source(gateway_source(namespace, pool))
 
@@ -316,15 +320,21 @@ class PrometheusCollector:
             else:
                 missing.append(ReplicaLost(namespace, name, why))
         queues: list[Reading] = []
+        previous = self._gateway_previous.get(key, {})
+        tables: dict[str, QueueTable] = {}
         for replica in found.replicas:
             seen[replica.replica] = found.targets.get(replica.replica, frozenset())
             # Summed here, once per answer, as the scrape path does: not on every evaluation.
             try:
-                table = table_from_samples(replica.samples)
+                table = since(previous.get(replica.replica), table_from_samples(replica.samples))
             except NotAGatewayPage as error:
                 queues.append(ReplicaLost(namespace, replica.replica, str(error)))
             else:
+                tables[replica.replica] = table
                 queues.append(ReplicaQueue(namespace, pool, replica.replica, table))
+        # A replica missing from this answer but not gone keeps its last queue as the baseline: what it
+        # turned away meanwhile shows as growth when its series are back.
+        self._gateway_previous[key] = {**{n: t for n, t in previous.items() if n in seen}, **tables}
         collected_at = now if found.oldest is None else now - max(0.0, at - found.oldest)
         by_namespace: dict[str, tuple[Reading, ...]] = {namespace: (*queues, *missing)}
         self._store.record_page(Page(source, collected_at, by_namespace))

@@ -15,6 +15,7 @@ import xxhash
 
 from keda_gpu_scaler import exposition
 from keda_gpu_scaler.backoff import JITTER, backoff_delay, jittered
+from keda_gpu_scaler.collect.fairshare import FairSlots
 from keda_gpu_scaler.collect.http import FetchError, PageRefused
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, WantedKeys
 from keda_gpu_scaler.collect.store import Page, Reading, SourceKind, Store
@@ -133,7 +134,6 @@ def _digest_and_read(
     body: bytes,
     previous: tuple[bytes, Page] | None,
     reader: PageReader,
-    reuse: bool = True,
     digest: bytes | None = None,
 ) -> tuple[bytes, ByNamespace]:
     """The page's digest (`digest` when already worked out) and its readings by namespace."""
@@ -144,7 +144,7 @@ def _digest_and_read(
     # 46. Seeded per process, so no pair of pages collides in every scaler.
     if digest is None:
         digest = xxhash.xxh3_128_digest(body, _DIGEST_SEED)
-    if previous is None or not reuse:
+    if previous is None:
         return digest, read_page(body, reader)
     old = previous[1].by_namespace
     if digest == previous[0]:
@@ -207,10 +207,6 @@ def _wake(woken: asyncio.Future[None]) -> None:
 class ScrapeCollector:
     """One task per exporter URL: scrape, parse only the wanted families, normalise, store."""
 
-    # A page's readings again when the next page of its source is the same bytes (by digest); the caches
-    # benchmark turns it off to measure what it saves (docs/BENCHMARKS.md, "Caches").
-    reuse_unchanged_pages = True
-
     def __init__(
         self,
         *,
@@ -231,7 +227,9 @@ class ScrapeCollector:
         self._reader = reader
         self._telemetry = telemetry
         self._clock = clock
-        self._semaphore = asyncio.Semaphore(limits.concurrency)
+        # Fetches in flight, shared fairly between the namespaces the pages are filed under.
+        self.slots = FairSlots(limits.concurrency)
+        self._namespaces: dict[str, str] = {}  # url → the namespace its page is filed under, where one
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._last: dict[str, tuple[bytes, Page]] = {}  # url → digest of the last good page, and its page
         self._readers: dict[str, PageReader] = {}
@@ -239,6 +237,10 @@ class ScrapeCollector:
         self._failing: dict[str, str] = {}  # url → the failure last logged, while it goes on
         # url → the digest of its last page refused before parsing, and why (until a page is read again)
         self._refused: dict[str, tuple[bytes, str]] = {}
+        # A page that is the very same bytes as its source's last good one keeps that page's readings (the
+        # unchanged-page digest); off where the reader's readings depend on the page before
+        # (collect/gateway_source.py).
+        self.reuse_unchanged_pages = True
 
     def add(
         self,
@@ -259,6 +261,8 @@ class ScrapeCollector:
             self._readers[url] = reader
         if interest_key is not None:
             self._keys[url] = interest_key
+        if namespace is not None:
+            self._namespaces[url] = namespace
         self._store.add_source(url, kind, namespace, pod)
         # Supervised: a loop that ended on a bug would leave the URL registered but never scraped again.
         self._tasks[url] = supervised(lambda: self._run(url), f"scrape {url}")
@@ -271,6 +275,7 @@ class ScrapeCollector:
         self._last.pop(url, None)
         self._readers.pop(url, None)
         self._keys.pop(url, None)
+        self._namespaces.pop(url, None)
         self._refused.pop(url, None)
         self._failing.pop(url, None)
         # (Its kept connection, if any, is closed by the session once it has been idle a while.)
@@ -287,9 +292,10 @@ class ScrapeCollector:
         """Scrape one exporter now; records the page or the failure in the store. True on success."""
         started = self._clock()
         try:
-            async with self._semaphore:
+            async with self.slots.slot(self._namespaces.get(url)):
                 body = await self._fetcher.get(url)
             previous = self._last.get(url)
+            reused = previous if self.reuse_unchanged_pages else None
             reader = self._readers.get(url, self._reader)
             large = len(body) > PARSE_OFF_LOOP_BYTES
             if large:
@@ -304,11 +310,9 @@ class ScrapeCollector:
                 # The garbage collector is not paused around the read: freezing what is alive afterwards
                 # would keep the cyclic garbage of every call made meanwhile for good. Collections cost
                 # pauses, not memory.
-                digest, by_namespace = await asyncio.to_thread(
-                    _digest_and_read, body, previous, reader, self.reuse_unchanged_pages, digest
-                )
+                digest, by_namespace = await asyncio.to_thread(_digest_and_read, body, reused, reader, digest)
             else:
-                digest, by_namespace = _digest_and_read(body, previous, reader, self.reuse_unchanged_pages)
+                digest, by_namespace = _digest_and_read(body, reused, reader)
             # The page had the wanted families (else NotOurPage) but named no pod: see Page.unattributed.
             page = Page(url, self._clock(), by_namespace, unattributed=not by_namespace)
             self._last[url] = (digest, page)

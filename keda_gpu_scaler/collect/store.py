@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
@@ -80,26 +79,6 @@ class SourceState:
     last_error: str | None = None
     # The last page that named pods, kept while newer pages name none (see Page.unattributed).
     last_attributed: Page | None = None
-    order: int = 0  # when it was added among the store's sources: views list them in this order
-
-
-@dataclass(frozen=True, slots=True)
-class _Freshness:
-    """Which of the sources naming pods of any namespace are fresh at one instant, for every namespace.
-
-    Namespace-independent, so worked out once for all of them; kept until a page ages out (valid_until),
-    a source comes or goes, or a source not fresh in it gets a page (record_page). A fresh source's new
-    page keeps it fresh, so its readings are read from the namespace index as they are.
-    """
-
-    fresh: frozenset[str]
-    fresh_in_order: tuple[str, ...]
-    # In source order: the sources that are not fresh, and the fresh ones still showing pods of an earlier
-    # page (last_attributed): what a view says about them is worked out per namespace (and per instant:
-    # a problem names an age).
-    special: tuple[SourceState, ...]
-    computed_at: float
-    valid_until: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,14 +86,11 @@ class NamespaceView:
     """What the store knows of one namespace at one instant."""
 
     readings: tuple[Reading, ...]  # from fresh pages only
-    fresh: tuple[str, ...]  # the sources whose pages are fresh (see Store._freshness)
+    fresh: tuple[str, ...]  # the sources whose pages are fresh
     sources: int
     # pod → reason, for pods last seen on a source that is now failing, stale or without pod labels
     recently_seen: dict[str, str] = field(default_factory=dict)
     problems: tuple[str, ...] = ()  # one line per source without fresh data
-    # Until when this view stays right without any change to the store: the first moment a page turns
-    # stale or stops counting as recently seen.
-    valid_until: float = float("inf")
 
     @property
     def fresh_sources(self) -> int:
@@ -123,11 +99,6 @@ class NamespaceView:
 
 class Store:
     """Holds each source's last good page and its failures; tells waiters when anything changes."""
-
-    # The per-namespace view cache and the shared freshness of the sources naming pods of any namespace;
-    # the caches benchmark turns them off to measure what they save (docs/BENCHMARKS.md, "Caches").
-    keep_views = True
-    keep_freshness = True
 
     def __init__(self) -> None:
         self._sources: dict[str, SourceState] = {}
@@ -139,17 +110,10 @@ class Store:
         self._versions: defaultdict[str, int] = defaultdict(int)
         self._changed: dict[str, asyncio.Event] = {}
         self._closed = False
-        self._epoch = 0  # moves when sources come or go
-        # namespace → (kind, max staleness) → its last view in which every source was fresh. The
-        # ScaledObjects of a namespace read the same data: one walk over the sources serves them all until
-        # the namespace's data changes (_bump drops it), a source comes or goes (all dropped) or a page
-        # ages out (the view's valid_until). A view with a problem is not kept: its reasons name ages.
-        self._views: dict[str, dict[tuple[SourceKind, float], NamespaceView]] = {}
-        # (kind, namespace) → source → its last page's readings of that namespace, for the sources naming
-        # pods of any namespace: a view reads the few exporters that have its pods, not all of them.
-        self._by_namespace: dict[tuple[SourceKind, str], dict[str, tuple[Reading, ...]]] = {}
-        self._freshness_of: dict[tuple[SourceKind, float], _Freshness] = {}  # see _Freshness
-        self._added = 0
+        # Told of every page recorded and of every source removed with its last page (kind, page): what
+        # keeps a history of pages (`metric: demand`'s rates) follows the store without a copy of it.
+        self.page_listeners: list[Callable[[SourceKind, Page], None]] = []
+        self.removal_listeners: list[Callable[[SourceKind, Page], None]] = []
 
     def version(self, namespace: str) -> int:
         # Read without inserting: calls about namespaces with no data (any name a caller invents) add nothing.
@@ -162,10 +126,6 @@ class Store:
         """One source's state (read only: callers must not change it)."""
         return self._sources.get(source)
 
-    @property
-    def epoch(self) -> int:
-        return self._epoch
-
     def add_source(
         self,
         source: str,
@@ -174,13 +134,9 @@ class Store:
         pod: str | None = None,
     ) -> None:
         if source not in self._sources:
-            self._added += 1
-            state = SourceState(source, kind, namespace, pod, order=self._added)
+            state = SourceState(source, kind, namespace, pod)
             self._sources[source] = state
             self._index.setdefault((kind, namespace), {})[source] = state
-            self._epoch += 1
-            self._views.clear()
-            self._freshness_of.clear()
 
     def remove_source(self, source: str) -> None:
         state = self._sources.pop(source, None)
@@ -190,32 +146,24 @@ class Store:
         group.pop(source, None)
         if not group:
             self._index.pop((state.kind, state.namespace), None)
-        self._epoch += 1
-        self._views.clear()
-        self._freshness_of.clear()
         if state.last_page is not None:
-            if state.namespace is None:
-                self._index_readings(state, state.last_page.by_namespace, None)
             self._bump(state.last_page.by_namespace)
+            for listener in self.removal_listeners:
+                listener(state.kind, state.last_page)
 
     def record_page(self, page: Page) -> None:
         self.add_source(page.source)
         state = self._sources[page.source]
         old = state.last_page
         recovered = old is None or state.last_error is not None
-        attributed = state.last_attributed
         state.last_page = page
         state.last_error = None
+        for listener in self.page_listeners:
+            listener(state.kind, page)
         if page.by_namespace:
             state.last_attributed = None
         elif page.unattributed and old is not None and old.by_namespace:
             state.last_attributed = old
-        if state.namespace is None:
-            self._index_readings(state, old.by_namespace if old else {}, page)
-            if state.last_attributed is not attributed or any(
-                page.source not in known.fresh for known in self._freshness_of.values()
-            ):
-                self._freshness_of.clear()  # it was not fresh, or its pods of an earlier page changed
         if recovered:
             self._bump(page.by_namespace.keys() | (old.by_namespace.keys() if old else set()))
             return
@@ -238,54 +186,22 @@ class Store:
     def view(
         self, namespace: str, now: float, max_staleness: float, kind: SourceKind = SourceKind.SCRAPE
     ) -> NamespaceView:
-        kept = self._views.get(namespace, {}).get((kind, max_staleness)) if self.keep_views else None
-        if kept is not None:
-            if now < kept.valid_until:
-                return kept
-            # Its time is up: if every page it read was renewed (nothing moved, or it would be dropped),
-            # it holds for longer. One walk for the namespace, not one per ScaledObject.
-            fresh, valid_until = self._freshness(namespace, now, max_staleness, kind)
-            if fresh == kept.fresh and now < valid_until:
-                renewed = dataclasses.replace(kept, valid_until=valid_until)
-                self._views[namespace][(kind, max_staleness)] = renewed
-                return renewed
-        view = self._view(namespace, now, max_staleness, kind)
-        if self.keep_views and not view.problems and not view.recently_seen:
-            self._views.setdefault(namespace, {})[(kind, max_staleness)] = view
-        else:
-            self._views.get(namespace, {}).pop((kind, max_staleness), None)
-        return view
-
-    def _view(self, namespace: str, now: float, max_staleness: float, kind: SourceKind) -> NamespaceView:
         readings: list[Reading] = []
         recently_seen: dict[str, str] = {}
         problems: list[str] = []
-        # The sources naming pods of any namespace first (in the order they were added), then the
-        # namespace's own: their fresh pages' readings, and what the others leave (problems, pods).
-        anywhere = self._anywhere(kind, now, max_staleness)
-        fresh, valid_until = self._freshness(namespace, now, max_staleness, kind)
-        indexed = self._by_namespace.get((kind, namespace))
-        if indexed:
-            found = [source for source in indexed if source in anywhere.fresh]
-            if len(found) > 1:
-                found.sort(key=lambda source: self._sources[source].order)
-            for source in found:
-                readings.extend(indexed[source])
-        for state in anywhere.special:
-            self._special(state, namespace, now, max_staleness, recently_seen, problems)
+        fresh: list[str] = []
+        # The sources naming pods of any namespace first, then the namespace's own, each in the order they
+        # were added: their fresh pages' readings, and what the others leave (problems, pods).
+        anywhere = self._index.get((kind, None), {})
         own = self._index.get((kind, namespace), {})
-        for state in own.values():
+        for state in (*anywhere.values(), *own.values()):
             if (page := _fresh_page(state, now, max_staleness)) is not None:
+                fresh.append(state.source)
                 readings.extend(page.by_namespace.get(namespace, ()))
             if _is_special(state, now, max_staleness):
                 self._special(state, namespace, now, max_staleness, recently_seen, problems)
         return NamespaceView(
-            tuple(readings),
-            fresh,
-            len(self._index.get((kind, None), ())) + len(own),
-            recently_seen,
-            tuple(problems),
-            valid_until,
+            tuple(readings), tuple(fresh), len(anywhere) + len(own), recently_seen, tuple(problems)
         )
 
     @staticmethod
@@ -314,66 +230,6 @@ class Store:
                 for reading in last.by_namespace.get(namespace, ()):
                     recently_seen.setdefault(reading.pod, reason)
 
-    def _anywhere(self, kind: SourceKind, now: float, max_staleness: float) -> _Freshness:
-        """The freshness of the sources naming pods of any namespace, kept while it holds (see _Freshness)."""
-        key = (kind, max_staleness)
-        known = self._freshness_of.get(key) if self.keep_freshness else None
-        if known is not None and known.computed_at <= now < known.valid_until:
-            return known
-        fresh: list[str] = []
-        special: list[SourceState] = []
-        valid_until = float("inf")
-        for state in self._index.get((kind, None), {}).values():
-            if (page := _fresh_page(state, now, max_staleness)) is not None:
-                fresh.append(state.source)
-                valid_until = min(valid_until, page.collected_at + max_staleness)
-            if _is_special(state, now, max_staleness):
-                special.append(state)
-        known = _Freshness(frozenset(fresh), tuple(fresh), tuple(special), now, valid_until)
-        if self.keep_freshness:
-            self._freshness_of[key] = known
-        return known
-
-    def fresh(
-        self, namespace: str, now: float, max_staleness: float, kind: SourceKind = SourceKind.SCRAPE
-    ) -> tuple[str, ...]:
-        """The sources whose pages a view of the namespace would read now (NamespaceView.fresh), without
-        reading any page."""
-        return self._freshness(namespace, now, max_staleness, kind)[0]
-
-    def _freshness(
-        self, namespace: str, now: float, max_staleness: float, kind: SourceKind = SourceKind.SCRAPE
-    ) -> tuple[tuple[str, ...], float]:
-        """view()'s fresh sources and valid_until alone, without reading any page.
-
-        With the namespace's version and the store's epoch unchanged, the same fresh sources mean the same
-        view but for its time limit: pages renewed with the readings they had (an exporter that refreshes
-        every 30 s, scraped every 5 s) leave an evaluation right, only for longer.
-        """
-        anywhere = self._anywhere(kind, now, max_staleness)
-        fresh = list(anywhere.fresh_in_order)
-        valid_until = anywhere.valid_until
-        for state in self._index.get((kind, namespace), {}).values():
-            if (page := _fresh_page(state, now, max_staleness)) is not None:
-                fresh.append(state.source)
-                valid_until = min(valid_until, page.collected_at + max_staleness)
-        return tuple(fresh), valid_until
-
-    def _index_readings(
-        self, state: SourceState, old: dict[str, tuple[Reading, ...]], page: Page | None
-    ) -> None:
-        """Keep _by_namespace in step with a source's page (None: the source is gone)."""
-        new = page.by_namespace if page is not None else {}
-        for namespace in old.keys() | new.keys():
-            found = new.get(namespace)
-            key = (state.kind, namespace)
-            if found:
-                self._by_namespace.setdefault(key, {})[state.source] = found
-            elif (indexed := self._by_namespace.get(key)) is not None:
-                indexed.pop(state.source, None)
-                if not indexed:
-                    del self._by_namespace[key]
-
     async def wait_for_change(self, namespace: str, seen_version: int, timeout: float) -> None:
         """Return once the namespace's data moved past seen_version, or after timeout (data also ages)."""
         if self._closed or self._versions.get(namespace, 0) != seen_version:
@@ -390,7 +246,6 @@ class Store:
     def _bump(self, namespaces: Iterable[str]) -> None:
         for namespace in namespaces:
             self._versions[namespace] += 1
-            self._views.pop(namespace, None)
             # Waiters that arrive after this change block until the next one, not this one.
             event = self._changed.pop(namespace, None)
             if event is not None:

@@ -164,7 +164,7 @@ class KubeApi:
             raise transport_error(error, permission) from None
         except client.ApiException as error:  # raised by the client for statuses it sees itself
             raise api_error(error.status or 0, str(error.body or error.reason).encode(), permission) from None
-        if response.status != 200:
+        if not 200 <= response.status < 300:  # 201 Created answers a create (a TokenRequest)
             try:
                 body = await response.read()
             except (aiohttp.ClientError, TimeoutError):
@@ -223,6 +223,18 @@ class KubeApi:
             namespace,
             plural,
             name,
+        )
+
+    async def create_token(self, namespace: str, name: str, seconds: int) -> dict[str, Any]:
+        """A TokenRequest for ServiceAccount namespace/name, answered with its status (token, expiry)."""
+        permission = Permission("create", "serviceaccounts/token", namespace=namespace)
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": seconds},
+        }
+        return await self._json(
+            permission, self._core.create_namespaced_service_account_token, name, namespace, body
         )
 
     def _pod_call(

@@ -36,6 +36,15 @@ class PodInfo:
         return self.phase == "Running" and self.ready and not self.deleting
 
     @property
+    def starting(self) -> bool:
+        """Exists but is not Ready yet (Pending, pulling an image, loading a model, or failing its probe).
+
+        SPEC §4: such pods are neither targets nor missing pods, but while no pod is Ready they mean the
+        workload has replicas, so its value cannot be 0.
+        """
+        return not self.counts_as_target and not self.deleting and self.phase not in ("Succeeded", "Failed")
+
+    @property
     def occupies_node(self) -> bool:
         """Scheduled and not finished: its node's exporter is worth scraping before it turns ready."""
         return self.node is not None and not self.deleting and self.phase not in ("Succeeded", "Failed")

@@ -35,6 +35,8 @@ class Targets:
 
     pods: frozenset[str]  # names of the pods that count as targets (Running, Ready, not being deleted)
     metric_type: str | None = None  # the trigger's metricType ("AverageValue" or "Value") when read
+    # Pods the selector picks that exist but are not Ready yet (SPEC §4's starting pods).
+    starting: frozenset[str] = frozenset()
     # Every pod the selector picks that is scheduled and not finished (targets and pods not ready yet),
     # by name. Not compared: the same target pods are the same Targets for the evaluation.
     endpoints: Mapping[str, PodEndpoint] = field(default_factory=dict, compare=False, hash=False, repr=False)
@@ -68,6 +70,10 @@ class _Endpoints(Mapping[str, PodEndpoint]):
 NodeHandler = Callable[[str, int], None]
 
 
+# version, target pods, endpoints, starting pods: what readers are given, built once per change.
+_Snapshot = tuple[int, frozenset[str], Mapping[str, PodEndpoint], frozenset[str]]
+
+
 class Selection:
     """What one selector picks in one namespace's pods, updated one pod event at a time."""
 
@@ -77,14 +83,15 @@ class Selection:
         self._on_node = on_node
         self._members: dict[str, PodInfo] = {}  # every matching pod, by name
         self._targets: set[str] = set()
+        self._starting: set[str] = set()
         self._target_nodes: Counter[str] = Counter()
         self._occupied: Counter[str] = Counter()  # nodes of matching pods worth scraping
         self.version = 0  # moves on with every change of the targets, their nodes or the endpoints
-        self._snapshot: tuple[int, frozenset[str], Mapping[str, PodEndpoint]] | None = None
+        self._snapshot: _Snapshot | None = None
         # While the namespace's pods are being listed again, readers get the snapshot from before the
         # relist began: its differences arrive in slices, and a half-applied relist (the deletions of a
         # rollout before its additions) would read as fewer pods. None: answers follow every event.
-        self._held: tuple[int, frozenset[str], Mapping[str, PodEndpoint]] | None = None
+        self._held: _Snapshot | None = None
         # False for a selection that started during a relist: it has no whole snapshot to answer from yet.
         self.complete = True
 
@@ -101,6 +108,8 @@ class Selection:
         self.version += 1
 
     def _add(self, pod: PodInfo) -> None:
+        if pod.starting:
+            self._starting.add(pod.name)
         if pod.counts_as_target:
             self._targets.add(pod.name)
             if pod.node is not None:
@@ -111,6 +120,7 @@ class Selection:
                 self._on_node(pod.node, 1)
 
     def _drop(self, pod: PodInfo) -> None:
+        self._starting.discard(pod.name)
         if pod.counts_as_target:
             self._targets.discard(pod.name)
             if pod.node is not None:
@@ -145,14 +155,14 @@ class Selection:
     def targets(self, metric_type: str | None) -> Targets:
         """The current Targets (the snapshot's pods and endpoints are built at most once per change)."""
         snapshot = self._held or self._current()
-        return Targets(snapshot[1], metric_type, snapshot[2])
+        return Targets(snapshot[1], metric_type, snapshot[3], snapshot[2])
 
-    def _current(self) -> tuple[int, frozenset[str], Mapping[str, PodEndpoint]]:
+    def _current(self) -> _Snapshot:
         if self._snapshot is None or self._snapshot[0] != self.version:
             endpoints = _Endpoints(
                 {name: p for name, p in self._members.items() if p.occupies_node or p.counts_as_target}
             )
-            self._snapshot = (self.version, frozenset(self._targets), endpoints)
+            self._snapshot = (self.version, frozenset(self._targets), endpoints, frozenset(self._starting))
         return self._snapshot
 
 

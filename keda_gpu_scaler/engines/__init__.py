@@ -9,7 +9,7 @@ pods and turning a missing value into a status are the caller's job.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from keda_gpu_scaler import exposition
 from keda_gpu_scaler.engines import llamacpp, sglang, tgi, triton, trtllm, trtllm_serve, vllm
@@ -17,6 +17,7 @@ from keda_gpu_scaler.engines._common import (
     AUTO,
     MODEL_LABELS,
     POD_LABELS,
+    DemandCounters,
     Engine,
     InferenceMetric,
     InferenceReading,
@@ -31,11 +32,13 @@ from keda_gpu_scaler.exposition import Sample
 
 __all__ = [
     "AUTO",
+    "DEMAND_SAMPLE_NAMES",
     "ENGINES",
     "ENGINE_CHOICES",
     "ENGINE_SAMPLE_NAMES",
     "MODEL_LABELS",
     "POD_LABELS",
+    "DemandCounters",
     "Engine",
     "EngineModule",
     "InferenceMetric",
@@ -47,10 +50,13 @@ __all__ = [
     "Value",
     "accepts_model",
     "engine_supports",
+    "in_flight",
+    "pod_counters",
     "pod_of",
     "pod_reading",
     "recognise",
     "supported_metrics",
+    "supports_tokens",
     "unsupported_message",
     "value_for",
     "wrong_types",
@@ -67,8 +73,13 @@ class EngineModule:
     read: Callable[[Sequence[Sample], str | None], InferenceReading]
     # The family that names the engine in messages (the one every release of it prints).
     signature: str
+    # `metric: demand`: the counter families it reads (besides the gauges) and how.
+    counter_names: frozenset[str]
+    read_counters: Callable[[Sequence[Sample], str | None], DemandCounters]
     # Whether its series carry a model label (`model_name`/`model`), i.e. whether `model` can select any.
     has_model_label: bool = True
+    # Whether it prints token counters (demandUnit tokens weighs requests by them).
+    tokens: bool = True
 
 
 # Adding an engine: a module with SAMPLE_NAMES, METRICS and read(), one line here (docs/ADDING_A_VENDOR.md).
@@ -77,25 +88,73 @@ class EngineModule:
 # Where one engine has two lines, a trigger naming it reads a page with the first line whose families
 # are on it.
 ENGINES: tuple[EngineModule, ...] = (
-    EngineModule(Engine.VLLM, vllm.SAMPLE_NAMES, vllm.METRICS, vllm.read, vllm.WAITING),
-    EngineModule(Engine.SGLANG, sglang.SAMPLE_NAMES, sglang.METRICS, sglang.read, sglang.WAITING),
-    EngineModule(Engine.TGI, tgi.SAMPLE_NAMES, tgi.METRICS, tgi.read, tgi.WAITING, has_model_label=False),
-    EngineModule(Engine.TRTLLM, trtllm.SAMPLE_NAMES, trtllm.METRICS, trtllm.read, trtllm.REQUESTS),
+    EngineModule(
+        Engine.VLLM,
+        vllm.SAMPLE_NAMES,
+        vllm.METRICS,
+        vllm.read,
+        vllm.WAITING,
+        vllm.COUNTER_NAMES,
+        vllm.read_counters,
+    ),
+    EngineModule(
+        Engine.SGLANG,
+        sglang.SAMPLE_NAMES,
+        sglang.METRICS,
+        sglang.read,
+        sglang.WAITING,
+        sglang.COUNTER_NAMES,
+        sglang.read_counters,
+    ),
+    EngineModule(
+        Engine.TGI,
+        tgi.SAMPLE_NAMES,
+        tgi.METRICS,
+        tgi.read,
+        tgi.WAITING,
+        tgi.COUNTER_NAMES,
+        tgi.read_counters,
+        has_model_label=False,
+    ),
+    EngineModule(
+        Engine.TRTLLM,
+        trtllm.SAMPLE_NAMES,
+        trtllm.METRICS,
+        trtllm.read,
+        trtllm.REQUESTS,
+        trtllm.COUNTER_NAMES,
+        trtllm.read_counters,
+        tokens=False,
+    ),
     EngineModule(
         Engine.TRTLLM,
         trtllm_serve.SAMPLE_NAMES,
         trtllm_serve.METRICS,
         trtllm_serve.read,
         trtllm_serve.WAITING,
+        trtllm_serve.COUNTER_NAMES,
+        trtllm_serve.read_counters,
     ),
-    EngineModule(Engine.TRITON, triton.SAMPLE_NAMES, triton.METRICS, triton.read, triton.WAITING),
+    EngineModule(
+        Engine.TRITON,
+        triton.SAMPLE_NAMES,
+        triton.METRICS,
+        triton.read,
+        triton.WAITING,
+        triton.COUNTER_NAMES,
+        triton.read_counters,
+        tokens=False,
+    ),
     EngineModule(
         Engine.LLAMACPP,
         llamacpp.SAMPLE_NAMES,
         llamacpp.METRICS,
         llamacpp.read,
         llamacpp.WAITING,
+        llamacpp.COUNTER_NAMES,
+        llamacpp.read_counters,
         has_model_label=False,
+        tokens=False,
     ),
 )
 _BY_ENGINE: dict[Engine, tuple[EngineModule, ...]] = {
@@ -104,6 +163,9 @@ _BY_ENGINE: dict[Engine, tuple[EngineModule, ...]] = {
 
 ENGINE_SAMPLE_NAMES: frozenset[str] = frozenset(name for module in ENGINES for name in module.sample_names)
 """Every sample name an engine reads: the filter to parse inference pages (and Prometheus queries) with."""
+
+DEMAND_SAMPLE_NAMES: frozenset[str] = frozenset(name for module in ENGINES for name in module.counter_names)
+"""The counters `metric: demand` reads besides the gauges: pod pages are parsed with these too."""
 
 ENGINE_CHOICES: tuple[str, ...] = (AUTO, *(engine.value for engine in Engine))
 """The values the trigger key `engine` allows, `auto` first."""
@@ -156,6 +218,12 @@ def accepts_model(engine: Engine | str) -> bool:
     return named is None or any(module.has_model_label for module in _BY_ENGINE[named])
 
 
+def supports_tokens(engine: Engine | str) -> bool:
+    """False when a trigger names an engine without token counters (demandUnit tokens cannot work)."""
+    named = _engine(engine)
+    return named is None or any(module.tokens for module in _BY_ENGINE[named])
+
+
 def unsupported_message(engine: Engine | str, metric: InferenceMetric | str) -> str:
     """The INVALID_ARGUMENT text for a metric the named engine does not export."""
     allowed = ", ".join(supported_metrics(engine))
@@ -191,8 +259,31 @@ def pod_reading(
     else:
         # The engine's format on the page; on a page without any, its first one names what is missing.
         formats = _BY_ENGINE[named]
-        module = _module_on(names, formats) or formats[0]
+        found = _module_on(names, formats)
+        module = found or formats[0]
+        if found is None and (other := _module_on(names, ENGINES)) is not None:
+            # Another engine's page: say which, so the reader need not guess from the families missing.
+            reading = module.read([s for s in page if s.name in module.sample_names], model)
+            return _noted(
+                reading,
+                f"the page is recognised as engine {other.engine.value} (it carries {other.signature}):"
+                f" set engine: {other.engine.value} or auto",
+            )
     return module.read([s for s in page if s.name in module.sample_names], model)
+
+
+def _noted(reading: InferenceReading, note: str) -> InferenceReading:
+    """The reading with `note` added to the reason of each value it is missing."""
+
+    def note_on(value: Value) -> Value:
+        return replace(value, reason=f"{value.reason}; {note}") if isinstance(value, Missing) else value
+
+    return replace(
+        reading,
+        waiting=note_on(reading.waiting),
+        running=note_on(reading.running),
+        kv_cache=note_on(reading.kv_cache),
+    )
 
 
 def value_for(reading: InferenceReading, metric: InferenceMetric | str) -> Value:
@@ -227,3 +318,39 @@ def wrong_types(page: str | bytes) -> dict[str, str]:
     """
     declared = exposition.declared_types(page, ENGINE_SAMPLE_NAMES)
     return {name: kind for name, kind in declared.items() if kind not in _LEVEL_TYPES}
+
+
+def _module_for(names: set[str], engine: Engine | str) -> EngineModule | None:
+    """The module a page is read with: under `auto` the first whose families are on it (None: none is);
+    for a named engine, its format on the page, or on a page without any its first (to name what is
+    missing)."""
+    named = _engine(engine)
+    if named is None:
+        return _module_on(names, ENGINES)
+    formats = _BY_ENGINE[named]
+    return _module_on(names, formats) or formats[0]
+
+
+def pod_counters(
+    samples: Iterable[Sample], engine: Engine | str = AUTO, model: str | None = None
+) -> tuple[InferenceReading, DemandCounters]:
+    """One pod's gauges and its demand counters from its own page (parsed with ENGINE_SAMPLE_NAMES and
+    DEMAND_SAMPLE_NAMES), the page read as pod_reading() reads it (the gauges decide the engine)."""
+    page = [s for s in samples if s.name in ENGINE_SAMPLE_NAMES or s.name in DEMAND_SAMPLE_NAMES]
+    gauges = pod_reading(page, engine, model)
+    module = _module_for({s.name for s in page if s.name in ENGINE_SAMPLE_NAMES}, engine)
+    if module is None:
+        return gauges, DemandCounters(gauges.waiting, gauges.waiting, gauges.waiting)
+    # The gauges too: a counter may count only where a gauge says whose it is (trtllm.read_counters).
+    own = module.counter_names | module.sample_names
+    counters = module.read_counters([s for s in page if s.name in own], model)
+    return gauges, counters
+
+
+def in_flight(reading: InferenceReading) -> Value:
+    """Requests in the server now, for `demand`: running + waiting, or waiting alone where the engine
+    exports no running count at all (Triton: see triton.py). A running count missing from a page that
+    should have it is Missing, never 0."""
+    if isinstance(reading.running, Missing) and reading.running.kind is MissingKind.NOT_EXPORTED:
+        return reading.waiting
+    return value_for(reading, InferenceMetric.REQUESTS)

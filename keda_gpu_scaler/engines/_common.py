@@ -35,6 +35,7 @@ class InferenceMetric(StrEnum):
     REQUESTS = "requests"  # running + waiting
     QUEUE = "queue"  # waiting
     KV_CACHE = "kv_cache"  # KV-cache in use, %
+    DEMAND = "demand"  # work arriving per second, from the counter of finished requests (demand.py)
 
 
 class MissingKind(StrEnum):
@@ -52,6 +53,9 @@ class MissingKind(StrEnum):
     NO_MODEL = "no_model"
     # The family's series are there, but an engine's samples are all NaN, ±Inf or negative.
     NO_VALUE = "no_value"
+    # `metric: demand`: a pod read once (or over no time) has no rate yet; it counts as the mean of the
+    # others (SPEC §6), unlike a missing pod.
+    NO_RATE = "no_rate"
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,3 +286,69 @@ class PodSamples:
     namespace: str
     pod: str
     samples: tuple[Sample, ...]
+
+
+# --- demand (SPEC §6, `metric: demand`): counters of finished requests and of tokens -----------------
+
+
+@dataclass(frozen=True, slots=True)
+class DemandCounters:
+    """One pod's counters for `metric: demand`, as one page gave them (each a running total, or Missing).
+
+    `finished`: requests finished so far, every finish reason (aborts and errors included), summed over
+    engines and models. `prompt_tokens` / `generation_tokens`: tokens processed so far, for weighing
+    requests by their size. A counter is never a 0 made up for a family that is absent.
+    """
+
+    finished: Value
+    prompt_tokens: Value
+    generation_tokens: Value
+
+
+@dataclass(frozen=True, slots=True)
+class CounterFamily:
+    """A counter family an engine prints, under one or more spellings, and the labels that split it.
+
+    `split_labels`: labels whose values are separate series to add up (a finish reason, a data-parallel
+    engine); series differing only in anything else are copies of one value (see gauge()).
+    `optional`: the family is added where the page has it and counts for nothing where it has not (a
+    failure counter that an exporter prints only once something failed).
+    """
+
+    spellings: tuple[str, ...]
+    split_labels: tuple[str, ...] = ()
+    optional: bool = False
+    # Said where the family is absent: when the engine prints it (some print a counter only once it moved).
+    absent_hint: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.spellings[0]
+
+
+def counter_total(
+    samples: Sequence[Sample], families: Sequence[CounterFamily], *, model: str | None
+) -> Value:
+    """The sum of the counter families on one page (every series, every split label value).
+
+    An absent family that is not optional, or any family without a usable sample (NaN, ±Inf, negative),
+    makes the total Missing: a part left out would read as fewer requests than the pod finished.
+    """
+    total = 0.0
+    for family in families:
+        if len(family.spellings) > 1:
+            counted = gauge_of_spellings(
+                samples, family.spellings, model=model, engine_labels=family.split_labels
+            )
+        else:
+            counted = gauge(samples, family.name, model=model, engine_labels=family.split_labels)
+        value = counted.total()
+        if isinstance(value, Missing):
+            if value.kind is not MissingKind.FAMILY_ABSENT:
+                return value
+            if family.optional:
+                continue
+            hint = f" ({family.absent_hint})" if family.absent_hint else ""
+            return Missing(MissingKind.FAMILY_ABSENT, f"{value.reason}{hint}", family.name)
+        total += value
+    return total

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from keda_gpu_scaler.engines._common import (
+    DemandCounters,
     Engine,
     InferenceMetric,
     InferenceReading,
@@ -13,6 +14,7 @@ from keda_gpu_scaler.engines._common import (
     engine_count,
     fraction_percent,
     gauge,
+    not_exported,
 )
 from keda_gpu_scaler.exposition import Sample
 
@@ -30,6 +32,10 @@ KV_CACHE = "llamacpp:kv_cache_usage_ratio"
 SAMPLE_NAMES = frozenset({RUNNING, WAITING, KV_CACHE})
 METRICS = frozenset({InferenceMetric.REQUESTS, InferenceMetric.QUEUE})
 ENGINE_LABELS: tuple[str, ...] = ()
+
+# `metric: demand` is not served: the server's /metrics has no counter of finished requests (its
+# counters are tokens and decode calls: prompt_tokens_total, tokens_predicted_total, n_decode_total).
+COUNTER_NAMES: frozenset[str] = frozenset()
 
 
 def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
@@ -51,3 +57,10 @@ def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
     return InferenceReading(
         ENGINE, waiting=waiting.total(), running=running.total(), kv_cache=kv_cache, engines=engines
     )
+
+
+def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounters:
+    missing = not_exported(
+        ENGINE, "counter of finished requests (its /metrics counts tokens and decode calls, not requests)"
+    )
+    return DemandCounters(finished=missing, prompt_tokens=missing, generation_tokens=missing)

@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from keda_gpu_scaler.engines._common import (
+    CounterFamily,
+    DemandCounters,
     Engine,
     InferenceMetric,
     InferenceReading,
+    counter_total,
     engine_count,
     fraction_percent,
     gauge_of_spellings,
@@ -37,6 +40,24 @@ METRICS = frozenset(InferenceMetric)
 # moe_ep_rank) are ranks of one scheduler repeating its value: they are not engine labels, so they count once.
 ENGINE_LABELS = ("dp_rank",)
 
+# Counters for `metric: demand` (python/sglang/srt/metrics/collector.py, TokenizerMetricsCollector,
+# v0.4 and later): observe_one_finished_request() adds 1 to num_requests_total for every request that
+# finishes, whatever its finish reason (an aborted one that the scheduler ends included), and its prompt
+# and generated tokens. num_aborted_requests_total is not added: it counts abort calls, and an aborted
+# request that ran also finishes through that path (it would count twice). The client library prints a
+# labelled counter only once it moved: a server that has not finished a request yet has no such series.
+_LAZY = "SGLang prints it, with --enable-metrics, once a request has finished"
+FINISHED = CounterFamily(
+    ("sglang:num_requests_total", "sglang_num_requests_total"), ENGINE_LABELS, absent_hint=_LAZY
+)
+PROMPT_TOKENS = CounterFamily(
+    ("sglang:prompt_tokens_total", "sglang_prompt_tokens_total"), ENGINE_LABELS, absent_hint=_LAZY
+)
+GENERATION_TOKENS = CounterFamily(
+    ("sglang:generation_tokens_total", "sglang_generation_tokens_total"), ENGINE_LABELS, absent_hint=_LAZY
+)
+COUNTER_NAMES = frozenset(n for f in (FINISHED, PROMPT_TOKENS, GENERATION_TOKENS) for n in f.spellings)
+
 
 def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
     waiting = gauge_of_spellings(
@@ -55,4 +76,12 @@ def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
         kv_cache=fraction_percent(kv.mean()),
         engines=engine_count(waiting, running, kv),
         models=models_on(samples, SAMPLE_NAMES),
+    )
+
+
+def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounters:
+    return DemandCounters(
+        finished=counter_total(samples, (FINISHED,), model=model),
+        prompt_tokens=counter_total(samples, (PROMPT_TOKENS,), model=model),
+        generation_tokens=counter_total(samples, (GENERATION_TOKENS,), model=model),
     )

@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from keda_gpu_scaler.engines._common import (
+    CounterFamily,
+    DemandCounters,
     Engine,
     InferenceMetric,
     InferenceReading,
+    counter_total,
     engine_count,
     gauge,
     not_exported,
@@ -22,8 +25,22 @@ RUNNING = "tgi_batch_current_size"
 
 SAMPLE_NAMES = frozenset({WAITING, RUNNING})
 # No KV-cache percentage: TGI exports token counts of the batch, not of the cache.
-METRICS = frozenset({InferenceMetric.REQUESTS, InferenceMetric.QUEUE})
+METRICS = frozenset({InferenceMetric.REQUESTS, InferenceMetric.QUEUE, InferenceMetric.DEMAND})
 ENGINE_LABELS: tuple[str, ...] = ()
+
+# Counters for `metric: demand` (docs/source/reference/metrics.md; router/src/infer and server.rs):
+# tgi_request_success counts requests that finished generating; tgi_request_failure{err} the others
+# (validation, overloaded, dropped by the client, incomplete, ...). tgi_request_count counts arrivals at
+# the HTTP layer and is not read: finished + the change in running and waiting is the rule for every
+# engine. The Rust exporter prints a counter only once it moved, so a failure counter may be absent.
+# Tokens: the sums of the per-request histograms of prompt length and generated tokens.
+FINISHED = CounterFamily(("tgi_request_success",), absent_hint="TGI prints it once a request has succeeded")
+FAILED = CounterFamily(("tgi_request_failure",), ("err",), optional=True)
+PROMPT_TOKENS = CounterFamily(("tgi_request_input_length_sum",))
+GENERATION_TOKENS = CounterFamily(("tgi_request_generated_tokens_sum",))
+COUNTER_NAMES = frozenset(
+    n for f in (FINISHED, FAILED, PROMPT_TOKENS, GENERATION_TOKENS) for n in f.spellings
+)
 
 
 def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
@@ -36,4 +53,12 @@ def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
         running=running.total(),
         kv_cache=not_exported(ENGINE, "KV-cache usage"),
         engines=engine_count(waiting, running),
+    )
+
+
+def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounters:
+    return DemandCounters(
+        finished=counter_total(samples, (FINISHED, FAILED), model=model),
+        prompt_tokens=counter_total(samples, (PROMPT_TOKENS,), model=model),
+        generation_tokens=counter_total(samples, (GENERATION_TOKENS,), model=model),
     )

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from keda_gpu_scaler.engines import triton
 from keda_gpu_scaler.engines._common import (
+    DemandCounters,
     Engine,
     Gauge,
     InferenceMetric,
@@ -12,10 +14,13 @@ from keda_gpu_scaler.engines._common import (
     Missing,
     MissingKind,
     Value,
+    counter_total,
     engine_count,
     fraction_percent,
     gauge,
+    model_of,
     models_on,
+    not_exported,
     selector_text,
 )
 from keda_gpu_scaler.exposition import Sample
@@ -37,6 +42,12 @@ KV_MAX_WHERE = {"kv_cache_block_type": "max"}
 SAMPLE_NAMES = frozenset({REQUESTS, KV_BLOCKS})
 METRICS = frozenset(InferenceMetric)
 ENGINE_LABELS = ("version",)
+
+# Counters for `metric: demand`: the backend prints none of its own; Triton's per-model request counters
+# (triton.py) count the requests of the backend's model. Only the models that carry the backend's
+# request metrics are read: an ensemble's preprocessing, postprocessing and ensemble models count the
+# same requests again. No token counters.
+COUNTER_NAMES = triton.COUNTER_NAMES
 
 
 def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
@@ -81,3 +92,13 @@ def _ratios(used: Gauge, most: Gauge) -> list[float] | None:
             return None
         fractions.append(blocks / total)
     return fractions
+
+
+def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounters:
+    backend_models = {model_of(s.labels) for s in samples if s.name == REQUESTS}
+    own = [s for s in samples if s.name not in COUNTER_NAMES or model_of(s.labels) in backend_models]
+    return DemandCounters(
+        finished=counter_total(own, (triton.FINISHED, triton.FAILED), model=model),
+        prompt_tokens=not_exported(ENGINE, "token counters (the Triton backend)"),
+        generation_tokens=not_exported(ENGINE, "token counters (the Triton backend)"),
+    )

@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from keda_gpu_scaler.engines._common import (
+    CounterFamily,
+    DemandCounters,
     Engine,
     InferenceMetric,
     InferenceReading,
+    counter_total,
     engine_count,
     fraction_percent,
     gauge,
@@ -30,6 +33,16 @@ METRICS = frozenset(InferenceMetric)
 # One executor per server; series differing in anything else (engine_type) are copies of its value.
 ENGINE_LABELS: tuple[str, ...] = ()
 
+# Counters for `metric: demand` (tensorrt_llm/metrics/collector.py, MetricsCollector): request_success_total
+# counts every finished request by `finished_reason` (whatever the reason, cancelled ones included),
+# with its prompt and generation tokens; they are printed with return_perf_metrics, and a labelled series
+# only once a request has finished.
+_LAZY = "trtllm-serve prints it with return_perf_metrics, once a request has finished"
+FINISHED = CounterFamily(("trtllm_request_success_total",), ("finished_reason",), absent_hint=_LAZY)
+PROMPT_TOKENS = CounterFamily(("trtllm_prompt_tokens_total",), absent_hint=_LAZY)
+GENERATION_TOKENS = CounterFamily(("trtllm_generation_tokens_total",), absent_hint=_LAZY)
+COUNTER_NAMES = frozenset(n for f in (FINISHED, PROMPT_TOKENS, GENERATION_TOKENS) for n in f.spellings)
+
 
 def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
     waiting = gauge(samples, WAITING, model=model, engine_labels=ENGINE_LABELS)
@@ -42,4 +55,12 @@ def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
         kv_cache=fraction_percent(kv.mean()),
         engines=engine_count(waiting, running, kv),
         models=models_on(samples, SAMPLE_NAMES),
+    )
+
+
+def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounters:
+    return DemandCounters(
+        finished=counter_total(samples, (FINISHED,), model=model),
+        prompt_tokens=counter_total(samples, (PROMPT_TOKENS,), model=model),
+        generation_tokens=counter_total(samples, (GENERATION_TOKENS,), model=model),
     )

@@ -5,11 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from keda_gpu_scaler.engines._common import (
+    CounterFamily,
+    DemandCounters,
     Engine,
     InferenceMetric,
     InferenceReading,
     Missing,
     MissingKind,
+    counter_total,
     engine_count,
     fraction_percent,
     gauge,
@@ -31,6 +34,14 @@ KV_CACHE_OLD = "vllm:gpu_cache_usage_perc"
 WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
 
 SAMPLE_NAMES = frozenset({RUNNING, WAITING, KV_CACHE, KV_CACHE_OLD})
+
+# Counters for `metric: demand` (vllm/v1/metrics/loggers.py, v0.8 and later): requests finished, one
+# series per `finished_reason` (stop, length, abort, error in later releases) and engine, each created at
+# start-up; tokens processed, per engine (prompt tokens as each prefill runs, generated ones per step).
+FINISHED = CounterFamily(("vllm:request_success_total",), ("engine", "finished_reason"))
+PROMPT_TOKENS = CounterFamily(("vllm:prompt_tokens_total",), ("engine",))
+GENERATION_TOKENS = CounterFamily(("vllm:generation_tokens_total",), ("engine",))
+COUNTER_NAMES = frozenset(n for f in (FINISHED, PROMPT_TOKENS, GENERATION_TOKENS) for n in f.spellings)
 METRICS = frozenset(InferenceMetric)
 ENGINE_LABELS = ("engine",)
 
@@ -71,4 +82,12 @@ def _not_started() -> InferenceReading:
 
     return InferenceReading(
         ENGINE, waiting=absent(WAITING), running=absent(RUNNING), kv_cache=absent(KV_CACHE)
+    )
+
+
+def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounters:
+    return DemandCounters(
+        finished=counter_total(samples, (FINISHED,), model=model),
+        prompt_tokens=counter_total(samples, (PROMPT_TOKENS,), model=model),
+        generation_tokens=counter_total(samples, (GENERATION_TOKENS,), model=model),
     )

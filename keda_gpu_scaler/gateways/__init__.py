@@ -7,13 +7,15 @@ pages, choosing replicas and turning a missing queue into a status are the calle
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
 
 from keda_gpu_scaler import exposition
 from keda_gpu_scaler.exposition import Sample
-from keda_gpu_scaler.gateways import epp
+from keda_gpu_scaler.gateways import epp, epp_flow
 from keda_gpu_scaler.gateways._common import (
+    DEFAULT_GATEWAY_METRICS_PORT,
     OTHER,
     GatewayProblem,
     NotAGatewayPage,
@@ -24,6 +26,7 @@ from keda_gpu_scaler.gateways._common import (
 )
 
 __all__ = [
+    "DEFAULT_GATEWAY_METRICS_PORT",
     "GATEWAYS",
     "GATEWAY_SAMPLE_NAMES",
     "MAX_QUEUE_SERIES",
@@ -38,6 +41,7 @@ __all__ = [
     "page_queue",
     "queue_table",
     "read_queue",
+    "since",
     "table_from_samples",
     "wrong_types",
 ]
@@ -97,6 +101,13 @@ def read_queue(table: QueueTable, pool: str, namespace: str, model: str | None) 
     """The requests a gateway replica's page says it holds for the pool (read by the gateway that read
     the page)."""
     return _BY_NAME[table.gateway].read(table, pool, namespace, model)
+
+
+def since(previous: QueueTable | None, table: QueueTable) -> QueueTable:
+    """`table` with the requests turned away for want of an endpoint since `previous`, the same replica's
+    page before it (None: this is its first page, which only sets the baseline)."""
+    grown = epp_flow.growth(previous.turned_away if previous is not None else None, table.turned_away)
+    return dataclasses.replace(table, grown=grown) if grown != table.grown else table
 
 
 def page_queue(page: bytes | str) -> QueueTable:

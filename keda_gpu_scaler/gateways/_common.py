@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+# The EPP's metrics port when the trigger names none (llm-d-router's `--metrics-port` default).
+DEFAULT_GATEWAY_METRICS_PORT = 9090
+
 # The value an EPP prints in place of a model name or fairness id past its cardinality cap: any model
 # may hide behind it, so it counts for every `model` (a spurious wake costs one replica; a missed one
 # loses the requests held).
@@ -37,6 +40,12 @@ class QueueTable:
     totals: tuple[tuple[str, str, float], ...]  # (pool label, model, requests) over usable series
     # (pool label, model, the series as printed) of series whose value cannot be a count: NaN, ±Inf, < 0
     unusable: tuple[tuple[str, str, str], ...] = ()
+    # (pool label, series, value) of the counters of requests turned away for want of an endpoint
+    turned_away: tuple[tuple[str, str, float], ...] = ()
+    # (pool label, requests turned away since this replica's previous page); empty on a first page
+    grown: tuple[tuple[str, float], ...] = ()
+    # (pool label, stage, value) of the pool's flow-control saturation: shown, never read as load
+    saturation: tuple[tuple[str, str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +64,8 @@ class PoolQueue:
     by_model: tuple[tuple[str, float], ...]  # model → requests
     family: str | None  # the family read; None: flow control is on and nothing was ever queued
     other_counted: bool = False  # series folded to `other` counted for the trigger's `model`
+    turned_away: float = 0.0  # requests turned away for want of an endpoint since the previous page
+    saturation: tuple[tuple[str, float], ...] = ()  # stage → the pool's saturation (never load)
 
 
 QueueReading = PoolQueue | QueueMissing

@@ -3,6 +3,7 @@ Extension: requests its flow-control queue holds for an InferencePool (SPEC §7)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Sequence
@@ -10,6 +11,7 @@ from functools import lru_cache
 
 from keda_gpu_scaler import exposition
 from keda_gpu_scaler.exposition import Sample
+from keda_gpu_scaler.gateways import epp_flow
 from keda_gpu_scaler.gateways._common import (
     OTHER,
     GatewayProblem,
@@ -30,12 +32,19 @@ QUEUE_OLD = "inference_extension_flow_control_queue_size"
 QUEUE_FAMILIES = (QUEUE, QUEUE_OLD)
 LEVEL_FAMILIES = QUEUE_FAMILIES  # read as levels: a page declaring another type for them is refused
 
-# Families printed while flow control runs, queue or no queue. The queue gauge's series appear only once
-# a request was queued with their labels, so a freshly started EPP with flow control on prints no queue
-# series yet: these tell it from one with flow control off.
-SATURATION = "llm_d_epp_flow_control_pool_saturation"
-REQUESTS_TOTAL = "llm_d_epp_flow_control_requests_total"
-FLOW_CONTROL_SIGNS = frozenset({SATURATION, REQUESTS_TOTAL})
+# Families printed while flow control runs, queue or no queue, under either generation's prefix. The
+# queue gauge's series appear only once a request was queued with their labels, so a freshly started EPP
+# with flow control on prints no queue series yet: these tell it from one with flow control off (an idle
+# older EPP is 0, not "off"). The dispatch cycle runs while flow control does, requests or none.
+SATURATION = epp_flow.SATURATION
+REQUESTS_TOTAL = epp_flow.REQUESTS_TOTAL
+FLOW_CONTROL_SIGNS = frozenset(
+    {
+        *epp_flow.FAMILIES,
+        "llm_d_epp_flow_control_dispatch_cycle_duration_seconds_count",
+        "inference_extension_flow_control_dispatch_cycle_duration_seconds_count",
+    }
+)
 
 # Families every EPP prints whatever its feature gates: a page with none of them, and no queue, is not an
 # EPP's page. Not llm_d_epp_request_running: at the EPP's caps it has one series per model and fairness
@@ -81,11 +90,34 @@ def table_from_samples(samples: Sequence[Sample]) -> QueueTable:
     present = {sample.name for sample in samples}
     family = next((name for name in QUEUE_FAMILIES if name in present), None)
     if family is None:
-        return QueueTable(NAME, None, bool(present & FLOW_CONTROL_SIGNS), ())
-    ours = [s for s in samples if s.name == family]
-    found = _totals(_columns(ours), family, values=[s.value for s in ours])
+        return _with_signals(QueueTable(NAME, None, bool(present & FLOW_CONTROL_SIGNS), ()), samples)
+    ours = _distinct([s for s in samples if s.name == family], family)
+    found = _totals(_columns(ours), family, values=[s.value for s in ours], distinct=True)
     assert found is not None  # values given: nothing left to fail
-    return QueueTable(NAME, family, True, *found)
+    return _with_signals(QueueTable(NAME, family, True, *found), samples)
+
+
+def _with_signals(table: QueueTable, samples: Sequence[Sample]) -> QueueTable:
+    """`table` with the flow-control signals beside the queue: turned-away counters and saturation (the
+    counters' growth is set later, against the replica's previous page: see gateways.since)."""
+    return dataclasses.replace(
+        table, turned_away=epp_flow.turned_away(samples), saturation=epp_flow.saturation(samples)
+    )
+
+
+def _distinct(samples: Sequence[Sample], family: str) -> list[Sample]:
+    """One sample per series, a series being its whole label set: series that differ only by a label
+    this reader does not know (a `shard`, say) are distinct and both count. The same series printed
+    twice counts once, or fails the page when its two values differ (either could be wrong)."""
+    seen: dict[frozenset[tuple[str, str]], Sample] = {}
+    for sample in samples:
+        before = seen.setdefault(frozenset(sample.labels.items()), sample)
+        if before.value != sample.value and not (math.isnan(before.value) and math.isnan(sample.value)):
+            raise NotAGatewayPage(
+                f"{family}{{{epp_flow.series_text(sample.labels)}}} is printed twice, with {before.value!r} and"
+                f" {sample.value!r}: either could be wrong"
+            )
+    return list(seen.values())
 
 
 def _columns(samples: Sequence[Sample]) -> Columns:
@@ -106,23 +138,82 @@ def queue_table(body: bytes, samples: Sequence[Sample], max_series: int) -> Queu
     Raises NotAGatewayPage for a page that is not an EPP's, more than `max_series` queue series, or
     one series printed twice with different values (either could be the wrong one)."""
     text = body.decode("utf-8", "replace")
+    indented = _indentation(text)
+    signals = _signal_samples(body, text, indented)
     for family in QUEUE_FAMILIES:
-        table = _family_table(body, text, family, max_series)
+        table = _family_table(body, text, family, max_series, indented)
         if table is not None:
-            return QueueTable(NAME, family, True, *table)
-    present = {sample.name for sample in samples} | {
-        n for n in IDENTITY | FLOW_CONTROL_SIGNS if _count_lines(text, n)
-    }
-    if not present & (IDENTITY | FLOW_CONTROL_SIGNS):
+            return _with_signals(QueueTable(NAME, family, True, *table), signals)
+    names = {sample.name for sample in samples} | {sample.name for sample in signals}
+    # Each family looked up until one is found: every look-up is a pass over the page.
+    flow_control = bool(names & FLOW_CONTROL_SIGNS) or any(
+        _count_lines(text, n, indented) for n in FLOW_CONTROL_SIGNS
+    )
+    if (
+        not flow_control
+        and not names & IDENTITY
+        and not any(_count_lines(text, n, indented) for n in IDENTITY)
+    ):
         raise NotAGatewayPage("no endpoint-picker (EPP) metrics on this page")
-    return QueueTable(NAME, None, bool(present & FLOW_CONTROL_SIGNS), ())
+    return _with_signals(QueueTable(NAME, None, flow_control, ()), signals)
+
+
+def _signal_samples(body: bytes, text: str, indented: bool) -> list[Sample]:
+    """The turned-away counters and saturation of a page: their few lines picked out of the text and
+    parsed alone; where some line is not in the plain layout, the general parser reads the page."""
+    # A page without a family's stem (one pass) needs no look-up of either spelling.
+    counted = {
+        family: _count_lines(text, family, indented)
+        for stem, spellings in _SIGNAL_STEMS
+        if stem in text
+        for family in spellings
+    }
+    families = {family for family, lines in counted.items() if lines}
+    if not families:
+        return []
+    picked: list[str] = []
+    for family in families:
+        lines = _plain_lines(text, family, counted[family])
+        if lines is None:
+            picked = []
+            break
+        picked.extend(lines)
+    page: str | bytes = "\n".join(picked) + "\n" if picked else body
+    try:
+        return exposition.parse_exposition(
+            page, families, max_samples=MAX_SIGNAL_SERIES, reject_conflicts=True
+        )
+    except exposition.ExpositionError as error:
+        raise NotAGatewayPage(str(error)) from None
+
+
+_SIGNAL_STEMS = (
+    ("_flow_control_requests_total", (epp_flow.REQUESTS_TOTAL, epp_flow.REQUESTS_TOTAL_OLD)),
+    ("_flow_control_pool_saturation", (epp_flow.SATURATION, epp_flow.SATURATION_OLD)),
+)
+# Outcomes × priorities × pools: a few dozen series; far more is not a real page.
+MAX_SIGNAL_SERIES = 10_000
+
+
+def _plain_lines(text: str, family: str, count: int) -> list[str] | None:
+    """The lines `NAME{…} VALUE` of a family, or None when not all of its `count` lines are of that form."""
+    head = f"{family}{{"
+    starts = [0] if text.startswith(head) else []
+    at = text.find("\n" + head)
+    while at >= 0:
+        starts.append(at + 1)
+        at = text.find("\n" + head, at + 1)
+    if len(starts) != count:
+        return None
+    ends = [text.find("\n", start) for start in starts]
+    return [text[start : end if end >= 0 else len(text)] for start, end in zip(starts, ends, strict=True)]
 
 
 def _family_table(
-    body: bytes, text: str, family: str, max_series: int
+    body: bytes, text: str, family: str, max_series: int, indented: bool
 ) -> tuple[tuple[tuple[str, str, float], ...], tuple[tuple[str, str, str], ...]] | None:
     """One queue family's (totals, unusable), or None when the page has no series of it."""
-    lines = _count_lines(text, family)
+    lines = _count_lines(text, family, indented)
     if lines == 0:
         return None
     if lines > max_series:
@@ -137,21 +228,29 @@ def _family_table(
         samples = exposition.parse_exposition(body, {family}, max_samples=max_series, reject_conflicts=True)
     except exposition.ExpositionError as error:
         raise NotAGatewayPage(str(error)) from None
-    ours = [s for s in samples if s.name == family]
-    found = _totals(_columns(ours), family, values=[s.value for s in ours])
+    ours = _distinct([s for s in samples if s.name == family], family)
+    found = _totals(_columns(ours), family, values=[s.value for s in ours], distinct=True)
     assert found is not None  # values given: nothing left to fail
     return found if ours else None
 
 
-def _count_lines(text: str, family: str) -> int:
-    """Lines holding a sample of `family` (with or without labels), counted without reading them."""
+def _indentation(text: str) -> bool:
+    """Whether some line of the page starts with a blank. Worked out once per page, in pieces: a search
+    for a newline and a blank takes 4 ms over a 3 MB page (every newline is a candidate), 12 ms in one
+    call over 16 MB."""
+    return exposition.has_blank_led_line(text)
+
+
+def _count_lines(text: str, family: str, indented: bool) -> int:
+    """Lines holding a sample of `family` (with or without labels), counted without reading them.
+    `indented`: _indentation(text)."""
     count = text.count(f"\n{family}{{")
     # Unlabelled samples are rare: looked for only where some line starts with the name and no "{"
     # (another family whose name starts with this one's, or an unlabelled sample).
     if text.count(f"\n{family}") != count:
         count += text.count(f"\n{family} ") + text.count(f"\n{family}\t")
     count += 1 if text.startswith((f"{family}{{", f"{family} ", f"{family}\t")) else 0
-    if exposition.has_blank_led_line(text):
+    if indented:
         # The format allows blanks before a sample's name: such lines count too (and are left to the
         # general parser, since they are not in client_golang's layout). Searched in pieces: one pass
         # over a 16 MB page would hold the GIL for tens of ms.
@@ -213,11 +312,12 @@ def _fast_columns(text: str, family: str, lines: int) -> Columns | None:
 
 
 def _totals(
-    columns: Columns, family: str, values: list[float] | None = None
+    columns: Columns, family: str, values: list[float] | None = None, distinct: bool = False
 ) -> tuple[tuple[tuple[str, str, float], ...], tuple[tuple[str, str, str], ...]] | None:
     """Sum usable values per (pool, model); None when a printed value is not a plain number (a timestamp
     after it, say), for the general parser to read. A series printed twice counts once, or fails the
-    page when its two values differ."""
+    page when its two values differ. `distinct`: the series are already one per whole label set (the
+    five columns alone may repeat: other labels tell them apart)."""
     fairness, pools, models, priorities, targets, texts = columns
     if values is None:
         try:
@@ -226,9 +326,11 @@ def _totals(
             return None
     # A series printed twice: screened on three of its five labels (an EPP prints one series per
     # fairness id, priority and target model of its pool), then looked for exactly where that collides.
-    if len(set(zip(fairness, priorities, targets, strict=True))) != len(values) and len(
-        set(zip(fairness, pools, models, priorities, targets, strict=True))
-    ) != len(values):
+    if (
+        not distinct
+        and len(set(zip(fairness, priorities, targets, strict=True))) != len(values)
+        and len(set(zip(fairness, pools, models, priorities, targets, strict=True))) != len(values)
+    ):
         keys, values = _once(
             list(zip(fairness, pools, models, priorities, targets, strict=True)), values, family
         )
@@ -286,12 +388,17 @@ def read(table: QueueTable, pool: str, namespace: str, model: str | None) -> Que
     """The requests this EPP replica holds for `pool` (of `namespace`), for `model` or all models.
 
     Series labelled with another pool are not this pool's; series without the label are (one EPP serves
-    one pool). Series folded to `other` by the EPP's cardinality cap count for every `model`."""
+    one pool). Series folded to `other` by the EPP's cardinality cap count for every `model`. Requests
+    turned away for want of an endpoint since the previous page count for every model too (the counter
+    has no model label)."""
+    ours = ("", pool, f"{namespace}/{pool}")
+    turned_away = sum(count for name, count in table.grown if name in ours)
+    saturation = tuple((stage, value) for name, stage, value in table.saturation if name in ours)
     if table.family is None:
         if table.flow_control:
-            return PoolQueue(0.0, (), None)  # flow control runs and has never queued anything
+            # Flow control runs and has never queued anything.
+            return PoolQueue(0.0, (), None, turned_away=turned_away, saturation=saturation)
         return QueueMissing(GatewayProblem.FLOW_CONTROL_OFF, FLOW_CONTROL_OFF)
-    ours = ("", pool, f"{namespace}/{pool}")
     mine = [row for row in table.totals if row[0] in ours]
     bad = [row for row in table.unusable if row[0] in ours]
     if not mine and not bad:
@@ -314,4 +421,11 @@ def read(table: QueueTable, pool: str, namespace: str, model: str | None) -> Que
         if folded and model is not None and model != OTHER and count > 0:
             other_counted = True
         by_model[name] = by_model.get(name, 0.0) + count
-    return PoolQueue(sum(by_model.values()), tuple(sorted(by_model.items())), table.family, other_counted)
+    return PoolQueue(
+        sum(by_model.values()),
+        tuple(sorted(by_model.items())),
+        table.family,
+        other_counted,
+        turned_away,
+        saturation,
+    )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from keda_gpu_scaler.exposition import Sample
@@ -50,7 +49,7 @@ _HOST_LABELS = ("Hostname", "hostname", "NodeName")  # `hostname` after dcgm-exp
 @dataclass(slots=True)
 class _PodSeries:
     values: dict[str, float | None] = field(default_factory=dict)
-    with_uid: AbstractSet[str] = frozenset()  # families whose series for this pod carried pod_uid
+    with_uid: set[str] = field(default_factory=set)  # families whose series for this pod carried pod_uid
 
 
 @dataclass(slots=True)
@@ -153,90 +152,33 @@ def exporter_pods(samples: Sequence[Sample], facts: dict[int, _LabelFacts]) -> s
     return {pair for key, pairs in device_like.items() if key in with_uid for pair in pairs}
 
 
-_NO_FAMILIES: frozenset[str] = frozenset()  # shared: an empty frozenset is 216 bytes, one per pod adds up
-
-
-@dataclass(frozen=True, slots=True)
-class _GpuShape:
-    """One GPU of a page: where its device-level values and each of its pods' values are poured."""
-
-    gpu: str
-    host: str
-    mig: bool
-    device: int  # the value table of its series without a pod
-    pods: tuple[tuple[PodKey, int, frozenset[str]], ...]  # pod, its value table, families with pod_uid
-
-
-@dataclass(frozen=True, slots=True)
-class _PagePlan:
-    """How a page's samples become readings, worked out from their names and label sets alone: which
-    value table each sample is remembered in, and which GPU and pod each table is. Each reading gets
-    value tables of its own."""
-
-    slots: tuple[int, ...]  # per sample: the value table it is remembered in
-    tables: int
-    gpus: tuple[_GpuShape, ...]
-
-    def readings(self, samples: Sequence[Sample]) -> list[GpuReading]:
-        """The readings of `samples`, the page this plan was made for."""
-        tables: list[dict[str, float | None]] = [{} for _ in range(self.tables)]
-        for slot, sample in zip(self.slots, samples, strict=True):
-            remember(tables[slot], sample.name, sample.value)
-        result: list[GpuReading] = []
-        for shape in self.gpus:
-            gpu = _Gpu(
-                shape.gpu,
-                shape.host,
-                shape.mig,
-                tables[shape.device],
-                {pod: _PodSeries(tables[table], with_uid) for pod, table, with_uid in shape.pods},
-            )
-            result.extend(_reading(gpu, pod) for pod, _, _ in shape.pods)
-        return result
-
-
-def _plan(samples: Sequence[Sample], resolver: PodResolver) -> _PagePlan:
-    """The plan of one page's NVIDIA samples (see _PagePlan)."""
+def readings(samples: Sequence[Sample], resolver: PodResolver) -> list[GpuReading]:
+    """One reading per pod on each GPU of a page's NVIDIA samples, GPUs and pods in the page's order."""
     facts = _facts_by_label_set(samples)
     resolver = resolver.with_targets(exporter_pods(samples, facts))
-    # GPU → (its device table, pod → (its table, families whose series for it carried pod_uid))
-    gpus: dict[GpuKey, tuple[int, dict[PodKey, tuple[int, set[str]]]]] = {}
-    pods: dict[int, PodKey | None] = {}  # label dict id → its pod, as facts
-    slots: list[int] = []
-    tables = 0
+    gpus: dict[GpuKey, _Gpu] = {}
+    pods: dict[int, PodKey | None] = {}  # label dict id → its pod: a label set repeats in every family
     for sample in samples:
         labels = sample.labels
         fact = facts[id(labels)]
         gpu = gpus.get(fact.gpu)
         if gpu is None:
-            gpu = gpus[fact.gpu] = (tables, {})
-            tables += 1
+            host, identity, instance = fact.gpu
+            gpu = gpus[fact.gpu] = _Gpu(identity, host, bool(instance))
         if id(labels) in pods:
             pod = pods[id(labels)]
         else:
             pod = pods[id(labels)] = resolver.pod_of(labels)
         if pod is None:
-            slots.append(gpu[0])
+            remember(gpu.device, sample.name, sample.value)
             continue
-        series = gpu[1].get(pod)
+        series = gpu.pods.get(pod)
         if series is None:
-            series = gpu[1][pod] = (tables, set())
-            tables += 1
-        slots.append(series[0])
+            series = gpu.pods[pod] = _PodSeries()
+        remember(series.values, sample.name, sample.value)
         if fact.pod_uid:
-            series[1].add(sample.name)
-    shapes = []
-    for (host, identity, instance), (device, by_pod) in gpus.items():
-        pod_tables = tuple(
-            (pod, table, frozenset(with_uid) if with_uid else _NO_FAMILIES)
-            for pod, (table, with_uid) in by_pod.items()
-        )
-        shapes.append(_GpuShape(identity, host, bool(instance), device, pod_tables))
-    return _PagePlan(tuple(slots), tables, tuple(shapes))
-
-
-def readings(samples: Sequence[Sample], resolver: PodResolver) -> list[GpuReading]:
-    return _plan(samples, resolver).readings(samples)
+            series.with_uid.add(sample.name)
+    return [_reading(gpu, pod) for gpu in gpus.values() for pod in gpu.pods]
 
 
 def _reading(gpu: _Gpu, pod: PodKey) -> GpuReading:

@@ -24,8 +24,9 @@ METADATA = {"podNamePrefix": "vllm-", "threshold": "70"}
 
 
 async def start_serve(
-    *args: str, env: dict[str, str] | None = None
+    *args: str, env: dict[str, str] | None = None, logged: list[str] | None = None
 ) -> tuple[asyncio.subprocess.Process, int]:
+    """serve on free ports; `logged` gets the lines it printed until it was ready."""
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -46,6 +47,8 @@ async def start_serve(
         while True:
             line = (await process.stderr.readline()).decode()
             assert line, "serve exited before it was ready"
+            if logged is not None:
+                logged.append(line)
             if match := READY_LINE.search(line):
                 return process, int(match.group(1))
 
@@ -248,6 +251,49 @@ async def test_a_second_demo_on_a_taken_port_is_one_line_naming_the_flag(flag: s
     assert last.startswith("keda-gpu-scaler: ") and flag in last and str(port) in last
 
 
+@pytest.mark.parametrize(
+    ("args", "named", "not_named"),
+    [
+        (
+            ["--gateway-url", "llm/pool=http://127.0.0.1:9/metrics"],
+            ["--exporter-url", "--inference-url"],
+            ["--gateway-url"],
+        ),
+        (
+            ["--inference-url", "llm/vllm-0=http://127.0.0.1:9/metrics"],
+            ["--exporter-url", "--gateway-url"],
+            ["--inference-url"],
+        ),
+        (
+            ["--exporter-url", "http://127.0.0.1:9/metrics"],
+            ["--inference-url", "--gateway-url"],
+            ["--exporter-url"],
+        ),
+    ],
+)
+async def test_serve_names_only_the_pages_it_was_not_given(
+    processes: list[asyncio.subprocess.Process], args: list[str], named: list[str], not_named: list[str]
+) -> None:
+    logged: list[str] = []
+    process, _ = await start_serve(*args, logged=logged)
+    processes.append(process)
+    text = "".join(logged)
+    assert "every call will answer UNAVAILABLE" not in text
+    (line,) = [line for line in logged if "answer UNAVAILABLE" in line]
+    assert all(flag in line for flag in named), line
+    assert not any(flag in line for flag in not_named), line
+
+
+async def test_serve_with_no_page_at_all_says_every_call_answers_unavailable(
+    processes: list[asyncio.subprocess.Process],
+) -> None:
+    logged: list[str] = []
+    process, _ = await start_serve(logged=logged)
+    processes.append(process)
+    (line,) = [line for line in logged if "answer UNAVAILABLE" in line]
+    assert "no --exporter-url or --inference-url or --gateway-url given: every call will answer" in line
+
+
 async def test_version() -> None:
     code, out, _ = await run_cli("--version")
     assert code == 0 and out.strip() == f"keda-gpu-scaler {__version__}"
@@ -264,7 +310,7 @@ async def test_version() -> None:
 async def test_explain_shows_an_inference_servers_inputs_in_columns_of_its_own(  # type: ignore[no-untyped-def]
     make_exporter, metric: str, threshold: str, value_column: str, value: str, replicas: str
 ) -> None:
-    from keda_gpu_scaler.engines.simulated import EngineLoad, vllm_page
+    from keda_gpu_scaler.demo.engines import EngineLoad, vllm_page
 
     server = await make_exporter(vllm_page("llama", [EngineLoad(12, 30, 0.5)]))
     code, out, err = await run_cli(
@@ -289,7 +335,7 @@ async def test_explain_shows_an_inference_servers_inputs_in_columns_of_its_own( 
 
 
 async def test_explain_shows_each_trigger_of_a_scaledobject_from_one_scrape(make_exporter) -> None:  # type: ignore[no-untyped-def]
-    from keda_gpu_scaler.engines.simulated import EngineLoad, vllm_page
+    from keda_gpu_scaler.demo.engines import EngineLoad, vllm_page
 
     server = await make_exporter(vllm_page("llama", [EngineLoad(12, 30, 0.5)]))
     common = ["--inference-url", f"llm/chat-0={server.url}", "--namespace", "llm", "--name", "chat"]
@@ -315,7 +361,7 @@ async def test_explain_without_a_page_to_read_names_the_flags() -> None:
 
 
 async def test_explain_shows_each_endpoint_picker_replica(make_exporter) -> None:  # type: ignore[no-untyped-def]
-    from keda_gpu_scaler.gateways.simulated import Queued, epp_page
+    from keda_gpu_scaler.demo.epp import Queued, epp_page
 
     fresh = await make_exporter(epp_page("chat-pool", {Queued("llama"): 2, Queued("other", "x"): 1}))
     dead = await make_exporter("")

@@ -22,11 +22,13 @@ from support import eventually
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App
-from keda_gpu_scaler.demo import DemoFleet
-from keda_gpu_scaler.demo_runner import (
+from keda_gpu_scaler.demo.fleet import DemoFleet
+from keda_gpu_scaler.demo.runner import (
+    DEMAND_METRIC_NAME,
     INFERENCE_THRESHOLD,
     REQUESTS_METRIC_NAME,
     banner,
+    demand_metadata,
     demo_settings,
     demo_targets,
     inference_metadata,
@@ -551,7 +553,10 @@ async def test_load_pins_an_inference_pods_running_and_waiting_requests(
     status, body = await control(http, fleet, "/load", pod="vllm-chat-0", value="auto")
     assert status == 200, body
     assert body["changed"] == {"pod": "vllm-chat-0", "pinned": None}
-    assert await fetch(http, inference_url(fleet, "vllm-chat-0")) == twin.render_inference_page("vllm-chat-0")
+    # The gauges follow the moving pattern again; the counters keep what the pin made them count.
+    assert without_counters(await fetch(http, inference_url(fleet, "vllm-chat-0"))) == without_counters(
+        twin.render_inference_page("vllm-chat-0")
+    )
     # GPU pods are untouched by all this.
     assert fleet.render_page("gpu-node-b") == twin.render_page("gpu-node-b")
 
@@ -768,5 +773,60 @@ async def test_the_status_lines_cover_gpu_and_inference_workloads() -> None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        await app.stop()
+        await fleet.stop()
+
+
+COUNTERS = ("vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+
+
+def without_counters(page: str) -> str:
+    return "\n".join(line for line in page.splitlines() if not any(name in line for name in COUNTERS))
+
+
+def finished_total(page: str) -> float:
+    return sum(s.value for s in parse_exposition(page) if s.name == "vllm:request_success_total")
+
+
+def test_vllm_pages_count_finished_requests_as_the_batch_runs(clock: FakeClock) -> None:
+    """The counters `metric: demand` reads: 20 requests in the batch finish at 20 / 10 s = 2 a second."""
+    fleet = DemoFleet(clock=clock, seed=SEED, engine_start_s=0.0)
+    pod = "vllm-chat-0"
+    fleet.set_requests(pod, 20, 0)
+    clock.now += 5
+    before = finished_total(fleet.render_inference_page(pod))
+    clock.now += 30
+    after = finished_total(fleet.render_inference_page(pod))
+    assert after - before == pytest.approx(60, abs=2)
+    fleet.set_requests(pod, 0, 0)  # idle: the counter stands still
+    clock.now += 30
+    assert finished_total(fleet.render_inference_page(pod)) == pytest.approx(after, abs=2)
+
+
+async def test_the_demo_scaler_answers_a_demand_trigger_with_the_arrival_rate() -> None:
+    fleet = DemoFleet(seed=SEED, engine_start_s=0.0)
+    await fleet.start()
+    app = App(demo_settings(DEMO_SCALER, fleet))
+    await app.start()
+    try:
+        chat = next(w for w in fleet.inference_workloads if w.name == "vllm-chat")
+        for pod in chat.pods:
+            fleet.set_requests(pod, 20, 0)
+        ref = pb.ScaledObjectRef(
+            name=chat.name, namespace=fleet.NAMESPACE, scalerMetadata=demand_metadata(chat)
+        )
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
+            stub = pb_grpc.ExternalScalerStub(channel)
+
+            async def a_rate() -> None:
+                answer = await stub.GetMetrics(
+                    pb.GetMetricsRequest(scaledObjectRef=ref, metricName=DEMAND_METRIC_NAME)
+                )
+                # Counters move in whole seconds of simulated time: a positive rate once two scrapes apart.
+                assert answer.metricValues[0].metricValueFloat > 0
+
+            await eventually(a_rate, timeout=30)
+            assert (await stub.IsActive(ref)).result is True
+    finally:
         await app.stop()
         await fleet.stop()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from faults import FAULTS, OTHER_FAULTS, Fault, FaultyExporter, reliability_markdown
+from faults import FAULTS, OTHER_FAULTS, TENANT_PROPERTIES, Fault, FaultyExporter, reliability_markdown
 from support import GpuLine, dcgm_page, eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
@@ -117,7 +117,7 @@ def test_reliability_doc_matches_the_fault_table() -> None:
 
 def test_other_faults_name_tests_that_exist() -> None:
     here = Path(__file__).resolve().parent
-    for _, _, tests in OTHER_FAULTS:
+    for _, _, tests in (*OTHER_FAULTS, *TENANT_PROPERTIES):
         module, _, names = tests.partition("::")
         # Named by file: an integration test here, or a unit test.
         path = here / module if (here / module).exists() else here.parent / "unit" / module

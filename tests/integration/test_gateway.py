@@ -11,7 +11,7 @@ import grpc
 from support import ExporterServer, eventually, latest_trigger
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler.gateways.simulated import Queued, epp_page
+from keda_gpu_scaler.demo.epp import Queued, epp_page
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "gateways"
 PENDING = {"metric": "pending", "threshold": "4", "inferencePool": "chat-pool"}
@@ -253,6 +253,7 @@ async def test_explain_shows_each_replicas_queue_by_model_and_the_other_fold(
         "fresh": True,
         "pending": 5,
         "queueByModel": {"llama": 2, "other": 3},
+        "saturationNotLoad": {"dispatch": 1},  # the simulated EPP's pool has no endpoint: never load
     }
     assert entry["inferencePool"] == "chat-pool"
     assert any("'other'" in note and "llama" in note for note in entry["notes"])

@@ -28,7 +28,7 @@ from fake_kube import (
 from support import ExporterServer, eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler.gateways.simulated import Queued, epp_page
+from keda_gpu_scaler.demo.epp import Queued, epp_page
 
 NS = "llm"
 EPP = {"app": "chat-pool-epp"}

@@ -9,7 +9,7 @@ import pytest
 from support import ExporterServer, eventually, tgi_page
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler.engines.simulated import EngineLoad, vllm_page
+from keda_gpu_scaler.demo.engines import EngineLoad, vllm_page
 
 REQUESTS = {"metric": "requests", "threshold": "8", "podNamePrefix": "chat-"}
 
@@ -112,6 +112,24 @@ async def test_an_engine_without_the_metric_is_unavailable_naming_it(make_export
     with pytest.raises(grpc.aio.AioRpcError) as raised:
         await scaler.stub.GetMetricSpec(ref({**kv, "engine": "tgi"}))
     assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+async def test_a_named_engine_on_another_engines_page_is_unavailable_naming_the_page(  # type: ignore[no-untyped-def]
+    make_exporter, make_scaler
+) -> None:
+    servers = await pod_pages(make_exporter, vllm_page("llama", [EngineLoad(3, 1, 0.2)]))
+    scaler = await make_scaler(inference_urls=inference_urls(servers))
+    sglang = {**REQUESTS, "engine": "sglang"}
+
+    async def unavailable_naming_vllm() -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await value(scaler, sglang)
+        assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert "the page is recognised as engine vllm" in (raised.value.details() or ""), (
+            raised.value.details()
+        )
+
+    await eventually(unavailable_naming_vllm)
 
 
 async def test_a_failing_inference_page_keeps_its_pod_missing(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]

@@ -226,7 +226,9 @@ async def test_pods_added_deleted_and_rescheduled_are_followed(cluster: Cluster,
     await eventually(lambda: at(110, {a.url, b.url, c.url}))
 
 
-async def test_pending_not_ready_and_terminating_pods_are_not_targets(cluster: Cluster, kube_scaler) -> None:  # type: ignore[no-untyped-def]
+async def test_pending_and_not_ready_pods_are_starting_and_terminating_pods_do_not_count(  # type: ignore[no-untyped-def]
+    cluster: Cluster, kube_scaler
+) -> None:
     await cluster.gpu_node("node-a")
     three_pods_on_two_nodes(cluster)
     cluster.kube.delete(POD, NS, "vllm-2")  # keep node-a only
@@ -235,14 +237,39 @@ async def test_pending_not_ready_and_terminating_pods_are_not_targets(cluster: C
     cluster.run("vllm-pending", None, 0, phase="Pending", ready=False)
     scaler = await kube_scaler()
 
-    async def only_ready() -> None:
-        # Neither counted with their GPU's value nor as missing pods (which would count as the threshold).
-        assert await value(scaler) == 110
+    async def starting_count_as_the_target() -> None:
+        # SPEC §4: u = 110 / (2 × 70) ≤ 1, so S + U × T = 110 + 2 × 70 (a starting pod never scales down);
+        # their GPUs' values never count, and the terminating pod is not counted at all.
+        assert await value(scaler) == 110 + 2 * 70
         explanation = await explain(scaler)
         assert [p["pod"] for p in explanation["pods"]] == ["vllm-0", "vllm-1"]
         assert explanation["missingPods"] == []
+        assert explanation["startingPods"] == ["vllm-pending", "vllm-starting"]
+        assert explanation["rule"].startswith("no scale-up")
 
-    await eventually(only_ready)
+    await eventually(starting_count_as_the_target)
+
+
+async def test_a_target_whose_pods_all_load_their_model_is_unavailable_never_zero(  # type: ignore[no-untyped-def]
+    cluster: Cluster, kube_scaler
+) -> None:
+    await cluster.gpu_node("node-a")
+    cluster.kube.put(DEPLOYMENT, deployment("vllm", NS, APP, replicas=2))
+    cluster.kube.put(SCALED_OBJECT, scaled_object("vllm", NS, {"name": "vllm"}, [external()]))
+    cluster.run("vllm-0", "node-a", 0, ready=False)  # Running, loading weights: not Ready for minutes
+    cluster.run("vllm-1", None, 0, phase="Pending", ready=False)
+    scaler = await kube_scaler()
+
+    async def unavailable() -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await scaler.stub.IsActive(ref())
+        assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert "no target pod is Ready: 2 starting" in (raised.value.details() or "")
+
+    await eventually(unavailable)
+    cluster.run("vllm-0", "node-a", 0)  # loaded and Ready, idle: now an answer (0 + 1 starting × 70)
+    await eventually(lambda: _equals(value(scaler), 70))
+    assert (await scaler.stub.IsActive(ref())).result is False
 
 
 async def test_target_pod_without_fresh_data_is_missing(cluster: Cluster, kube_scaler) -> None:  # type: ignore[no-untyped-def]
@@ -372,7 +399,7 @@ async def test_watch_410_gone_relists_and_recovers(cluster: Cluster, kube: FakeK
     lists = kube.count(f"/api/v1/namespaces/{NS}/pods", watch=False)
     # A change the watch never delivers, then the history is compacted and the watch ends: resuming
     # from the last resourceVersion seen gets 410 Gone, and only a new list shows the change.
-    kube.put(POD, pod("vllm-2", NS, APP, "node-b", ready=False), notify=False)
+    kube.put(POD, pod("vllm-2", NS, APP, "node-b", deleting=True), notify=False)
     kube.compact()
     kube.end_watches()
 
@@ -574,7 +601,7 @@ async def test_targets_carry_each_pod_s_address_readiness_and_ports(cluster: Clu
     cluster.run("vllm-0", "node-a", 50, ports=[("http", 8000), ("metrics", 8001)])
     cluster.run("vllm-1", "node-a", 60, ready=False, ports=[("http", 8000)])
     scaler = await kube_scaler()
-    await eventually(lambda: _equals(value(scaler), 50))
+    await eventually(lambda: _equals(value(scaler), 50 + 70))  # vllm-1 is starting: it counts as the target
     targets = scaler.app.discovery.resolve(NS, "vllm", parse_trigger(METADATA))
     assert targets.pods == {"vllm-0"}
     ready, starting = targets.endpoints["vllm-0"], targets.endpoints["vllm-1"]
@@ -585,7 +612,7 @@ async def test_targets_carry_each_pod_s_address_readiness_and_ports(cluster: Clu
 async def test_inference_metrics_read_each_ready_target_pods_own_page(  # type: ignore[no-untyped-def]
     cluster: Cluster, kube_scaler, make_exporter
 ) -> None:
-    from keda_gpu_scaler.engines.simulated import EngineLoad, vllm_page
+    from keda_gpu_scaler.demo.engines import EngineLoad, vllm_page
 
     metadata = {"metric": "requests", "threshold": "8", "scalerAddress": "keda-gpu-scaler.keda:6000"}
     servers = [await make_exporter(vllm_page("llama", [EngineLoad(5 + i, i, 0.1)])) for i in range(3)]
@@ -596,7 +623,7 @@ async def test_inference_metrics_read_each_ready_target_pods_own_page(  # type: 
         cluster.kube.put(
             POD, pod(f"chat-{index}", NS, {"app": "chat"}, "node-a", ports=[("http", servers[index].port)])
         )
-    # Not ready yet: not a target, and its page is not read.
+    # Not ready yet: not a target and its page is not read; a starting pod (SPEC §4: counts as the target).
     cluster.kube.put(
         POD, pod("chat-2", NS, {"app": "chat"}, "node-a", ready=False, ports=[("http", servers[2].port)])
     )
@@ -610,7 +637,7 @@ async def test_inference_metrics_read_each_ready_target_pods_own_page(  # type: 
         response = await scaler.stub.GetMetrics(request)
         assert response.metricValues[0].metricValueFloat == expected
 
-    await eventually(lambda: total(5 + 7))
+    await eventually(lambda: total(5 + 7 + 8))
     scraped = cluster.scraped(scaler)
     assert servers[0].url in scraped and servers[1].url in scraped and servers[2].url not in scraped
     # A rollout step: chat-2 becomes ready, chat-0 goes away; its page is no longer scraped.
@@ -704,7 +731,7 @@ async def test_an_edit_of_the_scaled_object_is_seen_through_its_watch_without_a_
 async def test_pod_pages_follow_discovery_without_any_call_and_evaluation_wants_nothing(  # type: ignore[no-untyped-def]
     cluster: Cluster, kube_scaler, make_exporter
 ) -> None:
-    from keda_gpu_scaler.engines.simulated import EngineLoad, vllm_page
+    from keda_gpu_scaler.demo.engines import EngineLoad, vllm_page
 
     metadata = {"metric": "requests", "threshold": "8"}
     servers = [await make_exporter(vllm_page("llama", [EngineLoad(1, i, 0.1)])) for i in range(2)]

@@ -44,11 +44,18 @@ def _patch_files() -> set[Path]:
     return patches
 
 
+# Values for another project's Helm chart (llm-d's router) are not Kubernetes objects: test_wake_example.py
+# checks them.
 PLAIN_FILES = sorted(
     p
     for p in MANIFESTS.rglob("*.yaml")
-    if p.name != "kustomization.yaml" and p.resolve() not in _patch_files()
+    if p.name != "kustomization.yaml"
+    and p.resolve() not in _patch_files()
+    and not p.name.endswith("-values.yaml")
 )
+# The LLM examples, and the one HPA behavior they all take (manifests/components/llm-hpa-behavior).
+LLM_EXAMPLES = ("vllm-llm-serving", "vllm-wake-from-zero")
+HPA_BEHAVIOR = MANIFESTS / "components" / "llm-hpa-behavior" / "behavior.yaml"
 
 
 def validate(doc: dict[str, Any]) -> None:
@@ -175,7 +182,7 @@ def test_base_is_hardened_with_grpc_probes(rendered: dict[str, list[dict[str, An
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     (scaler,) = pod["containers"]
-    assert scaler["image"] == f"keda-gpu-scaler:{__version__}"
+    assert scaler["image"] == f"ghcr.io/keda-gpu-scaler/keda-gpu-scaler:{__version__}"
     assert scaler["livenessProbe"]["grpc"] == {"port": 6000, "service": "liveness"}
     assert scaler["readinessProbe"]["grpc"] == {"port": 6000, "service": "readiness"}
     security = scaler["securityContext"]
@@ -301,3 +308,35 @@ def test_every_environment_variable_is_a_flag() -> None:
         re.findall(rf"\b{ENV_PREFIX}[A-Z_]+\b", "\n".join(p.read_text() for p in MANIFESTS.rglob("*.yaml")))
     )
     assert used and used <= known, used - known
+
+
+@pytest.mark.parametrize("example", LLM_EXAMPLES)
+def test_every_llm_example_scales_with_the_one_hpa_behavior(
+    example: str, rendered: dict[str, list[dict[str, Any]]]
+) -> None:
+    wanted = yaml.safe_load(HPA_BEHAVIOR.read_text())["spec"]["advanced"]["horizontalPodAutoscalerConfig"]
+    scaled = [d for d in rendered[f"examples/{example}"] if d["kind"] == "ScaledObject"]
+    assert scaled
+    for doc in scaled:
+        assert doc["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == wanted["behavior"]
+        assert doc["spec"]["triggers"]  # the patch adds, it does not replace
+    up, down = wanted["behavior"]["scaleUp"], wanted["behavior"]["scaleDown"]
+    assert (up["stabilizationWindowSeconds"], up["selectPolicy"]) == (0, "Max")
+    assert {(p["type"], p["value"], p["periodSeconds"]) for p in up["policies"]} == {
+        ("Percent", 100, 15),
+        ("Pods", 4, 15),
+    }
+    assert down == {
+        "stabilizationWindowSeconds": 120,
+        "policies": [{"type": "Percent", "value": 50, "periodSeconds": 60}],
+    }
+
+
+def test_every_example_with_llm_triggers_is_an_llm_example() -> None:
+    llm_metrics = {"requests", "queue", "kv_cache", "pending"}
+    found = set()
+    for path in (MANIFESTS / "examples").rglob("scaledobject*.yaml"):
+        for doc in documents(path.read_text()):
+            if any(t["metadata"].get("metric") in llm_metrics for t in doc["spec"]["triggers"]):
+                found.add(path.parent.name)
+    assert found == set(LLM_EXAMPLES)

@@ -20,7 +20,6 @@ from certs import CertificateAuthority, write
 from prometheus_support import (
     JOBS,
     PASSWORD,
-    PROMETHEUS_BIN,
     USERNAME,
     ExporterThread,
     PrometheusProxy,
@@ -95,18 +94,6 @@ THROUGH_PROMETHEUS: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
-    if PROMETHEUS_BIN is None:
-        pytest.skip(
-            "no `prometheus` binary (Debian package prometheus; `make test` installs it where it can)"
-        )
-    server = PrometheusServer(tmp_path_factory.mktemp("prometheus"))
-    server.start()
-    yield server
-    server.stop()
-
-
 @dataclass
 class Fleet:
     exporters: list[ExporterServer]
@@ -125,8 +112,10 @@ def fleet(prometheus: PrometheusServer) -> Iterator[Fleet]:
         targets[job].append((address_of(exporter), operator_labels(f"nvidia-dcgm-exporter-{index}")))
     for job, group in targets.items():
         prometheus.set_targets(job, "fleet", group)
+    # Its own targets only: the session's Prometheus may still show another file's for a scrape or two.
+    instances = "|".join(address_of(exporter) for exporter in exporters)  # a dot matches itself too
     deadline = time.monotonic() + 60
-    while len(prometheus.query('up{job=~"operator|direct"} == 1')) < len(FLEET):
+    while len(prometheus.query(f'up{{job=~"operator|direct",instance=~"{instances}"}} == 1')) < len(FLEET):
         assert time.monotonic() < deadline, "Prometheus did not scrape the fleet in time"
         time.sleep(0.1)
     yield Fleet(exporters)

@@ -3,34 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from prometheus_support import PASSWORD, PROMETHEUS_BIN, USERNAME, PrometheusServer, address_of
+from prometheus_support import PASSWORD, USERNAME, PrometheusServer, address_of
 from support import ExporterServer, eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler.demo.epp import Queued, epp_page
 from keda_gpu_scaler.gateways import epp
-from keda_gpu_scaler.gateways.simulated import Queued, epp_page
 
 pytestmark = pytest.mark.prometheus
 
 # Collection every 0.5 s from a Prometheus scraping every 1 s: data may be up to 3 s old.
 INTERVAL, MAX_STALENESS = 0.5, 3.0
 PENDING = {"metric": "pending", "threshold": "4", "inferencePool": "chat-pool", "source": "prometheus"}
-
-
-@pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
-    if PROMETHEUS_BIN is None:
-        pytest.skip(
-            "no `prometheus` binary (Debian package prometheus; `make test` installs it where it can)"
-        )
-    server = PrometheusServer(tmp_path_factory.mktemp("prometheus-gateway"))
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
@@ -145,3 +134,21 @@ async def test_without_source_pending_reads_the_pickers_own_pages_even_where_pro
     metadata = {k: v for k, v in PENDING.items() if k != "source"}
     await value_is(scaler, 7, metadata)
     assert page.requests > 0
+
+
+async def test_requests_turned_away_between_two_answers_wake_the_workload(
+    scaler: Any, make_exporter: Any, targets: Any
+) -> None:
+    fixtures = Path(__file__).parent.parent / "fixtures" / "gateways"
+    before = (fixtures / "llm_d_epp_no_endpoints_before.prom").read_text()
+    after = (fixtures / "llm_d_epp_no_endpoints_after.prom").read_text()
+    page = await make_exporter(before)
+    targets((page, "llm", "chat-pool-epp-0"))
+    await value_is(scaler, 0)
+    assert (await scaler.stub.IsActive(ref())).result is False
+    page.page = after  # 5 turned away, none ever queued
+
+    async def woken() -> None:
+        assert (await scaler.stub.IsActive(ref())).result is True
+
+    await eventually(woken, timeout=20, interval=0.01)

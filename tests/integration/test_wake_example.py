@@ -1,17 +1,30 @@
-"""The waking-from-zero example: what its comments promise holds in its YAML."""
+"""The waking-from-zero example: it sits on llm-d's own router chart, and what its comments promise holds in
+its YAML (rendered with kustomize where it is a build)."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import yaml
+from test_manifests import find, kustomize
 
+from keda_gpu_scaler.settings import build_settings, env_values
 from keda_gpu_scaler.trigger import Metric, parse_trigger
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "manifests" / "examples" / "vllm-wake-from-zero"
+MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
+EXAMPLE = MANIFESTS / "examples" / "vllm-wake-from-zero"
 # A vLLM pod with warm caches is Ready after 65-85 s: the EPP must hold a request longer than that.
 COLD_START_SECONDS = 85
+# The release name the install command gives llm-d's router chart: the InferencePool's name.
+RELEASE = "chat-pool"
+# llm-d-router v0.10's default-plugins.yaml: its scorers and default profile, which the example keeps.
+DEFAULT_PROFILE = [
+    {"pluginRef": "queue-scorer", "weight": 2},
+    {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+    {"pluginRef": "prefix-cache-scorer", "weight": 3},
+]
 
 
 def _seconds(duration: str) -> float:
@@ -21,21 +34,84 @@ def _seconds(duration: str) -> float:
     return sum(float(n) * units[u] for n, u in parts)
 
 
-def test_scales_to_zero_and_wakes_on_the_pools_queue() -> None:
-    scaled = yaml.safe_load((EXAMPLE / "scaledobject.yaml").read_text())
+def _router_values() -> dict[str, Any]:
+    values: dict[str, Any] = yaml.safe_load((EXAMPLE / "llm-d-router-values.yaml").read_text())
+    return values
+
+
+def _epp_config() -> dict[str, Any]:
+    epp = _router_values()["router"]["epp"]
+    config: dict[str, Any] = yaml.safe_load(epp["pluginsCustomConfig"][epp["pluginsConfigFile"]])
+    return config
+
+
+def test_scales_to_zero_and_wakes_on_the_pool_llm_d_creates() -> None:
+    docs = kustomize(EXAMPLE)
+    scaled = find(docs, "ScaledObject")
     assert scaled["spec"]["minReplicaCount"] == 0
     specs = [parse_trigger(t["metadata"]) for t in scaled["spec"]["triggers"]]
-    assert [s.metric for s in specs] == [Metric.REQUESTS, Metric.PENDING]
+    # demand sizes (the pool's held requests included), pending wakes.
+    assert [s.metric for s in specs] == [Metric.DEMAND, Metric.PENDING]
     assert {t["type"] for t in scaled["spec"]["triggers"]} == {"external-push"}
-    pool = yaml.safe_load((EXAMPLE / "inferencepool.yaml").read_text())
-    assert specs[1].inference_pool == pool["metadata"]["name"]
-    assert pool["metadata"]["namespace"] == scaled["metadata"]["namespace"]
-    deployment = yaml.safe_load((EXAMPLE / "deployment.yaml").read_text())
-    assert pool["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert specs[0].inference_pool == specs[1].inference_pool == RELEASE
+    assert f"helm install {RELEASE} " in (EXAMPLE / "llm-d-router-values.yaml").read_text()
+    deployment = find(docs, "Deployment")
+    router = _router_values()["router"]
+    assert router["modelServers"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    container_ports = {
+        p["containerPort"] for c in deployment["spec"]["template"]["spec"]["containers"] for p in c["ports"]
+    }
+    assert {p["number"] for p in router["modelServers"]["targetPorts"]} <= container_ports
+    assert {d["metadata"]["namespace"] for d in docs if d["kind"] != "Namespace"} == {"llm"}
+
+
+def test_no_pool_or_epp_configuration_competes_with_llm_ds() -> None:
+    kinds = {d["kind"] for d in kustomize(EXAMPLE)}
+    assert kinds == {"Namespace", "Deployment", "ScaledObject"}  # no InferencePool, no unmounted ConfigMap
+    assert not (EXAMPLE / "inferencepool.yaml").exists() and not (EXAMPLE / "epp-config.yaml").exists()
 
 
 def test_the_endpoint_picker_queues_and_holds_requests_past_a_cold_start() -> None:
-    config_map = yaml.safe_load((EXAMPLE / "epp-config.yaml").read_text())
-    config = yaml.safe_load(config_map["data"]["config.yaml"])
+    config = _epp_config()
+    assert config["kind"] == "EndpointPickerConfig"
     assert "flowControl" in config["featureGates"]
     assert _seconds(config["flowControl"]["noEndpointRequestTTL"]) > COLD_START_SECONDS
+    # llm-d's default scheduling is kept: the file adds flow control, it does not replace the profile.
+    (profile,) = config["schedulingProfiles"]
+    assert profile == {"name": "default", "plugins": DEFAULT_PROFILE}
+    declared = {p["type"] for p in config["plugins"]}
+    assert {p["pluginRef"] for p in DEFAULT_PROFILE} <= declared
+
+
+def test_the_scaler_gets_a_token_that_may_only_read_metrics_allowed_over_plain_http() -> None:
+    assert _router_values()["router"]["monitoring"]["prometheus"]["auth"]["enabled"] is True
+    docs = kustomize(EXAMPLE / "scaler")
+    (container,) = find(docs, "Deployment", "keda-gpu-scaler")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    settings = build_settings(env_values(env))
+    assert settings.gateway_token_plain_http and settings.kubernetes == "on"
+    # The scaler mints short-lived tokens of the limited identity; no long-lived token Secret exists.
+    assert settings.gateway_token_file is None and settings.gateway_token_serviceaccount is not None
+    namespace, account = settings.gateway_token_serviceaccount
+    assert namespace == "keda" and not [d for d in docs if d["kind"] == "Secret"]
+    assert find(docs, "ServiceAccount", account)["automountServiceAccountToken"] is False
+    role = find(docs, "ClusterRole", account)
+    assert role["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    binding = find(docs, "ClusterRoleBinding", account)
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "keda"}]
+    minting = find(docs, "Role", f"{account}-token")
+    assert minting["metadata"]["namespace"] == "keda"
+    assert minting["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["serviceaccounts/token"],
+            "resourceNames": [account],
+            "verbs": ["create"],
+        }
+    ]
+    (subject,) = find(docs, "RoleBinding", f"{account}-token")["subjects"]
+    assert subject == {"kind": "ServiceAccount", "name": "keda-gpu-scaler", "namespace": "keda"}
+    assert binding["roleRef"]["name"] == account
+    assert not [
+        v for v in find(docs, "Deployment")["spec"]["template"]["spec"]["volumes"] if "projected" in v
+    ]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -10,9 +12,23 @@ from bench import soak_hostile, soak_registry
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 
 
-def test_registry_soak_arguments() -> None:
-    args = soak_registry.parser().parse_args(["--minutes", "3", "--objects", "500", "--ttl", "5"])
-    assert (args.minutes, args.objects, args.ttl, args.cap) == (3.0, 500, 5.0, 2000)
+def make_soak_arguments(module: str) -> list[str]:
+    """The arguments `make soak` runs `python -m <module>` with."""
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    for line in makefile.splitlines():
+        if f"-m {module} " not in line:
+            continue
+        words = shlex.split(line)
+        if module in words:
+            return words[words.index(module) + 1 :]
+    raise AssertionError(f"make soak does not run {module}")
+
+
+@pytest.mark.parametrize("soak", [soak_registry, soak_hostile])
+def test_the_soaks_accept_the_command_lines_make_soak_runs(soak: Any) -> None:
+    arguments = make_soak_arguments(soak.__name__)
+    args = soak.parser().parse_args(arguments)
+    assert args.minutes == float(arguments[arguments.index("--minutes") + 1])
 
 
 def test_registry_soak_names_are_distinct_kubernetes_names() -> None:
@@ -37,9 +53,7 @@ def test_write_section_replaces_its_own_block_and_keeps_the_rest(tmp_path: Path)
     assert "two" in text and "one" not in text and text.index("## A") < text.index("## B")
 
 
-def test_hostile_soak_arguments_and_variants() -> None:
-    args = soak_hostile.parser().parse_args(["--minutes", "2.5", "--exporters", "big", "--rate", "0"])
-    assert (args.minutes, args.exporters, args.rate, args.role) == (2.5, "big", 0.0, "soak")
+def test_hostile_soak_variants() -> None:
     assert soak_hostile.variant(list(soak_hostile.HOSTILE_EXPORTERS), soak_hostile.HOSTILE_RATE) == ""
     assert soak_hostile.variant(["big"], 0) == "big-rate0"
 
@@ -57,15 +71,15 @@ def test_the_manifests_memory_limit_is_read() -> None:
     assert soak_hostile.memory_limit_mib() == 512
 
 
-def test_every_cache_switch_of_the_caches_benchmark_is_a_seam_that_is_on() -> None:
-    import importlib
+def test_every_switch_of_the_caches_benchmark_replaces_a_part_of_the_scaler_and_puts_it_back() -> None:
+    """The property tests of tests/unit/test_cached_paths.py compare each cache with its simple version
+    through these switches: a switch that replaced nothing would compare the cache with itself."""
+    from bench import cache_switches
 
-    from bench.bench_caches import SWITCHES
-
-    for _, switch, _ in SWITCHES:
-        module, _, path = switch.partition(":")
-        owner: object = importlib.import_module(module)
-        *parents, attribute = path.split(".")
-        for parent in parents:
-            owner = getattr(owner, parent)
-        assert getattr(owner, attribute) is True, switch
+    for name in [*cache_switches.SWITCHES, *cache_switches.POLICIES]:
+        replaced = [(owner, attribute) for owner, attribute, _ in cache_switches._PATCHES[name]()]
+        before = [getattr(owner, attribute) for owner, attribute in replaced]
+        with cache_switches.switched_off(name):
+            during = [getattr(owner, attribute) for owner, attribute in replaced]
+        assert replaced and all(a != b for a, b in zip(before, during, strict=True)), name
+        assert [getattr(owner, attribute) for owner, attribute in replaced] == before, name

@@ -1,5 +1,6 @@
-"""The caches against the simple version: whatever happens, a cached path answers what the path without the
-cache answers (the caches are switched off through the same seams the caches benchmark uses)."""
+"""The unchanged-page digest against the simple version: whatever happens, the
+cached path answers what reading every page whole answers (the simple version is the one the caches
+benchmark measures: bench/cache_switches.py)."""
 
 from __future__ import annotations
 
@@ -10,129 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import GpuLine, dcgm_page
 
-from keda_gpu_scaler import trigger
+from bench.cache_switches import switched_off
 from keda_gpu_scaler.collect.http import FetchError
 from keda_gpu_scaler.collect.interest import Interest
 from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
-from keda_gpu_scaler.collect.store import Page, Store
-from keda_gpu_scaler.discovery.targets import Targets
-from keda_gpu_scaler.errors import ConfigError, NoData
-from keda_gpu_scaler.evaluator import Evaluator
+from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.metrics import Telemetry
-from keda_gpu_scaler.registry import Followed, Subscription
-from keda_gpu_scaler.trigger import TriggerSpec, parse_trigger
-from keda_gpu_scaler.vendors import Family, GpuReading
-
-EXPORTERS = ["http://node-a/metrics", "http://node-b/metrics", "http://node-c/metrics"]
-PODS = ["vllm-0", "vllm-1", "vllm-2", "other-0"]
-SPECS = [
-    parse_trigger({"threshold": "50", "podNamePrefix": "vllm-"}),
-    parse_trigger({"threshold": "50", "podNamePrefix": "vllm-", "metric": "memory"}),
-]
-
-
-class FixedTargets:
-    """Discovery as the evaluator sees it: the target pods now (changed by the test), or failing."""
-
-    def __init__(self) -> None:
-        self.pods: frozenset[str] | None = frozenset(PODS[:3])
-
-    def check(self, spec: TriggerSpec) -> None:
-        pass
-
-    def track(self, namespace: str, name: str, spec: TriggerSpec) -> None:
-        pass
-
-    def resolve(self, namespace: str, name: str, spec: TriggerSpec) -> Targets:
-        if self.pods is None:
-            raise NoData("discovery is failing")
-        return Targets(self.pods, "AverageValue")
-
-    def forget(self, namespace: str, name: str) -> None:
-        pass
-
-
-def readings(contents: list[tuple[str, int, int]]) -> list[GpuReading]:
-    return [
-        GpuReading(Family.NVIDIA, "llm", pod, f"GPU-{gpu}", "node", float(value), None, False, float(value))
-        for pod, gpu, value in contents
-    ]
-
-
-class Scaler:
-    """A store and an evaluator, with every cache of theirs on (the product) or off (the simple version)."""
-
-    def __init__(self, cached: bool, now: list[float], kubernetes: bool) -> None:
-        self.store = Store()
-        self.evaluator = Evaluator(
-            store=self.store,
-            telemetry=Telemetry(),
-            max_staleness=10.0,
-            clock=lambda: now[0],
-            targets=FixedTargets() if kubernetes else None,
-        )
-        if not cached:
-            self.store.keep_views = self.store.keep_freshness = False
-            self.evaluator.reuse_evaluations = False
-        self.followed = Followed("llm", "chat", now[0])
-
-    def answer(self, spec: TriggerSpec) -> tuple[Any, ...]:
-        try:
-            self.followed.triggers.setdefault(spec, Subscription(spec, 0.0))  # as Registry.follow does
-            evaluation = self.evaluator.evaluate(self.followed, spec)
-        except NoData as error:
-            return ("no data", str(error))
-        return (evaluation.value, evaluation.active, evaluation.pod_rows, evaluation.missing_pods)
-
-
-OPERATIONS = st.lists(
-    st.tuples(
-        st.sampled_from(["page", "same page", "unattributed", "fail", "remove", "wait", "targets"]),
-        st.sampled_from(EXPORTERS),
-        st.lists(
-            st.tuples(st.sampled_from(PODS), st.integers(0, 1), st.sampled_from([0, 30, 90])), max_size=3
-        ),
-        st.floats(0, 12),
-        st.booleans(),  # asked right after this step
-    ),
-    max_size=40,
-)
-
-
-@settings(max_examples=300, deadline=None)
-@given(OPERATIONS, st.booleans())
-def test_the_cached_evaluations_answer_as_evaluating_every_call(
-    operations: list[Any], kubernetes: bool
-) -> None:
-    """The evaluation memo, the store's kept views and freshness, against an evaluator and a
-    store that keep nothing: through pages changing and renewed unchanged, exporters failing, recovering,
-    losing their pod labels and going away, target pods coming and going, and time passing."""
-    now = [1000.0]
-    cached, simple = Scaler(True, now, kubernetes), Scaler(False, now, kubernetes)
-    last: dict[str, list[tuple[str, int, int]]] = {}
-    for what, source, contents, seconds, ask in operations:
-        for scaler in (cached, simple):
-            store = scaler.store
-            if what == "page":
-                store.record_page(Page.from_readings(source, now[0], readings(contents)))
-            elif what == "same page":
-                store.record_page(Page.from_readings(source, now[0], readings(last.get(source, []))))
-            elif what == "unattributed":
-                store.record_page(Page.from_readings(source, now[0], (), gpu_series=True))
-            elif what == "fail":
-                store.record_failure(source, "HTTP 500")
-            elif what == "remove":
-                store.remove_source(source)
-            elif what == "targets" and isinstance(targets := scaler.evaluator._targets, FixedTargets):
-                chosen = frozenset(pod for pod, _, _ in contents)
-                targets.pods = None if seconds > 10 else chosen
-        if what == "page":
-            last[source] = contents
-        elif what == "wait":
-            now[0] += seconds
-        if ask:
-            for spec in SPECS:
-                assert cached.answer(spec) == simple.answer(spec), (what, now[0])
 
 
 class ScriptedFetcher:
@@ -154,7 +38,7 @@ class ScriptedFetcher:
         pass
 
 
-def collector(cached: bool, fetcher: ScriptedFetcher, now: list[float]) -> tuple[ScrapeCollector, Store]:
+def collector(fetcher: ScriptedFetcher, now: list[float]) -> tuple[ScrapeCollector, Store]:
     store = Store()
     scraper = ScrapeCollector(
         store=store,
@@ -164,8 +48,6 @@ def collector(cached: bool, fetcher: ScriptedFetcher, now: list[float]) -> tuple
         clock=lambda: now[0],
         fetcher=fetcher,
     )
-    if not cached:
-        scraper.reuse_unchanged_pages = False
     return scraper, store
 
 
@@ -202,8 +84,8 @@ def test_pages_read_through_the_unchanged_page_digest_read_as_read_whole_every_t
 
     async def scenario() -> None:
         fetcher = ScriptedFetcher()
-        cached, cached_store = collector(True, fetcher, now)
-        simple, simple_store = collector(False, fetcher, now)
+        cached, cached_store = collector(fetcher, now)
+        simple, simple_store = collector(fetcher, now)
         for url, what, gpus in scrapes:
             now[0] += 1
             if what == "page":
@@ -216,7 +98,9 @@ def test_pages_read_through_the_unchanged_page_digest_read_as_read_whole_every_t
                 cached.remove(url)
                 simple.remove(url)
                 continue
-            assert await cached.scrape_once(url) == await simple.scrape_once(url)
+            with switched_off("unchanged-page digest"):
+                read_whole = await simple.scrape_once(url)
+            assert await cached.scrape_once(url) == read_whole
             for namespace in ("llm", "embed"):
                 kept, read = (
                     cached_store.view(namespace, now[0], 10.0),
@@ -230,34 +114,3 @@ def test_pages_read_through_the_unchanged_page_digest_read_as_read_whole_every_t
                 )
 
     asyncio.run(scenario())
-
-
-METADATA = st.dictionaries(
-    st.sampled_from(
-        ["threshold", "activationThreshold", "podNamePrefix", "metric", "aggregation", "vendor", "x"]
-    ),
-    st.sampled_from(
-        ["70", "0", "1e3", "-1", "nan", "sum", "mean", "memory", "nvidia", "vllm-", "", "web-\n"]
-    ),
-    max_size=6,
-)
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(METADATA, max_size=8))
-def test_a_cached_trigger_parse_reads_as_a_new_parse(calls: list[dict[str, str]]) -> None:
-    """The parse cache against parsing every call: the same spec, or the same error, for any metadata."""
-
-    def outcome(metadata: dict[str, str]) -> TriggerSpec | str:
-        try:
-            return parse_trigger(metadata)
-        except ConfigError as error:
-            return f"ConfigError: {error}"
-
-    cached = [outcome(metadata) for metadata in calls + calls]
-    trigger.CACHE_PARSES = False
-    try:
-        parsed = [outcome(metadata) for metadata in calls + calls]
-    finally:
-        trigger.CACHE_PARSES = True
-    assert cached == parsed

@@ -16,6 +16,7 @@ from support import tgi_page
 
 from keda_gpu_scaler.collect.prometheus_answer import inference_pods, parse_vector, samples_with_times
 from keda_gpu_scaler.collect.promql import TIMESTAMP_LABEL, any_of, values_and_times
+from keda_gpu_scaler.demo import engines as simulated
 from keda_gpu_scaler.engines import (
     ENGINE_CHOICES,
     ENGINE_SAMPLE_NAMES,
@@ -32,7 +33,6 @@ from keda_gpu_scaler.engines import (
     pod_reading,
     recognise,
     sglang,
-    simulated,
     supported_metrics,
     tgi,
     triton,
@@ -311,7 +311,9 @@ def test_fixture_pages(
 
 
 def test_every_fixture_is_covered() -> None:
-    covered = {case.values[0] for case in FIXTURE_CASES} | {"prometheus_federate_engines.prom"}
+    # The demand_ pages are read for their counters (test_demand_engines).
+    demand = {path.name for path in FIXTURES.glob("demand_*.prom")}
+    covered = {case.values[0] for case in FIXTURE_CASES} | {"prometheus_federate_engines.prom"} | demand
     assert covered >= {"sglang_router_underscore.prom", "llamacpp.prom", "trtllm_serve.prom"}
     assert covered == {path.name for path in FIXTURES.glob("*.prom")}
 
@@ -370,13 +372,18 @@ def test_value_for_rejects_an_unknown_metric() -> None:
 
 def test_engine_choices_and_supported_metrics() -> None:
     assert ENGINE_CHOICES == ("auto", "vllm", "sglang", "tgi", "triton", "trtllm", "llamacpp")
-    every = (InferenceMetric.REQUESTS, InferenceMetric.QUEUE, InferenceMetric.KV_CACHE)
+    every = (
+        InferenceMetric.REQUESTS,
+        InferenceMetric.QUEUE,
+        InferenceMetric.KV_CACHE,
+        InferenceMetric.DEMAND,
+    )
     assert {choice: supported_metrics(choice) for choice in ENGINE_CHOICES} == {
         "auto": every,
         "vllm": every,
         "sglang": every,
-        "tgi": (InferenceMetric.REQUESTS, InferenceMetric.QUEUE),
-        "triton": (InferenceMetric.QUEUE,),
+        "tgi": (InferenceMetric.REQUESTS, InferenceMetric.QUEUE, InferenceMetric.DEMAND),
+        "triton": (InferenceMetric.QUEUE, InferenceMetric.DEMAND),
         "trtllm": every,
         # Later builds print no KV-cache gauge: a named llamacpp can promise requests and queue only.
         "llamacpp": (InferenceMetric.REQUESTS, InferenceMetric.QUEUE),
@@ -389,7 +396,7 @@ def test_engine_choices_and_supported_metrics() -> None:
     assert not engine_supports(Engine.TGI, InferenceMetric.KV_CACHE)
     assert engine_supports("auto", "kv_cache")
     assert unsupported_message("triton", "requests") == (
-        "engine triton does not export what metric requests needs; with triton use: queue"
+        "engine triton does not export what metric requests needs; with triton use: queue, demand"
     )
     with pytest.raises(ValueError):
         supported_metrics("ollama")
@@ -435,7 +442,8 @@ def test_what_a_reading_lacks_matches_what_the_engine_supports() -> None:
         assert any(not module.sample_names.isdisjoint(s.name for s in page(f)) for _, f in pages), module
     for engine, fixture in pages:
         reading = pod_reading(page(fixture), engine)
-        for metric in InferenceMetric:
+        # demand reads counters besides the gauges: test_demand_engines checks its half.
+        for metric in (m for m in InferenceMetric if m is not InferenceMetric.DEMAND):
             value = value_for(reading, metric)
             lacks = isinstance(value, Missing) and value.kind is MissingKind.NOT_EXPORTED
             assert lacks is not engine_supports(engine, metric), (engine, metric)
@@ -1017,3 +1025,16 @@ def test_a_family_declared_with_another_type_is_named() -> None:
         "# TYPE sglang:token_usage untyped"
     )
     assert wrong_types(text) == {"vllm:num_requests_waiting": "counter", "tgi_queue_size": "summary"}
+
+
+def test_a_named_engine_on_another_engines_page_says_what_the_page_is() -> None:
+    reading = pod_reading(page("vllm_v1.prom"), "sglang")
+    assert reading.engine is Engine.SGLANG
+    for value in (reading.waiting, reading.running, reading.kv_cache):
+        assert isinstance(value, Missing) and value.kind is MissingKind.FAMILY_ABSENT
+        assert value.reason.endswith(
+            f"; the page is recognised as engine vllm (it carries {vllm.WAITING}): set engine: vllm or auto"
+        ), value.reason
+    # A page of no engine at all has nothing to name.
+    bare = pod_reading([], "sglang")
+    assert isinstance(bare.waiting, Missing) and "recognised" not in bare.waiting.reason

@@ -10,6 +10,7 @@ import pytest
 from keda_gpu_scaler.collect import scrape
 from keda_gpu_scaler.collect.gateway_source import gateway_reader
 from keda_gpu_scaler.collect.scrape import NotOurPage, read_page
+from keda_gpu_scaler.demo.epp import Queued, epp_page
 from keda_gpu_scaler.gateways import (
     GatewayProblem,
     NotAGatewayPage,
@@ -21,7 +22,6 @@ from keda_gpu_scaler.gateways import (
     read_queue,
     wrong_types,
 )
-from keda_gpu_scaler.gateways.simulated import Queued, epp_page
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "gateways"
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
@@ -43,6 +43,10 @@ QUEUE_CASES = [
     ("llm_d_epp_both_names.prom", None, 3),
     ("llm_d_epp_flow_control_idle.prom", None, 0),
     ("llm_d_epp_nan.prom", QWEN, 2),
+    ("gie_epp_flow_control_idle.prom", None, 0),
+    ("llm_d_epp_sharded.prom", None, 8),
+    ("llm_d_epp_no_endpoints_before.prom", None, 0),
+    ("llm_d_epp_no_endpoints_after.prom", None, 0),
 ]
 
 
@@ -209,7 +213,7 @@ def test_client_golangs_layout_takes_the_fast_path() -> None:
         epp_page("chat-pool", {Queued(f"m{i}", f"t{i % 3}", str(i % 2)): i for i in range(30)}),
         (FIXTURES / "llm_d_epp_v0_10.prom").read_text(),
     ):
-        lines = epp._count_lines(text, epp.QUEUE)
+        lines = epp._count_lines(text, epp.QUEUE, epp._indentation(text))
         assert lines > 0 and epp._fast_columns(text, epp.QUEUE, lines) is not None
 
 

@@ -111,8 +111,11 @@ def test_an_answer_counted_over_the_limit_is_refused_undecoded(monkeypatch) -> N
         parse_vector(vector(11))
 
 
-def test_the_element_limit_is_far_above_a_namespace_of_1000_gpu_pods() -> None:
-    assert 10_000 <= MAX_ANSWER_ELEMENTS <= 50_000
+def test_an_answer_for_a_namespace_of_1000_gpu_pods_is_read_and_a_far_larger_one_refused() -> None:
+    """At the default limit: 1,000 pods of 8 GPUs (a series each) are read; 100,000 series are refused."""
+    assert len(parse_vector(vector(8_000))[0]) == 8_000
+    with pytest.raises(PrometheusError, match=r"more than [\d,]+ vector elements"):
+        parse_vector(vector(100_000))
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,8 @@
 """The LLM-serving simulator's invariants: requests are conserved, no pod means no GPU-seconds, its HPA uses
-the product's formula, runs repeat with a seed, and a bad trace file is refused with one clear line."""
+the product's formula, runs repeat with a seed, a bad trace file is refused with one clear line; and its
+fidelity rules: starting pods are not missing pods, KV fills as tokens are generated and preempts when
+full, the gateway holds requests while every pod is saturated, a failing trigger forbids a scale-down,
+the scale-up limit counts only scale-ups, cold starts come from a range, and the Pareto judge."""
 
 from __future__ import annotations
 
@@ -15,15 +18,27 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.simulator.__main__ import main  # noqa: E402
-from bench.simulator.llm_fleet import Fleet, ServerModel  # noqa: E402
-from bench.simulator.llm_policies import POD_RATE, make_policy  # noqa: E402
-from bench.simulator.llm_run import simulate_llm  # noqa: E402
+from bench.simulator.autoscaling import Behavior, Hpa  # noqa: E402
+from bench.simulator.llm_demand import pod_rates, with_mean_of_others  # noqa: E402
+from bench.simulator.llm_fleet import Fleet, Pod, Request, ServerModel, Tally  # noqa: E402
+from bench.simulator.llm_policies import (  # noqa: E402
+    POD_RATE,
+    DemandTrigger,
+    LlmPolicy,
+    OracleTrigger,
+    Trigger,
+    demand_threshold,
+    make_policy,
+)
+from bench.simulator.llm_run import LlmRun, simulate_llm  # noqa: E402
 from bench.simulator.llm_signals import Page, Signals, Timing, View  # noqa: E402
+from bench.simulator.llm_study import extend, versus  # noqa: E402
 from bench.simulator.llm_traces import (  # noqa: E402
     LlmTrace,
     Segment,
     TraceFileError,
     draw_arrivals,
+    mix_shift_trace,
     read_trace,
 )
 from keda_gpu_scaler.scaling import hpa_desired_replicas  # noqa: E402
@@ -65,7 +80,7 @@ def test_scaled_to_zero_after_the_cooldown_once_requests_stop() -> None:
 
 def signals_with(pages: dict[str, Page], starting: tuple[str, ...] = ()) -> Signals:
     signals = Signals(Timing())
-    signals.direct = View(0.0, pages, tuple(pages) + starting, 0, {})
+    signals.direct = View(0.0, pages, tuple(pages), starting, 0, {})
     return signals
 
 
@@ -164,6 +179,8 @@ def test_the_json_has_one_object_per_trace_and_policy_with_the_named_fields(
         "gpu_seconds",
         "waiting_request_seconds",
         "p95_wait_seconds",
+        "ttft_p95_seconds",
+        "ms_per_output_token",
         "dropped_requests",
         "scale_changes",
     ):
@@ -175,3 +192,183 @@ def test_the_gpu_simulator_still_runs_from_the_command_line(capsys: pytest.Captu
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 5 * 4  # five traces, four GPU metrics
     assert lines[0].startswith("step     (a) keda-gpu-scaler")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Fidelity rules.
+
+
+def test_starting_pods_are_starting_not_missing_as_spec_4_now_counts_them() -> None:
+    # The issue's example: 7 fresh pods holding 650, 6 pods starting, target 50 → 13 (the old rule: 19).
+    pages = {f"vllm-{i}": Page(93 if i < 6 else 92, 0, 0.3) for i in range(7)}
+    starting = tuple(f"vllm-{i}" for i in range(7, 13))
+    assert make_policy("requests").desired(signals_with(pages, starting), 13) == 13
+    # u ≤ 1: a starting pod counts as the target, so it can never cause a scale-down: 20 + 20 + 50 → 2.
+    two = {"vllm-0": Page(20, 0, 0.1), "vllm-1": Page(20, 0, 0.1)}
+    assert make_policy("requests").desired(signals_with(two, ("vllm-2",)), 3) == 2
+    # Many starting pods beside few Ready ones: still an answer (the half-fresh rule is over Ready pods).
+    busy = {"vllm-0": Page(200, 0, 0.3), "vllm-1": Page(200, 0, 0.3)}
+    starting = tuple(f"vllm-{i}" for i in range(2, 9))
+    assert make_policy("requests").desired(signals_with(busy, starting), 9) == 9
+    # All starting: UNAVAILABLE, never 0.
+    assert make_policy("requests").desired(signals_with({}, ("vllm-0",)), 1) is None
+
+
+class _Fixed(Trigger):
+    def __init__(self, value: float | None, threshold: float = 10.0) -> None:
+        self.fixed, self.threshold = value, threshold
+
+    def value(self, signals: Signals) -> float | None:
+        return self.fixed
+
+
+def test_a_failing_trigger_forbids_a_scale_down_but_not_a_scale_up() -> None:
+    signals = signals_with({})
+    assert LlmPolicy("p", [_Fixed(20.0), _Fixed(None)]).desired(signals, 5) == 5  # alone it asks for 2
+    assert LlmPolicy("p", [_Fixed(20.0)]).desired(signals, 5) == 2
+    assert LlmPolicy("p", [_Fixed(80.0), _Fixed(None)]).desired(signals, 5) == 8
+    assert LlmPolicy("p", [_Fixed(None)]).desired(signals, 5) is None
+
+
+def test_the_scale_up_limit_counts_only_scale_ups() -> None:
+    hpa = Hpa(Behavior(down_window=0.0), 1, 50, 0.0, 8)
+    assert hpa.decide(0.0, 8, 4) == 4  # a scale-down in this period
+    # From 4: max(4 + 4 pods, 4 × 2) = 8. Counting the scale-down as a negative scale-up would allow 16.
+    assert hpa.decide(5.0, 4, 30) == 8
+
+
+def _pod(model: ServerModel) -> tuple[Pod, Tally]:
+    return Pod("vllm-0", 0.0, 0.0, model), Tally()
+
+
+def test_kv_blocks_are_taken_for_the_prompt_and_grow_as_tokens_are_generated() -> None:
+    model = dataclasses.replace(ServerModel(), kv_capacity_tokens=1000, kv_watermark=0.0)
+    pod, tally = _pod(model)
+    for _ in range(2):
+        pod.enqueue(Request(0.0, 400, 500), 0.0, tally)
+    assert pod.batch == 2  # prompt + output (1,800) would not fit; the prompts (800) do
+    assert pod.kv_used() == 800
+    pod.advance(0.25, 0.25, tally)  # ~30 decode steps: 30 tokens each
+    assert 800 < pod.kv_used() <= 1000
+
+
+def test_a_full_kv_cache_preempts_the_newest_request_which_still_finishes() -> None:
+    model = dataclasses.replace(ServerModel(), kv_capacity_tokens=1000, kv_watermark=0.0)
+    pod, tally = _pod(model)
+    first, second = Request(0.0, 400, 500), Request(0.0, 400, 500)
+    pod.enqueue(first, 0.0, tally)
+    pod.enqueue(second, 0.0, tally)
+    now = 0.0
+    while tally.completed < 2 and now < 60:
+        now += 0.25
+        pod.advance(now, 0.25, tally)
+        assert pod.kv_used() <= 1000 or pod.batch == 1
+    assert tally.preempted >= 1
+    assert tally.completed == 2 and pod.inflight == 0
+    assert second.generated > 0  # it was the newer one: preempted after generating some tokens
+
+
+def test_the_gateway_holds_requests_while_every_ready_pod_is_saturated_and_drops_after_its_ttl() -> None:
+    model = dataclasses.replace(ServerModel(), batch_limit=1, gateway_ttl=10.0)
+    fleet = Fleet(model, 1, 0.0)
+    for _ in range(20):
+        fleet.arrive(Request(0.0, 100, 10_000))  # one runs; the pod queues up to its threshold
+    pod = fleet.pods[0]
+    assert pod.waiting == model.saturation_queue + 1  # 6 waiting: saturated (> 5), the rest held
+    assert len(fleet.gateway) == 20 - 1 - pod.waiting
+    fleet.step(11.0, 11.0)
+    assert fleet.tally.dropped == len([r for r in fleet.tally.waits if r == 10.0]) > 0
+    assert fleet.tally.arrived == fleet.tally.completed + fleet.tally.dropped + fleet.in_system()
+
+
+def test_cold_starts_come_from_the_warm_range_and_longer_when_a_node_must_be_provisioned() -> None:
+    model = ServerModel()
+    fleet = Fleet(model, 1, 0.0, seed=4)
+    fleet.resize(1 + model.node_spare + 3, 0.0)
+    starts = sorted(p.ready_at for p in fleet.pods[1:])
+    warm, cold = starts[: model.node_spare], starts[model.node_spare :]
+    assert all(model.warm_start[0] <= s <= model.warm_start[1] for s in warm)
+    assert all(model.warm_start[0] + model.node_start[0] <= s for s in cold)
+    assert len(set(starts)) == len(starts)  # drawn, not one constant
+
+
+def test_demand_is_finished_plus_the_in_flight_change_over_the_window() -> None:
+    views = [
+        View(0.0, {"vllm-0": Page(10, 0, 0.1, finished=100)}),
+        View(30.0, {"vllm-0": Page(12, 0, 0.1, finished=130), "vllm-1": Page(1, 0, 0.0, finished=0)}),
+        View(60.0, {"vllm-0": Page(15, 5, 0.1, finished=160), "vllm-1": Page(4, 0, 0.0, finished=3)}),
+    ]
+    spec = make_policy("demand", window=60.0).triggers[0]
+    assert isinstance(spec, DemandTrigger)
+    rates = pod_rates(views, spec.spec)
+    assert rates["vllm-0"] == pytest.approx((60 + 10) / 60)
+    assert rates["vllm-1"] == pytest.approx((3 + 3) / 30)  # younger than the window: its own span
+    assert pod_rates(views[:2], spec.spec)["vllm-1"] is None  # one sample: no rate yet
+    assert with_mean_of_others({"a": 2.0, "b": None, "c": 4.0}) == {"a": 2.0, "b": 3.0, "c": 4.0}
+    assert with_mean_of_others({"a": None}) is None
+
+
+def test_pending_requests_add_to_demand_in_tokens_at_the_pods_tokens_per_request() -> None:
+    views = [
+        View(0.0, {"vllm-0": Page(10, 0, 0.1, finished=0, prompt_tokens=0, generation_tokens=0.0)}),
+        View(
+            30.0, {"vllm-0": Page(10, 0, 0.1, finished=30, prompt_tokens=30_000, generation_tokens=6_000.0)}
+        ),
+    ]
+    requests = make_policy("demand+pending", window=30.0, threshold=1.0).triggers[0]
+    tokens = make_policy("demand-tokens+pending", window=30.0, weight=1.0, threshold=1.0).triggers[0]
+    assert isinstance(requests, DemandTrigger) and isinstance(tokens, DemandTrigger)
+    signals = signals_with(views[-1].pages)
+    signals.scrapes.extend(views)
+    signals.pending_history.extend([(0.0, 0), (30.0, 300)])
+    # 1 req/s at the pods; 300 pending grew by 10/s and clear in one window: + 10 + 10.
+    assert requests.value(signals) == pytest.approx(1 + 20)
+    # In tokens each request is 1,200 weighted tokens: the pending part is weighed the same.
+    assert tokens.value(signals) == pytest.approx(1_200 * (1 + 20))
+
+
+def test_the_pareto_judge_beats_only_beyond_the_noise() -> None:
+    def runs(gpu: list[float], wait: list[float]) -> list[LlmRun]:
+        made = []
+        for g, w in zip(gpu, wait, strict=True):
+            made.append(LlmRun(WAKE, make_policy("requests"), 60.0, gpu_seconds=g, waiting_request_seconds=w))
+        return made
+
+    ours = runs([100, 110, 90, 105, 95], [10_000, 12_000, 9_000, 11_000, 10_000])
+    cheaper = runs([80, 88, 72, 84, 76], [10_000, 12_000, 9_000, 11_000, 10_000])
+    assert versus(ours, cheaper).beaten and versus(cheaper, ours).beats
+    cheaper_but_waits = runs([80, 88, 72, 84, 76], [20_000, 24_000, 18_000, 22_000, 20_000])
+    assert not versus(ours, cheaper_but_waits).beaten
+    within_noise = runs([98, 108, 89, 103, 94], [9_900, 11_800, 9_000, 10_900, 10_000])
+    assert not versus(ours, within_noise).beaten
+    noisy = runs([60, 150, 60, 150, 60], [10_000, 12_000, 9_000, 11_000, 10_000])
+    assert not versus(ours, noisy).beaten  # cheaper on average, but not beyond the seeds' spread
+
+
+def test_oracle_sizes_at_each_mixs_capacity() -> None:
+    trace = mix_shift_trace(POD_RATE)
+    oracle = make_policy("oracle", trace=trace)
+    trigger = oracle.triggers[0]
+    assert isinstance(trigger, OracleTrigger)
+    chat, rag = trace.segments[0], trace.segments[1]
+    assert trigger.needed(10.0) == pytest.approx(chat.rate / demand_threshold())
+    assert trigger.needed(rag.start + 10) > 2 * rag.rate / demand_threshold()  # long prompts: fewer per pod
+    with pytest.raises(ValueError, match="needs the trace"):
+        make_policy("clairvoyant")
+
+
+@pytest.mark.parametrize("window", ["1", "9", "601", "nan"])
+def test_a_window_outside_its_range_is_refused_naming_it(
+    window: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["llm", "--json", "--policy", "demand", "--window", window])
+    assert exit_.value.code == 2
+    assert f"--window {window}: must be between 10 and 600 seconds" in capsys.readouterr().err
+
+
+def test_more_seeds_add_to_the_runs_of_the_first_instead_of_replacing_them() -> None:
+    first, second, other = (run(WAKE, "requests", seed=s) for s in (1, 2, 3))
+    runs = extend({("wake", "requests"): [first]}, {("wake", "requests"): [second], ("wake", "x"): [other]})
+    assert runs[("wake", "requests")] == [first, second]
+    assert runs[("wake", "x")] == [other]

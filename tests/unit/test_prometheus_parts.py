@@ -52,13 +52,13 @@ from keda_gpu_scaler.collect.promql import (
     up_query,
 )
 from keda_gpu_scaler.collect.store import SourceKind, Store
+from keda_gpu_scaler.demo import engines as simulated
 from keda_gpu_scaler.engines import (
     ENGINE_SAMPLE_NAMES,
     Engine,
     PodSamples,
     llamacpp,
     pod_reading,
-    simulated,
     trtllm_serve,
 )
 from keda_gpu_scaler.exposition import Sample, parse_exposition

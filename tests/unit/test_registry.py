@@ -14,7 +14,7 @@ from keda_gpu_scaler.errors import (
     TooManyScaledObjects,
     TooManyStreams,
 )
-from keda_gpu_scaler.registry import MAX_TRIGGERS_PER_SCALEDOBJECT, ROOM_AFTER_SECONDS, Memo, Registry
+from keda_gpu_scaler.registry import MAX_TRIGGERS_PER_SCALEDOBJECT, ROOM_AFTER_SECONDS, Explanation, Registry
 from keda_gpu_scaler.scaling import evaluate
 from keda_gpu_scaler.service import status_for
 from keda_gpu_scaler.trigger import Aggregation, TriggerSpec, parse_trigger
@@ -85,7 +85,7 @@ def test_ttl_forgets_every_piece_of_state_together() -> None:
     clock = Clock()
     registry, tracker, forgotten = make_registry(clock, ttl=600)
     entry = registry.follow("llm", "old", SPEC)
-    entry.triggers[SPEC].memo = Memo(1, 1, None, float("inf"), EVALUATION)
+    entry.triggers[SPEC].explanation = Explanation(SPEC, 0.0, EVALUATION, None)
     entry.triggers[SPEC].metric_labels = ("llm", "old", "gpu-utilization")
     clock.now += 300
     registry.follow("llm", "young", SPEC)
@@ -95,10 +95,10 @@ def test_ttl_forgets_every_piece_of_state_together() -> None:
     assert registry.get("llm", "young") is not None
     assert tracker.forgotten == [("llm", "old")]
     assert forgotten == ["old"]
-    # A call for it again starts from nothing: no memo, no labels, no notes survive.
+    # A call for it again starts from nothing: no explanation, no labels, no notes survive.
     again = registry.follow("llm", "old", SPEC)
     assert again is not entry
-    assert again.triggers[SPEC].memo is None and again.triggers[SPEC].metric_labels is None
+    assert again.triggers[SPEC].explanation is None and again.triggers[SPEC].metric_labels is None
 
 
 def test_a_call_keeps_a_scaledobject_alive() -> None:
@@ -188,15 +188,6 @@ class NewKindOfNoData(NoData):
 )
 def test_errors_map_along_the_class_hierarchy(error: Exception, code: grpc.StatusCode) -> None:
     assert status_for(error) is code
-
-
-def test_memo_is_right_only_while_nothing_it_depends_on_moved() -> None:
-    memo = Memo(version=3, epoch=2, targets=frozenset({"a"}), valid_until=10.0, evaluation=EVALUATION)
-    assert memo.still_right(3, 2, frozenset({"a"}), 9.9)
-    assert not memo.still_right(4, 2, frozenset({"a"}), 9.9)  # the namespace's data changed
-    assert not memo.still_right(3, 3, frozenset({"a"}), 9.9)  # a source came or went
-    assert not memo.still_right(3, 2, frozenset({"a", "b"}), 9.9)  # the targets moved
-    assert not memo.still_right(3, 2, frozenset({"a"}), 10.0)  # a page aged out
 
 
 def registry_recording_drops(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import math
 
 import pytest
 
@@ -11,6 +12,7 @@ from keda_gpu_scaler.evaluator import aggregation_for
 from keda_gpu_scaler.scaling import (
     GpuValue,
     PodValue,
+    Rule,
     desired_replicas_average_value,
     desired_replicas_value,
     evaluate,
@@ -49,9 +51,11 @@ def spec(**metadata: str):  # type: ignore[no-untyped-def]
     return parse_trigger({"threshold": "70", "podNamePrefix": "p-"} | metadata)
 
 
-def run(readings: list[GpuReading], missing: tuple[str, ...] = (), **metadata: str):  # type: ignore[no-untyped-def]
+def run(  # type: ignore[no-untyped-def]
+    readings: list[GpuReading], missing: tuple[str, ...] = (), starting: tuple[str, ...] = (), **metadata: str
+):
     s = spec(**metadata)
-    return evaluate(pod_values(readings, s), missing, s, aggregation_for(s, None)[0])
+    return evaluate(pod_values(readings, s), missing, s, aggregation_for(s, None)[0], starting)
 
 
 def test_four_pods_at_90_sum_to_360_and_hpa_wants_6() -> None:
@@ -114,28 +118,76 @@ def test_pods_without_value_for_the_metric_are_not_reporting() -> None:
     assert pod_values([reading("p-0", 50, memory=None)], spec(metric="memory")) == {}
 
 
-def test_missing_pod_counts_as_threshold_when_others_do_not_call_for_more() -> None:
-    # 2 reporting at 50 + 1 missing: with 0 → 100 → 2 replicas ≤ 3, so the missing pod counts as 70.
+def test_missing_pod_counts_as_threshold_when_the_fresh_pods_are_at_or_under_target() -> None:
+    # u = 100 / (2 × 70) ≤ 1: S + M × T = 100 + 70, so a gap in data never scales down.
     result = run([reading("p-0", 50), reading("p-1", 50)], missing=("p-2",))
     assert result.missing_pods == ("p-2",)
     assert result.missing_pod_value == 70
     assert result.value == 170
+    assert result.rule == Rule.HOLD
 
 
-def test_missing_pod_counts_as_zero_when_others_already_call_for_more() -> None:
-    # 2 reporting at 100 + 1 missing: with 0 → 200 → 3 replicas... equal, not more: threshold fill.
+def test_over_target_the_missing_pods_count_zero_with_the_current_count_as_floor() -> None:
+    # u = 200 / 140 > 1: max(S, N × T) = max(200, 3 × 70) = 210 → 3 replicas: never fewer than exist.
     result = run([reading("p-0", 100), reading("p-1", 100)], missing=("p-2",))
-    assert result.missing_pod_value == 70
-    # 3 reporting at 100 + 1 missing: 300/70 → 5 > 4 → missing counts as 0.
-    result = run([reading(f"p-{i}", 100) for i in range(3)], missing=("p-3",))
     assert result.missing_pod_value == 0
+    assert result.value == 210
+    assert result.rule == Rule.SCALE_UP
+    # u = 300 / 210 > 1: max(300, 4 × 70 = 280) = 300 (the fresh pods' own load is above the floor).
+    result = run([reading(f"p-{i}", 100) for i in range(3)], missing=("p-3",))
     assert result.value == 300
 
 
-def test_missing_pods_with_mean_aggregation() -> None:
+def test_the_hpas_own_rule_asks_for_13_replicas_where_the_old_fill_asked_for_19() -> None:
+    # SPEC §4's worked example: 7 fresh pods holding 650, 6 missing, target 50.
+    s = parse_trigger({"threshold": "50", "podNamePrefix": "p-", "metric": "requests"})
+    fresh = {f"p-{i}": pod_row(f"p-{i}", "vllm", 650 / 7) for i in range(7)}
+    result = evaluate(fresh, [f"m-{i}" for i in range(6)], s, Aggregation.SUM)
+    assert result.value == pytest.approx(650)
+    assert result.what_if.average_value == 13
+
+
+def test_missing_pods_with_mean_aggregation_divide_the_value_by_all_pods() -> None:
     result = run([reading("p-0", 20), reading("p-1", 40)], missing=("p-2",), aggregation="mean")
     assert result.missing_pod_value == 70
     assert result.value == pytest.approx((20 + 40 + 70) / 3)
+    # ceil(N × value / T) gives the same count as the sum would.
+    assert result.what_if.value == math.ceil((20 + 40 + 70) / 70)
+
+
+def test_starting_pods_count_as_the_target_at_or_under_target_and_zero_over_it() -> None:
+    under = run([reading("p-0", 35)], starting=("s-0", "s-1"))
+    assert under.value == 35 + 2 * 70
+    assert under.starting_pods == ("s-0", "s-1")
+    assert under.active  # decided on the fresh pod alone
+    over = run([reading("p-0", 210)], starting=("s-0",))
+    assert over.value == 210  # max(210, 2 × 70)
+    assert over.what_if.average_value == 3
+
+
+def test_starting_pods_never_hold_a_workload_awake() -> None:
+    result = run([reading("p-0", 0)], starting=("s-0",))
+    assert not result.active
+    assert result.value == 70  # and no scale-down while it starts
+
+
+def test_no_ready_pod_while_pods_start_is_unavailable_never_zero() -> None:
+    # A model loading for minutes: 0 would let KEDA scale the workload to zero mid-load.
+    with pytest.raises(NoData, match="no target pod is Ready: 2 starting"):
+        run([], starting=("s-0", "s-1"))
+
+
+def test_activity_is_decided_on_the_fresh_pods_and_unknown_while_pods_are_missing() -> None:
+    # One broken page used to count as the threshold and hold the workload awake forever.
+    with pytest.raises(NoData, match="at or below activationThreshold"):
+        run([reading("p-0", 0), reading("p-1", 0)], missing=("p-2",))
+    # Above the activation threshold the fresh pods alone say active, whatever the missing pod holds.
+    assert run([reading("p-0", 5), reading("p-1", 0)], missing=("p-2",)).active
+
+
+def test_max_aggregation_with_missing_pods() -> None:
+    assert run([reading("p-0", 10), reading("p-1", 60)], missing=("p-2",), aggregation="max").value == 70
+    assert run([reading("p-0", 10), reading("p-1", 90)], missing=("p-2",), aggregation="max").value == 90
 
 
 @pytest.mark.parametrize(("reporting", "missing"), [(1, 2), (0, 1), (2, 5)])

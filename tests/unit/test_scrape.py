@@ -356,8 +356,18 @@ def test_counting_a_pages_series_refuses_it_where_the_parser_would() -> None:
         assert (counted and str(counted)) == parsed
 
 
-def test_the_default_series_limit_is_far_above_a_real_node_and_far_below_a_hostile_page() -> None:
-    assert 1_000 < scrape.MAX_SERIES_PER_PAGE <= 20_000
+def test_a_page_far_larger_than_a_real_nodes_is_read_and_a_hostile_one_is_refused() -> None:
+    """A real node's page has about 40 wanted series (8 GPUs): one of 2,000 GPUs is still read whole; the
+    150,000 series a hostile exporter served are refused, naming the limit, at the default limit."""
+    large = "".join(
+        f'DCGM_FI_DEV_GPU_UTIL{{gpu="{i}",namespace="llm",pod="p-{i}"}} 1\n' for i in range(2_000)
+    )
+    assert len(scrape.read_page(large.encode(), GPU_EXPORTER_PAGES)["llm"]) == 2_000
+    hostile = "".join(
+        f'DCGM_FI_DEV_GPU_UTIL{{gpu="{i}",namespace="llm",pod="p-{i}"}} 1\n' for i in range(150_000)
+    )
+    with pytest.raises(exposition.ExpositionError, match=r"more than [\d,]+ series"):
+        scrape.read_page(hostile.encode(), GPU_EXPORTER_PAGES)
 
 
 async def test_a_large_page_is_parsed_in_a_worker_thread(serve, monkeypatch) -> None:  # type: ignore[no-untyped-def]

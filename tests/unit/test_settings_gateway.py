@@ -60,3 +60,29 @@ def test_bad_gateway_urls_name_the_flag_and_the_value(bad: str, words: str) -> N
 def test_gateway_interval_must_be_a_positive_number(bad: str) -> None:
     with pytest.raises(SettingsError, match="--gateway-interval"):
         build_settings({"gateway_interval": bad})
+
+
+def test_the_service_account_whose_tokens_are_minted_is_namespace_slash_name() -> None:
+    settings = build_settings({"gateway_token_serviceaccount": "keda/epp-metrics"})
+    assert settings.gateway_token_serviceaccount == ("keda", "epp-metrics")
+    assert build_settings({}).gateway_token_serviceaccount is None
+    values = env_values({"KEDA_GPU_SCALER_GATEWAY_TOKEN_SERVICEACCOUNT": "keda/epp-metrics"})
+    assert build_settings(values).gateway_token_serviceaccount == ("keda", "epp-metrics")
+    for bad, words in (
+        ("epp-metrics", "is not NAMESPACE/NAME"),
+        ("Keda/epp-metrics", "'Keda' is not a namespace name"),
+        ("keda/EPP_metrics", "'EPP_metrics' is not a ServiceAccount name"),
+    ):
+        with pytest.raises(SettingsError, match=f"--gateway-token-serviceaccount='{bad}'") as caught:
+            build_settings({"gateway_token_serviceaccount": bad})
+        assert words in str(caught.value)
+
+
+def test_minted_tokens_exclude_the_token_file_and_need_kubernetes() -> None:
+    with pytest.raises(SettingsError) as caught:
+        build_settings({"gateway_token_serviceaccount": "keda/epp-metrics", "gateway_token_file": "/token"})
+    assert "--gateway-token-file or --gateway-token-serviceaccount, not both" in str(caught.value)
+    with pytest.raises(SettingsError, match="--gateway-token-serviceaccount needs Kubernetes"):
+        build_settings({"gateway_token_serviceaccount": "keda/epp-metrics", "kubernetes": "off"})
+    settings = build_settings({"gateway_token_serviceaccount": "keda/a", "gateway_token_plain_http": "on"})
+    assert settings.gateway_token_plain_http

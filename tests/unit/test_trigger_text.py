@@ -37,3 +37,20 @@ def test_a_value_with_a_trailing_newline_or_blank_is_refused_naming_the_key(
 def test_a_pod_selector_ending_in_a_newline_selects_what_it_says() -> None:
     # Blanks around selector terms are insignificant, as in Kubernetes' own selector syntax.
     assert parse_trigger({"threshold": "70", "podSelector": "app=web\n"}).pod_selector is not None
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        ("16\n", "is not a number: it ends in a newline (a YAML `|` block keeps its last newline"),
+        ("16\r\n", "is not a number: it ends in a newline"),
+        ("16 ", "is not a number: it ends in a blank;"),
+        ("\t16", "is not a number: it starts with a tab;"),
+    ],
+    ids=["lf", "crlf", "space", "leading-tab"],
+)
+@pytest.mark.parametrize("key", ["threshold", "activationThreshold"])
+def test_a_number_with_white_space_around_it_names_the_character(key: str, raw: str, said: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_trigger({"threshold": "16", key: raw})
+    assert f"metadata {key}={raw!r} {said}" in str(raised.value)

@@ -33,18 +33,37 @@ def test_a_page_is_scraped_while_any_owner_wants_it() -> None:
     assert sink.pages == {}
 
 
-def test_an_address_reused_by_another_pod_is_filed_under_the_new_pod() -> None:
+def test_an_address_claimed_for_two_pods_is_read_for_neither_until_one_claim_goes() -> None:
     sink = RecordingSink()
     wanted = WantedPages(sink)
     wanted.want("team-a", {URL: ("team-a", "chat-0")})
-    # chat-0 is gone and its IP now belongs to a pod of another namespace.
+    # chat-0 is gone and its IP now belongs to a pod of another namespace, which team-a does not know yet.
     wanted.want("team-b", {URL: ("team-b", "web-3")})
-    assert sink.pages == {URL: ("team-b", "web-3")}
-    assert sink.calls[-2:] == [f"remove {URL}", f"add {URL} team-b/web-3"]
+    assert sink.pages == {}, "never read for either: it may be either pod's"
+    assert wanted.filed_under(URL) is None
+    assert sink.calls[-1] == f"remove {URL}"
     wanted.want("team-a", {})
-    assert sink.pages == {URL: ("team-b", "web-3")}, "still wanted by team-b"
+    assert sink.pages == {URL: ("team-b", "web-3")}
     wanted.release("team-b")
     assert sink.pages == {}
+
+
+def test_a_shared_address_belongs_to_the_pod_that_declares_its_port_whoever_names_it_last() -> None:
+    sink = RecordingSink()
+    wanted = WantedPages(sink)
+    # hostNetwork pods share their node's IP: team-a's server declares port 8000.
+    wanted.want("team-a", {URL: ("team-a", "chat-0")}, declared={URL})
+    # team-b names 8000 as metricsPort for its own pod on the same node, which does not declare it.
+    wanted.want("team-b", {URL: ("team-b", "web-3")})
+    assert sink.pages == {URL: ("team-a", "chat-0")}
+    assert sink.calls == [f"add {URL} team-a/chat-0"], "team-a's page was never dropped or re-filed"
+    wanted.release("team-b")
+    assert sink.pages == {URL: ("team-a", "chat-0")}
+    # In the other order too: the last to name it does not take it.
+    wanted.want("team-b", {URL: ("team-b", "web-3")})
+    wanted.release("team-a")
+    wanted.want("team-a", {URL: ("team-a", "chat-0")}, declared={URL})
+    assert sink.pages == {URL: ("team-a", "chat-0")}
 
 
 def test_the_same_owner_rebinding_an_address_is_read_again_under_the_new_pod() -> None:

@@ -128,3 +128,11 @@ app=nvidia-dcgm-exporter:9400;app.kubernetes.io/name=dcgm-exporter:9400;app.kube
   resources: ["pods"]
   verbs: ["list", "watch"]
 {{- end }}
+
+{{- define "keda-gpu-scaler.gatewayTokenName" -}}
+{{ include "keda-gpu-scaler.fullname" . }}-epp-metrics
+{{- end }}
+
+{{- define "keda-gpu-scaler.gatewayTokenSecret" -}}
+{{ .Values.gateway.metricsToken.existingSecret }}
+{{- end }}

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from keda_gpu_scaler.gateways.simulated import Queued, epp_page
+from keda_gpu_scaler.demo.epp import Queued, epp_page
 
 # Whole requests the load control accepts for one pool (the EPP's own per-band cap is 5,000).
 MAX_PENDING = 5_000

@@ -35,8 +35,21 @@ def split(in_flight: float, engines: int) -> list[float]:
     return [float(total // engines + (1 if index < total % engines else 0)) for index in range(engines)]
 
 
-def vllm_page(model: str, engines: Sequence[EngineLoad | tuple[float, float, float]]) -> str:
-    """A vLLM (V1) server's gauges for one pod: one engine per entry (data-parallel rank = index).
+class EngineTotals(NamedTuple):
+    """One engine's counters since its start: requests finished, prompt tokens, generated tokens."""
+
+    finished: float
+    prompt_tokens: float
+    generation_tokens: float
+
+
+def vllm_page(
+    model: str,
+    engines: Sequence[EngineLoad | tuple[float, float, float]],
+    totals: Sequence[EngineTotals] = (),
+) -> str:
+    """A vLLM (V1) server's gauges for one pod: one engine per entry (data-parallel rank = index), and
+    with `totals` (one per engine) its request and token counters, as `metric: demand` reads them.
 
     With no engines the page holds no vLLM family at all, as a server whose engine is still starting.
     """
@@ -57,6 +70,27 @@ def vllm_page(model: str, engines: Sequence[EngineLoad | tuple[float, float, flo
             families[2][3].append((label + ',reason="capacity"', load.waiting))
             families[2][3].append((label + ',reason="deferred"', 0.0))
             families[3][3].append((label, load.kv_cache))
+    if loads and totals:
+        finished: list[tuple[str, float]] = []
+        for label, total in zip(labels, totals, strict=True):
+            # vLLM creates a series per finish reason at start-up; the demo's requests all end on a stop.
+            finished += [(f'{label},finished_reason="{reason}"', 0.0) for reason in ("abort", "length")]
+            finished.append((label + ',finished_reason="stop"', total.finished))
+        families += [
+            ("vllm:request_success_total", "counter", "Count of successfully processed requests.", finished),
+            (
+                "vllm:prompt_tokens_total",
+                "counter",
+                "Number of prefill tokens processed.",
+                [(label, t.prompt_tokens) for label, t in zip(labels, totals, strict=True)],
+            ),
+            (
+                "vllm:generation_tokens_total",
+                "counter",
+                "Number of generation tokens processed.",
+                [(label, t.generation_tokens) for label, t in zip(labels, totals, strict=True)],
+            ),
+        ]
     return _page(_python_process_families() + families)
 
 

@@ -16,8 +16,9 @@ import grpc
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App, run_until_signalled
-from keda_gpu_scaler.demo import DemoFleet, DemoInferenceWorkload, DemoWorkload
-from keda_gpu_scaler.demo_gateway import DemoPool
+from keda_gpu_scaler.demo.fleet import DemoFleet
+from keda_gpu_scaler.demo.gateway import DemoPool
+from keda_gpu_scaler.demo.layout import DemoInferenceWorkload, DemoWorkload
 from keda_gpu_scaler.explain import counted
 from keda_gpu_scaler.settings import Settings, SettingsError
 
@@ -26,6 +27,9 @@ DEMO_THRESHOLD = "60"
 INFERENCE_THRESHOLD = "16"
 GPU_METRIC_NAME = "gpu-utilization"
 REQUESTS_METRIC_NAME = "inference-requests"
+# Requests per second one replica of the demo's vLLM workloads should serve (its `demand` trigger).
+DEMAND_THRESHOLD = "2"
+DEMAND_METRIC_NAME = "inference-demand"
 PENDING_METRIC_NAME = "gateway-pending"
 
 
@@ -36,6 +40,11 @@ def demo_metadata(workload: DemoWorkload) -> dict[str, str]:
 def inference_metadata(workload: DemoInferenceWorkload) -> dict[str, str]:
     """A `requests` trigger: running + waiting per pod, summed, with a target of 16 in flight per pod."""
     return {"metric": "requests", "threshold": INFERENCE_THRESHOLD, "podNamePrefix": f"{workload.name}-"}
+
+
+def demand_metadata(workload: DemoInferenceWorkload) -> dict[str, str]:
+    """A `demand` trigger: requests arriving per second over the pods, sized at 2 a second per replica."""
+    return {"metric": "demand", "threshold": DEMAND_THRESHOLD, "podNamePrefix": f"{workload.name}-"}
 
 
 def pending_metadata(pool: DemoPool) -> dict[str, str]:
@@ -138,6 +147,15 @@ def banner(fleet: DemoFleet, grpc_port: int, http_port: int) -> str:
         llm_ref = {"name": llm.name, "namespace": fleet.NAMESPACE, "scalerMetadata": inference_metadata(llm)}
         llm_metrics_json = _json({"scaledObjectRef": llm_ref, "metricName": REQUESTS_METRIC_NAME})
         llm_pod = llm.pods[0]
+        demand_ref = {"name": llm.name, "namespace": fleet.NAMESPACE, "scalerMetadata": demand_metadata(llm)}
+        demand_json = _json({"scaledObjectRef": demand_ref, "metricName": DEMAND_METRIC_NAME})
+        lines += [
+            "",
+            f"  A `demand` trigger (requests arriving per second, {DEMAND_THRESHOLD} a second per replica) on"
+            f" {llm.name}: the sizing signal; its first rate needs two scrapes of each pod",
+            f"  {grpcurl} -plaintext -emit-defaults -d '{demand_json}' {target}"
+            " externalscaler.ExternalScaler/GetMetrics",
+        ]
         lines += [
             "",
             f"  A `requests` trigger (running + waiting per pod, target {INFERENCE_THRESHOLD} per pod) on {llm.name}:",

@@ -8,183 +8,44 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from keda_gpu_scaler import pagetext
-from keda_gpu_scaler.demo_gateway import DemoGateway
-from keda_gpu_scaler.engines.simulated import EngineLoad, load_for, sglang_page, split, vllm_page
-
-# What the real exporters answer with; scrapers look at the media type, not only at the body.
-_EXPOSITION_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-_H100_MODEL = "NVIDIA H100 80GB HBM3"
-_NVIDIA_DRIVER = "550.144.03"
-# nvidia-smi's "Total" for an H100 80GB HBM3; used + free + reserved add up to it.
-_H100_TOTAL_MIB = 81559
-_H100_RESERVED_MIB = 480
-# PCI addresses of the GPUs on an HGX H100 baseboard, in nvidia-smi order.
-_HGX_BUS_IDS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
-
-_MI300X_CARD_MODEL = "102-G30211-0C"
-_MI300X_TOTAL_MB = 196592
-# VRAM the driver and firmware hold on an MI300X with nothing running.
-_MI300X_IDLE_USED_MB = 283
-
-# Characters Kubernetes uses for generated name suffixes (no vowels, no look-alikes).
-_K8S_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
-
-# A serving pod is idle (exactly 0 %) while its traffic wave is below this level: with
-# -0.2 a bit less than half of each period is idle, so activity flips every minute or so.
-_SERVING_IDLE_BELOW = -0.2
-
-# Inference pods: a workload's requests are zero (night, nobody asking) while its daily wave is below this.
-_REQUESTS_IDLE_BELOW = -0.25
-# The largest running/waiting count the load control accepts for one pod.
-_MAX_PINNED_REQUESTS = 10_000
-
-# What /load takes, and what the control server's / says about it.
-_INFERENCE_LOAD_PARAMETERS = ("running", "waiting", "kv_cache")
-_GATEWAY_LOAD_PARAMETERS = ("pool", "pending")
-_LOAD_PARAMETERS = ("pod", "value", *_INFERENCE_LOAD_PARAMETERS, *_GATEWAY_LOAD_PARAMETERS)
-_LOAD_USAGE = (
-    "GPU pods: GET /load?pod=NAME&value=PERCENT pins a pod's GPU utilisation (0-100). Inference pods:"
-    " GET /load?pod=NAME&running=N&waiting=N pins its requests running and waiting (the one left out is 0),"
-    " value=N pins N requests in flight (split as the server would), kv_cache=PERCENT pins its KV-cache"
-    " too. value=auto returns a pod to the moving pattern. The gateway: GET /load?pool=NAME&pending=N"
-    " queues N requests at the pool's endpoint picker (its model server is at zero replicas)"
+from keda_gpu_scaler.demo.counters import ServedTotals
+from keda_gpu_scaler.demo.engines import EngineLoad, load_for, sglang_page, split, vllm_page
+from keda_gpu_scaler.demo.gateway import DemoGateway
+from keda_gpu_scaler.demo.layout import (
+    AMD_FAMILIES,
+    DCGM_FAMILIES,
+    EXPOSITION_CONTENT_TYPE,
+    H100_RESERVED_MIB,
+    H100_TOTAL_MIB,
+    INFERENCE_LOAD_PARAMETERS,
+    LOAD_PARAMETERS,
+    LOAD_USAGE,
+    MAX_PINNED_REQUESTS,
+    MI300X_IDLE_USED_MB,
+    MI300X_TOTAL_MB,
+    REQUESTS_IDLE_BELOW,
+    SERVING_IDLE_BELOW,
+    DemoInferenceWorkload,
+    DemoWorkload,
+    Gpu,
+    InferencePod,
+    Node,
+    Pod,
+    RequestPin,
+    amd_labels,
+    build_inference_layout,
+    build_layout,
+    burst,
+    dcgm_labels,
+    inference_workloads_of,
+    workloads_of,
 )
-
-# (name, TYPE, HELP) in the order of dcgm-exporter's etc/default-counters.csv.
-_DCGM_FAMILIES: tuple[tuple[str, str, str], ...] = (
-    ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
-    ("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz)."),
-    ("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C)."),
-    ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
-    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
-    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter", "Total energy consumption since boot (in mJ)."),
-    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
-    ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %)."),
-    ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
-    ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
-    ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
-    ("DCGM_FI_DEV_FB_RESERVED", "gauge", "Framebuffer memory reserved (in MiB)."),
-    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active."),
-    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge", "Ratio of cycles the tensor (HMMA) pipe is active."),
-    (
-        "DCGM_FI_PROF_DRAM_ACTIVE",
-        "gauge",
-        "Ratio of cycles the device memory interface is active sending or receiving data.",
-    ),
-)
-
-# (name, HELP) as device-metrics-exporter registers them; client_golang prints families sorted by name.
-_AMD_FAMILIES: tuple[tuple[str, str], ...] = (
-    ("gpu_energy_consumed", "Accumulated energy consumed by the GPU in uJ"),
-    ("gpu_free_vram", "Free VRAM memory of the GPU (in MB)"),
-    ("gpu_gfx_activity", "Graphics engine usage in Percentage (0-100)"),
-    ("gpu_junction_temperature", "Current junction/hotspot temperature in Celsius"),
-    ("gpu_package_power", "Current socket power in Watts"),
-    ("gpu_total_vram", "Total VRAM memory of the GPU (in MB)"),
-    ("gpu_umc_activity", "Memory engine usage in Percentage (0-100)"),
-    ("gpu_used_vram", "Used VRAM memory of the GPU (in MB)"),
-)
-
-
-@dataclass(frozen=True)
-class DemoWorkload:
-    """One scale target of the demo: its pods are named f"{name}-<suffix>" in namespace ``demo``."""
-
-    name: str
-    vendor: str
-    gpus_per_pod: int
-    pods: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class DemoInferenceWorkload:
-    """One scale target served by an LLM inference server; each pod's page is at the fleet's own URL.
-
-    ``engines_per_pod`` gives, pod by pod, the data-parallel engines (vLLM ``engine``, SGLang ``dp_rank``).
-    """
-
-    name: str
-    engine: str
-    model: str
-    pods: tuple[str, ...]
-    engines_per_pod: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class _Traffic:
-    """A workload's requests in flight over time: a compressed day plus bursts, summed over its pods."""
-
-    period_s: float
-    phase: float
-    # Requests in flight over all pods at the top of the day, and what a burst adds on top.
-    peak: float
-    burst_extra: float
-    burst_every_s: float
-    burst_first_s: float
-
-
-@dataclass(frozen=True)
-class _InferencePod:
-    name: str
-    workload: str
-    engine: str  # "vllm" or "sglang": which page it prints
-    model: str
-    engines: int  # data-parallel engines
-    tp_size: int  # SGLang: tensor-parallel ranks repeating each engine's values
-    share: float  # the pod's share of the workload's requests (a DP pod takes more)
-    max_running: int  # per engine: vLLM --max-num-seqs, SGLang --max-running-requests
-    kv_per_request: float  # KV-cache fraction one running request holds
-    starts_after_s: float  # vLLM prints its families only once its engine is up (weights loaded)
-    traffic: _Traffic
-
-
-@dataclass(frozen=True)
-class _RequestPin:
-    running: int
-    waiting: int
-    kv_cache_percent: float | None
-
-
-@dataclass(frozen=True)
-class _Pod:
-    name: str
-    workload: str
-    container: str
-    node: str
-    gpus: tuple[int, ...]
-    training: bool
-    period_s: float
-    # Serving: phase of the traffic wave in radians. Training: seconds into the checkpoint cycle at t=0.
-    phase: float
-    peak: float
-
-
-@dataclass(frozen=True)
-class _Gpu:
-    index: int
-    # NVIDIA: the GPU UUID; AMD: the board serial number. Both identify the device on the page.
-    identity: str
-    pci_bus_id: str
-    pod: _Pod | None
-    # Position of this GPU among its pod's GPUs, so the GPUs of one pod get their own noise.
-    slot: int
-    # Energy counter at t=0 (J) and the mean draw used to advance it, so it only ever grows.
-    energy_at_start_j: float
-    mean_power_w: float
-
-
-@dataclass(frozen=True)
-class _Node:
-    name: str
-    vendor: str
-    gpus: tuple[_Gpu, ...]
+from keda_gpu_scaler.demo.load_query import read_inference_load
 
 
 class DemoFleet:
@@ -205,21 +66,22 @@ class DemoFleet:
         self._start = clock()
         self._seed = seed
         self._pins: dict[str, float] = {}
-        self._request_pins: dict[str, _RequestPin] = {}
+        self._request_pins: dict[str, RequestPin] = {}
         self._runners: list[web.AppRunner] = []
         self._exporter_urls: dict[str, str] = {}
         self._control_url: str | None = None
         rng = random.Random(seed)
-        self._nodes, pods = _build_layout(rng)
-        self._pods: dict[str, _Pod] = {pod.name: pod for pod in pods}
-        self.workloads: tuple[DemoWorkload, ...] = _workloads_of(pods, self._nodes)
+        self._nodes, pods = build_layout(rng)
+        self._pods: dict[str, Pod] = {pod.name: pod for pod in pods}
+        self.workloads: tuple[DemoWorkload, ...] = workloads_of(pods, self._nodes)
         self.nodes: tuple[str, ...] = tuple(self._nodes)
         # A separate random stream, so the GPU fleet is the same with or without the inference servers.
-        inference_pods = _build_inference_layout(random.Random(f"{seed}/inference"), engine_start_s)
-        self._inference_pods: dict[str, _InferencePod] = {pod.name: pod for pod in inference_pods}
-        self.inference_workloads: tuple[DemoInferenceWorkload, ...] = _inference_workloads_of(inference_pods)
+        inference_pods = build_inference_layout(random.Random(f"{seed}/inference"), engine_start_s)
+        self._inference_pods: dict[str, InferencePod] = {pod.name: pod for pod in inference_pods}
+        self.inference_workloads: tuple[DemoInferenceWorkload, ...] = inference_workloads_of(inference_pods)
         # The inference gateway in front of a model server scaled to zero (SPEC §7).
         self.gateway = DemoGateway(clock)
+        self._served = ServedTotals()
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -329,7 +191,7 @@ class DemoFleet:
             raise ValueError(
                 f"KV-cache for pod {pod!r} must be a percentage from 0 to 100, got {kv_cache_percent!r}"
             )
-        self._request_pins[pod] = _RequestPin(running, waiting, kv_cache_percent)
+        self._request_pins[pod] = RequestPin(running, waiting, kv_cache_percent)
 
     def set_in_flight(self, pod: str, requests: int, kv_cache_percent: float | None = None) -> None:
         """Pin an inference pod at ``requests`` in flight, split as its engines would: each runs up to its
@@ -340,7 +202,7 @@ class DemoFleet:
         running = sum(int(load.running) for load in loads)
         self.set_requests(pod, running, requests - running, kv_cache_percent)
 
-    def _inference_pod(self, pod: str) -> _InferencePod:
+    def _inference_pod(self, pod: str) -> InferencePod:
         info = self._inference_pods.get(pod)
         if info is None:
             raise ValueError(
@@ -369,7 +231,7 @@ class DemoFleet:
         digest = hashlib.blake2b(f"{self._seed}/{key}/{knot}".encode(), digest_size=8).digest()
         return int.from_bytes(digest, "big") / (1 << 63) - 1.0
 
-    def _utilisation(self, gpu: _Gpu, t: float) -> float:
+    def _utilisation(self, gpu: Gpu, t: float) -> float:
         pod = gpu.pod
         if pod is None:
             return 0.0
@@ -384,14 +246,14 @@ class DemoFleet:
                 return max(0.0, 1.0 + noise)
             return min(100.0, pod.peak + 4.0 * noise)
         wave = math.sin(2 * math.pi * t / pod.period_s + pod.phase)
-        demand = (wave - _SERVING_IDLE_BELOW) / (1 - _SERVING_IDLE_BELOW)
+        demand = (wave - SERVING_IDLE_BELOW) / (1 - SERVING_IDLE_BELOW)
         if demand <= 0:
             # An inference server with no request runs no kernel at all: exactly 0 %.
             return 0.0
         # GPU_UTIL is a duty cycle, so a trickle of requests already reads high: hence the power < 1.
         return min(100.0, max(0.0, pod.peak * math.pow(demand, 0.6) + 6.0 * noise))
 
-    def _memory_used_fraction(self, gpu: _Gpu, t: float) -> float:
+    def _memory_used_fraction(self, gpu: Gpu, t: float) -> float:
         pod = gpu.pod
         if pod is None:
             return 0.0
@@ -412,12 +274,12 @@ class DemoFleet:
         gpus = [gpu for gpu in self._nodes[info.node].gpus if gpu.pod is info]
         return sum(round(self._utilisation(gpu, t)) for gpu in gpus) / len(gpus)
 
-    def _in_flight(self, pod: _InferencePod, t: float) -> int:
+    def _in_flight(self, pod: InferencePod, t: float) -> int:
         """Requests in flight on ``pod`` at ``t``: its share of the workload's day wave and bursts."""
         traffic = pod.traffic
         wave = math.sin(2 * math.pi * t / traffic.period_s + traffic.phase)
-        day = max(0.0, (wave - _REQUESTS_IDLE_BELOW) / (1 - _REQUESTS_IDLE_BELOW))
-        demand = traffic.peak * day + traffic.burst_extra * _burst(t, traffic)
+        day = max(0.0, (wave - REQUESTS_IDLE_BELOW) / (1 - REQUESTS_IDLE_BELOW))
+        demand = traffic.peak * day + traffic.burst_extra * burst(t, traffic)
         if demand <= 0:
             # Nobody is asking: exactly zero requests, on every pod.
             return 0
@@ -469,7 +331,20 @@ class DemoFleet:
         loads = self.inference_loads(pod)
         if info.engine == "sglang":
             return sglang_page(info.model, loads, tp_size=info.tp_size)
-        return vllm_page(info.model, loads)
+        totals = (
+            self._served.totals(pod, self._elapsed(), lambda t: self._running_at(info, t)) if loads else []
+        )
+        return vllm_page(info.model, loads, totals)
+
+    def _running_at(self, info: InferencePod, t: float) -> list[float]:
+        """Each engine's running requests at second t (a pin holds from when it was set)."""
+        if t < info.starts_after_s:
+            return [0.0] * info.engines  # the engine is still loading its model: nothing runs
+        pin = self._request_pins.get(info.name)
+        if pin is not None:
+            return split(pin.running, info.engines)
+        loads = split(self._in_flight(info, t), info.engines)
+        return [min(share, info.max_running) for share in loads]
 
     def render_page(self, node: str) -> str:
         """The /metrics page ``node``'s exporter prints now, in that vendor's exporter format."""
@@ -481,15 +356,15 @@ class DemoFleet:
             return self._render_dcgm(spec, t)
         return self._render_amd(spec, t)
 
-    def _power_w(self, gpu: _Gpu, t: float, util: float, idle_w: float, per_percent_w: float) -> float:
+    def _power_w(self, gpu: Gpu, t: float, util: float, idle_w: float, per_percent_w: float) -> float:
         return idle_w + per_percent_w * util + 6.0 * self._noise(f"{gpu.identity}/power", t, 3.0)
 
-    def _render_dcgm(self, node: _Node, t: float) -> str:
+    def _render_dcgm(self, node: Node, t: float) -> str:
         rows: list[tuple[str, dict[str, str]]] = []
         for gpu in node.gpus:
             util = self._utilisation(gpu, t)
             training = gpu.pod is not None and gpu.pod.training
-            used = round(self._memory_used_fraction(gpu, t) * (_H100_TOTAL_MIB - _H100_RESERVED_MIB))
+            used = round(self._memory_used_fraction(gpu, t) * (H100_TOTAL_MIB - H100_RESERVED_MIB))
             # GPU_UTIL counts any kernel running; the engine is busy a little less of the time than that.
             gr_active = min(1.0, util / 100 * (0.93 + 0.03 * self._noise(f"{gpu.identity}/gr", t, 5.0)))
             # Decode is memory-bound: serving keeps the copy engines and DRAM busier than the tensor cores.
@@ -505,38 +380,38 @@ class DemoFleet:
                 "DCGM_FI_DEV_GPU_UTIL": str(round(util)),
                 "DCGM_FI_DEV_MEM_COPY_UTIL": str(round(util * copy_share)),
                 "DCGM_FI_DEV_XID_ERRORS": "0",
-                "DCGM_FI_DEV_FB_FREE": str(_H100_TOTAL_MIB - _H100_RESERVED_MIB - used),
+                "DCGM_FI_DEV_FB_FREE": str(H100_TOTAL_MIB - H100_RESERVED_MIB - used),
                 "DCGM_FI_DEV_FB_USED": str(used),
-                "DCGM_FI_DEV_FB_RESERVED": str(_H100_RESERVED_MIB),
+                "DCGM_FI_DEV_FB_RESERVED": str(H100_RESERVED_MIB),
                 "DCGM_FI_PROF_GR_ENGINE_ACTIVE": f"{gr_active:.6f}",
                 "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": f"{gr_active * tensor_share:.6f}",
                 "DCGM_FI_PROF_DRAM_ACTIVE": f"{gr_active * dram_share:.6f}",
             }
-            rows.append((pagetext.label_text(_dcgm_labels(node.name, gpu, self.NAMESPACE)), values))
+            rows.append((pagetext.label_text(dcgm_labels(node.name, gpu, self.NAMESPACE)), values))
         return pagetext.render(
             (name, kind, help_text, [(labels, values[name]) for labels, values in rows])
-            for name, kind, help_text in _DCGM_FAMILIES
+            for name, kind, help_text in DCGM_FAMILIES
         )
 
-    def _render_amd(self, node: _Node, t: float) -> str:
+    def _render_amd(self, node: Node, t: float) -> str:
         rows: list[tuple[tuple[str, ...], str, dict[str, float]]] = []
         for gpu in node.gpus:
             util = self._utilisation(gpu, t)
             fraction = self._memory_used_fraction(gpu, t)
-            used = round(fraction * _MI300X_TOTAL_MB) if gpu.pod is not None else _MI300X_IDLE_USED_MB
+            used = round(fraction * MI300X_TOTAL_MB) if gpu.pod is not None else MI300X_IDLE_USED_MB
             values = {
                 "gpu_energy_consumed": float(int((gpu.energy_at_start_j + gpu.mean_power_w * t) * 1e6)),
-                "gpu_free_vram": float(_MI300X_TOTAL_MB - used),
+                "gpu_free_vram": float(MI300X_TOTAL_MB - used),
                 "gpu_gfx_activity": float(round(util)),
                 "gpu_junction_temperature": float(
                     round(41 + 0.45 * util + self._noise(gpu.identity, t, 9.0))
                 ),
                 "gpu_package_power": float(round(self._power_w(gpu, t, util, 142.0, 5.9))),
-                "gpu_total_vram": float(_MI300X_TOTAL_MB),
+                "gpu_total_vram": float(MI300X_TOTAL_MB),
                 "gpu_umc_activity": float(round(util * 0.5)),
                 "gpu_used_vram": float(used),
             }
-            labels = sorted(_amd_labels(node.name, gpu, self.NAMESPACE).items())
+            labels = sorted(amd_labels(node.name, gpu, self.NAMESPACE).items())
             rows.append((tuple(value for _, value in labels), pagetext.label_text(labels), values))
         # client_golang orders the series of a family by their label values: idle GPUs (container="") first.
         rows.sort(key=lambda row: row[0])
@@ -547,7 +422,7 @@ class DemoFleet:
                 help_text,
                 [(labels, pagetext.go_float(values[name])) for _, labels, values in rows],
             )
-            for name, help_text in _AMD_FAMILIES
+            for name, help_text in AMD_FAMILIES
         )
 
     # -- HTTP ---------------------------------------------------------------------------------------
@@ -555,7 +430,7 @@ class DemoFleet:
     def _exporter_handler(self, node: str) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
             return web.Response(
-                body=self.render_page(node).encode(), headers={"Content-Type": _EXPOSITION_CONTENT_TYPE}
+                body=self.render_page(node).encode(), headers={"Content-Type": EXPOSITION_CONTENT_TYPE}
             )
 
         return handle
@@ -568,7 +443,7 @@ class DemoFleet:
                 text=f"no inference pod {pod!r}; the demo's are: {', '.join(self._inference_pods)}\n",
             )
         return web.Response(
-            body=self.render_inference_page(pod).encode(), headers={"Content-Type": _EXPOSITION_CONTENT_TYPE}
+            body=self.render_inference_page(pod).encode(), headers={"Content-Type": EXPOSITION_CONTENT_TYPE}
         )
 
     def _inference_state(self) -> list[dict[str, Any]]:
@@ -634,7 +509,7 @@ class DemoFleet:
             "workloads": workloads,
             "inference_workloads": self._inference_state(),
             "gateways": self.gateway.state(),
-            "usage": _LOAD_USAGE,
+            "usage": LOAD_USAGE,
         }
 
     async def _handle_state(self, request: web.Request) -> web.Response:
@@ -642,12 +517,12 @@ class DemoFleet:
 
     async def _handle_load(self, request: web.Request) -> web.Response:
         query = request.query
-        unknown = sorted(set(query) - set(_LOAD_PARAMETERS))
+        unknown = sorted(set(query) - set(LOAD_PARAMETERS))
         if unknown:
             return _bad_request(
-                f"unknown query parameter {unknown[0]!r}; allowed: {', '.join(_LOAD_PARAMETERS)} ({_LOAD_USAGE})"
+                f"unknown query parameter {unknown[0]!r}; allowed: {', '.join(LOAD_PARAMETERS)} ({LOAD_USAGE})"
             )
-        repeated = next((key for key in _LOAD_PARAMETERS if len(query.getall(key, [])) > 1), None)
+        repeated = next((key for key in LOAD_PARAMETERS if len(query.getall(key, [])) > 1), None)
         if repeated is not None:
             return _bad_request(f"query parameter {repeated!r} is given more than once; give it once")
         if "pool" in query or "pending" in query:
@@ -666,7 +541,7 @@ class DemoFleet:
         if pod not in self._pods:
             what = "missing query parameter 'pod'" if not pod else f"query parameter 'pod'={pod!r} is unknown"
             return _bad_request(f"{what}; allowed: one of the demo pods: {', '.join(self._all_pods())}")
-        inference_only = [key for key in _INFERENCE_LOAD_PARAMETERS if key in query]
+        inference_only = [key for key in INFERENCE_LOAD_PARAMETERS if key in query]
         if inference_only:
             return _bad_request(
                 f"query parameter {inference_only[0]!r} is for the inference pods"
@@ -689,60 +564,13 @@ class DemoFleet:
 
     def _load_inference_pod(self, pod: str, query: Any) -> web.Response:
         """`/load` for an inference pod: running= and/or waiting=, or value=N (in flight), or value=auto."""
-        raw_value = query.get("value")
-        given = [key for key in _INFERENCE_LOAD_PARAMETERS if key in query]
-        allowed = (
-            f"running=N and/or waiting=N (whole numbers from 0 to {_MAX_PINNED_REQUESTS}; the other one is 0),"
-            " or value=N (N requests in flight, split as the server would), optionally kv_cache=PERCENT;"
-            " or value=auto alone to return to the moving pattern"
-        )
-        if raw_value is not None and raw_value.strip().lower() == "auto":
-            if given:
-                return _bad_request(
-                    f"query parameter 'value'='auto' releases pod {pod!r} and takes no {given[0]!r}; allowed: {allowed}"
-                )
+        load = read_inference_load(pod, query)
+        if isinstance(load, str):
+            return _bad_request(load)
+        if load.release:
             self.set_load(pod, None)
             return web.json_response({"changed": {"pod": pod, "pinned": None}, **self.state()})
-        counts: dict[str, int] = {}
-        for key in ("value", "running", "waiting"):
-            raw = query.get(key)
-            if raw is None:
-                continue
-            try:
-                count = int(raw.strip())
-            except ValueError:
-                return _bad_request(
-                    f"query parameter {key!r}={raw!r} is not a whole number of requests; allowed: {allowed}"
-                )
-            if not 0 <= count <= _MAX_PINNED_REQUESTS:
-                return _bad_request(f"query parameter {key!r}={raw!r} is out of range; allowed: {allowed}")
-            counts[key] = count
-        if "value" in counts and ("running" in counts or "waiting" in counts):
-            other = "running" if "running" in counts else "waiting"
-            return _bad_request(
-                f"query parameters 'value' and {other!r} both set the requests of pod {pod!r}; give one;"
-                f" allowed: {allowed}"
-            )
-        if not counts:
-            what = (
-                "only 'kv_cache' given"
-                if "kv_cache" in query
-                else "missing query parameter 'running' or 'waiting'"
-            )
-            return _bad_request(f"{what} for inference pod {pod!r}; allowed: {allowed}")
-        kv_percent: float | None = None
-        raw_kv = query.get("kv_cache")
-        if raw_kv is not None:
-            try:
-                kv_percent = float(raw_kv)
-            except ValueError:
-                return _bad_request(
-                    f"query parameter 'kv_cache'={raw_kv!r} is not a number; allowed: a percentage from 0 to 100"
-                )
-            if not (math.isfinite(kv_percent) and 0 <= kv_percent <= 100):
-                return _bad_request(
-                    f"query parameter 'kv_cache'={raw_kv!r} is out of range; allowed: a percentage from 0 to 100"
-                )
+        counts, kv_percent = load.counts or {}, load.kv_cache_percent
         if "value" in counts:
             self.set_in_flight(pod, counts["value"], kv_percent)
         else:
@@ -753,8 +581,8 @@ class DemoFleet:
 
 
 def _check_count(what: str, count: int) -> None:
-    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= _MAX_PINNED_REQUESTS:
-        raise ValueError(f"{what} must be a whole number from 0 to {_MAX_PINNED_REQUESTS}, got {count!r}")
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_PINNED_REQUESTS:
+        raise ValueError(f"{what} must be a whole number from 0 to {MAX_PINNED_REQUESTS}, got {count!r}")
 
 
 def _bad_request(message: str) -> web.Response:
@@ -768,223 +596,3 @@ def _url_host(address: str) -> str:
     if address == "::":
         return "[::1]"
     return f"[{address}]" if ":" in address else address
-
-
-def _dcgm_labels(node: str, gpu: _Gpu, namespace: str) -> list[tuple[str, str]]:
-    labels = [
-        ("gpu", str(gpu.index)),
-        ("UUID", gpu.identity),
-        ("pci_bus_id", gpu.pci_bus_id),
-        ("device", f"nvidia{gpu.index}"),
-        ("modelName", _H100_MODEL),
-        ("Hostname", node),
-        ("DCGM_FI_DRIVER_VERSION", _NVIDIA_DRIVER),
-    ]
-    # dcgm-exporter leaves the pod labels out entirely on a GPU no pod holds.
-    if gpu.pod is not None:
-        labels += [("container", gpu.pod.container), ("namespace", namespace), ("pod", gpu.pod.name)]
-    return labels
-
-
-def _amd_labels(node: str, gpu: _Gpu, namespace: str) -> dict[str, str]:
-    pod = gpu.pod
-    # The mandatory labels are always printed, empty when no pod holds the GPU.
-    return {
-        "card_model": _MI300X_CARD_MODEL,
-        "container": pod.container if pod else "",
-        "deployment_mode": "baremetal",
-        "gpu_compute_partition_type": "spx",
-        "gpu_id": str(gpu.index),
-        "gpu_memory_partition_type": "nps1",
-        "gpu_partition_id": "0",
-        "hostname": node,
-        "job_id": "",
-        "job_partition": "",
-        "job_user": "",
-        "namespace": namespace if pod else "",
-        "pod": pod.name if pod else "",
-        "serial_number": gpu.identity,
-    }
-
-
-def _k8s_suffix(rng: random.Random, length: int) -> str:
-    return "".join(rng.choice(_K8S_NAME_ALPHABET) for _ in range(length))
-
-
-def _nvidia_uuid(rng: random.Random) -> str:
-    hex_digits = f"{rng.getrandbits(128):032x}"
-    return "GPU-" + "-".join(
-        (hex_digits[:8], hex_digits[8:12], hex_digits[12:16], hex_digits[16:20], hex_digits[20:])
-    )
-
-
-def _build_layout(rng: random.Random) -> tuple[dict[str, _Node], list[_Pod]]:
-    """The fleet: two H100 nodes (vllm-qwen across both, trainer on b, one idle GPU on a), one MI300X node."""
-    pods: list[_Pod] = []
-
-    def serving(workload: str, pod: str, node: str, gpu: int, period_s: float, phase: float) -> None:
-        # Replicas behind one Service see the same traffic, give or take load-balancing luck.
-        jitter = rng.uniform(-0.25, 0.25)
-        pods.append(
-            _Pod(
-                name=pod,
-                workload=workload,
-                container="vllm",
-                node=node,
-                gpus=(gpu,),
-                training=False,
-                period_s=period_s,
-                phase=phase + jitter,
-                peak=rng.uniform(85.0, 97.0),
-            )
-        )
-
-    # vllm-qwen, a Deployment: busy and rising at start, idle about a minute of every 2.5 minutes.
-    template_hash = _k8s_suffix(rng, 10)
-    for node, gpu in (("gpu-node-a", 0), ("gpu-node-b", 0), ("gpu-node-b", 1)):
-        pod = f"vllm-qwen-{template_hash}-{_k8s_suffix(rng, 5)}"
-        serving("vllm-qwen", pod, node, gpu, period_s=150.0, phase=0.35)
-    # trainer, a StatefulSet of one 4-GPU pod: flat out, first checkpoint pause 90 s after start.
-    pods.append(
-        _Pod(
-            name="trainer-0",
-            workload="trainer",
-            container="pytorch",
-            node="gpu-node-b",
-            gpus=(2, 3, 4, 5),
-            training=True,
-            period_s=240.0,
-            phase=120.0,
-            peak=rng.uniform(92.0, 97.0),
-        )
-    )
-    # vllm-llama, a StatefulSet: idle at start (so a newcomer sees activation happen), busy after ~45 s.
-    llama_phase = math.asin(_SERVING_IDLE_BELOW) - 2 * math.pi * 45.0 / 180.0
-    for index in range(2):
-        serving(
-            "vllm-llama", f"vllm-llama-{index}", "mi300x-node-1", index, period_s=180.0, phase=llama_phase
-        )
-
-    nodes: dict[str, _Node] = {}
-    for name, vendor, count in (
-        ("gpu-node-a", "nvidia", 2),
-        ("gpu-node-b", "nvidia", 6),
-        ("mi300x-node-1", "amd", 8),
-    ):
-        gpus = []
-        for index in range(count):
-            owner = next((pod for pod in pods if pod.node == name and index in pod.gpus), None)
-            if vendor == "nvidia":
-                identity, bus = _nvidia_uuid(rng), f"00000000:{_HGX_BUS_IDS[index]}:00.0"
-                mean_power_w = 450.0 if owner else 72.0
-            else:
-                identity, bus = str(rng.randrange(692409000000, 692410000000)), ""
-                mean_power_w = 520.0 if owner else 142.0
-            uptime_s = rng.uniform(3, 20) * 86400
-            gpus.append(
-                _Gpu(
-                    index=index,
-                    identity=identity,
-                    pci_bus_id=bus,
-                    pod=owner,
-                    slot=owner.gpus.index(index) if owner else 0,
-                    energy_at_start_j=uptime_s * mean_power_w,
-                    mean_power_w=mean_power_w,
-                )
-            )
-        nodes[name] = _Node(name, vendor, tuple(gpus))
-    return nodes, pods
-
-
-def _workloads_of(pods: list[_Pod], nodes: dict[str, _Node]) -> tuple[DemoWorkload, ...]:
-    names = list(dict.fromkeys(pod.workload for pod in pods))
-    result = []
-    for name in names:
-        members = [pod for pod in pods if pod.workload == name]
-        vendor = nodes[members[0].node].vendor
-        result.append(DemoWorkload(name, vendor, len(members[0].gpus), tuple(pod.name for pod in members)))
-    return tuple(result)
-
-
-def _burst(t: float, traffic: _Traffic) -> float:
-    """0-1: a burst of traffic (a launch, a batch job) every ``burst_every_s``: up in 6 s, held, gone in 15 s."""
-    if t < traffic.burst_first_s:
-        return 0.0
-    into = (t - traffic.burst_first_s) % traffic.burst_every_s
-    if into < 6.0:
-        return into / 6.0
-    if into < 30.0:
-        return 1.0
-    if into < 45.0:
-        return (45.0 - into) / 15.0
-    return 0.0
-
-
-def _build_inference_layout(rng: random.Random, engine_start_s: float) -> list[_InferencePod]:
-    """vllm-chat: three vLLM pods, the first data-parallel with 2 engines; sglang-code: two SGLang pods."""
-    pods: list[_InferencePod] = []
-    # vllm-chat, a StatefulSet: busy and rising at start, a burst at ~50 s and then every 3 minutes,
-    # nobody asking for about a minute of every 4 (its "night"). Total at the top of the day ~64 in
-    # flight, ~160 in a burst: with 16 per pod, 4 and 10 replicas.
-    chat = _Traffic(
-        period_s=240.0, phase=0.35, peak=64.0, burst_extra=96.0, burst_every_s=180.0, burst_first_s=50.0
-    )
-    for index, (engines, share) in enumerate(((2, 0.5), (1, 0.25), (1, 0.25))):
-        pods.append(
-            _InferencePod(
-                name=f"vllm-chat-{index}",
-                workload="vllm-chat",
-                engine="vllm",
-                model="meta-llama/Llama-3.1-8B-Instruct",
-                engines=engines,
-                tp_size=1,
-                share=share * rng.uniform(0.95, 1.05),
-                max_running=24,
-                kv_per_request=0.03,
-                # The last replica is still loading its weights when the demo starts.
-                starts_after_s=engine_start_s if index == 2 else 0.0,
-                traffic=chat,
-            )
-        )
-    # sglang-code, a StatefulSet of two tensor-parallel (tp 2) pods: idle at start, busy after ~30 s.
-    code = _Traffic(
-        period_s=200.0,
-        phase=math.asin(_REQUESTS_IDLE_BELOW) - 2 * math.pi * 30.0 / 200.0,
-        peak=48.0,
-        burst_extra=40.0,
-        burst_every_s=150.0,
-        burst_first_s=110.0,
-    )
-    for index in range(2):
-        pods.append(
-            _InferencePod(
-                name=f"sglang-code-{index}",
-                workload="sglang-code",
-                engine="sglang",
-                model="Qwen/Qwen2.5-Coder-32B-Instruct",
-                engines=1,
-                tp_size=2,
-                share=0.5 * rng.uniform(0.95, 1.05),
-                max_running=32,
-                kv_per_request=0.02,
-                starts_after_s=0.0,
-                traffic=code,
-            )
-        )
-    return pods
-
-
-def _inference_workloads_of(pods: list[_InferencePod]) -> tuple[DemoInferenceWorkload, ...]:
-    result = []
-    for name in dict.fromkeys(pod.workload for pod in pods):
-        members = [pod for pod in pods if pod.workload == name]
-        result.append(
-            DemoInferenceWorkload(
-                name,
-                members[0].engine,
-                members[0].model,
-                tuple(pod.name for pod in members),
-                tuple(pod.engines for pod in members),
-            )
-        )
-    return tuple(result)

@@ -1,0 +1,218 @@
+"""`keda-gpu-scaler calibrate`: what one replica serves, measured on one pod while a load ramp runs.
+
+The `demand` threshold is the work one replica should serve per second. It depends on the model, the GPU,
+the engine's settings and the request mix, so it is measured, not guessed: run a load generator against
+one pod with a slowly rising rate, and let this command read the pod's own page every few seconds. It
+prints the arrival rate over the last window (requests per second, and weighted tokens per second where
+the engine prints token counters) beside the requests waiting and the mean time per output token, and at
+the end the highest rate the pod took while nothing waited (and, given a target, while the time per
+output token stayed within it): past it, requests queue and latency climbs. A threshold a little below
+that figure leaves headroom.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from keda_gpu_scaler.collect.demand_history import demand_point
+from keda_gpu_scaler.collect.http import FetchError
+from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
+from keda_gpu_scaler.demand import (
+    DEFAULT_PREFILL_WEIGHT,
+    DemandPoint,
+    DemandUnit,
+    over_window,
+    pod_demand,
+)
+from keda_gpu_scaler.engines import Missing, PodSamples, pod_reading
+from keda_gpu_scaler.exposition import ExpositionError, Sample, parse_exposition
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One page read: the rates over the window up to it, and what the pod held then."""
+
+    at: float
+    requests: float | None  # requests per second arriving (None: no rate yet)
+    tokens: float | None  # weighted tokens per second (None: no token counters, or no rate yet)
+    in_flight: float
+    waiting: float
+    per_token: float | None = None  # mean seconds per output token over the window (None: not printed)
+
+
+# The engines' per-output-token latency histograms, the first one on a page is read (its _sum and _count):
+# vLLM's inter-token latency (0.10 on) and its older per-request mean, SGLang's in both spellings,
+# trtllm-serve's, TGI's per-request mean time per token.
+LATENCY_FAMILIES = (
+    "vllm:inter_token_latency_seconds",
+    "vllm:time_per_output_token_seconds",
+    "sglang:inter_token_latency_seconds",
+    "sglang_inter_token_latency_seconds",
+    "sglang:time_per_output_token_seconds",
+    "sglang_time_per_output_token_seconds",
+    "trtllm_time_per_output_token_seconds",
+    "tgi_request_mean_time_per_token_duration",
+)
+_LATENCY_NAMES = frozenset(f"{base}{end}" for base in LATENCY_FAMILIES for end in ("_sum", "_count"))
+_PAGE_NAMES = POD_PAGE_NAMES | _LATENCY_NAMES
+
+
+def latency_totals(samples: list[Sample]) -> tuple[float, float] | None:
+    """(seconds, observations) of the first per-token latency histogram on a page, summed over its series."""
+    for base in LATENCY_FAMILIES:
+        sums = [s.value for s in samples if s.name == f"{base}_sum"]
+        counts = [s.value for s in samples if s.name == f"{base}_count"]
+        if sums and counts:
+            return math.fsum(sums), math.fsum(counts)
+    return None
+
+
+def mean_per_token(totals: list[tuple[float, float]]) -> float | None:
+    """Mean seconds per observation between the first totals and the last (a drop: counted from 0)."""
+    seconds = observations = 0.0
+    for (s0, c0), (s1, c1) in itertools.pairwise(totals):
+        restarted = c1 < c0 or s1 < s0
+        seconds += s1 if restarted else s1 - s0
+        observations += c1 if restarted else c1 - c0
+    if observations <= 0 or not math.isfinite(seconds / observations):
+        return None
+    return seconds / observations
+
+
+@dataclass(slots=True)
+class Calibration:
+    """Pages of one pod in, steps and the capacity out (pure: the caller reads pages and keeps time)."""
+
+    window: float
+    waiting_above: float = 0.0  # requests waiting above this count as "requests wait"
+    sustain: int = 3  # pages in a row with requests waiting end the ramp
+    engine: str = "auto"
+    model: str | None = None
+    prefill_weight: float = DEFAULT_PREFILL_WEIGHT
+    per_token_target: float | None = None  # seconds per output token not to pass (None: waiting alone)
+    points: list[DemandPoint] = field(default_factory=list)
+    best: Step | None = None  # the step with the highest rate while nothing waited in its window
+    waited_in_a_row: int = 0
+    _waiting: list[tuple[float, float]] = field(default_factory=list)
+    _latency: list[tuple[float, tuple[float, float]]] = field(default_factory=list)
+
+    def observe(self, at: float, page: bytes) -> Step | str:
+        """Read one page; a Step, or why this page gives none."""
+        try:
+            samples = parse_exposition(page, _PAGE_NAMES)
+        except ExpositionError as error:
+            return f"not a metrics page: {error}"
+        engine, point = demand_point(PodSamples("", "", tuple(samples)), (self.engine, self.model), at)
+        if isinstance(point, Missing):
+            return f"{engine}: {point.reason}"
+        waiting = _waiting_of(samples, self.engine, self.model)
+        self.points.append(point)
+        self.points = list(over_window(self.points, self.window))
+        self._waiting.append((at, waiting))
+        start = self.points[0].at
+        self._waiting = [(t, w) for t, w in self._waiting if t >= start]
+        totals = latency_totals(samples)
+        if totals is not None:
+            self._latency.append((at, totals))
+        self._latency = [(t, v) for t, v in self._latency if t >= start]
+        per_token = mean_per_token([v for _, v in self._latency])
+        requests = pod_demand(self.points, DemandUnit.REQUESTS)
+        tokens = pod_demand(self.points, DemandUnit.TOKENS, self.prefill_weight)
+        step = Step(
+            at,
+            None if isinstance(requests, Missing) else requests,
+            None if isinstance(tokens, Missing) else tokens,
+            point.in_flight,
+            waiting,
+            per_token,
+        )
+        slow = self.per_token_target is not None and (per_token is None or per_token > self.per_token_target)
+        over = waiting > self.waiting_above or (slow and per_token is not None)
+        self.waited_in_a_row = self.waited_in_a_row + 1 if over else 0
+        calm = all(w <= self.waiting_above for _, w in self._waiting) and not slow
+        if (
+            calm
+            and step.requests is not None
+            and (self.best is None or step.requests > (self.best.requests or 0))
+        ):
+            self.best = step
+        return step
+
+    @property
+    def saturated(self) -> bool:
+        """Requests have waited (or the time per output token passed its target) on `sustain` pages in a
+        row: the ramp is past what the pod serves."""
+        return self.waited_in_a_row >= self.sustain
+
+
+def _waiting_of(samples: list[Sample], engine: str, model: str | None) -> float:
+    # demand_point() read the same page whole: the waiting gauge is there (Triton's pending count too).
+    reading = pod_reading(samples, engine, model)
+    return 0.0 if isinstance(reading.waiting, Missing) else reading.waiting
+
+
+def step_line(step: Step, started: float) -> str:
+    tokens = f"{step.tokens:10.0f}" if step.tokens is not None else "         -"
+    requests = f"{step.requests:8.2f}" if step.requests is not None else "       -"
+    latency = f"  {step.per_token * 1000:6.1f} ms/token" if step.per_token is not None else ""
+    return (
+        f"{step.at - started:7.0f}s {requests} req/s {tokens} tok/s  in flight {step.in_flight:5.0f}"
+        f"  waiting {step.waiting:4.0f}{latency}"
+    )
+
+
+def summary(calibration: Calibration) -> str:
+    best = calibration.best
+    if best is None or best.requests is None:
+        return "no rate was measured while nothing waited (and within the latency target): start the ramp lower, or give it longer"
+    tokens = f" ({best.tokens:.0f} weighted tokens/s, demandUnit: tokens)" if best.tokens is not None else ""
+    limit = "requests started waiting"
+    if calibration.per_token_target is not None:
+        limit += f" or the time per output token passed {calibration.per_token_target * 1000:g} ms"
+    reached = (
+        f"{limit} past it"
+        if calibration.saturated
+        else "requests never waited: the ramp did not reach this pod's capacity, so this is a lower bound"
+    )
+    within = " and within the latency target" if calibration.per_token_target is not None else ""
+    return (
+        f"highest arrival rate with nothing waiting{within}: {best.requests:.2f} requests/s{tokens}; {reached}.\n"
+        f'threshold for metric: demand: a little below it, e.g. "{best.requests * 0.9:.3g}" (90 %), lower'
+        " for more latency headroom"
+    )
+
+
+async def run(
+    url: str,
+    calibration: Calibration,
+    *,
+    fetch: Callable[[str], Awaitable[bytes]],
+    interval: float,
+    duration: float,
+    out: Callable[[str], None] = print,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> Calibration:
+    """Read `url` every `interval` seconds until the pod saturates or `duration` has passed."""
+    started = clock()
+    out(
+        f"reading {url} every {interval:g}s, rates over the last {calibration.window:g}s; run the load ramp now"
+    )
+    while clock() - started <= duration:
+        try:
+            body = await fetch(url)
+        except FetchError as error:
+            out(f"{clock() - started:7.0f}s page not read: {error}")
+        else:
+            step = calibration.observe(clock(), body)
+            out(step_line(step, started) if isinstance(step, Step) else f"{clock() - started:7.0f}s {step}")
+            if calibration.saturated:
+                break
+        await sleep(interval)
+    out(summary(calibration))
+    return calibration

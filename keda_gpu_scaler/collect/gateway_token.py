@@ -1,0 +1,218 @@
+"""Where the endpoint pickers' limited token comes from: a file, or tokens the scaler mints and renews.
+
+Both answer the same two questions for the gateway fetch: the current token (read() raises TokenUnavailable,
+whose message names the flag and what to fix) and, for messages, whose token it is (identity()).
+
+Minted tokens (--gateway-token-serviceaccount) come from the TokenRequest API: a pod can mount projected
+tokens of its own ServiceAccount only, and the scaler's own identity reads pods cluster-wide, so the
+scaler asks the API server for short-lived tokens of a ServiceAccount whose only right is `get` on the
+non-resource URL /metrics. A background task renews each at 80 % of its life, retries with backoff when
+the API server refuses or cannot be reached, and keeps serving the last token until it expires: a
+scrape never waits for the API server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from keda_gpu_scaler.discovery.api import KubeError
+from keda_gpu_scaler.secretfile import SecretFile, SecretFileError
+from keda_gpu_scaler.supervise import supervised
+
+log = logging.getLogger(__name__)
+
+FILE_FLAG = "--gateway-token-file"
+SERVICEACCOUNT_FLAG = "--gateway-token-serviceaccount"
+# The shortest life the API server grants a TokenRequest (it refuses less than 10 minutes).
+TOKEN_SECONDS = 600
+# Renewed at this share of a token's life, so an outage of the API server has the rest to pass.
+RENEW_AT = 0.8
+# A token stops being sent this long before its expiry (at most 10 s, 5 % of its life): one sent at the
+# last moment would arrive expired, or meet a clock a little ahead of this one.
+EXPIRY_MARGIN_SECONDS = 10.0
+EXPIRY_MARGIN_SHARE = 0.05
+FIRST_RETRY_SECONDS = 0.5
+MAX_RETRY_SECONDS = 30.0
+WHERE_TO_GRANT = "the chart's gateway.metricsToken, manifests/components/gateway-metrics-token"
+
+
+class TokenUnavailable(SecretFileError):
+    """There is no token to send; the message names the flag and what to fix. A SecretFileError, so the
+    fetchers record it as the page's failure exactly like an unreadable token file."""
+
+
+class TokenSource(Protocol):
+    """The limited token endpoint pickers get, whichever way it is obtained."""
+
+    flag: str
+
+    def read(self) -> str:
+        """The current token; raises TokenUnavailable saying why there is none."""
+        ...
+
+    def identity(self) -> str:
+        """Whose token it is, for messages ("the ServiceAccount ... of --flag ...")."""
+        ...
+
+
+class FileToken:
+    """--gateway-token-file: read again whenever the file changes, never kept once it is gone or empty."""
+
+    flag = FILE_FLAG
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = SecretFile(path, FILE_FLAG, TokenUnavailable)
+
+    def read(self) -> str:
+        return self._file.read()
+
+    def identity(self) -> str:
+        return f"the token of {FILE_FLAG} {self.path}"
+
+
+# mint(namespace, name, seconds) → the TokenRequest answer (KubeApi.create_token); raises KubeError.
+Mint = Callable[[str, str, int], Awaitable[dict[str, Any]]]
+
+
+def _expiry(answer: dict[str, Any]) -> tuple[str, float]:
+    """The token and its expiry (seconds since the epoch) of a TokenRequest answer; ValueError if absent."""
+    status = answer.get("status") if isinstance(answer, dict) else None
+    token = status.get("token") if isinstance(status, dict) else None
+    stamp = status.get("expirationTimestamp") if isinstance(status, dict) else None
+    if not isinstance(token, str) or not token or not isinstance(stamp, str):
+        raise ValueError("the TokenRequest answer has no status.token and status.expirationTimestamp")
+    when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    if when.tzinfo is None:
+        raise ValueError(f"status.expirationTimestamp {stamp[:40]!r} has no time zone")
+    return token, when.timestamp()
+
+
+class MintedToken:
+    """--gateway-token-serviceaccount: tokens of a ServiceAccount minted through the TokenRequest API and
+    renewed in the background; read() only looks at what the last mint left."""
+
+    flag = SERVICEACCOUNT_FLAG
+
+    def __init__(
+        self,
+        namespace: str,
+        name: str,
+        mint: Mint,
+        *,
+        seconds: int = TOKEN_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.namespace = namespace
+        self.name = name
+        self._mint = mint
+        self._seconds = seconds
+        # Wall clock: expirationTimestamp is a wall-clock time of the API server.
+        self._clock = clock
+        self._token: str | None = None
+        self._expires = 0.0
+        self._usable_until = 0.0  # the expiry less the margin
+        self._life = float(seconds)  # the life of the last token minted (the API server may change it)
+        self._failure: str | None = None  # why the last mint failed; None after a success
+        self._task: asyncio.Task[None] | None = None
+        self.minted = 0  # tokens minted so far
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def identity(self) -> str:
+        return f"the ServiceAccount {self.ref} ({SERVICEACCOUNT_FLAG})"
+
+    def read(self) -> str:
+        now = self._clock()
+        if self._token is not None and now < self._usable_until:
+            return self._token
+        if self._token is not None:
+            expired = datetime.fromtimestamp(self._expires).astimezone().isoformat(timespec="seconds")
+            why = (
+                f"renewing it failed: {self._failure}"
+                if self._failure
+                else "it has not been renewed yet (no answer from the API server)"
+            )
+            raise TokenUnavailable(
+                f"{SERVICEACCOUNT_FLAG} {self.ref}: the last minted token is no longer sent (it expires at"
+                f" {expired}), and {why}"
+            )
+        raise TokenUnavailable(
+            f"{SERVICEACCOUNT_FLAG} {self.ref}: no token minted yet: "
+            f"{self._failure or 'the first TokenRequest is under way'}"
+        )
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = supervised(self._renew_forever, f"mint tokens of ServiceAccount {self.ref}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _renew_forever(self) -> None:
+        retry = FIRST_RETRY_SECONDS
+        while True:
+            life = await self.mint_once()
+            if life is not None:
+                retry = FIRST_RETRY_SECONDS
+                await asyncio.sleep(life * RENEW_AT)
+                continue
+            # Backoff, never longer than a tenth of a token's life (short-lived tokens retry sooner).
+            await asyncio.sleep(retry)
+            retry = min(retry * 2, MAX_RETRY_SECONDS, max(FIRST_RETRY_SECONDS, self._life / 10))
+
+    async def mint_once(self) -> float | None:
+        """Ask for a new token; the seconds it lives, or None when minting failed (the reason kept)."""
+        try:
+            token, expires = _expiry(await self._mint(self.namespace, self.name, self._seconds))
+        except KubeError as error:
+            self._failed(self._explain(error))
+            return None
+        except ValueError as error:
+            self._failed(f"the API server's answer cannot be used: {error}")
+            return None
+        life = expires - self._clock()
+        if life <= 0:
+            self._failed(
+                "the API server minted a token that has already expired (is this host's clock right?)"
+            )
+            return None
+        if self._failure is not None or self._token is None:
+            log.info("minted a token of ServiceAccount %s for endpoint pickers (%.0fs)", self.ref, life)
+        self._token, self._expires, self._life, self._failure = token, expires, life, None
+        self._usable_until = expires - min(EXPIRY_MARGIN_SECONDS, life * EXPIRY_MARGIN_SHARE)
+        self.minted += 1
+        return life
+
+    def _failed(self, reason: str) -> None:
+        if reason != self._failure:
+            log.warning("%s %s: minting a token failed: %s", SERVICEACCOUNT_FLAG, self.ref, reason)
+        self._failure = reason
+        return None
+
+    def _explain(self, error: KubeError) -> str:
+        if error.status == 403:
+            return (
+                f"the API server denies the scaler `create` on serviceaccounts/token for {self.name!r} in"
+                f" namespace {self.namespace!r}: grant the scaler's ServiceAccount a Role in"
+                f' {self.namespace!r} with the rule {{apiGroups: [""], resources: ["serviceaccounts/token"],'
+                f' resourceNames: ["{self.name}"], verbs: ["create"]}} ({WHERE_TO_GRANT})'
+            )
+        if error.status == 404:
+            return (
+                f"there is no ServiceAccount {self.name!r} in namespace {self.namespace!r}: create it and"
+                ' give it a ClusterRole rule {nonResourceURLs: ["/metrics"], verbs: ["get"]} only'
+                f" ({WHERE_TO_GRANT}), or name another with {SERVICEACCOUNT_FLAG}"
+            )
+        return str(error)

@@ -1,0 +1,141 @@
+"""`metric: demand` over a target's pods (SPEC §6): each fresh pod's rate from its history, and the pool's
+pending requests added (no I/O: the evaluator hands in the history and what the gateway pages say)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+
+from keda_gpu_scaler.collect.demand_history import DemandHistory
+from keda_gpu_scaler.demand import DemandUnit, over_window, pending_demand, pod_demand
+from keda_gpu_scaler.engines import Missing, MissingKind, PodSamples
+from keda_gpu_scaler.errors import NoData
+from keda_gpu_scaler.scaling import (
+    ROW_VALUE,
+    Evaluation,
+    PodRow,
+    WhatIf,
+    desired_replicas_average_value,
+    desired_replicas_value,
+    pod_row,
+)
+from keda_gpu_scaler.trigger import Aggregation, TriggerSpec
+
+
+def demand_pod_values(
+    history: DemandHistory, namespace: str, pages: Iterable[PodSamples], spec: TriggerSpec, now: float
+) -> tuple[dict[str, PodRow], dict[str, str], tuple[str, ...]]:
+    """Each fresh pod's rate (rows for evaluate()), why the other pods are missing, and notes.
+
+    A pod whose newest page gives no point (a NaN or negative counter, a family gone, an engine not
+    started) is missing: never a made-up rate. A Ready pod with a page but no rate yet (one page within
+    the window) counts as the mean rate of the others; if none has a rate, NoData. An engine that never
+    exports a counter of finished requests (recognised by `auto`) is NoData naming it.
+    """
+    key = (spec.engine, spec.model)
+    rates: dict[str, tuple[float, str, int, float]] = {}
+    request_rates: dict[str, float] = {}  # demandUnit tokens: the same pods' rates in requests per second
+    without_rate: dict[str, tuple[str, str, int]] = {}
+    problems: dict[str, str] = {}
+    for page in pages:
+        track = history.points(namespace, page.pod, key, spec.window, now)
+        if track.problem is not None:
+            if track.problem.kind is MissingKind.NOT_EXPORTED:
+                raise NoData(f"pod {page.pod}: {track.problem.reason}; metric demand cannot be served")
+            problems[page.pod] = track.problem.reason
+            continue
+        points = over_window(track.points, spec.window)
+        rate = pod_demand(points, spec.demand_unit, spec.prefill_weight)
+        if isinstance(rate, Missing):
+            if rate.kind is MissingKind.NOT_EXPORTED:
+                raise NoData(f"pod {page.pod}: {rate.reason}")
+            without_rate[page.pod] = (rate.reason, track.engine, len(points))
+            continue
+        span = points[-1].at - points[0].at
+        rates[page.pod] = (rate, track.engine, len(points), span)
+        if spec.demand_unit is not DemandUnit.REQUESTS:
+            requests = pod_demand(points, DemandUnit.REQUESTS)
+            if not isinstance(requests, Missing):
+                request_rates[page.pod] = requests
+    rows = {
+        pod: pod_row(
+            pod,
+            engine,
+            rate,
+            (),
+            (("samplesUsed", float(used)), ("spanSeconds", span))
+            + ((("requestsPerSecond", request_rates[pod]),) if pod in request_rates else ()),
+        )
+        for pod, (rate, engine, used, span) in rates.items()
+    }
+    notes: tuple[str, ...] = ()
+    if without_rate:
+        if not rates:
+            reasons = "; ".join(f"{pod}: {why}" for pod, (why, _, _) in sorted(without_rate.items())[:5])
+            raise NoData(
+                f"no target pod has a rate yet (a rate needs two pages within window {spec.window:g}s): {reasons}"
+            )
+        mean = math.fsum(rate for rate, _, _, _ in rates.values()) / len(rates)
+        for pod, (_, engine, used) in without_rate.items():
+            rows[pod] = pod_row(pod, engine, mean, (), (("samplesUsed", float(used)), ("meanOfOthers", 1.0)))
+        notes = (
+            f"{len(without_rate)} Ready pod(s) without a rate yet count as the mean of the others"
+            f" ({mean:g}): {', '.join(sorted(without_rate)[:10])}",
+        )
+    return rows, problems, notes
+
+
+def with_pending(
+    evaluation: Evaluation,
+    spec: TriggerSpec,
+    points: list[tuple[float, float]],
+    tokens_per_request: float | None = None,
+) -> tuple[Evaluation, str]:
+    """The pods' demand plus what the pool's pending requests add (SPEC §6 with `inferencePool`), and a note.
+
+    `points`: the pool's pending total over the window, (time, requests), oldest first. With `demandUnit:
+    tokens` pending requests are weighed at `tokens_per_request` (measured_tokens_per_request(), None when no
+    pod measures it: then they ask for exactly one replica's worth, the wake). The pending part
+    counts toward activity as the pods' own sum does (SPEC §4: S plus pending), so a pool at zero holding
+    requests wakes and asks for at least one replica.
+    """
+    extra = pending_demand(points, spec.window)
+    weighed = ""
+    if spec.demand_unit is not DemandUnit.REQUESTS and extra > 0:
+        if tokens_per_request is not None:
+            extra *= tokens_per_request
+            weighed = f", weighed at the pods' {tokens_per_request:.0f} tokens per request"
+        else:
+            extra = spec.threshold
+            weighed = ": no pod measures their tokens yet, so they ask for one replica's worth"
+    current = evaluation.what_if.current_replicas
+    # A per-pod mean (metricType Value) carries the pool's share per pod: the HPA multiplies it back.
+    share = extra / current if evaluation.aggregation is Aggregation.MEAN and current > 0 else extra
+    value = evaluation.value + share
+    what_if = WhatIf(
+        current_replicas=current,
+        average_value=desired_replicas_average_value(value, spec.threshold, current),
+        value=desired_replicas_value(value, spec.threshold, current),
+    )
+    held = points[-1][1] if points else 0.0
+    # Activity on S (the fresh pods' own sum, never the value missing pods were filled into) plus pending.
+    fresh = math.fsum(row[ROW_VALUE] for row in evaluation.pod_rows)
+    active = evaluation.active or fresh + extra > spec.activation_threshold
+    note = (
+        f"InferencePool {spec.inference_pool}: {held:g} pending requests add {extra:g}/s (their growth and"
+        f" what clears them within {spec.window:g}s){weighed}"
+    )
+    return dataclasses.replace(evaluation, value=value, active=active, what_if=what_if), note
+
+
+def measured_tokens_per_request(evaluation: Evaluation) -> float | None:
+    """`demandUnit: tokens`: the fresh pods' weighted tokens per request over the window (their tokens per
+    second over their requests per second), None when no pod took a request."""
+    tokens = requests = 0.0
+    for pod in evaluation.pods:
+        per_second = dict(pod.inputs).get("requestsPerSecond")
+        if per_second is not None and per_second > 0:
+            tokens += pod.value
+            requests += per_second
+    return tokens / requests if requests > 0 else None

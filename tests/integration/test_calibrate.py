@@ -1,0 +1,155 @@
+"""`keda-gpu-scaler calibrate` against a real loopback page whose pod is driven through a load ramp.
+
+The ramp is scripted: each wait between reads moves the test's clock and sets the next page, so the rate
+the pod took before requests waited is known exactly (never a sleep for a time, never a timing assert).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from support import ExporterServer
+
+from keda_gpu_scaler import calibrate
+from keda_gpu_scaler.cli import main
+from keda_gpu_scaler.collect.http import PageFetcher, client_session
+
+STEP = 5.0  # seconds between reads
+CAPACITY = 5.0  # requests per second the simulated pod serves
+
+
+def page(
+    finished: float,
+    running: float,
+    waiting: float,
+    prompt: float,
+    generated: float,
+    itl: tuple[float, float] = (0, 0),
+) -> str:
+    labels = 'engine="0",model_name="llama"'
+    return (
+        f"vllm:num_requests_running{{{labels}}} {running}\n"
+        f"vllm:num_requests_waiting{{{labels}}} {waiting}\n"
+        f'vllm:request_success_total{{{labels},finished_reason="stop"}} {finished}\n'
+        f"vllm:prompt_tokens_total{{{labels}}} {prompt}\n"
+        f"vllm:generation_tokens_total{{{labels}}} {generated}\n"
+        f"vllm:inter_token_latency_seconds_sum{{{labels}}} {itl[0]}\n"
+        f"vllm:inter_token_latency_seconds_count{{{labels}}} {itl[1]}\n"
+    )
+
+
+class Ramp:
+    """A pod serving CAPACITY requests/s of 1,000 prompt and 200 generated tokens, under a rate that rises
+    by 1 request/s every 20 s; past its capacity the rest waits."""
+
+    def __init__(self, server: ExporterServer) -> None:
+        self.server = server
+        self.now = 0.0
+        self.finished = 0.0
+        self.waiting = 0.0
+        # Inter-token latency: 10 ms, and 4 ms more per request/s of load (seconds summed, tokens counted).
+        self.itl = (0.0, 0.0)
+        self.server.page = page(0, 4, 0, 0, 0)
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        rate = 1 + self.now // 20
+        arrived = rate * seconds
+        served = min(self.waiting + arrived, CAPACITY * seconds)
+        self.waiting += arrived - served
+        self.finished += served
+        tokens = served * 200
+        self.itl = (self.itl[0] + tokens * (0.010 + 0.004 * rate), self.itl[1] + tokens)
+        self.now += seconds
+        self.server.page = page(
+            self.finished, 4, self.waiting, self.finished * 1000, self.finished * 200, self.itl
+        )
+
+
+async def test_calibrate_prints_the_rate_at_which_requests_start_waiting(make_exporter) -> None:  # type: ignore[no-untyped-def]
+    server = await make_exporter()
+    ramp = Ramp(server)
+    session = client_session()
+    fetcher = PageFetcher(session, timeout=3, max_bytes=1 << 20)
+    lines: list[str] = []
+    try:
+        result = await calibrate.run(
+            server.url,
+            calibrate.Calibration(window=20, prefill_weight=0.25),
+            fetch=fetcher.get,
+            interval=STEP,
+            duration=600,
+            out=lines.append,
+            clock=ramp.clock,
+            sleep=ramp.sleep,
+        )
+    finally:
+        await session.close()
+    assert result.saturated
+    assert result.best is not None
+    assert result.best.requests == pytest.approx(CAPACITY)
+    assert result.best.tokens == pytest.approx(CAPACITY * (1000 * 0.25 + 200))
+    assert "5.00 requests/s" in lines[-1] and "requests started waiting past it" in lines[-1]
+    assert "2250 weighted tokens/s" in lines[-1]
+    # It stopped once requests had waited on three pages in a row, not at the end of the duration.
+    assert ramp.now < 200
+    assert sum("waiting" in line and "req/s" in line for line in lines) >= 10
+
+
+async def test_calibrate_with_a_latency_target_stops_where_the_time_per_token_passes_it(
+    make_exporter,
+) -> None:  # type: ignore[no-untyped-def]
+    server = await make_exporter()
+    ramp = Ramp(server)
+    session = client_session()
+    fetcher = PageFetcher(session, timeout=3, max_bytes=1 << 20)
+    lines: list[str] = []
+    try:
+        result = await calibrate.run(
+            server.url,
+            calibrate.Calibration(window=20, per_token_target=0.025),
+            fetch=fetcher.get,
+            interval=STEP,
+            duration=600,
+            out=lines.append,
+            clock=ramp.clock,
+            sleep=ramp.sleep,
+        )
+    finally:
+        await session.close()
+    # Over 50..70 s: 3 requests/s for 10 s at 22 ms/token and 4 for 10 s at 26 → 24.3 ms, within 25; over
+    # 55..75 s the mean is 25.2 ms: the limit, long before any request waits (at 5 requests/s).
+    assert result.best is not None
+    assert result.best.requests == pytest.approx((10 * 3 + 10 * 4) / 20)
+    assert result.best.per_token is not None and result.best.per_token <= 0.025
+    assert result.saturated and ramp.now < 100
+    assert "ms/token" in lines[5]
+    assert "within the latency target" in lines[-1] and "passed 25 ms" in lines[-1]
+
+
+async def test_calibrate_command_on_an_idle_pod_says_the_ramp_never_reached_capacity(
+    make_exporter, capsys: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
+    server = await make_exporter(page(100, 0, 0, 1000, 200))
+    # The command runs its own event loop: in a thread of its own, so that this test's loop serves the page.
+    code = await asyncio.to_thread(
+        main, ["calibrate", server.url, "--interval", "0.05", "--window", "0.1", "--duration", "0.4"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "0.00 requests/s" in out and "lower bound" in out
+
+
+def test_calibrate_refuses_a_window_shorter_than_two_reads(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["calibrate", "http://127.0.0.1:9/metrics", "--interval", "5", "--window", "6"]) == 2
+    assert "--window of at least two intervals" in capsys.readouterr().err
+
+
+def test_a_page_without_a_finished_counter_is_said_not_rated() -> None:
+    calibration = calibrate.Calibration(window=20)
+    why = calibration.observe(0, b"llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\n")
+    assert isinstance(why, str) and "finished requests" in why
+    assert calibration.best is None

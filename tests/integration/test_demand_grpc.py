@@ -1,0 +1,305 @@
+"""`metric: demand` (SPEC §6) end to end: loopback vLLM pages whose counters move, real gRPC calls.
+
+The scaler runs on a clock the test sets: each page is read at a known instant, so rates are exact. The
+test changes a page, waits until the scaler has read it twice (never a sleep for a time), then moves the
+clock on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from conftest import FAST, RunningScaler
+from support import ExporterServer, eventually, latest_trigger
+
+from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_gpu_scaler.app import App
+from keda_gpu_scaler.demo.epp import Queued, epp_page
+from keda_gpu_scaler.explain import render_table
+
+# The tests' arithmetic is over a minute of pages: the window is named, not the default.
+DEMAND = {"metric": "demand", "threshold": "10", "podNamePrefix": "chat-", "window": "60"}
+MODEL = 'model_name="llama"'
+
+
+def vllm_page(
+    finished: float | str, running: float, waiting: float, prompt: float = 0, generated: float = 0
+) -> str:
+    """A vLLM V1 page with the families `demand` reads (finished split over two finish reasons)."""
+    stop = finished if isinstance(finished, str) else finished - 1 if finished >= 1 else finished
+    abort = 1 if not isinstance(finished, str) and finished >= 1 else 0
+    return "\n".join(
+        [
+            "# TYPE vllm:num_requests_running gauge",
+            f'vllm:num_requests_running{{engine="0",{MODEL}}} {running}',
+            "# TYPE vllm:num_requests_waiting gauge",
+            f'vllm:num_requests_waiting{{engine="0",{MODEL}}} {waiting}',
+            "# TYPE vllm:request_success_total counter",
+            f'vllm:request_success_total{{engine="0",finished_reason="stop",{MODEL}}} {stop}',
+            f'vllm:request_success_total{{engine="0",finished_reason="abort",{MODEL}}} {abort}',
+            "# TYPE vllm:prompt_tokens_total counter",
+            f'vllm:prompt_tokens_total{{engine="0",{MODEL}}} {prompt}',
+            "# TYPE vllm:generation_tokens_total counter",
+            f'vllm:generation_tokens_total{{engine="0",{MODEL}}} {generated}',
+            "",
+        ]
+    )
+
+
+def vllm_page_without_counters(running: float, waiting: float) -> str:
+    return vllm_page(0, running, waiting).split("# TYPE vllm:request_success_total")[0]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclasses.dataclass
+class Fleet:
+    scaler: RunningScaler
+    clock: Clock
+    pods: list[ExporterServer]
+    epps: list[ExporterServer]
+    metadata: dict[str, str] = dataclasses.field(default_factory=lambda: DEMAND)
+
+    async def show(self, at: float, *pages: str | None, queue: dict[Queued, int] | None = None) -> None:
+        """Set the clock to `at` and the pods' pages (None: unchanged), then wait until each page (and each
+        EPP page) has been read twice since: at least once whole, at this instant."""
+        self.clock.now = at
+        for server, page in zip(self.pods, pages, strict=False):
+            if page is not None:
+                server.page = page
+        if queue is not None:
+            for epp in self.epps:
+                epp.page = epp_page("chat-pool", queue)
+        servers = [*self.pods, *self.epps]
+        seen = [server.requests for server in servers]
+        # Pages are read while a trigger asks for them: a call (whatever it answers) says so.
+        await failure(self.scaler, self.metadata)
+
+        async def read_twice() -> None:
+            assert all(server.requests >= before + 2 for server, before in zip(servers, seen, strict=True))
+
+        await eventually(read_twice)
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[Callable[..., Awaitable[Fleet]]]:
+    made: list[tuple[App, grpc.aio.Channel, list[ExporterServer]]] = []
+
+    async def make(pages: int, *, epps: int = 0, failing: tuple[int, ...] = ()) -> Fleet:
+        servers = []
+        for index in range(pages + epps):
+            server = ExporterServer(page="", status=503 if index in failing else 200)
+            await server.start()
+            servers.append(server)
+        pods, gateways = servers[:pages], servers[pages:]
+        clock = Clock()
+        settings = dataclasses.replace(
+            FAST,
+            inference_urls=tuple(("llm", f"chat-{i}", s.url) for i, s in enumerate(pods)),
+            gateway_urls=tuple(("llm", "chat-pool", s.url) for s in gateways),
+            # The test's clock moves in jumps: a page read before a jump stays fresh until the next one.
+            max_staleness=100.0,
+        )
+        app = App(settings, clock=clock)
+        await app.start()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}")
+        made.append((app, channel, servers))
+        return Fleet(RunningScaler(app, channel, pb_grpc.ExternalScalerStub(channel)), clock, pods, gateways)
+
+    yield make
+    for app, channel, servers in made:
+        await channel.close()
+        await app.stop()
+        for server in servers:
+            await server.stop()
+
+
+def ref(metadata: dict[str, str]) -> pb.ScaledObjectRef:
+    return pb.ScaledObjectRef(name="chat", namespace="llm", scalerMetadata=metadata)
+
+
+async def value(scaler: RunningScaler, metadata: dict[str, str] = DEMAND) -> float:
+    name = metadata.get("metricName", "inference-demand")
+    response = await scaler.stub.GetMetrics(
+        pb.GetMetricsRequest(scaledObjectRef=ref(metadata), metricName=name)
+    )
+    assert len(response.metricValues) == 1
+    return response.metricValues[0].metricValueFloat
+
+
+async def failure(scaler: RunningScaler, metadata: dict[str, str] = DEMAND) -> tuple[grpc.StatusCode, str]:
+    try:
+        await value(scaler, metadata)
+    except grpc.aio.AioRpcError as error:
+        return error.code(), error.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
+async def explain(scaler: RunningScaler) -> dict[str, Any]:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{scaler.http}/explain", params={"namespace": "llm", "name": "chat"}) as answer,
+    ):
+        return latest_trigger(json.loads(await answer.text()))
+
+
+async def test_demand_is_finished_plus_piled_up_per_second_summed_over_pods(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(2)
+    spec = await f.scaler.stub.GetMetricSpec(ref(DEMAND))
+    assert (spec.metricSpecs[0].metricName, spec.metricSpecs[0].targetSizeFloat) == ("inference-demand", 10)
+    await f.show(1000, vllm_page(100, 10, 0), vllm_page(50, 4, 0))
+    # One page each: no pod has a rate yet, which is no answer (never a made-up 0).
+    code, message = await failure(f.scaler)
+    assert code is grpc.StatusCode.UNAVAILABLE and "no target pod has a rate yet" in message, message
+    await f.show(1030, vllm_page(400, 10, 0), vllm_page(140, 10, 6))
+    # chat-0: 300 finished in 30 s = 10/s; chat-1: 90 finished and 12 more in flight = 102 / 30 = 3.4/s.
+    assert await value(f.scaler) == pytest.approx(13.4)
+    assert (await f.scaler.stub.IsActive(ref(DEMAND))).result is True
+    explained = await explain(f.scaler)
+    pods = {pod["pod"]: pod for pod in explained["pods"]}
+    assert pods["chat-0"]["value"] == pytest.approx(10)
+    assert pods["chat-0"]["inputs"]["samplesUsed"] == 2
+    assert pods["chat-0"]["inputs"]["spanSeconds"] == 30
+    assert explained["trigger"]["window"] == 60
+    table = render_table(explained)
+    assert "RATE/S" in table and "SAMPLES" in table and "SPAN S" in table
+    # The window slides: at 1090 chat-0's rate is over 1030..1090 only.
+    await f.show(1060, vllm_page(700, 10, 0), None)
+    await f.show(1090, vllm_page(760, 10, 0), None)
+    # chat-0 over 1030..1090: 360 / 60 = 6/s; chat-1's page did not move since 1030: 0/s.
+    assert await value(f.scaler) == pytest.approx(6)
+    explained = await explain(f.scaler)
+    assert {pod["pod"]: pod["inputs"]["spanSeconds"] for pod in explained["pods"]}["chat-0"] == 60
+
+
+async def test_a_restarted_server_counts_from_zero_never_a_negative_rate(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(1)
+    await f.show(1000, vllm_page(5000, 8, 0))
+    await f.show(1020, vllm_page(5200, 8, 0))
+    await f.show(1040, vllm_page(80, 2, 0))  # restarted: 80 finished and 2 in flight since
+    assert await value(f.scaler) == pytest.approx((200 + 80 + 2) / 40)
+
+
+async def test_an_idle_fleet_is_zero_and_inactive(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(1)
+    await f.show(1000, vllm_page(5000, 0, 0))
+    await f.show(1030, None)
+    assert await value(f.scaler) == 0
+    assert (await f.scaler.stub.IsActive(ref(DEMAND))).result is False
+
+
+async def test_a_pod_without_a_rate_yet_counts_as_the_mean_of_the_others(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(3, failing=(2,))
+    await f.show(1000, vllm_page(0, 0, 0), vllm_page(0, 0, 0))
+    await f.show(1040, vllm_page(300, 0, 0), vllm_page(180, 0, 0))  # 7.5/s and 4.5/s
+    f.pods[2].status = 200
+    await f.show(1040, None, None, vllm_page(7, 1, 0))  # its first page: no rate yet
+    assert await value(f.scaler) == pytest.approx(7.5 + 4.5 + 6)
+    explained = await explain(f.scaler)
+    assert any("mean of the others" in note for note in explained["notes"]), explained["notes"]
+
+
+@pytest.mark.parametrize("bad", ["NaN", "-4"])
+async def test_an_unusable_counter_makes_a_missing_pod_not_a_rate(fleet, bad: str) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(2)
+    await f.show(1000, vllm_page(0, 0, 0), vllm_page(0, 0, 0))
+    await f.show(1030, vllm_page(60, 0, 0), vllm_page(bad, 0, 0))
+    # chat-0: 2/s, below the threshold; chat-1 is missing and counts as the threshold (no scale-down).
+    assert await value(f.scaler) == pytest.approx(2 + 10)
+    explained = await explain(f.scaler)
+    assert explained["missingPods"] == ["chat-1"]
+
+
+async def test_a_counter_family_that_vanishes_makes_a_missing_pod(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(2)
+    await f.show(1000, vllm_page(0, 0, 0), vllm_page(0, 0, 0))
+    await f.show(1030, vllm_page(60, 0, 0), vllm_page_without_counters(0, 0))
+    assert await value(f.scaler) == pytest.approx(2 + 10)
+
+
+async def test_an_engine_without_a_finished_counter(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(1)
+    llamacpp = "# TYPE llamacpp:requests_processing gauge\nllamacpp:requests_processing 2\n"
+    llamacpp += "# TYPE llamacpp:requests_deferred gauge\nllamacpp:requests_deferred 0\n"
+    await f.show(1000, llamacpp)
+
+    async def unavailable_naming_it() -> None:
+        code, message = await failure(f.scaler)
+        assert (
+            code is grpc.StatusCode.UNAVAILABLE and "llamacpp" in message and "finished requests" in message
+        )
+
+    await eventually(unavailable_naming_it)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await f.scaler.stub.GetMetricSpec(ref({**DEMAND, "engine": "llamacpp"}))
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "demand" in (raised.value.details() or "")
+
+
+async def test_tokens_weigh_requests_by_their_size(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(1)
+    tokens = {**DEMAND, "demandUnit": "tokens", "threshold": "4000", "prefillWeight": "0.5"}
+    f.metadata = tokens
+    await f.show(1000, vllm_page(0, 0, 0, 0, 0))
+    await f.show(1060, vllm_page(600, 0, 0, 600_000, 120_000))
+    # 10 req/s × (1,000 × 0.5 + 200) = 7,000 weighted tokens/s.
+    assert await value(f.scaler, tokens) == pytest.approx(7000)
+
+
+async def test_the_pool_s_pending_requests_wake_a_pool_at_zero(fleet) -> None:  # type: ignore[no-untyped-def]
+    # A page of another workload keeps the namespace's inference source fresh; no chat- pod exists.
+    f = await fleet(1, epps=1)
+    pooled = {**DEMAND, "podNamePrefix": "none-", "inferencePool": "chat-pool", "window": "30"}
+    f.metadata = pooled
+    await f.show(1000, vllm_page(0, 0, 0), queue={})
+    assert await value(f.scaler, pooled) == 0
+    assert (await f.scaler.stub.IsActive(ref(pooled))).result is False
+    await f.show(1010, None, queue={Queued("llama"): 3})
+    # 3 held: their growth over 10 s (0.3/s) and what clears them within the 30 s window (0.1/s).
+    assert await value(f.scaler, pooled) == pytest.approx(0.3 + 0.1)
+    assert (await f.scaler.stub.IsActive(ref(pooled))).result is True
+    explained = await explain(f.scaler)
+    assert any("pending requests" in note for note in explained["notes"]), explained["notes"]
+
+
+@pytest.mark.parametrize(
+    ("metadata", "words"),
+    [
+        ({**DEMAND, "window": "5"}, ("window", "5", "10 <= window <= 600")),
+        ({**DEMAND, "window": "601"}, ("window", "601")),
+        ({**DEMAND, "window": "NaN"}, ("window", "not a number")),
+        ({**DEMAND, "window": "60\n"}, ("window", "not a number")),
+        ({**DEMAND, "demandUnit": "bytes"}, ("demandUnit", "requests, tokens")),
+        ({**DEMAND, "prefillWeight": "0.5"}, ("prefillWeight", "demandUnit=tokens")),
+        (
+            {**DEMAND, "demandUnit": "tokens", "prefillWeight": "5"},
+            ("prefillWeight", "0 <= prefillWeight <= 4"),
+        ),
+        ({**DEMAND, "demandUnit": "tokens", "engine": "triton"}, ("demandUnit", "triton")),
+        ({**DEMAND, "source": "prometheus"}, ("source", "demand")),
+        ({**DEMAND, "metric": "requests", "window": "60"}, ("window", "metric=demand")),
+        ({**DEMAND, "threshold": "0"}, ("threshold",)),
+    ],
+)
+async def test_bad_metadata_is_invalid_argument_naming_the_key(
+    fleet, metadata: dict[str, str], words: tuple[str, ...]
+) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(0)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await f.scaler.stub.GetMetricSpec(ref(metadata))
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    for word in words:
+        assert word in (raised.value.details() or ""), raised.value.details()

@@ -1,0 +1,97 @@
+"""demand over a target's pods: rates from the history, the mean for a pod without one, the pool added."""
+
+from __future__ import annotations
+
+import pytest
+
+from keda_gpu_scaler.collect.demand_history import DemandHistory
+from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
+from keda_gpu_scaler.collect.store import Page, SourceKind
+from keda_gpu_scaler.demand_values import demand_pod_values, with_pending
+from keda_gpu_scaler.engines import PodSamples
+from keda_gpu_scaler.errors import NoData
+from keda_gpu_scaler.exposition import parse_exposition
+from keda_gpu_scaler.scaling import evaluate
+from keda_gpu_scaler.trigger import Aggregation, parse_trigger
+
+SPEC = parse_trigger({"metric": "demand", "threshold": "10", "podNamePrefix": "chat-", "window": "60"})
+POOLED = parse_trigger(
+    {"metric": "demand", "threshold": "10", "podNamePrefix": "chat-", "window": "60", "inferencePool": "p"}
+)
+
+
+def pod(name: str, finished: float | str, flight: float = 0) -> PodSamples:
+    text = (
+        f'vllm:num_requests_running{{engine="0"}} {flight}\nvllm:num_requests_waiting{{engine="0"}} 0\n'
+        f'vllm:request_success_total{{engine="0",finished_reason="stop"}} {finished}\n'
+    )
+    return PodSamples("llm", name, tuple(parse_exposition(text, POD_PAGE_NAMES)))
+
+
+def history_of(pages: dict[float, list[PodSamples]]) -> DemandHistory:
+    history = DemandHistory(forget_after=600)
+    for name in {p.pod for ps in pages.values() for p in ps}:
+        history.points("llm", name, ("auto", None), 60, 0)
+    for at, ps in sorted(pages.items()):
+        for p in ps:
+            history.on_page(SourceKind.INFERENCE, Page.from_readings(f"url-{p.pod}", at, [p]))
+    return history
+
+
+def test_rates_and_the_mean_for_a_pod_without_one() -> None:
+    history = history_of(
+        {
+            0: [pod("chat-0", 0), pod("chat-1", 0)],
+            60: [pod("chat-0", 600), pod("chat-1", 300), pod("chat-2", 5)],
+        }
+    )
+    pages = [pod("chat-0", 600), pod("chat-1", 300), pod("chat-2", 5)]
+    rows, problems, notes = demand_pod_values(history, "llm", pages, SPEC, 60)
+    assert {name: row[2] for name, row in rows.items()} == {"chat-0": 10, "chat-1": 5, "chat-2": 7.5}
+    assert problems == {} and "mean of the others" in notes[0]
+
+
+def test_no_pod_with_a_rate_is_no_data() -> None:
+    history = history_of({0: [pod("chat-0", 0)]})
+    with pytest.raises(NoData, match="no target pod has a rate yet"):
+        demand_pod_values(history, "llm", [pod("chat-0", 0)], SPEC, 0)
+
+
+def test_an_unusable_newest_page_is_a_missing_pod() -> None:
+    history = history_of(
+        {0: [pod("chat-0", 0), pod("chat-1", 0)], 60: [pod("chat-0", 600), pod("chat-1", "NaN")]}
+    )
+    rows, problems, _ = demand_pod_values(
+        history, "llm", [pod("chat-0", 600), pod("chat-1", "NaN")], SPEC, 60
+    )
+    assert set(rows) == {"chat-0"} and "chat-1" in problems
+
+
+def test_an_engine_without_a_finished_counter_is_no_data_naming_it() -> None:
+    llamacpp = PodSamples(
+        "llm",
+        "chat-0",
+        tuple(parse_exposition("llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\n")),
+    )
+    history = history_of({0: [llamacpp]})
+    with pytest.raises(NoData, match="llamacpp exports no counter of finished requests"):
+        demand_pod_values(history, "llm", [llamacpp], SPEC, 0)
+
+
+def test_pending_adds_to_a_total_and_its_share_to_a_mean() -> None:
+    rows = {"chat-0": ("chat-0", "vllm", 4.0, 0), "chat-1": ("chat-1", "vllm", 6.0, 0)}
+    total = evaluate(rows, (), POOLED, Aggregation.SUM)
+    added, note = with_pending(total, POOLED, [(0, 0), (10, 30)])  # growth 3/s, 30 / 60 s to clear
+    assert added.value == pytest.approx(10 + 3.5) and "30 pending" in note
+    mean = evaluate(rows, (), POOLED, Aggregation.MEAN)
+    assert with_pending(mean, POOLED, [(0, 0), (10, 30)])[0].value == pytest.approx(5 + 3.5 / 2)
+
+
+def test_a_pool_at_zero_holding_requests_is_active() -> None:
+    zero = evaluate({}, (), POOLED, Aggregation.SUM)
+    assert not zero.active
+    woken, _ = with_pending(zero, POOLED, [(5, 2)])
+    assert woken.active and woken.value == pytest.approx(2 / 60)
+    assert woken.what_if.average_value == 1
+    idle, _ = with_pending(zero, POOLED, [(0, 0), (5, 0)])
+    assert not idle.active and idle.value == 0

@@ -1,0 +1,109 @@
+"""The minted token's bookkeeping (collect/gateway_token.py) with a clock and TokenRequest answers of the
+test's choosing: what read() gives or says at each point of a token's life, and answers it cannot use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from keda_gpu_scaler.collect.gateway_token import MintedToken, TokenUnavailable
+from keda_gpu_scaler.discovery.api import KubeError
+from keda_gpu_scaler.secretfile import SecretFileError
+
+NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+
+
+def answer(token: str, expires: str) -> dict[str, Any]:
+    return {
+        "kind": "TokenRequest",
+        "apiVersion": "authentication.k8s.io/v1",
+        "spec": {"expirationSeconds": 600},
+        "status": {"token": token, "expirationTimestamp": expires},
+    }
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = NOW
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def minted(answers: list[dict[str, Any] | Exception], clock: Clock) -> tuple[MintedToken, list[Any]]:
+    asked: list[Any] = []
+
+    async def mint(namespace: str, name: str, seconds: int) -> dict[str, Any]:
+        asked.append((namespace, name, seconds))
+        given = answers.pop(0)
+        if isinstance(given, Exception):
+            raise given
+        return given
+
+    return MintedToken("keda", "epp-metrics", mint, clock=clock), asked
+
+
+def unavailable(token: MintedToken) -> str:
+    with pytest.raises(TokenUnavailable) as caught:
+        token.read()
+    assert isinstance(caught.value, SecretFileError)  # what the fetchers record as the page's failure
+    return str(caught.value)
+
+
+async def test_a_token_is_served_until_its_expiry_and_a_failed_renewal_is_said_after() -> None:
+    clock = Clock()
+    token, asked = minted(
+        [answer("first", "2027-01-15T08:10:00Z"), KubeError("the API server is unreachable (timed out)")],
+        clock,
+    )
+    assert unavailable(token).startswith(
+        "--gateway-token-serviceaccount keda/epp-metrics: no token minted yet"
+    )
+    assert await token.mint_once() == 600
+    assert asked == [("keda", "epp-metrics", 600)]
+    assert token.read() == "first"
+    clock.now += 480
+    assert await token.mint_once() is None  # the renewal failed: the last token still serves
+    assert token.read() == "first"
+    clock.now += 109
+    assert token.read() == "first"
+    clock.now += 1  # the last 10 s of its life: it would arrive expired
+    message = unavailable(token)
+    assert (
+        "the last minted token is no longer sent (it expires at" in message
+        and "renewing it failed" in message
+    ), message
+    assert "unreachable (timed out)" in message
+
+
+@pytest.mark.parametrize(
+    ("given", "words"),
+    [
+        ({"kind": "TokenRequest", "status": {}}, "has no status.token"),
+        (answer("t", "not a time"), "cannot be used"),
+        (answer("t", "2027-01-15T08:10:00"), "has no time zone"),
+        (answer("t", "2027-01-15T07:59:00Z"), "already expired (is this host's clock right?)"),
+        (KubeError("denied", 403), 'resourceNames: ["epp-metrics"], verbs: ["create"]'),
+        (KubeError("not found", 404), "no ServiceAccount 'epp-metrics' in namespace 'keda'"),
+    ],
+)
+async def test_an_answer_that_gives_no_usable_token_is_the_reason_read_gives(
+    given: dict[str, Any] | Exception, words: str
+) -> None:
+    token, _ = minted([given], Clock())
+    assert await token.mint_once() is None
+    message = unavailable(token)
+    assert words in message and message.startswith("--gateway-token-serviceaccount keda/epp-metrics"), message
+
+
+async def test_a_failure_after_a_token_expired_never_brings_the_old_one_back() -> None:
+    clock = Clock()
+    token, _ = minted(
+        [answer("first", "2027-01-15T08:10:00Z"), answer("second", "2027-01-15T08:25:00Z")], clock
+    )
+    await token.mint_once()
+    clock.now += 601
+    assert "expires at" in unavailable(token) and "has not been renewed yet" in unavailable(token)
+    assert await token.mint_once() is not None
+    assert token.read() == "second" and token.minted == 2

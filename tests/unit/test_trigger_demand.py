@@ -1,0 +1,83 @@
+"""`metric: demand` metadata (SPEC §6): its keys, their defaults, and every misuse refused naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from keda_gpu_scaler.demand import DEFAULT_PREFILL_WEIGHT, DEFAULT_WINDOW_SECONDS, DemandUnit
+from keda_gpu_scaler.errors import ConfigError
+from keda_gpu_scaler.trigger import Metric, parse_trigger
+
+DEMAND = {"metric": "demand", "threshold": "9", "podNamePrefix": "chat-"}
+
+
+def test_defaults() -> None:
+    spec = parse_trigger(DEMAND)
+    assert spec.metric is Metric.DEMAND and spec.metric.inference
+    assert spec.metric_name == "inference-demand"
+    assert (spec.window, spec.demand_unit, spec.prefill_weight) == (
+        DEFAULT_WINDOW_SECONDS,
+        DemandUnit.REQUESTS,
+        DEFAULT_PREFILL_WEIGHT,
+    )
+    assert spec.inference_pool is None
+
+
+def test_every_key_given() -> None:
+    spec = parse_trigger(
+        {
+            **DEMAND,
+            "threshold": "4500",
+            "window": "30",
+            "demandUnit": "tokens",
+            "prefillWeight": "0.1",
+            "engine": "vllm",
+            "model": "llama",
+            "inferencePool": "chat-pool",
+            "gatewayMetricsPort": "9091",
+        }
+    )
+    assert (spec.window, spec.demand_unit, spec.prefill_weight) == (30, DemandUnit.TOKENS, 0.1)
+    assert (spec.inference_pool, spec.gateway_metrics_port) == ("chat-pool", 9091)
+    assert parse_trigger({**DEMAND, "threshold": "1e6"}).threshold == 1e6  # no upper bound
+
+
+@pytest.mark.parametrize(
+    ("metadata", "words"),
+    [
+        ({**DEMAND, "window": "9.9"}, ["window", "9.9", "10 <= window <= 600"]),
+        ({**DEMAND, "window": "600.5"}, ["window", "600.5"]),
+        ({**DEMAND, "window": "nan"}, ["window", "not a number"]),
+        ({**DEMAND, "window": "inf"}, ["window", "not a number"]),
+        ({**DEMAND, "window": "60\n"}, ["window", "not a number"]),
+        ({**DEMAND, "window": ""}, ["window", "not a number"]),
+        ({**DEMAND, "demandUnit": "Tokens"}, ["demandUnit", "requests, tokens"]),
+        ({**DEMAND, "prefillWeight": "0.5"}, ["prefillWeight", "demandUnit=tokens"]),
+        (
+            {**DEMAND, "demandUnit": "tokens", "prefillWeight": "-0.1"},
+            ["prefillWeight", "0 <= prefillWeight <= 4"],
+        ),
+        ({**DEMAND, "demandUnit": "tokens", "prefillWeight": "NaN"}, ["prefillWeight", "not a number"]),
+        (
+            {**DEMAND, "demandUnit": "tokens", "engine": "triton"},
+            ["demandUnit", "triton", "no token counters"],
+        ),
+        ({**DEMAND, "engine": "llamacpp"}, ["engine llamacpp", "demand"]),
+        ({**DEMAND, "source": "prometheus"}, ["source", "demand", "scrape"]),
+        ({**DEMAND, "gatewayMetricsPort": "9091"}, ["gatewayMetricsPort", "inferencePool"]),
+        ({**DEMAND, "vendor": "nvidia"}, ["vendor", "GPU metrics"]),
+        ({**DEMAND, "threshold": "0"}, ["threshold"]),
+        ({**DEMAND, "metric": "requests", "window": "60"}, ["window", "metric=demand", "metric=requests"]),
+        ({**DEMAND, "metric": "utilization", "threshold": "50", "demandUnit": "tokens"}, ["demandUnit"]),
+        (
+            {"metric": "pending", "threshold": "1", "inferencePool": "p", "window": "60"},
+            ["window", "pending"],
+        ),
+        ({**DEMAND, "metric": "queue", "inferencePool": "p"}, ["inferencePool", "metric=pending"]),
+    ],
+)
+def test_misuse_is_a_clear_error(metadata: dict[str, str], words: list[str]) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_trigger(metadata)
+    for word in words:
+        assert word in str(raised.value), str(raised.value)
