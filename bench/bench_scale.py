@@ -15,7 +15,7 @@ from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 
 PROFILE_RULES = (
-    ("HTTP client (lean fetcher: connection, request, body)", "collect/http.py"),
+    ("HTTP client (collect/http.py over aiohttp: request, answer, body)", "collect/http.py"),
     ("parsing pages (exposition.py)", "parse_exposition"),
     ("per-GPU readings (vendors/)", "readings_from_samples"),
     ("store and scrape metrics", "record_page"),

@@ -28,7 +28,7 @@ from keda_gpu_scaler.vendors import SAMPLE_NAMES
 GOAL_UNCHANGED = 0.4
 GOAL_NEW = 0.6
 PROFILE_RULES = (
-    ("HTTP client (collect/http.py: request, answer, body)", "collect/http.py"),
+    ("HTTP client (collect/http.py over aiohttp: request, answer, body)", "collect/http.py"),
     ("parsing the page (exposition.py)", "parse_exposition"),
     ("per-GPU readings (vendors/)", "readings_from_samples"),
     ("unchanged-page digest (XXH3)", "_digest_and_read"),
@@ -182,12 +182,6 @@ class _Pages:
     async def get(self, url: str) -> bytes:
         self.count += 1
         return self.bodies[self.count % 2]
-
-    def forget(self, url: str) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 async def _probe(stop: asyncio.Event, late: list[float]) -> None:

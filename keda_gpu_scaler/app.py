@@ -18,10 +18,10 @@ from aiohttp import web
 
 from keda_gpu_scaler import http_endpoints
 from keda_gpu_scaler.collect.gateway import GatewayPages
-from keda_gpu_scaler.collect.gateway_fetch import GatewayFetcher, gateway_fetcher
+from keda_gpu_scaler.collect.gateway_fetch import gateway_fetcher
 from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink
 from keda_gpu_scaler.collect.gateway_token import MintedToken
-from keda_gpu_scaler.collect.http import LeanFetcher, exporter_fetcher
+from keda_gpu_scaler.collect.http import client_session, exporter_fetcher, keepalive_for
 from keda_gpu_scaler.collect.inference import InferencePages
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient, prometheus_ssl
@@ -150,16 +150,15 @@ class App:
         self.grpc_port = 0
         self.tls: ReloadingServerCredentials | None = None
         self.http_port = 0
-        self._fetcher: LeanFetcher | None = None
+        # Every HTTP request of the sources (pages and Prometheus queries) goes through this one session.
+        self._session: aiohttp.ClientSession | None = None
         self._collector: ScrapeCollector | None = None
         self._server: grpc.aio.Server | None = None
         self._http: web.AppRunner | None = None
-        self._prometheus_session: aiohttp.ClientSession | None = None
         self._prometheus: PrometheusCollector | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._inference_collector: ScrapeCollector | None = None
         self._gateway_collector: ScrapeCollector | None = None
-        self._gateway_fetcher: GatewayFetcher | None = None
         self._minted: MintedToken | None = None
         self._token_api: KubeApi | None = None
 
@@ -194,24 +193,29 @@ class App:
         # Certificate files are loaded first: a bad one stops start-up before anything runs.
         prometheus_tls = prometheus_ssl(s) if s.prometheus_url is not None else True
         limits = ScrapeLimits(s.scrape_interval, s.scrape_timeout, s.max_page_bytes, s.scrape_concurrency)
-        # Exporter pages: the lean keep-alive fetcher (half aiohttp's CPU per page; docs/DESIGN.md).
-        self._fetcher = fetcher = exporter_fetcher(s)
-        # Endpoint-picker pages have their own fetcher: the limited token (minted for
-        # --gateway-token-serviceaccount, or --gateway-token-file's), or the scaler's service account token
-        # over verified HTTPS only (collect/gateway_fetch.py), never to exporters.
-        metrics_token = await self._metrics_token()
+        self._session = session = client_session(keepalive_for(s))
         try:
-            self._gateway_fetcher = gateway_fetcher(
-                timeout=s.scrape_timeout,
-                max_bytes=s.max_page_bytes,
-                ca_file=s.gateway_ca_file,
-                metrics_token_file=s.gateway_token_file,
-                metrics_token=metrics_token,
-                plain_http=s.gateway_token_plain_http,
-            )
-        except (ssl.SSLError, OSError) as error:
+            fetcher = exporter_fetcher(session, s)
+            # Endpoint-picker pages have their own fetcher: the limited token (minted for
+            # --gateway-token-serviceaccount, or --gateway-token-file's), or the scaler's service account
+            # token over verified HTTPS only (collect/gateway_fetch.py), never to exporters.
+            metrics_token = await self._metrics_token()
+            try:
+                epp_fetcher = gateway_fetcher(
+                    session,
+                    timeout=s.scrape_timeout,
+                    max_bytes=s.max_page_bytes,
+                    ca_file=s.gateway_ca_file,
+                    metrics_token_file=s.gateway_token_file,
+                    metrics_token=metrics_token,
+                    plain_http=s.gateway_token_plain_http,
+                )
+            except (ssl.SSLError, OSError) as error:
+                raise SettingsError(f"--gateway-ca-file: {error}") from error
+        except SettingsError:
             await self._stop_minting()
-            raise SettingsError(f"--gateway-ca-file: {error}") from None
+            await self._close_session()
+            raise
 
         def collector() -> ScrapeCollector:
             return ScrapeCollector(
@@ -239,7 +243,7 @@ class App:
         # Endpoint-picker pages: few (one per EPP replica), scraped every --gateway-interval while a
         # `pending` trigger reads their pool, so a wake from zero follows within that interval.
         self._gateway_collector = ScrapeCollector(
-            fetcher=self._gateway_fetcher,
+            fetcher=epp_fetcher,
             store=self.store,
             interest=self.wanted,
             limits=ScrapeLimits(s.gateway_interval, s.scrape_timeout, s.max_page_bytes, s.scrape_concurrency),
@@ -254,12 +258,8 @@ class App:
                 await self.stop()
                 raise SettingsError(f"--kubernetes={s.kubernetes}: {error}") from None
         if s.prometheus_url is not None:
-            # Its own session: its own TLS settings, and queries never wait behind exporter scrapes.
-            self._prometheus_session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=prometheus_tls), auto_decompress=True
-            )
             self._prometheus = PrometheusCollector(
-                client=PrometheusClient(self._prometheus_session, s, self.telemetry, self.clock),
+                client=PrometheusClient(session, s, self.telemetry, self.clock, prometheus_tls),
                 store=self.store,
                 wanted=self.wanted,
                 interval=s.scrape_interval,
@@ -356,16 +356,17 @@ class App:
             await self._gateway_collector.stop()
         if self._prometheus is not None:
             await self._prometheus.stop()
-        if self._prometheus_session is not None:
-            await self._prometheus_session.close()
         if self._http is not None:
             await self._http.cleanup()
-        if self._fetcher is not None:
-            self._fetcher.close()
-        if self._gateway_fetcher is not None:
-            self._gateway_fetcher.close()
+        await self._close_session()
         await self._stop_minting()
         log.info("stopped")
+
+    async def _close_session(self) -> None:
+        """Close the HTTP session (its kept connections) once nothing fetches any more."""
+        if self._session is not None:
+            session, self._session = self._session, None
+            await session.close()
 
     async def _stop_minting(self) -> None:
         if self._minted is not None:

@@ -312,7 +312,7 @@ def _explain(args: argparse.Namespace) -> int:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from keda_gpu_scaler import calibrate
-    from keda_gpu_scaler.collect.http import exporter_fetcher
+    from keda_gpu_scaler.collect.http import client_session, exporter_fetcher
 
     target = args.per_token_target
     if (
@@ -339,13 +339,11 @@ def _calibrate(args: argparse.Namespace) -> int:
     )
 
     async def measure() -> calibrate.Calibration:
-        fetcher = exporter_fetcher(settings)
-        try:
+        async with client_session() as session:
+            fetcher = exporter_fetcher(session, settings)
             return await calibrate.run(
                 args.url, calibration, fetch=fetcher.get, interval=args.interval, duration=args.duration
             )
-        finally:
-            fetcher.close()
 
     done = asyncio.run(measure())
     return 0 if done.best is not None else 1

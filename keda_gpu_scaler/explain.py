@@ -10,7 +10,7 @@ from typing import Any
 
 from keda_gpu_scaler.collect.gateway import GatewayPages
 from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink
-from keda_gpu_scaler.collect.http import exporter_fetcher
+from keda_gpu_scaler.collect.http import client_session, exporter_fetcher
 from keda_gpu_scaler.collect.inference import InferencePages
 from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
@@ -74,7 +74,12 @@ async def explain_once(
         return [entry for entry in entries if entry is not None]
     limits = ScrapeLimits(settings.scrape_interval, settings.scrape_timeout, settings.max_page_bytes, 8)
     # The very fetcher `serve` uses (its TLS and bearer token too), so explain sees what the scaler sees.
-    fetcher = exporter_fetcher(settings)
+    session = client_session()
+    try:
+        fetcher = exporter_fetcher(session, settings)
+    except BaseException:
+        await session.close()
+        raise
     collector = ScrapeCollector(
         fetcher=fetcher, store=store, interest=wanted, limits=limits, telemetry=telemetry, clock=clock
     )
@@ -98,7 +103,7 @@ async def explain_once(
         await asyncio.gather(*(collector.scrape_once(url) for url in urls))
     finally:
         await collector.stop()
-        fetcher.close()
+        await session.close()
     problems = [f"{s.source}: {s.last_error}" for s in store.sources() if s.last_error]
     evaluated = iter(specs)
     for index, entry in enumerate(entries):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Set
+from collections.abc import Callable, Iterator, Set
 from functools import lru_cache
 from sys import intern
 from typing import Any, NamedTuple
@@ -24,6 +24,44 @@ LineNumber = Callable[[int], int]
 
 class ExpositionError(ValueError):
     """A page that is not valid text exposition; the message names the line and the reason."""
+
+
+# Passes over a whole page (a regular expression, a split) are made in pieces of about this many
+# characters, cut at line ends: each pass is one C call that holds the GIL, and over a 16 MB page one
+# call held it for 100 ms, every other thread's time, the event loop's included. A piece takes ~1 ms.
+PIECE = 256 * 1024
+
+
+def line_pieces(page: str | bytes) -> Iterator[tuple[int, int]]:
+    """(start, end) of consecutive pieces that make up `page`, each at least PIECE long (but the last)
+    and ending just after a newline (the last: where the page ends), so no line is ever cut. A line
+    longer than PIECE is a piece of its own."""
+    newline = "\n" if isinstance(page, str) else b"\n"
+    size = max(PIECE, 1)
+    start, length = 0, len(page)
+    while start < length:
+        cut = page.find(newline, start + size - 1)  # type: ignore[arg-type]
+        end = length if cut < 0 else cut + 1
+        yield start, end
+        start = end
+
+
+def count_in_pieces(pattern: re.Pattern[str], text: str) -> int:
+    """How many times `pattern` matches in `text`, searched piece by piece (see line_pieces): for a
+    pattern whose matches never span a newline, the same count as one findall over the whole text."""
+    return sum(len(pattern.findall(text, start, end)) for start, end in line_pieces(text))
+
+
+_BLANK_AFTER_NEWLINE = re.compile(r"\n[ \t]")
+
+
+def has_blank_led_line(text: str) -> bool:
+    """Whether some line of `text` begins with a blank or a tab, searched piece by piece (`"\n " in
+    text` over a 16 MB page is one 12 ms call: the newline it starts with is on every line)."""
+    if text.startswith((" ", "\t")):
+        return True
+    # From the newline before each piece: a line's first character is searched with its newline.
+    return any(_BLANK_AFTER_NEWLINE.search(text, max(start - 1, 0), end) for start, end in line_pieces(text))
 
 
 # One C-speed match takes a sample line apart: name, label set, value, optional timestamp. Blanks and
@@ -142,18 +180,24 @@ def _sample_lines(
             return found, lambda start: text.count("\n", 0, start) + 1
     wanted = None if names is None else tuple(names)
     lines: list[tuple[int, Line]] = []
-    for index, line in enumerate(text.split("\n")):
-        if wanted is not None and not line.startswith(wanted):
-            # The format allows blanks before a sample; they are rare, so only then pay for a strip.
-            if not line.startswith(_BLANKS):
-                continue
-            line = line.lstrip(" \t")
-            if not line.startswith(wanted):
-                continue
-        # "\r" is stripped too, so CRLF pages parse like LF pages.
-        line = line.strip(" \t\r")
-        if line and line[0] != "#":  # not a blank line or a comment
-            lines.append((index + 1, line))
+    number = 0  # of the line before the piece's first
+    for start, end in line_pieces(text):
+        piece = text[start:end].split("\n")
+        if end < len(text):
+            piece.pop()  # the "" after the piece's last newline: the next piece's first line follows
+        for index, line in enumerate(piece, start=number + 1):
+            if wanted is not None and not line.startswith(wanted):
+                # The format allows blanks before a sample; they are rare, so only then pay for a strip.
+                if not line.startswith(_BLANKS):
+                    continue
+                line = line.lstrip(" \t")
+                if not line.startswith(wanted):
+                    continue
+            # "\r" is stripped too, so CRLF pages parse like LF pages.
+            line = line.strip(" \t\r")
+            if line and line[0] != "#":  # not a blank line or a comment
+                lines.append((index, line))
+        number += len(piece)
     return lines, _same
 
 
@@ -176,20 +220,23 @@ def _lines_starting_with(
     if not names:
         return []
     lines: list[tuple[int, Line]] = []
-    # The finder runs on the text after a "\n", so the first line is found like the others; a match starts
-    # at the "\n" before its line, so its index is the line's start in the text.
-    for match in _line_finder(names).finditer("\n" + text):
-        blank, name, block, value, timestamp, malformed = match.groups()
-        if blank is not None:
-            return None
-        if malformed is not None:
-            lines.append((match.start(), (name + malformed).strip(" \t\r")))
-        else:
-            lines.append((match.start(), (name, block, value, timestamp)))
-        if len(lines) == enough:
-            # Every line found holds a wanted name, so each is a sample or an error: past the caller's
-            # limit nothing more is read (a hostile page of 150,000 series costs what 20,000 do).
-            break
+    finder = _line_finder(names)
+    # The finder runs on each piece after a "\n", so a piece's first line is found like the others; a
+    # match starts at the "\n" before its line, so its index plus the piece's start is the line's start
+    # in the text.
+    for start, end in line_pieces(text):
+        for match in finder.finditer("\n" + text[start:end]):
+            blank, name, block, value, timestamp, malformed = match.groups()
+            if blank is not None:
+                return None
+            if malformed is not None:
+                lines.append((start + match.start(), (name + malformed).strip(" \t\r")))
+            else:
+                lines.append((start + match.start(), (name, block, value, timestamp)))
+            if len(lines) == enough:
+                # Every line found holds a wanted name, so each is a sample or an error: past the caller's
+                # limit nothing more is read (a hostile page of 150,000 series costs what 20,000 do).
+                return lines
     return lines
 
 
@@ -220,10 +267,14 @@ def too_many_samples(page: bytes, names: Set[str], limit: int) -> ExpositionErro
     count = 0 if first is None else 1
     if count > limit:
         return _error(1, reason)
-    for match in finder.finditer(page):
-        count += 1
-        if count > limit:
-            return _error(page.count(b"\n", 0, match.start()) + 2, reason)
+    for start, end in line_pieces(page):
+        # From the newline before the piece (which belongs to the piece before) to the one it ends with
+        # (which the next piece's search starts from): each line is searched once, with its newline.
+        stop = end - 1 if page[end - 1 : end] == b"\n" else end
+        for match in finder.finditer(page, max(start - 1, 0), stop):
+            count += 1
+            if count > limit:
+                return _error(page.count(b"\n", 0, match.start()) + 2, reason)
     return None
 
 
@@ -461,8 +512,10 @@ def _excerpt(text: str, limit: int = 60) -> str:
 @lru_cache(maxsize=64)
 def _type_line_finder(names: frozenset[str]) -> re.Pattern[str]:
     # `# TYPE name type`: the format separates the tokens of a comment by blanks or tabs, any number.
+    # The "#" comes first, so the engine looks for that one character at C speed instead of trying a
+    # match at every position; that the "#" starts its line is checked on what is found.
     return re.compile(
-        rf"^#[ \t]+TYPE[ \t]+({_alternation(sorted(names))})[ \t]+([^\s]*)[ \t\r]*$", re.MULTILINE
+        rf"#[ \t]+TYPE[ \t]+({_alternation(sorted(names))})[ \t]+([^\s]*)[ \t\r]*$", re.MULTILINE
     )
 
 
@@ -474,8 +527,14 @@ def declared_types(page: str | bytes, names: Set[str]) -> dict[str, str]:
     """
     if not names:
         return {}
-    text = page.decode("utf-8", "replace") if isinstance(page, bytes) else page
+    finder = _type_line_finder(frozenset(names))
     found: dict[str, str] = {}
-    for match in _type_line_finder(frozenset(names)).finditer(text):
-        found.setdefault(match.group(1), match.group(2))
+    for start, end in line_pieces(page):
+        piece = page[start:end]
+        # (Cut after a newline, a piece decodes as its part of the whole page does.)
+        text = piece.decode("utf-8", "replace") if isinstance(piece, bytes) else piece
+        for match in finder.finditer(text):
+            at = match.start()
+            if at == 0 or text[at - 1] == "\n":  # a comment line, not a "#" inside another line
+                found.setdefault(match.group(1), match.group(2))
     return found

@@ -26,8 +26,10 @@ import ssl
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import aiohttp
+
 from keda_gpu_scaler.collect.gateway_token import SERVICEACCOUNT_FLAG, FileToken, MintedToken, TokenSource
-from keda_gpu_scaler.collect.http import BearerToken, FetchError, HTTPStatusError, LeanFetcher
+from keda_gpu_scaler.collect.http import BearerToken, FetchError, HTTPStatusError, PageFetcher
 from keda_gpu_scaler.secretfile import SecretFile
 
 # Where Kubernetes mounts a pod's service account token (projected, rotated by the kubelet).
@@ -97,9 +99,9 @@ def gateway_ssl(ca_file: Path | None) -> ssl.SSLContext:
 
 
 class GatewayFetcher:
-    """EPP pages through a LeanFetcher; 401, 403 and unverifiable certificates say what to do."""
+    """EPP pages through a PageFetcher; 401, 403 and unverifiable certificates say what to do."""
 
-    def __init__(self, inner: LeanFetcher, token: GatewayToken, ca_file: Path | None) -> None:
+    def __init__(self, inner: PageFetcher, token: GatewayToken, ca_file: Path | None) -> None:
         self._inner = inner
         self._token = token
         self._ca_file = ca_file
@@ -110,9 +112,9 @@ class GatewayFetcher:
         except HTTPStatusError as error:
             https = urlsplit(url).scheme == "https"
             if error.status == 401:
-                raise FetchError(self._unauthorized(https)) from None
+                raise FetchError(self._unauthorized(https)) from error
             if error.status == 403:
-                raise FetchError(self._forbidden(https)) from None
+                raise FetchError(self._forbidden(https)) from error
             raise
         except FetchError as error:
             if "CERTIFICATE_VERIFY_FAILED" in str(error) or "SSLCertVerificationError" in str(error):
@@ -125,7 +127,7 @@ class GatewayFetcher:
                 raise FetchError(
                     f"the endpoint picker's certificate does not verify against {trust}; its page is not"
                     f" read and the scaler's token is not sent ({error})"
-                ) from None
+                ) from error
             raise
 
     def _unauthorized(self, https: bool) -> str:
@@ -178,14 +180,9 @@ class GatewayFetcher:
             " and manifests/base have it)"
         )
 
-    def forget(self, url: str) -> None:
-        self._inner.forget(url)
-
-    def close(self) -> None:
-        self._inner.close()
-
 
 def gateway_fetcher(
+    session: aiohttp.ClientSession,
     *,
     timeout: float,
     max_bytes: int,
@@ -208,5 +205,7 @@ def gateway_fetcher(
         if token_file is not None and not token_file.exists():
             token_file = None  # not in a pod: nothing to present (a 401 then says so)
         token = GatewayToken(_OwnToken(token_file) if token_file else None, dedicated=False)
-    inner = LeanFetcher(timeout=timeout, max_bytes=max_bytes, ssl_context=gateway_ssl(ca_file), token=token)
+    inner = PageFetcher(
+        session, timeout=timeout, max_bytes=max_bytes, ssl_context=gateway_ssl(ca_file), token=token
+    )
     return GatewayFetcher(inner, token, ca_file)

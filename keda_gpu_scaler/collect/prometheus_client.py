@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from keda_gpu_scaler.collect.http import REQUEST_FAILURES, PageTooLarge, fetch_error, read_limited
+from keda_gpu_scaler.collect.http import USER_AGENT, FetchError, PageTooLarge, request
 from keda_gpu_scaler.collect.prometheus_answer import (
     Element,
     PrometheusError,
@@ -102,9 +102,11 @@ class PrometheusClient:
         settings: Settings,
         telemetry: Telemetry,
         clock: Callable[[], float],
+        ssl_context: ssl.SSLContext | bool = True,
     ) -> None:
         assert settings.prometheus_url is not None
-        self._session = session
+        self._session = session  # the app's: it closes it
+        self._ssl = ssl_context  # prometheus_ssl(settings), loaded once at start-up
         self._url = settings.prometheus_url.rstrip("/") + "/api/v1/query"
         self._timeout = settings.prometheus_timeout
         self._max_bytes = settings.max_page_bytes
@@ -141,25 +143,28 @@ class PrometheusClient:
 
     async def _post(self, form: dict[str, str]) -> bytes:
         """The body of a 200 answer; PrometheusError saying why there is none."""
+        headers = self._credentials.headers()
+        headers.setdefault("User-Agent", USER_AGENT)
+        # Answers of many series compress well; the body is inflated off the loop (collect/http.py).
+        headers.setdefault("Accept-Encoding", "gzip, deflate")
         try:
-            async with self._session.post(
+            answer = await request(
+                self._session,
                 self._url,
-                data=form,
-                headers=self._credentials.headers(),
-                timeout=aiohttp.ClientTimeout(total=self._timeout),
-                # A redirect could carry the credentials to another host.
-                allow_redirects=False,
-            ) as response:
-                body = await read_limited(response, self._max_bytes)
-        except PageTooLarge as error:
-            raise PrometheusError(f"answer too large: {error.args[0]}") from None
-        except REQUEST_FAILURES as error:
-            raise PrometheusError(remote_text(str(fetch_error(error, self._timeout)), 200)) from None
-        if response.status != 200:
-            raise PrometheusError(
-                http_error(response.status, response.reason, response.headers.get("Location"), body)
+                timeout=self._timeout,
+                max_bytes=self._max_bytes,
+                ssl_context=self._ssl,
+                headers=headers,
+                form=form,
             )
-        return body
+        except PageTooLarge as error:
+            raise PrometheusError(f"answer too large: {error.args[0]}") from error
+        except FetchError as error:
+            raise PrometheusError(remote_text(str(error), 200)) from error
+        if answer.status != 200:
+            # (A redirect is not followed: it could carry the credentials to another host.)
+            raise PrometheusError(http_error(answer.status, answer.reason, answer.location, answer.body))
+        return answer.body
 
     def _count(self, purpose: str, result: str, started: float) -> None:
         self._telemetry.prometheus_queries.labels(purpose, result).inc()

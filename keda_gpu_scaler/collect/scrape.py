@@ -94,13 +94,10 @@ class ScrapeLimits:
 
 
 class Fetcher(Protocol):
-    """GETs exporter pages: the body of a 200 answer, or a FetchError saying why there is none."""
+    """GETs exporter pages: the body of a 200 answer, or a FetchError saying why there is none (the
+    connections are the session's: its owner, the app, closes them)."""
 
     async def get(self, url: str) -> bytes: ...
-
-    def forget(self, url: str) -> None: ...
-
-    def close(self) -> None: ...
 
 
 def parse_exposition(page: bytes, names: frozenset[str]) -> list[Sample]:
@@ -222,7 +219,7 @@ class ScrapeCollector:
         reader: PageReader = GPU_EXPORTER_PAGES,
         interest_key: Hashable = SCRAPE_INTEREST,
     ) -> None:
-        self._fetcher = fetcher  # shared by the collectors: its owner (App) closes it
+        self._fetcher = fetcher  # shared by the collectors
         self._store = store
         self._interest = interest
         self._interest_key = interest_key
@@ -281,7 +278,7 @@ class ScrapeCollector:
         self._namespaces.pop(url, None)
         self._refused.pop(url, None)
         self._failing.pop(url, None)
-        self._fetcher.forget(url)
+        # (Its kept connection, if any, is closed by the session once it has been idle a while.)
         self._store.remove_source(url)
 
     async def stop(self) -> None:

@@ -163,7 +163,9 @@ class KubeApi:
         except (aiohttp.ClientError, OSError, TimeoutError) as error:
             raise transport_error(error, permission) from error
         except client.ApiException as error:  # raised by the client for statuses it sees itself
-            raise api_error(error.status or 0, str(error.body or error.reason).encode(), permission) from error
+            raise api_error(
+                error.status or 0, str(error.body or error.reason).encode(), permission
+            ) from error
         if not 200 <= response.status < 300:  # 201 Created answers a create (a TokenRequest)
             try:
                 body = await response.read()

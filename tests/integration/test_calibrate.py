@@ -13,7 +13,7 @@ from support import ExporterServer
 
 from keda_gpu_scaler import calibrate
 from keda_gpu_scaler.cli import main
-from keda_gpu_scaler.collect.http import LeanFetcher
+from keda_gpu_scaler.collect.http import PageFetcher, client_session
 
 STEP = 5.0  # seconds between reads
 CAPACITY = 5.0  # requests per second the simulated pod serves
@@ -72,7 +72,8 @@ class Ramp:
 async def test_calibrate_prints_the_rate_at_which_requests_start_waiting(make_exporter) -> None:  # type: ignore[no-untyped-def]
     server = await make_exporter()
     ramp = Ramp(server)
-    fetcher = LeanFetcher(timeout=3, max_bytes=1 << 20)
+    session = client_session()
+    fetcher = PageFetcher(session, timeout=3, max_bytes=1 << 20)
     lines: list[str] = []
     try:
         result = await calibrate.run(
@@ -86,7 +87,7 @@ async def test_calibrate_prints_the_rate_at_which_requests_start_waiting(make_ex
             sleep=ramp.sleep,
         )
     finally:
-        fetcher.close()
+        await session.close()
     assert result.saturated
     assert result.best is not None
     assert result.best.requests == pytest.approx(CAPACITY)
@@ -103,7 +104,8 @@ async def test_calibrate_with_a_latency_target_stops_where_the_time_per_token_pa
 ) -> None:  # type: ignore[no-untyped-def]
     server = await make_exporter()
     ramp = Ramp(server)
-    fetcher = LeanFetcher(timeout=3, max_bytes=1 << 20)
+    session = client_session()
+    fetcher = PageFetcher(session, timeout=3, max_bytes=1 << 20)
     lines: list[str] = []
     try:
         result = await calibrate.run(
@@ -117,7 +119,7 @@ async def test_calibrate_with_a_latency_target_stops_where_the_time_per_token_pa
             sleep=ramp.sleep,
         )
     finally:
-        fetcher.close()
+        await session.close()
     # Over 50..70 s: 3 requests/s for 10 s at 22 ms/token and 4 for 10 s at 26 → 24.3 ms, within 25; over
     # 55..75 s the mean is 25.2 ms: the limit, long before any request waits (at 5 requests/s).
     assert result.best is not None

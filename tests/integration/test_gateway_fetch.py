@@ -7,12 +7,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 from certs import CertificateAuthority, write
 
 from keda_gpu_scaler.collect.gateway_fetch import GatewayFetcher, gateway_fetcher
-from keda_gpu_scaler.collect.http import FetchError
+from keda_gpu_scaler.collect.http import FetchError, client_session
 
 TOKEN = "scaler-service-account-token"
 PAGE = "# TYPE llm_d_epp_flow_control_queue_size gauge\nllm_d_epp_flow_control_queue_size 3\n"
@@ -67,7 +68,15 @@ async def epp(tmp_path: Path, ca: CertificateAuthority) -> AsyncIterator[Callabl
         await runner.cleanup()
 
 
-def fetcher(tmp_path: Path, ca: CertificateAuthority | None, *, token: bool = True) -> GatewayFetcher:
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with client_session() as made:
+        yield made
+
+
+def fetcher(
+    session: aiohttp.ClientSession, tmp_path: Path, ca: CertificateAuthority | None, *, token: bool = True
+) -> GatewayFetcher:
     ca_file = None
     if ca is not None:
         ca_file = tmp_path / "ca.crt"
@@ -75,7 +84,11 @@ def fetcher(tmp_path: Path, ca: CertificateAuthority | None, *, token: bool = Tr
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
     return gateway_fetcher(
-        timeout=5, max_bytes=1 << 20, ca_file=ca_file, token_file=token_file if token else tmp_path / "absent"
+        session,
+        timeout=5,
+        max_bytes=1 << 20,
+        ca_file=ca_file,
+        token_file=token_file if token else tmp_path / "absent",
     )
 
 
@@ -86,72 +99,68 @@ async def failure(fetch: GatewayFetcher, url: str) -> str:
 
 
 async def test_https_verified_against_the_ca_file_carries_the_token(
-    epp: Callable[..., Awaitable[Epp]], tmp_path: Path, ca: CertificateAuthority
+    epp: Callable[..., Awaitable[Epp]],
+    session: aiohttp.ClientSession,
+    tmp_path: Path,
+    ca: CertificateAuthority,
 ) -> None:
     server = await epp(tls=True)
-    fetch = fetcher(tmp_path, ca)
-    try:
-        assert await fetch.get(server.url) == PAGE.encode()
-        assert server.seen == [f"Bearer {TOKEN}"]
-    finally:
-        fetch.close()
+    fetch = fetcher(session, tmp_path, ca)
+    assert await fetch.get(server.url) == PAGE.encode()
+    assert server.seen == [f"Bearer {TOKEN}"]
 
 
 async def test_an_unverifiable_certificate_is_not_read_and_gets_no_token(
-    epp: Callable[..., Awaitable[Epp]], tmp_path: Path, ca: CertificateAuthority
+    epp: Callable[..., Awaitable[Epp]],
+    session: aiohttp.ClientSession,
+    tmp_path: Path,
+    ca: CertificateAuthority,
 ) -> None:
     server = await epp(tls=True)
     for fetch, trust in (
-        (fetcher(tmp_path, None), "the system's CAs (give --gateway-ca-file"),
-        (fetcher(tmp_path, CertificateAuthority("another CA")), "--gateway-ca-file"),
+        (fetcher(session, tmp_path, None), "the system's CAs (give --gateway-ca-file"),
+        (fetcher(session, tmp_path, CertificateAuthority("another CA")), "--gateway-ca-file"),
     ):
-        try:
-            message = await failure(fetch, server.url)
-        finally:
-            fetch.close()
+        message = await failure(fetch, server.url)
         assert "does not verify against" in message and trust in message, message
         assert "the scaler's token is not sent" in message
     assert server.seen == []  # no request, so no token, ever reached the server
 
 
 async def test_plain_http_never_carries_the_token_and_a_401_says_why(
-    epp: Callable[..., Awaitable[Epp]], tmp_path: Path
+    epp: Callable[..., Awaitable[Epp]], session: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
     server = await epp(tls=False)
-    fetch = fetcher(tmp_path, None)
-    try:
-        message = await failure(fetch, server.url)
-    finally:
-        fetch.close()
+    fetch = fetcher(session, tmp_path, None)
+    message = await failure(fetch, server.url)
     assert server.seen == [None]
     assert "HTTP 401" in message and "plain HTTP" in message, message
     assert "--gateway-ca-file" in message and "--metrics-endpoint-auth=false" in message
 
 
 async def test_403_names_the_permission_to_grant(
-    epp: Callable[..., Awaitable[Epp]], tmp_path: Path, ca: CertificateAuthority
+    epp: Callable[..., Awaitable[Epp]],
+    session: aiohttp.ClientSession,
+    tmp_path: Path,
+    ca: CertificateAuthority,
 ) -> None:
     server = await epp(tls=True)
     server.status = 403
-    fetch = fetcher(tmp_path, ca)
-    try:
-        message = await failure(fetch, server.url)
-    finally:
-        fetch.close()
+    fetch = fetcher(session, tmp_path, ca)
+    message = await failure(fetch, server.url)
     assert "HTTP 403" in message and "`get` on the non-resource URL /metrics" in message, message
     assert 'nonResourceURLs: ["/metrics"]' in message
 
 
 async def test_401_over_https_says_whether_a_token_was_presented(
-    epp: Callable[..., Awaitable[Epp]], tmp_path: Path, ca: CertificateAuthority
+    epp: Callable[..., Awaitable[Epp]],
+    session: aiohttp.ClientSession,
+    tmp_path: Path,
+    ca: CertificateAuthority,
 ) -> None:
     server = await epp(tls=True)
     server.status = 401
-    with_token, without = fetcher(tmp_path, ca), fetcher(tmp_path, ca, token=False)
-    try:
-        assert "did not accept the scaler's service account token" in await failure(with_token, server.url)
-        assert "has no service account token" in await failure(without, server.url)
-    finally:
-        with_token.close()
-        without.close()
+    with_token, without = fetcher(session, tmp_path, ca), fetcher(session, tmp_path, ca, token=False)
+    assert "did not accept the scaler's service account token" in await failure(with_token, server.url)
+    assert "has no service account token" in await failure(without, server.url)
     assert server.seen == [f"Bearer {TOKEN}", None]

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import grpc
 import pytest
 from aiohttp import web
@@ -16,7 +17,7 @@ from support import eventually
 from test_gateway import error_of, ref, urls, value
 
 from keda_gpu_scaler.collect.gateway_fetch import GatewayFetcher, gateway_fetcher
-from keda_gpu_scaler.collect.http import FetchError
+from keda_gpu_scaler.collect.http import FetchError, client_session
 from keda_gpu_scaler.demo.epp import Queued, epp_page
 from keda_gpu_scaler.settings import SettingsError, build_settings
 
@@ -68,8 +69,23 @@ async def auth_epp() -> AsyncIterator[Callable[..., Awaitable[AuthEpp]]]:
         await runner.cleanup()
 
 
+# The HTTP session of the test running (the app's one session, in the product).
+_SESSION: list[aiohttp.ClientSession] = []
+
+
+@pytest.fixture(autouse=True)
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with client_session() as made:
+        _SESSION.append(made)
+        try:
+            yield made
+        finally:
+            _SESSION.remove(made)
+
+
 def fetcher(token_file: Path, *, plain_http: bool = True, sa_token: Path | None = None) -> GatewayFetcher:
     return gateway_fetcher(
+        _SESSION[-1],
         timeout=5,
         max_bytes=1 << 20,
         ca_file=None,
@@ -99,10 +115,7 @@ async def test_the_right_token_reads_the_page_over_plain_http_when_allowed(
     token = tmp_path / "token"
     token.write_text("metrics-reader\n")
     fetch = fetcher(token)
-    try:
-        assert await fetch.get(epp.url) == PAGE.encode()
-    finally:
-        fetch.close()
+    assert await fetch.get(epp.url) == PAGE.encode()
     assert epp.seen == ["Bearer metrics-reader"]
 
 
@@ -120,7 +133,7 @@ async def test_without_plain_http_allowed_no_token_goes_and_the_401_names_the_se
             ("--gateway-token-plain-http on", "gateway.metricsToken.plainHTTP"),
         ),
         (
-            gateway_fetcher(timeout=5, max_bytes=1 << 20, ca_file=None, token_file=sa_token),
+            gateway_fetcher(_SESSION[-1], timeout=5, max_bytes=1 << 20, ca_file=None, token_file=sa_token),
             (
                 "--gateway-token-serviceaccount",
                 "--gateway-token-file",
@@ -128,10 +141,7 @@ async def test_without_plain_http_allowed_no_token_goes_and_the_401_names_the_se
             ),
         ),
     ):
-        try:
-            message = await failure(fetch, epp.url)
-        finally:
-            fetch.close()
+        message = await failure(fetch, epp.url)
         assert "HTTP 401" in message and "--metrics-endpoint-auth" in message, message
         for word in words:
             assert word in message, message
@@ -145,10 +155,7 @@ async def test_a_token_without_the_grant_gets_a_403_naming_the_rbac(
     token = tmp_path / "token"
     token.write_text("someone-else")
     fetch = fetcher(token)
-    try:
-        message = await failure(fetch, epp.url)
-    finally:
-        fetch.close()
+    message = await failure(fetch, epp.url)
     assert "HTTP 403" in message and f"--gateway-token-file {token}" in message, message
     assert 'nonResourceURLs: ["/metrics"], verbs: ["get"]' in message and "gateway.metricsToken" in message
 
@@ -164,10 +171,7 @@ async def test_a_token_file_that_cannot_be_read_fails_the_page_naming_the_flag_a
     elif state == "unreadable":
         token.mkdir()  # a directory where the file should be: reading it fails, as an unreadable file does
     fetch = fetcher(token)
-    try:
-        message = await failure(fetch, epp.url)
-    finally:
-        fetch.close()
+    message = await failure(fetch, epp.url)
     assert message.startswith(
         f"--gateway-token-file: {token}" if state == "empty" else "--gateway-token-file:"
     )
@@ -182,15 +186,12 @@ async def test_a_token_rotated_mid_run_is_read_again_and_a_removed_one_is_never_
     token = tmp_path / "token"
     token.write_text("first")
     fetch = fetcher(token)
-    try:
-        assert await fetch.get(epp.url) == PAGE.encode()
-        epp.allowed = {"second"}  # the old token expired
-        rotate(token, "second")
-        assert await fetch.get(epp.url) == PAGE.encode()
-        token.unlink()
-        assert "--gateway-token-file" in await failure(fetch, epp.url)
-    finally:
-        fetch.close()
+    assert await fetch.get(epp.url) == PAGE.encode()
+    epp.allowed = {"second"}  # the old token expired
+    rotate(token, "second")
+    assert await fetch.get(epp.url) == PAGE.encode()
+    token.unlink()
+    assert "--gateway-token-file" in await failure(fetch, epp.url)
     assert epp.seen == ["Bearer first", "Bearer second"]
 
 

@@ -32,6 +32,7 @@ from support import ExporterServer, GpuLine, dcgm_page, eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_gpu_scaler.collect.http import client_session
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
 from keda_gpu_scaler.collect.promql import namespace_query
@@ -266,7 +267,7 @@ async def test_few_queries_per_namespace(fleet: Fleet, proxy: PrometheusProxy) -
     namespace also asks whether Prometheus has GPU series at all, at most once per interval."""
     settings = Settings(prometheus_url=proxy.url, prometheus_timeout=5.0)
     store = Store()
-    async with aiohttp.ClientSession() as session:
+    async with client_session() as session:
         collector = PrometheusCollector(
             client=PrometheusClient(session, settings, Telemetry(), time.monotonic),
             store=store,
@@ -295,7 +296,7 @@ async def test_any_namespace_is_quoted_safely(
     settings = Settings(
         prometheus_url=prometheus.url, prometheus_username=USERNAME, prometheus_password=PASSWORD
     )
-    async with aiohttp.ClientSession() as session:
+    async with client_session() as session:
         client = PrometheusClient(session, settings, Telemetry(), time.monotonic)
         # Prometheus parses it and finds nothing: the value was one string, never PromQL (unquoted,
         # 'llm",pod!="' would find the fleet's llm series).

@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import grpc
 import pytest
 from prometheus_support import (
@@ -22,6 +21,7 @@ from prometheus_support import (
 from support import ExporterServer, eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler.collect.http import client_session
 from keda_gpu_scaler.collect.prometheus import (
     PrometheusCollector,
     inference_source,
@@ -101,7 +101,7 @@ async def source(prometheus: PrometheusServer) -> AsyncIterator[tuple[Prometheus
         prometheus_timeout=5.0,
     )
     store = Store()
-    async with aiohttp.ClientSession() as session:
+    async with client_session() as session:
         yield (
             PrometheusCollector(
                 client=PrometheusClient(session, settings, Telemetry(), time.monotonic),

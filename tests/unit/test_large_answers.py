@@ -7,13 +7,13 @@ import threading
 import time
 from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from keda_gpu_scaler.collect import prometheus_answer, prometheus_client
+from keda_gpu_scaler.collect.http import client_session
 from keda_gpu_scaler.collect.prometheus_answer import MAX_ANSWER_ELEMENTS, PrometheusError, parse_vector
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
 from keda_gpu_scaler.jsonpieces import OFF_LOOP_BYTES, TooManyItems, loads_in_pieces
@@ -176,7 +176,7 @@ async def test_a_large_prometheus_answer_is_decoded_off_the_loop(prometheus_api,
 
     monkeypatch.setattr(prometheus_client, "parse_vector", recording)
     settings = Settings(prometheus_url=url, prometheus_timeout=10.0)
-    async with aiohttp.ClientSession() as session:
+    async with client_session() as session:
         client = PrometheusClient(session, settings, Telemetry(), time.monotonic)
         assert len(await client.query("up", 1.0, "namespace")) == 1
         answers["body"] = vector(OFF_LOOP_BYTES // 80)

@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 from support import GpuLine, dcgm_page
 
-from keda_gpu_scaler.collect.http import LeanFetcher
+from keda_gpu_scaler.collect.http import PageFetcher, client_session
 from keda_gpu_scaler.collect.scrape import PARSE_OFF_LOOP_BYTES, ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.metrics import Telemetry
@@ -58,7 +58,8 @@ async def test_pods_of_the_last_labelled_page_stay_missing_pods_after_an_attribu
     store = Store()
     interest = WantedSources()
     limits = ScrapeLimits(interval=1.0, timeout=2.0, max_page_bytes=16 << 20, concurrency=1)
-    fetcher = LeanFetcher(timeout=limits.timeout, max_bytes=limits.max_page_bytes)
+    session = client_session()
+    fetcher = PageFetcher(session, timeout=limits.timeout, max_bytes=limits.max_page_bytes)
     collector = ScrapeCollector(
         store=store,
         interest=interest,
@@ -82,7 +83,7 @@ async def test_pods_of_the_last_labelled_page_stay_missing_pods_after_an_attribu
         assert sorted(after.recently_seen) == ["llm-0", "llm-1"]
     finally:
         await collector.stop()
-        fetcher.close()
+        await session.close()
 
 
 def test_a_large_page_the_same_as_the_last_good_one_is_not_searched_again() -> None:

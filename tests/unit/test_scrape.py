@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import gzip
 import ssl
 import threading
 import time
-import tracemalloc
-import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 from certs import CertificateAuthority, write
@@ -21,7 +19,7 @@ from support import GpuLine, dcgm_page, eventually
 from keda_gpu_scaler import exposition
 from keda_gpu_scaler.backoff import backoff_delay
 from keda_gpu_scaler.collect import http, scrape
-from keda_gpu_scaler.collect.http import BearerToken, FetchError, LeanFetcher, exporter_ssl
+from keda_gpu_scaler.collect.http import BearerToken, PageFetcher, client_session, exporter_ssl
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
 from keda_gpu_scaler.collect.scrape import GPU_EXPORTER_PAGES, PageReader, ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
@@ -88,6 +86,24 @@ def text(body: str | bytes, **headers: str) -> Handler:
     return handler
 
 
+# The HTTP session of the test running (the app's one session, in the product).
+_SESSION: list[aiohttp.ClientSession] = []
+
+
+@pytest.fixture(autouse=True)
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with client_session() as made:
+        _SESSION.append(made)
+        try:
+            yield made
+        finally:
+            _SESSION.remove(made)
+
+
+def page_fetcher(timeout: float = 2.0, max_bytes: int = 1 << 20, **kwargs: object) -> PageFetcher:
+    return PageFetcher(_SESSION[-1], timeout=timeout, max_bytes=max_bytes, **kwargs)  # type: ignore[arg-type]
+
+
 class Rig:
     """A ScrapeCollector with its store, wanted from the start."""
 
@@ -98,7 +114,7 @@ class Rig:
         self.limits = ScrapeLimits(interval=0.05, timeout=2.0, max_page_bytes=max_bytes, concurrency=4)
         fetcher = kwargs.pop("fetcher", None)
         if fetcher is None:
-            fetcher = LeanFetcher(timeout=self.limits.timeout, max_bytes=max_bytes)
+            fetcher = page_fetcher(timeout=self.limits.timeout, max_bytes=max_bytes)
         self.collector = ScrapeCollector(
             fetcher=fetcher,  # type: ignore[arg-type]
             store=self.store,
@@ -171,30 +187,6 @@ async def test_a_gzip_page_is_inflated_off_the_loop(serve, monkeypatch) -> None:
     assert len(threads) == 2 and threading.main_thread().name not in threads
 
 
-async def test_a_gzip_page_cut_short_is_a_failed_source_not_a_lower_value() -> None:
-    # The stream ends right after the "9" of vllm-1's 97 % and is flushed up to there: inflated, it reads
-    # as a valid page with vllm-1 at 9 %. Only the missing end of the gzip stream tells it was cut.
-    page = dcgm_page([GpuLine("llm", "vllm-0", 37), GpuLine("llm", "vllm-1", 97, gpu=1)]).encode()
-    cut = page.index(b'pod="vllm-1"} 97') + len(b'pod="vllm-1"} 9')
-    compressor = zlib.compressobj(wbits=31)
-    body = compressor.compress(page[:cut]) + compressor.flush(zlib.Z_SYNC_FLUSH)
-    assert zlib.decompressobj(31).decompress(body) == page[:cut]
-
-    async def answer(_: bytes, __: int) -> bytes:
-        return b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(body) + body
-
-    server, url, _ = await raw_server(answer)
-    rig = Rig()
-    try:
-        assert not await rig.collector.scrape_once(url)
-        error = rig.error(url)
-        assert error is not None and "truncated" in error, error
-        (state,) = rig.store.sources()
-        assert state.last_page is None
-    finally:
-        server.close()
-
-
 # ---- issue 15 item 6: redirects are refused ----------------------------------------------------------
 
 
@@ -221,7 +213,7 @@ async def test_a_redirect_is_a_failed_scrape_naming_the_location(serve) -> None:
         "# HELP keda_gpu_scaler_rpcs_total RPCs.\n# TYPE keda_gpu_scaler_rpcs_total counter\nkeda_gpu_scaler_rpcs_total 3\n",
         "",
         "# HELP up up\n",
-        "{}",
+        "{}\n",
     ],
     ids=["another exporter", "empty", "comments only", "json"],
 )
@@ -431,10 +423,8 @@ async def test_https_exporter_with_bearer_token_read_again_when_it_changes(serve
     token = tmp_path / "token"
     token.write_text("first\n")
 
-    def fetcher(ca: Path | None) -> LeanFetcher:
-        return LeanFetcher(
-            timeout=2.0, max_bytes=1 << 20, ssl_context=exporter_ssl(ca), token=BearerToken(token)
-        )
+    def fetcher(ca: Path | None) -> PageFetcher:
+        return page_fetcher(ssl_context=exporter_ssl(ca), token=BearerToken(token))
 
     rig = Rig(fetcher=fetcher(ca_file))
     assert await rig.collector.scrape_once(server.url())
@@ -458,15 +448,13 @@ async def test_the_token_is_never_sent_over_plain_http(serve, tmp_path: Path) ->
     server = await serve({"/metrics": text(PAGE)})
     token = tmp_path / "token"
     token.write_text("secret")
-    rig = Rig(fetcher=LeanFetcher(timeout=2.0, max_bytes=1 << 20, token=BearerToken(token)))
+    rig = Rig(fetcher=page_fetcher(token=BearerToken(token)))
     assert await rig.collector.scrape_once(server.url())
     assert "Authorization" not in server.seen_headers[0]
 
 
 async def test_a_missing_token_file_is_a_failed_scrape_naming_the_flag() -> None:
-    rig = Rig(
-        fetcher=LeanFetcher(timeout=2.0, max_bytes=1 << 20, token=BearerToken(Path("/nonexistent/token")))
-    )
+    rig = Rig(fetcher=page_fetcher(token=BearerToken(Path("/nonexistent/token"))))
     assert not await rig.collector.scrape_once("https://localhost:1/metrics")
     assert "--exporter-bearer-token-file" in (rig.error("https://localhost:1/metrics") or "")
 
@@ -474,292 +462,6 @@ async def test_a_missing_token_file_is_a_failed_scrape_naming_the_flag() -> None
 def test_the_default_reader_reads_gpu_exporter_pages() -> None:
     assert GPU_EXPORTER_PAGES.what == "GPU exporter metrics"
     assert "DCGM_FI_DEV_GPU_UTIL" in GPU_EXPORTER_PAGES.valid_names
-
-
-# ---- the lean fetcher's HTTP/1.1: framing, keep-alive, failures ------------------------------------
-
-
-async def raw_server(
-    answer: Callable[[bytes, int], Awaitable[bytes | None]], *, close_after_reply: bool = False
-) -> tuple[asyncio.Server, str, list[int]]:
-    """A TCP server answering each request with answer(request, its index on the connection) bytes
-    (None: close the connection instead; close_after_reply: close it after each reply)."""
-    connections: list[int] = []
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connections.append(1)
-        try:
-            for index in range(1_000_000):
-                request = await reader.readuntil(b"\r\n\r\n")
-                reply = await answer(request, index)
-                if reply is None:
-                    break
-                writer.write(reply)
-                await writer.drain()
-                if close_after_reply:
-                    break
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    return server, f"http://127.0.0.1:{port}/metrics", connections
-
-
-def chunked(body: bytes, size: int = 1000) -> bytes:
-    pieces = [body[i : i + size] for i in range(0, len(body), size)]
-    return b"".join(b"%x;ext=1\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\nX-Trailer: 1\r\n\r\n"
-
-
-async def test_lean_fetcher_reads_chunked_gzip_and_deflate_and_keeps_the_connection() -> None:
-    body = PAGE.encode()
-    replies = [
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(body),
-        b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"
-        + chunked(gzip.compress(body), 7),
-        b"HTTP/1.1 200 OK\r\nContent-Encoding: deflate\r\nContent-Length: %d\r\n\r\n"
-        % len(zlib.compress(body))
-        + zlib.compress(body),
-        b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body,
-    ]
-
-    async def answer(_: bytes, __: int) -> bytes:
-        return replies.pop(0)
-
-    server, url, connections = await raw_server(answer)
-    fetcher = LeanFetcher(timeout=2.0, max_bytes=1 << 20)
-    try:
-        for _ in range(4):
-            assert await fetcher.get(url) == body
-        assert len(connections) == 1, "one kept-alive connection for every scrape"
-    finally:
-        fetcher.close()
-        server.close()
-
-
-async def test_idle_kept_connections_hold_no_page() -> None:
-    # Each kept connection held its last page twice (the finished answer and the first read's buffer):
-    # 70 MB each way for 1,000 exporters of 70 kB pages. Now the fetcher holds at most the page just
-    # returned (the event loop's last wake-up can still refer to it), not one per connection.
-    body = b"x" * (2 << 20)
-
-    async def answer(_: bytes, __: int) -> bytes:
-        return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
-
-    servers = [await raw_server(answer) for _ in range(4)]
-    fetcher = LeanFetcher(timeout=5.0, max_bytes=8 << 20)
-    tracemalloc.start()
-    try:
-        for _, url, _ in servers:
-            page = await fetcher.get(url)
-            assert len(page) == len(body)
-            del page
-        gc.collect()
-        held = sum(
-            stat.size
-            for stat in tracemalloc.take_snapshot().statistics("filename")
-            if stat.traceback[0].filename.endswith("collect/http.py")
-        )
-        assert all(len(connections) == 1 for _, _, connections in servers), "the connections are kept"
-        assert held < 1.5 * len(body), f"{held:,} bytes still held by the fetcher and its kept connections"
-    finally:
-        tracemalloc.stop()
-        fetcher.close()
-        for server, _, _ in servers:
-            server.close()
-
-
-async def test_a_large_body_is_joined_off_the_loop(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    # 15 MiB of fresh memory filled on the loop held every RPC for ~10 ms (its page faults).
-    joined_off_loop: list[int] = []
-    real = asyncio.to_thread
-
-    async def recording(func, *args, **kwargs):  # type: ignore[no-untyped-def]
-        if func == b"".join:
-            joined_off_loop.append(sum(len(piece) for piece in args[0]))
-        return await real(func, *args, **kwargs)
-
-    monkeypatch.setattr(http.asyncio, "to_thread", recording)
-    small, large = PAGE.encode(), b"x" * (http.JOIN_OFF_LOOP_BYTES + 1)
-
-    async def answer(_: bytes, index: int) -> bytes:
-        body = small if index == 0 else large
-        return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
-
-    server, url, _ = await raw_server(answer)
-    fetcher = LeanFetcher(timeout=5.0, max_bytes=4 << 20)
-    try:
-        assert await fetcher.get(url) == small
-        assert await fetcher.get(url) == large
-        assert joined_off_loop == [len(large)]
-    finally:
-        fetcher.close()
-        server.close()
-
-
-async def test_lean_fetcher_retries_once_when_the_server_closed_the_kept_connection() -> None:
-    body = PAGE.encode()
-
-    async def answer(_: bytes, index: int) -> bytes | None:
-        # Each connection answers its first request; a second one finds it closed (an idle timeout).
-        return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body if index == 0 else None
-
-    server, url, connections = await raw_server(answer)
-    fetcher = LeanFetcher(timeout=2.0, max_bytes=1 << 20)
-    try:
-        assert await fetcher.get(url) == body
-        assert await fetcher.get(url) == body
-        assert len(connections) == 2
-    finally:
-        fetcher.close()
-        server.close()
-
-
-@pytest.mark.parametrize(
-    ("reply", "reason"),
-    [
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\nabc", "in the middle of the answer"),
-        (b"SSH-2.0-OpenSSH_9.6\r\n\r\n", "not an HTTP/1.x answer"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "malformed chunk size"),
-        (
-            b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 1\r\n\r\nx",
-            "unsupported Content-Encoding",
-        ),
-        (b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n", "HTTP 404 Not Found"),
-        (
-            b"HTTP/1.1 301 Moved\r\nLocation: http://elsewhere/\r\nContent-Length: 0\r\n\r\n",
-            "http://elsewhere/",
-        ),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 2000000\r\n\r\n", "limit is 1048576"),
-        # str.isdigit() is true for "²": the status and the length must be ASCII digits.
-        ("HTTP/1.1 2²0 OK\r\nContent-Length: 0\r\n\r\n".encode("latin-1"), "not an HTTP/1.x answer"),
-        ("HTTP/1.1 200 OK\r\nContent-Length: ²\r\n\r\n".encode("latin-1"), "malformed Content-Length"),
-        (
-            b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 12\r\n\r\nnot gzip at all"[:-3],
-            "not valid gzip",
-        ),
-        (
-            b"HTTP/1.1 200 OK\r\nContent-Encoding: deflate\r\nContent-Length: 9\r\n\r\nnot zlib!",
-            "not valid deflate",
-        ),
-        (
-            b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s"
-            % (len(TRUNCATED_GZIP), TRUNCATED_GZIP),
-            "gzip body ends before its end of stream (truncated)",
-        ),
-        (
-            b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nConnection: close\r\n\r\n" + TRUNCATED_GZIP,
-            "gzip body ends before its end of stream (truncated)",
-        ),
-        (
-            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\xd9\xa1\r\nx\r\n0\r\n\r\n",
-            "malformed chunk size",
-        ),
-    ],
-    ids=[
-        "cut short",
-        "not http",
-        "bad chunk",
-        "brotli",
-        "404",
-        "redirect",
-        "too long",
-        "status with a superscript digit",
-        "length with a superscript digit",
-        "gzip that is not gzip",
-        "deflate that is not deflate",
-        "gzip cut short within its length",
-        "gzip cut short by the close",
-        "chunk size in arabic-indic digits",
-    ],
-)
-async def test_lean_fetcher_failures_name_the_reason(reply: bytes, reason: str) -> None:
-    async def answer(_: bytes, index: int) -> bytes | None:
-        return reply if index == 0 else None  # then the connection is closed
-
-    server, url, _ = await raw_server(answer, close_after_reply=True)
-    rig = Rig(fetcher=LeanFetcher(timeout=2.0, max_bytes=1 << 20))
-    try:
-        assert not await rig.collector.scrape_once(url)
-        error = rig.error(url)
-        assert error is not None and reason in error, error
-    finally:
-        server.close()
-
-
-async def test_a_malformed_answer_is_recorded_and_the_fixed_exporter_is_read_at_the_next_scrape(
-    caplog,
-) -> None:  # type: ignore[no-untyped-def]
-    import logging
-
-    body = PAGE.encode()
-    good = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
-    current = {"reply": "HTTP/1.1 200 OK\r\nContent-Length: ²\r\n\r\n".encode("latin-1")}
-
-    async def answer(_: bytes, __: int) -> bytes:
-        return current["reply"]
-
-    server, url, _ = await raw_server(answer, close_after_reply=True)
-    rig = Rig()
-    caplog.set_level(logging.ERROR, logger="keda_gpu_scaler.supervise")
-    rig.collector.add(url)
-    task = rig.collector._tasks[url]
-    try:
-
-        async def failure_recorded() -> None:
-            assert "malformed Content-Length '²'" in (rig.error(url) or "")
-
-        await eventually(failure_recorded)
-        current["reply"] = good
-
-        async def read_again() -> None:
-            assert rig.error(url) is None
-            assert rig.pods(url) == {"vllm-0", "vllm-1"}
-
-        await eventually(read_again)
-        # The scrape loop went on: no restart, whose backoff would have delayed the recovery.
-        assert rig.collector._tasks[url] is task and not task.done()
-        assert not [r for r in caplog.records if "restarting" in r.getMessage()]
-    finally:
-        await rig.collector.stop()
-        server.close()
-
-
-async def test_lean_fetcher_times_out_and_drops_the_connection() -> None:
-    async def answer(_: bytes, __: int) -> bytes | None:
-        await asyncio.sleep(5)
-        return None
-
-    server, url, _ = await raw_server(answer)
-    fetcher = LeanFetcher(timeout=0.2, max_bytes=1 << 20)
-    try:
-        with pytest.raises(FetchError, match=r"timed out after 0\.2s"):
-            await fetcher.get(url)
-        assert not fetcher._idle
-    finally:
-        fetcher.close()
-        server.close()
-
-
-async def test_lean_fetcher_keeps_one_connection_per_url_and_closes_the_rest() -> None:
-    body = PAGE.encode()
-
-    async def answer(_: bytes, __: int) -> bytes:
-        await asyncio.sleep(0.05)  # both requests are in flight together
-        return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
-
-    server, url, connections = await raw_server(answer)
-    fetcher = LeanFetcher(timeout=2.0, max_bytes=1 << 20)
-    try:
-        assert await asyncio.gather(fetcher.get(url), fetcher.get(url)) == [body, body]
-        assert len(connections) == 2 and len(fetcher._idle) == 1
-        fetcher.forget(url)
-        assert not fetcher._idle
-    finally:
-        fetcher.close()
-        server.close()
 
 
 async def test_a_failure_is_logged_once_per_outage_and_the_recovery_once(serve, caplog) -> None:  # type: ignore[no-untyped-def]
