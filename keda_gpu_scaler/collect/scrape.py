@@ -49,7 +49,8 @@ class PageReader:
 
     names: frozenset[str]
     # GPU readings for exporter pages; one PodSamples for an inference pod's page (anything with a namespace).
-    readings: Callable[[Sequence[Sample]], Iterable[Reading]]
+    # None where read_body reads the page instead.
+    readings: Callable[[Sequence[Sample]], Iterable[Reading]] | None
     valid_names: frozenset[str]
     what: str
     # Why the page as a whole cannot be used although its samples parse (None: it can), e.g. a family
@@ -59,6 +60,10 @@ class PageReader:
     # pass): given the body and the samples of `names`, they replace `readings` and decide themselves
     # whether the page is theirs (raising NotOurPage), so `valid_names` is not looked at.
     read_body: Callable[[bytes, Sequence[Sample]], Iterable[Reading]] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.readings is None) == (self.read_body is None):
+            raise ValueError("a PageReader reads a page either from its samples or from its body, not both")
 
 
 GPU_EXPORTER_PAGES = PageReader(SAMPLE_NAMES, readings_from_samples, SAMPLE_NAMES, "GPU exporter metrics")
@@ -117,7 +122,11 @@ def read_page(body: bytes, reader: PageReader) -> dict[str, tuple[Reading, ...]]
         raise NotOurPage(f"no {reader.what} on this page")
     if reader.refuse is not None and (why := reader.refuse(body)) is not None:
         raise NotOurPage(why)
-    readings = reader.read_body(body, samples) if reader.read_body is not None else reader.readings(samples)
+    if reader.read_body is not None:
+        readings = reader.read_body(body, samples)
+    else:
+        assert reader.readings is not None  # one of the two (PageReader.__post_init__)
+        readings = reader.readings(samples)
     grouped: defaultdict[str, list[Reading]] = defaultdict(list)
     for reading in readings:
         grouped[reading.namespace].append(reading)

@@ -57,7 +57,7 @@ class GatewayModule(Protocol):
     @property
     def LEVEL_FAMILIES(self) -> tuple[str, ...]: ...
 
-    def queue_table(self, body: bytes, samples: Sequence[Sample], max_series: int) -> QueueTable: ...
+    def queue_table(self, body: bytes, max_series: int) -> QueueTable: ...
 
     def table_from_samples(self, samples: Sequence[Sample]) -> QueueTable: ...
 
@@ -76,13 +76,13 @@ _LEVEL_TYPES = frozenset({"gauge", "untyped"})
 _BY_NAME: dict[str, GatewayModule] = {gateway.NAME: gateway for gateway in GATEWAYS}
 
 
-def queue_table(body: bytes, samples: Sequence[Sample], max_series: int = MAX_QUEUE_SERIES) -> QueueTable:
-    """A gateway page's queue, read by the first gateway that recognises the page (in GATEWAYS order);
-    samples: the page parsed with GATEWAY_SAMPLE_NAMES (may be empty). NotAGatewayPage when none does."""
+def queue_table(body: bytes, max_series: int = MAX_QUEUE_SERIES) -> QueueTable:
+    """A gateway page's queue, read by the first gateway that recognises the page (in GATEWAYS order).
+    NotAGatewayPage when none does."""
     refused: NotAGatewayPage | None = None
     for gateway in GATEWAYS:
         try:
-            return gateway.queue_table(body, samples, max_series)
+            return gateway.queue_table(body, max_series)
         except NotAGatewayPage as error:
             refused = refused or error
     assert refused is not None  # GATEWAYS is never empty
@@ -113,7 +113,7 @@ def since(previous: QueueTable | None, table: QueueTable) -> QueueTable:
 def page_queue(page: bytes | str) -> QueueTable:
     """A whole page read as the scrape path reads it (for tools, tests and benchmarks)."""
     body = page.encode() if isinstance(page, str) else page
-    return queue_table(body, ())
+    return queue_table(body)
 
 
 def wrong_types(page: bytes) -> dict[str, str]:

@@ -131,9 +131,9 @@ def _columns(samples: Sequence[Sample]) -> Columns:
     )
 
 
-def queue_table(body: bytes, samples: Sequence[Sample], max_series: int) -> QueueTable:
-    """What an EPP page says about its queue. `samples`: the page parsed with SAMPLE_NAMES (whose values
-    are not needed: whether those families are on the page is looked up in the text).
+def queue_table(body: bytes, max_series: int) -> QueueTable:
+    """What an EPP page says about its queue (whether its other families are on the page is looked up in
+    the text, not parsed).
 
     Raises NotAGatewayPage for a page that is not an EPP's, more than `max_series` queue series, or
     one series printed twice with different values (either could be the wrong one)."""
@@ -144,7 +144,7 @@ def queue_table(body: bytes, samples: Sequence[Sample], max_series: int) -> Queu
         table = _family_table(body, text, family, max_series, indented)
         if table is not None:
             return _with_signals(QueueTable(NAME, family, True, *table), signals)
-    names = {sample.name for sample in samples} | {sample.name for sample in signals}
+    names = {sample.name for sample in signals}
     # Each family looked up until one is found: every look-up is a pass over the page.
     flow_control = bool(names & FLOW_CONTROL_SIGNS) or any(
         _count_lines(text, n, indented) for n in FLOW_CONTROL_SIGNS

@@ -198,7 +198,7 @@ def test_an_unlabelled_queue_line_is_read_not_skipped() -> None:
 def test_more_queue_series_than_the_limit_fail_the_page() -> None:
     body = "".join(_line(epp.QUEUE, SORTED.format(t=f"m{i}"), "1") for i in range(11)).encode()
     with pytest.raises(NotAGatewayPage, match="11 series; at most 10"):
-        epp.queue_table(body, [], 10)
+        epp.queue_table(body, 10)
 
 
 def test_a_page_without_any_epp_family_is_not_an_epps() -> None:

@@ -517,3 +517,11 @@ async def test_sleep_until_cancelled_leaves_no_timer_behind() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert len([h for h in loop._scheduled if not h.cancelled()]) < before  # type: ignore[attr-defined]
+
+
+def test_a_page_reader_reads_from_its_samples_or_its_body_never_both_or_neither() -> None:
+    names = frozenset({"x"})
+    with pytest.raises(ValueError, match="either from its samples or from its body"):
+        PageReader(names, None, names, "nothing")
+    with pytest.raises(ValueError, match="either from its samples or from its body"):
+        PageReader(names, lambda samples: [], names, "both", read_body=lambda body, samples: [])
