@@ -69,16 +69,25 @@ def parse_number(key: str, raw: str) -> float:
     return value
 
 
-def parse_threshold(key: str, raw: str) -> float:
+def _number_between(key: str, raw: str, low: float, high: float, allowed: str) -> float:
+    """A finite number from `low` to `high`; out of range, an error saying `allowed` (which names both)."""
     value = parse_number(key, raw)
+    if not low <= value <= high:
+        raise ConfigError(f"metadata {key}={quoted(raw)} is out of range; allowed: {allowed}")
+    return value
+
+
+def parse_threshold(key: str, raw: str) -> float:
     # The upper bound for percentages (100) depends on the metric: checked once all keys are read. Any
     # threshold beyond MAX_WIRE_NUMBER cannot be carried to KEDA (targetSize is an int64, milli-units).
-    if not MIN_THRESHOLD <= value <= MAX_WIRE_NUMBER:
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is out of range; allowed: {MIN_THRESHOLD:g} <= {key} <="
-            f" {MAX_WIRE_NUMBER:g} (and <= 100 for the percentage metrics utilization, memory and kv_cache)"
-        )
-    return value
+    return _number_between(
+        key,
+        raw,
+        MIN_THRESHOLD,
+        MAX_WIRE_NUMBER,
+        f"{MIN_THRESHOLD:g} <= {key} <= {MAX_WIRE_NUMBER:g} (and <= 100 for the percentage metrics"
+        " utilization, memory and kv_cache)",
+    )
 
 
 def parse_engine(key: str, raw: str) -> str:
@@ -135,23 +144,23 @@ def parse_inference_pool(key: str, raw: str) -> str:
 
 
 def parse_window(key: str, raw: str) -> float:
-    value = parse_number(key, raw)
-    if not MIN_WINDOW_SECONDS <= value <= MAX_WINDOW_SECONDS:
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is out of range; allowed: seconds,"
-            f" {MIN_WINDOW_SECONDS:g} <= {key} <= {MAX_WINDOW_SECONDS:g}"
-        )
-    return value
+    return _number_between(
+        key,
+        raw,
+        MIN_WINDOW_SECONDS,
+        MAX_WINDOW_SECONDS,
+        f"seconds, {MIN_WINDOW_SECONDS:g} <= {key} <= {MAX_WINDOW_SECONDS:g}",
+    )
 
 
 def parse_prefill_weight(key: str, raw: str) -> float:
-    value = parse_number(key, raw)
-    if not 0 <= value <= MAX_PREFILL_WEIGHT:
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is out of range; allowed: 0 <= {key} <= {MAX_PREFILL_WEIGHT:g}"
-            " (what one prompt token weighs against one generated token)"
-        )
-    return value
+    return _number_between(
+        key,
+        raw,
+        0.0,
+        MAX_PREFILL_WEIGHT,
+        f"0 <= {key} <= {MAX_PREFILL_WEIGHT:g} (what one prompt token weighs against one generated token)",
+    )
 
 
 def parse_port_number(key: str, raw: str) -> int:
