@@ -15,6 +15,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from fake_kube import FakeKube
 from prometheus_support import PROMETHEUS_BIN, PrometheusServer
 from support import ExporterServer
 
@@ -53,6 +54,15 @@ class RunningScaler:
     @property
     def http(self) -> str:
         return f"http://127.0.0.1:{self.app.http_port}"
+
+
+@pytest.fixture
+async def kube() -> AsyncIterator[FakeKube]:
+    """A loopback API server speaking the Kubernetes API's JSON (tests/fake_kube.py)."""
+    server = FakeKube()
+    await server.start()
+    yield server
+    await server.stop()
 
 
 @pytest.fixture

@@ -79,14 +79,6 @@ class Sink:
 
 
 @pytest.fixture
-async def kube() -> AsyncIterator[FakeKube]:
-    server = FakeKube()
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
 async def api(kube: FakeKube, tmp_path: Path) -> AsyncIterator[KubeApi]:
     client = KubeApi(await connect(str(kube.kubeconfig(tmp_path))))
     yield client

@@ -6,7 +6,7 @@ real gRPC calls: a ScaledObject with a `pending` trigger and its workload at zer
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,14 +32,6 @@ from keda_gpu_scaler.demo.epp import Queued, epp_page
 
 NS = "llm"
 EPP = {"app": "chat-pool-epp"}
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[FakeKube]:
-    server = FakeKube()
-    await server.start()
-    yield server
-    await server.stop()
 
 
 @pytest.fixture

@@ -48,13 +48,10 @@ class MintedEpp:
     page: str = epp_page("chat-pool", {Queued("llama"): 3})
 
 
-@pytest.fixture
-async def kube() -> AsyncIterator[FakeKube]:
-    server = FakeKube()
-    server.tokens.accounts.add(ACCOUNT)
-    await server.start()
-    yield server
-    await server.stop()
+@pytest.fixture(autouse=True)
+def account(kube: FakeKube) -> None:
+    """The dedicated ServiceAccount exists (a test that needs it missing removes it)."""
+    kube.tokens.accounts.add(ACCOUNT)
 
 
 @pytest.fixture

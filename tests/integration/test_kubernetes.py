@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,14 +102,6 @@ class Cluster:
 
     def scraped(self, scaler: Any) -> set[str]:
         return {s.source for s in scaler.app.store.sources()}
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[FakeKube]:
-    server = FakeKube()
-    await server.start()
-    yield server
-    await server.stop()
 
 
 @pytest.fixture

@@ -3,12 +3,10 @@ a page is read for the pod that owns its address at that port, never across name
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import grpc
-import pytest
 from fake_kube import DEPLOYMENT, POD, SCALED_OBJECT, FakeKube, deployment, pod, scaled_object
 from support import eventually
 
@@ -17,14 +15,6 @@ from keda_gpu_scaler.demo.engines import EngineLoad, vllm_page
 from keda_gpu_scaler.discovery.selectors import parse_exporter_selector
 
 REQUESTS = {"metric": "requests", "threshold": "8"}
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[FakeKube]:
-    server = FakeKube()
-    await server.start()
-    yield server
-    await server.stop()
 
 
 def request(namespace: str, metadata: dict[str, str]) -> pb.GetMetricsRequest:

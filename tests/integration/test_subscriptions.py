@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +39,6 @@ ADDRESS = {"scalerAddress": "keda-gpu-scaler.keda:6000"}
 GPU = {"threshold": "70"}
 EPP = {"app": "chat-pool-epp"}
 EXPORTER_LABELS = {"app": "test-dcgm-exporter"}
-
-
-@pytest.fixture
-async def kube() -> AsyncIterator[FakeKube]:
-    server = FakeKube()
-    await server.start()
-    yield server
-    await server.stop()
 
 
 @pytest.fixture
