@@ -122,11 +122,16 @@ def with_pending(
     # Activity on S (the fresh pods' own sum, never the value missing pods were filled into) plus pending.
     fresh = math.fsum(row[ROW_VALUE] for row in evaluation.pod_rows)
     active = evaluation.active or fresh + extra > spec.activation_threshold
+    # Requests held at the gateway say "active" whatever the missing pods hold; idle is still unknown.
+    unknown = None if active else evaluation.activity_unknown
     note = (
         f"InferencePool {spec.inference_pool}: {held:g} pending requests add {extra:g}/s (their growth and"
         f" what clears them within {spec.window:g}s){weighed}"
     )
-    return dataclasses.replace(evaluation, value=value, active=active, what_if=what_if), note
+    replaced = dataclasses.replace(
+        evaluation, value=value, active=active, what_if=what_if, activity_unknown=unknown
+    )
+    return replaced, note
 
 
 def measured_tokens_per_request(evaluation: Evaluation) -> float | None:

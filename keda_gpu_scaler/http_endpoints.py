@@ -75,6 +75,7 @@ def evaluation_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]
         "startingPods": list(evaluation.starting_pods),
         "missingPodValue": evaluation.missing_pod_value,
         "rule": evaluation.rule,
+        "activityUnknown": evaluation.activity_unknown,
         "hpa": _hpa_json(evaluation),
     }
 

@@ -94,6 +94,9 @@ class Evaluation:
     what_if: WhatIf
     starting_pods: tuple[str, ...] = ()  # the target's pods that exist but are not Ready yet
     rule: str = ""  # which SPEC §4 rule gave the value (a Rule), for /explain
+    # Why activity cannot be told (the fresh pods idle while some pods are missing): IsActive answers
+    # UNAVAILABLE with it, a stream keeps its last state; the value itself still answers GetMetrics.
+    activity_unknown: str | None = None
 
     @property
     def pods(self) -> tuple[PodValue, ...]:
@@ -222,9 +225,10 @@ def evaluate(
     u > 1 → max(S, N × T); u ≤ 1 → S + (M + U) × T; `mean` divides by N. Activity is decided on the fresh
     pods alone: a missing pod can neither wake a workload nor hold it awake.
 
-    Raises NoData when fewer than half of the Ready target pods, or none, have fresh data, when pods exist
-    but none is Ready (a model loading must never read as 0: KEDA would scale it to zero), and when the
-    fresh pods are at or below the activation threshold while some pods are missing (activity unknown).
+    Raises NoData when fewer than half of the Ready target pods, or none, have fresh data, and when pods
+    exist but none is Ready (a model loading must never read as 0: KEDA would scale it to zero). When the
+    fresh pods are at or below the activation threshold while some pods are missing, the value stands (it
+    never scales down) but activity cannot be told: `activity_unknown` says why (IsActive: UNAVAILABLE).
     """
     missing = tuple(sorted(set(missing) - reporting.keys()))
     starting = tuple(sorted(set(starting) - reporting.keys() - set(missing)))
@@ -246,14 +250,17 @@ def evaluate(
     reported = [p[ROW_VALUE] for p in pods]
     fresh_value = aggregate(reported, aggregation)
     active = fresh_value > spec.activation_threshold
+    unknown = None
     if missing and not active:
-        raise NoData(
+        unknown = (
             f"the fresh pods' value {fresh_value:g} is at or below activationThreshold"
             f" {spec.activation_threshold:g} while {len(missing)} Ready target pods have no fresh {what}"
             f" data ({_names(missing)}): whether the workload is idle cannot be told"
         )
     if not missing and not starting:
-        return _result(fresh_value, active, spec, aggregation, pods, missing, starting, 0.0, Rule.ALL_FRESH)
+        return _result(
+            fresh_value, active, spec, aggregation, pods, missing, starting, 0.0, Rule.ALL_FRESH, unknown
+        )
     total = ready + len(starting)
     threshold = spec.threshold
     if aggregation is Aggregation.MAX:
@@ -261,9 +268,11 @@ def evaluate(
         # the one at target, so it counts as exactly the target.
         if fresh_value > threshold:
             return _result(
-                fresh_value, active, spec, aggregation, pods, missing, starting, 0.0, Rule.SCALE_UP
+                fresh_value, active, spec, aggregation, pods, missing, starting, 0.0, Rule.SCALE_UP, unknown
             )
-        return _result(threshold, active, spec, aggregation, pods, missing, starting, threshold, Rule.HOLD)
+        return _result(
+            threshold, active, spec, aggregation, pods, missing, starting, threshold, Rule.HOLD, unknown
+        )
     fresh_sum = math.fsum(reported)
     if fresh_sum > len(reporting) * threshold:
         value, fill, rule = max(fresh_sum, total * threshold), 0.0, Rule.SCALE_UP
@@ -272,7 +281,7 @@ def evaluate(
         fill, rule = threshold, Rule.HOLD
     if aggregation is Aggregation.MEAN:
         value /= total
-    return _result(value, active, spec, aggregation, pods, missing, starting, fill, rule)
+    return _result(value, active, spec, aggregation, pods, missing, starting, fill, rule, unknown)
 
 
 def _names(pods: tuple[str, ...]) -> str:
@@ -289,6 +298,7 @@ def _result(
     starting: tuple[str, ...],
     fill: float,
     rule: str,
+    activity_unknown: str | None = None,
 ) -> Evaluation:
     current = len(pods) + len(missing) + len(starting)
     what_if = WhatIf(
@@ -306,4 +316,5 @@ def _result(
         what_if=what_if,
         starting_pods=starting,
         rule=rule,
+        activity_unknown=activity_unknown,
     )

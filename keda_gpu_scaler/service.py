@@ -152,6 +152,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 _check_decoded(request)
                 followed, spec = self._follow(request)
                 evaluation = self._evaluator.evaluate(followed, spec)
+                if evaluation.activity_unknown is not None:
+                    raise NoData(evaluation.activity_unknown)  # SPEC §4: never `false` for what is not seen
                 return pb.IsActiveResponse(result=evaluation.active)
         except ScalerError as error:
             await _abort(context, error)
@@ -192,7 +194,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
             try:
                 # Following on every round keeps the ScaledObject's state alive while its stream is open.
                 followed = self._registry.follow(ref.namespace, ref.name, spec)
-                active = self._evaluator.evaluate(followed, spec).active
+                evaluation = self._evaluator.evaluate(followed, spec)
+                active = was_active if evaluation.activity_unknown is not None else evaluation.active
             except (NoData, ResourceExhausted):
                 active = was_active
             if active and not was_active:

@@ -233,3 +233,39 @@ async def test_llamacpp_kv_cache_is_unavailable_under_auto_and_refused_when_name
     )
     # The metrics it does export work when it is named.
     assert await value(scaler, {**REQUESTS, "engine": "llamacpp"}) == 8
+
+
+async def test_an_idle_pod_beside_a_broken_page_answers_its_value_but_not_whether_it_is_idle(  # type: ignore[no-untyped-def]
+    make_exporter, make_scaler
+) -> None:
+    """SPEC §4: activity is decided on the fresh pods. Nothing in flight on the pod that answers while the
+    other's page fails: the value (0 + the missing pod's 8) stands, never a scale-down, but `false` would
+    let KEDA scale to zero on what it cannot see, so IsActive is UNAVAILABLE until the page is back."""
+    servers = await pod_pages(
+        make_exporter,
+        vllm_page("llama", [EngineLoad(0, 0, 0.0)]),
+        vllm_page("llama", [EngineLoad(4, 0, 0.1)]),
+    )
+    scaler = await make_scaler(inference_urls=inference_urls(servers))
+
+    async def both() -> None:
+        assert await value(scaler, REQUESTS) == 4
+
+    await eventually(both)
+    servers[1].status = 503
+
+    async def activity_unknown() -> None:
+        assert await value(scaler, REQUESTS) == 0 + 8
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await scaler.stub.IsActive(ref(REQUESTS))
+        assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert "whether the workload is idle cannot be told" in (raised.value.details() or "")
+
+    await eventually(activity_unknown)
+    servers[1].status = 200
+    servers[1].page = vllm_page("llama", [EngineLoad(0, 0, 0.0)])
+
+    async def idle() -> None:
+        assert (await scaler.stub.IsActive(ref(REQUESTS))).result is False
+
+    await eventually(idle)
