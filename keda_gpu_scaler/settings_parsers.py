@@ -89,20 +89,26 @@ def _token_path(name: str, raw: Raw) -> Path | None:
     return Path(raw) if isinstance(raw, str) and raw else None
 
 
+def _namespaced(name: str, given: str, ref: str, what: str) -> tuple[str, str]:
+    """NAMESPACE/NAME within `given` (the flag's value or one item of it), each part checked; `what` names
+    the object (a pod, an InferencePool, a ServiceAccount) in the error."""
+    namespace, _, object_name = ref.partition("/")
+    if not is_namespace(namespace):
+        raise SettingsError(f"{name}={given[:100]!r}: {namespace[:100]!r} is not a namespace name")
+    if not is_object_name(object_name):
+        raise SettingsError(f"{name}={given[:100]!r}: {object_name[:100]!r} is not {what} name")
+    return namespace, object_name
+
+
 def _serviceaccount(name: str, raw: Raw) -> tuple[str, str] | None:
     """NAMESPACE/NAME of a ServiceAccount (the scaler mints its tokens), or None when not given."""
     if not isinstance(raw, str) or not raw:
         return None
-    namespace, slash, account = raw.partition("/")
-    if not slash:
+    if "/" not in raw:
         raise SettingsError(
             f"{name}={raw[:100]!r} is not NAMESPACE/NAME, e.g. keda/keda-gpu-scaler-epp-metrics"
         )
-    if not is_namespace(namespace):
-        raise SettingsError(f"{name}={raw[:100]!r}: {namespace[:100]!r} is not a namespace name")
-    if not is_object_name(account):
-        raise SettingsError(f"{name}={raw[:100]!r}: {account[:100]!r} is not a ServiceAccount name")
-    return namespace, account
+    return _namespaced(name, raw, raw, "a ServiceAccount")
 
 
 def _items(raw: Raw, separator: str) -> list[str]:
@@ -118,21 +124,25 @@ def _urls(name: str, raw: Raw) -> tuple[str, ...]:
     return tuple(dict.fromkeys(urls))
 
 
-def _inference_urls(name: str, raw: Raw) -> tuple[tuple[str, str, str], ...]:
-    found: dict[tuple[str, str], str] = {}
+def _pages(name: str, raw: Raw, what: str, form: str) -> list[tuple[str, str, str]]:
+    """(namespace, object, url) of each NAMESPACE/NAME=URL item; `form` is the shape with an example."""
+    found: list[tuple[str, str, str]] = []
     for part in _items(raw, ","):
         ref, sep, url = part.partition("=")
-        namespace, slash, pod = ref.partition("/")
-        if not sep or not slash:
-            raise SettingsError(
-                f"{name}={part[:100]!r} is not NAMESPACE/POD=URL, e.g. llm/vllm-0=http://10.0.0.5:8000/metrics"
-            )
-        if not is_namespace(namespace):
-            raise SettingsError(f"{name}={part[:100]!r}: {namespace[:100]!r} is not a namespace name")
-        if not is_object_name(pod):
-            raise SettingsError(f"{name}={part[:100]!r}: {pod[:100]!r} is not a pod name")
+        if not sep or "/" not in ref:
+            raise SettingsError(f"{name}={part[:100]!r} is not {form}")
+        namespace, object_name = _namespaced(name, part, ref, what)
         if not url.startswith(("http://", "https://")):
             raise SettingsError(f"{name}={part[:100]!r}: {url[:100]!r} is not an http(s) URL")
+        found.append((namespace, object_name, url))
+    return found
+
+
+def _inference_urls(name: str, raw: Raw) -> tuple[tuple[str, str, str], ...]:
+    found: dict[tuple[str, str], str] = {}
+    for namespace, pod, url in _pages(
+        name, raw, "a pod", "NAMESPACE/POD=URL, e.g. llm/vllm-0=http://10.0.0.5:8000/metrics"
+    ):
         if found.get((namespace, pod), url) != url:
             raise SettingsError(f"{name}: pod {namespace}/{pod} is given two URLs")
         found[(namespace, pod)] = url
@@ -142,22 +152,10 @@ def _inference_urls(name: str, raw: Raw) -> tuple[tuple[str, str, str], ...]:
 def _gateway_urls(name: str, raw: Raw) -> tuple[tuple[str, str, str], ...]:
     """(namespace, pool, url) of each NAMESPACE/POOL=URL: one per endpoint-picker replica, so a pool may
     have several."""
-    found: dict[tuple[str, str, str], None] = {}
-    for part in _items(raw, ","):
-        ref, sep, url = part.partition("=")
-        namespace, slash, pool = ref.partition("/")
-        if not sep or not slash:
-            raise SettingsError(
-                f"{name}={part[:100]!r} is not NAMESPACE/POOL=URL, e.g."
-                " llm/chat-pool=http://10.0.0.7:9090/metrics"
-            )
-        if not is_namespace(namespace):
-            raise SettingsError(f"{name}={part[:100]!r}: {namespace[:100]!r} is not a namespace name")
-        if not is_object_name(pool):
-            raise SettingsError(f"{name}={part[:100]!r}: {pool[:100]!r} is not an InferencePool name")
-        if not url.startswith(("http://", "https://")):
-            raise SettingsError(f"{name}={part[:100]!r}: {url[:100]!r} is not an http(s) URL")
-        found[(namespace, pool, url)] = None
+    pages = _pages(
+        name, raw, "an InferencePool", "NAMESPACE/POOL=URL, e.g. llm/chat-pool=http://10.0.0.7:9090/metrics"
+    )
+    found = dict.fromkeys(pages)
     urls = [url for _, _, url in found]
     if len(set(urls)) != len(urls):
         twice = next(url for url in urls if urls.count(url) > 1)
