@@ -69,7 +69,8 @@ class Ramp:
         )
 
 
-async def test_calibrate_prints_the_rate_at_which_requests_start_waiting(make_exporter) -> None:  # type: ignore[no-untyped-def]
+async def ramp_run(make_exporter, calibration: calibrate.Calibration):  # type: ignore[no-untyped-def]
+    """calibrate.run over a real page server whose load ramps (on the ramp's clock): (ramp, result, lines)."""
     server = await make_exporter()
     ramp = Ramp(server)
     session = client_session()
@@ -78,7 +79,7 @@ async def test_calibrate_prints_the_rate_at_which_requests_start_waiting(make_ex
     try:
         result = await calibrate.run(
             server.url,
-            calibrate.Calibration(window=20, prefill_weight=0.25),
+            calibration,
             fetch=fetcher.get,
             interval=STEP,
             duration=600,
@@ -88,6 +89,11 @@ async def test_calibrate_prints_the_rate_at_which_requests_start_waiting(make_ex
         )
     finally:
         await session.close()
+    return ramp, result, lines
+
+
+async def test_calibrate_prints_the_rate_at_which_requests_start_waiting(make_exporter) -> None:  # type: ignore[no-untyped-def]
+    ramp, result, lines = await ramp_run(make_exporter, calibrate.Calibration(window=20, prefill_weight=0.25))
     assert result.saturated
     assert result.best is not None
     assert result.best.requests == pytest.approx(CAPACITY)
@@ -102,24 +108,9 @@ async def test_calibrate_prints_the_rate_at_which_requests_start_waiting(make_ex
 async def test_calibrate_with_a_latency_target_stops_where_the_time_per_token_passes_it(
     make_exporter,
 ) -> None:  # type: ignore[no-untyped-def]
-    server = await make_exporter()
-    ramp = Ramp(server)
-    session = client_session()
-    fetcher = PageFetcher(session, timeout=3, max_bytes=1 << 20)
-    lines: list[str] = []
-    try:
-        result = await calibrate.run(
-            server.url,
-            calibrate.Calibration(window=20, per_token_target=0.025),
-            fetch=fetcher.get,
-            interval=STEP,
-            duration=600,
-            out=lines.append,
-            clock=ramp.clock,
-            sleep=ramp.sleep,
-        )
-    finally:
-        await session.close()
+    ramp, result, lines = await ramp_run(
+        make_exporter, calibrate.Calibration(window=20, per_token_target=0.025)
+    )
     # Over 50..70 s: 3 requests/s for 10 s at 22 ms/token and 4 for 10 s at 26 → 24.3 ms, within 25; over
     # 55..75 s the mean is 25.2 ms: the limit, long before any request waits (at 5 requests/s).
     assert result.best is not None
