@@ -23,6 +23,11 @@ from keda_gpu_scaler.scaling import (
 from keda_gpu_scaler.trigger import Aggregation, TriggerSpec
 
 
+# demandUnit tokens: each pod's rate in requests per second, kept beside its value (an input /explain
+# shows) so that the pool's pending requests can be weighed at the pods' own tokens per request.
+REQUESTS_PER_SECOND = "requestsPerSecond"
+
+
 def demand_pod_values(
     history: DemandHistory, namespace: str, pages: Iterable[PodSamples], spec: TriggerSpec, now: float
 ) -> tuple[dict[str, PodRow], dict[str, str], tuple[str, ...]]:
@@ -65,7 +70,7 @@ def demand_pod_values(
             rate,
             (),
             (("samplesUsed", float(used)), ("spanSeconds", span))
-            + ((("requestsPerSecond", request_rates[pod]),) if pod in request_rates else ()),
+            + (((REQUESTS_PER_SECOND, request_rates[pod]),) if pod in request_rates else ()),
         )
         for pod, (rate, engine, used, span) in rates.items()
     }
@@ -139,7 +144,7 @@ def measured_tokens_per_request(evaluation: Evaluation) -> float | None:
     second over their requests per second), None when no pod took a request."""
     tokens = requests = 0.0
     for pod in evaluation.pods:
-        per_second = dict(pod.inputs).get("requestsPerSecond")
+        per_second = dict(pod.inputs).get(REQUESTS_PER_SECOND)
         if per_second is not None and per_second > 0:
             tokens += pod.value
             requests += per_second
