@@ -22,7 +22,6 @@ from keda_gpu_scaler.scaling import (
 )
 from keda_gpu_scaler.trigger import Aggregation, TriggerSpec
 
-
 # demandUnit tokens: each pod's rate in requests per second, kept beside its value (an input /explain
 # shows) so that the pool's pending requests can be weighed at the pods' own tokens per request.
 REQUESTS_PER_SECOND = "requestsPerSecond"

@@ -182,7 +182,9 @@ def test_activity_is_decided_on_the_fresh_pods_and_unknown_while_pods_are_missin
     # still stands (never a scale-down); whether the workload is idle cannot be told.
     result = run([reading("p-0", 0), reading("p-1", 0)], missing=("p-2",))
     assert result.value == 70 and not result.active
-    assert result.activity_unknown is not None and "at or below activationThreshold" in result.activity_unknown
+    assert (
+        result.activity_unknown is not None and "at or below activationThreshold" in result.activity_unknown
+    )
     # Above the activation threshold the fresh pods alone say active, whatever the missing pod holds.
     assert run([reading("p-0", 5), reading("p-1", 0)], missing=("p-2",)).active
 
