@@ -93,18 +93,22 @@ def demand_pod_values(
 def with_pending(
     evaluation: Evaluation,
     spec: TriggerSpec,
-    points: list[tuple[float, float]],
+    growth: float,
+    held: float,
     tokens_per_request: float | None = None,
 ) -> tuple[Evaluation, str]:
-    """The pods' demand plus what the pool's pending requests add (SPEC §6 with `inferencePool`), and a note.
+    """The pods' demand with what the pool's pending requests add (SPEC §6 with `inferencePool`), and a note.
 
-    `points`: the pool's pending total over the window, (time, requests), oldest first. With `demandUnit:
-    tokens` pending requests are weighed at `tokens_per_request` (measured_tokens_per_request(), None when no
-    pod measures it: then they ask for exactly one replica's worth, the wake). The pending part
-    counts toward activity as the pods' own sum does (SPEC §4: S plus pending), so a pool at zero holding
-    requests wakes and asks for at least one replica.
+    `held`: the requests the pool holds now; `growth`: their growth per second over the window, at the
+    gateway pages' times. The pending part sizes on top of the FRESH pods' demand S, never on top of the
+    floor SPEC §4 puts under missing and starting pods (those pods serve the same queue once up: adding
+    the two asked for two more replicas at every sync): value = max(floor, S + pending), per pod for a
+    mean. With `demandUnit: tokens` pending requests are weighed at `tokens_per_request` (the pods' own,
+    else the last they measured; None when never: then they ask for exactly one replica's worth, the
+    wake). The pending part counts toward activity as S does (SPEC §4: S plus pending), so a pool at zero
+    holding requests wakes and asks for at least one replica.
     """
-    extra = pending_demand(points, spec.window)
+    extra = pending_demand(growth, held, spec.window)
     weighed = ""
     if spec.demand_unit is not DemandUnit.REQUESTS and extra > 0:
         if tokens_per_request is not None:
@@ -114,23 +118,25 @@ def with_pending(
             extra = spec.threshold
             weighed = ": no pod measures their tokens yet, so they ask for one replica's worth"
     current = evaluation.what_if.current_replicas
-    # A per-pod mean (metricType Value) carries the pool's share per pod: the HPA multiplies it back.
-    share = extra / current if evaluation.aggregation is Aggregation.MEAN and current > 0 else extra
-    value = evaluation.value + share
+    fresh = math.fsum(row[ROW_VALUE] for row in evaluation.pod_rows)
+    sized = fresh + extra
+    # A per-pod mean (metricType Value) carries the workload's value per pod: the HPA multiplies it back.
+    if evaluation.aggregation is Aggregation.MEAN and current > 0:
+        sized /= current
+    value = max(evaluation.value, sized)
     what_if = WhatIf(
         current_replicas=current,
         average_value=desired_replicas_average_value(value, spec.threshold, current),
         value=desired_replicas_value(value, spec.threshold, current),
     )
-    held = points[-1][1] if points else 0.0
     # Activity on S (the fresh pods' own sum, never the value missing pods were filled into) plus pending.
-    fresh = math.fsum(row[ROW_VALUE] for row in evaluation.pod_rows)
     active = evaluation.active or fresh + extra > spec.activation_threshold
     # Requests held at the gateway say "active" whatever the missing pods hold; idle is still unknown.
     unknown = None if active else evaluation.activity_unknown
     note = (
         f"InferencePool {spec.inference_pool}: {held:g} pending requests add {extra:g}/s (their growth and"
-        f" what clears them within {spec.window:g}s){weighed}"
+        f" what clears them within {spec.window:g}s){weighed}, on top of the fresh pods' {fresh:g}"
+        f" (value: the larger of that and the missing-pod floor {evaluation.value:g})"
     )
     replaced = dataclasses.replace(
         evaluation, value=value, active=active, what_if=what_if, activity_unknown=unknown

@@ -275,6 +275,44 @@ async def test_the_pool_s_pending_requests_wake_a_pool_at_zero(fleet) -> None:  
     assert any("pending requests" in note for note in explained["notes"]), explained["notes"]
 
 
+async def test_pending_growth_is_taken_between_page_reads_never_between_calls(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(1, epps=1)
+    pooled = {**DEMAND, "podNamePrefix": "none-", "inferencePool": "chat-pool", "window": "30"}
+    f.metadata = pooled
+    await f.show(1000, vllm_page(0, 0, 0), queue={})
+    # 50 requests queued between two gateway pages 10 s apart (show calls once before the new page is read).
+    await f.show(1010, None, queue={Queued("llama"): 50})
+    f.clock.now = 1010.5  # the next call half a second later: no new page since
+    # Their growth over the pages' 10 s (5/s) and what clears them within the 30 s window; between the
+    # two calls (0.5 s) it read 100/s.
+    assert await value(f.scaler, pooled) == pytest.approx(50 / 10 + 50 / 30)
+
+
+async def test_each_trigger_reads_pending_growth_over_its_own_window(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(1, epps=1)
+    base = {**DEMAND, "podNamePrefix": "none-", "inferencePool": "chat-pool"}
+    long, short = {**base, "window": "60"}, {**base, "window": "10", "metricName": "short"}
+    f.metadata = long
+    await f.show(1000, vllm_page(0, 0, 0), queue={})
+    await f.show(1010, None, queue={Queued("llama"): 60})  # 60 arrive, then the queue stays at 60
+    for at in range(1020, 1070, 10):
+        await f.show(at, None)
+        assert await value(f.scaler, short) > 0  # the short window's trigger asks on every page too
+    # Over 60 s the queue grew 1/s; over the last 10 s it did not grow. Neither trims the other's points.
+    assert await value(f.scaler, long) == pytest.approx(60 / 60 + 60 / 60)
+    assert await value(f.scaler, short) == pytest.approx(0 + 60 / 10)
+
+
+async def test_a_window_shorter_than_the_scrape_interval_is_invalid_argument(make_scaler) -> None:  # type: ignore[no-untyped-def]
+    scaler = await make_scaler(scrape_interval=20.0, max_staleness=60.0)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await scaler.stub.GetMetricSpec(ref({**DEMAND, "window": "15"}))
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    details = raised.value.details() or ""
+    for words in ("window=15", "--scrape-interval 20 s", "allowed: 20-600"):
+        assert words in details, details
+
+
 @pytest.mark.parametrize(
     ("metadata", "words"),
     [
