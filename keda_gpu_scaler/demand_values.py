@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from keda_gpu_scaler.collect.demand_history import DemandHistory
-from keda_gpu_scaler.demand import DemandUnit, over_window, pending_demand, pod_demand
+from keda_gpu_scaler.demand import DemandPoint, DemandUnit, over_window, pending_demand, pod_demand
 from keda_gpu_scaler.engines import Missing, MissingKind, PodSamples
 from keda_gpu_scaler.errors import NoData
 from keda_gpu_scaler.scaling import (
@@ -28,7 +28,12 @@ REQUESTS_PER_SECOND = "requestsPerSecond"
 
 
 def demand_pod_values(
-    history: DemandHistory, namespace: str, pages: Iterable[PodSamples], spec: TriggerSpec, now: float
+    history: DemandHistory,
+    namespace: str,
+    pages: Iterable[PodSamples],
+    spec: TriggerSpec,
+    now: float,
+    tokens_per_request: float | None = None,
 ) -> tuple[dict[str, PodRow], dict[str, str], tuple[str, ...]]:
     """Each fresh pod's rate (rows for evaluate()), why the other pods are missing, and notes.
 
@@ -36,12 +41,18 @@ def demand_pod_values(
     started) is missing: never a made-up rate. A Ready pod with a page but no rate yet (one page within
     the window) counts as the mean rate of the others; if none has a rate, NoData. An engine that never
     exports a counter of finished requests (recognised by `auto`) is NoData naming it.
+
+    `demandUnit: tokens` with `inferencePool`: a pod taking requests of which none finished within the
+    window (a burst of long requests) is sized at `tokens_per_request`, the last the pods measured, else
+    at one replica's worth (the threshold), so the pending part still sizes on top of it rather than the
+    whole answer turning UNAVAILABLE while requests pile up.
     """
     key = (spec.engine, spec.model)
     rates: dict[str, tuple[float, str, int, float]] = {}
     request_rates: dict[str, float] = {}  # demandUnit tokens: the same pods' rates in requests per second
     without_rate: dict[str, tuple[str, str, int]] = {}
     problems: dict[str, str] = {}
+    unfinished: list[str] = []  # pods taking requests of which none finished (sized, see above)
     for page in pages:
         track = history.points(namespace, page.pod, key, spec.window, now)
         if track.problem is not None:
@@ -51,6 +62,10 @@ def demand_pod_values(
             continue
         points = over_window(track.points, spec.window)
         rate = pod_demand(points, spec.demand_unit, spec.prefill_weight)
+        if isinstance(rate, Missing) and rate.kind is MissingKind.NO_RATE and spec.inference_pool:
+            rate = _sized_without_finishes(points, spec, tokens_per_request, rate)
+            if not isinstance(rate, Missing):
+                unfinished.append(page.pod)  # its value is no measure of tokens per request
         if isinstance(rate, Missing):
             if rate.kind is MissingKind.NOT_EXPORTED:
                 raise NoData(f"pod {page.pod}: {rate.reason}")
@@ -58,7 +73,7 @@ def demand_pod_values(
             continue
         span = points[-1].at - points[0].at
         rates[page.pod] = (rate, track.engine, len(points), span)
-        if spec.demand_unit is not DemandUnit.REQUESTS:
+        if spec.demand_unit is not DemandUnit.REQUESTS and page.pod not in unfinished:
             requests = pod_demand(points, DemandUnit.REQUESTS)
             if not isinstance(requests, Missing):
                 request_rates[page.pod] = requests
@@ -74,6 +89,16 @@ def demand_pod_values(
         for pod, (rate, engine, used, span) in rates.items()
     }
     notes: tuple[str, ...] = ()
+    if unfinished:
+        how = (
+            f"their requests per second × the {tokens_per_request:.0f} tokens per request measured earlier"
+            if tokens_per_request is not None
+            else "one replica's worth (no pod has measured tokens per request yet)"
+        )
+        notes = (
+            f"{len(unfinished)} pod(s) took requests of which none finished within the window; they count"
+            f" as {how}: {', '.join(sorted(unfinished)[:10])}",
+        )
     if without_rate:
         if not rates:
             reasons = "; ".join(f"{pod}: {why}" for pod, (why, _, _) in sorted(without_rate.items())[:5])
@@ -83,11 +108,24 @@ def demand_pod_values(
         mean = math.fsum(rate for rate, _, _, _ in rates.values()) / len(rates)
         for pod, (_, engine, used) in without_rate.items():
             rows[pod] = pod_row(pod, engine, mean, (), (("samplesUsed", float(used)), ("meanOfOthers", 1.0)))
-        notes = (
+        notes += (
             f"{len(without_rate)} Ready pod(s) without a rate yet count as the mean of the others"
             f" ({mean:g}): {', '.join(sorted(without_rate)[:10])}",
         )
     return rows, problems, notes
+
+
+def _sized_without_finishes(
+    points: Sequence[DemandPoint], spec: TriggerSpec, tokens_per_request: float | None, missing: Missing
+) -> float | Missing:
+    """demandUnit tokens: a pod whose requests arrive but none finished within the window, weighed at
+    the tokens per request measured earlier, else one replica's worth; `missing` where it has no rate."""
+    if spec.demand_unit is DemandUnit.REQUESTS or len(points) < 2:
+        return missing
+    requests = pod_demand(points, DemandUnit.REQUESTS)
+    if isinstance(requests, Missing):
+        return missing
+    return spec.threshold if tokens_per_request is None else requests * tokens_per_request
 
 
 def with_pending(

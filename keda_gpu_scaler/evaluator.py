@@ -384,8 +384,10 @@ class Evaluator:
             self._telemetry.aggregation_mismatches.inc()
             notes += (mismatch,)
         if spec.metric is Metric.DEMAND:
+            pool = (namespace, spec.inference_pool, spec.model) if spec.inference_pool else None
+            size = self.pending_history.remember_size(pool, None) if pool else None
             reporting, without_value, demand_notes = demand_pod_values(
-                self.demand_history, namespace, pods, spec, self._clock()
+                self.demand_history, namespace, pods, spec, self._clock(), size
             )
             notes += demand_notes
             if without_value:
@@ -441,6 +443,6 @@ class Evaluator:
             raise
         read = [row[0] for row in pending.pod_rows]  # the replicas read now (their growth counts)
         growth = self.pending_history.growth(key, read, spec.window, now)
-        size = self.pending_history.remember_size(key, measured_tokens_per_request(evaluation), now)
+        size = self.pending_history.remember_size(key, measured_tokens_per_request(evaluation))
         evaluation, note = with_pending(evaluation, spec, growth, pending.value, size)
         return evaluation, (note,)

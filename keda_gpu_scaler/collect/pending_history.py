@@ -75,7 +75,7 @@ class PendingHistory:
         pool = self._pools[key]
         return sum(growth_per_second(_over(pool.replicas.get(name, []), window)) for name in replicas)
 
-    def remember_size(self, key: PendingKey, tokens_per_request: float | None, now: float) -> float | None:
+    def remember_size(self, key: PendingKey, tokens_per_request: float | None) -> float | None:
         """demandUnit tokens: the pods' tokens per request now, else the last they measured (None: never)."""
         pool = self._pools.get(key)
         if pool is None:

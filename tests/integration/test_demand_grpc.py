@@ -259,6 +259,25 @@ async def test_tokens_weigh_requests_by_their_size(fleet) -> None:  # type: igno
     assert await value(f.scaler, tokens) == pytest.approx(7000)
 
 
+async def test_tokens_with_nothing_finished_in_the_window_still_size_the_pending_part(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(1, epps=1)
+    pooled = {
+        **DEMAND,
+        "demandUnit": "tokens",
+        "threshold": "4000",
+        "prefillWeight": "0.5",
+        "inferencePool": "chat-pool",
+    }
+    f.metadata = pooled
+    await f.show(1000, vllm_page(0, 0, 0, 0, 0), queue={})
+    await f.show(1060, vllm_page(600, 0, 0, 600_000, 120_000), queue={})
+    assert await value(f.scaler, pooled) == pytest.approx(7000)  # 700 weighted tokens per request
+    # A burst of long requests: 20 in the server, none finished within the window, 30 held at the gateway.
+    await f.show(1120, vllm_page(600, 20, 0, 600_000, 120_000), queue={Queued("llama"): 30})
+    # The pod: 20 arrived / 60 s; held: 30 grew over 60 s and clear within 60 s; all at 700 tokens each.
+    assert await value(f.scaler, pooled) == pytest.approx((20 / 60 + 30 / 60 + 30 / 60) * 700)
+
+
 async def test_the_pool_s_pending_requests_wake_a_pool_at_zero(fleet) -> None:  # type: ignore[no-untyped-def]
     # A page of another workload keeps the namespace's inference source fresh; no chat- pod exists.
     f = await fleet(1, epps=1)
