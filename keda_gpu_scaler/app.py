@@ -118,6 +118,7 @@ class App:
             gateway_pages=self.gateway_pages,
             gateway_max_staleness=gateway_max_staleness(settings),
             demand_forget_after=settings.interest_ttl,
+            scrape_interval=settings.scrape_interval,
         )
         self.registry = Registry(
             ttl=settings.interest_ttl,

@@ -147,11 +147,15 @@ def pod_demand(
     return value if math.isfinite(value) else Missing(MissingKind.NO_RATE, "counters too large to rate")
 
 
-def pending_demand(points: Sequence[tuple[float, float]], window: float) -> float:
-    """What requests held at the gateway add (SPEC §6 with `inferencePool`): their own rate of growth over
-    the points (time, pending), oldest first, and enough to clear those pending now within one window."""
-    if not points:
+def growth_per_second(points: Sequence[tuple[float, float]]) -> float:
+    """How fast a level grew between the first point (time, level) and the last; 0 with no time between."""
+    if len(points) < 2 or points[-1][0] <= points[0][0]:
         return 0.0
-    (first_at, first), (last_at, last) = points[0], points[-1]
-    growth = (last - first) / (last_at - first_at) if last_at > first_at else 0.0
-    return max(0.0, growth) + last / window
+    return (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
+
+
+def pending_demand(growth: float, held: float, window: float) -> float:
+    """What requests held at the gateway add (SPEC §6 with `inferencePool`): their rate of growth (never
+    below 0: a queue draining is the pods' work, already counted) and enough to clear the `held` now
+    within one window."""
+    return max(0.0, growth) + held / window

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from keda_gpu_scaler.collect.demand_history import DemandHistory
-from keda_gpu_scaler.demand import DemandUnit, over_window, pending_demand, pod_demand
+from keda_gpu_scaler.demand import DemandPoint, DemandUnit, over_window, pending_demand, pod_demand
 from keda_gpu_scaler.engines import Missing, MissingKind, PodSamples
 from keda_gpu_scaler.errors import NoData
 from keda_gpu_scaler.scaling import (
@@ -28,7 +28,12 @@ REQUESTS_PER_SECOND = "requestsPerSecond"
 
 
 def demand_pod_values(
-    history: DemandHistory, namespace: str, pages: Iterable[PodSamples], spec: TriggerSpec, now: float
+    history: DemandHistory,
+    namespace: str,
+    pages: Iterable[PodSamples],
+    spec: TriggerSpec,
+    now: float,
+    tokens_per_request: float | None = None,
 ) -> tuple[dict[str, PodRow], dict[str, str], tuple[str, ...]]:
     """Each fresh pod's rate (rows for evaluate()), why the other pods are missing, and notes.
 
@@ -36,12 +41,18 @@ def demand_pod_values(
     started) is missing: never a made-up rate. A Ready pod with a page but no rate yet (one page within
     the window) counts as the mean rate of the others; if none has a rate, NoData. An engine that never
     exports a counter of finished requests (recognised by `auto`) is NoData naming it.
+
+    `demandUnit: tokens` with `inferencePool`: a pod taking requests of which none finished within the
+    window (a burst of long requests) is sized at `tokens_per_request`, the last the pods measured, else
+    at one replica's worth (the threshold), so the pending part still sizes on top of it rather than the
+    whole answer turning UNAVAILABLE while requests pile up.
     """
     key = (spec.engine, spec.model)
     rates: dict[str, tuple[float, str, int, float]] = {}
     request_rates: dict[str, float] = {}  # demandUnit tokens: the same pods' rates in requests per second
     without_rate: dict[str, tuple[str, str, int]] = {}
     problems: dict[str, str] = {}
+    unfinished: list[str] = []  # pods taking requests of which none finished (sized, see above)
     for page in pages:
         track = history.points(namespace, page.pod, key, spec.window, now)
         if track.problem is not None:
@@ -51,6 +62,10 @@ def demand_pod_values(
             continue
         points = over_window(track.points, spec.window)
         rate = pod_demand(points, spec.demand_unit, spec.prefill_weight)
+        if isinstance(rate, Missing) and rate.kind is MissingKind.NO_RATE and spec.inference_pool:
+            rate = _sized_without_finishes(points, spec, tokens_per_request, rate)
+            if not isinstance(rate, Missing):
+                unfinished.append(page.pod)  # its value is no measure of tokens per request
         if isinstance(rate, Missing):
             if rate.kind is MissingKind.NOT_EXPORTED:
                 raise NoData(f"pod {page.pod}: {rate.reason}")
@@ -58,7 +73,7 @@ def demand_pod_values(
             continue
         span = points[-1].at - points[0].at
         rates[page.pod] = (rate, track.engine, len(points), span)
-        if spec.demand_unit is not DemandUnit.REQUESTS:
+        if spec.demand_unit is not DemandUnit.REQUESTS and page.pod not in unfinished:
             requests = pod_demand(points, DemandUnit.REQUESTS)
             if not isinstance(requests, Missing):
                 request_rates[page.pod] = requests
@@ -74,6 +89,16 @@ def demand_pod_values(
         for pod, (rate, engine, used, span) in rates.items()
     }
     notes: tuple[str, ...] = ()
+    if unfinished:
+        how = (
+            f"their requests per second × the {tokens_per_request:.0f} tokens per request measured earlier"
+            if tokens_per_request is not None
+            else "one replica's worth (no pod has measured tokens per request yet)"
+        )
+        notes = (
+            f"{len(unfinished)} pod(s) took requests of which none finished within the window; they count"
+            f" as {how}: {', '.join(sorted(unfinished)[:10])}",
+        )
     if without_rate:
         if not rates:
             reasons = "; ".join(f"{pod}: {why}" for pod, (why, _, _) in sorted(without_rate.items())[:5])
@@ -83,28 +108,45 @@ def demand_pod_values(
         mean = math.fsum(rate for rate, _, _, _ in rates.values()) / len(rates)
         for pod, (_, engine, used) in without_rate.items():
             rows[pod] = pod_row(pod, engine, mean, (), (("samplesUsed", float(used)), ("meanOfOthers", 1.0)))
-        notes = (
+        notes += (
             f"{len(without_rate)} Ready pod(s) without a rate yet count as the mean of the others"
             f" ({mean:g}): {', '.join(sorted(without_rate)[:10])}",
         )
     return rows, problems, notes
 
 
+def _sized_without_finishes(
+    points: Sequence[DemandPoint], spec: TriggerSpec, tokens_per_request: float | None, missing: Missing
+) -> float | Missing:
+    """demandUnit tokens: a pod whose requests arrive but none finished within the window, weighed at
+    the tokens per request measured earlier, else one replica's worth; `missing` where it has no rate."""
+    if spec.demand_unit is DemandUnit.REQUESTS or len(points) < 2:
+        return missing
+    requests = pod_demand(points, DemandUnit.REQUESTS)
+    if isinstance(requests, Missing):
+        return missing
+    return spec.threshold if tokens_per_request is None else requests * tokens_per_request
+
+
 def with_pending(
     evaluation: Evaluation,
     spec: TriggerSpec,
-    points: list[tuple[float, float]],
+    growth: float,
+    held: float,
     tokens_per_request: float | None = None,
 ) -> tuple[Evaluation, str]:
-    """The pods' demand plus what the pool's pending requests add (SPEC §6 with `inferencePool`), and a note.
+    """The pods' demand with what the pool's pending requests add (SPEC §6 with `inferencePool`), and a note.
 
-    `points`: the pool's pending total over the window, (time, requests), oldest first. With `demandUnit:
-    tokens` pending requests are weighed at `tokens_per_request` (measured_tokens_per_request(), None when no
-    pod measures it: then they ask for exactly one replica's worth, the wake). The pending part
-    counts toward activity as the pods' own sum does (SPEC §4: S plus pending), so a pool at zero holding
-    requests wakes and asks for at least one replica.
+    `held`: the requests the pool holds now; `growth`: their growth per second over the window, at the
+    gateway pages' times. The pending part sizes on top of the FRESH pods' demand S, never on top of the
+    floor SPEC §4 puts under missing and starting pods (those pods serve the same queue once up: adding
+    the two asked for two more replicas at every sync): value = max(floor, S + pending), per pod for a
+    mean. With `demandUnit: tokens` pending requests are weighed at `tokens_per_request` (the pods' own,
+    else the last they measured; None when never: then they ask for exactly one replica's worth, the
+    wake). The pending part counts toward activity as S does (SPEC §4: S plus pending), so a pool at zero
+    holding requests wakes and asks for at least one replica.
     """
-    extra = pending_demand(points, spec.window)
+    extra = pending_demand(growth, held, spec.window)
     weighed = ""
     if spec.demand_unit is not DemandUnit.REQUESTS and extra > 0:
         if tokens_per_request is not None:
@@ -114,23 +156,25 @@ def with_pending(
             extra = spec.threshold
             weighed = ": no pod measures their tokens yet, so they ask for one replica's worth"
     current = evaluation.what_if.current_replicas
-    # A per-pod mean (metricType Value) carries the pool's share per pod: the HPA multiplies it back.
-    share = extra / current if evaluation.aggregation is Aggregation.MEAN and current > 0 else extra
-    value = evaluation.value + share
+    fresh = math.fsum(row[ROW_VALUE] for row in evaluation.pod_rows)
+    sized = fresh + extra
+    # A per-pod mean (metricType Value) carries the workload's value per pod: the HPA multiplies it back.
+    if evaluation.aggregation is Aggregation.MEAN and current > 0:
+        sized /= current
+    value = max(evaluation.value, sized)
     what_if = WhatIf(
         current_replicas=current,
         average_value=desired_replicas_average_value(value, spec.threshold, current),
         value=desired_replicas_value(value, spec.threshold, current),
     )
-    held = points[-1][1] if points else 0.0
     # Activity on S (the fresh pods' own sum, never the value missing pods were filled into) plus pending.
-    fresh = math.fsum(row[ROW_VALUE] for row in evaluation.pod_rows)
     active = evaluation.active or fresh + extra > spec.activation_threshold
     # Requests held at the gateway say "active" whatever the missing pods hold; idle is still unknown.
     unknown = None if active else evaluation.activity_unknown
     note = (
         f"InferencePool {spec.inference_pool}: {held:g} pending requests add {extra:g}/s (their growth and"
-        f" what clears them within {spec.window:g}s){weighed}"
+        f" what clears them within {spec.window:g}s){weighed}, on top of the fresh pods' {fresh:g}"
+        f" (value: the larger of that and the missing-pod floor {evaluation.value:g})"
     )
     replaced = dataclasses.replace(
         evaluation, value=value, active=active, what_if=what_if, activity_unknown=unknown

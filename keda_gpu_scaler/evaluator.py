@@ -10,9 +10,11 @@ from typing import Protocol
 from keda_gpu_scaler.collect.demand_history import DemandHistory
 from keda_gpu_scaler.collect.gateway import GatewayPages
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
+from keda_gpu_scaler.collect.pending_history import PendingHistory
 from keda_gpu_scaler.collect.prometheus import gateway_source
 from keda_gpu_scaler.collect.prometheus_answer import ReplicaLost
 from keda_gpu_scaler.collect.store import NamespaceView, SourceKind, Store, source_problem
+from keda_gpu_scaler.demand import MAX_WINDOW_SECONDS, MIN_WINDOW_SECONDS
 from keda_gpu_scaler.demand_values import demand_pod_values, measured_tokens_per_request, with_pending
 from keda_gpu_scaler.discovery.targets import Targets  # defined beside discovery, re-exported here
 from keda_gpu_scaler.engines import PodSamples
@@ -77,6 +79,7 @@ class Evaluator:
         gateway_pages: GatewayPages | None = None,
         gateway_max_staleness: float | None = None,
         demand_forget_after: float = 600.0,
+        scrape_interval: float | None = None,
     ) -> None:
         self._store = store
         self._telemetry = telemetry
@@ -92,6 +95,11 @@ class Evaluator:
         self.demand_history = DemandHistory(forget_after=demand_forget_after)
         store.page_listeners.append(self.demand_history.on_page)
         store.removal_listeners.append(self.demand_history.on_removed)
+        # `demand` with `inferencePool`: the gateway's pending requests at the times its pages were read.
+        self.pending_history = PendingHistory(forget_after=demand_forget_after)
+        store.page_listeners.append(self.pending_history.on_page)
+        store.removal_listeners.append(self.pending_history.on_removed)
+        self._scrape_interval = scrape_interval
 
     def source_of(self, spec: TriggerSpec) -> Source:
         if spec.metric is Metric.DEMAND:
@@ -110,6 +118,7 @@ class Evaluator:
                 "metadata source='prometheus' is not available: this server has no --prometheus-url;"
                 " allowed: scrape"
             )
+        self._check_window(spec)
         if spec.metric.gateway:
             return  # the pool's endpoint pickers are read (or their series), never the target's pods
         if self._targets is not None:
@@ -125,6 +134,18 @@ class Evaluator:
                 "metadata podNamePrefix is required when the server runs without Kubernetes;"
                 " allowed: the common name prefix of the target's pods, e.g. 'vllm-qwen-'"
             )
+
+    def _check_window(self, spec: TriggerSpec) -> None:
+        """A rate needs two pages within the window: one shorter than the scrape interval would be widened
+        to two pages without a word, so it is refused naming both."""
+        interval = self._scrape_interval
+        if spec.metric is not Metric.DEMAND or interval is None or spec.window >= interval:
+            return
+        raise ConfigError(
+            f"metadata window={spec.window:g} is shorter than the scrape interval (--scrape-interval"
+            f" {interval:g} s): a rate needs two pages; allowed: {max(interval, MIN_WINDOW_SECONDS):g}-"
+            f"{MAX_WINDOW_SECONDS:g}"
+        )
 
     def kind_of(self, spec: TriggerSpec) -> SourceKind:
         """Which store sources answer a trigger: GPU exporters or inference servers, directly or via Prometheus."""
@@ -363,8 +384,10 @@ class Evaluator:
             self._telemetry.aggregation_mismatches.inc()
             notes += (mismatch,)
         if spec.metric is Metric.DEMAND:
+            pool = (namespace, spec.inference_pool, spec.model) if spec.inference_pool else None
+            size = self.pending_history.remember_size(pool, None) if pool else None
             reporting, without_value, demand_notes = demand_pod_values(
-                self.demand_history, namespace, pods, spec, self._clock()
+                self.demand_history, namespace, pods, spec, self._clock(), size
             )
             notes += demand_notes
             if without_value:
@@ -406,6 +429,8 @@ class Evaluator:
         if spec.metric is not Metric.DEMAND or spec.inference_pool is None:
             return evaluation, ()
         now = self._clock()
+        key = (namespace, spec.inference_pool, spec.model)
+        self.pending_history.want(key, spec.window, now)
         try:
             pending = pending_evaluation(
                 self._replica_inputs(namespace, spec, now), spec, namespace, self._no_replica(namespace, spec)
@@ -416,7 +441,8 @@ class Evaluator:
                     f"value is a lower bound: the pool's pending requests cannot be read: {error}",
                 )
             raise
-        key = (namespace, spec.inference_pool, spec.model)
-        points = self.demand_history.pending(key, pending.value, spec.window, now)
-        evaluation, note = with_pending(evaluation, spec, points, measured_tokens_per_request(evaluation))
+        read = [row[0] for row in pending.pod_rows]  # the replicas read now (their growth counts)
+        growth = self.pending_history.growth(key, read, spec.window, now)
+        size = self.pending_history.remember_size(key, measured_tokens_per_request(evaluation))
+        evaluation, note = with_pending(evaluation, spec, growth, pending.value, size)
         return evaluation, (note,)

@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from bench.simulator.llm_signals import View
-from keda_gpu_scaler.demand import DemandPoint, DemandUnit, over_window, pod_demand
+from keda_gpu_scaler.demand import DemandPoint, DemandUnit, growth_per_second, over_window, pod_demand
 from keda_gpu_scaler.demand_values import with_pending
 from keda_gpu_scaler.engines import Missing
 from keda_gpu_scaler.errors import NoData
@@ -120,5 +120,6 @@ def demand_value(
         size = (
             tokens_per_request(scrapes, spec, request_size) if spec.demand_unit is DemandUnit.TOKENS else None
         )
-        evaluation, _ = with_pending(evaluation, spec, held, size)
+        last = held[-1][1] if held else 0.0
+        evaluation, _ = with_pending(evaluation, spec, growth_per_second(held), last, size)
     return evaluation.value

@@ -66,8 +66,6 @@ class DemandHistory:
         self._forget_after = forget_after
         self._tracks: dict[PodKey, dict[TrackKey, Track]] = {}
         self._newest: dict[PodKey, tuple[float, PodSamples]] = {}
-        # (namespace, pool, model) → its pending totals as evaluations read them, and when last asked for.
-        self._pending: dict[tuple[str, str, str | None], tuple[list[tuple[float, float]], float]] = {}
         self._swept_at = float("-inf")
 
     def __len__(self) -> int:
@@ -87,27 +85,6 @@ class DemandHistory:
             track.wanted_at = now
             track.window = max(track.window, window)
         return track
-
-    def pending(
-        self, pool: tuple[str, str, str | None], held: float, window: float, now: float
-    ) -> list[tuple[float, float]]:
-        """A pool's pending total now added to its points, and its points over the window (oldest first).
-
-        Read when evaluations come (the gateway's pages change every second, the rate of growth over a
-        window needs no more): bounded like the pods' points, and forgotten when no one asks."""
-        points = self._pending.get(pool, ([], now))[0]
-        if not points or now > points[-1][0]:
-            points.append((now, held))
-        start = 0
-        for index in range(len(points) - 1, -1, -1):
-            if points[index][0] <= now - window:
-                start = index
-                break
-        points = points[start:][-MAX_POINTS:]
-        self._pending[pool] = (points, now)
-        if now - self._swept_at >= SWEEP_EVERY:
-            self._sweep(now)
-        return list(points)
 
     def on_page(self, kind: SourceKind, page: Page) -> None:
         """Store listener: a page was recorded."""
@@ -150,8 +127,6 @@ class DemandHistory:
 
     def _sweep(self, now: float) -> None:
         self._swept_at = now
-        for pool in [p for p, (_, asked) in self._pending.items() if now - asked > self._forget_after]:
-            del self._pending[pool]
         for pod in list(self._tracks):
             tracks = self._tracks[pod]
             for key in [k for k, t in tracks.items() if now - t.wanted_at > self._forget_after]:

@@ -259,6 +259,25 @@ async def test_tokens_weigh_requests_by_their_size(fleet) -> None:  # type: igno
     assert await value(f.scaler, tokens) == pytest.approx(7000)
 
 
+async def test_tokens_with_nothing_finished_in_the_window_still_size_the_pending_part(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(1, epps=1)
+    pooled = {
+        **DEMAND,
+        "demandUnit": "tokens",
+        "threshold": "4000",
+        "prefillWeight": "0.5",
+        "inferencePool": "chat-pool",
+    }
+    f.metadata = pooled
+    await f.show(1000, vllm_page(0, 0, 0, 0, 0), queue={})
+    await f.show(1060, vllm_page(600, 0, 0, 600_000, 120_000), queue={})
+    assert await value(f.scaler, pooled) == pytest.approx(7000)  # 700 weighted tokens per request
+    # A burst of long requests: 20 in the server, none finished within the window, 30 held at the gateway.
+    await f.show(1120, vllm_page(600, 20, 0, 600_000, 120_000), queue={Queued("llama"): 30})
+    # The pod: 20 arrived / 60 s; held: 30 grew over 60 s and clear within 60 s; all at 700 tokens each.
+    assert await value(f.scaler, pooled) == pytest.approx((20 / 60 + 30 / 60 + 30 / 60) * 700)
+
+
 async def test_the_pool_s_pending_requests_wake_a_pool_at_zero(fleet) -> None:  # type: ignore[no-untyped-def]
     # A page of another workload keeps the namespace's inference source fresh; no chat- pod exists.
     f = await fleet(1, epps=1)
@@ -273,6 +292,44 @@ async def test_the_pool_s_pending_requests_wake_a_pool_at_zero(fleet) -> None:  
     assert (await f.scaler.stub.IsActive(ref(pooled))).result is True
     explained = await explain(f.scaler)
     assert any("pending requests" in note for note in explained["notes"]), explained["notes"]
+
+
+async def test_pending_growth_is_taken_between_page_reads_never_between_calls(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(1, epps=1)
+    pooled = {**DEMAND, "podNamePrefix": "none-", "inferencePool": "chat-pool", "window": "30"}
+    f.metadata = pooled
+    await f.show(1000, vllm_page(0, 0, 0), queue={})
+    # 50 requests queued between two gateway pages 10 s apart (show calls once before the new page is read).
+    await f.show(1010, None, queue={Queued("llama"): 50})
+    f.clock.now = 1010.5  # the next call half a second later: no new page since
+    # Their growth over the pages' 10 s (5/s) and what clears them within the 30 s window; between the
+    # two calls (0.5 s) it read 100/s.
+    assert await value(f.scaler, pooled) == pytest.approx(50 / 10 + 50 / 30)
+
+
+async def test_each_trigger_reads_pending_growth_over_its_own_window(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(1, epps=1)
+    base = {**DEMAND, "podNamePrefix": "none-", "inferencePool": "chat-pool"}
+    long, short = {**base, "window": "60"}, {**base, "window": "10", "metricName": "short"}
+    f.metadata = long
+    await f.show(1000, vllm_page(0, 0, 0), queue={})
+    await f.show(1010, None, queue={Queued("llama"): 60})  # 60 arrive, then the queue stays at 60
+    for at in range(1020, 1070, 10):
+        await f.show(at, None)
+        assert await value(f.scaler, short) > 0  # the short window's trigger asks on every page too
+    # Over 60 s the queue grew 1/s; over the last 10 s it did not grow. Neither trims the other's points.
+    assert await value(f.scaler, long) == pytest.approx(60 / 60 + 60 / 60)
+    assert await value(f.scaler, short) == pytest.approx(0 + 60 / 10)
+
+
+async def test_a_window_shorter_than_the_scrape_interval_is_invalid_argument(make_scaler) -> None:  # type: ignore[no-untyped-def]
+    scaler = await make_scaler(scrape_interval=20.0, max_staleness=60.0)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await scaler.stub.GetMetricSpec(ref({**DEMAND, "window": "15"}))
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    details = raised.value.details() or ""
+    for words in ("window=15", "--scrape-interval 20 s", "allowed: 20-600"):
+        assert words in details, details
 
 
 @pytest.mark.parametrize(

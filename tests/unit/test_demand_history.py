@@ -104,14 +104,3 @@ def test_pages_of_other_kinds_are_not_read() -> None:
     history = DemandHistory(forget_after=600)
     history.on_page(SourceKind.SCRAPE, page(0, vllm(0)))
     assert history.points("llm", "chat-0", KEY, 60, 0).points == []
-
-
-def test_pending_points_cover_the_window_and_are_forgotten() -> None:
-    history = DemandHistory(forget_after=100)
-    pool = ("llm", "chat-pool", None)
-    for at in range(0, 100, 10):
-        points = history.pending(pool, at / 10, 30, at)
-    assert points == [(60, 6), (70, 7), (80, 8), (90, 9)]
-    assert history.pending(pool, 9, 30, 90) == points  # the same instant: no second point
-    history.pending(("llm", "other", None), 0, 30, 400)  # a sweep runs: the first pool was not asked for
-    assert history.pending(pool, 1, 30, 401) == [(401, 1)]

@@ -7,6 +7,7 @@ import pytest
 from keda_gpu_scaler.demand import (
     DemandPoint,
     DemandUnit,
+    growth_per_second,
     over_window,
     pending_demand,
     pod_demand,
@@ -108,9 +109,9 @@ def test_over_window_reaches_back_to_the_window_s_start() -> None:
 
 
 def test_pending_adds_its_growth_and_what_clears_it_within_a_window() -> None:
-    assert pending_demand([], 60) == 0
-    assert pending_demand([(0, 0), (10, 30)], 60) == pytest.approx(3 + 0.5)
+    assert pending_demand(growth_per_second([]), 0, 60) == 0
+    assert pending_demand(growth_per_second([(0, 0), (10, 30)]), 30, 60) == pytest.approx(3 + 0.5)
     # Shrinking: only what is left to clear.
-    assert pending_demand([(0, 60), (10, 30)], 60) == pytest.approx(0.5)
+    assert pending_demand(growth_per_second([(0, 60), (10, 30)]), 30, 60) == pytest.approx(0.5)
     # One reading: what clears it within the window; a pool at zero holding one request asks for > 0.
-    assert pending_demand([(5, 1)], 60) == pytest.approx(1 / 60)
+    assert pending_demand(growth_per_second([(5, 1)]), 1, 60) == pytest.approx(1 / 60)

@@ -1,0 +1,45 @@
+"""The gateway's pending requests at its page times: per replica, per trigger window, bounded, forgotten."""
+
+from __future__ import annotations
+
+import pytest
+
+from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
+from keda_gpu_scaler.collect.pending_history import PendingHistory
+from keda_gpu_scaler.collect.store import Page, SourceKind
+from keda_gpu_scaler.demo.epp import Queued, epp_page
+from keda_gpu_scaler.gateways import page_queue
+
+KEY = ("llm", "chat-pool", None)
+
+
+def page(at: float, held: int, replica: str = "epp-0") -> Page:
+    queue = ReplicaQueue("llm", "chat-pool", replica, page_queue(epp_page("chat-pool", {Queued("m"): held})))
+    return Page.from_readings(f"url-{replica}", at, [queue])
+
+
+def test_growth_is_per_replica_between_its_pages_and_each_window_keeps_its_own() -> None:
+    history = PendingHistory(forget_after=600)
+    history.want(KEY, 60, 0)
+    history.want(KEY, 10, 0)
+    for at, held in ((0, 0), (10, 60), (20, 60), (30, 60), (40, 60), (50, 60), (60, 60)):
+        history.on_page(SourceKind.GATEWAY, page(at, held))
+        history.on_page(SourceKind.GATEWAY, page(at + 5, 2 * held, "epp-1"))
+    assert history.growth(KEY, ["epp-0"], 10, 60) == 0
+    assert history.growth(KEY, ["epp-0"], 60, 60) == pytest.approx(1)
+    assert history.growth(KEY, ["epp-0", "epp-1"], 60, 65) == pytest.approx(1 + 2)
+    # A replica that is gone takes its points: no step in the pool's growth.
+    history.on_removed(SourceKind.GATEWAY, page(65, 120, "epp-1"))
+    assert history.growth(KEY, ["epp-0", "epp-1"], 60, 65) == pytest.approx(1)
+
+
+def test_a_pool_nobody_asks_about_is_forgotten() -> None:
+    history = PendingHistory(forget_after=100)
+    history.want(KEY, 30, 0)
+    for at in range(0, 400, 10):
+        history.on_page(SourceKind.GATEWAY, page(at, at))
+    assert len(history) == 0
+    # Asked again: it starts from the newest page, one point.
+    assert history.growth(KEY, ["epp-0"], 30, 400) == 0
+    history.on_page(SourceKind.GATEWAY, page(400, 400))
+    assert history.growth(KEY, ["epp-0"], 30, 400) == pytest.approx(1)
