@@ -87,7 +87,11 @@ WIRE_FIELDS = {
     "MetricSpec": {("metricName", "string", 1), ("targetSize", "int64", 2), ("targetSizeFloat", "double", 3)},
     "GetMetricsRequest": {("scaledObjectRef", "ScaledObjectRef", 1), ("metricName", "string", 2)},
     "GetMetricsResponse": {("metricValues", "MetricValue", 1)},
-    "MetricValue": {("metricName", "string", 1), ("metricValue", "int64", 2), ("metricValueFloat", "double", 3)},
+    "MetricValue": {
+        ("metricName", "string", 1),
+        ("metricValue", "int64", 2),
+        ("metricValueFloat", "double", 3),
+    },
 }
 # method → (request, response, server streaming)
 WIRE_METHODS = {
