@@ -24,7 +24,7 @@ class ResourceExhausted(ScalerError):
 
 
 class TooManyStreams(ResourceExhausted):
-    """More StreamIsActive streams than --max-streams."""
+    """More streams of one RPC (StreamIsActive, StreamMetricSpec) than --max-streams."""
 
 
 class TooManyScaledObjects(ResourceExhausted):

@@ -36,6 +36,15 @@ class Telemetry:
             registry=r,
         )
         self.open_streams = Gauge(f"{PREFIX}_open_streams", "StreamIsActive streams open now", registry=r)
+        self.open_spec_streams = Gauge(
+            f"{PREFIX}_open_spec_streams", "StreamMetricSpec streams open now", registry=r
+        )
+        self.spec_updates = Counter(
+            f"{PREFIX}_spec_updates",
+            "specs sent on StreamMetricSpec: on opening, and on a change of target",
+            ["reason"],
+            registry=r,
+        )
         self.stream_pushes = Counter(
             f"{PREFIX}_stream_pushes", "true values pushed on StreamIsActive (inactive→active)", registry=r
         )

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from keda_gpu_scaler.errors import ConfigError, TooManyScaledObjects, quoted
 from keda_gpu_scaler.names import NAMESPACE_RULE, OBJECT_NAME_RULE, is_namespace, is_object_name
 from keda_gpu_scaler.scaling import Evaluation
+from keda_gpu_scaler.spec_targets import CurrentTargets
 from keda_gpu_scaler.trigger import TriggerSpec
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,8 @@ class Followed:
     namespace: str
     name: str
     last_call: float
+    # What GetMetricSpec answers and StreamMetricSpec sends for each of its triggers.
+    targets: CurrentTargets
     # One per trigger spec KEDA calls about, least recently called first.
     triggers: OrderedDict[TriggerSpec, Subscription] = field(default_factory=OrderedDict)
     # The notes logged so far (most recent last, at most MAX_NOTES_REMEMBERED) and how many were new.
@@ -184,7 +187,7 @@ class Registry:
                     f"{len(self._entries)} ScaledObjects are followed, the limit (--max-scaledobjects) is"
                     f" {self._cap}; ScaledObjects not called for {self._ttl:g}s (--interest-ttl) are forgotten"
                 )
-            entry = Followed(namespace, name, now)
+            entry = Followed(namespace, name, now, CurrentTargets(self._clock))
             self._entries[key] = entry
         else:
             self._entries.move_to_end(key)
@@ -234,6 +237,7 @@ class Registry:
 
     def _drop(self, entry: Followed, spec: TriggerSpec) -> None:
         subscription = entry.triggers.pop(spec)
+        entry.targets.forget(spec)
         self._on_drop(entry, subscription)
 
     def prune(self, now: float | None = None) -> None:
@@ -244,6 +248,11 @@ class Registry:
                 if now - subscription.last_call >= self._ttl:
                     self._drop(entry, spec)
             self._prune(entry, now)
+
+    def wake_spec_streams(self) -> None:
+        """Wake every StreamMetricSpec waiting on a target (shutdown)."""
+        for entry in self._entries.values():
+            entry.targets.wake()
 
     def get(self, namespace: str, name: str) -> Followed | None:
         return self._entries.get((namespace, name))

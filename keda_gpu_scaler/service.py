@@ -7,12 +7,13 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import Gauge
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
@@ -32,6 +33,7 @@ from keda_gpu_scaler.registry import Followed, Registry
 from keda_gpu_scaler.trigger import TriggerSpec, parse_trigger
 
 log = logging.getLogger(__name__)
+Message = TypeVar("Message")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExternalScaler"].full_name
 HEALTH_SERVICES = ("", "liveness", "readiness")
@@ -76,17 +78,18 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         self._stream_recheck = stream_recheck_seconds
         self._clock = clock
         self._closing = False
-        self._max_streams = max_streams
-        self._open_streams = 0
+        self._activity_streams = _StreamSlots("StreamIsActive", max_streams, telemetry.open_streams)
+        self._spec_streams = _StreamSlots("StreamMetricSpec", max_streams, telemetry.open_spec_streams)
 
     @property
     def open_streams(self) -> int:
-        return self._open_streams
+        return self._activity_streams.open
 
     def close_streams(self) -> None:
-        """End every open StreamIsActive with status OK (KEDA then reconnects without backoff)."""
+        """End every open stream with status OK (KEDA then reconnects without backoff)."""
         self._closing = True
         self._store.close()
+        self._registry.wake_spec_streams()
 
     @contextmanager
     def _observe(self, method: str) -> Iterator[None]:
@@ -114,13 +117,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 # No I/O here: KEDA calls it on every poll and HPA request, and its failure defeats fallback.
                 # KEDA calls it first, when it reconciles the ScaledObject: collection starts then, so
                 # data is there by the first GetMetrics.
-                _, spec = self._follow(request)
-                metric = pb.MetricSpec(
-                    metricName=spec.metric_name,
-                    targetSize=math.ceil(spec.threshold),
-                    targetSizeFloat=spec.threshold,
-                )
-                return pb.GetMetricSpecResponse(metricSpecs=[metric])
+                followed, spec = self._follow(request)
+                return _spec_response(spec, followed.targets.target(spec))
         except ScalerError as error:
             await _abort(context, error)
 
@@ -161,26 +159,60 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     async def StreamIsActive(
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[pb.IsActiveResponse]:
+        async for _ in self._stream(self._activity_streams, request, context, self._activations):
+            self._telemetry.stream_pushes.inc()
+            yield pb.IsActiveResponse(result=True)
+
+    async def StreamMetricSpec(
+        self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.GetMetricSpecResponse]:
+        async for response in self._stream(self._spec_streams, request, context, self._spec_updates):
+            yield response
+
+    async def _stream(
+        self,
+        slots: _StreamSlots,
+        request: pb.ScaledObjectRef,
+        context: grpc.aio.ServicerContext[Any, Any],
+        messages: Callable[[pb.ScaledObjectRef, TriggerSpec], AsyncIterator[Message]],
+    ) -> AsyncIterator[Message]:
+        """Every stream's life: opened as the unary call on the same ref would answer (its errors), within
+        --max-streams, counted while open; it ends when the client goes (cancelled) or at shutdown."""
         try:
-            with self._observe("StreamIsActive"):
+            with self._observe(slots.method):
                 _check_decoded(request)
                 _, spec = self._follow(request)
-                if self._open_streams >= self._max_streams:
-                    raise TooManyStreams(
-                        f"{self._open_streams} StreamIsActive streams are open, the limit (--max-streams) is"
-                        f" {self._max_streams}"
-                    )
+                slots.check()
         except ScalerError as error:
             await _abort(context, error)
-        self._open_streams += 1
-        self._telemetry.open_streams.inc()
-        try:
-            async for _ in self._activations(request, spec):
-                self._telemetry.stream_pushes.inc()
-                yield pb.IsActiveResponse(result=True)
-        finally:
-            self._open_streams -= 1
-            self._telemetry.open_streams.dec()
+        with slots.held():
+            async for message in messages(request, spec):
+                yield message
+
+    async def _spec_updates(
+        self, ref: pb.ScaledObjectRef, spec: TriggerSpec
+    ) -> AsyncIterator[pb.GetMetricSpecResponse]:
+        """The specs GetMetricSpec answers, at once, then each published change of the target: never an
+        empty list, never the same specs twice in a row."""
+        sent: pb.GetMetricSpecResponse | None = None
+        while not self._closing:
+            try:
+                # Following on every round keeps the ScaledObject and its targets alive while it is open.
+                targets = self._registry.follow(ref.namespace, ref.name, spec).targets
+            except ResourceExhausted:
+                # Forgotten, and no room to follow it again now: what was sent stands.
+                namespace = ref.namespace
+                await self._store.wait_for_change(
+                    namespace, self._store.version(namespace), self._stream_recheck
+                )
+                continue
+            response = _spec_response(spec, targets.target(spec))
+            seen = targets.version
+            if response != sent:
+                self._telemetry.spec_updates.labels("open" if sent is None else "change").inc()
+                sent = response
+                yield response
+            await targets.wait_for_change(seen, self._stream_recheck)
 
     async def _activations(self, ref: pb.ScaledObjectRef, spec: TriggerSpec) -> AsyncIterator[None]:
         """Yield once per inactive→active transition (and at once if active when opened). Never false.
@@ -209,6 +241,37 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         spec = parse_trigger(ref.scalerMetadata)
         self._evaluator.check(spec)
         return self._registry.follow(ref.namespace, ref.name, spec), spec
+
+
+def _spec_response(spec: TriggerSpec, target: float) -> pb.GetMetricSpecResponse:
+    metric = pb.MetricSpec(metricName=spec.metric_name, targetSize=math.ceil(target), targetSizeFloat=target)
+    return pb.GetMetricSpecResponse(metricSpecs=[metric])
+
+
+class _StreamSlots:
+    """The open streams of one RPC: at most --max-streams at once, shown on /metrics while open."""
+
+    def __init__(self, method: str, limit: int, gauge: Gauge) -> None:
+        self.method = method
+        self.open = 0
+        self._limit = limit
+        self._gauge = gauge
+
+    def check(self) -> None:
+        if self.open >= self._limit:
+            raise TooManyStreams(
+                f"{self.open} {self.method} streams are open, the limit (--max-streams) is {self._limit}"
+            )
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        self.open += 1
+        self._gauge.inc()
+        try:
+            yield
+        finally:
+            self.open -= 1
+            self._gauge.dec()
 
 
 class _Internal(ScalerError):
@@ -274,6 +337,9 @@ def _external_scaler_handlers(scaler: ExternalScalerService) -> dict[str, grpc.R
         ),
         "GetMetrics": grpc.unary_unary_rpc_method_handler(
             scaler.GetMetrics, _lenient(pb.GetMetricsRequest), pb.GetMetricsResponse.SerializeToString
+        ),
+        "StreamMetricSpec": grpc.unary_stream_rpc_method_handler(
+            scaler.StreamMetricSpec, ref, pb.GetMetricSpecResponse.SerializeToString
         ),
     }
 

@@ -309,7 +309,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "--max-streams",
         "10000",
-        "most StreamIsActive streams open at once (more: RESOURCE_EXHAUSTED)",
+        "most streams of each streaming RPC (StreamIsActive, StreamMetricSpec) open at once (more:"
+        " RESOURCE_EXHAUSTED)",
         parse=_positive(int),
     ),
     Flag(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -84,9 +85,11 @@ async def make_exporter() -> AsyncIterator[Callable[..., Awaitable[ExporterServe
 async def make_scaler() -> AsyncIterator[Callable[..., Awaitable[RunningScaler]]]:
     running: list[RunningScaler] = []
 
-    async def make(*exporters: ExporterServer, **overrides: Any) -> RunningScaler:
+    async def make(
+        *exporters: ExporterServer, clock: Callable[[], float] = time.monotonic, **overrides: Any
+    ) -> RunningScaler:
         settings = dataclasses.replace(FAST, exporter_urls=tuple(e.url for e in exporters), **overrides)
-        app = App(settings)
+        app = App(settings, clock)
         await app.start()
         channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}")
         scaler = RunningScaler(app, channel, pb_grpc.ExternalScalerStub(channel))

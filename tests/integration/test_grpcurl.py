@@ -40,7 +40,7 @@ async def test_list_and_describe(make_scaler) -> None:  # type: ignore[no-untype
     assert "externalscaler.ExternalScaler" in services
     assert "grpc.health.v1.Health" in services
     described = await grpcurl("-plaintext", scaler.target, "describe", "externalscaler.ExternalScaler")
-    for method in ("IsActive", "StreamIsActive", "GetMetricSpec", "GetMetrics"):
+    for method in ("IsActive", "StreamIsActive", "GetMetricSpec", "GetMetrics", "StreamMetricSpec"):
         assert f"rpc {method}" in described
     message = await grpcurl("-plaintext", scaler.target, "describe", "externalscaler.MetricValue")
     assert "double metricValueFloat = 3;" in message
@@ -68,3 +68,33 @@ async def test_health_check(make_scaler) -> None:  # type: ignore[no-untyped-def
         "-plaintext", "-d", '{"service": "readiness"}', scaler.target, "grpc.health.v1.Health/Check"
     )
     assert json.loads(out) == {"status": "SERVING"}
+
+
+async def test_stream_metric_spec_prints_the_specs_at_once(make_scaler) -> None:  # type: ignore[no-untyped-def]
+    # The README's command: the stream stays open for changes, so it is stopped after its first message.
+    scaler = await make_scaler()
+    request = {
+        "name": "vllm",
+        "namespace": "llm",
+        "scalerMetadata": {"podNamePrefix": "vllm-", "threshold": "60"},
+    }
+    process = await asyncio.create_subprocess_exec(
+        grpcurl_binary(),
+        *(
+            "-plaintext",
+            "-d",
+            json.dumps(request),
+            scaler.target,
+            "externalscaler.ExternalScaler/StreamMetricSpec",
+        ),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    try:
+        first = await asyncio.wait_for(process.stdout.readuntil(b"\n}\n"), 30)
+    finally:
+        process.kill()
+        await process.wait()
+    assert json.loads(first) == {
+        "metricSpecs": [{"metricName": "gpu-utilization", "targetSize": "60", "targetSizeFloat": 60}]
+    }

@@ -59,8 +59,9 @@ def runnable(command: str) -> bool:
     if first in NOT_RUN or "<" in command:  # `<a GPU pod from the banner>`: a placeholder to fill in
         return False
     if first == "grpcurl":
-        # StreamIsActive streams until stopped: the gRPC tests read streams (test_grpcurl, test_service).
-        return "StreamIsActive" not in command
+        # StreamIsActive and StreamMetricSpec stream until stopped: test_grpcurl, test_service and
+        # test_spec_stream read streams.
+        return "/Stream" not in command
     if first == "curl":
         return "http://127.0.0.1:" in command
     if first in ("keda-gpu-scaler", "python") and re.search(r"\s--(help|version)\b", command):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grpc
+from google.protobuf.descriptor import FieldDescriptor
 from support import eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
@@ -76,3 +77,54 @@ async def test_an_endpoint_picker_queue_beyond_the_wire_is_unavailable_naming_th
     epp = await make_exporter(epp_page("chat-pool", queue))
     scaler = await make_scaler(gateway_urls=(("llm", "chat-pool", epp.url),))
     await unavailable_naming(scaler, PENDING, "gateway-pending", "(epp metrics)", "inf")
+
+
+# KEDA v2.21's externalscaler.proto (reference/keda-protocol.md): message → (field, type, number).
+WIRE_FIELDS = {
+    "ScaledObjectRef": {("name", "string", 1), ("namespace", "string", 2), ("scalerMetadata", "map", 3)},
+    "IsActiveResponse": {("result", "bool", 1)},
+    "GetMetricSpecResponse": {("metricSpecs", "MetricSpec", 1)},
+    "MetricSpec": {("metricName", "string", 1), ("targetSize", "int64", 2), ("targetSizeFloat", "double", 3)},
+    "GetMetricsRequest": {("scaledObjectRef", "ScaledObjectRef", 1), ("metricName", "string", 2)},
+    "GetMetricsResponse": {("metricValues", "MetricValue", 1)},
+    "MetricValue": {
+        ("metricName", "string", 1),
+        ("metricValue", "int64", 2),
+        ("metricValueFloat", "double", 3),
+    },
+}
+# method → (request, response, server streaming)
+WIRE_METHODS = {
+    "IsActive": ("ScaledObjectRef", "IsActiveResponse", False),
+    "StreamIsActive": ("ScaledObjectRef", "IsActiveResponse", True),
+    "GetMetricSpec": ("ScaledObjectRef", "GetMetricSpecResponse", False),
+    "GetMetrics": ("GetMetricsRequest", "GetMetricsResponse", False),
+    "StreamMetricSpec": ("ScaledObjectRef", "GetMetricSpecResponse", True),
+}
+_SCALAR = {
+    FieldDescriptor.TYPE_STRING: "string",
+    FieldDescriptor.TYPE_BOOL: "bool",
+    FieldDescriptor.TYPE_INT64: "int64",
+    FieldDescriptor.TYPE_DOUBLE: "double",
+}
+
+
+def _wire_type(field: FieldDescriptor) -> str:
+    if field.message_type is None:
+        return _SCALAR[field.type]
+    return "map" if field.message_type.GetOptions().map_entry else field.message_type.name
+
+
+def test_the_proto_is_keda_v2_21s_field_for_field() -> None:
+    assert pb.DESCRIPTOR.package == "externalscaler"
+    fields = {
+        name: {(f.name, _wire_type(f), f.number) for f in message.fields}
+        for name, message in pb.DESCRIPTOR.message_types_by_name.items()
+    }
+    assert fields == WIRE_FIELDS
+    service = pb.DESCRIPTOR.services_by_name["ExternalScaler"]
+    methods = {
+        m.name: (m.input_type.name, m.output_type.name, m.server_streaming and not m.client_streaming)
+        for m in service.methods
+    }
+    assert methods == WIRE_METHODS

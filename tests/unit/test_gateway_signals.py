@@ -203,8 +203,9 @@ def test_a_model_shown_or_no_model_or_nothing_shown_has_no_note() -> None:
 
 def test_the_never_shown_note_is_logged_once_per_scaledobject(caplog: pytest.LogCaptureFixture) -> None:
     from keda_gpu_scaler.registry import Followed
+    from keda_gpu_scaler.spec_targets import CurrentTargets
 
-    followed = Followed("llm", "chat", 0.0)
+    followed = Followed("llm", "chat", 0.0, CurrentTargets(lambda: 0.0))
     note = evaluate(QWEN_PAGE, model="mistral").to_log[0]
     with caplog.at_level(logging.INFO):
         assert followed.log_once(note, logging.INFO) and not followed.log_once(note, logging.INFO)
