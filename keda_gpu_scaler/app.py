@@ -20,7 +20,7 @@ from keda_gpu_scaler import http_endpoints
 from keda_gpu_scaler.collect.gateway import GatewayPages
 from keda_gpu_scaler.collect.gateway_fetch import gateway_fetcher
 from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink
-from keda_gpu_scaler.collect.gateway_token import MintedToken
+from keda_gpu_scaler.collect.gateway_token import MintedTokens
 from keda_gpu_scaler.collect.http import client_session, exporter_fetcher, keepalive_for
 from keda_gpu_scaler.collect.inference import InferencePages
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector
@@ -160,7 +160,7 @@ class App:
         self._sweeper: asyncio.Task[None] | None = None
         self._inference_collector: ScrapeCollector | None = None
         self._gateway_collector: ScrapeCollector | None = None
-        self._minted: MintedToken | None = None
+        self._minted: MintedTokens | None = None
         self._token_api: KubeApi | None = None
 
     def _subscribed(self, followed: Followed, subscription: Subscription) -> None:
@@ -210,6 +210,7 @@ class App:
                     metrics_token_file=s.gateway_token_file,
                     metrics_token=metrics_token,
                     plain_http=s.gateway_token_plain_http,
+                    namespace_of=self._gateway_namespace_of,
                 )
             except (ssl.SSLError, OSError) as error:
                 raise SettingsError(f"--gateway-ca-file: {error}") from error
@@ -316,7 +317,11 @@ class App:
             len(s.exporter_urls),
         )
 
-    async def _metrics_token(self) -> MintedToken | None:
+    def _gateway_namespace_of(self, url: str) -> str | None:
+        """The namespace of the pool whose picker page url is (the only namespace whose token it gets)."""
+        return self._gateway_collector.namespace_of(url) if self._gateway_collector is not None else None
+
+    async def _metrics_token(self) -> MintedTokens | None:
         """Tokens minted for --gateway-token-serviceaccount, renewed in the background from now on, through
         an API client of their own (discovery's connection is not started yet, and stops on its own)."""
         s = self.settings
@@ -333,8 +338,7 @@ class App:
         except ConnectError as error:
             raise SettingsError(f"--gateway-token-serviceaccount: {error}") from None
         namespace, name = s.gateway_token_serviceaccount
-        self._minted = MintedToken(namespace, name, self._token_api.create_token)
-        self._minted.start()
+        self._minted = MintedTokens(namespace, name, self._token_api.create_token)
         return self._minted
 
     async def stop(self) -> None:

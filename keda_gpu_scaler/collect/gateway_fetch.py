@@ -6,7 +6,8 @@ identity may `get` the non-resource URL /metrics (SubjectAccessReview). Two toke
 
 - the token of an identity of its own whose only right is that `get` (collect/gateway_token.py): minted
   for `--gateway-token-serviceaccount` through the TokenRequest API (10-minute tokens renewed in the
-  background; the chart and manifests/components/gateway-metrics-token set it up), or read from
+  background, one per namespace for that namespace's audience only, sent only to the pickers whose pages
+  are filed under that namespace; the chart and manifests/components/gateway-metrics-token set it up), or read from
   `--gateway-token-file` whenever the file changes, never kept once the file is gone or empty. It goes
   over HTTPS, and over plain HTTP only where the operator says so with `--gateway-token-plain-http on`:
   whoever sees it there can read EPP metrics, nothing more, for minutes.
@@ -17,19 +18,27 @@ identity may `get` the non-resource URL /metrics (SubjectAccessReview). Two toke
 HTTPS is verified against `--gateway-ca-file` when given (host names are not checked, as EPP pods are
 reached by IP: give a CA that signs endpoint picker certificates), else against the system's CAs with the
 host name checked, which a cluster-internal certificate will fail — the page is then not read, never read
-unverified. A 401 or 403 answer is a source failure whose reason names the setting and the RBAC to fix.
+unverified. A 401 or 403 answer is a source failure whose reason names the setting and the RBAC to fix,
+and asks for a new minted token at once (a revoked one is not kept until its renewal).
 """
 
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import aiohttp
 
-from keda_gpu_scaler.collect.gateway_token import SERVICEACCOUNT_FLAG, FileToken, MintedToken, TokenSource
-from keda_gpu_scaler.collect.http import BearerToken, FetchError, HTTPStatusError, PageFetcher
+from keda_gpu_scaler.collect.gateway_token import (
+    SERVICEACCOUNT_FLAG,
+    FileToken,
+    MintedTokens,
+    TokenSource,
+    TokenUnavailable,
+)
+from keda_gpu_scaler.collect.http import BearerToken, FetchError, HTTPStatusError, PageFetcher, is_https
 from keda_gpu_scaler.secretfile import SecretFile
 
 # Where Kubernetes mounts a pod's service account token (projected, rotated by the kubelet).
@@ -46,7 +55,8 @@ class GatewayToken(BearerToken):
     """The token endpoint pickers get: the limited one of a TokenSource (--gateway-token-file, or tokens
     minted for --gateway-token-serviceaccount), or the scaler's own service account token file.
 
-    `plain_http`: also sent over plain HTTP. Only ever true for the limited identity."""
+    `plain_http`: also sent over plain HTTP. Only ever true for the limited identity. `namespace_of`: the
+    namespace a page URL is filed under (its pool's), whose token alone that page gets."""
 
     def __init__(self, source: TokenSource | None, *, dedicated: bool, plain_http: bool = False) -> None:
         super().__init__(None)
@@ -56,20 +66,37 @@ class GatewayToken(BearerToken):
         self.source = source
         # The flag that names the limited token, for messages.
         self.flag = source.flag if dedicated and source is not None else TOKEN_FLAG
+        self.namespace_of: Callable[[str], str | None] = lambda url: None
 
-    def header(self, https: bool) -> str | None:
-        if self.source is None or not (https or self.plain_http):
+    def namespace(self, url: str) -> str:
+        namespace = self.namespace_of(url)
+        if namespace is None and isinstance(self.source, MintedTokens):
+            # Minted tokens are per namespace: a page of no pool is no namespace's, and gets none.
+            raise TokenUnavailable(f"{url} is no endpoint picker page of a pool: no token is sent to it")
+        return namespace or ""
+
+    def header(self, url: str) -> str | None:
+        if self.source is None or not self.sent(is_https(url)):
             return None
-        return f"Bearer {self.source.read()}"
+        return f"Bearer {self.source.read(self.namespace(url))}"
 
     def sent(self, https: bool) -> bool:
         """Whether a request over this scheme carries the token."""
         return self.source is not None and (https or self.plain_http)
 
-    def holder(self) -> str:
+    def answered(self, url: str, *, accepted: bool) -> None:
+        """Tell the token's source whether the picker at url took it (a refused minted one is replaced)."""
+        if self.source is None or not self.sent(is_https(url)):
+            return
+        if accepted:
+            self.source.accepted(self.namespace(url))
+        else:
+            self.source.refused(self.namespace(url))
+
+    def holder(self, url: str) -> str:
         """Who the picker is told the caller is, in a message."""
         if self.dedicated and self.source is not None:
-            return self.source.identity()
+            return self.source.identity(self.namespace(url))
         return "the scaler's service account token"
 
 
@@ -81,11 +108,17 @@ class _OwnToken:
     def __init__(self, path: Path) -> None:
         self._file = SecretFile(path, self.flag)
 
-    def read(self) -> str:
+    def read(self, namespace: str) -> str:
         return self._file.read()
 
-    def identity(self) -> str:
+    def identity(self, namespace: str) -> str:
         return "the scaler's service account token"
+
+    def refused(self, namespace: str) -> None:
+        pass  # the kubelet rotates it
+
+    def accepted(self, namespace: str) -> None:
+        pass
 
 
 def gateway_ssl(ca_file: Path | None) -> ssl.SSLContext:
@@ -108,13 +141,15 @@ class GatewayFetcher:
 
     async def get(self, url: str) -> bytes:
         try:
-            return await self._inner.get(url)
+            page = await self._inner.get(url)
         except HTTPStatusError as error:
             https = urlsplit(url).scheme == "https"
+            if error.status in (401, 403):
+                self._token.answered(url, accepted=False)
             if error.status == 401:
-                raise FetchError(self._unauthorized(https)) from error
+                raise FetchError(self._unauthorized(https, url)) from error
             if error.status == 403:
-                raise FetchError(self._forbidden(https)) from error
+                raise FetchError(self._forbidden(https, url)) from error
             raise
         except FetchError as error:
             if "CERTIFICATE_VERIFY_FAILED" in str(error) or "SSLCertVerificationError" in str(error):
@@ -129,8 +164,10 @@ class GatewayFetcher:
                     f" read and the scaler's token is not sent ({error})"
                 ) from error
             raise
+        self._token.answered(url, accepted=True)
+        return page
 
-    def _unauthorized(self, https: bool) -> str:
+    def _unauthorized(self, https: bool, url: str) -> str:
         head = (
             "HTTP 401 Unauthorized: the endpoint picker asks for a bearer token (its --metrics-endpoint-auth"
         )
@@ -140,7 +177,7 @@ class GatewayFetcher:
         )
         if self._token.sent(https):
             return (
-                f"{head}) and did not accept {self._token.holder()} (its TokenReview failed: the token is"
+                f"{head}) and did not accept {self._token.holder(url)} (its TokenReview failed: the token is"
                 f" not one of this cluster's, or has expired){grant}"
             )
         if not https:
@@ -165,11 +202,11 @@ class GatewayFetcher:
             f" not exist: it runs outside a pod): give it {SERVICEACCOUNT_FLAG} or {TOKEN_FLAG}{grant}"
         )
 
-    def _forbidden(self, https: bool) -> str:
-        who = self._token.holder() if self._token.sent(https) else "a caller without a token"
+    def _forbidden(self, https: bool, url: str) -> str:
+        who = self._token.holder(url) if self._token.sent(https) else "a caller without a token"
         if not self._token.dedicated:
             fix = "grant the scaler's ServiceAccount"
-        elif isinstance(self._token.source, MintedToken):
+        elif isinstance(self._token.source, MintedTokens):
             fix = f"grant the ServiceAccount {self._token.source.ref} ({SERVICEACCOUNT_FLAG})"
         else:
             fix = f"grant the ServiceAccount whose token {TOKEN_FLAG} holds"
@@ -191,12 +228,14 @@ def gateway_fetcher(
     metrics_token_file: Path | None = None,
     metrics_token: TokenSource | None = None,
     plain_http: bool = False,
+    namespace_of: Callable[[str], str | None] = lambda url: None,
 ) -> GatewayFetcher:
     """The fetcher of EPP pages: raises ssl.SSLError or OSError for a CA file that cannot be loaded.
 
     The limited token — `metrics_token` (minted for --gateway-token-serviceaccount) or the file
     `metrics_token_file` (--gateway-token-file) — replaces the scaler's own token (`token_file`) for
-    pickers; `plain_http` (--gateway-token-plain-http) lets it go over plain HTTP too."""
+    pickers; `plain_http` (--gateway-token-plain-http) lets it go over plain HTTP too; `namespace_of`: the
+    namespace a page URL is filed under (a token goes to pages of a namespace only)."""
     if metrics_token is None and metrics_token_file is not None:
         metrics_token = FileToken(metrics_token_file)
     if metrics_token is not None:
@@ -205,6 +244,7 @@ def gateway_fetcher(
         if token_file is not None and not token_file.exists():
             token_file = None  # not in a pod: nothing to present (a 401 then says so)
         token = GatewayToken(_OwnToken(token_file) if token_file else None, dedicated=False)
+    token.namespace_of = namespace_of
     inner = PageFetcher(
         session, timeout=timeout, max_bytes=max_bytes, ssl_context=gateway_ssl(ca_file), token=token
     )

@@ -1,19 +1,25 @@
 """Where the endpoint pickers' limited token comes from: a file, or tokens the scaler mints and renews.
 
-Both answer the same two questions for the gateway fetch: the current token (read() raises TokenUnavailable,
-whose message names the flag and what to fix) and, for messages, whose token it is (identity()).
+Both answer the same questions for the gateway fetch: the token for the pickers of a namespace (read()
+raises TokenUnavailable, whose message names the flag and what to fix), whose token it is (identity(), for
+messages), and what a picker's 401 or 403 to it means (refused()).
 
 Minted tokens (--gateway-token-serviceaccount) come from the TokenRequest API: a pod can mount projected
 tokens of its own ServiceAccount only, and the scaler's own identity reads pods cluster-wide, so the
 scaler asks the API server for short-lived tokens of a ServiceAccount whose only right is `get` on the
-non-resource URL /metrics. A background task renews each at 80 % of its life, retries with backoff when
-the API server refuses or cannot be reached, and keeps serving the last token until it expires: a
-scrape never waits for the API server.
+non-resource URL /metrics. They are scoped per namespace: the pickers of namespace N get a token minted
+for the audience `keda-gpu-scaler-epp:N` only, which the API server itself does not accept and a picker
+checking its own namespace's audience accepts; a tenant whose pod receives it (its pool, its Service,
+its port) cannot read another namespace's picker with it (docs/SECURITY.md). A background task per
+namespace renews each at 80 % of its life, retries with backoff when the API server refuses or cannot be
+reached, keeps serving the last token until it expires (a scrape never waits for the API server), and
+mints at once, with backoff, when a picker refuses the token (revoked).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -39,6 +45,12 @@ EXPIRY_MARGIN_SECONDS = 10.0
 EXPIRY_MARGIN_SHARE = 0.05
 FIRST_RETRY_SECONDS = 0.5
 MAX_RETRY_SECONDS = 30.0
+# A token a picker refuses (401/403: revoked, say) is replaced at once, but never sooner than this after
+# the last mint, doubled for each replacement refused again: a picker that refuses every token costs the
+# API server a TokenRequest every 5, 10, 20 … s at most, never a storm.
+REMINT_SECONDS = 5.0
+# The audience of the tokens the pickers of one namespace get (never the API server's).
+AUDIENCE_PREFIX = "keda-gpu-scaler-epp:"
 WHERE_TO_GRANT = "the chart's gateway.metricsToken, manifests/components/gateway-metrics-token"
 
 
@@ -52,12 +64,20 @@ class TokenSource(Protocol):
 
     flag: str
 
-    def read(self) -> str:
-        """The current token; raises TokenUnavailable saying why there is none."""
+    def read(self, namespace: str) -> str:
+        """The token for the pickers of `namespace`; raises TokenUnavailable saying why there is none."""
         ...
 
-    def identity(self) -> str:
+    def identity(self, namespace: str) -> str:
         """Whose token it is, for messages ("the ServiceAccount ... of --flag ...")."""
+        ...
+
+    def refused(self, namespace: str) -> None:
+        """A picker of `namespace` answered 401 or 403 to the token."""
+        ...
+
+    def accepted(self, namespace: str) -> None:
+        """A picker of `namespace` served its page to the token."""
         ...
 
 
@@ -70,15 +90,26 @@ class FileToken:
         self.path = path
         self._file = SecretFile(path, FILE_FLAG, TokenUnavailable)
 
-    def read(self) -> str:
+    def read(self, namespace: str) -> str:
         return self._file.read()
 
-    def identity(self) -> str:
+    def identity(self, namespace: str) -> str:
         return f"the token of {FILE_FLAG} {self.path}"
 
+    def refused(self, namespace: str) -> None:
+        pass  # the file is read again as soon as it changes: nothing to ask for
 
-# mint(namespace, name, seconds) → the TokenRequest answer (KubeApi.create_token); raises KubeError.
-Mint = Callable[[str, str, int], Awaitable[dict[str, Any]]]
+    def accepted(self, namespace: str) -> None:
+        pass
+
+
+def audience(namespace: str) -> str:
+    """The only audience of the tokens the pickers of `namespace` get."""
+    return f"{AUDIENCE_PREFIX}{namespace}"
+
+
+# mint(namespace, name, seconds, audience) → the TokenRequest answer (KubeApi.create_token); raises KubeError.
+Mint = Callable[[str, str, int, str], Awaitable[dict[str, Any]]]
 
 
 def _expiry(answer: dict[str, Any]) -> tuple[str, float]:
@@ -95,10 +126,8 @@ def _expiry(answer: dict[str, Any]) -> tuple[str, float]:
 
 
 class MintedToken:
-    """--gateway-token-serviceaccount: tokens of a ServiceAccount minted through the TokenRequest API and
-    renewed in the background; read() only looks at what the last mint left."""
-
-    flag = SERVICEACCOUNT_FLAG
+    """Tokens of a ServiceAccount for one audience, minted through the TokenRequest API and renewed in the
+    background; read() only looks at what the last mint left."""
 
     def __init__(
         self,
@@ -106,11 +135,13 @@ class MintedToken:
         name: str,
         mint: Mint,
         *,
+        audience: str,
         seconds: int = TOKEN_SECONDS,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.namespace = namespace
         self.name = name
+        self.audience = audience
         self._mint = mint
         self._seconds = seconds
         # Wall clock: expirationTimestamp is a wall-clock time of the API server.
@@ -122,13 +153,34 @@ class MintedToken:
         self._failure: str | None = None  # why the last mint failed; None after a success
         self._task: asyncio.Task[None] | None = None
         self.minted = 0  # tokens minted so far
+        # A picker refused the current token: replaced once the gap since the last mint has passed.
+        self._refused = False
+        self._refusal_logged = False
+        self._remint_gap = REMINT_SECONDS
+        self._last_mint = -float("inf")  # monotonic
+        self._wake = asyncio.Event()
 
     @property
     def ref(self) -> str:
         return f"{self.namespace}/{self.name}"
 
     def identity(self) -> str:
-        return f"the ServiceAccount {self.ref} ({SERVICEACCOUNT_FLAG})"
+        return f"the ServiceAccount {self.ref} ({SERVICEACCOUNT_FLAG}, audience {self.audience})"
+
+    def refused(self) -> None:
+        if not self._refusal_logged:
+            log.warning(
+                "an endpoint picker refused the token of ServiceAccount %s (audience %s): minting a new one",
+                self.ref,
+                self.audience,
+            )
+            self._refusal_logged = True
+        self._refused = True
+        self._wake.set()
+
+    def accepted(self) -> None:
+        self._refused = self._refusal_logged = False
+        self._remint_gap = REMINT_SECONDS
 
     def read(self) -> str:
         now = self._clock()
@@ -166,16 +218,38 @@ class MintedToken:
             life = await self.mint_once()
             if life is not None:
                 retry = FIRST_RETRY_SECONDS
-                await asyncio.sleep(life * RENEW_AT)
+                await self._until_renewal(life * RENEW_AT)
                 continue
             # Backoff, never longer than a tenth of a token's life (short-lived tokens retry sooner).
             await asyncio.sleep(retry)
             retry = min(retry * 2, MAX_RETRY_SECONDS, max(FIRST_RETRY_SECONDS, self._life / 10))
 
+    async def _until_renewal(self, seconds: float) -> None:
+        """Wait `seconds`, or less when a picker refused the token: until the gap since the last mint has
+        passed (then the next refusal waits twice as long, until a picker accepts a token again)."""
+        loop = asyncio.get_running_loop()
+        renew_at = loop.time() + seconds
+        while loop.time() < renew_at:
+            self._wake.clear()
+            if self._refused:
+                remint_at = self._last_mint + self._remint_gap
+                if loop.time() >= remint_at:
+                    self._refused = False
+                    self._remint_gap = min(self._remint_gap * 2, seconds)
+                    return
+                wake_at = min(renew_at, remint_at)
+            else:
+                wake_at = renew_at
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.0, wake_at - loop.time()))
+
     async def mint_once(self) -> float | None:
         """Ask for a new token; the seconds it lives, or None when minting failed (the reason kept)."""
+        self._last_mint = asyncio.get_running_loop().time()
         try:
-            token, expires = _expiry(await self._mint(self.namespace, self.name, self._seconds))
+            token, expires = _expiry(
+                await self._mint(self.namespace, self.name, self._seconds, self.audience)
+            )
         except KubeError as error:
             self._failed(self._explain(error))
             return None
@@ -189,7 +263,7 @@ class MintedToken:
             )
             return None
         if self._failure is not None or self._token is None:
-            log.info("minted a token of ServiceAccount %s for endpoint pickers (%.0fs)", self.ref, life)
+            log.info("minted a token of ServiceAccount %s for %s (%.0fs)", self.ref, self.audience, life)
         self._token, self._expires, self._life, self._failure = token, expires, life, None
         self._usable_until = expires - min(EXPIRY_MARGIN_SECONDS, life * EXPIRY_MARGIN_SHARE)
         self.minted += 1
@@ -216,3 +290,47 @@ class MintedToken:
                 f" ({WHERE_TO_GRANT}), or name another with {SERVICEACCOUNT_FLAG}"
             )
         return str(error)
+
+
+class MintedTokens:
+    """--gateway-token-serviceaccount: a MintedToken per namespace whose pickers are read, for that
+    namespace's audience only; a namespace's first read starts its minting."""
+
+    flag = SERVICEACCOUNT_FLAG
+
+    def __init__(self, namespace: str, name: str, mint: Mint, **options: Any) -> None:
+        self.namespace = namespace
+        self.name = name
+        self._mint = mint
+        self._options = options
+        self.of: dict[str, MintedToken] = {}  # picker namespace → its tokens
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def _tokens(self, namespace: str) -> MintedToken:
+        tokens = self.of.get(namespace)
+        if tokens is None:
+            tokens = self.of[namespace] = MintedToken(
+                self.namespace, self.name, self._mint, audience=audience(namespace), **self._options
+            )
+            tokens.start()
+        return tokens
+
+    def read(self, namespace: str) -> str:
+        return self._tokens(namespace).read()
+
+    def identity(self, namespace: str) -> str:
+        return self._tokens(namespace).identity()
+
+    def refused(self, namespace: str) -> None:
+        self._tokens(namespace).refused()
+
+    def accepted(self, namespace: str) -> None:
+        self._tokens(namespace).accepted()
+
+    async def stop(self) -> None:
+        tokens, self.of = self.of, {}
+        for token in tokens.values():
+            await token.stop()

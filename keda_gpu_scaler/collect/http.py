@@ -293,6 +293,10 @@ def exporter_ssl(ca_file: Path | None) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
 
 
+def is_https(url: str) -> bool:
+    return url[:8].lower() == "https://"
+
+
 class BearerToken:
     """`Authorization: Bearer` for HTTPS exporters, from a file read again whenever it changes.
 
@@ -302,8 +306,8 @@ class BearerToken:
     def __init__(self, path: Path | None) -> None:
         self._file = SecretFile(path, "--exporter-bearer-token-file") if path is not None else None
 
-    def header(self, https: bool) -> str | None:
-        if self._file is None or not https:
+    def header(self, url: str) -> str | None:
+        if self._file is None or not is_https(url):
             return None
         return f"Bearer {self._file.read()}"
 
@@ -352,10 +356,10 @@ class PageFetcher:
         self._token = token or BearerToken(None)
 
     async def get(self, url: str) -> bytes:
-        https = url[:8].lower() == "https://"
+        https = is_https(url)
         headers = PAGE_HEADERS
         try:
-            bearer = self._token.header(https)
+            bearer = self._token.header(url)
         except SecretFileError as error:
             raise fetch_error(error, self._timeout) from error
         if bearer is not None:

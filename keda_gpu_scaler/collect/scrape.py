@@ -276,6 +276,10 @@ class ScrapeCollector:
         # Supervised: a loop that ended on a bug would leave the URL registered but never scraped again.
         self._tasks[url] = supervised(lambda: self._run(url), f"scrape {url}")
 
+    def namespace_of(self, url: str) -> str | None:
+        """The namespace url's page is filed under, if any."""
+        return self._namespaces.get(url)
+
     def remove(self, url: str) -> None:
         """Stop scraping url and forget its data (discovery: no target pod runs on its node any more)."""
         task = self._tasks.pop(url, None)

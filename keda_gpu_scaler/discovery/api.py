@@ -227,13 +227,14 @@ class KubeApi:
             name,
         )
 
-    async def create_token(self, namespace: str, name: str, seconds: int) -> dict[str, Any]:
-        """A TokenRequest for ServiceAccount namespace/name, answered with its status (token, expiry)."""
+    async def create_token(self, namespace: str, name: str, seconds: int, audience: str) -> dict[str, Any]:
+        """A TokenRequest for ServiceAccount namespace/name valid for `audience` only (so not at the API
+        server), answered with its status (token, expiry)."""
         permission = Permission("create", "serviceaccounts/token", namespace=namespace)
         body = {
             "apiVersion": "authentication.k8s.io/v1",
             "kind": "TokenRequest",
-            "spec": {"expirationSeconds": seconds},
+            "spec": {"expirationSeconds": seconds, "audiences": [audience]},
         }
         return await self._json(
             permission, self._core.create_namespaced_service_account_token, name, namespace, body

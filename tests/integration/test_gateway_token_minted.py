@@ -1,16 +1,18 @@
 """`--gateway-token-serviceaccount`: the scaler mints short-lived tokens of a limited ServiceAccount through
-the TokenRequest API of the fake API server and renews them, against an endpoint-picker double that accepts
-only a token that is currently valid (as the EPP's TokenReview would)."""
+the TokenRequest API of the fake API server and renews them, against endpoint-picker doubles that accept
+only a token currently valid for their own namespace's audience (as a TokenReview for it would); each
+namespace's pickers get that namespace's token only, and a refused token is replaced at once."""
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
 from aiohttp import web
@@ -27,6 +29,7 @@ from fake_kube import (
     scaled_object,
     service,
 )
+from fake_kube_tokens import API_SERVER
 from support import eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
@@ -36,16 +39,28 @@ from keda_gpu_scaler.settings import SettingsError
 NS = "llm"
 ACCOUNT = ("keda", "epp-metrics")
 EPP = {"app": "chat-pool-epp"}
+AUDIENCE = f"keda-gpu-scaler-epp:{NS}"  # what the pickers of NS are configured to accept
 
 
 @dataclass
 class MintedEpp:
-    """EPP metrics that accept a bearer token only while the fake API server says it is valid."""
+    """EPP metrics of a namespace that accept a bearer token only while the fake API server says it is
+    valid for that namespace's audience (`refuse_all`: a misconfigured picker that refuses every token)."""
 
     kube: FakeKube
+    namespace: str = NS
     port: int = 0
     seen: list[str | None] = field(default_factory=list)
     page: str = epp_page("chat-pool", {Queued("llama"): 3})
+    refuse_all: bool = False
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
+
+    def tokens(self) -> set[str]:
+        """Every bearer token this picker was sent, accepted or not."""
+        return {h.removeprefix("refused ").removeprefix("Bearer ") for h in self.seen if h and "Bearer " in h}
 
 
 @pytest.fixture(autouse=True)
@@ -55,28 +70,42 @@ def account(kube: FakeKube) -> None:
 
 
 @pytest.fixture
-async def epp(kube: FakeKube) -> AsyncIterator[MintedEpp]:
-    double = MintedEpp(kube)
+async def epps(kube: FakeKube) -> AsyncIterator[Callable[[str], Awaitable[MintedEpp]]]:
+    """Starts the picker double of a namespace."""
+    runners: list[web.AppRunner] = []
 
-    async def metrics(request: web.Request) -> web.Response:
-        header = request.headers.get("Authorization")
-        # Whether the token was valid when it arrived: kept with the header, as the review happened then.
-        valid = header is not None and kube.tokens.valid(header.removeprefix("Bearer ")) is not None
-        double.seen.append(header if valid else f"refused {header}")
-        if header is None or not header.startswith("Bearer "):
-            return web.Response(status=401, text="Unauthorized")
-        if not valid:
-            return web.Response(status=401, text="Unauthorized")  # an expired token fails its review
-        return web.Response(text=double.page)
+    async def serve(namespace: str) -> MintedEpp:
+        double = MintedEpp(kube, namespace)
+        audience = f"keda-gpu-scaler-epp:{namespace}"  # what the pickers of the namespace accept
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    double.port = runner.addresses[0][1]
-    yield double
-    await runner.cleanup()
+        async def metrics(request: web.Request) -> web.Response:
+            header = request.headers.get("Authorization") or ""
+            token = header.removeprefix("Bearer ")
+            # Whether the token was valid when it arrived: kept with the header, as the review happened then.
+            valid = header.startswith("Bearer ") and kube.tokens.valid(token, audience) is not None
+            valid = valid and not double.refuse_all
+            double.seen.append(header if valid else f"refused {header or None}")
+            if not valid:  # no token, or an expired, revoked or other audience's one: its review fails
+                return web.Response(status=401, text="Unauthorized")
+            return web.Response(text=double.page)
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        runner = web.AppRunner(app)
+        runners.append(runner)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        double.port = runner.addresses[0][1]
+        return double
+
+    yield serve
+    for runner in runners:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def epp(epps: Callable[[str], Awaitable[MintedEpp]]) -> MintedEpp:
+    return await epps(NS)
 
 
 def metadata(epp: MintedEpp) -> dict[str, str]:
@@ -89,19 +118,26 @@ def metadata(epp: MintedEpp) -> dict[str, str]:
 
 
 def ref(epp: MintedEpp) -> pb.ScaledObjectRef:
-    return pb.ScaledObjectRef(name="chat", namespace=NS, scalerMetadata=metadata(epp))
+    return pb.ScaledObjectRef(name="chat", namespace=epp.namespace, scalerMetadata=metadata(epp))
 
 
-async def start(make_scaler: Any, kube: FakeKube, epp: MintedEpp, tmp_path: Path, **overrides: Any) -> Any:
-    kube.put(DEPLOYMENT, deployment("chat", NS, {"app": "vllm"}, replicas=0))
+def put_pool(kube: FakeKube, epp: MintedEpp) -> None:
+    """A ScaledObject of the picker's namespace whose `pending` trigger reads it: the namespace's own
+    InferencePool, Service and EPP pod, at the picker's port."""
+    ns = epp.namespace
+    kube.put(DEPLOYMENT, deployment("chat", ns, {"app": "vllm"}, replicas=0))
     trigger = {
         "type": "external",
         "metadata": {**metadata(epp), "scalerAddress": "keda-gpu-scaler.keda:6000"},
     }
-    kube.put(SCALED_OBJECT, scaled_object("chat", NS, {"name": "chat"}, [trigger]))
-    kube.put(INFERENCE_POOL, inference_pool("chat-pool", NS, "chat-pool-epp"))
-    kube.put(SERVICE, service("chat-pool-epp", NS, EPP))
-    kube.put(POD, pod("chat-pool-epp-0", NS, EPP, "node-a", ip="127.0.0.1"))
+    kube.put(SCALED_OBJECT, scaled_object("chat", ns, {"name": "chat"}, [trigger]))
+    kube.put(INFERENCE_POOL, inference_pool("chat-pool", ns, "chat-pool-epp"))
+    kube.put(SERVICE, service("chat-pool-epp", ns, EPP))
+    kube.put(POD, pod("chat-pool-epp-0", ns, EPP, "node-a", ip="127.0.0.1"))
+
+
+async def start(make_scaler: Any, kube: FakeKube, epp: MintedEpp, tmp_path: Path, **overrides: Any) -> Any:
+    put_pool(kube, epp)
     settings: dict[str, Any] = {
         "kubernetes": "on",
         "kubeconfig": str(kube.kubeconfig(tmp_path)),
@@ -154,7 +190,7 @@ async def test_the_pool_is_read_through_minted_tokens_renewed_before_they_expire
     # Each token was replaced while it was still valid, and every one is new.
     assert all(later.issued < earlier.expires for earlier, later in itertools.pairwise(minted))
     assert len({m.token for m in minted}) == len(minted)
-    assert {(m.namespace, m.name) for m in minted} == {ACCOUNT}
+    assert {(m.namespace, m.name, m.audiences) for m in minted} == {(*ACCOUNT, (AUDIENCE,))}
     # The API server's floor is asked for, never less; the pickers saw more than the first token.
     assert {body["spec"]["expirationSeconds"] for body in kube.tokens.asked} == {600}
     used = {h.removeprefix("Bearer ") for h in epp.seen if h and h.startswith("Bearer ")}
@@ -236,3 +272,65 @@ async def test_without_kubernetes_the_scaler_does_not_start_and_names_the_flag(m
     # --kubernetes auto that found no cluster: the flag cannot be honoured, and no other token replaces it.
     with pytest.raises(SettingsError, match="--gateway-token-serviceaccount needs Kubernetes"):
         await make_scaler(kubernetes="off", gateway_token_serviceaccount=ACCOUNT)
+
+
+async def test_a_tenants_own_picker_gets_only_its_namespaces_token_never_one_good_for_another(
+    make_scaler: Any, kube: FakeKube, epps: Callable[[str], Awaitable[MintedEpp]], tmp_path: Path
+) -> None:
+    # Tenant A owns its ScaledObject, pool, Service and the pod at its port (which logs headers): A's
+    # picker double is that pod. B's picker is the one A would like to read.
+    tenant_a, tenant_b = await epps("team-a"), await epps("team-b")
+    put_pool(kube, tenant_b)
+    scaler = await start(make_scaler, kube, tenant_a, tmp_path)
+
+    async def both_read() -> None:
+        assert await value(scaler, tenant_a) == 3
+        assert await value(scaler, tenant_b) == 3
+
+    await eventually(both_read)
+    audiences = {m.token: m.audiences for m in kube.tokens.minted}
+    assert {audiences[t] for t in tenant_a.tokens()} == {("keda-gpu-scaler-epp:team-a",)}
+    assert {audiences[t] for t in tenant_b.tokens()} == {("keda-gpu-scaler-epp:team-b",)}
+    for token in tenant_a.tokens():
+        # Not accepted by B's picker, nor by the API server: what A obtained reads A's picker only.
+        assert kube.tokens.valid(token, "keda-gpu-scaler-epp:team-b") is None
+        assert kube.tokens.valid(token, API_SERVER) is None
+        async with aiohttp.ClientSession() as session:
+            headers = {"Authorization": f"Bearer {token}"}
+            async with session.get(tenant_b.url, headers=headers) as answer:
+                assert answer.status == 401
+
+
+async def test_a_revoked_token_is_replaced_at_once_and_the_pool_answers_again(
+    make_scaler: Any, kube: FakeKube, epp: MintedEpp, tmp_path: Path
+) -> None:
+    scaler = await start(make_scaler, kube, epp, tmp_path)  # 10-minute tokens: no renewal in this test
+
+    async def three() -> None:
+        assert await value(scaler, epp) == 3
+
+    await eventually(three)
+    revoked = kube.tokens.minted[-1].token
+    kube.tokens.revoked.add(revoked)
+    await unavailable_saying(scaler, epp, "HTTP 401")  # never a made-up 0 meanwhile
+    await eventually(three, timeout=10)
+    assert len(kube.tokens.minted) == 2
+    assert f"Bearer {kube.tokens.minted[-1].token}" in epp.seen
+
+
+async def test_a_picker_refusing_every_token_costs_a_bounded_number_of_token_requests(
+    make_scaler: Any, kube: FakeKube, epp: MintedEpp, tmp_path: Path
+) -> None:
+    epp.refuse_all = True
+    scaler = await start(make_scaler, kube, epp, tmp_path)
+    await unavailable_saying(scaler, epp, "HTTP 401")  # KEDA's call: the pool is followed from now on
+
+    async def refused_twice_and_twenty_more() -> None:
+        assert len(epp.tokens()) >= 2  # the first refusal minted a second token
+        second = f"refused Bearer {kube.tokens.minted[1].token}"
+        assert epp.seen[epp.seen.index(second) :].count(second) >= 20
+
+    await eventually(refused_twice_and_twenty_more, timeout=20)
+    # Twenty refusals of the replacement, and it was not replaced again on each: the backoff holds.
+    assert len(kube.tokens.minted) <= 3
+    await unavailable_saying(scaler, epp, "HTTP 401")

@@ -34,14 +34,14 @@ class Clock:
 def minted(answers: list[dict[str, Any] | Exception], clock: Clock) -> tuple[MintedToken, list[Any]]:
     asked: list[Any] = []
 
-    async def mint(namespace: str, name: str, seconds: int) -> dict[str, Any]:
+    async def mint(namespace: str, name: str, seconds: int, audience: str) -> dict[str, Any]:
         asked.append((namespace, name, seconds))
         given = answers.pop(0)
         if isinstance(given, Exception):
             raise given
         return given
 
-    return MintedToken("keda", "epp-metrics", mint, clock=clock), asked
+    return MintedToken("keda", "epp-metrics", mint, audience="keda-gpu-scaler-epp:llm", clock=clock), asked
 
 
 def unavailable(token: MintedToken) -> str:
