@@ -142,7 +142,8 @@ class Tracker(Protocol):
 
 
 class Registry:
-    """Followed ScaledObjects by (namespace, name), oldest call first, with one TTL and a cap.
+    """Followed ScaledObjects by (namespace, name), oldest call first, with one TTL and a cap that each
+    namespace has a fair share of (see _make_room).
 
     Every call goes through follow(): it validates the reference, enforces the cap, keeps the entry
     alive, tells discovery, and subscribes a trigger seen for the first time (on_subscribe: it starts
@@ -169,6 +170,8 @@ class Registry:
         self._on_drop = on_drop
         self._on_subscribe = on_subscribe
         self._entries: OrderedDict[tuple[str, str], Followed] = OrderedDict()
+        # The names followed in each namespace, least recently called first: its count and its share.
+        self._by_namespace: dict[str, OrderedDict[str, None]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -181,16 +184,12 @@ class Registry:
             check_reference(namespace, name)
             self.evict_expired(now)
             if len(self._entries) >= self._cap:
-                self._make_room(now)
-            if len(self._entries) >= self._cap:
-                raise TooManyScaledObjects(
-                    f"{len(self._entries)} ScaledObjects are followed, the limit (--max-scaledobjects) is"
-                    f" {self._cap}; ScaledObjects not called for {self._ttl:g}s (--interest-ttl) are forgotten"
-                )
-            entry = Followed(namespace, name, now, CurrentTargets(self._clock))
-            self._entries[key] = entry
+                self._make_room(namespace, now)
+            entry = self._entries[key] = Followed(namespace, name, now, CurrentTargets(self._clock))
+            self._by_namespace.setdefault(namespace, OrderedDict())[name] = None
         else:
             self._entries.move_to_end(key)
+            self._by_namespace[namespace].move_to_end(name)
             entry.last_call = now
         if self._tracker is not None:
             self._tracker.track(namespace, name)
@@ -258,7 +257,7 @@ class Registry:
         return self._entries.get((namespace, name))
 
     def in_namespace(self, namespace: str) -> list[Followed]:
-        return [entry for (ns, _), entry in self._entries.items() if ns == namespace]
+        return [self._entries[(namespace, name)] for name in self._by_namespace.get(namespace, ())]
 
     def followed_keys(self) -> list[tuple[str, str]]:
         return sorted(self._entries)
@@ -275,21 +274,48 @@ class Registry:
         """Forget the least recently called ScaledObject if it has not been called for `idle` seconds."""
         if not self._entries:
             return False
-        key, oldest = next(iter(self._entries.items()))
+        oldest = next(iter(self._entries.values()))
         if now - oldest.last_call < idle:
             return False
-        del self._entries[key]
-        self._forget(oldest)
+        self._remove(oldest)
         return True
 
-    def _make_room(self, now: float) -> None:
-        """At the cap, the least recently called ScaledObject gives way if KEDA has stopped calling it.
+    def _remove(self, entry: Followed) -> None:
+        del self._entries[(entry.namespace, entry.name)]
+        names = self._by_namespace[entry.namespace]
+        del names[entry.name]
+        if not names:
+            del self._by_namespace[entry.namespace]
+        self._forget(entry)
 
-        KEDA calls every ScaledObject at least once per pollingInterval (30 s by default) and the HPA more
-        often, so one not called for ROOM_AFTER_SECONDS is gone or was never KEDA's: a caller that floods
-        the scaler with made-up names then delays a real new ScaledObject by a minute at most, not a TTL.
+    def _make_room(self, namespace: str, now: float) -> None:
+        """At the cap, make room for a new ScaledObject of `namespace`, or TooManyScaledObjects.
+
+        First the least recently called ScaledObject gives way if KEDA has stopped calling it: KEDA calls
+        every ScaledObject at least once per pollingInterval (30 s by default) and the HPA more often, so
+        one not called for ROOM_AFTER_SECONDS is gone or was never KEDA's (a caller flooding the scaler
+        with made-up names delays a real new ScaledObject by a minute at most, not a TTL). Otherwise a
+        namespace holding less than its fair share takes room from the namespace holding the most (then
+        above its share), whose least recently called ScaledObject goes: one namespace polling thousands
+        cannot lock the others out. A namespace at or above its share is refused.
         """
-        self._evict_oldest_if_idle(now, min(ROOM_AFTER_SECONDS, self._ttl))
+        room_after = min(ROOM_AFTER_SECONDS, self._ttl)
+        if self._evict_oldest_if_idle(now, room_after):
+            return
+        # The cap divided evenly among the namespaces followed, the newcomer's counted. (A namespace below
+        # it implies one above it: the counts add up to the cap.)
+        namespaces = len(self._by_namespace) + (namespace not in self._by_namespace)
+        share = self._cap // namespaces
+        held = len(self._by_namespace.get(namespace, ()))
+        if held < share:
+            largest = max(self._by_namespace, key=lambda other: len(self._by_namespace[other]))
+            self._remove(self._entries[(largest, next(iter(self._by_namespace[largest])))])
+            return
+        raise TooManyScaledObjects(
+            f"namespace {namespace} follows {held} ScaledObjects, at or above its fair share of {share}"
+            f" (the --max-scaledobjects limit of {self._cap} shared by {namespaces} namespaces); room is"
+            f" made when a ScaledObject has not been called for {room_after:g}s"
+        )
 
     def _forget(self, entry: Followed) -> None:
         if self._tracker is not None:

@@ -5,10 +5,16 @@ is the reason a source records."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import math
 import ssl
+import time
 import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import aiohttp
 
@@ -21,6 +27,13 @@ READ_CHUNK = 256 * 1024
 # the GIL: it does so from 1 MiB on).
 JOIN_OFF_LOOP_BYTES = 1024 * 1024
 USER_AGENT = "keda-gpu-scaler"
+# Compressed input is given to zlib this much at a time: what zlib copies of the input it has not used
+# (at a member's end, or when the output step is full) is at most this, so inflating stays linear in the
+# body however many members it has.
+INFLATE_INPUT_STEP = 64 * 1024
+# A real page is one gzip member (`cat a.gz b.gz` makes two). Each member costs a new decoder: a body of
+# thousands of empty 20-byte members is an attack, not a page.
+MAX_GZIP_MEMBERS = 64
 # Idle kept connections are closed after this long at least (longer when pages are fetched less often):
 # one connection per source is reused from one scrape to the next.
 MIN_KEEPALIVE_SECONDS = 15.0
@@ -117,12 +130,25 @@ REQUEST_FAILURES = (
 )
 
 
+_T = TypeVar("_T")
+
+# The worker threads of the pages' own work (joining, inflating, screening and reading large bodies). Not
+# asyncio's default pool: a tenant's pods choose how much of this work there is, and /metrics, Kubernetes
+# lists and Prometheus answers, which use the default pool, must not wait behind it.
+_PAGE_WORKERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="page-work")
+
+
+async def in_page_worker(func: Callable[..., _T], *args: object) -> _T:
+    """func(*args) in a page worker thread (see _PAGE_WORKERS)."""
+    return await asyncio.get_running_loop().run_in_executor(_PAGE_WORKERS, functools.partial(func, *args))
+
+
 def client_session(keepalive: float = MIN_KEEPALIVE_SECONDS) -> aiohttp.ClientSession:
     """The scaler's one HTTP session (the app owns and closes it): one connection pool for every source.
 
     - No connection limit here: each collector bounds its own requests in flight (--scrape-concurrency),
       and a pool-wide cap would let one kind of source starve another.
-    - Bodies are not decompressed by aiohttp: `request` inflates them itself, in a worker thread, with
+    - Bodies are not decompressed by aiohttp: `request` inflates them itself, in a page worker, with
       the size cap counted on what comes out and a stream cut before its end refused (aiohttp's decoder
       accepts a gzip stream that ends early).
     - trust_env=False: HTTP(S)_PROXY and NO_PROXY are not read, as the scaler always did. Exporters,
@@ -176,6 +202,9 @@ async def request(
     if session.auto_decompress:
         # Its bodies would arrive inflated under a Content-Encoding header that says otherwise.
         raise TypeError("an HTTP session of the sources must be made by client_session()")
+    # Inflating counts against the timeout too: the worker stops at the deadline (a cancelled await
+    # would not stop it).
+    deadline = time.monotonic() + timeout
     try:
         # The deadline is asyncio's, over the whole exchange: aiohttp's own timers per request cost more.
         async with asyncio.timeout(timeout):
@@ -192,14 +221,12 @@ async def request(
                 body = await _read_limited(response, max_bytes)
             finally:
                 response.release()
-        answer = Answer(response.status, response.reason or "", response.headers.get("Location"), body)
+            if encoding is not None and body:
+                # An empty body is empty whatever its Content-Encoding says.
+                body = await in_page_worker(inflate, body, encoding, max_bytes, deadline)
     except REQUEST_FAILURES as error:
         raise fetch_error(error, timeout) from error
-    if encoding is not None and body:
-        # An empty body is empty whatever its Content-Encoding says.
-        inflated = await asyncio.to_thread(inflate, body, encoding, max_bytes)
-        answer = Answer(answer.status, answer.reason, answer.location, inflated)
-    return answer
+    return Answer(response.status, response.reason or "", response.headers.get("Location"), body)
 
 
 _DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
@@ -249,43 +276,50 @@ async def _read_limited(response: aiohttp.ClientResponse, max_bytes: int) -> byt
         return b"".join(pieces)
     # 15 MiB of fresh memory took the event loop 10 ms to fill (its page faults); bytes.join lets other
     # threads run meanwhile.
-    return await asyncio.to_thread(b"".join, pieces)
+    return await in_page_worker(b"".join, pieces)
 
 
-def inflate(data: bytes, encoding: str, max_bytes: int) -> bytes:
+def inflate(data: bytes, encoding: str, max_bytes: int, deadline: float = math.inf) -> bytes:
     """A gzip or deflate body inflated, refused past max_bytes as it comes out (a gzip body of 900 kB can
     inflate to 256 MB), and refused when its stream does not end where the body does (cut short, or
     followed by bytes no such stream has). Consecutive gzip members are one body, as `cat a.gz b.gz`
-    makes. Run in a worker thread: inflating 16 MiB takes 7 ms and more (zlib lets other threads run
-    meanwhile)."""
+    makes, up to MAX_GZIP_MEMBERS. Linear in the body: the input is read at an offset, never sliced
+    anew. TimeoutError once time.monotonic() passes `deadline`, checked between steps: run in a page
+    worker (inflating 16 MiB takes 7 ms and more), which a cancelled await would not stop."""
     wbits = _DECODERS[encoding]
+    view = memoryview(data)
     decoder = zlib.decompressobj(wbits)
+    members = 1
     chunks: list[bytes] = []
-    size = 0
+    size = offset = 0
     while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError
+        piece = view[offset : offset + INFLATE_INPUT_STEP]
+        # In steps of READ_CHUNK: the output stays in the CPU's caches (4x faster than in one call).
+        room = min(READ_CHUNK, max_bytes - size + 1)
         try:
-            # In steps of READ_CHUNK: the output stays in the CPU's caches (4x faster than in one call).
-            out = decoder.decompress(data, min(READ_CHUNK, max_bytes - size + 1))
-            if not decoder.unconsumed_tail and not decoder.eof:
-                out += decoder.flush()
+            out = decoder.decompress(piece, room)
         except zlib.error as error:
             raise FetchError(f"the body is not valid {encoding} ({error})") from error
+        offset += len(piece) - len(decoder.unconsumed_tail) - len(decoder.unused_data)
         size += len(out)
         if size > max_bytes:
             raise too_large(max_bytes)
         chunks.append(out)
-        if decoder.unconsumed_tail:
-            data = decoder.unconsumed_tail
-            continue
-        if not decoder.eof:
-            # Without its end the stream was cut short: the page would silently miss its tail.
+        if decoder.eof:
+            if offset == len(view):
+                return b"".join(chunks)
+            if encoding != "gzip":
+                raise FetchError("data after the end of the deflate body")
+            members += 1
+            if members > MAX_GZIP_MEMBERS:
+                raise FetchError(f"more than {MAX_GZIP_MEMBERS} gzip members in one body (a page is one)")
+            decoder = zlib.decompressobj(wbits)
+        elif offset == len(view) and len(out) < room:
+            # Every byte read and nothing more to come out, without the end of the stream: it was cut
+            # short, and the page would silently miss its tail.
             raise FetchError(f"the {encoding} body ends before its end of stream (truncated)")
-        if not decoder.unused_data:
-            return b"".join(chunks)
-        if encoding != "gzip":
-            raise FetchError("data after the end of the deflate body")
-        data = decoder.unused_data
-        decoder = zlib.decompressobj(wbits)
 
 
 def exporter_ssl(ca_file: Path | None) -> ssl.SSLContext:

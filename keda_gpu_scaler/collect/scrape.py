@@ -16,7 +16,7 @@ import xxhash
 from keda_gpu_scaler import exposition
 from keda_gpu_scaler.backoff import JITTER, backoff_delay, jittered
 from keda_gpu_scaler.collect.fairshare import FairSlots
-from keda_gpu_scaler.collect.http import FetchError, PageRefused
+from keda_gpu_scaler.collect.http import FetchError, PageRefused, in_page_worker
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, WantedKeys
 from keda_gpu_scaler.collect.store import Page, Reading, SourceKind, Store
 from keda_gpu_scaler.exposition import ExpositionError, Sample
@@ -314,7 +314,7 @@ class ScrapeCollector:
             if large:
                 # A page with more series than one page may give is refused before it is parsed, and the
                 # very same page again without even a search (a hostile exporter serves it on every retry).
-                digest, why = await asyncio.to_thread(
+                digest, why = await in_page_worker(
                     _screen, body, reader, self._refused.get(url), previous[0] if previous else None
                 )
                 if why is not None:
@@ -323,7 +323,7 @@ class ScrapeCollector:
                 # The garbage collector is not paused around the read: freezing what is alive afterwards
                 # would keep the cyclic garbage of every call made meanwhile for good. Collections cost
                 # pauses, not memory.
-                digest, by_namespace = await asyncio.to_thread(_digest_and_read, body, reused, reader, digest)
+                digest, by_namespace = await in_page_worker(_digest_and_read, body, reused, reader, digest)
             else:
                 digest, by_namespace = _digest_and_read(body, reused, reader)
             # The page had the wanted families (else NotOurPage) but named no pod: see Page.unattributed.

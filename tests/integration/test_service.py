@@ -471,18 +471,25 @@ async def test_an_exporter_failing_since_start_is_not_read_as_zero_pods(make_exp
     await eventually(recovered)
 
 
-async def test_too_many_scaledobjects_is_resource_exhausted_naming_the_flag(
+async def test_a_namespace_filling_the_cap_leaves_room_for_another_and_is_refused_beyond_its_share(
     make_exporter, make_scaler
 ) -> None:  # type: ignore[no-untyped-def]
+    # 5,000 ScaledObjects of one namespace, each polled every 30 s, once locked every other namespace out.
     exporter = await make_exporter(four_pods_at(90))
     scaler = await make_scaler(exporter, max_scaledobjects=2)
     await scaler.stub.GetMetricSpec(ref(name="one"))
     await scaler.stub.GetMetricSpec(ref(name="two"))
+    # Another namespace's first ScaledObject is served: llm's least recently called gives way.
+    await scaler.stub.GetMetricSpec(ref(name="new", namespace="other"))
     with pytest.raises(grpc.aio.AioRpcError) as raised:
-        await scaler.stub.GetMetricSpec(ref(name="three"))
+        await scaler.stub.GetMetricSpec(ref(name="one"))
     assert raised.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "--max-scaledobjects" in (raised.value.details() or "")
-    await scaler.stub.GetMetricSpec(ref(name="one"))  # the followed ones are still served
+    assert raised.value.details() == (
+        "namespace llm follows 1 ScaledObjects, at or above its fair share of 1 (the --max-scaledobjects"
+        " limit of 2 shared by 2 namespaces); room is made when a ScaledObject has not been called for 60s"
+    )
+    await scaler.stub.GetMetricSpec(ref(name="two"))  # the followed ones are still served
+    await scaler.stub.GetMetricSpec(ref(name="new", namespace="other"))
 
 
 @pytest.mark.parametrize(("namespace", "name"), [("LLM", "vllm"), ("llm", "x" * 300), ("", "vllm")])

@@ -114,14 +114,14 @@ async def test_idle_kept_connections_hold_no_page() -> None:
 async def test_a_large_body_is_joined_off_the_loop(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # 15 MiB of fresh memory filled on the loop held every RPC for ~10 ms (its page faults).
     joined_off_loop: list[int] = []
-    real = asyncio.to_thread
+    real = http.in_page_worker
 
-    async def recording(func, *args, **kwargs):  # type: ignore[no-untyped-def]
+    async def recording(func, *args):  # type: ignore[no-untyped-def]
         if func == b"".join:
             joined_off_loop.append(sum(len(piece) for piece in args[0]))
-        return await real(func, *args, **kwargs)
+        return await real(func, *args)
 
-    monkeypatch.setattr(http.asyncio, "to_thread", recording)
+    monkeypatch.setattr(http, "in_page_worker", recording)
     small, large = PAGE.encode(), b"x" * http.JOIN_OFF_LOOP_BYTES + b"\n"
 
     async def answer(_: bytes, index: int) -> bytes:

@@ -131,6 +131,46 @@ def test_at_the_cap_one_no_longer_called_gives_way_to_a_new_one() -> None:
     assert registry.get("real", "polled") is not None
 
 
+def test_a_namespace_below_its_share_takes_room_from_the_largest_even_when_all_are_polled() -> None:
+    # One namespace fills the cap and polls each ScaledObject every 30 s: none is ever idle for a minute.
+    clock = Clock()
+    registry, _, forgotten = make_registry(clock, cap=6)
+    for index in range(6):
+        registry.follow("big", f"so-{index}", SPEC)
+    clock.now += 30
+    for index in range(6):
+        registry.follow("big", f"so-{index}", SPEC)
+    registry.follow("small", "first", SPEC)  # share 3: big's least recently called goes
+    registry.follow("other", "first", SPEC)  # share 2: big again, the largest
+    assert forgotten == ["so-0", "so-1"]
+    registry.follow("small", "second", SPEC)  # small holds 1 of its 2
+    assert forgotten == ["so-0", "so-1", "so-2"]
+    assert [len(registry.in_namespace(ns)) for ns in ("big", "small", "other")] == [3, 2, 1]
+
+
+def test_a_namespace_at_its_share_is_refused_naming_its_count_share_and_when_room_is_made() -> None:
+    clock = Clock()
+    registry, _, forgotten = make_registry(clock, cap=4, ttl=600)
+    for name in ("a", "b", "c"):
+        registry.follow("big", name, SPEC)
+    registry.follow("small", "a", SPEC)
+    registry.follow("small", "b", SPEC)  # share 2: big (3) gives one
+    with pytest.raises(TooManyScaledObjects) as refused:
+        registry.follow("small", "c", SPEC)
+    assert str(refused.value) == (
+        "namespace small follows 2 ScaledObjects, at or above its fair share of 2 (the --max-scaledobjects"
+        " limit of 4 shared by 2 namespaces); room is made when a ScaledObject has not been called for 60s"
+    )
+    with pytest.raises(TooManyScaledObjects, match="namespace big follows 2 ScaledObjects"):
+        registry.follow("big", "d", SPEC)
+    # The time said is the one that applies: with a TTL under a minute, the TTL.
+    short, _, _ = make_registry(clock, cap=1, ttl=20)
+    short.follow("big", "a", SPEC)
+    with pytest.raises(TooManyScaledObjects, match="not been called for 20s"):
+        short.follow("big", "b", SPEC)
+    assert forgotten == ["a"]
+
+
 @pytest.mark.parametrize(
     ("namespace", "name"),
     [

@@ -168,9 +168,9 @@ async def test_a_gzip_page_is_inflated_off_the_loop(serve, monkeypatch) -> None:
     threads: list[str] = []
     real = http.inflate
 
-    def recording(data: bytes, encoding: str, max_bytes: int) -> bytes:
+    def recording(data: bytes, encoding: str, max_bytes: int, deadline: float) -> bytes:
         threads.append(threading.current_thread().name)
-        return real(data, encoding, max_bytes)
+        return real(data, encoding, max_bytes, deadline)
 
     monkeypatch.setattr(http, "inflate", recording)
     bomb = gzip.compress(b"# padding\n" * (2 << 20), compresslevel=9)
