@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from keda_gpu_scaler.collect import demand_history
 from keda_gpu_scaler.collect.demand_history import DemandHistory, Track
 from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
 from keda_gpu_scaler.collect.store import Page, SourceKind, Store
+from keda_gpu_scaler.demand import DemandUnit, pod_demand
 from keda_gpu_scaler.engines import MissingKind, PodSamples
 from keda_gpu_scaler.exposition import parse_exposition
 
@@ -123,3 +126,31 @@ def test_pending_points_cover_the_window_and_are_forgotten() -> None:
     assert history.pending(pool, 9, 30, 90) == points  # the same instant: no second point
     history.pending(("llm", "other", None), 0, 30, 400)  # a sweep runs: the first pool was not asked for
     assert history.pending(pool, 1, 30, 401) == [(401, 1)]
+
+
+def vllm_tokens(flight: float, finished: float, prompt: float, generated: float) -> PodSamples:
+    """A vLLM page whose per-request token histograms observe `finished` requests of 1,000 prompt and 200
+    generated tokens each, while the token counters count `prompt` and `generated` so far."""
+    text = (
+        f'vllm:num_requests_running{{engine="0"}} {flight}\nvllm:num_requests_waiting{{engine="0"}} 0\n'
+        f'vllm:request_success_total{{engine="0",finished_reason="stop"}} {finished}\n'
+        f'vllm:prompt_tokens_total{{engine="0"}} {prompt}\nvllm:generation_tokens_total{{engine="0"}} {generated}\n'
+        f'vllm:request_prompt_tokens_sum{{engine="0"}} {1000 * finished}\n'
+        f'vllm:request_prompt_tokens_count{{engine="0"}} {finished}\n'
+        f'vllm:request_generation_tokens_sum{{engine="0"}} {200 * finished}\n'
+        f'vllm:request_generation_tokens_count{{engine="0"}} {finished}\n'
+    )
+    return PodSamples("llm", "chat-0", tuple(parse_exposition(text, POD_PAGE_NAMES)), URL)
+
+
+def test_a_request_s_size_comes_from_the_per_request_histograms_while_finishes_lag() -> None:
+    # A step to 10 req/s at 0 s, each request 1,000 prompt + 200 generated tokens over 20 s. At 30 s:
+    # 300 arrived, 100 finished, 200 in flight; the counters hold every admitted prompt (300,000) and
+    # 40,000 generated tokens, so counters over finishes read 3,400 tokens a request (2.8x); the
+    # histograms, observed as each request finishes, read the true 1,200.
+    store, history = store_with_history()
+    store.record_page(page(0, vllm_tokens(0, 0, 0, 0)))
+    read(history, 0)
+    store.record_page(page(30, vllm_tokens(200, 100, 300_000, 40_000)))
+    points = read(history, 30, window=30).points
+    assert pod_demand(points, DemandUnit.TOKENS, 1.0) == pytest.approx(10 * 1200)

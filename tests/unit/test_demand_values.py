@@ -60,9 +60,7 @@ def test_an_unusable_newest_page_is_a_missing_pod() -> None:
     history = history_of(
         {0: [pod("chat-0", 0), pod("chat-1", 0)], 60: [pod("chat-0", 600), pod("chat-1", "NaN")]}
     )
-    rows, problems, _ = demand_pod_values(
-        history, [pod("chat-0", 600), pod("chat-1", "NaN")], SPEC, 60
-    )
+    rows, problems, _ = demand_pod_values(history, [pod("chat-0", 600), pod("chat-1", "NaN")], SPEC, 60)
     assert set(rows) == {"chat-0"} and "chat-1" in problems
 
 
