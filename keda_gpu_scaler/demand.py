@@ -44,7 +44,7 @@ from keda_gpu_scaler.engines import Missing, MissingKind
 # GPU-seconds, 60 s saved 2-7 % GPU-seconds but waited 15 % more after a step, 120 s 25-41 % more.
 DEFAULT_WINDOW_SECONDS = 30.0
 MIN_WINDOW_SECONDS = 10.0  # two scrapes at the default 5 s interval at least
-MAX_WINDOW_SECONDS = 600.0  # the history kept per pod is bounded by it
+MAX_WINDOW_SECONDS = 600.0  # the history kept per page is bounded by it
 
 # How much one prompt token weighs against one generated token for `demandUnit: tokens`. Each prefill
 # stalls the whole batch's decoding, so against a per-output-token latency target a prompt token costs
