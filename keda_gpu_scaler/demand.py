@@ -7,17 +7,22 @@ The one function the scaler and the simulator share:
 `points` are one pod's DemandPoints over the window, oldest first (over_window() picks them from a
 longer history): when each page was read (`at`, seconds on any steady clock), the engine's counter of
 finished requests (every finish reason), the requests in the server then (running + waiting), and where
-the engine prints them its prompt and generation token counters. The answer is work arriving per second:
+the engine prints them its prompt and generation token counters and its per-request token histograms'
+`_sum`/`_count`. The answer is work arriving per second:
 
 - `requests`: λ = (Δ finished + Δ in flight) / Δt. What finished plus what piled up is what arrived,
   whatever the batch does to latency (in-flight counts alone grow with load faster than load does).
-- `tokens`: λ × the work of one request over the same window, (Δ prompt tokens × prefill_weight +
-  Δ generation tokens) / Δ finished, in decode-token equivalents. A replica's capacity in requests per
+- `tokens`: λ × the work of one request over the same window in decode-token equivalents: from the
+  per-request histograms where the page prints them, Δ prompt sum / Δ prompt count × prefill_weight +
+  Δ generation sum / Δ generation count (each request observed once, whole); from the token counters
+  otherwise, (Δ prompt tokens × prefill_weight + Δ generation tokens) / Δ finished (prompts count as
+  they are admitted and finishes lag, so a step or a burst reads up to 2× the true size). A replica's capacity in requests per
   second changes several times over when the request mix does (long RAG prompts and answers against short
   chat); in weighted tokens per second it stays close to one figure, so one threshold holds all day.
 
 Counters are running totals: one that goes down is a restarted server, counted from 0 (and its in-flight
-count from an empty server), never a negative rate. Fewer than two points, or two at the same instant, is
+count from an empty server), never a negative rate. A pod's history (collect/demand_history.py) hands in
+totals already taken per series, which never go down: there a reset of one series is never a reset of all. Fewer than two points, or two at the same instant, is
 Missing(NO_RATE): the pod has no rate yet (the caller counts it as the mean of the others). A point
 never holds NaN or a negative number: the caller turns such a page into a missing pod instead.
 """
@@ -29,6 +34,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol, TypeVar
 
 from keda_gpu_scaler.engines import Missing, MissingKind
 
@@ -38,7 +44,7 @@ from keda_gpu_scaler.engines import Missing, MissingKind
 # GPU-seconds, 60 s saved 2-7 % GPU-seconds but waited 15 % more after a step, 120 s 25-41 % more.
 DEFAULT_WINDOW_SECONDS = 30.0
 MIN_WINDOW_SECONDS = 10.0  # two scrapes at the default 5 s interval at least
-MAX_WINDOW_SECONDS = 600.0  # the history kept per pod is bounded by it
+MAX_WINDOW_SECONDS = 600.0  # the history kept per page is bounded by it
 
 # How much one prompt token weighs against one generated token for `demandUnit: tokens`. Each prefill
 # stalls the whole batch's decoding, so against a per-output-token latency target a prompt token costs
@@ -65,9 +71,19 @@ class DemandPoint:
     in_flight: float
     prompt_tokens: float | None = None
     generation_tokens: float | None = None
+    # The per-request token histograms: (prompt sum, prompt count, generation sum, generation count).
+    sizes: tuple[float, float, float, float] | None = None
 
 
-def over_window(points: Sequence[DemandPoint], window: float) -> Sequence[DemandPoint]:
+class _Timed(Protocol):
+    @property
+    def at(self) -> float: ...
+
+
+TimedT = TypeVar("TimedT", bound=_Timed)
+
+
+def over_window(points: Sequence[TimedT], window: float) -> Sequence[TimedT]:
     """The points a rate over `window` reads: the newest, back to the newest point at least `window`
     before it (so the span covers the window where the history is that long), else back to the oldest."""
     if not points:
@@ -126,25 +142,43 @@ def pod_demand(
     rate = max(0.0, arrived / span)
     if unit is DemandUnit.REQUESTS:
         return rate
-    prompt = [p.prompt_tokens for p in points]
-    generated = [p.generation_tokens for p in points]
-    if any(v is None for v in prompt) or any(v is None for v in generated):
-        return Missing(
-            MissingKind.NOT_EXPORTED, "no token counters on its page (demandUnit tokens needs them)"
-        )
-    work = _increase([v for v in prompt if v is not None]) * prefill_weight + _increase(
-        [v for v in generated if v is not None]
-    )
-    if finished <= 0:
+    per_request = _request_size(points, finished, prefill_weight)
+    if isinstance(per_request, Missing):
+        return per_request
+    if per_request is None:
         if rate == 0:
             return 0.0
         return Missing(
             MissingKind.NO_RATE,
             "no request finished within the window: the size of its requests is not known yet",
         )
-    per_request = work / finished
     value = rate * per_request
     return value if math.isfinite(value) else Missing(MissingKind.NO_RATE, "counters too large to rate")
+
+
+def _request_size(
+    points: Sequence[DemandPoint], finished: float, prefill_weight: float
+) -> float | Missing | None:
+    """The weighted tokens of one request over the points; None when none finished within them."""
+    sizes = [p.sizes for p in points]
+    if all(size is not None for size in sizes):
+        grown = [_increase([size[part] for size in sizes if size is not None]) for part in range(4)]
+        prompt_sum, prompt_count, generation_sum, generation_count = grown
+        if prompt_count <= 0 or generation_count <= 0:
+            return None
+        return prompt_sum / prompt_count * prefill_weight + generation_sum / generation_count
+    prompt = [p.prompt_tokens for p in points]
+    generated = [p.generation_tokens for p in points]
+    if any(v is None for v in prompt) or any(v is None for v in generated):
+        return Missing(
+            MissingKind.NOT_EXPORTED, "no token counters on its page (demandUnit tokens needs them)"
+        )
+    if finished <= 0:
+        return None
+    work = _increase([v for v in prompt if v is not None]) * prefill_weight + _increase(
+        [v for v in generated if v is not None]
+    )
+    return work / finished
 
 
 def growth_per_second(points: Sequence[tuple[float, float]]) -> float:

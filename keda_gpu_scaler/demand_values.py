@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterable, Sequence
 
 from keda_gpu_scaler.collect.demand_history import DemandHistory
-from keda_gpu_scaler.demand import DemandPoint, DemandUnit, over_window, pending_demand, pod_demand
+from keda_gpu_scaler.demand import DemandPoint, DemandUnit, pending_demand, pod_demand
 from keda_gpu_scaler.engines import Missing, MissingKind, PodSamples
 from keda_gpu_scaler.errors import NoData
 from keda_gpu_scaler.scaling import (
@@ -29,7 +29,6 @@ REQUESTS_PER_SECOND = "requestsPerSecond"
 
 def demand_pod_values(
     history: DemandHistory,
-    namespace: str,
     pages: Iterable[PodSamples],
     spec: TriggerSpec,
     now: float,
@@ -47,20 +46,19 @@ def demand_pod_values(
     at one replica's worth (the threshold), so the pending part still sizes on top of it rather than the
     whole answer turning UNAVAILABLE while requests pile up.
     """
-    key = (spec.engine, spec.model)
     rates: dict[str, tuple[float, str, int, float]] = {}
     request_rates: dict[str, float] = {}  # demandUnit tokens: the same pods' rates in requests per second
     without_rate: dict[str, tuple[str, str, int]] = {}
     problems: dict[str, str] = {}
     unfinished: list[str] = []  # pods taking requests of which none finished (sized, see above)
     for page in pages:
-        track = history.points(namespace, page.pod, key, spec.window, now)
+        track = history.read(page, spec.engine, spec.model, spec.window, now)
         if track.problem is not None:
             if track.problem.kind is MissingKind.NOT_EXPORTED:
                 raise NoData(f"pod {page.pod}: {track.problem.reason}; metric demand cannot be served")
             problems[page.pod] = track.problem.reason
             continue
-        points = over_window(track.points, spec.window)
+        points = track.points
         rate = pod_demand(points, spec.demand_unit, spec.prefill_weight)
         if isinstance(rate, Missing) and rate.kind is MissingKind.NO_RATE and spec.inference_pool:
             rate = _sized_without_finishes(points, spec, tokens_per_request, rate)
@@ -69,10 +67,10 @@ def demand_pod_values(
         if isinstance(rate, Missing):
             if rate.kind is MissingKind.NOT_EXPORTED:
                 raise NoData(f"pod {page.pod}: {rate.reason}")
-            without_rate[page.pod] = (rate.reason, track.engine, len(points))
+            without_rate[page.pod] = (rate.reason, track.engine, track.used)
             continue
         span = points[-1].at - points[0].at
-        rates[page.pod] = (rate, track.engine, len(points), span)
+        rates[page.pod] = (rate, track.engine, track.used, span)
         if spec.demand_unit is not DemandUnit.REQUESTS and page.pod not in unfinished:
             requests = pod_demand(points, DemandUnit.REQUESTS)
             if not isinstance(requests, Missing):

@@ -10,6 +10,7 @@ from typing import Protocol
 from keda_gpu_scaler.collect.demand_history import DemandHistory
 from keda_gpu_scaler.collect.gateway import GatewayPages
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
+from keda_gpu_scaler.collect.inference import page_of
 from keda_gpu_scaler.collect.pending_history import PendingHistory
 from keda_gpu_scaler.collect.prometheus import gateway_source
 from keda_gpu_scaler.collect.prometheus_answer import ReplicaLost
@@ -358,7 +359,14 @@ class Evaluator:
         else:
             chosen = targets.pods
             if inference:
-                pods = [r for r in view.readings if isinstance(r, PodSamples) and r.pod in chosen]
+                # A pod may serve several pages (one per container): the trigger reads its own.
+                own = {
+                    pod: page[1]
+                    for pod in chosen
+                    if (endpoint := targets.endpoints.get(pod)) is not None
+                    and (page := page_of(endpoint, spec.metrics_port, spec.metrics_path)) is not None
+                }
+                pods = [r for r in view.readings if isinstance(r, PodSamples) and own.get(r.pod) == r.source]
             else:
                 gpu = [
                     r
@@ -387,7 +395,7 @@ class Evaluator:
             pool = (namespace, spec.inference_pool, spec.model) if spec.inference_pool else None
             size = self.pending_history.remember_size(pool, None) if pool else None
             reporting, without_value, demand_notes = demand_pod_values(
-                self.demand_history, namespace, pods, spec, self._clock(), size
+                self.demand_history, pods, spec, self._clock(), size
             )
             notes += demand_notes
             if without_value:

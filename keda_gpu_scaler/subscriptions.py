@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Protocol
 
-from keda_gpu_scaler.collect.inference import metrics_port, pod_url
+from keda_gpu_scaler.collect.inference import page_of
 from keda_gpu_scaler.collect.prometheus import GATEWAY_SERIES, GPU_SERIES, INFERENCE_SERIES
 from keda_gpu_scaler.collect.store import SourceKind
 from keda_gpu_scaler.discovery.targets import Targets
@@ -169,14 +169,14 @@ class Subscriptions:
             endpoint = targets.endpoints.get(pod)
             if endpoint is None or not endpoint.ready or not endpoint.ip:
                 continue
-            port = metrics_port(endpoint.port_list, spec.metrics_port)
-            if port is None:
+            page = page_of(endpoint, spec.metrics_port, spec.metrics_path)
+            if page is None:
                 followed.log_once(
                     f"pod {pod} has no container port {spec.metrics_port or 'named metrics or http, nor any'}:"
                     " its inference-server page cannot be read (set metricsPort)"
                 )
                 continue
-            url = pod_url(endpoint.ip, port, spec.metrics_path)
+            port, url = page
             declared = any(number == port for _, number in endpoint.port_list)
             pages.append(PodPage(url, followed.namespace, pod, declared))
         return pages

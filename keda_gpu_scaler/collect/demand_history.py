@@ -1,52 +1,151 @@
-"""The pages `metric: demand` takes rates over: per wanted pod, its DemandPoints of the last window.
+"""The pages `metric: demand` takes rates over: per wanted pod page, one point per read over its window.
 
-A rate needs each pod's page at two instants, and the store keeps only the last one. This module listens
-to the store (Store.page_listeners / removal_listeners) and keeps, for each (pod, engine choice, model) a
-followed `demand` trigger asked about, the points of the last `window` seconds, worked out as each page
-arrives. It stays bounded: only pods a trigger wants (each evaluation says which), only the last window's
-points (capped), and a pod's points go with its page source, or once no trigger has asked for them for
-`forget_after` seconds. The newest page of every inference pod is remembered by reference (the store holds
-the same objects) so that a pod asked about for the first time starts with one point, not none.
+A rate needs each page at two instants, and the store keeps only the last one. This module listens to
+the store (Store.page_listeners / removal_listeners) and keeps, for each pod page (pod, port and path: its
+URL, as the store names every reading's source) that a `demand` trigger asked about, a point per page
+read. A point is worked out once, as the page arrives, however many triggers, models and engine choices
+read it. Rates are taken per series, as Prometheus' `sum(rate())` takes them: every counter series (its
+family, model and split labels: engine, finish reason, version) is taken against its own last value; a
+series that goes down counts from 0, one that appears starts a baseline (it adds nothing on its first
+page), one that vanishes leaves without a step. The steps add up into running totals per (role, model)
+that never go down, so any model's rate is read from the window's two ends. The in-flight gauges are read
+at those two ends, for the trigger's engine and model, from the pages kept by reference (the store held
+the same objects): their change is the pod's sum, so requests an engine held when it restarted (lost,
+never finished) read as less demand, at most what it held over one window, never as more.
+
+It stays bounded: only pages a trigger asks about keep points, only the last window's (capped), one
+history per page and engine format (one in practice); a page's points go with its page source, or once no
+trigger has asked for them for `forget_after` seconds. The newest page of every inference pod is
+remembered by reference so that a page asked about for the first time starts with one point, not none.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from keda_gpu_scaler.collect.store import Page, SourceKind
 from keda_gpu_scaler.demand import DemandPoint, over_window
-from keda_gpu_scaler.engines import Missing, PodSamples, in_flight, pod_counters
+from keda_gpu_scaler.engines import (
+    DemandCounters,
+    Missing,
+    PodSamples,
+    Value,
+    counters_format,
+    format_counters,
+    in_flight,
+    pod_counters,
+    pod_reading,
+)
+from keda_gpu_scaler.engines._common import SIZE_ROLES, Series, model_of
+from keda_gpu_scaler.exposition import Sample
 
-TrackKey = tuple[str, str | None]
-"""(engine choice, model): what a page is read as."""
-PodKey = tuple[str, str]
-"""(namespace, pod)."""
+PageKey = tuple[str, str, str]
+"""(namespace, pod, page source): one page of one pod."""
+TotalKey = tuple[str, str]
+"""(role, model): a running total, the role one of FINISHED, PROMPT, GENERATION or SIZE_ROLES."""
+FINISHED, PROMPT, GENERATION = "finished", "prompt", "generation"
 
-# At most this many points per track whatever the window (600 s at a 1 s scrape interval): a bound on
+# At most this many points per page whatever the window (600 s at a 1 s scrape interval): a bound on
 # memory that no configuration can lift.
 MAX_POINTS = 1024
-# How often tracks nobody asks for any more are looked for (seconds of page time).
+# How often histories nobody asks for any more are looked for (seconds of page time).
 SWEEP_EVERY = 30.0
 _INFERENCE_KINDS = frozenset({SourceKind.INFERENCE})
 
 
+@dataclass(frozen=True, slots=True)
+class PagePoint:
+    """One page read: when, the page (by reference, for its gauges), and the running totals then."""
+
+    at: float
+    page: PodSamples
+    totals: Mapping[TotalKey, float]
+    # The finished-requests series that went down on this page (model, "label=value"...): restarts.
+    restarted: frozenset[tuple[str, ...]] = frozenset()
+
+
 @dataclass(slots=True)
-class Track:
-    """One pod read one way: its usable points, oldest first, and why its newest page has none."""
+class SeriesHistory:
+    """One page read with one engine format: its points over the window, oldest first."""
 
     window: float
-    wanted_at: float
-    points: list[DemandPoint] = field(default_factory=list)
+    points: list[PagePoint] = field(default_factory=list)
+    last_values: Mapping[tuple[str, ...], float] = field(default_factory=dict)
+    running: dict[TotalKey, float] = field(default_factory=dict)
+    last_at: float = float("-inf")
+
+    def add(self, at: float, page: PodSamples, counters: DemandCounters) -> None:
+        """A page read: each series' step since its last value added to its (role, model) total."""
+        if at <= self.last_at:
+            return  # the same page again
+        self.last_at = at
+        values = _by_role(counters)
+        if values is None:
+            return  # no usable counters: the next page's steps are taken against the last usable one
+        restarted = set()
+        for key, value in values.items():
+            total = (key[0], key[2])
+            before = self.last_values.get(key)
+            self.running.setdefault(total, 0.0)
+            if before is None:
+                continue  # a series that appears starts a baseline
+            self.running[total] += value - before if value >= before else value
+            if value < before and key[0] == FINISHED:
+                restarted.add(key[2:])
+        self.last_values = values  # a series that vanished leaves without a step
+        self.points.append(PagePoint(at, page, dict(self.running), frozenset(restarted)))
+        keep = over_window(self.points, self.window)
+        if len(keep) < len(self.points) or len(self.points) > MAX_POINTS:
+            self.points = list(keep)[-MAX_POINTS:]
+
+
+def _by_role(counters: DemandCounters) -> dict[tuple[str, ...], float] | None:
+    """Every series of a page's counters keyed (role, family, model, split values...); None without a
+    usable counter of finished requests."""
+    if isinstance(counters.finished, Missing):
+        return None
+    roles: list[tuple[str, Series | Missing]] = [
+        (FINISHED, counters.finished),
+        (PROMPT, counters.prompt_tokens),
+        (GENERATION, counters.generation_tokens),
+    ]
+    values: dict[tuple[str, ...], float] = {}
+    for role, series in roles:
+        if not isinstance(series, Missing):
+            values.update(((role, *key), value) for key, value in series.items())
+    values.update(((key[0], *key), value) for key, value in counters.sizes.items())
+    return values
+
+
+@dataclass(slots=True)
+class PageHistory:
+    """One pod page: its newest read, and its points per engine format while a trigger asks for them."""
+
+    newest: tuple[float, PodSamples]
+    wanted_at: float = float("-inf")
+    by_format: dict[int, SeriesHistory] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Track:
+    """A page read one way (engine, model) over a window: the rate's two ends, or why it has none."""
+
+    points: list[DemandPoint]
+    used: int = 0  # the pages read within the window
     # The newest page's reading where it gives no point (a NaN counter, a family gone): the pod is
     # missing until a page gives one again, whatever older points say.
     problem: Missing | None = None
-    last_at: float = float("-inf")
     engine: str = "unknown"  # what the newest page was read as (for /explain)
 
 
-def demand_point(page: PodSamples, key: TrackKey, at: float) -> tuple[str, DemandPoint | Missing]:
-    """What a pod page was read as, and its point for `metric: demand` or why it has none (never a
-    made-up 0)."""
+def demand_point(
+    page: PodSamples, key: tuple[str, str | None], at: float
+) -> tuple[str, DemandPoint | Missing]:
+    """What one pod page was read as, and its point for `metric: demand` or why it has none (never a
+    made-up 0): the page's own totals (summed over series; the history takes them per series)."""
     reading, counters = pod_counters(page.samples, key[0], key[1])
     engine = reading.engine.value if reading.engine is not None else "unknown"
     flight = in_flight(reading)
@@ -54,82 +153,153 @@ def demand_point(page: PodSamples, key: TrackKey, at: float) -> tuple[str, Deman
         return engine, flight
     if isinstance(counters.finished, Missing):
         return engine, counters.finished
-    prompt = None if isinstance(counters.prompt_tokens, Missing) else counters.prompt_tokens
-    generated = None if isinstance(counters.generation_tokens, Missing) else counters.generation_tokens
-    return engine, DemandPoint(at, counters.finished, flight, prompt, generated)
+    sizes = _sizes({("", *k): v for k, v in counters.sizes.items()}, key[1]) if counters.sizes else None
+    return engine, DemandPoint(
+        at,
+        _sum(counters.finished),
+        flight,
+        None if isinstance(counters.prompt_tokens, Missing) else _sum(counters.prompt_tokens),
+        None if isinstance(counters.generation_tokens, Missing) else _sum(counters.generation_tokens),
+        sizes,
+    )
+
+
+def _lost(points: Sequence[PagePoint], engine: str, model: str | None) -> float:
+    """The requests in flight, on the page before, in the engines whose finished counters went down."""
+    lost = 0.0
+    for before, after in itertools.pairwise(points):
+        restarted = [r for r in after.restarted if model is None or r[0] == model]
+        if not restarted:
+            continue
+        held = [s for s in before.page.samples if any(_of_series(s, series) for series in restarted)]
+        flight = in_flight(pod_reading(held, engine, model))
+        lost += 0.0 if isinstance(flight, Missing) else flight
+    return lost
+
+
+def _of_series(sample: Sample, series: tuple[str, ...]) -> bool:
+    """Whether a gauge sample is of the engine a counter series (model, "label=value"...) counts: its
+    model, and each of the series' labels that the gauge carries too (vLLM's `engine`, Triton's `version`)."""
+    if model_of(sample.labels) != series[0]:
+        return False
+    pairs = (pair.split("=", 1) for pair in series[1:])
+    return all(sample.labels.get(label, value) == value for label, value in pairs)
+
+
+def _sum(series: Series) -> float:
+    return sum(series.values(), 0.0)
+
+
+def _sizes(totals: Mapping[tuple[str, ...], float], model: str | None) -> tuple[float, float, float, float]:
+    """The per-request histograms' four totals (SIZE_ROLES) of `model` (None: every model)."""
+    parts = [
+        sum((v for k, v in totals.items() if k[1] == role and (model is None or k[2] == model)), 0.0)
+        for role in SIZE_ROLES
+    ]
+    return parts[0], parts[1], parts[2], parts[3]
 
 
 class DemandHistory:
-    """Per wanted pod and reading, the points of its last window (see the module docstring)."""
+    """Per wanted pod page, the points of its last window (see the module docstring)."""
 
     def __init__(self, *, forget_after: float) -> None:
         self._forget_after = forget_after
-        self._tracks: dict[PodKey, dict[TrackKey, Track]] = {}
-        self._newest: dict[PodKey, tuple[float, PodSamples]] = {}
+        self._pages: dict[PageKey, PageHistory] = {}
         self._swept_at = float("-inf")
 
     def __len__(self) -> int:
-        """How many tracks are kept (for tests and the bound)."""
-        return sum(len(tracks) for tracks in self._tracks.values())
+        """How many histories with points are kept (one per page and engine format; for tests)."""
+        return sum(len(page.by_format) for page in self._pages.values())
 
-    def points(self, namespace: str, pod: str, key: TrackKey, window: float, now: float) -> Track:
-        """The pod's track read as `key`, kept from now on (an evaluation asks for every target pod)."""
-        tracks = self._tracks.setdefault((namespace, pod), {})
-        track = tracks.get(key)
-        if track is None:
-            track = tracks[key] = Track(window, now)
-            newest = self._newest.get((namespace, pod))
-            if newest is not None:
-                self._add(track, key, *newest)
-        else:
-            track.wanted_at = now
-            track.window = max(track.window, window)
-        return track
+    def read(self, page: PodSamples, engine: str, model: str | None, window: float, now: float) -> Track:
+        """A pod page read as (engine, model) over `window`, its points kept from now on (an evaluation
+        asks for every target pod's page)."""
+        history = self._pages.get((page.namespace, page.pod, page.source))
+        if history is None:
+            return Track([])
+        history.wanted_at = now
+        newest_at, newest = history.newest
+        reading, counters = pod_counters(newest.samples, engine, model)
+        engine_name = reading.engine.value if reading.engine is not None else "unknown"
+        flight = in_flight(reading)
+        problem = flight if isinstance(flight, Missing) else None
+        if problem is None and isinstance(counters.finished, Missing):
+            problem = counters.finished
+        index = counters_format(newest.samples, engine)
+        if problem is not None or index is None:
+            return Track([], problem=problem, engine=engine_name)
+        series = history.by_format.get(index)
+        if series is None:
+            series = history.by_format[index] = SeriesHistory(window)
+            series.add(newest_at, newest, format_counters(newest.samples, index, None))
+        series.window = max(series.window, window)
+        points = over_window(series.points, window)
+        ends = [points[0], points[-1]] if len(points) > 1 else list(points)
+        read = [self._end(p, engine, model, counters, flight if p.page is newest else None) for p in ends]
+        usable = [end for end in read if end is not None]
+        lost = _lost(points, engine, model)
+        if len(usable) == 2 and lost:
+            # Requests restarted engines held were lost, neither finished nor in flight after: counted as
+            # still in flight, so that their arrival is not taken back (a restart counts from empty).
+            usable[1] = dataclasses.replace(usable[1], in_flight=usable[1].in_flight + lost)
+        return Track(usable, len(points), None, engine_name)
+
+    @staticmethod
+    def _end(
+        point: PagePoint, engine: str, model: str | None, newest: DemandCounters, flight: Value | None
+    ) -> DemandPoint | None:
+        """The rate's end at one point for (engine, model): its totals and the requests in flight then
+        (`flight`: already read from that page)."""
+        if flight is None:
+            flight = in_flight(pod_reading(point.page.samples, engine, model))
+        if isinstance(flight, Missing):
+            return None
+
+        def of(role: str) -> float:
+            return sum(
+                (v for (r, m), v in point.totals.items() if r == role and (model is None or m == model)), 0.0
+            )
+
+        totals: dict[tuple[str, ...], float] = {("", r, m): v for (r, m), v in point.totals.items()}
+        return DemandPoint(
+            point.at,
+            of(FINISHED),
+            flight,
+            None if isinstance(newest.prompt_tokens, Missing) else of(PROMPT),
+            None if isinstance(newest.generation_tokens, Missing) else of(GENERATION),
+            _sizes(totals, model) if newest.sizes else None,
+        )
 
     def on_page(self, kind: SourceKind, page: Page) -> None:
         """Store listener: a page was recorded."""
         if kind not in _INFERENCE_KINDS:
             return
-        for namespace, readings in page.by_namespace.items():
+        for readings in page.by_namespace.values():
             for reading in readings:
                 if not isinstance(reading, PodSamples):
                     continue
-                pod = (namespace, reading.pod)
-                self._newest[pod] = (page.collected_at, reading)
-                for key, track in self._tracks.get(pod, {}).items():
-                    self._add(track, key, page.collected_at, reading)
+                key = (reading.namespace, reading.pod, reading.source)
+                history = self._pages.get(key)
+                if history is None:
+                    self._pages[key] = PageHistory((page.collected_at, reading))
+                    continue
+                history.newest = (page.collected_at, reading)
+                for index, series in history.by_format.items():
+                    series.add(page.collected_at, reading, format_counters(reading.samples, index, None))
         if page.collected_at - self._swept_at >= SWEEP_EVERY:
             self._sweep(page.collected_at)
 
     def on_removed(self, kind: SourceKind, page: Page) -> None:
-        """Store listener: a page source is gone (its pod left the targets): its pods' points go too."""
+        """Store listener: a page source is gone (its pod left the targets): its points go too."""
         if kind not in _INFERENCE_KINDS:
             return
-        for namespace, readings in page.by_namespace.items():
+        for readings in page.by_namespace.values():
             for reading in readings:
-                self._tracks.pop((namespace, reading.pod), None)
-                self._newest.pop((namespace, reading.pod), None)
-
-    def _add(self, track: Track, key: TrackKey, at: float, samples: PodSamples) -> None:
-        if at <= track.last_at:
-            return  # the same page again
-        track.last_at = at
-        track.engine, point = demand_point(samples, key, at)
-        if isinstance(point, Missing):
-            track.problem = point
-            return
-        track.problem = None
-        points = track.points
-        points.append(point)
-        keep = over_window(points, track.window)
-        if len(keep) < len(points) or len(points) > MAX_POINTS:
-            track.points = list(keep)[-MAX_POINTS:]
+                if isinstance(reading, PodSamples):
+                    self._pages.pop((reading.namespace, reading.pod, reading.source), None)
 
     def _sweep(self, now: float) -> None:
         self._swept_at = now
-        for pod in list(self._tracks):
-            tracks = self._tracks[pod]
-            for key in [k for k, t in tracks.items() if now - t.wanted_at > self._forget_after]:
-                del tracks[key]
-            if not tracks:
-                del self._tracks[pod]
+        for history in self._pages.values():
+            if now - history.wanted_at > self._forget_after:
+                history.by_format.clear()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from keda_gpu_scaler.collect.scrape import PageReader, ScrapeCollector, refuse_unless_levels
 from keda_gpu_scaler.collect.store import SourceKind
@@ -16,17 +17,22 @@ from keda_gpu_scaler.engines import DEMAND_SAMPLE_NAMES, ENGINE_SAMPLE_NAMES, Po
 from keda_gpu_scaler.exposition import Sample
 from keda_gpu_scaler.wanted import PodPage
 
+if TYPE_CHECKING:
+    from keda_gpu_scaler.discovery.targets import PodEndpoint
+
 log = logging.getLogger(__name__)
 
 # Container port names tried, in order, when the trigger gives no metricsPort (SPEC §6).
 DEFAULT_PORT_NAMES = ("metrics", "http")
 
 
-def pod_page_reader(namespace: str, pod: str) -> Callable[[Sequence[Sample]], Iterable[PodSamples]]:
-    """Reads a pod's own page: every kept sample is that pod's, whatever its labels say."""
+def pod_page_reader(
+    namespace: str, pod: str, url: str = ""
+) -> Callable[[Sequence[Sample]], Iterable[PodSamples]]:
+    """Reads a pod's own page at `url`: every kept sample is that pod's, whatever its labels say."""
 
     def read(samples: Sequence[Sample]) -> list[PodSamples]:
-        return [PodSamples(namespace, pod, tuple(samples))]
+        return [PodSamples(namespace, pod, tuple(samples), url)]
 
     return read
 
@@ -50,6 +56,15 @@ def pod_url(ip: str, port: int, path: str) -> str:
     return f"http://{host}:{port}{path}"
 
 
+def page_of(endpoint: PodEndpoint, wanted_port: str | None, path: str) -> tuple[int, str] | None:
+    """A Ready pod's page at a trigger's `metricsPort` and `metricsPath`: (port, URL); None: not Ready,
+    no IP yet, or no such port."""
+    if not endpoint.ready or not endpoint.ip:
+        return None
+    port = metrics_port(endpoint.port_list, wanted_port)
+    return None if port is None else (port, pod_url(endpoint.ip, port, path))
+
+
 # A page declaring a family the engines read as anything but a level (gauge or untyped) is refused.
 _DECLARED_AS_LEVELS = refuse_unless_levels(wrong_types, "a gauge is needed")
 # What a pod page is parsed for: the gauges, and the counters `metric: demand` takes rates of. Only the
@@ -66,7 +81,7 @@ class InferencePages:
     def add_page(self, page: PodPage) -> None:
         reader = PageReader(
             POD_PAGE_NAMES,
-            pod_page_reader(page.namespace, page.pod),
+            pod_page_reader(page.namespace, page.pod, page.url),
             ENGINE_SAMPLE_NAMES,
             "inference-server metrics",
             refuse=_DECLARED_AS_LEVELS,

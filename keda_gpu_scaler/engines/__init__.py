@@ -49,7 +49,9 @@ __all__ = [
     "PodSamples",
     "Value",
     "accepts_model",
+    "counters_format",
     "engine_supports",
+    "format_counters",
     "in_flight",
     "pod_counters",
     "pod_of",
@@ -338,13 +340,27 @@ def pod_counters(
     DEMAND_SAMPLE_NAMES), the page read as pod_reading() reads it (the gauges decide the engine)."""
     page = [s for s in samples if s.name in ENGINE_SAMPLE_NAMES or s.name in DEMAND_SAMPLE_NAMES]
     gauges = pod_reading(page, engine, model)
-    module = _module_for({s.name for s in page if s.name in ENGINE_SAMPLE_NAMES}, engine)
-    if module is None:
-        return gauges, DemandCounters(gauges.waiting, gauges.waiting, gauges.waiting)
+    index = counters_format(page, engine)
+    if index is None:
+        no_engine = gauges.waiting
+        assert isinstance(no_engine, Missing)  # no engine on the page: every reading is Missing(NO_ENGINE)
+        return gauges, DemandCounters(no_engine, no_engine, no_engine)
+    return gauges, format_counters(page, index, model)
+
+
+def counters_format(samples: Iterable[Sample], engine: Engine | str) -> int | None:
+    """Which format (its index in ENGINES) reads a page's demand counters for an `engine` choice, as
+    pod_reading() picks it; None: no engine's families on the page under `auto`."""
+    module = _module_for({s.name for s in samples if s.name in ENGINE_SAMPLE_NAMES}, engine)
+    return None if module is None else ENGINES.index(module)
+
+
+def format_counters(samples: Iterable[Sample], index: int, model: str | None) -> DemandCounters:
+    """A page's demand counters read with format ENGINES[index] (see counters_format)."""
+    module = ENGINES[index]
     # The gauges too: a counter may count only where a gauge says whose it is (trtllm.read_counters).
     own = module.counter_names | module.sample_names
-    counters = module.read_counters([s for s in page if s.name in own], model)
-    return gauges, counters
+    return module.read_counters([s for s in samples if s.name in own], model)
 
 
 def in_flight(reading: InferenceReading) -> Value:

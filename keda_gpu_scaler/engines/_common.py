@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from keda_gpu_scaler import pagetext
@@ -286,23 +286,36 @@ class PodSamples:
     namespace: str
     pod: str
     samples: tuple[Sample, ...]
+    # The page's address (its URL: pod, port and path): one pod may serve several pages, one per container.
+    source: str = ""
 
 
 # --- demand (SPEC §6, `metric: demand`): counters of finished requests and of tokens -----------------
 
 
+Series = Mapping[tuple[str, ...], float]
+"""A counter's series on one page: (family, model, "label=value" of each split label...) → running total."""
+
+
 @dataclass(frozen=True, slots=True)
 class DemandCounters:
-    """One pod's counters for `metric: demand`, as one page gave them (each a running total, or Missing).
+    """One pod's counters for `metric: demand`, as one page gave them: per series (each its running
+    total), or Missing. Rates are taken per series (SPEC §6), so a reset of one is never a reset of all.
 
-    `finished`: requests finished so far, every finish reason (aborts and errors included), summed over
-    engines and models. `prompt_tokens` / `generation_tokens`: tokens processed so far, for weighing
-    requests by their size. A counter is never a 0 made up for a family that is absent.
+    `finished`: requests finished so far, every finish reason (aborts and errors included), per engine and
+    model. `prompt_tokens` / `generation_tokens`: tokens processed so far. `sizes`: where the engine prints
+    per-request token histograms, their `_sum`/`_count` series (keyed by the roles in SIZE_ROLES), which
+    give a request's true size; empty otherwise. A counter is never a 0 made up for a family that is absent.
     """
 
-    finished: Value
-    prompt_tokens: Value
-    generation_tokens: Value
+    finished: Series | Missing
+    prompt_tokens: Series | Missing
+    generation_tokens: Series | Missing
+    sizes: Series = field(default_factory=dict)
+
+
+# The roles of per-request token histogram series in DemandCounters.sizes (the first item of each key).
+SIZE_ROLES = ("prompt_sum", "prompt_count", "generation_sum", "generation_count")
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,15 +339,15 @@ class CounterFamily:
         return self.spellings[0]
 
 
-def counter_total(
+def counter_series(
     samples: Sequence[Sample], families: Sequence[CounterFamily], *, model: str | None
-) -> Value:
-    """The sum of the counter families on one page (every series, every split label value).
+) -> Series | Missing:
+    """The series of the counter families on one page (see Series).
 
     An absent family that is not optional, or any family without a usable sample (NaN, ±Inf, negative),
-    makes the total Missing: a part left out would read as fewer requests than the pod finished.
+    makes the answer Missing: a part left out would read as fewer requests than the pod finished.
     """
-    total = 0.0
+    series: dict[tuple[str, ...], float] = {}
     for family in families:
         if len(family.spellings) > 1:
             counted = gauge_of_spellings(
@@ -342,13 +355,38 @@ def counter_total(
             )
         else:
             counted = gauge(samples, family.name, model=model, engine_labels=family.split_labels)
-        value = counted.total()
-        if isinstance(value, Missing):
-            if value.kind is not MissingKind.FAMILY_ABSENT:
-                return value
+        if counted.missing is not None:
+            if counted.missing.kind is not MissingKind.FAMILY_ABSENT:
+                return counted.missing
             if family.optional:
                 continue
             hint = f" ({family.absent_hint})" if family.absent_hint else ""
-            return Missing(MissingKind.FAMILY_ABSENT, f"{value.reason}{hint}", family.name)
-        total += value
-    return total
+            return Missing(MissingKind.FAMILY_ABSENT, f"{counted.missing.reason}{hint}", family.name)
+        series.update(
+            ((family.name, key[0], *_pairs(family.split_labels, key[1:])), value)
+            for key, value in counted.values.items()
+        )
+    return series
+
+
+def _pairs(labels: Sequence[str], values: Sequence[str]) -> tuple[str, ...]:
+    return tuple(f"{label}={value}" for label, value in zip(labels, values, strict=True))
+
+
+def histogram_sizes(
+    samples: Sequence[Sample], prompt: str, generation: str, split_labels: tuple[str, ...], model: str | None
+) -> Series:
+    """The `_sum`/`_count` series of an engine's per-request prompt and generation token histograms, keyed
+    (role, model, split label values); empty where the page lacks any of the four (a request's size then
+    comes from the token counters)."""
+    sizes: dict[tuple[str, ...], float] = {}
+    for role, name in zip(
+        SIZE_ROLES,
+        (f"{prompt}_sum", f"{prompt}_count", f"{generation}_sum", f"{generation}_count"),
+        strict=True,
+    ):
+        counted = counter_series(samples, (CounterFamily((name,), split_labels),), model=model)
+        if isinstance(counted, Missing):
+            return {}
+        sizes.update(((role, *key[1:]), value) for key, value in counted.items())
+    return sizes

@@ -10,7 +10,7 @@ from keda_gpu_scaler.engines._common import (
     Engine,
     InferenceMetric,
     InferenceReading,
-    counter_total,
+    counter_series,
     engine_count,
     fraction_percent,
     gauge_of_spellings,
@@ -81,7 +81,7 @@ def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
 
 def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounters:
     return DemandCounters(
-        finished=counter_total(samples, (FINISHED,), model=model),
-        prompt_tokens=counter_total(samples, (PROMPT_TOKENS,), model=model),
-        generation_tokens=counter_total(samples, (GENERATION_TOKENS,), model=model),
+        finished=counter_series(samples, (FINISHED,), model=model),
+        prompt_tokens=counter_series(samples, (PROMPT_TOKENS,), model=model),
+        generation_tokens=counter_series(samples, (GENERATION_TOKENS,), model=model),
     )

@@ -10,9 +10,10 @@ from keda_gpu_scaler.engines._common import (
     Engine,
     InferenceMetric,
     InferenceReading,
-    counter_total,
+    counter_series,
     engine_count,
     gauge,
+    histogram_sizes,
     not_exported,
 )
 from keda_gpu_scaler.exposition import Sample
@@ -33,14 +34,17 @@ ENGINE_LABELS: tuple[str, ...] = ()
 # (validation, overloaded, dropped by the client, incomplete, ...). tgi_request_count counts arrivals at
 # the HTTP layer and is not read: finished + the change in running and waiting is the rule for every
 # engine. The Rust exporter prints a counter only once it moved, so a failure counter may be absent.
-# Tokens: the sums of the per-request histograms of prompt length and generated tokens.
+# Tokens: the per-request histograms of prompt length (observed at admission) and generated tokens (at
+# the end): their sums count tokens, and each one's sum over its count is a request's true size.
+INPUT_LENGTH = "tgi_request_input_length"
+GENERATED_TOKENS = "tgi_request_generated_tokens"
 FINISHED = CounterFamily(("tgi_request_success",), absent_hint="TGI prints it once a request has succeeded")
 FAILED = CounterFamily(("tgi_request_failure",), ("err",), optional=True)
-PROMPT_TOKENS = CounterFamily(("tgi_request_input_length_sum",))
-GENERATION_TOKENS = CounterFamily(("tgi_request_generated_tokens_sum",))
-COUNTER_NAMES = frozenset(
-    n for f in (FINISHED, FAILED, PROMPT_TOKENS, GENERATION_TOKENS) for n in f.spellings
-)
+PROMPT_TOKENS = CounterFamily((f"{INPUT_LENGTH}_sum",))
+GENERATION_TOKENS = CounterFamily((f"{GENERATED_TOKENS}_sum",))
+COUNTER_NAMES = frozenset(n for f in (FINISHED, FAILED) for n in f.spellings) | {
+    f"{name}_{part}" for name in (INPUT_LENGTH, GENERATED_TOKENS) for part in ("sum", "count")
+}
 
 
 def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
@@ -58,7 +62,8 @@ def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
 
 def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounters:
     return DemandCounters(
-        finished=counter_total(samples, (FINISHED, FAILED), model=model),
-        prompt_tokens=counter_total(samples, (PROMPT_TOKENS,), model=model),
-        generation_tokens=counter_total(samples, (GENERATION_TOKENS,), model=model),
+        finished=counter_series(samples, (FINISHED, FAILED), model=model),
+        prompt_tokens=counter_series(samples, (PROMPT_TOKENS,), model=model),
+        generation_tokens=counter_series(samples, (GENERATION_TOKENS,), model=model),
+        sizes=histogram_sizes(samples, INPUT_LENGTH, GENERATED_TOKENS, ENGINE_LABELS, model),
     )

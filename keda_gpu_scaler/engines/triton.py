@@ -10,7 +10,7 @@ from keda_gpu_scaler.engines._common import (
     Engine,
     InferenceMetric,
     InferenceReading,
-    counter_total,
+    counter_series,
     engine_count,
     gauge,
     models_on,
@@ -57,7 +57,7 @@ def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
 
 def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounters:
     return DemandCounters(
-        finished=counter_total(samples, (FINISHED, FAILED), model=model),
+        finished=counter_series(samples, (FINISHED, FAILED), model=model),
         prompt_tokens=not_exported(ENGINE, "token counters"),
         generation_tokens=not_exported(ENGINE, "token counters"),
     )

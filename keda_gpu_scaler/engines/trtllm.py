@@ -14,7 +14,7 @@ from keda_gpu_scaler.engines._common import (
     Missing,
     MissingKind,
     Value,
-    counter_total,
+    counter_series,
     engine_count,
     fraction_percent,
     gauge,
@@ -98,7 +98,7 @@ def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounter
     backend_models = {model_of(s.labels) for s in samples if s.name == REQUESTS}
     own = [s for s in samples if s.name not in COUNTER_NAMES or model_of(s.labels) in backend_models]
     return DemandCounters(
-        finished=counter_total(own, (triton.FINISHED, triton.FAILED), model=model),
+        finished=counter_series(own, (triton.FINISHED, triton.FAILED), model=model),
         prompt_tokens=not_exported(ENGINE, "token counters (the Triton backend)"),
         generation_tokens=not_exported(ENGINE, "token counters (the Triton backend)"),
     )

@@ -12,10 +12,11 @@ from keda_gpu_scaler.engines._common import (
     InferenceReading,
     Missing,
     MissingKind,
-    counter_total,
+    counter_series,
     engine_count,
     fraction_percent,
     gauge,
+    histogram_sizes,
     models_on,
 )
 from keda_gpu_scaler.exposition import Sample
@@ -41,7 +42,16 @@ SAMPLE_NAMES = frozenset({RUNNING, WAITING, KV_CACHE, KV_CACHE_OLD})
 FINISHED = CounterFamily(("vllm:request_success_total",), ("engine", "finished_reason"))
 PROMPT_TOKENS = CounterFamily(("vllm:prompt_tokens_total",), ("engine",))
 GENERATION_TOKENS = CounterFamily(("vllm:generation_tokens_total",), ("engine",))
-COUNTER_NAMES = frozenset(n for f in (FINISHED, PROMPT_TOKENS, GENERATION_TOKENS) for n in f.spellings)
+# Per-request token histograms, observed as each request finishes (vllm/v1/metrics/loggers.py): their
+# sums over their counts are the true size of the requests that finished, where the token counters count
+# prompts at admission, before those requests finish.
+REQUEST_PROMPT_TOKENS = "vllm:request_prompt_tokens"
+REQUEST_GENERATION_TOKENS = "vllm:request_generation_tokens"
+COUNTER_NAMES = frozenset(n for f in (FINISHED, PROMPT_TOKENS, GENERATION_TOKENS) for n in f.spellings) | {
+    f"{name}_{part}"
+    for name in (REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS)
+    for part in ("sum", "count")
+}
 METRICS = frozenset(InferenceMetric)
 ENGINE_LABELS = ("engine",)
 
@@ -87,7 +97,10 @@ def _not_started() -> InferenceReading:
 
 def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounters:
     return DemandCounters(
-        finished=counter_total(samples, (FINISHED,), model=model),
-        prompt_tokens=counter_total(samples, (PROMPT_TOKENS,), model=model),
-        generation_tokens=counter_total(samples, (GENERATION_TOKENS,), model=model),
+        finished=counter_series(samples, (FINISHED,), model=model),
+        prompt_tokens=counter_series(samples, (PROMPT_TOKENS,), model=model),
+        generation_tokens=counter_series(samples, (GENERATION_TOKENS,), model=model),
+        sizes=histogram_sizes(
+            samples, REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS, ENGINE_LABELS, model
+        ),
     )

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from pathlib import Path
 from typing import Any
 
+import grpc
+from conftest import FAST
 from fake_kube import DEPLOYMENT, POD, SCALED_OBJECT, FakeKube, deployment, pod, scaled_object
-from support import eventually
+from support import ExporterServer, eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_gpu_scaler.app import App
 
 NS = "llm"
 DEMAND = {"metric": "demand", "threshold": "4", "scalerAddress": "keda-gpu-scaler.keda:6000"}
@@ -61,4 +67,68 @@ async def test_an_idle_fleet_with_a_starting_pod_holds_its_size(
         )
         assert active.result is False
     finally:
+        await kube.stop()
+
+
+async def test_two_pages_of_one_pod_each_give_their_own_trigger_its_own_rate(tmp_path: Path) -> None:
+    """One pod, two servers (one per container, each its metricsPort): each trigger reads its own page,
+    and each page has its own history (SPEC §6: a history belongs to one page)."""
+    kube = FakeKube()
+    await kube.start()
+    servers = [ExporterServer(page=page(0)), ExporterServer(page=page(0))]
+    for server in servers:
+        await server.start()
+    triggers = [
+        {**DEMAND, "metricsPort": str(server.port), "metricName": f"demand-{index}"}
+        for index, server in enumerate(servers)
+    ]
+    now = [1000.0]
+    settings = dataclasses.replace(
+        FAST,
+        kubernetes="on",
+        kubeconfig=str(kube.kubeconfig(tmp_path)),
+        discovery_interval=0.2,
+        max_staleness=100.0,  # the test's clock moves in jumps
+    )
+    app = App(settings, clock=lambda: now[0])
+    channel = grpc.aio.insecure_channel("127.0.0.1:1")
+    try:
+        kube.put(DEPLOYMENT, deployment("chat", NS, {"app": "chat"}, replicas=1))
+        specs: list[dict[str, Any]] = [{"type": "external", "metadata": t} for t in triggers]
+        kube.put(SCALED_OBJECT, scaled_object("chat", NS, {"name": "chat"}, specs))
+        ports = [("http", servers[0].port), ("admin", servers[1].port)]
+        kube.put(POD, pod("chat-0", NS, {"app": "chat"}, "node-a", ports=ports))
+        await app.start()
+        channel = grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}")
+        stub = pb_grpc.ExternalScalerStub(channel)
+
+        async def value(metadata: dict[str, str]) -> float:
+            ref = pb.ScaledObjectRef(name="chat", namespace=NS, scalerMetadata=metadata)
+            request = pb.GetMetricsRequest(scaledObjectRef=ref, metricName=metadata["metricName"])
+            response = await stub.GetMetrics(request)
+            return response.metricValues[0].metricValueFloat
+
+        async def shown(at: float, finished: tuple[float, float]) -> None:
+            now[0] = at
+            for server, count in zip(servers, finished, strict=True):
+                server.page = page(count)
+            seen = [server.requests for server in servers]
+
+            async def read_twice() -> None:
+                for metadata in triggers:  # a trigger asking keeps its pages wanted
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        await value(metadata)
+                assert all(s.requests >= before + 2 for s, before in zip(servers, seen, strict=True))
+
+            await eventually(read_twice)
+
+        await shown(1000, (0, 0))
+        await shown(1030, (300, 60))
+        # 300 finished over 30 s on the first page, 60 on the second: 10/s and 2/s, each its own.
+        assert [await value(metadata) for metadata in triggers] == [10, 2]
+    finally:
+        await channel.close()
+        await app.stop()
+        for server in servers:
+            await server.stop()
         await kube.stop()

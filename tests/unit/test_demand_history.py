@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import pytest
+
 from keda_gpu_scaler.collect import demand_history
-from keda_gpu_scaler.collect.demand_history import DemandHistory
+from keda_gpu_scaler.collect.demand_history import DemandHistory, Track
 from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
 from keda_gpu_scaler.collect.store import Page, SourceKind, Store
+from keda_gpu_scaler.demand import DemandUnit, pod_demand
 from keda_gpu_scaler.engines import MissingKind, PodSamples
 from keda_gpu_scaler.exposition import parse_exposition
 
-KEY = ("auto", None)
 URL = "http://10.0.0.1:8000/metrics"
 
 
@@ -19,7 +21,7 @@ def vllm(finished: float | str, running: float = 0) -> PodSamples:
         'vllm:num_requests_waiting{engine="0"} 0\n'
         f'vllm:request_success_total{{engine="0",finished_reason="stop"}} {finished}\n'
     )
-    return PodSamples("llm", "chat-0", tuple(parse_exposition(text, POD_PAGE_NAMES)))
+    return PodSamples("llm", "chat-0", tuple(parse_exposition(text, POD_PAGE_NAMES)), URL)
 
 
 def page(at: float, samples: PodSamples, source: str = URL) -> Page:
@@ -35,72 +37,109 @@ def store_with_history(forget_after: float = 600) -> tuple[Store, DemandHistory]
     return store, history
 
 
-def test_only_pods_a_trigger_asks_about_keep_points() -> None:
+def read(history: DemandHistory, at: float, window: float = 60, model: str | None = None) -> Track:
+    return history.read(vllm(0), "auto", model, window, at)
+
+
+def test_only_pages_a_trigger_asks_about_keep_points() -> None:
     store, history = store_with_history()
     for at in range(0, 100, 5):
         store.record_page(page(at, vllm(at)))
     assert len(history) == 0
     # Asked about: it starts with the newest page the store recorded, then gains every new one.
-    track = history.points("llm", "chat-0", KEY, 60, 100)
-    assert [p.at for p in track.points] == [95]
+    track = read(history, 100)
+    assert (track.used, [p.at for p in track.points], track.engine) == (1, [95], "vllm")
     store.record_page(page(100, vllm(100)))
     store.record_page(page(100, vllm(100)))  # the same instant again: one point
-    assert [p.at for p in track.points] == [95, 100]
-    assert track.engine == "vllm"
+    track = read(history, 100)
+    assert (track.used, [p.at for p in track.points]) == (2, [95, 100])
+    assert [p.finished for p in track.points] == [0, 5]
 
 
 def test_points_older_than_the_window_go() -> None:
     store, history = store_with_history()
-    track = history.points("llm", "chat-0", KEY, 20, 0)
-    for at in range(0, 200, 5):
+    store.record_page(page(0, vllm(0)))
+    read(history, 0, window=20)
+    for at in range(5, 200, 5):
         store.record_page(page(at, vllm(at)))
-    assert [p.at for p in track.points] == [175, 180, 185, 190, 195]
+    assert [p.at for p in read(history, 195, window=20).points] == [175, 195]
+    assert read(history, 195, window=20).used == 5
 
 
 def test_points_are_capped_whatever_the_window() -> None:
     store, history = store_with_history()
-    track = history.points("llm", "chat-0", KEY, 600, 0)
-    for at in range(3 * demand_history.MAX_POINTS):
+    store.record_page(page(0, vllm(0)))
+    read(history, 0, window=600)
+    for at in range(1, 3 * demand_history.MAX_POINTS):
         store.record_page(page(at * 0.1, vllm(at)))
-    assert len(track.points) <= demand_history.MAX_POINTS
+    assert read(history, 300, window=600).used <= demand_history.MAX_POINTS
 
 
-def test_a_removed_page_source_takes_its_pod_s_points() -> None:
+def test_a_removed_page_source_takes_its_points() -> None:
     store, history = store_with_history()
     store.record_page(page(0, vllm(0)))
-    history.points("llm", "chat-0", KEY, 60, 0)
+    read(history, 0)
     assert len(history) == 1
     store.remove_source(URL)
     assert len(history) == 0
     # Asked about again, it starts from nothing: its old page is gone too.
-    assert history.points("llm", "chat-0", KEY, 60, 1).points == []
+    assert read(history, 1).points == []
 
 
-def test_tracks_no_trigger_asks_for_are_forgotten() -> None:
+def test_histories_no_trigger_asks_for_are_forgotten() -> None:
     store, history = store_with_history(forget_after=100)
-    history.points("llm", "chat-0", KEY, 60, 0)
-    history.points("llm", "chat-0", ("vllm", "llama"), 60, 0)
-    for at in range(0, 100, 10):
-        store.record_page(page(at, vllm(at)))
-    history.points("llm", "chat-0", KEY, 60, 90)  # still asked about
-    for at in range(100, 180, 10):
+    store.record_page(page(0, vllm(0)))
+    read(history, 0)
+    for at in range(10, 100, 10):
         store.record_page(page(at, vllm(at)))
     assert len(history) == 1
+    for at in range(100, 180, 10):
+        store.record_page(page(at, vllm(at)))
+    assert len(history) == 0
 
 
 def test_an_unusable_page_is_a_problem_until_a_usable_one_comes() -> None:
     store, history = store_with_history()
-    track = history.points("llm", "chat-0", KEY, 60, 0)
     store.record_page(page(0, vllm(10)))
+    read(history, 0)
     store.record_page(page(5, vllm("NaN")))
+    track = read(history, 5)
     assert track.problem is not None and track.problem.kind is MissingKind.NO_VALUE
-    assert [p.at for p in track.points] == [0]
     store.record_page(page(10, vllm(20)))
+    track = read(history, 10)
     assert track.problem is None
-    assert [p.at for p in track.points] == [0, 10]
+    assert [(p.at, p.finished) for p in track.points] == [(0, 0), (10, 10)]
 
 
 def test_pages_of_other_kinds_are_not_read() -> None:
     history = DemandHistory(forget_after=600)
     history.on_page(SourceKind.SCRAPE, page(0, vllm(0)))
-    assert history.points("llm", "chat-0", KEY, 60, 0).points == []
+    assert read(history, 0).points == []
+
+
+def vllm_tokens(flight: float, finished: float, prompt: float, generated: float) -> PodSamples:
+    """A vLLM page whose per-request token histograms observe `finished` requests of 1,000 prompt and 200
+    generated tokens each, while the token counters count `prompt` and `generated` so far."""
+    text = (
+        f'vllm:num_requests_running{{engine="0"}} {flight}\nvllm:num_requests_waiting{{engine="0"}} 0\n'
+        f'vllm:request_success_total{{engine="0",finished_reason="stop"}} {finished}\n'
+        f'vllm:prompt_tokens_total{{engine="0"}} {prompt}\nvllm:generation_tokens_total{{engine="0"}} {generated}\n'
+        f'vllm:request_prompt_tokens_sum{{engine="0"}} {1000 * finished}\n'
+        f'vllm:request_prompt_tokens_count{{engine="0"}} {finished}\n'
+        f'vllm:request_generation_tokens_sum{{engine="0"}} {200 * finished}\n'
+        f'vllm:request_generation_tokens_count{{engine="0"}} {finished}\n'
+    )
+    return PodSamples("llm", "chat-0", tuple(parse_exposition(text, POD_PAGE_NAMES)), URL)
+
+
+def test_a_request_s_size_comes_from_the_per_request_histograms_while_finishes_lag() -> None:
+    # A step to 10 req/s at 0 s, each request 1,000 prompt + 200 generated tokens over 20 s. At 30 s:
+    # 300 arrived, 100 finished, 200 in flight; the counters hold every admitted prompt (300,000) and
+    # 40,000 generated tokens, so counters over finishes read 3,400 tokens a request (2.8x); the
+    # histograms, observed as each request finishes, read the true 1,200.
+    store, history = store_with_history()
+    store.record_page(page(0, vllm_tokens(0, 0, 0, 0)))
+    read(history, 0)
+    store.record_page(page(30, vllm_tokens(200, 100, 300_000, 40_000)))
+    points = read(history, 30, window=30).points
+    assert pod_demand(points, DemandUnit.TOKENS, 1.0) == pytest.approx(10 * 1200)

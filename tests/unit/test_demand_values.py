@@ -30,11 +30,10 @@ def pod(name: str, finished: float | str, flight: float = 0) -> PodSamples:
 
 def history_of(pages: dict[float, list[PodSamples]]) -> DemandHistory:
     history = DemandHistory(forget_after=600)
-    for name in {p.pod for ps in pages.values() for p in ps}:
-        history.points("llm", name, ("auto", None), 60, 0)
     for at, ps in sorted(pages.items()):
         for p in ps:
             history.on_page(SourceKind.INFERENCE, Page.from_readings(f"url-{p.pod}", at, [p]))
+            history.read(p, "auto", None, 60, at)  # asked about from its first page on
     return history
 
 
@@ -46,7 +45,7 @@ def test_rates_and_the_mean_for_a_pod_without_one() -> None:
         }
     )
     pages = [pod("chat-0", 600), pod("chat-1", 300), pod("chat-2", 5)]
-    rows, problems, notes = demand_pod_values(history, "llm", pages, SPEC, 60)
+    rows, problems, notes = demand_pod_values(history, pages, SPEC, 60)
     assert {name: row[2] for name, row in rows.items()} == {"chat-0": 10, "chat-1": 5, "chat-2": 7.5}
     assert problems == {} and "mean of the others" in notes[0]
 
@@ -54,16 +53,14 @@ def test_rates_and_the_mean_for_a_pod_without_one() -> None:
 def test_no_pod_with_a_rate_is_no_data() -> None:
     history = history_of({0: [pod("chat-0", 0)]})
     with pytest.raises(NoData, match="no target pod has a rate yet"):
-        demand_pod_values(history, "llm", [pod("chat-0", 0)], SPEC, 0)
+        demand_pod_values(history, [pod("chat-0", 0)], SPEC, 0)
 
 
 def test_an_unusable_newest_page_is_a_missing_pod() -> None:
     history = history_of(
         {0: [pod("chat-0", 0), pod("chat-1", 0)], 60: [pod("chat-0", 600), pod("chat-1", "NaN")]}
     )
-    rows, problems, _ = demand_pod_values(
-        history, "llm", [pod("chat-0", 600), pod("chat-1", "NaN")], SPEC, 60
-    )
+    rows, problems, _ = demand_pod_values(history, [pod("chat-0", 600), pod("chat-1", "NaN")], SPEC, 60)
     assert set(rows) == {"chat-0"} and "chat-1" in problems
 
 
@@ -75,7 +72,7 @@ def test_an_engine_without_a_finished_counter_is_no_data_naming_it() -> None:
     )
     history = history_of({0: [llamacpp]})
     with pytest.raises(NoData, match="llamacpp exports no counter of finished requests"):
-        demand_pod_values(history, "llm", [llamacpp], SPEC, 0)
+        demand_pod_values(history, [llamacpp], SPEC, 0)
 
 
 def test_pending_adds_to_a_total_and_its_share_to_a_mean() -> None:
