@@ -69,10 +69,10 @@ class ProductTrigger(Trigger):
         self.metadata = {"threshold": f"{threshold!r}", "podNamePrefix": "vllm-", **metadata}
 
     def value(self, signals: Signals) -> float | None:
-        return signals.scaler.metric(signals, self.metadata)
+        return signals.cluster.metric(signals, self.metadata)
 
     def active(self, signals: Signals) -> bool | None:
-        return signals.scaler.active(signals, self.metadata)
+        return signals.cluster.active(signals, self.metadata)
 
 
 class ScalerTrigger(ProductTrigger):

@@ -4,16 +4,16 @@ collection time), the simulator answers as Kubernetes through the TargetResolver
 is asked through the servicer's GetMetrics and IsActive, as KEDA asks it. Nothing of the decision is
 rebuilt here.
 
-Pages are handed over when a value is asked, oldest first, each at the time it was collected: what the
-store and its page listeners keep depends only on the pages and their times, so this is the state a
-scaler that read each page as it came would hold then (and the simulator renders only pages that are
-read).
+The LLM simulator hands its pages over when a value is asked, oldest first, each at the time it was
+collected (LlmCluster): what the store and its page listeners keep depends only on the pages and their
+times, so this is the state a scaler that read each page as it came would hold then, and only pages that
+are read are rendered.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Coroutine, Hashable
+from collections.abc import Coroutine, Hashable, Iterable
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 import grpc
@@ -87,12 +87,14 @@ def vllm_text(page: Page) -> bytes:
     return (gauges_and_counters + "".join(histograms)).encode()
 
 
-def dcgm_text(pod: str, utilization: float) -> bytes:
-    """dcgm-exporter's GPU_UTIL line for the pod's one GPU (an integer percentage, as it prints it)."""
-    gpu = [("gpu", "0"), ("UUID", f"GPU-{pod}"), ("device", "nvidia0"), ("Hostname", f"node-{pod}")]
-    labels = pagetext.label_text([*gpu, ("container", "vllm"), ("namespace", NAMESPACE), ("pod", pod)])
-    family = ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", [(labels, str(round(utilization)))])
-    return pagetext.render([family]).encode()
+def dcgm_text(pod: str, utilization: float, gpus: int = 1) -> bytes:
+    """dcgm-exporter's GPU_UTIL lines for the pod's GPUs on its node (integer percentages, as it prints)."""
+    series = []
+    for index in range(gpus):
+        gpu = [("gpu", f"{index}"), ("UUID", f"GPU-{pod}-{index}"), ("Hostname", f"node-{pod}")]
+        labels = [*gpu, ("container", "main"), ("namespace", NAMESPACE), ("pod", pod)]
+        series.append((pagetext.label_text(labels), str(round(utilization))))
+    return pagetext.render([("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", series)]).encode()
 
 
 def epp_text(pending: int, ready: int) -> bytes:
@@ -177,7 +179,10 @@ def ref_key(ref: pb.ScaledObjectRef) -> tuple[tuple[str, str], ...]:
 
 
 class SimulatedScaler:
-    """The product's App on the simulation's clock, fed what a cluster would show it (module docstring)."""
+    """The product's App on the simulation's clock, fed what a cluster would show it (module docstring).
+
+    Per call: follow(metadata) as KEDA's reconcile does, the pages collected since (scrape_pods,
+    scrape_exporters, read_gateway), cluster(now, ready, starting), then metric() or active()."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -187,37 +192,10 @@ class SimulatedScaler:
         self.collector = SimulatedCollector(self.app.store)
         self.pod_pages = InferencePages(cast(Any, self.collector))
         self.app.gateway_pages.start(GatewayCollectorSink(cast(Any, self.collector)))
-        self.read_utilization = False  # a GPU-utilisation trigger is followed: exporters are scraped
-        self._fed = -math.inf
-        self._fed_gateway = -math.inf
         self._pods: set[str] = set()  # pods whose page sources exist
         self._metric_names: dict[tuple[tuple[str, str], ...], str] = {}
 
-    def metric(self, signals: Signals, metadata: dict[str, str]) -> float | None:
-        """GetMetrics's value now; None: UNAVAILABLE (KEDA's error: the HPA keeps the replica count)."""
-        ref = self._follow(metadata)
-        request = pb.GetMetricsRequest(scaledObjectRef=ref, metricName=self._metric_names[ref_key(ref)])
-        self._catch_up(signals, metadata)
-        try:
-            answer = _answer(self.app.service.GetMetrics(request, cast(Any, _Context())))
-        except Refused as refused:
-            if refused.code is grpc.StatusCode.UNAVAILABLE:
-                return None
-            raise
-        return float(answer.metricValues[0].metricValueFloat)
-
-    def active(self, signals: Signals, metadata: dict[str, str]) -> bool | None:
-        """IsActive now; None: UNAVAILABLE."""
-        ref = self._follow(metadata)
-        self._catch_up(signals, metadata)
-        try:
-            return bool(_answer(self.app.service.IsActive(ref, cast(Any, _Context()))).result)
-        except Refused as refused:
-            if refused.code is grpc.StatusCode.UNAVAILABLE:
-                return None
-            raise
-
-    def _follow(self, metadata: dict[str, str]) -> pb.ScaledObjectRef:
+    def follow(self, metadata: dict[str, str]) -> pb.ScaledObjectRef:
         """The trigger's reference; the first time, GetMetricSpec as KEDA calls it when it reconciles,
         which makes the scaler follow the trigger (and want its pages) before any page is handed over."""
         ref = pb.ScaledObjectRef(name=SCALED_OBJECT, namespace=NAMESPACE, scalerMetadata=metadata)
@@ -227,34 +205,90 @@ class SimulatedScaler:
             self._metric_names[key] = spec.metricSpecs[0].metricName
         return ref
 
-    def _catch_up(self, signals: Signals, metadata: dict[str, str]) -> None:
-        """Hand over the pages collected since the last call, then set the clock and the cluster to now."""
+    def scrape_pods(self, at: float, pages: dict[str, Page]) -> None:
+        """Each Ready pod's vLLM page, collected at `at`."""
+        self.now = at
+        for pod, page in pages.items():
+            self._add_sources(pod)
+            self.collector.deliver(pod_url(pod), vllm_text(page), at)
+
+    def scrape_exporters(self, at: float, utilization: dict[str, float], gpus: int = 1) -> None:
+        """The GPU exporter page of each pod's node, collected at `at`."""
+        self.now = at
+        for pod, value in utilization.items():
+            self._add_sources(pod)
+            self.collector.deliver(exporter_url(pod), dcgm_text(pod, value, gpus), at)
+
+    def read_gateway(self, at: float, pending: int, ready: int) -> None:
+        self.now = at
+        self.collector.deliver(EPP_URL, epp_text(pending, ready), at)
+
+    def cluster(self, now: float, ready: Iterable[str], starting: Iterable[str] = ()) -> None:
+        """The clock and what the API server says now: pods gone lose their page sources at once."""
+        self.now = now
+        targets = Targets(frozenset(ready), "AverageValue", frozenset(starting))
+        for gone in self._pods - targets.pods - targets.starting:
+            self._pods.discard(gone)
+            self.collector.remove(pod_url(gone))
+            self.collector.remove(exporter_url(gone))
+        self.kubernetes.targets = targets
+
+    def metric(self, ref: pb.ScaledObjectRef) -> float | None:
+        """GetMetrics's value now; None: UNAVAILABLE (KEDA's error: the HPA keeps the replica count)."""
+        request = pb.GetMetricsRequest(scaledObjectRef=ref, metricName=self._metric_names[ref_key(ref)])
+        try:
+            answer = _answer(self.app.service.GetMetrics(request, cast(Any, _Context())))
+        except Refused as refused:
+            if refused.code is grpc.StatusCode.UNAVAILABLE:
+                return None
+            raise
+        return float(answer.metricValues[0].metricValueFloat)
+
+    def active(self, ref: pb.ScaledObjectRef) -> bool | None:
+        """IsActive now; None: UNAVAILABLE."""
+        try:
+            return bool(_answer(self.app.service.IsActive(ref, cast(Any, _Context()))).result)
+        except Refused as refused:
+            if refused.code is grpc.StatusCode.UNAVAILABLE:
+                return None
+            raise
+
+    def _add_sources(self, pod: str) -> None:
+        if pod not in self._pods:
+            self._pods.add(pod)
+            self.pod_pages.add_page(PodPage(pod_url(pod), NAMESPACE, pod))
+            self.collector.add(exporter_url(pod))
+
+
+class LlmCluster:
+    """The LLM simulator's collectors' views handed to the product, oldest first, when a value is asked."""
+
+    def __init__(self) -> None:
+        self.scaler = SimulatedScaler()
+        self.read_utilization = False  # a GPU-utilisation trigger is followed: exporters are scraped
+        self._fed = -math.inf
+        self._fed_gateway = -math.inf
+
+    def ask(self, signals: Signals, metadata: dict[str, str]) -> pb.ScaledObjectRef:
+        """Follow the trigger, hand over what was collected since the last call, set the cluster to now."""
+        scaler = self.scaler
+        ref = scaler.follow(metadata)
         self.read_utilization |= metadata.get("metric") == "utilization"
         for view in signals.scrapes:
             if view.at > self._fed:
-                self._scrape(view.at, view.pages, view.utilization)
+                scaler.scrape_pods(view.at, view.pages)
+                if self.read_utilization:
+                    scaler.scrape_exporters(view.at, {p: view.utilization.get(p, 0.0) for p in view.pages})
                 self._fed = view.at
         for at, pending in signals.pending_history:
             if at > self._fed_gateway:
-                self.now = at
-                self.collector.deliver(EPP_URL, epp_text(pending, len(signals.ready)), at)
+                scaler.read_gateway(at, pending, len(signals.ready))
                 self._fed_gateway = at
-        self.now = signals.now
-        for gone in self._pods - {*signals.ready, *signals.starting}:
-            self._pods.discard(gone)  # deleted: discovery drops its page sources at once
-            self.collector.remove(pod_url(gone))
-            self.collector.remove(exporter_url(gone))
-        self.kubernetes.targets = Targets(
-            frozenset(signals.ready), "AverageValue", frozenset(signals.starting)
-        )
+        scaler.cluster(signals.now, signals.ready, signals.starting)
+        return ref
 
-    def _scrape(self, at: float, pages: dict[str, Page], utilization: dict[str, float]) -> None:
-        self.now = at
-        for pod, page in pages.items():
-            if pod not in self._pods:
-                self._pods.add(pod)
-                self.pod_pages.add_page(PodPage(pod_url(pod), NAMESPACE, pod))
-                self.collector.add(exporter_url(pod))
-            self.collector.deliver(pod_url(pod), vllm_text(page), at)
-            if self.read_utilization:
-                self.collector.deliver(exporter_url(pod), dcgm_text(pod, utilization.get(pod, 0.0)), at)
+    def metric(self, signals: Signals, metadata: dict[str, str]) -> float | None:
+        return self.scaler.metric(self.ask(signals, metadata))
+
+    def active(self, signals: Signals, metadata: dict[str, str]) -> bool | None:
+        return self.scaler.active(self.ask(signals, metadata))

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from bench.simulator.autoscaling import due
 from bench.simulator.llm_fleet import Fleet
-from bench.simulator.llm_product import SimulatedScaler
+from bench.simulator.llm_product import LlmCluster
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +70,7 @@ class Signals:
         # What the API server says now (discovery's watch follows each change within moments).
         self.ready: tuple[str, ...] = ()
         self.starting: tuple[str, ...] = ()
-        self._scaler: SimulatedScaler | None = None
+        self._cluster: LlmCluster | None = None
         self._utilization: dict[str, float] = {}
         self._busy: dict[str, tuple[float, float]] = {}  # pod → (busy seconds, time) at the last refresh
 
@@ -102,11 +102,11 @@ class Signals:
         return gateway, scraped
 
     @property
-    def scaler(self) -> SimulatedScaler:
+    def cluster(self) -> LlmCluster:
         """This product, fed the pages collected so far, made when a policy first asks it."""
-        if self._scaler is None:
-            self._scaler = SimulatedScaler()
-        return self._scaler
+        if self._cluster is None:
+            self._cluster = LlmCluster()
+        return self._cluster
 
     def _view(self, now: float, fleet: Fleet) -> View:
         pages = {
