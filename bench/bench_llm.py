@@ -452,7 +452,7 @@ def run(quick: bool = False) -> Section:
     return Section(
         f"""## LLM serving (simulator)
 
-`bench/simulator/` (`llm_fleet`, `llm_signals`, `llm_demand`, `llm_policies`, `llm_traces`, `llm_calibrate`,
+`bench/simulator/` (`llm_fleet`, `llm_signals`, `llm_product`, `llm_policies`, `llm_traces`, `llm_calibrate`,
 `llm_run`, `llm_study`) runs a fleet of vLLM-like pods behind the inference gateway's endpoint picker on a
 {STEP:g} s step, under KEDA and the HPA (`bench/simulator/autoscaling.py`), with the product's HPA formula.
 A request waits from arrival until it gets a batch slot (held at the gateway or queued on a pod):

@@ -29,7 +29,7 @@ from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.discovery.api import ConnectError, KubeApi, connect
 from keda_gpu_scaler.discovery.resolver import DiscoveryConfig, KubeDiscovery
-from keda_gpu_scaler.evaluator import Evaluator
+from keda_gpu_scaler.evaluator import Evaluator, TargetResolver
 from keda_gpu_scaler.http_endpoints import http_app
 from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.registry import Explanation, Followed, Registry, Subscription
@@ -78,7 +78,14 @@ def gateway_max_staleness(settings: Settings) -> float:
 class App:
     """The running scaler. start() binds the ports (port 0 picks a free one), stop() shuts down in order."""
 
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Callable[[], float] = time.monotonic,
+        targets: TargetResolver | None = None,
+    ) -> None:
+        """`targets`: which pods a ScaledObject has, in place of Kubernetes discovery (the benchmark
+        simulator's cluster); None: discovery, when --kubernetes is on."""
         if settings.kubernetes == "auto":
             settings = resolve_kubernetes(settings, os.environ)
         self.settings = settings
@@ -112,7 +119,7 @@ class App:
             max_staleness=settings.max_staleness,
             prometheus_max_staleness=settings.prometheus_max_staleness,
             clock=clock,
-            targets=self.discovery,
+            targets=targets or self.discovery,
             default_source=Source(settings.default_source),
             prometheus_enabled=settings.prometheus_url is not None,
             gateway_pages=self.gateway_pages,

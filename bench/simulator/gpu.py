@@ -7,15 +7,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from bench.simulator.autoscaling import Behavior, Hpa, Keda, due
-from keda_gpu_scaler.errors import NoData
-from keda_gpu_scaler.scaling import (
-    aggregate,
-    desired_replicas_average_value,
-    evaluate,
-    pod_values,
-)
-from keda_gpu_scaler.trigger import Aggregation, TriggerSpec, parse_trigger
-from keda_gpu_scaler.vendors import Family, GpuReading
+from bench.simulator.llm_product import SimulatedScaler
+from keda_gpu_scaler.scaling import aggregate, desired_replicas_average_value
+from keda_gpu_scaler.trigger import Aggregation
 
 # ---------------------------------------------------------------------------------------------------------
 # The workload and the pipelines that turn its GPUs into a metric.
@@ -88,23 +82,19 @@ class ScalerPolicy(Policy):
 
     def __init__(self, gpus: int) -> None:
         super().__init__(gpus)
-        self.spec: TriggerSpec = parse_trigger(
-            {"podNamePrefix": "w-", "threshold": f"{self.target:g}", "activationThreshold": "5"}
-        )
+        self.scaler = SimulatedScaler()
+        self.metadata = {"podNamePrefix": "w-", "threshold": f"{self.target:g}", "activationThreshold": "5"}
+        self.ref = self.scaler.follow(self.metadata)
+        self._fed = -math.inf
 
     def value(self, world: World) -> float | None:
-        readings = [
-            GpuReading(Family.NVIDIA, "sim", pod, f"{pod}-gpu{g}", "node", util, None, False, None)
-            for pod, util in self.seen.pods.items()
-            for g in range(self.gpus)
-        ]
+        """The product's GetMetrics on the exporter pages collected so far."""
+        if self.seen.at > self._fed:
+            self.scaler.scrape_exporters(self.seen.at, self.seen.pods, self.gpus)
+            self._fed = self.seen.at
         # With Kubernetes discovery the targets are the pods that exist now, whether the page has them yet.
-        targets = {p.name for p in world.pods}
-        reporting = {k: v for k, v in pod_values(readings, self.spec).items() if k in targets}
-        try:
-            return evaluate(reporting, targets - reporting.keys(), self.spec, Aggregation.SUM).value
-        except NoData:
-            return None
+        self.scaler.cluster(world.now, (p.name for p in world.pods))
+        return self.scaler.metric(self.ref)
 
 
 class AksPolicy(Policy):

@@ -110,7 +110,12 @@ class Pod:
         "prompt_tokens",
         "queue",
         "ready_at",
+        "request_output_sum",
+        "request_prompt_sum",
         "running",
+        "tpot_sum",
+        "ttft_count",
+        "ttft_sum",
     )
 
     def __init__(self, name: str, created: float, ready_at: float, model: ServerModel) -> None:
@@ -130,6 +135,12 @@ class Pod:
         self.finished = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0.0
+        # The per-request histograms' sums (their counts: `finished`, and `ttft_count` for the first token).
+        self.request_prompt_sum = 0
+        self.request_output_sum = 0
+        self.tpot_sum = 0.0  # seconds per output token after the first, per finished request
+        self.ttft_sum = 0.0
+        self.ttft_count = 0
         self._serial = 0
 
     def ready(self, now: float) -> bool:
@@ -179,6 +190,8 @@ class Pod:
                 tally.waits.append(now - request.arrived)
                 request.first_token = now + self.prefill_owed + model.itl(len(self.active) + 1)
                 tally.ttfts.append(request.first_token - request.arrived)
+                self.ttft_sum += request.first_token - request.arrived
+                self.ttft_count += 1
                 self.prompt_tokens += request.prompt
             request.start_clock = self.clock
             request.finish_clock = self.clock + request.output - request.generated
@@ -212,8 +225,12 @@ class Pod:
                 self.finished += 1
                 tally.completed += 1
                 done = start + budget * (finish - before) / steps  # when its last token came, within dt
-                tally.decode_seconds += max(0.0, done - request.first_token)
+                decode = max(0.0, done - request.first_token)
+                tally.decode_seconds += decode
                 tally.decode_tokens += request.output - 1
+                self.request_prompt_sum += request.prompt
+                self.request_output_sum += request.output
+                self.tpot_sum += decode / max(1, request.output - 1)
             if not self.active:
                 self.kv_base = 0.0  # no drift from float sums once the pod is empty
             else:

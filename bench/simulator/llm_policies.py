@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 
 from bench.simulator.autoscaling import Behavior
 from bench.simulator.llm_calibrate import capacity
-from bench.simulator.llm_demand import demand_value, evaluate_pods
 from bench.simulator.llm_fleet import Fleet, ServerModel
-from bench.simulator.llm_signals import Page, Signals, View
+from bench.simulator.llm_product import POOL
+from bench.simulator.llm_signals import Signals, View
 from bench.simulator.llm_traces import OUTPUT_MEAN, PROMPT_MEAN, LlmTrace
 from keda_gpu_scaler.scaling import hpa_desired_replicas
-from keda_gpu_scaler.trigger import parse_trigger
 
 # Target requests in flight per pod, chosen as a user would from a concurrency sweep of one pod: in this
 # model a pod peaks at 16.1 req/s (prefill-bound) and holds 50 requests in flight at 70 % of that
@@ -55,61 +54,50 @@ class Trigger:
         """The metric KEDA hands the HPA now; None: an error (the HPA keeps the replica count)."""
         raise NotImplementedError
 
+    def active(self, signals: Signals) -> bool | None:
+        """KEDA's IsActive (activation threshold 0); None: an error."""
+        value = self.value(signals)
+        return None if value is None else value > 0
 
-class ScalerTrigger(Trigger):
-    """A trigger of this scaler on the pods' pages: the product's evaluation (sum over the Ready target
-    pods, missing and starting pods counted as SPEC §4 says) on what its last scrape saw."""
 
-    def __init__(self, metric: str, threshold: float) -> None:
+class ProductTrigger(Trigger):
+    """A trigger of this scaler, as a ScaledObject writes it: its value and activity are what the
+    product's servicer answers (GetMetrics, IsActive) from the pages the simulated cluster showed it."""
+
+    def __init__(self, threshold: float, metadata: dict[str, str]) -> None:
         self.threshold = threshold
-        self.metric = metric
-        self.spec = parse_trigger({"metric": metric, "threshold": f"{threshold:g}", "podNamePrefix": "vllm-"})
-
-    def pod_value(self, page: Page, view: View, pod: str) -> float:
-        if self.metric == "requests":
-            return float(page.running + page.waiting)
-        if self.metric == "queue":
-            return float(page.waiting)
-        if self.metric == "kv_cache":
-            return 100.0 * page.kv
-        return view.utilization[pod]
+        self.metadata = {"threshold": f"{threshold!r}", "podNamePrefix": "vllm-", **metadata}
 
     def value(self, signals: Signals) -> float | None:
-        view = signals.direct
-        values = {pod: self.pod_value(page, view, pod) for pod, page in view.pages.items()}
-        missing = len(set(view.targets) - view.pages.keys())
-        evaluation = evaluate_pods(values, missing, len(view.starting), self.spec)
-        return None if evaluation is None else evaluation.value
+        return signals.cluster.metric(signals, self.metadata)
+
+    def active(self, signals: Signals) -> bool | None:
+        return signals.cluster.active(signals, self.metadata)
 
 
-class DemandTrigger(Trigger):
-    """`metric: demand` (SPEC §6) computed by the product's own functions from the scaler's scrapes: Σ λ
-    over the Ready pods, in requests or weighted tokens per second; with `inferencePool`, the gateway's
-    pending requests add their growth and what clears them within the window."""
+class ScalerTrigger(ProductTrigger):
+    """`metric: requests`, `queue`, `kv_cache` on the pods' pages or `utilization` on their GPU exporters."""
+
+    def __init__(self, metric: str, threshold: float) -> None:
+        super().__init__(threshold, {"metric": metric})
+        self.metric = metric
+
+
+class DemandTrigger(ProductTrigger):
+    """`metric: demand` (SPEC §6): Σ λ over the Ready pods, in requests or weighted tokens per second;
+    with `inferencePool`, the gateway's pending requests add their growth and what clears them within
+    the window."""
 
     def __init__(
         self, threshold: float, window: float, weight: float | None = None, pending: bool = False
     ) -> None:
-        self.threshold = threshold
-        self.pending = pending
-        metadata = {
-            "metric": "demand",
-            "threshold": repr(threshold),
-            "window": f"{window:g}",
-            "podNamePrefix": "vllm-",
-        }
+        metadata = {"metric": "demand", "window": f"{window:g}"}
         if weight is not None:
             metadata |= {"demandUnit": "tokens", "prefillWeight": f"{weight:g}"}
         if pending:
-            metadata["inferencePool"] = "pool"
-        self.spec = parse_trigger(metadata)
-
-    def value(self, signals: Signals) -> float | None:
-        pending = signals.pending_history if self.pending else None
-        size = (
-            self.spec.prefill_weight * PROMPT_MEAN + OUTPUT_MEAN
-        )  # the calibration mix's, before any finishes
-        return demand_value(signals.scrapes, pending, self.spec, size)
+            metadata["inferencePool"] = POOL
+        super().__init__(threshold, metadata)
+        self.pending = pending
 
 
 class OracleTrigger(Trigger):
@@ -268,9 +256,9 @@ class LlmPolicy:
 
     def active(self, signals: Signals) -> bool | None:
         """KEDA's IsActive over the triggers (activation threshold 0); None when every trigger failed."""
-        values = [t.value(signals) for t in self.triggers]
-        answered = [v for v in values if v is not None]
-        return any(v > 0 for v in answered) if answered else None
+        answers = [t.active(signals) for t in self.triggers]
+        answered = [a for a in answers if a is not None]
+        return any(answered) if answered else None
 
     def pushed(self, signals: Signals) -> bool:
         """StreamIsActive: true once on each inactive → active change of the pushing trigger."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import multiprocessing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -211,12 +212,23 @@ def run_matrix(
     requests_target: float | None = None,
     **options: Any,
 ) -> list[LlmRun]:
-    """Every policy through every trace; each trace's arrivals and cold starts are drawn once and replayed
-    for all. `options` go to make_policy (window, threshold, weight, behavior)."""
-    runs = []
+    """Every policy through every trace, two runs at a time (one per core); each trace's arrivals and cold
+    starts are drawn once and replayed for all. `options` go to make_policy (window, threshold, weight,
+    behavior)."""
+    jobs = []
     for trace in traces:
         arrivals = draw_arrivals(trace, seed)
-        for name in policies:
-            policy = make_policy(name, min_replicas, requests_target, trace=trace, model=model, **options)
-            runs.append(simulate_llm(trace, arrivals, policy, unit, model, seed=seed))
-    return runs
+        jobs += [
+            (trace, arrivals, name, seed, min_replicas, model, unit, requests_target, options)
+            for name in policies
+        ]
+    if len(jobs) == 1:
+        return [_run_job(jobs[0])]
+    with multiprocessing.Pool(min(2, len(jobs))) as pool:
+        return pool.map(_run_job, jobs, chunksize=1)
+
+
+def _run_job(job: tuple[Any, ...]) -> LlmRun:
+    trace, arrivals, name, seed, min_replicas, model, unit, requests_target, options = job
+    policy = make_policy(name, min_replicas, requests_target, trace=trace, model=model, **options)
+    return simulate_llm(trace, arrivals, policy, unit, model, seed=seed)

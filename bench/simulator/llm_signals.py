@@ -8,12 +8,14 @@ from dataclasses import dataclass, field
 
 from bench.simulator.autoscaling import due
 from bench.simulator.llm_fleet import Fleet
+from bench.simulator.llm_product import LlmCluster
 
 
 @dataclass(frozen=True, slots=True)
 class Page:
-    """One pod's inference page at one instant: vllm:num_requests_running/waiting, kv_cache_usage_perc, and
-    the counters request_success_total, prompt_tokens_total and generation_tokens_total."""
+    """One pod's inference page at one instant: vllm:num_requests_running/waiting, kv_cache_usage_perc,
+    the counters request_success_total, prompt_tokens_total and generation_tokens_total, and the sums of
+    the per-request histograms (prompt and generated tokens, time to first token, time per output token)."""
 
     running: int
     waiting: int
@@ -21,6 +23,11 @@ class Page:
     finished: int = 0
     prompt_tokens: int = 0
     generation_tokens: float = 0.0
+    prompt_sum: int = 0  # of finished requests
+    output_sum: int = 0
+    ttft_sum: float = 0.0
+    ttft_count: int = 0
+    tpot_sum: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,10 @@ class Signals:
         self.pending = 0  # the gateway page as the scaler last read it
         self.pending_history: deque[tuple[float, int]] = deque()  # (time, pending) of each gateway read
         self.scrapes: deque[View] = deque()  # the scaler's own scrapes, newest last
+        # What the API server says now (discovery's watch follows each change within moments).
+        self.ready: tuple[str, ...] = ()
+        self.starting: tuple[str, ...] = ()
+        self._cluster: LlmCluster | None = None
         self._utilization: dict[str, float] = {}
         self._busy: dict[str, tuple[float, float]] = {}  # pod → (busy seconds, time) at the last refresh
 
@@ -67,6 +78,8 @@ class Signals:
         """Run the collectors due now; returns (the gateway page was read, Prometheus scraped)."""
         t = self.timing
         self.now = now
+        self.ready = tuple(p.name for p in fleet.ready_pods())
+        self.starting = tuple(p.name for p in fleet.starting_pods())
         if due(now, t.exporter_refresh, t.exporter_phase):
             self._refresh_exporter(now, fleet)
         if due(now, t.scrape_interval, t.scrape_phase):
@@ -88,9 +101,28 @@ class Signals:
                 self.history.popleft()
         return gateway, scraped
 
+    @property
+    def cluster(self) -> LlmCluster:
+        """This product, fed the pages collected so far, made when a policy first asks it."""
+        if self._cluster is None:
+            self._cluster = LlmCluster()
+        return self._cluster
+
     def _view(self, now: float, fleet: Fleet) -> View:
         pages = {
-            p.name: Page(p.batch, p.waiting, p.kv_usage(), p.finished, p.prompt_tokens, p.generation_tokens)
+            p.name: Page(
+                p.batch,
+                p.waiting,
+                p.kv_usage(),
+                p.finished,
+                p.prompt_tokens,
+                p.generation_tokens,
+                p.request_prompt_sum,
+                p.request_output_sum,
+                p.ttft_sum,
+                p.ttft_count,
+                p.tpot_sum,
+            )
             for p in fleet.ready_pods()
         }
         targets = tuple(pages)

@@ -19,11 +19,9 @@ if str(ROOT) not in sys.path:
 
 from bench.simulator.__main__ import main  # noqa: E402
 from bench.simulator.autoscaling import Behavior, Hpa  # noqa: E402
-from bench.simulator.llm_demand import pod_rates, with_mean_of_others  # noqa: E402
 from bench.simulator.llm_fleet import Fleet, Pod, Request, ServerModel, Tally  # noqa: E402
 from bench.simulator.llm_policies import (  # noqa: E402
     POD_RATE,
-    DemandTrigger,
     LlmPolicy,
     OracleTrigger,
     Trigger,
@@ -78,9 +76,17 @@ def test_scaled_to_zero_after_the_cooldown_once_requests_stop() -> None:
     assert 0 < result.quiet_gpu_seconds <= (300 + 30) * max(result.replicas)
 
 
-def signals_with(pages: dict[str, Page], starting: tuple[str, ...] = ()) -> Signals:
+def signals_with(
+    pages: dict[str, Page], starting: tuple[str, ...] = (), scrapes: list[View] | None = None
+) -> Signals:
+    """What the collectors saw: `scrapes` (default: one scrape of `pages` at 0 s), the last one now;
+    Kubernetes has the last scrape's pods Ready and `starting` starting."""
+    views = scrapes or [View(0.0, pages, tuple(pages), starting, 0, {})]
     signals = Signals(Timing())
-    signals.direct = View(0.0, pages, tuple(pages), starting, 0, {})
+    signals.scrapes.extend(views)
+    signals.direct = views[-1]
+    signals.now = views[-1].at
+    signals.ready, signals.starting = tuple(views[-1].pages), starting
     return signals
 
 
@@ -292,39 +298,47 @@ def test_cold_starts_come_from_the_warm_range_and_longer_when_a_node_must_be_pro
     assert len(set(starts)) == len(starts)  # drawn, not one constant
 
 
-def test_demand_is_finished_plus_the_in_flight_change_over_the_window() -> None:
+def test_demand_is_the_products_finished_plus_the_in_flight_change_over_the_window() -> None:
     views = [
         View(0.0, {"vllm-0": Page(10, 0, 0.1, finished=100)}),
         View(30.0, {"vllm-0": Page(12, 0, 0.1, finished=130), "vllm-1": Page(1, 0, 0.0, finished=0)}),
         View(60.0, {"vllm-0": Page(15, 5, 0.1, finished=160), "vllm-1": Page(4, 0, 0.0, finished=3)}),
     ]
-    spec = make_policy("demand", window=60.0).triggers[0]
-    assert isinstance(spec, DemandTrigger)
-    rates = pod_rates(views, spec.spec)
-    assert rates["vllm-0"] == pytest.approx((60 + 10) / 60)
-    assert rates["vllm-1"] == pytest.approx((3 + 3) / 30)  # younger than the window: its own span
-    assert pod_rates(views[:2], spec.spec)["vllm-1"] is None  # one sample: no rate yet
-    assert with_mean_of_others({"a": 2.0, "b": None, "c": 4.0}) == {"a": 2.0, "b": 3.0, "c": 4.0}
-    assert with_mean_of_others({"a": None}) is None
+    trigger = make_policy("demand", window=60.0).triggers[0]
+    signals = signals_with({}, scrapes=views[:1])
+    # The product keeps a pod's points from its first evaluation on: one point is no rate yet.
+    assert trigger.value(signals) is None
+    for view in views[1:]:  # the HPA asks after every scrape
+        signals.scrapes.append(view)
+        signals.now, signals.ready = view.at, tuple(view.pages)
+        value = trigger.value(signals)
+    # vllm-0: (60 finished + 10 more in flight) / 60 s; vllm-1, younger than the window: (3 + 3) / 30 s.
+    assert value == pytest.approx(70 / 60 + 6 / 30)
 
 
 def test_pending_requests_add_to_demand_in_tokens_at_the_pods_tokens_per_request() -> None:
+    # 1 req/s at the pods, each 1,000 prompt and 200 generated tokens; the pool holds 0, then 300.
     views = [
-        View(0.0, {"vllm-0": Page(10, 0, 0.1, finished=0, prompt_tokens=0, generation_tokens=0.0)}),
-        View(
-            30.0, {"vllm-0": Page(10, 0, 0.1, finished=30, prompt_tokens=30_000, generation_tokens=6_000.0)}
-        ),
+        View(t, {"vllm-0": Page(10, 0, 0.1, t, 1_000 * t, 200.0 * t, 1_000 * t, 200 * t)})
+        for t in (0, 30, 60)
     ]
+    held = {0: 0, 30: 0, 60: 300}
     requests = make_policy("demand+pending", window=30.0, threshold=1.0).triggers[0]
     tokens = make_policy("demand-tokens+pending", window=30.0, weight=1.0, threshold=1.0).triggers[0]
-    assert isinstance(requests, DemandTrigger) and isinstance(tokens, DemandTrigger)
-    signals = signals_with(views[-1].pages)
-    signals.scrapes.extend(views)
-    signals.pending_history.extend([(0.0, 0), (30.0, 300)])
-    # 1 req/s at the pods; 300 pending grew by 10/s and clear in one window: + 10 + 10.
-    assert requests.value(signals) == pytest.approx(1 + 20)
+    values = []
+    for trigger in (requests, tokens):
+        signals = signals_with({}, scrapes=views[:1])
+        for view in views:  # the product reads the pool's pending requests when it evaluates
+            if view.at:
+                signals.scrapes.append(view)
+                signals.now, signals.ready = view.at, ("vllm-0",)
+            signals.pending_history.append((view.at, held[int(view.at)]))
+            value = trigger.value(signals)
+        values.append(value)
+    # 300 pending grew by 10/s over the window and clear in one window: + 10 + 10.
+    assert values[0] == pytest.approx(1 + 20)
     # In tokens each request is 1,200 weighted tokens: the pending part is weighed the same.
-    assert tokens.value(signals) == pytest.approx(1_200 * (1 + 20))
+    assert values[1] == pytest.approx(1_200 * (1 + 20))
 
 
 def test_the_pareto_judge_beats_only_beyond_the_noise() -> None:

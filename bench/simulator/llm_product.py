@@ -1,0 +1,302 @@
+"""This scaler as it ships, deciding for the simulator: the simulated pods' and endpoint picker's pages,
+rendered in the text format, are read by the product's own page readers into its store (with each page's
+collection time), the simulator answers as Kubernetes through the TargetResolver seam, and every value
+is asked through the servicer's GetMetrics and IsActive, as KEDA asks it. Nothing of the decision is
+rebuilt here.
+
+The LLM simulator hands its pages over when a value is asked, oldest first, each at the time it was
+collected (LlmCluster): what the store and its page listeners keep depends only on the pages and their
+times, so this is the state a scaler that read each page as it came would hold then, and only pages that
+are read are rendered.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Coroutine, Hashable, Iterable
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
+
+import grpc
+
+from keda_gpu_scaler import pagetext
+from keda_gpu_scaler._proto import externalscaler_pb2 as pb  # KEDA's wire messages (externalscaler.proto)
+from keda_gpu_scaler.app import App
+from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink
+from keda_gpu_scaler.collect.inference import InferencePages
+from keda_gpu_scaler.collect.scrape import GPU_EXPORTER_PAGES, PageReader, read_page
+from keda_gpu_scaler.collect.store import Page as StoredPage
+from keda_gpu_scaler.collect.store import SourceKind, Store
+from keda_gpu_scaler.demo.engines import EngineLoad, EngineTotals, vllm_page
+from keda_gpu_scaler.demo.epp import Queued, epp_page
+from keda_gpu_scaler.discovery.targets import PodEndpoint, Targets
+from keda_gpu_scaler.settings import Settings
+from keda_gpu_scaler.trigger import TriggerSpec
+from keda_gpu_scaler.wanted import PodPage
+
+if TYPE_CHECKING:
+    from bench.simulator.llm_signals import Page, Signals
+
+NAMESPACE = "llm"
+SCALED_OBJECT = "vllm"
+POOL = "pool"
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+EPP_URL = "http://epp.llm.svc:9090/metrics"
+_ENGINE_LABELS = f'engine="0",model_name="{MODEL}"'
+T = TypeVar("T")
+
+
+def pod_url(pod: str) -> str:
+    return f"http://{pod}.llm.pod:8000/metrics"
+
+
+def pod_endpoint(pod: str, ready: bool) -> PodEndpoint:
+    """A simulated pod as discovery describes it: its page is pod_url(pod), on the port named `metrics`."""
+    return PodEndpoint(pod, f"{pod}.llm.pod", ready, {"metrics": 8000}, None, (("metrics", 8000),))
+
+
+def exporter_url(pod: str) -> str:
+    """The GPU exporter of the node the pod runs on (one GPU, one pod per node)."""
+    return f"http://node-{pod}:9400/metrics"
+
+
+def _histogram(name: str, help_text: str, total: float, count: int) -> str:
+    labels = _ENGINE_LABELS
+    return (
+        f"# HELP {name} {help_text}\n# TYPE {name} histogram\n"
+        f'{name}_bucket{{{labels},le="+Inf"}} {float(count)!r}\n'
+        f"{name}_sum{{{labels}}} {float(total)!r}\n{name}_count{{{labels}}} {float(count)!r}\n"
+    )
+
+
+def vllm_text(page: Page) -> bytes:
+    """One pod's vLLM /metrics page: gauges, counters and the per-request histograms (one bucket each)."""
+    gauges_and_counters = vllm_page(
+        MODEL,
+        [EngineLoad(page.running, page.waiting, page.kv)],
+        [EngineTotals(page.finished, page.prompt_tokens, page.generation_tokens)],
+    )
+    histograms = (
+        _histogram(
+            "vllm:request_prompt_tokens", "Prompt tokens per request.", page.prompt_sum, page.finished
+        ),
+        _histogram(
+            "vllm:request_generation_tokens", "Generated tokens per request.", page.output_sum, page.finished
+        ),
+        _histogram(
+            "vllm:time_to_first_token_seconds", "Time to first token.", page.ttft_sum, page.ttft_count
+        ),
+        _histogram(
+            "vllm:time_per_output_token_seconds", "Time per output token.", page.tpot_sum, page.finished
+        ),
+    )
+    return (gauges_and_counters + "".join(histograms)).encode()
+
+
+def dcgm_text(pod: str, utilization: float, gpus: int = 1) -> bytes:
+    """dcgm-exporter's GPU_UTIL lines for the pod's GPUs on its node (integer percentages, as it prints)."""
+    series = []
+    for index in range(gpus):
+        gpu = [("gpu", f"{index}"), ("UUID", f"GPU-{pod}-{index}"), ("Hostname", f"node-{pod}")]
+        labels = [*gpu, ("container", "main"), ("namespace", NAMESPACE), ("pod", pod)]
+        series.append((pagetext.label_text(labels), str(round(utilization))))
+    return pagetext.render([("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %).", series)]).encode()
+
+
+def epp_text(pending: int, ready: int) -> bytes:
+    return epp_page(POOL, {Queued(MODEL): float(pending)}, ready_endpoints=ready).encode()
+
+
+class SimulatedKubernetes:
+    """The TargetResolver the evaluator asks: the target's Ready and starting pods as the fleet has them."""
+
+    def __init__(self) -> None:
+        self.targets = Targets(frozenset(), "AverageValue")
+
+    def check(self, spec: TriggerSpec) -> None:
+        """Every trigger names its pods by podNamePrefix here: nothing to refuse."""
+
+    def resolve(self, namespace: str, name: str, spec: TriggerSpec) -> Targets:
+        return self.targets
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Nothing is kept per ScaledObject."""
+
+
+class SimulatedCollector:
+    """Takes the place of the scrape collectors: the sources the product adds, each read on delivery with
+    its own PageReader into the store, as a successful scrape records it."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.readers: dict[str, PageReader] = {}
+        self.reuse_unchanged_pages = True  # GatewayCollectorSink turns it off; every page is read here
+
+    def add(
+        self,
+        url: str,
+        *,
+        reader: PageReader | None = None,
+        kind: SourceKind = SourceKind.SCRAPE,
+        namespace: str | None = None,
+        pod: str | None = None,
+        interest_key: Hashable | None = None,
+    ) -> None:
+        self.readers[url] = reader or GPU_EXPORTER_PAGES
+        self.store.add_source(url, kind, namespace, pod)
+
+    def remove(self, url: str) -> None:
+        self.readers.pop(url, None)
+        self.store.remove_source(url)
+
+    def deliver(self, url: str, body: bytes, collected_at: float) -> None:
+        """The page fetched from url at collected_at; a source the product does not read is not fetched."""
+        reader = self.readers.get(url)
+        if reader is not None:
+            by_namespace = read_page(body, reader)
+            self.store.record_page(StoredPage(url, collected_at, by_namespace, not by_namespace))
+
+
+class Refused(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+
+
+class _Context:
+    """What the servicer's unary methods use of a gRPC context: abort."""
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> NoReturn:
+        raise Refused(code, details)
+
+
+def _answer(call: Coroutine[Any, Any, T]) -> T:
+    """The servicer's unary methods never wait (they answer from caches): one step runs one to its end."""
+    try:
+        call.send(None)
+    except StopIteration as done:
+        return cast(T, done.value)
+    call.close()
+    raise RuntimeError("the servicer waited on something: the simulator has no event loop to give it")
+
+
+def ref_key(ref: pb.ScaledObjectRef) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(ref.scalerMetadata.items()))
+
+
+class SimulatedScaler:
+    """The product's App on the simulation's clock, fed what a cluster would show it (module docstring).
+
+    Per call: follow(metadata) as KEDA's reconcile does, the pages collected since (scrape_pods,
+    scrape_exporters, read_gateway), cluster(now, ready, starting), then metric() or active()."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.kubernetes = SimulatedKubernetes()
+        settings = Settings(kubernetes="off", gateway_urls=((NAMESPACE, POOL, EPP_URL),))
+        self.app = App(settings, clock=lambda: self.now, targets=self.kubernetes)
+        self.collector = SimulatedCollector(self.app.store)
+        self.pod_pages = InferencePages(cast(Any, self.collector))
+        self.app.gateway_pages.start(GatewayCollectorSink(cast(Any, self.collector)))
+        self._pods: set[str] = set()  # pods whose page sources exist
+        self._metric_names: dict[tuple[tuple[str, str], ...], str] = {}
+
+    def follow(self, metadata: dict[str, str]) -> pb.ScaledObjectRef:
+        """The trigger's reference; the first time, GetMetricSpec as KEDA calls it when it reconciles,
+        which makes the scaler follow the trigger (and want its pages) before any page is handed over."""
+        ref = pb.ScaledObjectRef(name=SCALED_OBJECT, namespace=NAMESPACE, scalerMetadata=metadata)
+        key = ref_key(ref)
+        if key not in self._metric_names:
+            spec = _answer(self.app.service.GetMetricSpec(ref, cast(Any, _Context())))
+            self._metric_names[key] = spec.metricSpecs[0].metricName
+        return ref
+
+    def scrape_pods(self, at: float, pages: dict[str, Page]) -> None:
+        """Each Ready pod's vLLM page, collected at `at`."""
+        self.now = at
+        for pod, page in pages.items():
+            self._add_sources(pod)
+            self.collector.deliver(pod_url(pod), vllm_text(page), at)
+
+    def scrape_exporters(self, at: float, utilization: dict[str, float], gpus: int = 1) -> None:
+        """The GPU exporter page of each pod's node, collected at `at`."""
+        self.now = at
+        for pod, value in utilization.items():
+            self._add_sources(pod)
+            self.collector.deliver(exporter_url(pod), dcgm_text(pod, value, gpus), at)
+
+    def read_gateway(self, at: float, pending: int, ready: int) -> None:
+        self.now = at
+        self.collector.deliver(EPP_URL, epp_text(pending, ready), at)
+
+    def cluster(self, now: float, ready: Iterable[str], starting: Iterable[str] = ()) -> None:
+        """The clock and what the API server says now: pods gone lose their page sources at once."""
+        self.now = now
+        ready, starting = frozenset(ready), frozenset(starting)
+        # Each pod as discovery hands it over: its address and the port its page is read at (pod_url).
+        endpoints = {pod: pod_endpoint(pod, pod in ready) for pod in ready | starting}
+        targets = Targets(ready, "AverageValue", starting, endpoints)
+        for gone in self._pods - targets.pods - targets.starting:
+            self._pods.discard(gone)
+            self.collector.remove(pod_url(gone))
+            self.collector.remove(exporter_url(gone))
+        self.kubernetes.targets = targets
+
+    def metric(self, ref: pb.ScaledObjectRef) -> float | None:
+        """GetMetrics's value now; None: UNAVAILABLE (KEDA's error: the HPA keeps the replica count)."""
+        request = pb.GetMetricsRequest(scaledObjectRef=ref, metricName=self._metric_names[ref_key(ref)])
+        try:
+            answer = _answer(self.app.service.GetMetrics(request, cast(Any, _Context())))
+        except Refused as refused:
+            if refused.code is grpc.StatusCode.UNAVAILABLE:
+                return None
+            raise
+        return float(answer.metricValues[0].metricValueFloat)
+
+    def active(self, ref: pb.ScaledObjectRef) -> bool | None:
+        """IsActive now; None: UNAVAILABLE."""
+        try:
+            return bool(_answer(self.app.service.IsActive(ref, cast(Any, _Context()))).result)
+        except Refused as refused:
+            if refused.code is grpc.StatusCode.UNAVAILABLE:
+                return None
+            raise
+
+    def _add_sources(self, pod: str) -> None:
+        if pod not in self._pods:
+            self._pods.add(pod)
+            self.pod_pages.add_page(PodPage(pod_url(pod), NAMESPACE, pod))
+            self.collector.add(exporter_url(pod))
+
+
+class LlmCluster:
+    """The LLM simulator's collectors' views handed to the product, oldest first, when a value is asked."""
+
+    def __init__(self) -> None:
+        self.scaler = SimulatedScaler()
+        self.read_utilization = False  # a GPU-utilisation trigger is followed: exporters are scraped
+        self._fed = -math.inf
+        self._fed_gateway = -math.inf
+
+    def ask(self, signals: Signals, metadata: dict[str, str]) -> pb.ScaledObjectRef:
+        """Follow the trigger, hand over what was collected since the last call, set the cluster to now."""
+        scaler = self.scaler
+        ref = scaler.follow(metadata)
+        self.read_utilization |= metadata.get("metric") == "utilization"
+        for view in signals.scrapes:
+            if view.at > self._fed:
+                scaler.scrape_pods(view.at, view.pages)
+                if self.read_utilization:
+                    scaler.scrape_exporters(view.at, {p: view.utilization.get(p, 0.0) for p in view.pages})
+                self._fed = view.at
+        for at, pending in signals.pending_history:
+            if at > self._fed_gateway:
+                scaler.read_gateway(at, pending, len(signals.ready))
+                self._fed_gateway = at
+        scaler.cluster(signals.now, signals.ready, signals.starting)
+        return ref
+
+    def metric(self, signals: Signals, metadata: dict[str, str]) -> float | None:
+        return self.scaler.metric(self.ask(signals, metadata))
+
+    def active(self, signals: Signals, metadata: dict[str, str]) -> bool | None:
+        return self.scaler.active(self.ask(signals, metadata))
