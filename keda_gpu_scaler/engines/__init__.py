@@ -26,6 +26,7 @@ from keda_gpu_scaler.engines._common import (
     PodKey,
     PodSamples,
     Value,
+    folded_model,
     pod_of,
 )
 from keda_gpu_scaler.exposition import Sample
@@ -50,6 +51,7 @@ __all__ = [
     "Value",
     "accepts_model",
     "engine_supports",
+    "folded_model",
     "in_flight",
     "pod_counters",
     "pod_of",
