@@ -31,6 +31,7 @@ from keda_gpu_scaler.discovery.api import ConnectError, KubeApi, connect
 from keda_gpu_scaler.discovery.resolver import DiscoveryConfig, KubeDiscovery
 from keda_gpu_scaler.evaluator import Evaluator, TargetResolver
 from keda_gpu_scaler.http_endpoints import http_app
+from keda_gpu_scaler.logs import quiet_non_http_clients
 from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.registry import Explanation, Followed, Registry, Subscription
 from keda_gpu_scaler.service import ExternalScalerService, HealthStatus, add_services
@@ -295,6 +296,7 @@ class App:
         await self.health.set_serving(True)
 
         self._sweeper = supervised(self.registry.sweep, "forget ScaledObjects past --interest-ttl")
+        quiet_non_http_clients()  # a gRPC or TLS client on the HTTP port: one line, no traceback
         self._http = web.AppRunner(
             http_app(self.telemetry, self if s.explain else None),
             access_log=None,

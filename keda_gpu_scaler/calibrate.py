@@ -100,6 +100,7 @@ class Calibration:
     waited_in_a_row: int = 0
     _waiting: list[tuple[float, float]] = field(default_factory=list)
     _latency: list[tuple[float, tuple[float, float]]] = field(default_factory=list)
+    latency_seen: bool = False  # some page carried a per-token latency histogram (LATENCY_FAMILIES)
 
     def observe(self, at: float, page: bytes) -> Step | str:
         """Read one page; a Step, or why this page gives none."""
@@ -118,6 +119,7 @@ class Calibration:
         self._waiting = [(t, w) for t, w in self._waiting if t >= start]
         totals = latency_totals(samples)
         if totals is not None:
+            self.latency_seen = True
             self._latency.append((at, totals))
         self._latency = [(t, v) for t, v in self._latency if t >= start]
         per_token = mean_per_token([v for _, v in self._latency])
@@ -168,6 +170,13 @@ def step_line(step: Step, started: float) -> str:
 
 def summary(calibration: Calibration) -> str:
     best = calibration.best
+    if calibration.per_token_target is not None and not calibration.latency_seen:
+        # Without the histogram every step counts as too slow: say so, not "start the ramp lower".
+        return (
+            "--per-token-target needs a per-output-token latency histogram, and the page has none of"
+            f" {', '.join(f'{name}_sum/_count' for name in LATENCY_FAMILIES[:2])} (or the other engines'"
+            " families): drop --per-token-target to calibrate on waiting requests alone"
+        )
     if best is None or best.requests is None:
         return "no rate was measured while nothing waited (and within the latency target): start the ramp lower, or give it longer"
     tokens = f" ({best.tokens:.0f} weighted tokens/s, demandUnit: tokens)" if best.tokens is not None else ""

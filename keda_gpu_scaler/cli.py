@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from keda_gpu_scaler import __version__
 from keda_gpu_scaler.logs import configure_logging
+from keda_gpu_scaler.recommended import llm_summary
 from keda_gpu_scaler.settings import (
     FLAGS,
     Settings,
@@ -25,8 +26,9 @@ from keda_gpu_scaler.settings import (
 
 log = logging.getLogger("keda_gpu_scaler")
 
-DESCRIPTION = """\
-KEDA external scaler that scales GPU workloads on their own pods' GPU utilisation or memory, or LLM servers on their own requests in flight, queue or KV-cache.
+DESCRIPTION = f"""\
+KEDA external scaler that scales GPU workloads on their own pods' GPU utilisation or memory, and LLM servers on the work arriving at their own pods (`demand`), with requests in flight, queue or KV-cache as guards and the inference gateway's queue (`pending`) as the wake from zero.
+{llm_summary()} (thresholds: measure yours with `calibrate`).
 
   keda-gpu-scaler serve --exporter-url http://node-a:9400/metrics   the main job (KEDA calls it on :6000)
   keda-gpu-scaler demo                                             try it: a simulated GPU and LLM fleet on loopback

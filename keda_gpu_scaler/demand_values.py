@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from keda_gpu_scaler.collect.demand_history import DemandHistory
 from keda_gpu_scaler.demand import DemandPoint, DemandUnit, pending_demand, pod_demand
 from keda_gpu_scaler.engines import Missing, MissingKind, PodSamples
-from keda_gpu_scaler.errors import NoData
+from keda_gpu_scaler.errors import ConfigError, NoData
 from keda_gpu_scaler.scaling import (
     ROW_VALUE,
     Evaluation,
@@ -54,6 +54,8 @@ def demand_pod_values(
     for page in pages:
         track = history.read(page, spec.engine, spec.model, spec.window, now)
         if track.problem is not None:
+            if track.problem.kind is MissingKind.MODEL_CASE:
+                raise ConfigError(f"metadata model: pod {page.pod}: {track.problem.reason}")
             if track.problem.kind is MissingKind.NOT_EXPORTED:
                 raise NoData(f"pod {page.pod}: {track.problem.reason}; metric demand cannot be served")
             problems[page.pod] = track.problem.reason

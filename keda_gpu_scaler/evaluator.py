@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import logging
 import time
 from collections.abc import Callable
@@ -60,6 +61,29 @@ def aggregation_for(spec: TriggerSpec, metric_type: str | None) -> tuple[Aggrega
         f" {'ceil(value / target)' if metric_type == 'AverageValue' else 'ceil(pods × value / target)'},"
         f" which needs aggregation={matching.value}"
     )
+
+
+def _prefix_matching_nothing(spec: TriggerSpec, pods: list[str], inference: bool) -> str:
+    """The note for a podNamePrefix no pod of the namespace's pages has (legitimately 0: scaled to zero).
+
+    NoData instead when the prefix is close to pods the pages do name: far likelier a typo than a
+    workload at zero beside a near-namesake, and a typo must not read as 0 (KEDA would scale to zero)."""
+    prefix = spec.pod_name_prefix or ""
+    what = "inference-server" if inference else "GPU"
+    heads = {pod[: len(prefix)]: pod for pod in reversed(pods)}  # each prefix-long head → its first pod
+    close = [heads[head] for head in difflib.get_close_matches(prefix, heads, n=3, cutoff=0.8)]
+    if close:
+        raise NoData(
+            f"metadata podNamePrefix {prefix!r} matches none of the namespace's {what} pods, but is close to"
+            f" {', '.join(close)}: a typo? Pods read: {_listed(pods)}. (A workload at zero reads 0 only when"
+            " its prefix is not that close to another's: rename it, or use Kubernetes discovery)"
+        )
+    return f"podNamePrefix {prefix!r} matches none of the namespace's {what} pods: {_listed(pods)}"
+
+
+def _listed(names: list[str], limit: int = 10) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
 
 
 class Evaluator:
@@ -171,7 +195,7 @@ class Evaluator:
             view = self._store.view(namespace, now, self._staleness(kind), kind)
         try:
             evaluation, notes = self._evaluate(followed, spec, targets, view)
-        except NoData as error:
+        except (NoData, ConfigError) as error:
             self._record(followed, subscription, None, str(error), (), targets)
             raise
         last = subscription.explanation
@@ -251,10 +275,18 @@ class Evaluator:
                 found.append(ReplicaInput(element.replica, None, element.reason))
         return found
 
+    def _unknown_pool(self, namespace: str, spec: TriggerSpec) -> str | None:
+        """Why the trigger's InferencePool does not exist (naming those that do), or None (SPEC §7)."""
+        if self._gateway_pages is None or self.kind_of(spec) is SourceKind.PROMETHEUS_GATEWAY:
+            return None  # through Prometheus, which pools exist is not known here
+        assert spec.inference_pool is not None
+        pool = EppPool(namespace, spec.inference_pool, spec.gateway_metrics_port)
+        return self._gateway_pages.unknown_pool(pool, discovering=self._targets is not None)
+
     def _no_replica(self, namespace: str, spec: TriggerSpec) -> str:
         pool = f"InferencePool {namespace}/{spec.inference_pool}"
         assert spec.inference_pool is not None
-        problem = (
+        problem = self._unknown_pool(namespace, spec) or (
             self._gateway_pages.problem(EppPool(namespace, spec.inference_pool, spec.gateway_metrics_port))
             if self._gateway_pages
             else None
@@ -377,13 +409,7 @@ class Evaluator:
         aggregation, mismatch = aggregation_for(spec, targets.metric_type if targets else None)
         notes: tuple[str, ...] = ()
         if targets is None and not target_pods and view.readings:
-            # Legitimately 0 (scaled to zero), or a typo in podNamePrefix: show what there is to choose from.
-            others = sorted({r.pod for r in view.readings})
-            shown = ", ".join(others[:10]) + (f" and {len(others) - 10} more" if len(others) > 10 else "")
-            what = "inference-server" if inference else "GPU"
-            note = (
-                f"podNamePrefix {spec.pod_name_prefix!r} matches none of the namespace's {what} pods: {shown}"
-            )
+            note = _prefix_matching_nothing(spec, sorted({r.pod for r in view.readings}), inference)
             followed.log_once(note, logging.INFO)
             notes = (note,)
         if mismatch:
@@ -436,6 +462,9 @@ class Evaluator:
         that should wake the workload."""
         if spec.metric is not Metric.DEMAND or spec.inference_pool is None:
             return evaluation, ()
+        unknown = self._unknown_pool(namespace, spec)
+        if unknown is not None:
+            raise NoData(unknown)  # even when the pods say active: a pool-name typo is no lower bound
         now = self._clock()
         key = (namespace, spec.inference_pool, spec.model)
         self.pending_history.want(key, spec.window, now)

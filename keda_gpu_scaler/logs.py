@@ -8,6 +8,8 @@ import sys
 import time
 from collections.abc import Callable
 
+from aiohttp.http_exceptions import HttpProcessingError
+
 # The same error logged again within this many seconds is counted, not printed (see OncePerInterval).
 REPEATED_ERROR_SECONDS = 10.0
 
@@ -53,6 +55,35 @@ class OncePerInterval(logging.Filter):
         if held:
             record.msg = f"{record.msg} (and {held} more like it in the last {now - printed:.0f}s)"
         return True
+
+
+class NonHttpClients(OncePerInterval):
+    """aiohttp's traceback for a request it cannot parse → one WARNING per client address per interval.
+
+    A gRPC client (HTTP/2 prior knowledge) or a TLS ClientHello on the HTTP port is a client pointed at
+    the wrong port, not a fault of the scaler; a traceback per connection would bury the log. Installed
+    on aiohttp's `aiohttp.server` logger (quiet_non_http_clients); its other records pass unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, HttpProcessingError):
+            return True
+        address = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.msg = (
+            f"a client at {address} sent what is not HTTP/1.1 to the HTTP port (answered 400): a gRPC, HTTP/2"
+            f" or TLS client pointed at it by mistake? Said once per address per {self._interval / 60:g}"
+            " minutes"
+        )
+        record.args, record.exc_info, record.exc_text = None, None, None
+        return super().filter(record)
+
+
+def quiet_non_http_clients() -> None:
+    """Install NonHttpClients (10 minutes per address) on aiohttp's server logger, once per process."""
+    logger = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, NonHttpClients) for f in logger.filters):
+        logger.addFilter(NonHttpClients(interval=600.0))
 
 
 def configure_logging(level: str, fmt: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from keda_gpu_scaler.engines import folded_model
 from keda_gpu_scaler.errors import ConfigError, NoData, quoted
 from keda_gpu_scaler.gateways import OTHER, PoolQueue, QueueTable, read_queue
 from keda_gpu_scaler.scaling import Evaluation, PodRow, WhatIf, hpa_desired_replicas, pod_row
@@ -117,14 +118,10 @@ def pending_evaluation(
     return PendingResult(evaluation, tuple(notes), tuple(to_log))
 
 
-def _folded(model: str) -> str:
-    return "".join(model.split()).casefold()
-
-
 def _unknown_model(model: str, shown: set[str], pool: str) -> str:
     """The note for a `model` no series of the pool names; ConfigError when it can never match."""
     names = sorted(name for name in shown if name)
-    near = [name for name in names if _folded(name) == _folded(model)]
+    near = [name for name in names if folded_model(name) == folded_model(model)]
     if near:
         raise ConfigError(
             f"model {quoted(model)} matches no series of {pool}, whose endpoint picker shows model"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from keda_gpu_scaler.engines import Missing, MissingKind, PodSamples, pod_reading, value_for
-from keda_gpu_scaler.errors import NoData
+from keda_gpu_scaler.errors import ConfigError, NoData
 from keda_gpu_scaler.trigger import Aggregation, GpuAggregation, Metric, TriggerSpec
 from keda_gpu_scaler.vendors import Family, GpuReading, utilization_for
 
@@ -150,6 +150,8 @@ def inference_pod_values(
         reading = pod_reading(page.samples, spec.engine, spec.model)
         value = value_for(reading, spec.metric.value)
         if isinstance(value, Missing):
+            if value.kind is MissingKind.MODEL_CASE:
+                raise ConfigError(f"metadata model: pod {page.pod}: {value.reason}")
             if value.kind is MissingKind.NOT_EXPORTED:
                 raise NoData(f"pod {page.pod}: {value.reason}")
             problems[page.pod] = value.reason

@@ -57,6 +57,7 @@ class GatewayPages:
         self._static: dict[PoolKey, dict[str, Replica]] = {}
         self._discovered: dict[EppPool, dict[str, Replica]] = {}
         self._problems: dict[EppPool, str] = {}
+        self._absent: set[EppPool] = set()  # pools discovery found not to exist (their problem says so)
         self._bindings: PageBindings[EppPage] | None = None
         self.on_pools: Callable[[], None] = lambda: None  # discovery: the wanted pools changed
 
@@ -89,6 +90,7 @@ class GatewayPages:
 
     def set_replicas(self, pool: EppPool, replicas: Mapping[str, str]) -> None:
         self._problems.pop(pool, None)
+        self._absent.discard(pool)
         if not self._wanted.wanted(pool):
             replicas = {}  # a late word about a pool no longer wanted: nothing of it is kept
         new = {name: Replica(name, url, static=False) for name, url in replicas.items()}
@@ -98,9 +100,11 @@ class GatewayPages:
             self._discovered.pop(pool, None)
         self._wanted.want(("discovered", pool), (_page(pool, r) for r in new.values()))
 
-    def set_problem(self, pool: EppPool, message: str) -> None:
+    def set_problem(self, pool: EppPool, message: str, *, absent: bool = False) -> None:
         self.set_replicas(pool, {})
         self._problems[pool] = message
+        if absent:
+            self._absent.add(pool)
 
     def forget(self, pool: EppPool) -> None:
         self.set_replicas(pool, {})
@@ -130,6 +134,22 @@ class GatewayPages:
 
     def problem(self, pool: EppPool) -> str | None:
         return self._problems.get(pool)
+
+    def unknown_pool(self, pool: EppPool, discovering: bool) -> str | None:
+        """Why no InferencePool of that name exists, naming those that do; None when it exists (with or
+        without pods). A pool name that matches no pool is a trigger's typo, never "nothing pending".
+        Discovery says which pools exist; without it, the --gateway-url flags do."""
+        if pool in self._absent:
+            return self._problems[pool]
+        managed = pool in self._problems or pool in self._discovered  # discovery speaks of it
+        if discovering or managed or (pool.namespace, pool.pool) in self._static:
+            return None
+        known = sorted(name for namespace, name in self._static if namespace == pool.namespace)
+        return (
+            f"InferencePool {pool.namespace}/{pool.pool} is not configured: no --gateway-url names it"
+            f" (the pools configured in namespace {pool.namespace!r}: {', '.join(known) or 'none'});"
+            f" give --gateway-url {pool.namespace}/{pool.pool}=URL, one per endpoint-picker replica"
+        )
 
     def _bound_to(self, url: str) -> PoolKey | None:
         page = self._bindings.bound(url) if self._bindings is not None else None

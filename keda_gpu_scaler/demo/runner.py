@@ -20,6 +20,7 @@ from keda_gpu_scaler.demo.fleet import DemoFleet
 from keda_gpu_scaler.demo.gateway import DemoPool
 from keda_gpu_scaler.demo.layout import DemoInferenceWorkload, DemoWorkload
 from keda_gpu_scaler.explain import counted
+from keda_gpu_scaler.recommended import llm_summary
 from keda_gpu_scaler.settings import Settings, SettingsError
 
 DEMO_THRESHOLD = "60"
@@ -64,11 +65,12 @@ class DemoTarget:
 
 
 def demo_targets(fleet: DemoFleet) -> list[DemoTarget]:
-    """The GPU workloads' utilisation triggers, then the inference workloads' requests triggers."""
+    """The GPU workloads' utilisation triggers, then the inference workloads' `demand` triggers (the
+    recommended sizing, recommended.SIZING: asked from start-up, so their rates exist when the README's
+    Try-it calls come), then the pools' `pending` triggers (the wake)."""
     targets = [DemoTarget(w.name, demo_metadata(w), GPU_METRIC_NAME, "GPU %") for w in fleet.workloads]
     targets += [
-        DemoTarget(w.name, inference_metadata(w), REQUESTS_METRIC_NAME, "requests")
-        for w in fleet.inference_workloads
+        DemoTarget(w.name, demand_metadata(w), DEMAND_METRIC_NAME, "req/s") for w in fleet.inference_workloads
     ]
     targets += [
         DemoTarget(p.workload, pending_metadata(p), PENDING_METRIC_NAME, "pending", p.name)
@@ -188,9 +190,10 @@ def banner(fleet: DemoFleet, grpc_port: int, http_port: int) -> str:
     ]
     if fleet.inference_workloads:
         lines.append(
-            "  and, for the inference workloads, Σ per-pod requests in flight (running + waiting),"
-            f" threshold {INFERENCE_THRESHOLD} per pod."
+            "  and, for the inference workloads, `demand`: Σ per-pod requests arriving per second,"
+            f" threshold {DEMAND_THRESHOLD} a second per replica (the demo's scale)."
         )
+        lines.append(f"{llm_summary()}.")
     lines.append("")
     return "\n".join(lines)
 

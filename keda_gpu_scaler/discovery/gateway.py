@@ -13,6 +13,7 @@ outside the ScaledObject's own namespace is ever watched.
 from __future__ import annotations
 
 import asyncio
+import difflib
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ class GatewaySink(Protocol):
 
     def set_replicas(self, pool: EppPool, replicas: Mapping[str, str]) -> None: ...
 
-    def set_problem(self, pool: EppPool, message: str) -> None: ...
+    def set_problem(self, pool: EppPool, message: str, *, absent: bool = False) -> None: ...
 
     def forget(self, pool: EppPool) -> None: ...
 
@@ -344,9 +345,13 @@ class GatewayDiscovery:
             return "problem", f"reading {what} from the Kubernetes API (first look-up)"
         spec = informer.spec(entry.name)
         if spec is None:
-            return "problem", (
+            existing = sorted(informer.items)
+            closest = difflib.get_close_matches(entry.name, existing, n=3, cutoff=0.6)
+            ordered = closest + [name for name in existing if name not in closest]
+            return "absent", (
                 f"{what} does not exist (no InferencePool {entry.name!r} of inference.networking.k8s.io/v1"
-                f" in namespace {entry.namespace!r}); its queue is read as soon as it is created"
+                f" in namespace {entry.namespace!r}; those that exist: {', '.join(ordered[:10]) or 'none'});"
+                " its queue is read as soon as it is created"
             )
         ref = spec.get("endpointPickerRef")
         if not isinstance(ref, Mapping) or not ref.get("name"):
@@ -417,4 +422,4 @@ class GatewayDiscovery:
                 log.info("InferencePool %s: endpoint picker pages %s", entry.ref, sorted(value.values()))
                 self._sink.set_replicas(pool, dict(value))
             else:
-                self._sink.set_problem(pool, str(value))
+                self._sink.set_problem(pool, str(value), absent=kind == "absent")

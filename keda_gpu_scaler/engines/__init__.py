@@ -26,6 +26,7 @@ from keda_gpu_scaler.engines._common import (
     PodKey,
     PodSamples,
     Value,
+    folded_model,
     pod_of,
 )
 from keda_gpu_scaler.exposition import Sample
@@ -51,6 +52,7 @@ __all__ = [
     "accepts_model",
     "counters_format",
     "engine_supports",
+    "folded_model",
     "format_counters",
     "in_flight",
     "pod_counters",

@@ -51,6 +51,9 @@ class MissingKind(StrEnum):
     FAMILY_ABSENT = "family_absent"
     # The trigger's `model` matches none of the family's series.
     NO_MODEL = "no_model"
+    # The trigger's `model` differs from a model on the page only in case or blanks: it can never match,
+    # so the trigger is wrong (INVALID_ARGUMENT for every metric, as for `pending`), not the data.
+    MODEL_CASE = "model_case"
     # The family's series are there, but an engine's samples are all NaN, ±Inf or negative.
     NO_VALUE = "no_value"
     # `metric: demand`: a pod read once (or over no time) has no rate yet; it counts as the mean of the
@@ -118,6 +121,11 @@ def model_of(labels: Mapping[str, str]) -> str:
     return ""
 
 
+def folded_model(model: str) -> str:
+    """A model name as it compares ignoring case and blanks (a trigger's near miss of a real name)."""
+    return "".join(model.split()).casefold()
+
+
 def usable(value: float) -> bool:
     """A count or fraction gauge sample that can be read: finite and not negative.
 
@@ -180,14 +188,15 @@ def gauge(
         series = [s for s in series if model_of(s.labels) == model]
         if not series:
             on_page = ", ".join(present) if present else "none"
-            return Gauge(
-                {},
-                Missing(
-                    MissingKind.NO_MODEL,
-                    f"no {family} series has model {model!r} (models on the page: {on_page})",
-                    family,
-                ),
-            )
+            near = [name for name in present if folded_model(name) == folded_model(model)]
+            kind = MissingKind.MODEL_CASE if near else MissingKind.NO_MODEL
+            reason = f"no {family} series has model {model!r} (models on the page: {on_page})"
+            if near:
+                reason += (
+                    f": {model!r} differs from {near[0]!r} only in case or blanks and model names are"
+                    f" compared exactly; set `model: {near[0]}`"
+                )
+            return Gauge({}, Missing(kind, reason, family))
     per_engine: dict[tuple[str, ...], float | None] = {}
     for sample in series:
         key = (model_of(sample.labels), *(sample.labels.get(label, "") for label in engine_labels))

@@ -144,3 +144,14 @@ def test_a_page_without_a_finished_counter_is_said_not_rated() -> None:
     why = calibration.observe(0, b"llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\n")
     assert isinstance(why, str) and "finished requests" in why
     assert calibration.best is None
+
+
+def test_a_latency_target_on_a_page_without_a_latency_histogram_names_the_missing_family() -> None:
+    calibration = calibrate.Calibration(window=20, per_token_target=0.025)
+    for at, finished in ((0.0, 0), (10.0, 30), (20.0, 60)):
+        whole = page(finished, 3, 0, finished * 1000, finished * 200)
+        without = "".join(f"{line}\n" for line in whole.splitlines() if "inter_token" not in line)
+        assert not isinstance(calibration.observe(at, without.encode()), str)
+    said = calibrate.summary(calibration)
+    assert "vllm:inter_token_latency_seconds" in said and "--per-token-target" in said, said
+    assert "start the ramp lower" not in said, said

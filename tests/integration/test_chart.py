@@ -851,15 +851,17 @@ def test_example_values_install(example: Path) -> None:
 
 def test_notes_name_the_scaler_address() -> None:
     notes = render_files()["keda-gpu-scaler/templates/NOTES.txt"]
-    assert notes.count("scalerAddress: keda-gpu-scaler.keda:6000") == 2
-    assert "metric: requests" in notes and "metric: utilization" in notes  # an LLM server, a GPU workload
+    assert (
+        notes.count("scalerAddress: keda-gpu-scaler.keda:6000") == 3
+    )  # the LLM sizing and guard, a GPU workload
+    assert "metric: demand" in notes and "metric: utilization" in notes  # an LLM server, a GPU workload
     assert "port-forward" in notes
     # The default is the released image on ghcr.io; a repository without a registry is a local build.
     assert "ghcr.io/keda-gpu-scaler/keda-gpu-scaler:" in notes and "names no registry" not in notes
     local = render_files({"image": {"repository": "keda-gpu-scaler"}})["keda-gpu-scaler/templates/NOTES.txt"]
     assert "names no registry" in local and "make image" in local
     with_mtls = render_files({"tls": {"enabled": True, "certManager": {"enabled": True}}})
-    assert with_mtls["keda-gpu-scaler/templates/NOTES.txt"].count("name: keda-gpu-scaler-mtls") == 2
+    assert with_mtls["keda-gpu-scaler/templates/NOTES.txt"].count("name: keda-gpu-scaler-mtls") == 3
 
 
 # --- alerts and dashboard ------------------------------------------------------------------------------------

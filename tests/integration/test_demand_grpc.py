@@ -362,3 +362,25 @@ async def test_bad_metadata_is_invalid_argument_naming_the_key(
     assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     for word in words:
         assert word in (raised.value.details() or ""), raised.value.details()
+
+
+async def test_a_pool_name_matching_no_pool_is_unavailable_even_when_the_pods_are_busy(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(1, epps=1)
+    f.epps = []  # the typo'd pool is never read: chat-pool's page is not waited for
+    typo = {**DEMAND, "inferencePool": "chat-pol"}
+    f.metadata = typo
+    await f.show(1000, vllm_page(100, 10, 0))
+    await f.show(1030, vllm_page(400, 10, 0))
+    # The pods alone say 10/s (active): once a lower bound with the pool's part dropped, now the typo.
+    code, message = await failure(f.scaler, typo)
+    assert code is grpc.StatusCode.UNAVAILABLE, message
+    assert "chat-pol " in message and "chat-pool" in message, message
+
+
+async def test_a_model_named_in_the_wrong_case_is_invalid_argument(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(1)
+    await f.show(1000, vllm_page(100, 10, 0))
+    await f.show(1030, vllm_page(400, 10, 0))
+    code, message = await failure(f.scaler, {**DEMAND, "model": "LLAMA"})
+    assert code is grpc.StatusCode.INVALID_ARGUMENT, message
+    assert "'LLAMA'" in message and "'llama'" in message, message

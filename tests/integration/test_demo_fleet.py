@@ -27,6 +27,7 @@ from keda_gpu_scaler.demo.runner import (
     DEMAND_METRIC_NAME,
     INFERENCE_THRESHOLD,
     REQUESTS_METRIC_NAME,
+    DemoTarget,
     banner,
     demand_metadata,
     demo_settings,
@@ -731,7 +732,7 @@ async def test_the_demo_scaler_answers_a_requests_trigger_with_the_pods_total_in
             await eventually(value)
             assert (await stub.IsActive(ref)).result is True
             # ceil(74 / 16) = 5 replicas, in one step.
-            target = next(t for t in demo_targets(fleet) if t.name == chat.name)
+            target = DemoTarget(chat.name, inference_metadata(chat), REQUESTS_METRIC_NAME, "requests")
             line = await status_line(app, fleet, stub, target)
             assert "requests" in line and f"value {expected:7.1f}" in line and "HPA wants 5" in line, line
 
@@ -765,8 +766,11 @@ async def test_the_status_lines_cover_gpu_and_inference_workloads() -> None:
             lines = out.getvalue().splitlines()
             for workload in fleet.workloads:
                 assert any(re.match(rf"{workload.name} +GPU % +value ", line) for line in lines), lines
+            # `demand` from start-up (the README's Try-it asks vllm-chat). The simulated SGLang, like the
+            # real one, prints its counter of finished requests only once one has finished.
+            assert any(re.match(r"vllm-chat +req/s +value ", line) for line in lines), lines
             for llm in fleet.inference_workloads:
-                assert any(re.match(rf"{llm.name} +requests value ", line) for line in lines), lines
+                assert any(re.match(rf"{llm.name} +req/s ", line) for line in lines), lines
 
         await eventually(every_workload_has_a_value)
     finally:

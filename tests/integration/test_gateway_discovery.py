@@ -43,6 +43,7 @@ class Sink:
     def __init__(self) -> None:
         self.replicas: dict[tuple[str, str], dict[str, str]] = {}
         self.problems: dict[tuple[str, str], str] = {}
+        self.absent: set[tuple[str, str]] = set()  # pools said not to exist (a typo, not "nothing pending")
         self.forgotten: list[tuple[str, str]] = []
         self.calls = 0
 
@@ -51,8 +52,9 @@ class Sink:
         self.problems.pop((pool.namespace, pool.pool), None)
         self.replicas[(pool.namespace, pool.pool)] = dict(replicas)
 
-    def set_problem(self, pool: EppPool, message: str) -> None:
+    def set_problem(self, pool: EppPool, message: str, *, absent: bool = False) -> None:
         self.calls += 1
+        (self.absent.add if absent else self.absent.discard)((pool.namespace, pool.pool))
         self.replicas.pop((pool.namespace, pool.pool), None)
         self.problems[(pool.namespace, pool.pool)] = message
 
@@ -160,6 +162,7 @@ async def test_a_pool_that_does_not_exist_yet_is_read_once_created_without_a_res
     kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
     discovery.set_wanted([EppPool(NS, "chat-pool", 9090)])
     await sink.has_problem("InferencePool llm/chat-pool does not exist", "namespace 'llm'")
+    assert ("llm", "chat-pool") in sink.absent
     kube.put(INFERENCE_POOL, inference_pool("chat-pool", NS, "chat-pool-epp"))
     await sink.has_replicas({"epp-0": "http://10.0.0.1:9090/metrics"})
     kube.delete(INFERENCE_POOL, NS, "chat-pool")
@@ -188,6 +191,7 @@ async def test_a_missing_service_and_a_service_without_selector_are_problems(
     kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
     discovery.set_wanted([EppPool(NS, "chat-pool", 9090)])
     await sink.has_problem("Service llm/chat-pool-epp", "does not exist")
+    assert ("llm", "chat-pool") not in sink.absent  # the pool exists: its trigger keeps its SPEC answer
     kube.put(SERVICE, service("chat-pool-epp", NS, None))
     await sink.has_problem("Service llm/chat-pool-epp", "no spec.selector")
     kube.put(SERVICE, service("chat-pool-epp", NS, EPP))
@@ -412,3 +416,15 @@ async def test_a_tls_probe_ends_with_the_pool_it_probed(kube: FakeKube, api: Kub
         await eventually(ended)
     finally:
         await discovery.stop()
+
+
+async def test_a_pool_name_matching_no_pool_names_the_pools_that_exist(
+    kube: FakeKube, gateways: tuple[GatewayDiscovery, Sink]
+) -> None:
+    discovery, sink = gateways
+    kube.put(INFERENCE_POOL, inference_pool("code-pool", NS, "code-pool-epp"))
+    kube.put(INFERENCE_POOL, inference_pool("chat-pool", NS, "chat-pool-epp"))
+    discovery.set_wanted([EppPool(NS, "chat-pol", 9090)])
+    # The closest first: the trigger most likely meant chat-pool.
+    await sink.has_problem("does not exist", "those that exist: chat-pool, code-pool", pool="chat-pol")
+    assert ("llm", "chat-pol") in sink.absent

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 
 import pytest
 
@@ -55,3 +56,36 @@ def test_the_same_error_is_printed_once_per_interval_and_counted() -> None:
         "asyncio", logging.INFO, __file__, 1, "socket.accept() out of system resource", None, None
     )
     assert limiter.filter(info)  # below WARNING: never held back
+
+
+def tls_client_hello() -> bytes:
+    """The first bytes a TLS client sends (its ClientHello), made by Python's own TLS stack."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname="scaler")
+    with pytest.raises(ssl.SSLWantReadError):
+        client.do_handshake()
+    return outgoing.read()
+
+
+async def test_grpc_and_tls_clients_on_the_http_port_get_one_warning_per_address_and_no_traceback(
+    make_scaler, caplog: pytest.LogCaptureFixture
+) -> None:  # type: ignore[no-untyped-def]
+    scaler = await make_scaler()
+    caplog.set_level(logging.DEBUG)
+    h2_preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes.fromhex("000000040000000000")  # + SETTINGS
+    for opening in [h2_preface] * 100 + [tls_client_hello()] * 100:
+        reader, writer = await asyncio.open_connection("127.0.0.1", scaler.app.http_port)
+        writer.write(opening)
+        await writer.drain()
+        await asyncio.wait_for(reader.read(), 10)  # the server answers 400 and closes: end of stream
+        writer.close()
+    # The same port still serves HTTP/1.1.
+    reader, writer = await asyncio.open_connection("127.0.0.1", scaler.app.http_port)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert (await asyncio.wait_for(reader.read(), 10)).startswith(b"HTTP/1.1 200")
+    writer.close()
+    server = [r for r in caplog.records if r.name == "aiohttp.server"]
+    assert not [r for r in caplog.records if r.exc_info or r.exc_text], server[:2]
+    warnings = [r.getMessage() for r in server if r.levelno == logging.WARNING]
+    # At most one: the filter is the process's, and an earlier test may have had it say so already.
+    assert len(warnings) <= 1 and all("127.0.0.1" in w for w in warnings), warnings
