@@ -6,8 +6,9 @@ URL, as the store names every reading's source) that a `demand` trigger asked ab
 read. A point is worked out once, as the page arrives, however many triggers, models and engine choices
 read it. Rates are taken per series, as Prometheus' `sum(rate())` takes them: every counter series (its
 family, model and split labels: engine, finish reason, version) is taken against its own last value; a
-series that goes down counts from 0, one that appears starts a baseline (it adds nothing on its first
-page), one that vanishes leaves without a step. The steps add up into running totals per (role, model)
+series that goes down to half its value or less restarted and counts from 0, a smaller step back is a
+recount (a new baseline), one that appears starts a baseline (it adds nothing on its first page), one
+that vanishes leaves without a step. The steps add up into running totals per (role, model)
 that never go down, so any model's rate is read from the window's two ends. The in-flight gauges are read
 at those two ends, for the trigger's engine and model, from the pages kept by reference (the store held
 the same objects): their change is the pod's sum, so requests an engine held when it restarted (lost,
@@ -51,6 +52,10 @@ FINISHED, PROMPT, GENERATION = "finished", "prompt", "generation"
 # At most this many points per page whatever the window (600 s at a 1 s scrape interval): a bound on
 # memory that no configuration can lift.
 MAX_POINTS = 1024
+# A series that goes down to at most this fraction of its last value restarted (counted from 0, as
+# Prometheus does); one that steps back by less kept counting: a restart within one scrape interval cannot
+# count back up to more than half of what the series counted over its whole life before.
+RESTART_FRACTION = 0.5
 # How often histories nobody asks for any more are looked for (seconds of page time).
 SWEEP_EVERY = 30.0
 _INFERENCE_KINDS = frozenset({SourceKind.INFERENCE})
@@ -92,9 +97,14 @@ class SeriesHistory:
             self.running.setdefault(total, 0.0)
             if before is None:
                 continue  # a series that appears starts a baseline
-            self.running[total] += value - before if value >= before else value
-            if value < before and key[0] == FINISHED:
-                restarted.add(key[2:])
+            if value >= before:
+                self.running[total] += value - before
+            elif value <= before * RESTART_FRACTION:
+                # A restarted server counts from 0: what it counted since arrived since.
+                self.running[total] += value
+                if key[0] == FINISHED:
+                    restarted.add(key[2:])
+            # Else a small step back of a large total (a recount): a new baseline, never its whole count.
         self.last_values = values  # a series that vanished leaves without a step
         self.points.append(PagePoint(at, page, dict(self.running), frozenset(restarted)))
         keep = over_window(self.points, self.window)
