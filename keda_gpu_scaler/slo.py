@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from keda_gpu_scaler.engines._common import TPOT, TTFT
 from keda_gpu_scaler.errors import ConfigError, quoted
 from keda_gpu_scaler.metadata_values import MetadataKey, number_between, parse_number
 
@@ -18,9 +19,6 @@ MAX_TPOT_MS = 10_000.0
 # requests is too few to measure the quantile (the +Inf bucket would decide it).
 MIN_ATTAINMENT, MAX_ATTAINMENT = 0.5, 0.999
 DEFAULT_ATTAINMENT = 0.95
-
-# The latency kinds, as latency.py and the engines' histogram tables name them.
-TTFT, TPOT = "ttft", "tpot"
 
 
 @dataclass(frozen=True, slots=True)
