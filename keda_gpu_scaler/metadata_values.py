@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -18,6 +19,25 @@ from keda_gpu_scaler.wire import MAX_WIRE_NUMBER
 # A metric name becomes a path segment of the HPA's external metric (`s0-<name>`).
 _METRIC_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,198}[A-Za-z0-9])?")
 _POD_NAME_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251})?")
+
+# The default of a key that must be given.
+REQUIRED = object()
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataKey:
+    """One row of the table of trigger keys (trigger.KEYS): parsing, default and docs/reference.md's text."""
+
+    key: str
+    field: str
+    parse: Callable[[str, str], Any]
+    default: Any
+    default_text: str
+    help: str
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
 
 
 def enum_parser(enum: type[StrEnum]) -> Callable[[str, str], Any]:
@@ -69,7 +89,7 @@ def parse_number(key: str, raw: str) -> float:
     return value
 
 
-def _number_between(key: str, raw: str, low: float, high: float, allowed: str) -> float:
+def number_between(key: str, raw: str, low: float, high: float, allowed: str) -> float:
     """A finite number from `low` to `high`; out of range, an error saying `allowed` (which names both)."""
     value = parse_number(key, raw)
     if not low <= value <= high:
@@ -80,7 +100,7 @@ def _number_between(key: str, raw: str, low: float, high: float, allowed: str) -
 def parse_threshold(key: str, raw: str) -> float:
     # The upper bound for percentages (100) depends on the metric: checked once all keys are read. Any
     # threshold beyond MAX_WIRE_NUMBER cannot be carried to KEDA (targetSize is an int64, milli-units).
-    return _number_between(
+    return number_between(
         key,
         raw,
         MIN_THRESHOLD,
@@ -144,7 +164,7 @@ def parse_inference_pool(key: str, raw: str) -> str:
 
 
 def parse_window(key: str, raw: str) -> float:
-    return _number_between(
+    return number_between(
         key,
         raw,
         MIN_WINDOW_SECONDS,
@@ -154,7 +174,7 @@ def parse_window(key: str, raw: str) -> float:
 
 
 def parse_prefill_weight(key: str, raw: str) -> float:
-    return _number_between(
+    return number_between(
         key,
         raw,
         0.0,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -25,6 +25,8 @@ from keda_gpu_scaler.engines import (
 from keda_gpu_scaler.errors import ConfigError, quoted
 from keda_gpu_scaler.gateways import DEFAULT_GATEWAY_METRICS_PORT
 from keda_gpu_scaler.metadata_values import (
+    REQUIRED,
+    MetadataKey,
     enum_parser,
     parse_activation_threshold,
     parse_engine,
@@ -40,6 +42,7 @@ from keda_gpu_scaler.metadata_values import (
     parse_threshold,
     parse_window,
 )
+from keda_gpu_scaler.slo import SLO_KEYS, SloTarget, take_slo
 from keda_gpu_scaler.vendors import Family, NvidiaField
 
 
@@ -145,26 +148,11 @@ class TriggerSpec:
     window: float = DEFAULT_WINDOW_SECONDS
     demand_unit: DemandUnit = DemandUnit.REQUESTS
     prefill_weight: float = DEFAULT_PREFILL_WEIGHT
+    # metric=demand only (SPEC §6): the latency target its pods must meet, if the user states one.
+    slo: SloTarget | None = None
 
 
 # The one table of keys: it drives parsing, the defaults, and docs/reference.md's metadata table.
-_REQUIRED = object()
-
-
-@dataclass(frozen=True, slots=True)
-class MetadataKey:
-    key: str
-    field: str
-    parse: Callable[[str, str], Any]
-    default: Any
-    default_text: str
-    help: str
-
-    @property
-    def required(self) -> bool:
-        return self.default is _REQUIRED
-
-
 KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "metric",
@@ -182,7 +170,7 @@ KEYS: tuple[MetadataKey, ...] = (
         "threshold",
         "threshold",
         parse_threshold,
-        _REQUIRED,
+        REQUIRED,
         "required",
         "target per pod: in % for utilization, memory and kv_cache (1 <= threshold <= 100); requests or"
         " waiting requests per pod for requests and queue, requests (or weighted tokens) per second one"
@@ -340,6 +328,7 @@ KEYS: tuple[MetadataKey, ...] = (
         "`gpu-utilization` / `gpu-memory` (see the metric tables)",
         "the name GetMetricSpec returns (KEDA prefixes it with `sN-`)",
     ),
+    *SLO_KEYS,
 )
 _KEYS = {k.key: k for k in KEYS}
 METADATA_KEYS: tuple[str, ...] = tuple(_KEYS)
@@ -407,6 +396,7 @@ def _parse(items: list[tuple[str, str]]) -> TriggerSpec:
         if spec_key.required:
             raise ConfigError(f"metadata {spec_key.key} is required; allowed: {spec_key.help}")
         fields[spec_key.field] = spec_key.default
+    fields["slo"] = take_slo(fields, given, demand=fields["metric"] is Metric.DEMAND)
     _check_metric_fit(fields, given)
     if fields["metric_name"] is None:
         fields["metric_name"] = DEFAULT_METRIC_NAMES[fields["metric"]]

@@ -40,7 +40,7 @@ from keda_gpu_scaler.engines import (
     pod_counters,
     pod_reading,
 )
-from keda_gpu_scaler.engines._common import SIZE_ROLES, Series, model_of
+from keda_gpu_scaler.engines._common import LATENCY_KINDS, SIZE_ROLES, Series, model_of
 from keda_gpu_scaler.exposition import Sample
 
 PageKey = tuple[str, str, str]
@@ -126,7 +126,8 @@ def _by_role(counters: DemandCounters) -> dict[tuple[str, ...], float] | None:
     for role, series in roles:
         if not isinstance(series, Missing):
             values.update(((role, *key), value) for key, value in series.items())
-    values.update(((key[0], *key), value) for key, value in counters.sizes.items())
+    for histograms in (counters.sizes, counters.latency):
+        values.update(((key[0], *key), value) for key, value in histograms.items())
     return values
 
 
@@ -149,6 +150,9 @@ class Track:
     # missing until a page gives one again, whatever older points say.
     problem: Missing | None = None
     engine: str = "unknown"  # what the newest page was read as (for /explain)
+    # The latency histograms' increases over the window (role `KIND:le=BOUND`, `KIND:sum`, `KIND:count`
+    # → increase, summed over the model's series): what latency.py reads; empty without two points.
+    latency: Mapping[str, float] = field(default_factory=dict)
 
 
 def demand_point(
@@ -172,6 +176,19 @@ def demand_point(
         None if isinstance(counters.generation_tokens, Missing) else _sum(counters.generation_tokens),
         sizes,
     )
+
+
+def _latency_increases(ends: Sequence[PagePoint], model: str | None) -> dict[str, float]:
+    """Each latency role's increase between the window's two ends (a series that appeared within it
+    counts from 0: its running total starts there)."""
+    if len(ends) < 2:
+        return {}
+    first, last = ends[0].totals, ends[-1].totals
+    increases: dict[str, float] = {}
+    for (role, series_model), total in last.items():
+        if role.split(":", 1)[0] in LATENCY_KINDS and (model is None or series_model == model):
+            increases[role] = increases.get(role, 0.0) + total - first.get((role, series_model), 0.0)
+    return increases
 
 
 def _lost(points: Sequence[PagePoint], engine: str, model: str | None) -> float:
@@ -252,7 +269,7 @@ class DemandHistory:
             # Requests restarted engines held were lost, neither finished nor in flight after: counted as
             # still in flight, so that their arrival is not taken back (a restart counts from empty).
             usable[1] = dataclasses.replace(usable[1], in_flight=usable[1].in_flight + lost)
-        return Track(usable, len(points), None, engine_name)
+        return Track(usable, len(points), None, engine_name, _latency_increases(ends, model))
 
     @staticmethod
     def _end(

@@ -15,6 +15,7 @@ from keda_gpu_scaler import exposition
 from keda_gpu_scaler.engines import llamacpp, sglang, tgi, triton, trtllm, trtllm_serve, vllm
 from keda_gpu_scaler.engines._common import (
     AUTO,
+    LATENCY_KINDS,
     MODEL_LABELS,
     POD_LABELS,
     DemandCounters,
@@ -37,6 +38,7 @@ __all__ = [
     "ENGINES",
     "ENGINE_CHOICES",
     "ENGINE_SAMPLE_NAMES",
+    "LATENCY_FAMILIES",
     "MODEL_LABELS",
     "POD_LABELS",
     "DemandCounters",
@@ -170,6 +172,12 @@ ENGINE_SAMPLE_NAMES: frozenset[str] = frozenset(name for module in ENGINES for n
 
 DEMAND_SAMPLE_NAMES: frozenset[str] = frozenset(name for module in ENGINES for name in module.counter_names)
 """The counters `metric: demand` reads besides the gauges: pod pages are parsed with these too."""
+
+LATENCY_FAMILIES: dict[str, tuple[str, ...]] = {
+    kind: tuple(name for module in (vllm, sglang, tgi) for name in module.LATENCY.get(kind, ()))
+    for kind in LATENCY_KINDS
+}
+"""Per latency kind, the histograms engines print it in (their base names): for messages."""
 
 ENGINE_CHOICES: tuple[str, ...] = (AUTO, *(engine.value for engine in Engine))
 """The values the trigger key `engine` allows, `auto` first."""

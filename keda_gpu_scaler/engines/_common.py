@@ -321,6 +321,8 @@ class DemandCounters:
     prompt_tokens: Series | Missing
     generation_tokens: Series | Missing
     sizes: Series = field(default_factory=dict)
+    # Where the engine prints latency histograms: their bucket, _sum and _count series (see latency_series).
+    latency: Series = field(default_factory=dict)
 
 
 # The roles of per-request token histogram series in DemandCounters.sizes (the first item of each key).
@@ -399,3 +401,44 @@ def histogram_sizes(
             return {}
         sizes.update(((role, *key[1:]), value) for key, value in counted.items())
     return sizes
+
+
+# The latency kinds a trigger's SLO targets (slo.py) and the engines' histograms name.
+TTFT, TPOT = "ttft", "tpot"
+LATENCY_KINDS = (TTFT, TPOT)
+
+LatencyFamilies = Mapping[str, tuple[str, ...]]
+"""An engine's latency histograms: kind (slo.TTFT, slo.TPOT) → its base names, preferred first (a newer
+name, another spelling): the first one on a page is read, so a page printing two counts once."""
+
+
+def latency_names(families: LatencyFamilies) -> frozenset[str]:
+    """The sample names of the histograms, for the page filter."""
+    return frozenset(f"{b}_{part}" for bases in families.values() for b in bases for part in _HISTOGRAM_PARTS)
+
+
+_HISTOGRAM_PARTS = ("bucket", "sum", "count")
+
+
+def latency_series(
+    samples: Sequence[Sample], families: LatencyFamilies, split_labels: tuple[str, ...], model: str | None
+) -> Series:
+    """The latency histograms' series, keyed (role, model, split label values): role `KIND:le=BOUND` for
+    a bucket, `KIND:sum`, `KIND:count`. A kind whose histogram is absent or unusable has no series."""
+    series: dict[tuple[str, ...], float] = {}
+    for kind, bases in families.items():
+        base = next((b for b in bases if any(s.name == f"{b}_count" for s in samples)), None)
+        if base is None:
+            continue
+        parts: dict[tuple[str, ...], float] = {}
+        for part in _HISTOGRAM_PARTS:
+            labels = (*split_labels, "le") if part == "bucket" else split_labels
+            counted = counter_series(samples, (CounterFamily((f"{base}_{part}",), labels),), model=model)
+            if isinstance(counted, Missing):
+                break
+            for key, value in counted.items():
+                le = key[-1] if part == "bucket" else part
+                parts[(f"{kind}:{le}", key[1], *key[2 : len(key) - (part == "bucket")])] = value
+        else:
+            series.update(parts)
+    return series

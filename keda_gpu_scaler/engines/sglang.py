@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from keda_gpu_scaler.engines._common import (
+    TPOT,
+    TTFT,
     CounterFamily,
     DemandCounters,
     Engine,
@@ -14,6 +16,8 @@ from keda_gpu_scaler.engines._common import (
     engine_count,
     fraction_percent,
     gauge_of_spellings,
+    latency_names,
+    latency_series,
     models_on,
 )
 from keda_gpu_scaler.exposition import Sample
@@ -56,7 +60,21 @@ PROMPT_TOKENS = CounterFamily(
 GENERATION_TOKENS = CounterFamily(
     ("sglang:generation_tokens_total", "sglang_generation_tokens_total"), ENGINE_LABELS, absent_hint=_LAZY
 )
-COUNTER_NAMES = frozenset(n for f in (FINISHED, PROMPT_TOKENS, GENERATION_TOKENS) for n in f.spellings)
+# Latency histograms (collector.py, observed per request): time to first token, and the time between
+# output tokens (inter_token_latency; time_per_output_token, a request's mean, where a release lacks it).
+# Both spellings, as for the gauges.
+LATENCY = {
+    TTFT: ("sglang:time_to_first_token_seconds", "sglang_time_to_first_token_seconds"),
+    TPOT: (
+        "sglang:inter_token_latency_seconds",
+        "sglang_inter_token_latency_seconds",
+        "sglang:time_per_output_token_seconds",
+        "sglang_time_per_output_token_seconds",
+    ),
+}
+COUNTER_NAMES = frozenset(
+    n for f in (FINISHED, PROMPT_TOKENS, GENERATION_TOKENS) for n in f.spellings
+) | latency_names(LATENCY)
 
 
 def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
@@ -84,4 +102,5 @@ def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounter
         finished=counter_series(samples, (FINISHED,), model=model),
         prompt_tokens=counter_series(samples, (PROMPT_TOKENS,), model=model),
         generation_tokens=counter_series(samples, (GENERATION_TOKENS,), model=model),
+        latency=latency_series(samples, LATENCY, ENGINE_LABELS, model),
     )

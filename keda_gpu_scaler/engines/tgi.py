@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from keda_gpu_scaler.engines._common import (
+    TPOT,
     CounterFamily,
     DemandCounters,
     Engine,
@@ -14,6 +15,8 @@ from keda_gpu_scaler.engines._common import (
     engine_count,
     gauge,
     histogram_sizes,
+    latency_names,
+    latency_series,
     not_exported,
 )
 from keda_gpu_scaler.exposition import Sample
@@ -42,9 +45,14 @@ FINISHED = CounterFamily(("tgi_request_success",), absent_hint="TGI prints it on
 FAILED = CounterFamily(("tgi_request_failure",), ("err",), optional=True)
 PROMPT_TOKENS = CounterFamily((f"{INPUT_LENGTH}_sum",))
 GENERATION_TOKENS = CounterFamily((f"{GENERATED_TOKENS}_sum",))
-COUNTER_NAMES = frozenset(n for f in (FINISHED, FAILED) for n in f.spellings) | {
-    f"{name}_{part}" for name in (INPUT_LENGTH, GENERATED_TOKENS) for part in ("sum", "count")
-}
+# Latency: TGI prints no time-to-first-token histogram (its prefill and queue durations are parts of it,
+# not it); tgi_request_mean_time_per_token_duration is each request's mean time per output token.
+LATENCY = {TPOT: ("tgi_request_mean_time_per_token_duration",)}
+COUNTER_NAMES = (
+    frozenset(n for f in (FINISHED, FAILED) for n in f.spellings)
+    | {f"{name}_{part}" for name in (INPUT_LENGTH, GENERATED_TOKENS) for part in ("sum", "count")}
+    | latency_names(LATENCY)
+)
 
 
 def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
@@ -66,4 +74,5 @@ def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounter
         prompt_tokens=counter_series(samples, (PROMPT_TOKENS,), model=model),
         generation_tokens=counter_series(samples, (GENERATION_TOKENS,), model=model),
         sizes=histogram_sizes(samples, INPUT_LENGTH, GENERATED_TOKENS, ENGINE_LABELS, model),
+        latency=latency_series(samples, LATENCY, ENGINE_LABELS, model),
     )

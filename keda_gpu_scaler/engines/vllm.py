@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from keda_gpu_scaler.engines._common import (
+    TPOT,
+    TTFT,
     CounterFamily,
     DemandCounters,
     Engine,
@@ -17,6 +19,8 @@ from keda_gpu_scaler.engines._common import (
     fraction_percent,
     gauge,
     histogram_sizes,
+    latency_names,
+    latency_series,
     models_on,
 )
 from keda_gpu_scaler.exposition import Sample
@@ -52,6 +56,13 @@ COUNTER_NAMES = frozenset(n for f in (FINISHED, PROMPT_TOKENS, GENERATION_TOKENS
     for name in (REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS)
     for part in ("sum", "count")
 }
+# Latency histograms (vllm/v1/metrics/loggers.py), per engine: time to first token, and the time between
+# output tokens, named inter_token_latency from 0.10 on (time_per_output_token before, the same intervals).
+LATENCY = {
+    TTFT: ("vllm:time_to_first_token_seconds",),
+    TPOT: ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+}
+COUNTER_NAMES |= latency_names(LATENCY)
 METRICS = frozenset(InferenceMetric)
 ENGINE_LABELS = ("engine",)
 
@@ -103,4 +114,5 @@ def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounter
         sizes=histogram_sizes(
             samples, REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS, ENGINE_LABELS, model
         ),
+        latency=latency_series(samples, LATENCY, ENGINE_LABELS, model),
     )

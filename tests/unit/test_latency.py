@@ -1,0 +1,180 @@
+"""The latency SLO's pure parts (SPEC §6): the engines' latency histograms kept per series in the demand
+history, the quantile read from them, the guard that raises the value over target, and the headroom."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from keda_gpu_scaler.collect.demand_history import DemandHistory
+from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
+from keda_gpu_scaler.collect.store import Page, SourceKind, Store
+from keda_gpu_scaler.engines import PodSamples, pod_counters
+from keda_gpu_scaler.exposition import parse_exposition
+from keda_gpu_scaler.latency import LatencyRead, guarded_value, headroom, histogram_quantile, latency_read
+from keda_gpu_scaler.slo import SloTarget
+
+URL = "http://10.0.0.1:8000/metrics"
+INF = math.inf
+
+
+def vllm_text(finished: float, ttft: dict[str, float], engine: str = "0") -> str:
+    """A vLLM page with a TTFT histogram of cumulative bucket counts (le → count)."""
+    lines = [
+        f'vllm:num_requests_running{{engine="{engine}",model_name="m"}} 0',
+        f'vllm:num_requests_waiting{{engine="{engine}",model_name="m"}} 0',
+        f'vllm:request_success_total{{engine="{engine}",model_name="m",finished_reason="stop"}} {finished}',
+    ]
+    lines += [
+        f'vllm:time_to_first_token_seconds_bucket{{engine="{engine}",model_name="m",le="{le}"}} {n}'
+        for le, n in ttft.items()
+    ]
+    count = ttft["+Inf"]
+    lines += [
+        f'vllm:time_to_first_token_seconds_sum{{engine="{engine}",model_name="m"}} {count * 0.5}',
+        f'vllm:time_to_first_token_seconds_count{{engine="{engine}",model_name="m"}} {count}',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def pod(text: str) -> PodSamples:
+    return PodSamples("llm", "chat-0", tuple(parse_exposition(text, POD_PAGE_NAMES)), URL)
+
+
+def test_engines_read_their_latency_histograms_through_the_page_filter() -> None:
+    _, counters = pod_counters(pod(vllm_text(1, {"0.1": 3, "1": 7, "+Inf": 8})).samples)
+    assert counters.latency[("ttft:le=0.1", "m", "engine=0")] == 3
+    assert counters.latency[("ttft:le=+Inf", "m", "engine=0")] == 8
+    assert counters.latency[("ttft:count", "m", "engine=0")] == 8
+    assert not any(key[0].startswith("tpot") for key in counters.latency)
+
+
+def test_sglang_both_spellings_count_once_and_tgi_has_its_per_token_mean() -> None:
+    sglang = "".join(
+        f'{prefix}num_queue_reqs{{model_name="q"}} 0\n{prefix}num_running_reqs{{model_name="q"}} 0\n'
+        f'{prefix}num_requests_total{{model_name="q"}} 5\n'
+        f'{prefix}inter_token_latency_seconds_bucket{{model_name="q",le="0.05"}} {n}\n'
+        f'{prefix}inter_token_latency_seconds_bucket{{model_name="q",le="+Inf"}} 10\n'
+        f'{prefix}inter_token_latency_seconds_sum{{model_name="q"}} 0.4\n'
+        f'{prefix}inter_token_latency_seconds_count{{model_name="q"}} 10\n'
+        for prefix, n in (("sglang:", 9), ("sglang_", 4))
+    )
+    _, counters = pod_counters(pod(sglang).samples)
+    assert counters.latency[("tpot:le=0.05", "q", "dp_rank=")] == 9
+    assert counters.latency[("tpot:count", "q", "dp_rank=")] == 10
+    tgi = (
+        "tgi_queue_size 0\ntgi_batch_current_size 0\ntgi_request_success 3\n"
+        'tgi_request_mean_time_per_token_duration_bucket{le="0.02"} 2\n'
+        'tgi_request_mean_time_per_token_duration_bucket{le="+Inf"} 3\n'
+        "tgi_request_mean_time_per_token_duration_sum 0.07\n"
+        "tgi_request_mean_time_per_token_duration_count 3\n"
+    )
+    _, counters = pod_counters(pod(tgi).samples)
+    assert counters.latency == {
+        ("tpot:le=0.02", ""): 2,
+        ("tpot:le=+Inf", ""): 3,
+        ("tpot:sum", ""): 0.07,
+        ("tpot:count", ""): 3,
+    }
+
+
+def test_the_history_keeps_each_bucket_per_series_across_a_restart() -> None:
+    store = Store()
+    history = DemandHistory(forget_after=600)
+    store.page_listeners.append(history.on_page)
+    store.add_source(URL, SourceKind.INFERENCE, "llm", "chat-0")
+    pages = [
+        {"0.1": 10, "1": 20, "+Inf": 20},
+        {"0.1": 14, "1": 30, "+Inf": 31},  # +4, +10, +11
+        {"0.1": 2, "1": 3, "+Inf": 3},  # the engine restarted: counts from 0, +2, +3, +3
+        {"0.1": 2, "1": 5, "+Inf": 6},  # +0, +2, +3
+    ]
+    store.record_page(Page.from_readings(URL, 0, [pod(vllm_text(0, pages[0]))]))
+    history.read(pod(vllm_text(0, pages[0])), "auto", None, 60, 0)
+    for at, buckets in enumerate(pages[1:], start=1):
+        store.record_page(Page.from_readings(URL, at * 5, [pod(vllm_text(at, buckets))]))
+    track = history.read(pod(vllm_text(0, pages[0])), "auto", "m", 60, 15)
+    assert {k: v for k, v in track.latency.items() if "le=" in k} == {
+        "ttft:le=0.1": 6,
+        "ttft:le=1": 15,
+        "ttft:le=+Inf": 17,
+    }
+    assert track.latency["ttft:count"] == 17
+    assert history.read(pod(vllm_text(0, pages[0])), "auto", "other", 60, 15).latency == {}
+
+
+@pytest.mark.parametrize(
+    ("buckets", "q", "answer"),
+    [
+        ({0.1: 50, 0.5: 90, 1.0: 100, INF: 100}, 0.95, (0.75, False)),  # within (0.5, 1]: 0.5 + 0.5 × 5/10
+        ({0.1: 50, 0.5: 90, 1.0: 100, INF: 100}, 0.5, (0.1, False)),
+        ({0.2: 40, 1.0: 100, INF: 100}, 0.1, (0.05, False)),  # the first bucket counts from 0
+        ({0.1: 50, 0.5: 90, 1.0: 94, INF: 100}, 0.95, (1.0, True)),  # in +Inf: the highest finite bound
+        ({0.1: 0, INF: 0}, 0.95, None),  # no requests: no latency
+        ({0.1: 5, 1.0: 5}, 0.95, None),  # no +Inf bucket: not a histogram
+        ({0.1: 50, 0.5: 45, INF: 100}, 0.5, (0.1, False)),  # a dip (a reset in one pod) never counts back
+    ],
+)
+def test_histogram_quantile(buckets: dict[float, float], q: float, answer: tuple[float, bool] | None) -> None:
+    found = histogram_quantile(buckets, q)
+    assert found == answer if answer is None else found == pytest.approx(answer)
+
+
+def test_latency_read_sums_buckets_over_pods_and_names_pods_without_the_family() -> None:
+    pods = {
+        "a": {"ttft:le=0.5": 45, "ttft:le=1": 50, "ttft:le=+Inf": 50, "ttft:sum": 20, "ttft:count": 50},
+        "b": {"ttft:le=0.5": 45, "ttft:le=1": 50, "ttft:le=+Inf": 50, "ttft:sum": 30, "ttft:count": 50},
+        "c": {},
+    }
+    read = latency_read("ttft", pods, 0.95)
+    assert read.quantile == pytest.approx(0.75) and read.mean == pytest.approx(0.5)
+    assert (read.requests, read.pods_read, read.pods_without) == (100, 2, ("c",))
+    assert "vllm:time_to_first_token_seconds" in read.family and not read.above_highest_bound
+    idle = {"a": {"ttft:le=0.5": 0, "ttft:le=+Inf": 0, "ttft:sum": 0, "ttft:count": 0}}
+    nothing = latency_read("ttft", idle, 0.95)
+    assert (nothing.quantile, nothing.mean, nothing.pods_read) == (None, None, 1)
+
+
+def read_of(kind: str, quantile: float | None) -> LatencyRead:
+    return LatencyRead(kind, 0.95, quantile, quantile, 10, 1, (), "")
+
+
+@pytest.mark.parametrize(
+    ("ready", "ttft", "tpot", "value", "guarded"),
+    [
+        (4, 1.0, 0.04, 30.0, 30.0),  # within both targets: unchanged
+        (4, 2.0, 0.04, 30.0, 30.0),  # exactly on target: unchanged
+        (4, 2.6, 0.04, 30.0, 60.0),  # 30 % over: ceil(4 × 0.3) = 2 more pods → 6 × 10
+        (4, 1.0, 0.1, 30.0, 80.0),  # TPOT 2× over: 4 more (at most doubling)
+        (4, 9.0, 0.04, 30.0, 80.0),  # far over: still at most doubling
+        (20, 2.1, 0.04, 150.0, 230.0),  # 5 % over: 1 pod is within the HPA's tolerance, so 3
+        (4, 2.6, 0.04, 90.0, 90.0),  # never lowered
+        (0, 9.0, 0.04, 30.0, 30.0),  # no ready pod: nothing to scale from
+        (4, None, None, 30.0, 30.0),  # no read: no made-up latency
+    ],
+)
+def test_guarded_value(
+    ready: int, ttft: float | None, tpot: float | None, value: float, guarded: float
+) -> None:
+    reads = {"ttft": read_of("ttft", ttft), "tpot": read_of("tpot", tpot)}
+    slo = SloTarget(2.0, 50.0, 0.95)
+    assert guarded_value(value, ready, 10.0, reads, slo) == pytest.approx(guarded)
+    assert guarded_value(value, ready, 10.0, reads, None) == value
+
+
+@pytest.mark.parametrize(
+    ("slo", "rates", "answer"),
+    [
+        (None, [1, 9], 0.0),  # no SLO: no headroom
+        (SloTarget(2.0, None, 0.95), [10, 10, 10], 0.0),  # a steady rate needs none
+        (SloTarget(2.0, None, 0.95), [8, 12, 8, 12], 1.6448536 * 0.2),  # z(0.95) × CV
+        (SloTarget(2.0, None, 0.5), [8, 12, 8, 12], 0.0),  # a median target: z = 0
+        (SloTarget(2.0, None, 0.99), [1, 19, 1, 19], 1.0),  # bounded
+        (SloTarget(2.0, None, 0.95), [10], None),  # one rate: not measured
+        (SloTarget(2.0, None, 0.95), [0, 0], None),  # nothing arrives: not measured
+    ],
+)
+def test_headroom(slo: SloTarget | None, rates: list[float], answer: float | None) -> None:
+    found = headroom(slo, rates)
+    assert found == answer if answer is None else found == pytest.approx(answer)

@@ -1,0 +1,73 @@
+"""A latency target (SLO) on `metric: demand` (SPEC §6): its keys, defaults, and misuse refused naming key,
+value and range."""
+
+from __future__ import annotations
+
+import pytest
+
+from keda_gpu_scaler.errors import ConfigError
+from keda_gpu_scaler.slo import SloTarget
+from keda_gpu_scaler.trigger import parse_trigger
+
+DEMAND = {"metric": "demand", "threshold": "9", "podNamePrefix": "chat-"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "slo"),
+    [
+        ({}, None),
+        ({"sloTtftSeconds": "2"}, SloTarget(2.0, None, 0.95)),
+        ({"sloTpotMs": "50"}, SloTarget(None, 50.0, 0.95)),
+        (
+            {"sloTtftSeconds": "600", "sloTpotMs": "10000", "sloAttainment": "0.999"},
+            SloTarget(600, 10000, 0.999),
+        ),
+        ({"sloTtftSeconds": "0.25", "sloAttainment": "0.5"}, SloTarget(0.25, None, 0.5)),
+        ({"sloTpotMsFromEnv": "40"}, SloTarget(None, 40.0, 0.95)),
+    ],
+)
+def test_slo_metadata_parses(extra: dict[str, str], slo: SloTarget | None) -> None:
+    assert parse_trigger({**DEMAND, **extra}).slo == slo
+
+
+def test_targets_are_in_seconds() -> None:
+    assert SloTarget(2.0, 50.0).targets() == {"ttft": 2.0, "tpot": 0.05}
+    assert SloTarget(None, 50.0).targets() == {"tpot": 0.05}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "words"),
+    [
+        ({**DEMAND, "sloTtftSeconds": "0"}, ["sloTtftSeconds", "'0'", "0 < sloTtftSeconds <= 600"]),
+        ({**DEMAND, "sloTtftSeconds": "600.1"}, ["sloTtftSeconds", "'600.1'", "<= 600"]),
+        ({**DEMAND, "sloTtftSeconds": "-1"}, ["sloTtftSeconds", "'-1'", "0 < sloTtftSeconds"]),
+        ({**DEMAND, "sloTtftSeconds": "nan"}, ["sloTtftSeconds", "not a number"]),
+        ({**DEMAND, "sloTtftSeconds": "2s"}, ["sloTtftSeconds", "'2s'", "not a number"]),
+        ({**DEMAND, "sloTpotMs": "0"}, ["sloTpotMs", "'0'", "0 < sloTpotMs <= 10000"]),
+        ({**DEMAND, "sloTpotMs": "10001"}, ["sloTpotMs", "'10001'", "<= 10000"]),
+        (
+            {**DEMAND, "sloTpotMs": "50", "sloAttainment": "0.49"},
+            ["sloAttainment", "'0.49'", "0.5 <= sloAttainment <= 0.999"],
+        ),
+        ({**DEMAND, "sloTpotMs": "50", "sloAttainment": "1"}, ["sloAttainment", "'1'", "0.999"]),
+        ({**DEMAND, "sloTpotMs": "50", "sloAttainment": "95"}, ["sloAttainment", "'95'", "0.999"]),
+        ({**DEMAND, "sloAttainment": "0.9"}, ["sloAttainment", "'0.9'", "sloTtftSeconds or sloTpotMs"]),
+        (
+            {"metric": "queue", "threshold": "5", "podNamePrefix": "c-", "sloTtftSeconds": "2"},
+            ["sloTtftSeconds", "'2'", "only to metric=demand", "metric=queue"],
+        ),
+        (
+            {"metric": "utilization", "threshold": "70", "podNamePrefix": "c-", "sloTpotMs": "40"},
+            ["sloTpotMs", "'40'", "only to metric=demand", "metric=utilization"],
+        ),
+        (
+            {"metric": "pending", "threshold": "1", "inferencePool": "pool", "sloAttainment": "0.9"},
+            ["sloAttainment", "'0.9'", "only to metric=demand", "metric=pending"],
+        ),
+    ],
+)
+def test_bad_slo_metadata_names_key_value_and_range(metadata: dict[str, str], words: list[str]) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_trigger(metadata)
+    for word in words:
+        assert word in str(caught.value)
