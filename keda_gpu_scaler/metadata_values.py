@@ -12,6 +12,7 @@ from typing import Any
 from keda_gpu_scaler.demand import MAX_PREFILL_WEIGHT, MAX_WINDOW_SECONDS, MIN_WINDOW_SECONDS
 from keda_gpu_scaler.engines import ENGINE_CHOICES
 from keda_gpu_scaler.errors import ConfigError, quoted
+from keda_gpu_scaler.learned_target import HIGHEST_FACTOR, LOWEST_FACTOR
 from keda_gpu_scaler.names import OBJECT_NAME_RULE, is_object_name
 from keda_gpu_scaler.wire import MAX_WIRE_NUMBER
 
@@ -87,6 +88,28 @@ def parse_threshold(key: str, raw: str) -> float:
         MAX_WIRE_NUMBER,
         f"{MIN_THRESHOLD:g} <= {key} <= {MAX_WIRE_NUMBER:g} (and <= 100 for the percentage metrics"
         " utilization, memory and kv_cache)",
+    )
+
+
+# `threshold: auto`: the target is learned, starting from thresholdStart (SPEC §6, learned targets).
+AUTO_THRESHOLD = "auto"
+
+
+def parse_threshold_or_auto(key: str, raw: str) -> float | str:
+    return AUTO_THRESHOLD if raw == AUTO_THRESHOLD else parse_threshold(key, raw)
+
+
+def parse_threshold_start(key: str, raw: str) -> float:
+    # The learned target moves within [LOWEST_FACTOR, HIGHEST_FACTOR] × thresholdStart: each must stay a
+    # threshold KEDA can carry.
+    low, high = MIN_THRESHOLD / LOWEST_FACTOR, MAX_WIRE_NUMBER / HIGHEST_FACTOR
+    return _number_between(
+        key,
+        raw,
+        low,
+        high,
+        f"{low:g} <= {key} <= {high:g}, so that the learned target, from {LOWEST_FACTOR:g}x to"
+        f" {HIGHEST_FACTOR:g}x of it, stays within threshold's range",
     )
 
 

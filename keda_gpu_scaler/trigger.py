@@ -25,6 +25,7 @@ from keda_gpu_scaler.engines import (
 from keda_gpu_scaler.errors import ConfigError, quoted
 from keda_gpu_scaler.gateways import DEFAULT_GATEWAY_METRICS_PORT
 from keda_gpu_scaler.metadata_values import (
+    AUTO_THRESHOLD,
     enum_parser,
     parse_activation_threshold,
     parse_engine,
@@ -37,7 +38,8 @@ from keda_gpu_scaler.metadata_values import (
     parse_pod_selector,
     parse_port_number,
     parse_prefill_weight,
-    parse_threshold,
+    parse_threshold_or_auto,
+    parse_threshold_start,
     parse_window,
 )
 from keda_gpu_scaler.vendors import Family, NvidiaField
@@ -145,6 +147,13 @@ class TriggerSpec:
     window: float = DEFAULT_WINDOW_SECONDS
     demand_unit: DemandUnit = DemandUnit.REQUESTS
     prefill_weight: float = DEFAULT_PREFILL_WEIGHT
+    # `threshold: auto` only: where the learned target starts (threshold holds it until it moves).
+    threshold_start: float | None = None
+
+    @property
+    def learned(self) -> bool:
+        """The target is learned at run time from the pods' latency (`threshold: auto`)."""
+        return self.threshold_start is not None
 
 
 # The one table of keys: it drives parsing, the defaults, and docs/reference.md's metadata table.
@@ -181,13 +190,23 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "threshold",
         "threshold",
-        parse_threshold,
+        parse_threshold_or_auto,
         _REQUIRED,
         "required",
         "target per pod: in % for utilization, memory and kv_cache (1 <= threshold <= 100); requests or"
         " waiting requests per pod for requests and queue, requests (or weighted tokens) per second one"
         " replica serves for demand, pending requests per pod for pending (0.001 <="
-        " threshold <= 1e15: KEDA carries it as an int64 of milli-units)",
+        " threshold <= 1e15: KEDA carries it as an int64 of milli-units); demand also takes `auto`: learned"
+        " from the pods' latency, starting at `thresholdStart`",
+    ),
+    MetadataKey(
+        "thresholdStart",
+        "threshold_start",
+        parse_threshold_start,
+        None,
+        "required with `threshold: auto`",
+        "demand with threshold auto: the first target, from which the learned one moves within 0.5x-2x"
+        " (0.002 <= thresholdStart <= 5e14)",
     ),
     MetadataKey(
         "activationThreshold",
@@ -407,12 +426,37 @@ def _parse(items: list[tuple[str, str]]) -> TriggerSpec:
         if spec_key.required:
             raise ConfigError(f"metadata {spec_key.key} is required; allowed: {spec_key.help}")
         fields[spec_key.field] = spec_key.default
+    settle_auto_threshold(fields, given)
     _check_metric_fit(fields, given)
     if fields["metric_name"] is None:
         fields["metric_name"] = DEFAULT_METRIC_NAMES[fields["metric"]]
     if fields["pod_selector"] is not None and fields["pod_name_prefix"] is not None:
         raise ConfigError("metadata podSelector and podNamePrefix exclude each other; give one of them")
     return TriggerSpec(**fields)
+
+
+def settle_auto_threshold(fields: dict[str, Any], given: Mapping[str, str]) -> None:
+    """`threshold: auto` targets thresholdStart until the learner moves it: only demand's can be learned."""
+    start_key = given.get("threshold_start")
+    if fields["threshold"] != AUTO_THRESHOLD:
+        if start_key is not None:
+            raise ConfigError(
+                f"metadata {start_key} applies only with threshold: auto (a number is the target itself,"
+                " never learned); remove it or set threshold: auto"
+            )
+        return
+    if fields["metric"] is not Metric.DEMAND:
+        raise ConfigError(
+            f"metadata {given['threshold']}=auto is not allowed for metric={fields['metric'].value}: only"
+            " demand's target is the work one replica serves, which its latency can be learned against"
+            " (percentages and request counts are limits you choose); allowed: a number"
+        )
+    if start_key is None:
+        raise ConfigError(
+            f"metadata thresholdStart is required with {given['threshold']}=auto; allowed: the first"
+            " target (0.002 <= thresholdStart <= 5e14), from which the learned one moves"
+        )
+    fields["threshold"] = fields["threshold_start"]
 
 
 # A percent threshold below 1 is almost always a fraction typed for a percent (vLLM's page prints the
