@@ -25,7 +25,6 @@ from keda_gpu_scaler.engines import (
 from keda_gpu_scaler.errors import ConfigError, quoted
 from keda_gpu_scaler.gateways import DEFAULT_GATEWAY_METRICS_PORT
 from keda_gpu_scaler.metadata_values import (
-    AUTO_THRESHOLD,
     enum_parser,
     parse_activation_threshold,
     parse_engine,
@@ -41,6 +40,7 @@ from keda_gpu_scaler.metadata_values import (
     parse_threshold_or_auto,
     parse_threshold_start,
     parse_window,
+    settle_auto_threshold,
 )
 from keda_gpu_scaler.vendors import Family, NvidiaField
 
@@ -433,30 +433,6 @@ def _parse(items: list[tuple[str, str]]) -> TriggerSpec:
     if fields["pod_selector"] is not None and fields["pod_name_prefix"] is not None:
         raise ConfigError("metadata podSelector and podNamePrefix exclude each other; give one of them")
     return TriggerSpec(**fields)
-
-
-def settle_auto_threshold(fields: dict[str, Any], given: Mapping[str, str]) -> None:
-    """`threshold: auto` targets thresholdStart until the learner moves it: only demand's can be learned."""
-    start_key = given.get("threshold_start")
-    if fields["threshold"] != AUTO_THRESHOLD:
-        if start_key is not None:
-            raise ConfigError(
-                f"metadata {start_key} applies only with threshold: auto (a number is the target itself,"
-                " never learned); remove it or set threshold: auto"
-            )
-        return
-    if fields["metric"] is not Metric.DEMAND:
-        raise ConfigError(
-            f"metadata {given['threshold']}=auto is not allowed for metric={fields['metric'].value}: only"
-            " demand's target is the work one replica serves, which its latency can be learned against"
-            " (percentages and request counts are limits you choose); allowed: a number"
-        )
-    if start_key is None:
-        raise ConfigError(
-            f"metadata thresholdStart is required with {given['threshold']}=auto; allowed: the first"
-            " target (0.002 <= thresholdStart <= 5e14), from which the learned one moves"
-        )
-    fields["threshold"] = fields["threshold_start"]
 
 
 # A percent threshold below 1 is almost always a fraction typed for a percent (vLLM's page prints the
