@@ -1,11 +1,12 @@
 """Parsers of single trigger metadata values: each takes (key, raw) and returns the value or raises a
-ConfigError naming the key, the value and what is allowed. The table of keys (trigger.KEYS) uses them."""
+ConfigError naming the key, the value and what is allowed. The table of keys (trigger.KEYS) uses them, and
+settle_auto_threshold joins `threshold: auto` to its thresholdStart once all keys are read."""
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from keda_gpu_scaler.demand import MAX_PREFILL_WEIGHT, MAX_WINDOW_SECONDS, MIN_WINDOW_SECONDS
 from keda_gpu_scaler.engines import ENGINE_CHOICES
 from keda_gpu_scaler.errors import ConfigError, quoted
+from keda_gpu_scaler.learned_target import HIGHEST_FACTOR, LOWEST_FACTOR
 from keda_gpu_scaler.names import OBJECT_NAME_RULE, is_object_name
 from keda_gpu_scaler.wire import MAX_WIRE_NUMBER
 
@@ -108,6 +110,56 @@ def parse_threshold(key: str, raw: str) -> float:
         f"{MIN_THRESHOLD:g} <= {key} <= {MAX_WIRE_NUMBER:g} (and <= 100 for the percentage metrics"
         " utilization, memory and kv_cache)",
     )
+
+
+# `threshold: auto`: the target is learned, starting from thresholdStart (SPEC §6, learned targets).
+AUTO_THRESHOLD = "auto"
+
+
+def parse_threshold_or_auto(key: str, raw: str) -> float | str:
+    return AUTO_THRESHOLD if raw == AUTO_THRESHOLD else parse_threshold(key, raw)
+
+
+# The learned target moves within [LOWEST_FACTOR, HIGHEST_FACTOR] × thresholdStart: each must stay a
+# threshold KEDA can carry.
+MIN_THRESHOLD_START = MIN_THRESHOLD / LOWEST_FACTOR
+MAX_THRESHOLD_START = MAX_WIRE_NUMBER / HIGHEST_FACTOR
+
+
+def parse_threshold_start(key: str, raw: str) -> float:
+    return number_between(
+        key,
+        raw,
+        MIN_THRESHOLD_START,
+        MAX_THRESHOLD_START,
+        f"{MIN_THRESHOLD_START:g} <= {key} <= {MAX_THRESHOLD_START:g}, so that the learned target, from"
+        f" {LOWEST_FACTOR:g}x to {HIGHEST_FACTOR:g}x of it, stays within threshold's range",
+    )
+
+
+def settle_auto_threshold(fields: dict[str, Any], given: Mapping[str, str]) -> None:
+    """`threshold: auto` targets thresholdStart until the learner moves it: only demand's can be learned."""
+    start_key = given.get("threshold_start")
+    if fields["threshold"] != AUTO_THRESHOLD:
+        if start_key is not None:
+            raise ConfigError(
+                f"metadata {start_key} applies only with threshold: auto (a number is the target itself,"
+                " never learned); remove it or set threshold: auto"
+            )
+        return
+    if fields["metric"] != "demand":
+        raise ConfigError(
+            f"metadata {given['threshold']}=auto is not allowed for metric={fields['metric']}: only"
+            " demand's target is the work one replica serves, which its latency can be learned against"
+            " (percentages and request counts are limits you choose); allowed: a number"
+        )
+    if start_key is None:
+        raise ConfigError(
+            f"metadata thresholdStart is required with {given['threshold']}=auto; allowed: the first"
+            f" target ({MIN_THRESHOLD_START:g} <= thresholdStart <= {MAX_THRESHOLD_START:g}), from which"
+            " the learned one moves"
+        )
+    fields["threshold"] = fields["threshold_start"]
 
 
 def parse_engine(key: str, raw: str) -> str:

@@ -39,8 +39,10 @@ from keda_gpu_scaler.metadata_values import (
     parse_pod_selector,
     parse_port_number,
     parse_prefill_weight,
-    parse_threshold,
+    parse_threshold_or_auto,
+    parse_threshold_start,
     parse_window,
+    settle_auto_threshold,
 )
 from keda_gpu_scaler.slo import SLO_KEYS, SloTarget, take_slo
 from keda_gpu_scaler.vendors import Family, NvidiaField
@@ -150,6 +152,13 @@ class TriggerSpec:
     prefill_weight: float = DEFAULT_PREFILL_WEIGHT
     # metric=demand only (SPEC §6): the latency target its pods must meet, if the user states one.
     slo: SloTarget | None = None
+    # `threshold: auto` only: where the learned target starts (threshold holds it until it moves).
+    threshold_start: float | None = None
+
+    @property
+    def learned(self) -> bool:
+        """The target is learned at run time from the pods' latency (`threshold: auto`)."""
+        return self.threshold_start is not None
 
 
 # The one table of keys: it drives parsing, the defaults, and docs/reference.md's metadata table.
@@ -169,13 +178,23 @@ KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "threshold",
         "threshold",
-        parse_threshold,
+        parse_threshold_or_auto,
         REQUIRED,
         "required",
         "target per pod: in % for utilization, memory and kv_cache (1 <= threshold <= 100); requests or"
         " waiting requests per pod for requests and queue, requests (or weighted tokens) per second one"
         " replica serves for demand, pending requests per pod for pending (0.001 <="
-        " threshold <= 1e15: KEDA carries it as an int64 of milli-units)",
+        " threshold <= 1e15: KEDA carries it as an int64 of milli-units); demand also takes `auto`: learned"
+        " from the pods' latency, starting at `thresholdStart`",
+    ),
+    MetadataKey(
+        "thresholdStart",
+        "threshold_start",
+        parse_threshold_start,
+        None,
+        "required with `threshold: auto`",
+        "demand with threshold auto: the first target, from which the learned one moves within 0.5x-2x"
+        " (0.002 <= thresholdStart <= 5e14)",
     ),
     MetadataKey(
         "activationThreshold",
@@ -396,6 +415,7 @@ def _parse(items: list[tuple[str, str]]) -> TriggerSpec:
         if spec_key.required:
             raise ConfigError(f"metadata {spec_key.key} is required; allowed: {spec_key.help}")
         fields[spec_key.field] = spec_key.default
+    settle_auto_threshold(fields, given)
     fields["slo"] = take_slo(fields, given, demand=fields["metric"] is Metric.DEMAND)
     _check_metric_fit(fields, given)
     if fields["metric_name"] is None:

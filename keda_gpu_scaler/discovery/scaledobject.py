@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from keda_gpu_scaler.errors import ConfigError
+from keda_gpu_scaler.metadata_values import AUTO_THRESHOLD
+from keda_gpu_scaler.slo import SLO_FIELDS, take_slo
 from keda_gpu_scaler.trigger import DEFAULT_METRIC_NAMES, FROM_ENV, KEDA_OWN_KEYS, KEYS, Metric, TriggerSpec
 
 EXTERNAL_TRIGGER_TYPES = frozenset({"external", "external-push"})
@@ -101,6 +103,17 @@ def _fields_of(metadata: Mapping[str, Any]) -> tuple[tuple[str, Any], ...] | Non
         if spec_key.required:
             return None  # neither given nor from the environment: KEDA's call fails too
         fields[spec_key.field] = spec_key.default
+    if fields.get("threshold") == AUTO_THRESHOLD:
+        fields["threshold"] = fields.get("threshold_start")  # as parse_trigger settles it
+    if all(name in fields for name in SLO_FIELDS):
+        keys = {spec_key.field: spec_key.key for spec_key in KEYS}
+        try:  # folded into one SloTarget, as parse_trigger does
+            fields["slo"] = take_slo(fields, keys, demand=fields.get("metric") is Metric.DEMAND)
+        except ConfigError:
+            return None
+    else:  # some from the environment: left out of the comparison
+        for name in SLO_FIELDS:
+            fields.pop(name, None)
     if "metric_name" not in fields and "metric_name" not in skipped and "metric" in fields:
         # Unless given, the metric name follows the metric (unknown when the metric comes from the env).
         fields["metric_name"] = DEFAULT_METRIC_NAMES[Metric(fields["metric"])]

@@ -148,6 +148,7 @@ def test_exporter_urls() -> None:
 
 
 METADATA = {"threshold": "70", "scalerAddress": "keda-gpu-scaler.keda:6000"}
+AUTO = {"metric": "demand", "threshold": "auto", "thresholdStart": "12", "podNamePrefix": "chat-"}
 
 
 def _scaled_object(*triggers: dict[str, Any], ref: dict[str, str] | None = None) -> dict[str, Any]:
@@ -210,6 +211,24 @@ def test_scale_target_defaults_are_keda_s() -> None:
             ],
             METADATA,
             None,
+        ),
+        # A learned threshold matches its own trigger, not another demand trigger.
+        (
+            [
+                {"type": "external", "metadata": AUTO | {"thresholdStart": "9"}},
+                {"type": "external-push", "metricType": "Value", "metadata": AUTO},
+            ],
+            AUTO,
+            "Value",
+        ),
+        # A latency target tells two demand triggers apart, and matches its own trigger.
+        (
+            [
+                {"type": "external", "metadata": AUTO | {"sloTpotMs": "40"}},
+                {"type": "external-push", "metricType": "Value", "metadata": AUTO | {"sloTpotMs": "50"}},
+            ],
+            AUTO | {"sloTpotMs": "50"},
+            "Value",
         ),
         # No match among several: cannot tell.
         (

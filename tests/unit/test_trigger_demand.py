@@ -81,3 +81,42 @@ def test_misuse_is_a_clear_error(metadata: dict[str, str], words: list[str]) -> 
         parse_trigger(metadata)
     for word in words:
         assert word in str(raised.value), str(raised.value)
+
+
+@pytest.mark.parametrize("unit", ["requests", "tokens"])
+def test_a_learned_threshold_starts_at_threshold_start(unit: str) -> None:
+    spec = parse_trigger({**DEMAND, "threshold": "auto", "thresholdStart": "12", "demandUnit": unit})
+    assert (spec.threshold, spec.threshold_start, spec.learned) == (12.0, 12.0, True)
+    assert not parse_trigger(DEMAND).learned
+    # KEDA may resolve it from the target's environment, like any threshold.
+    assert parse_trigger({**DEMAND, "threshold": "auto", "thresholdStartFromEnv": "7"}).threshold == 7.0
+
+
+@pytest.mark.parametrize(
+    ("metadata", "words"),
+    [
+        ({**DEMAND, "threshold": "auto"}, ["thresholdStart is required", "threshold=auto", "0.002"]),
+        ({**DEMAND, "thresholdStart": "12"}, ["thresholdStart", "only with threshold: auto"]),
+        ({**DEMAND, "threshold": "auto", "thresholdStart": "0.001"}, ["thresholdStart='0.001'", "0.002"]),
+        ({**DEMAND, "threshold": "auto", "thresholdStart": "1e15"}, ["thresholdStart='1e15'", "5e+14"]),
+        (
+            {**DEMAND, "threshold": "auto", "thresholdStart": "auto"},
+            ["thresholdStart='auto'", "not a number"],
+        ),
+        ({**DEMAND, "threshold": "Auto", "thresholdStart": "12"}, ["threshold='Auto'", "not a number"]),
+        (
+            {**DEMAND, "metric": "requests", "threshold": "auto", "thresholdStart": "12"},
+            ["threshold=auto", "metric=requests", "only demand"],
+        ),
+        (
+            {"metric": "kv_cache", "threshold": "auto", "thresholdStart": "80", "podNamePrefix": "p-"},
+            ["threshold=auto", "metric=kv_cache"],
+        ),
+        ({"threshold": "auto", "thresholdStart": "80", "podNamePrefix": "p-"}, ["metric=utilization"]),
+    ],
+)
+def test_learned_threshold_misuse_is_a_clear_error(metadata: dict[str, str], words: list[str]) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_trigger(metadata)
+    for word in words:
+        assert word in str(raised.value), str(raised.value)
