@@ -84,7 +84,9 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
         return _add_pending(spec, snapshot, evaluate({}, (), spec, aggregation, targets.starting), decision)
     problems = "; ".join(view.problems[:5])
     if view.sources == 0:
-        raise NoData(f"no {snapshot.kind.value} source is configured or discovered for namespace {snapshot.namespace!r}")
+        raise NoData(
+            f"no {snapshot.kind.value} source is configured or discovered for namespace {snapshot.namespace!r}"
+        )
     if view.fresh_sources == 0:
         raise NoData(f"no source has fresh data: {problems}")
     target_pods = snapshot.target_pods
@@ -123,7 +125,9 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
     return evaluation
 
 
-def _pod_rows(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> tuple[dict[str, PodRow], dict[str, str]]:
+def _pod_rows(
+    spec: TriggerSpec, snapshot: Snapshot, decision: Decision
+) -> tuple[dict[str, PodRow], dict[str, str]]:
     """Each reporting pod's row, and why the others have no value."""
     if spec.metric is Metric.DEMAND:
         size = snapshot.pool.tokens_per_request if snapshot.pool is not None else None
@@ -135,7 +139,9 @@ def _pod_rows(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> tupl
     return pod_values(snapshot.gpu, spec), {}
 
 
-def _add_pending(spec: TriggerSpec, snapshot: Snapshot, evaluation: Evaluation, decision: Decision) -> Evaluation:
+def _add_pending(
+    spec: TriggerSpec, snapshot: Snapshot, evaluation: Evaluation, decision: Decision
+) -> Evaluation:
     """`demand` with `inferencePool`: the pods' demand plus the pool's pending requests (SPEC §6).
 
     The pool cannot be read (its replicas failing, none known): the pods' demand alone where it
@@ -152,7 +158,9 @@ def _add_pending(spec: TriggerSpec, snapshot: Snapshot, evaluation: Evaluation, 
         pending = pending_evaluation(pool.replicas, spec, snapshot.namespace, pool.no_replica).evaluation
     except NoData as error:
         if evaluation.active:
-            decision.notes += (f"value is a lower bound: the pool's pending requests cannot be read: {error}",)
+            decision.notes += (
+                f"value is a lower bound: the pool's pending requests cannot be read: {error}",
+            )
             return evaluation
         raise
     growth = sum(pool.growth.get(row[0], 0.0) for row in pending.pod_rows)  # the replicas read now
@@ -185,4 +193,3 @@ def _prefix_matching_nothing(spec: TriggerSpec, pods: list[str]) -> str:
 def _listed(names: list[str], limit: int = 10) -> str:
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
     return ", ".join(names[:limit]) + more
-

@@ -16,11 +16,11 @@ from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.errors import ScalerError
 from keda_gpu_scaler.evaluator import Evaluator
-from keda_gpu_scaler.snapshot import Snapshots
 from keda_gpu_scaler.http_endpoints import explanation_json
 from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.registry import Registry
 from keda_gpu_scaler.settings import Settings
+from keda_gpu_scaler.snapshot import Snapshots
 from keda_gpu_scaler.subscriptions import Subscriptions
 from keda_gpu_scaler.trigger import parse_trigger
 from keda_gpu_scaler.wanted import EppPage, ExporterPage, PageBindings, PodPage, WantedSources, owning_pod
