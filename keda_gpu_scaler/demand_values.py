@@ -1,5 +1,5 @@
 """`metric: demand` over a target's pods (SPEC §6): each fresh pod's rate from its track, and the pool's
-pending requests added (no I/O: the evaluator hands in the history and what the gateway pages say)."""
+pending requests added (no I/O: decide() hands in each pod page's track and what the gateway pages say)."""
 
 from __future__ import annotations
 

@@ -290,33 +290,31 @@ def _chosen(
 ) -> tuple[tuple[GpuReading, ...], tuple[PodSamples, ...], frozenset[str]]:
     """The target pods' readings in the view (GPU readings, or one PodSamples per inference pod page) and
     every pod that counts as a target, read or not."""
-    families = spec.vendor.families
-    if targets is None:
-        # Without Kubernetes the targets are the pods the fresh pages name (with or without a usable
-        # value) plus those recently seen on sources now failing or stale; the prefix selects them.
-        prefix = spec.pod_name_prefix or ""
-        chosen: Callable[[str], bool] = lambda pod: pod.startswith(prefix)  # noqa: E731
-        own: Callable[[PodSamples], bool] = lambda page: chosen(page.pod)  # noqa: E731
-    else:
-        chosen = targets.pods.__contains__
+    if targets is not None:
         # A pod may serve several pages (one per container): the trigger reads its own.
-        pages = {
+        own = {
             pod: page[1]
             for pod in targets.pods
             if (endpoint := targets.endpoints.get(pod)) is not None
             and (page := page_of(endpoint, spec.metrics_port, spec.metrics_path)) is not None
         }
-        own = lambda page: pages.get(page.pod) == page.source  # noqa: E731
-    pods: tuple[PodSamples, ...] = ()
-    gpu: tuple[GpuReading, ...] = ()
-    if spec.metric.inference:
-        pods = tuple(r for r in view.readings if isinstance(r, PodSamples) and own(r))
-    else:
-        gpu = tuple(
-            r for r in view.readings if isinstance(r, GpuReading) and chosen(r.pod) and r.family in families
-        )
-    if targets is not None:
-        return gpu, pods, targets.pods
+        pods = tuple(r for r in view.readings if isinstance(r, PodSamples) and own.get(r.pod) == r.source)
+        return _gpu(view, spec, targets.pods.__contains__), pods, targets.pods
+    # Without Kubernetes the targets are the pods the fresh pages name (with or without a usable value)
+    # plus those recently seen on sources now failing or stale; the prefix selects them.
+    prefix = spec.pod_name_prefix or ""
+    pods = tuple(r for r in view.readings if isinstance(r, PodSamples) and r.pod.startswith(prefix))
+    gpu = _gpu(view, spec, lambda pod: pod.startswith(prefix))
     target_pods = {r.pod for r in pods} | {r.pod for r in gpu}
-    target_pods.update(pod for pod in view.recently_seen if chosen(pod))
+    target_pods.update(pod for pod in view.recently_seen if pod.startswith(prefix))
     return gpu, pods, frozenset(target_pods)
+
+
+def _gpu(view: NamespaceView, spec: TriggerSpec, chosen: Callable[[str], bool]) -> tuple[GpuReading, ...]:
+    """The chosen pods' GPU readings of the trigger's vendor families (none for an inference metric)."""
+    if spec.metric.inference:
+        return ()
+    families = spec.vendor.families
+    return tuple(
+        r for r in view.readings if isinstance(r, GpuReading) and chosen(r.pod) and r.family in families
+    )
