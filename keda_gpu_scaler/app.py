@@ -29,13 +29,14 @@ from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.discovery.api import ConnectError, KubeApi, connect
 from keda_gpu_scaler.discovery.resolver import DiscoveryConfig, KubeDiscovery
-from keda_gpu_scaler.evaluator import Evaluator, TargetResolver
+from keda_gpu_scaler.evaluator import Evaluator
 from keda_gpu_scaler.http_endpoints import http_app
 from keda_gpu_scaler.logs import quiet_non_http_clients
 from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.registry import Explanation, Followed, Registry, Subscription
 from keda_gpu_scaler.service import ExternalScalerService, HealthStatus, add_services
 from keda_gpu_scaler.settings import Settings, SettingsError, resolve_kubernetes
+from keda_gpu_scaler.snapshot import Snapshots, TargetResolver
 from keda_gpu_scaler.subscriptions import Subscriptions
 from keda_gpu_scaler.supervise import supervised
 from keda_gpu_scaler.tls import ReloadingServerCredentials
@@ -114,9 +115,8 @@ class App:
         self.gateway_pages = GatewayPages(self.wanted)
         for namespace, pool, url in settings.gateway_urls:
             self.gateway_pages.add_static(namespace, pool, url)
-        self.evaluator = Evaluator(
+        self.snapshots = Snapshots(
             store=self.store,
-            telemetry=self.telemetry,
             max_staleness=settings.max_staleness,
             prometheus_max_staleness=settings.prometheus_max_staleness,
             clock=clock,
@@ -128,6 +128,7 @@ class App:
             demand_forget_after=settings.interest_ttl,
             scrape_interval=settings.scrape_interval,
         )
+        self.evaluator = Evaluator(snapshots=self.snapshots, telemetry=self.telemetry)
         self.registry = Registry(
             ttl=settings.interest_ttl,
             cap=settings.max_scaledobjects,

@@ -1,5 +1,5 @@
-"""`metric: demand` over a target's pods (SPEC §6): each fresh pod's rate from its history, and the pool's
-pending requests added (no I/O: the evaluator hands in the history and what the gateway pages say)."""
+"""`metric: demand` over a target's pods (SPEC §6): each fresh pod's rate from its track, and the pool's
+pending requests added (no I/O: decide() hands in each pod page's track and what the gateway pages say)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 
-from keda_gpu_scaler.collect.demand_history import DemandHistory
+from keda_gpu_scaler.collect.demand_history import Track
 from keda_gpu_scaler.demand import DemandPoint, DemandUnit, pending_demand, pod_demand
-from keda_gpu_scaler.engines import Missing, MissingKind, PodSamples
+from keda_gpu_scaler.engines import Missing, MissingKind
 from keda_gpu_scaler.errors import ConfigError, NoData
 from keda_gpu_scaler.scaling import (
     ROW_VALUE,
@@ -28,13 +28,12 @@ REQUESTS_PER_SECOND = "requestsPerSecond"
 
 
 def demand_pod_values(
-    history: DemandHistory,
-    pages: Iterable[PodSamples],
+    tracks: Iterable[tuple[str, Track]],
     spec: TriggerSpec,
-    now: float,
     tokens_per_request: float | None = None,
 ) -> tuple[dict[str, PodRow], dict[str, str], tuple[str, ...]]:
-    """Each fresh pod's rate (rows for evaluate()), why the other pods are missing, and notes.
+    """Each fresh pod's rate (rows for evaluate()) from its page's track over the window, why the other
+    pods are missing, and notes.
 
     A pod whose newest page gives no point (a NaN or negative counter, a family gone, an engine not
     started) is missing: never a made-up rate. A Ready pod with a page but no rate yet (one page within
@@ -51,32 +50,31 @@ def demand_pod_values(
     without_rate: dict[str, tuple[str, str, int]] = {}
     problems: dict[str, str] = {}
     unfinished: list[str] = []  # pods taking requests of which none finished (sized, see above)
-    for page in pages:
-        track = history.read(page, spec.engine, spec.model, spec.window, now)
+    for pod, track in tracks:
         if track.problem is not None:
             if track.problem.kind is MissingKind.MODEL_CASE:
-                raise ConfigError(f"metadata model: pod {page.pod}: {track.problem.reason}")
+                raise ConfigError(f"metadata model: pod {pod}: {track.problem.reason}")
             if track.problem.kind is MissingKind.NOT_EXPORTED:
-                raise NoData(f"pod {page.pod}: {track.problem.reason}; metric demand cannot be served")
-            problems[page.pod] = track.problem.reason
+                raise NoData(f"pod {pod}: {track.problem.reason}; metric demand cannot be served")
+            problems[pod] = track.problem.reason
             continue
         points = track.points
         rate = pod_demand(points, spec.demand_unit, spec.prefill_weight)
         if isinstance(rate, Missing) and rate.kind is MissingKind.NO_RATE and spec.inference_pool:
             rate = _sized_without_finishes(points, spec, tokens_per_request, rate)
             if not isinstance(rate, Missing):
-                unfinished.append(page.pod)  # its value is no measure of tokens per request
+                unfinished.append(pod)  # its value is no measure of tokens per request
         if isinstance(rate, Missing):
             if rate.kind is MissingKind.NOT_EXPORTED:
-                raise NoData(f"pod {page.pod}: {rate.reason}")
-            without_rate[page.pod] = (rate.reason, track.engine, track.used)
+                raise NoData(f"pod {pod}: {rate.reason}")
+            without_rate[pod] = (rate.reason, track.engine, track.used)
             continue
         span = points[-1].at - points[0].at
-        rates[page.pod] = (rate, track.engine, track.used, span)
-        if spec.demand_unit is not DemandUnit.REQUESTS and page.pod not in unfinished:
+        rates[pod] = (rate, track.engine, track.used, span)
+        if spec.demand_unit is not DemandUnit.REQUESTS and pod not in unfinished:
             requests = pod_demand(points, DemandUnit.REQUESTS)
             if not isinstance(requests, Missing):
-                request_rates[page.pod] = requests
+                request_rates[pod] = requests
     rows = {
         pod: pod_row(
             pod,

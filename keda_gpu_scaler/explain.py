@@ -20,6 +20,7 @@ from keda_gpu_scaler.http_endpoints import explanation_json
 from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.registry import Registry
 from keda_gpu_scaler.settings import Settings
+from keda_gpu_scaler.snapshot import Snapshots
 from keda_gpu_scaler.subscriptions import Subscriptions
 from keda_gpu_scaler.trigger import parse_trigger
 from keda_gpu_scaler.wanted import EppPage, ExporterPage, PageBindings, PodPage, WantedSources, owning_pod
@@ -37,13 +38,10 @@ async def explain_once(
     gateway_pages = GatewayPages(wanted)
     for namespace_of_page, pool, url in settings.gateway_urls:
         gateway_pages.add_static(namespace_of_page, pool, url)
-    evaluator = Evaluator(
-        store=store,
-        telemetry=telemetry,
-        max_staleness=settings.max_staleness,
-        clock=clock,
-        gateway_pages=gateway_pages,
+    snapshots = Snapshots(
+        store=store, max_staleness=settings.max_staleness, clock=clock, gateway_pages=gateway_pages
     )
+    evaluator = Evaluator(snapshots=snapshots, telemetry=telemetry)
     registry = Registry(
         ttl=settings.interest_ttl,
         cap=1,

@@ -7,12 +7,13 @@ import pytest
 from keda_gpu_scaler.collect.demand_history import DemandHistory
 from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
 from keda_gpu_scaler.collect.store import Page, SourceKind
-from keda_gpu_scaler.demand_values import demand_pod_values, with_pending
+from keda_gpu_scaler.demand_values import demand_pod_values as pod_values_of_tracks
+from keda_gpu_scaler.demand_values import with_pending
 from keda_gpu_scaler.engines import PodSamples
 from keda_gpu_scaler.errors import NoData
 from keda_gpu_scaler.exposition import parse_exposition
-from keda_gpu_scaler.scaling import evaluate
-from keda_gpu_scaler.trigger import Aggregation, parse_trigger
+from keda_gpu_scaler.scaling import PodRow, evaluate
+from keda_gpu_scaler.trigger import Aggregation, TriggerSpec, parse_trigger
 
 SPEC = parse_trigger({"metric": "demand", "threshold": "10", "podNamePrefix": "chat-", "window": "60"})
 POOLED = parse_trigger(
@@ -26,6 +27,14 @@ def pod(name: str, finished: float | str, flight: float = 0) -> PodSamples:
         f'vllm:request_success_total{{engine="0",finished_reason="stop"}} {finished}\n'
     )
     return PodSamples("llm", name, tuple(parse_exposition(text, POD_PAGE_NAMES)))
+
+
+def demand_pod_values(
+    history: DemandHistory, pages: list[PodSamples], spec: TriggerSpec, now: float
+) -> tuple[dict[str, PodRow], dict[str, str], tuple[str, ...]]:
+    """The pods' values from their pages' tracks, read as a snapshot reads them."""
+    tracks = [(p.pod, history.read(p, spec.engine, spec.model, spec.window, now)) for p in pages]
+    return pod_values_of_tracks(tracks, spec)
 
 
 def history_of(pages: dict[float, list[PodSamples]]) -> DemandHistory:

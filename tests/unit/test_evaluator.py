@@ -9,6 +9,7 @@ from keda_gpu_scaler.errors import NoData
 from keda_gpu_scaler.evaluator import Evaluator
 from keda_gpu_scaler.metrics import Telemetry
 from keda_gpu_scaler.registry import Registry
+from keda_gpu_scaler.snapshot import Snapshots
 from keda_gpu_scaler.trigger import parse_trigger
 from keda_gpu_scaler.vendors import Family, GpuReading
 
@@ -21,7 +22,8 @@ def page(at: float, value: float) -> Page:
 
 
 def evaluator_at(store: Store, now: list[float]) -> Evaluator:
-    return Evaluator(store=store, telemetry=Telemetry(), max_staleness=15.0, clock=lambda: now[0])
+    snapshots = Snapshots(store=store, max_staleness=15.0, clock=lambda: now[0])
+    return Evaluator(snapshots=snapshots, telemetry=Telemetry())
 
 
 def test_the_same_result_again_keeps_the_evaluation_and_explanation_objects() -> None:

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
+from keda_gpu_scaler.decide import aggregation_for
 from keda_gpu_scaler.errors import NoData
-from keda_gpu_scaler.evaluator import aggregation_for
 from keda_gpu_scaler.scaling import (
     GpuValue,
     PodValue,

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from keda_gpu_scaler.decide import aggregation_for
 from keda_gpu_scaler.errors import ConfigError
-from keda_gpu_scaler.evaluator import aggregation_for
 from keda_gpu_scaler.trigger import (
     Aggregation,
     GpuAggregation,
