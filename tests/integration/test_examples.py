@@ -21,8 +21,9 @@ from keda_gpu_scaler.recommended import GUARD, SIZING, WAKE, Recommended
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "keda-gpu-scaler"
 EXAMPLE_VALUES = CHART / "examples"
-# The README's words are matched across its line breaks.
+# The README's words are matched across its line breaks; WORDS: the README's and the chart's README's.
 README = " ".join((ROOT / "README.md").read_text().split())
+WORDS = README + " " + " ".join((CHART / "README.md").read_text().split())
 
 
 def released_image() -> str:
@@ -107,10 +108,8 @@ def rendered(example: str) -> list[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class Said:
-    example: (
-        str  # a kustomize directory, a ScaledObject file or a chart values file, from the repository root
-    )
-    words: tuple[str, ...]  # what the README says of it, verbatim
+    example: str  # a kustomize directory, a ScaledObject file or a chart values file (repository paths)
+    words: tuple[str, ...]  # what the README (or the chart's) says of it, verbatim
     renders: dict[str, Any] = field(default_factory=dict)  # what those words mean, in the terms of `facts`
 
 
@@ -122,6 +121,17 @@ VLLM = "vllm/vllm-openai"
 # What every chart example's NetworkPolicy admits: into the scaler only, gRPC from KEDA, /metrics from
 # monitoring; no policy in the namespaces the scaler reads (tenantNetworkPolicy is off in each).
 SCALER_POLICY = ["keda/keda-gpu-scaler: grpc from keda", "keda/keda-gpu-scaler: http from monitoring"]
+# What the chart renders without values, and the exporters the scaler reads by default (the NVIDIA GPU
+# Operator's dcgm-exporter, app=nvidia-dcgm-exporter, and the AMD GPU Operator's metrics-exporter among them).
+CHART_KINDS, EXPORTERS = facts(render())["kinds"], list(DEFAULT_EXPORTER_SELECTORS)
+
+
+def chart_example(*kinds: str, exporters: list[str] = EXPORTERS) -> dict[str, Any]:
+    """What a chart example renders: the released image, its NetworkPolicy and `kinds` added."""
+    added = sorted({*CHART_KINDS, "NetworkPolicy", *kinds})
+    return {"image": RELEASED_IMAGE, "admits": SCALER_POLICY, "kinds": added, "exporters": exporters}
+
+
 CHART_WORDS = (
     "each with a NetworkPolicy into the scaler only (gRPC from KEDA, `/metrics` from namespace `monitoring`)",
 )
@@ -188,37 +198,34 @@ EXAMPLES = [
     ),
     Said(
         "charts/keda-gpu-scaler/examples/vllm-values.yaml",
-        ("`vllm-values.yaml` (the vLLM examples)", *CHART_WORDS),
-        {"image": RELEASED_IMAGE, "admits": SCALER_POLICY},
+        (
+            "`vllm-values.yaml` (the vLLM examples)",
+            "vLLM sized on `demand` with a `requests` guard (`vllm-values.yaml`",
+            *CHART_WORDS,
+        ),
+        chart_example(),
     ),
     Said(
         "charts/keda-gpu-scaler/examples/aks-values.yaml",
         ("`aks-values.yaml` (NVIDIA GPU Operator)", *CHART_WORDS),
-        {"image": RELEASED_IMAGE, "admits": SCALER_POLICY},
+        chart_example(),
     ),
     Said(
         "charts/keda-gpu-scaler/examples/doks-values.yaml",
         ("`doks-values.yaml` (AMD GPU Operator, with a ServiceMonitor and the alerts)", *CHART_WORDS),
-        {"image": RELEASED_IMAGE, "admits": SCALER_POLICY},
+        chart_example("ServiceMonitor", "PrometheusRule"),
     ),
     Said(
         "charts/keda-gpu-scaler/examples/ack-values.yaml",
         ("`ack-values.yaml` (adds ACK's exporter with `exporterSelectors.ack.enabled`)", *CHART_WORDS),
-        {"image": RELEASED_IMAGE, "admits": SCALER_POLICY},
+        chart_example(exporters=[*EXPORTERS, "k8s-app=ack-prometheus-gpu-exporter"]),
     ),
 ]
-# The exporters and objects each chart example's words name, beyond the chart's defaults.
-NAMED_EXPORTERS = {
-    "aks-values.yaml": "app=nvidia-dcgm-exporter:9400",
-    "doks-values.yaml": "app.kubernetes.io/name=metrics-exporter,daemonset-name:5000",
-    "ack-values.yaml": "k8s-app=ack-prometheus-gpu-exporter",
-}
-NAMED_KINDS = {"doks-values.yaml": {"ServiceMonitor", "PrometheusRule"}}
 
 
 @pytest.mark.parametrize("said", EXAMPLES, ids=lambda s: s.example.split("examples/")[1])
 def test_the_readme_says_what_each_example_renders(said: Said) -> None:
-    unsaid = [words for words in said.words if words not in README]
+    unsaid = [words for words in said.words if words not in WORDS]
     assert not unsaid, f"the README no longer says this of {said.example}: {unsaid}"
     found = facts(rendered(said.example))
     for key, expected in said.renders.items():
@@ -236,14 +243,6 @@ def test_every_example_is_in_the_table() -> None:
         assert str(directory.relative_to(ROOT)) in covered, directory.name
     for values in sorted(EXAMPLE_VALUES.glob("*.yaml")):
         assert str(values.relative_to(ROOT)) in covered, values.name
-
-
-@pytest.mark.parametrize("name", sorted(NAMED_EXPORTERS))
-def test_the_chart_examples_read_the_exporters_and_add_the_objects_the_readme_names(name: str) -> None:
-    found = facts(rendered(f"charts/keda-gpu-scaler/examples/{name}"))
-    assert NAMED_EXPORTERS[name] in found["exporters"], found["exporters"]
-    added = set(found["kinds"]) - set(facts(render())["kinds"]) - {"NetworkPolicy"}
-    assert added == NAMED_KINDS.get(name, set()), added
 
 
 def notes_of(values: dict[str, Any]) -> str:
