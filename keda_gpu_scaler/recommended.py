@@ -1,6 +1,6 @@
 """The LLM-serving triggers this project recommends, in one place. The README, the chart's NOTES.txt and
 example values, the CLI help, the demo's status lines and the manifests' examples all say this set;
-tests/unit/test_recommended.py checks each against it."""
+tests/integration/test_recommended.py and test_examples.py check each against it."""
 
 from __future__ import annotations
 
