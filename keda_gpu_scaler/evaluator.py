@@ -85,7 +85,11 @@ class Evaluator:
                 subscription.metric_labels = labels
 
     def _learn(
-        self, followed: Followed, subscription: Subscription, spec: TriggerSpec, snapshot: Snapshot,
+        self,
+        followed: Followed,
+        subscription: Subscription,
+        spec: TriggerSpec,
+        snapshot: Snapshot,
         decision: Decision,
     ) -> None:
         """`threshold: auto`: one sample per pod and window for the trigger's learner, then its target
@@ -115,7 +119,9 @@ class Evaluator:
         followed.targets.set(spec, subscription.learned.target)
 
 
-def _remember_demand(subscription: Subscription, spec: TriggerSpec, now: float, evaluation: Evaluation) -> None:
+def _remember_demand(
+    subscription: Subscription, spec: TriggerSpec, now: float, evaluation: Evaluation
+) -> None:
     """The fresh pods' summed demand, for the SLO's headroom: at most four a window (a stream evaluates on
     every page), those of the last HEADROOM_SPAN seconds."""
     sums = subscription.demand_sums

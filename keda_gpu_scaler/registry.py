@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 from keda_gpu_scaler.decide import SloReading
 from keda_gpu_scaler.errors import ConfigError, TooManyScaledObjects, quoted
-from keda_gpu_scaler.names import NAMESPACE_RULE, OBJECT_NAME_RULE, is_namespace, is_object_name
 from keda_gpu_scaler.learned_target import LearnedTarget, Learner
+from keda_gpu_scaler.names import NAMESPACE_RULE, OBJECT_NAME_RULE, is_namespace, is_object_name
 from keda_gpu_scaler.scaling import Evaluation
 from keda_gpu_scaler.spec_targets import CurrentTargets
 from keda_gpu_scaler.trigger import TriggerSpec

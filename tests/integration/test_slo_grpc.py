@@ -16,7 +16,9 @@ __all__ = ["fleet"]  # the fixture, shared with test_demand_grpc
 TTFT_BOUNDS = ("0.25", "0.5", "1", "+Inf")
 
 
-def page_with_latency(finished: float, ttft_bucket: str = "0.25", tokens: float = 0, per_token: float = 0) -> str:
+def page_with_latency(
+    finished: float, ttft_bucket: str = "0.25", tokens: float = 0, per_token: float = 0
+) -> str:
     """A vLLM page whose `finished` requests all took a first token within `ttft_bucket`, and whose
     `tokens` output tokens took `per_token` seconds each (running totals)."""
     buckets = [
@@ -84,7 +86,9 @@ async def target(f) -> float:  # type: ignore[no-untyped-def]
     return (await f.scaler.stub.GetMetricSpec(ref(AUTO))).metricSpecs[0].targetSizeFloat
 
 
-async def test_a_learned_target_moves_from_threshold_start_to_the_capacity_at_the_latency_target(fleet) -> None:  # type: ignore[no-untyped-def]
+async def test_a_learned_target_moves_from_threshold_start_to_the_capacity_at_the_latency_target(
+    fleet,
+) -> None:  # type: ignore[no-untyped-def]
     f = await learning(fleet, [])
     stream = f.scaler.stub.StreamMetricSpec(ref(AUTO))
     assert (await stream.read()).metricSpecs[0].targetSizeFloat == 10
@@ -93,14 +97,21 @@ async def test_a_learned_target_moves_from_threshold_start_to_the_capacity_at_th
     assert (await stream.read()).metricSpecs[0].targetSizeFloat == pytest.approx(16)
     stream.cancel()
     learned = (await explain(f.scaler))["learnedTarget"]
-    assert learned["target"] == pytest.approx(16) and learned["bound"] == "none" and learned["movedAt"] is not None
+    assert (
+        learned["target"] == pytest.approx(16)
+        and learned["bound"] == "none"
+        and learned["movedAt"] is not None
+    )
     (fit,) = learned["fits"]
     # A sample per window evaluated (show() evaluates just before each new page is read): 11 of 12.
     assert fit["capacity"] == pytest.approx(16) and fit["samples"] >= 10 and fit["levels"] == 4
     assert NO_PUSH not in (await explain(f.scaler)).get("notes", [])
     async with aiohttp.ClientSession() as session, session.get(f"{f.scaler.http}/metrics") as answer:
         text = await answer.text()
-    assert 'keda_gpu_scaler_learned_target{metric="inference-demand",namespace="llm",scaledobject="chat"} 16' in text
+    assert (
+        'keda_gpu_scaler_learned_target{metric="inference-demand",namespace="llm",scaledobject="chat"} 16'
+        in text
+    )
 
 
 async def learning_more(f, rates: list[float]) -> None:  # type: ignore[no-untyped-def]
