@@ -3,17 +3,39 @@ clock, no logging; the caller records the Decision, logs what it asks to and sho
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import logging
 from dataclasses import dataclass, field
 
 from keda_gpu_scaler.demand_values import demand_pod_values, measured_tokens_per_request, with_pending
 from keda_gpu_scaler.errors import ConfigError, NoData
+from keda_gpu_scaler.latency import LatencyRead, guarded_value, headroom, latency_read
 from keda_gpu_scaler.pending import pending_evaluation
-from keda_gpu_scaler.scaling import Evaluation, PodRow, evaluate, inference_pod_values, pod_values
+from keda_gpu_scaler.scaling import (
+    Evaluation,
+    PodRow,
+    WhatIf,
+    desired_replicas_average_value,
+    desired_replicas_value,
+    evaluate,
+    inference_pod_values,
+    pod_values,
+)
+from keda_gpu_scaler.slo import SloTarget
 from keda_gpu_scaler.snapshot import Snapshot
 from keda_gpu_scaler.trigger import Aggregation, Metric, TriggerSpec
 from keda_gpu_scaler.wire import check_rows, check_total
+
+
+@dataclass(frozen=True, slots=True)
+class SloReading:
+    """What a latency target made of the demand, for /explain."""
+
+    target: SloTarget
+    headroom: float | None  # the share added for the arrival rate's variability; None: not measured
+    reads: tuple[LatencyRead, ...]  # one per latency kind the SLO names
+    demand: float  # the value before the SLO
 
 
 @dataclass(slots=True)
@@ -27,6 +49,7 @@ class Decision:
     to_log: list[tuple[str, int]] = field(default_factory=list)  # (note, level): once per ScaledObject
     aggregation_mismatch: bool = False  # metricType contradicts the trigger's aggregation (counted)
     tokens_per_request: float | None = None  # `demand` with a pool: measured now, to be remembered
+    slo: SloReading | None = None  # `demand` with a latency target: what it read and added
 
 
 def decide(spec: TriggerSpec, snapshot: Snapshot) -> Decision:
@@ -120,6 +143,8 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
     except NoData as error:
         raise NoData(f"{error}{'; ' + problems if problems else ''}") from None
     evaluation = _add_pending(spec, snapshot, evaluation, decision)
+    if spec.slo is not None:
+        evaluation = _with_slo(spec, spec.slo, snapshot, evaluation, decision)
     # The workload's value (the pool's pending requests added, for demand) may still be beyond it.
     check_total(evaluation.value, evaluation.pod_rows)
     return evaluation
@@ -170,6 +195,37 @@ def _add_pending(
     evaluation, note = with_pending(evaluation, spec, growth, pending.value, size)
     decision.notes += (note,)
     return evaluation
+
+
+def _with_slo(
+    spec: TriggerSpec, slo: SloTarget, snapshot: Snapshot, evaluation: Evaluation, decision: Decision
+) -> Evaluation:
+    """The demand with the headroom the arrival rate's variability asks for, raised further while the
+    fresh pods' measured latency quantile is over its target (latency.py); never lowered."""
+    fresh = {row[0] for row in evaluation.pod_rows}
+    latency = {pod: track.latency for pod, track in snapshot.tracks if pod in fresh}
+    reads = {kind: latency_read(kind, latency, slo.attainment) for kind in slo.targets()}
+    share = headroom(slo, snapshot.recent_demand)
+    pods = evaluation.what_if.current_replicas
+    # guarded_value works on the workload's sum; a per-pod mean (metricType Value) is that sum ÷ pods.
+    per_pod = evaluation.aggregation is Aggregation.MEAN and pods > 0
+    total = evaluation.value * pods if per_pod else evaluation.value
+    total = guarded_value(total * (1 + (share or 0.0)), pods, spec.threshold, reads, slo)
+    decision.slo = SloReading(slo, share, tuple(reads.values()), evaluation.value)
+    return _with_value(evaluation, spec, total / pods if per_pod else total)
+
+
+def _with_value(evaluation: Evaluation, spec: TriggerSpec, value: float) -> Evaluation:
+    """The evaluation with another value, and the replicas the HPA would ask for at it."""
+    if value == evaluation.value:
+        return evaluation
+    current = evaluation.what_if.current_replicas
+    what_if = WhatIf(
+        current,
+        desired_replicas_average_value(value, spec.threshold, current),
+        desired_replicas_value(value, spec.threshold, current),
+    )
+    return dataclasses.replace(evaluation, value=value, what_if=what_if)
 
 
 def _prefix_matching_nothing(spec: TriggerSpec, pods: list[str]) -> str:

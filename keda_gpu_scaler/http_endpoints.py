@@ -49,7 +49,22 @@ def explanation_json(namespace: str, name: str, explanation: Explanation) -> dic
         entry["notes"] = list(explanation.notes)
     if explanation.discovery is not None:
         entry["discovery"] = explanation.discovery
+    if explanation.slo is not None:
+        entry["slo"] = _camel(explanation.slo)
+        if explanation.slo.headroom is None:
+            entry["slo"]["headroom"] = "not measured: fewer than two recent demand sums, or none above 0"
+    if explanation.learned is not None:
+        entry["learnedTarget"] = _camel(explanation.learned)
     return entry
+
+
+def _camel(record: Any) -> dict[str, Any]:
+    """A dataclass (and those it holds) as JSON keys the way the rest of /explain names them."""
+
+    def camel_dict(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        return {name.split("_")[0] + "".join(w.title() for w in name.split("_")[1:]): v for name, v in pairs}
+
+    return dataclasses.asdict(record, dict_factory=camel_dict)
 
 
 def _pod_json(pod: PodValue) -> dict[str, Any]:

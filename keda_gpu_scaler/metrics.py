@@ -63,6 +63,12 @@ class Telemetry:
             ["namespace", "scaledobject", "metric"],
             registry=r,
         )
+        self.learned_target = Gauge(
+            f"{PREFIX}_learned_target",
+            "the target a threshold: auto trigger has learned (its thresholdStart until it moves)",
+            ["namespace", "scaledobject", "metric"],
+            registry=r,
+        )
         self.aggregation_mismatches = Counter(
             f"{PREFIX}_aggregation_mismatches",
             "evaluations whose explicit aggregation contradicts the trigger's metricType",
@@ -103,9 +109,12 @@ class Telemetry:
         self.scrapes.labels("ok" if ok else "error").inc()
         self.scrape_duration.observe(seconds)
 
-    def publish_trigger(self, labels: tuple[str, str, str], value: float, active: bool) -> bool:
-        """Show a trigger's last value and activity under (namespace, scaledobject, metric); False (and
-        nothing shown) when its ScaledObject already shows MAX_PUBLISHED_TRIGGERS other metrics."""
+    def publish_trigger(
+        self, labels: tuple[str, str, str], value: float, active: bool, learned: float | None = None
+    ) -> bool:
+        """Show a trigger's last value and activity (and its learned target, if any) under (namespace,
+        scaledobject, metric); False (and nothing shown) when its ScaledObject already shows
+        MAX_PUBLISHED_TRIGGERS other metrics."""
         shown = self._published.setdefault(labels[:2], set())
         if labels[2] not in shown:
             if len(shown) >= MAX_PUBLISHED_TRIGGERS:
@@ -114,6 +123,8 @@ class Telemetry:
             shown.add(labels[2])
         self.trigger_value.labels(*labels).set(value)
         self.trigger_active.labels(*labels).set(1 if active else 0)
+        if learned is not None:
+            self.learned_target.labels(*labels).set(learned)
         return True
 
     def forget_labels(self, label_sets: Iterable[tuple[str, str, str]]) -> None:
@@ -124,6 +135,6 @@ class Telemetry:
                 shown.discard(labels[2])
                 if not shown:
                     del self._published[labels[:2]]
-            for gauge in (self.trigger_value, self.trigger_active):
+            for gauge in (self.trigger_value, self.trigger_active, self.learned_target):
                 with contextlib.suppress(KeyError):
                     gauge.remove(*labels)

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from keda_gpu_scaler.decide import SloReading
 from keda_gpu_scaler.errors import ConfigError, TooManyScaledObjects, quoted
+from keda_gpu_scaler.learned_target import LearnedTarget, Learner
 from keda_gpu_scaler.names import NAMESPACE_RULE, OBJECT_NAME_RULE, is_namespace, is_object_name
 from keda_gpu_scaler.scaling import Evaluation
 from keda_gpu_scaler.spec_targets import CurrentTargets
@@ -30,6 +32,8 @@ class Explanation:
     error: str | None
     notes: tuple[str, ...] = ()
     targets: Any = None  # what Kubernetes discovery answered (Targets), None without Kubernetes
+    slo: SloReading | None = None  # `demand` with a latency target: its reads and headroom
+    learned: LearnedTarget | None = None  # `threshold: auto`: the target and why
 
     @property
     def discovery(self) -> dict[str, Any] | None:
@@ -55,6 +59,13 @@ class Subscription:
     metric_labels: tuple[str, str, str] | None = None
     # With Kubernetes: the discovery answer its wanted sources (pod pages, exporter nodes) were taken from.
     sources_from: Any = None
+    # `demand` with a latency target: (time, the fresh pods' summed demand) of recent decisions.
+    demand_sums: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=32))
+    # `threshold: auto`: its learner, when it started, when it last took samples, and its last answer.
+    learner: Learner | None = None
+    learning_since: float = 0.0
+    sampled_at: float = float("-inf")
+    learned: LearnedTarget | None = None
 
 
 # Subscriptions kept per ScaledObject: more external triggers than this on one object is not a real
@@ -83,6 +94,7 @@ class Followed:
     # The notes logged so far (most recent last, at most MAX_NOTES_REMEMBERED) and how many were new.
     notes_logged: OrderedDict[str, None] = field(default_factory=OrderedDict)
     notes_new: int = 0
+    spec_streams: int = 0  # StreamMetricSpec streams open for it now
 
     @property
     def explanation(self) -> Explanation | None:

@@ -195,24 +195,39 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         """The specs GetMetricSpec answers, at once, then each published change of the target: never an
         empty list, never the same specs twice in a row."""
         sent: pb.GetMetricSpecResponse | None = None
-        while not self._closing:
-            try:
-                # Following on every round keeps the ScaledObject and its targets alive while it is open.
-                targets = self._registry.follow(ref.namespace, ref.name, spec).targets
-            except ResourceExhausted:
-                # Forgotten, and no room to follow it again now: what was sent stands.
-                namespace = ref.namespace
-                await self._store.wait_for_change(
-                    namespace, self._store.version(namespace), self._stream_recheck
-                )
-                continue
-            response = _spec_response(spec, targets.target(spec))
-            seen = targets.version
-            if response != sent:
-                self._telemetry.spec_updates.labels("open" if sent is None else "change").inc()
-                sent = response
-                yield response
-            await targets.wait_for_change(seen, self._stream_recheck)
+        counted: Followed | None = None  # where this stream is counted open (a learned target's push)
+        try:
+            while not self._closing:
+                followed = await self._follow_for_stream(ref, spec)
+                if followed is None:
+                    continue
+                if counted is not followed:
+                    if counted is not None:
+                        counted.spec_streams -= 1
+                    counted = followed
+                    followed.spec_streams += 1
+                targets = followed.targets
+                response = _spec_response(spec, targets.target(spec))
+                seen = targets.version
+                if response != sent:
+                    self._telemetry.spec_updates.labels("open" if sent is None else "change").inc()
+                    sent = response
+                    yield response
+                await targets.wait_for_change(seen, self._stream_recheck)
+        finally:
+            if counted is not None:
+                counted.spec_streams -= 1
+
+    async def _follow_for_stream(self, ref: pb.ScaledObjectRef, spec: TriggerSpec) -> Followed | None:
+        """Follow the ScaledObject again (keeping it and its targets alive while a stream is open); None,
+        after a wait, when it was forgotten and there is no room to follow it again now."""
+        try:
+            return self._registry.follow(ref.namespace, ref.name, spec)
+        except ResourceExhausted:
+            # Forgotten, and no room to follow it again now: what was sent stands.
+            namespace = ref.namespace
+            await self._store.wait_for_change(namespace, self._store.version(namespace), self._stream_recheck)
+            return None
 
     async def _activations(self, ref: pb.ScaledObjectRef, spec: TriggerSpec) -> AsyncIterator[None]:
         """Yield once per inactive→active transition (and at once if active when opened). Never false.

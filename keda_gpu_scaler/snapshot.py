@@ -65,6 +65,8 @@ class Snapshot:
     target_pods: frozenset[str] = frozenset()  # every pod that counts, read or not
     tracks: tuple[tuple[str, Track], ...] = ()  # `demand`: each pod page over the window
     pool: PoolSnapshot | None = None  # `pending`, and `demand` with inferencePool
+    # `demand` with a latency target: the fresh pods' summed demand at recent decisions, oldest first.
+    recent_demand: tuple[float, ...] = ()
 
 
 class Snapshots:
@@ -159,8 +161,11 @@ class Snapshots:
             f"{MAX_WINDOW_SECONDS:g}"
         )
 
-    def take(self, namespace: str, name: str, spec: TriggerSpec) -> Snapshot:
-        """What the trigger reads now; NoData when discovery cannot say which pods are the target."""
+    def take(
+        self, namespace: str, name: str, spec: TriggerSpec, recent_demand: tuple[float, ...] = ()
+    ) -> Snapshot:
+        """What the trigger reads now (`recent_demand`: what its recent decisions summed, which the
+        caller keeps); NoData when discovery cannot say which pods are the target."""
         now, kind = self._clock(), self.kind_of(spec)
         pool = self._pool(namespace, spec, now) if spec.inference_pool is not None else None
         if spec.metric.gateway:
@@ -174,7 +179,9 @@ class Snapshots:
         if spec.metric is Metric.DEMAND:
             read = self.demand_history.read
             tracks = tuple((p.pod, read(p, spec.engine, spec.model, spec.window, now)) for p in pods)
-        return Snapshot(namespace, now, kind, targets, view, gpu, pods, target_pods, tracks, pool)
+        return Snapshot(
+            namespace, now, kind, targets, view, gpu, pods, target_pods, tracks, pool, recent_demand
+        )
 
     def remember(self, namespace: str, spec: TriggerSpec, tokens_per_request: float) -> None:
         """`demandUnit: tokens`: the pods' tokens per request just measured, for when they measure none."""

@@ -1,0 +1,143 @@
+"""A latency target (SLO) and `threshold: auto` on `metric: demand` (SPEC §6) end to end: loopback vLLM pages
+with latency histograms, real gRPC calls, the scaler on a clock the test moves (see test_demand_grpc)."""
+
+from __future__ import annotations
+
+import logging
+
+import aiohttp
+import pytest
+from test_demand_grpc import DEMAND, MODEL, explain, fleet, ref, value, vllm_page
+
+from keda_gpu_scaler.evaluator import NO_PUSH
+
+__all__ = ["fleet"]  # the fixture, shared with test_demand_grpc
+
+TTFT_BOUNDS = ("0.25", "0.5", "1", "+Inf")
+
+
+def page_with_latency(
+    finished: float, ttft_bucket: str = "0.25", tokens: float = 0, per_token: float = 0
+) -> str:
+    """A vLLM page whose `finished` requests all took a first token within `ttft_bucket`, and whose
+    `tokens` output tokens took `per_token` seconds each (running totals)."""
+    buckets = [
+        f'vllm:time_to_first_token_seconds_bucket{{engine="0",{MODEL},le="{bound}"}}'
+        f" {finished if TTFT_BOUNDS.index(bound) >= TTFT_BOUNDS.index(ttft_bucket) else 0}"
+        for bound in TTFT_BOUNDS
+    ]
+    return vllm_page(finished, 0, 0) + "\n".join(
+        [
+            "# TYPE vllm:time_to_first_token_seconds histogram",
+            *buckets,
+            f'vllm:time_to_first_token_seconds_sum{{engine="0",{MODEL}}} {finished * 0.2}',
+            f'vllm:time_to_first_token_seconds_count{{engine="0",{MODEL}}} {finished}',
+            "# TYPE vllm:inter_token_latency_seconds histogram",
+            f'vllm:inter_token_latency_seconds_bucket{{engine="0",{MODEL},le="+Inf"}} {tokens}',
+            f'vllm:inter_token_latency_seconds_sum{{engine="0",{MODEL}}} {tokens * per_token}',
+            f'vllm:inter_token_latency_seconds_count{{engine="0",{MODEL}}} {tokens}',
+            "",
+        ]
+    )
+
+
+SLO = {**DEMAND, "sloTtftSeconds": "0.5"}
+
+
+async def test_a_first_token_slower_than_the_slo_raises_the_value_above_the_demand(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(1)
+    f.metadata = SLO
+    await f.show(1000, page_with_latency(0, "1"))
+    await f.show(1030, page_with_latency(300, "1"))  # 10/s, every first token within 0.5-1 s
+    # One pod at 10/s against a threshold of 10: the plain demand is 10; over its target it asks for one more.
+    assert await value(f.scaler, SLO) == pytest.approx(20)
+    explained = await explain(f.scaler)
+    slo = explained["slo"]
+    assert slo["target"]["ttftSeconds"] == 0.5 and slo["demand"] == pytest.approx(10)
+    assert slo["headroom"].startswith("not measured"), slo
+    (read,) = slo["reads"]
+    assert read["kind"] == "ttft" and read["quantile"] > 0.5 and read["requests"] == 300
+    assert read["podsRead"] == 1 and read["podsWithout"] == [] and read["aboveHighestBound"] is False
+
+
+async def test_a_first_token_within_the_slo_leaves_the_demand_unchanged(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(1)
+    f.metadata = SLO
+    await f.show(1000, page_with_latency(0))
+    await f.show(1030, page_with_latency(300))
+    assert await value(f.scaler, SLO) == pytest.approx(10)
+    assert (await explain(f.scaler))["slo"]["reads"][0]["quantile"] < 0.5
+
+
+AUTO = {**DEMAND, "threshold": "auto", "thresholdStart": "10", "window": "30"}
+
+
+async def learning(fleet, rates: list[float]):  # type: ignore[no-untyped-def]
+    """One pod whose time per output token is 10 ms + 2.5 ms per request/s, at each rate for a window
+    (capacity at the default 50 ms target: 16/s); the fleet after."""
+    f = await fleet(1)
+    f.metadata = AUTO
+    await f.show(1000, page_with_latency(0))
+    await learning_more(f, rates)
+    return f
+
+
+async def target(f) -> float:  # type: ignore[no-untyped-def]
+    return (await f.scaler.stub.GetMetricSpec(ref(AUTO))).metricSpecs[0].targetSizeFloat
+
+
+async def test_a_learned_target_moves_from_threshold_start_to_the_capacity_at_the_latency_target(
+    fleet,
+) -> None:  # type: ignore[no-untyped-def]
+    f = await learning(fleet, [])
+    stream = f.scaler.stub.StreamMetricSpec(ref(AUTO))
+    assert (await stream.read()).metricSpecs[0].targetSizeFloat == 10
+    await learning_more(f, [2, 4, 6, 8] * 3)
+    assert await target(f) == pytest.approx(16)
+    assert (await stream.read()).metricSpecs[0].targetSizeFloat == pytest.approx(16)
+    stream.cancel()
+    learned = (await explain(f.scaler))["learnedTarget"]
+    assert (
+        learned["target"] == pytest.approx(16)
+        and learned["bound"] == "none"
+        and learned["movedAt"] is not None
+    )
+    (fit,) = learned["fits"]
+    # A sample per window evaluated (show() evaluates just before each new page is read): 11 of 12.
+    assert fit["capacity"] == pytest.approx(16) and fit["samples"] >= 10 and fit["levels"] == 4
+    assert NO_PUSH not in (await explain(f.scaler)).get("notes", [])
+    async with aiohttp.ClientSession() as session, session.get(f"{f.scaler.http}/metrics") as answer:
+        text = await answer.text()
+    assert (
+        'keda_gpu_scaler_learned_target{metric="inference-demand",namespace="llm",scaledobject="chat"} 16'
+        in text
+    )
+
+
+async def learning_more(f, rates: list[float]) -> None:  # type: ignore[no-untyped-def]
+    """learning()'s pod over more windows (its totals count from its first, empty page)."""
+    finished = tokens = seconds = 0.0
+    at = f.clock.now
+    for rate in rates:
+        at += 30
+        finished += rate * 30
+        tokens += rate * 30 * 10
+        seconds += rate * 30 * 10 * (0.010 + 0.0025 * rate)
+        await f.show(at, page_with_latency(finished, tokens=tokens, per_token=seconds / tokens))
+
+
+async def test_too_few_samples_keep_threshold_start(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await learning(fleet, [2, 4, 6, 8])
+    assert await target(f) == 10
+    learned = (await explain(f.scaler))["learnedTarget"]
+    assert learned["target"] == 10 and "no Ready pod has a usable fit" in learned["reason"]
+    assert "too few samples" in learned["fits"][0]["note"]
+
+
+async def test_an_auto_target_without_a_spec_stream_is_warned_about_once(fleet, caplog) -> None:  # type: ignore[no-untyped-def]
+    caplog.set_level(logging.WARNING, logger="keda_gpu_scaler.registry")
+    f = await learning(fleet, [2, 4, 6])  # 90 s followed, no StreamMetricSpec stream
+    await value(f.scaler, AUTO)
+    warned = [r for r in caplog.records if NO_PUSH in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert NO_PUSH in (await explain(f.scaler))["notes"]
