@@ -252,8 +252,10 @@ def crowd_rows(r: dict[str, Any], latencies: dict[str, list[float]]) -> list[str
         f" ≤ {WAKE_GOAL:g} s: {met(worst_wake <= WAKE_GOAL, f'{worst_wake - WAKE_GOAL:.2f} s')} |",
         f"| new namespaces' new ScaledObjects (GetMetricSpec every {NEWCOMER_EVERY:g} s) | {newcomers}{why} |"
         f" always served: {met(bool(newcomers) and refused == 0, f'{refused} refused')} |",
+        f"| the scaler's CPU (all threads, share of one core), alone / beside the crowds |"
+        f" {' / '.join(f'{share:.0f} %' for share in r.get('cpu_percent', []))} | |",
         f"| followed ScaledObjects, peak (gauge) | {r.get('followed_max', float('nan')):.0f} | |",
-        f"| /metrics reads (every second) failed, alone / beside the crowds | {r.get('metrics_failed', {})} | |",
+        f"| /metrics reads (every second) failed, alone / beside the crowds | {dict(r.get('metrics_failed', {})) or 'none'} | |",
         f"| models crowd's answers | {r.get('crowd_models', 'not run')} | |",
         f"| flood crowd's answers | {r.get('crowd_flood', 'not run')} | |",
     ]

@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -481,6 +482,9 @@ async def attack(
     health = health_pb2_grpc.HealthStub(channel)
     http = aiohttp.ClientSession()
     t0 = time.monotonic()
+    cpu = [
+        (t0, server.child.cpu())
+    ]  # (when, the scaler's CPU seconds): at the start of each phase, and the end
     phase = "calm"
     # KEDA calls GetMetricSpec when it reconciles the ScaledObject, and GetMetrics at the HPA's next
     # sync: collection starts with the first call, so the polls begin once every exporter was tried.
@@ -588,6 +592,7 @@ async def attack(
 
     # The attack: issue #39's crowds, frozen streams (they must get their slots), then the hostile client.
     phase = "attacked"
+    cpu.append((time.monotonic(), server.child.cpu()))
     crowd_seconds = f"{seconds - CALM_HEAD - 15:.0f}"
     crowds = {
         c: await start_role(c, "--target", server.target, "--seconds", crowd_seconds)
@@ -678,6 +683,8 @@ async def attack(
     result["pushes"] = pushes
     result["transitions"] = transitions
     result["seconds"] = time.monotonic() - t0
+    cpu.append((time.monotonic(), server.child.cpu()))
+    result["cpu_percent"] = [100 * (c1 - c0) / (w1 - w0) for (w0, c0), (w1, c1) in itertools.pairwise(cpu)]
     return result
 
 
