@@ -64,6 +64,7 @@ soak: proto $(VENV)/.bench-stamp ## fuzz 10,000 examples per property; 10 min of
 	# bench.soak rewrites docs/SOAK.md: the two below add their sections after it.
 	$(PY) -m bench.soak_registry --minutes 4
 	$(PY) -m bench.soak_hostile --minutes 4 --profile
+	$(PY) -m bench.soak_hostile --minutes 3 --exporters gzip,models,flood --rate 0  # issue #39's crowds alone
 
 docs: proto $(STAMP) ## refresh docs/reference.md's tables and docs/RELIABILITY.md from the code and the fault table
 	$(PY) scripts/readme_tables.py

@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import contextlib
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -46,6 +47,16 @@ from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from bench.harness import ROOT, Child, categorise, page_server, percentile, profile, rss_mib, scaler
+from bench.soak_crowds import (
+    CROWDS,
+    crowd_client,
+    crowd_rows,
+    crowd_setup,
+    gzip_urls,
+    inference_urls,
+    newcomers,
+    serve_crowd_pages,
+)
 from bench.soak_registry import product_commit, write_section
 from bench.soak_tenants import (
     TENANT_ATTACK,
@@ -75,7 +86,8 @@ LEGIT_STREAMS = 100
 MAX_STREAMS = FROZEN_STREAMS + 50  # frozen streams alone leave no room for the legitimate ones
 HOSTILE_RATE = 300.0  # RPC/s offered by the hostile client
 CALM_HEAD = 30.0  # seconds with only the hostile exporters, before the hostile client and streams
-HOSTILE_EXPORTERS = ("bomb", "big", "redirect", "slowloris", "prometheus", "tenants")
+PAGE_EXPORTERS = ("bomb", "big", "redirect", "slowloris", "prometheus")  # the setup's words name all of them
+HOSTILE_EXPORTERS = (*PAGE_EXPORTERS, "tenants", *CROWDS)
 BOMB_INFLATED = 256 * 1024 * 1024
 BIG_SERIES = 150_000
 PROMETHEUS_ELEMENTS = 50_000  # ~15 MiB of /api/v1/query vector
@@ -143,6 +155,7 @@ def prometheus_vector(shift: int) -> bytes:
 async def serve_hostile_exporters(redirect_to: str) -> None:
     counts: Counter[str] = Counter()
     tenant_ports, tenant_sizes, stop_tenants = await serve_tenant_neighbours(counts)
+    crowd_port, stop_crowds = await serve_crowd_pages(counts)
     bomb = bomb_body()
     big_first, big_rest = big_page()
     vectors = (prometheus_vector(0), prometheus_vector(1))
@@ -210,7 +223,7 @@ async def serve_hostile_exporters(redirect_to: str) -> None:
 
     loris = await asyncio.start_server(slowloris, "127.0.0.1", 0)
     ports["slowloris"] = loris.sockets[0].getsockname()[1]
-    ports.update(tenant_ports)
+    ports.update(tenant_ports, crowds=crowd_port)
     print(json.dumps(ports), flush=True)
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -219,6 +232,7 @@ async def serve_hostile_exporters(redirect_to: str) -> None:
     await stopping.wait()
     loris.close()
     await stop_tenants()
+    await stop_crowds()
     for runner in runners:
         await runner.cleanup()
 
@@ -349,11 +363,42 @@ async def spawn(*args: str) -> tuple[Child, dict[str, Any]]:
     return child, json.loads(line)
 
 
+async def start_role(role: str, *args: str) -> asyncio.subprocess.Process:
+    """One of the soak's own processes (--role), its output piped."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.soak_hostile",
+        "--role",
+        role,
+        *args,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def last_json(process: asyncio.subprocess.Process, timeout: float) -> Any:
+    """The last line a role process printed (its summary), once it ended; None if it printed none."""
+    out, _ = await asyncio.wait_for(process.communicate(), timeout)
+    return json.loads(out.decode().strip().splitlines()[-1]) if out.strip() else None
+
+
 async def run(minutes: float, with_profile: bool, exporters_used: list[str], rate: float) -> str:
     seconds = minutes * 60
     if seconds < CALM_HEAD + 30:
         raise SystemExit("--minutes must leave at least 30 s after the first 30 s")
-    latencies: dict[str, list[float]] = {"calm": [], "attacked": [], "floor calm": [], "floor attacked": []}
+    latencies: dict[str, list[float]] = {
+        key: []
+        for key in (
+            "calm",
+            "attacked",
+            "floor calm",
+            "floor attacked",
+            "GetMetrics calm",
+            "GetMetrics attacked",
+        )
+    }
     codes: Counter[str] = Counter()
     rss: list[tuple[float, float]] = []
     open_streams: list[tuple[float, float]] = []
@@ -363,13 +408,16 @@ async def run(minutes: float, with_profile: bool, exporters_used: list[str], rat
     await gateway.start()
     async with page_server(HEALTHY_EXPORTERS) as pages:
         exporters, ports = await spawn("--role", "exporters", "--redirect-to", pages.url(0))
-        tenants = "tenants" in exporters_used
-        env = {"KEDA_GPU_SCALER_GATEWAY_URL": gateway_urls(ports, gateway.port)} if tenants else {}
+        env = {"KEDA_GPU_SCALER_GATEWAY_URL": gateway_urls(ports, gateway.port, "tenants" in exporters_used)}
+        if "models" in exporters_used:
+            env["KEDA_GPU_SCALER_INFERENCE_URL"] = inference_urls(ports["crowds"])
         hostile_urls = {
             name: f"http://127.0.0.1:{port}/metrics"
             for name, port in ports.items()
             if name in exporters_used and name != "prometheus"
         }
+        if "gzip" in exporters_used:
+            hostile_urls.update({f"gzip pod {i}": url for i, url in enumerate(gzip_urls(ports["crowds"]))})
         prometheus = {}
         if "prometheus" in exporters_used:
             prometheus["prometheus_url"] = f"http://127.0.0.1:{ports['prometheus']}"
@@ -387,7 +435,7 @@ async def run(minutes: float, with_profile: bool, exporters_used: list[str], rat
                 result = await attack(
                     server,
                     pages,
-                    gateway if tenants else None,
+                    gateway,
                     seconds,
                     with_profile,
                     rate,
@@ -395,7 +443,8 @@ async def run(minutes: float, with_profile: bool, exporters_used: list[str], rat
                     codes,
                     rss,
                     open_streams,
-                    bool(prometheus),
+                    exporters_used,
+                    ports["crowds"],
                 )
                 result["scaler_peak_rss"] = rss_mib(server.child.pid)[1]
                 result["scaler_log"] = list(server.child.tail)
@@ -416,7 +465,7 @@ async def run(minutes: float, with_profile: bool, exporters_used: list[str], rat
 async def attack(
     server: Any,
     pages: Any,
-    gateway: HealthyGateway | None,
+    gateway: HealthyGateway,
     seconds: float,
     with_profile: bool,
     rate: float,
@@ -424,7 +473,8 @@ async def attack(
     codes: Counter[str],
     rss: list[tuple[float, float]],
     open_streams: list[tuple[float, float]],
-    hostile_prometheus: bool,
+    used: list[str],
+    crowd_port: int,
 ) -> dict[str, Any]:
     result: dict[str, Any] = {}
     channel = grpc.aio.insecure_channel(server.target)
@@ -432,11 +482,17 @@ async def attack(
     health = health_pb2_grpc.HealthStub(channel)
     http = aiohttp.ClientSession()
     t0 = time.monotonic()
+    cpu = [
+        (t0, server.child.cpu())
+    ]  # (when, the scaler's CPU seconds): at the start of each phase, and the end
     phase = "calm"
     # KEDA calls GetMetricSpec when it reconciles the ScaledObject, and GetMetrics at the HPA's next
     # sync: collection starts with the first call, so the polls begin once every exporter was tried.
     await stub.GetMetricSpec(HEALTHY)
     await asyncio.sleep(2 * SCRAPE_INTERVAL)
+
+    metrics_failed: Counter[str] = Counter()
+    result["metrics_failed"] = metrics_failed
 
     async def poll() -> None:
         request = pb.GetMetricsRequest(scaledObjectRef=HEALTHY, metricName="gpu-utilization")
@@ -450,6 +506,8 @@ async def attack(
                     codes[f"{phase} {method} {error.code().name}"] += 1
                     errors.setdefault(error.code().name, f"{method}: {(error.details() or '')[:300]}")
                 latencies[phase].append(time.perf_counter() - started)
+                if method == "GetMetrics":
+                    latencies[f"GetMetrics {phase}"].append(time.perf_counter() - started)
             # The floor: the cheapest call the server has, through the same channel and loop.
             started = time.perf_counter()
             with contextlib.suppress(grpc.aio.AioRpcError):
@@ -504,31 +562,48 @@ async def attack(
                     url, _, why = line.partition("scrape of ")[2].partition(" failed: ")
                     scrape_failures[url] = why[:160]
             rss.append((time.monotonic() - t0, rss_mib(server.child.pid)[0]))
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            try:
                 async with http.get(
                     f"http://127.0.0.1:{server.http_port}/metrics", timeout=aiohttp.ClientTimeout(total=5)
                 ) as response:
                     text = await response.text()
+            except (aiohttp.ClientError, TimeoutError) as error:
+                metrics_failed[f"{phase} {type(error).__name__}"] += 1
+                text = ""
+            else:
                 for line in text.splitlines():
                     if line.startswith("keda_gpu_scaler_open_streams "):
                         open_streams.append((time.monotonic() - t0, float(line.split()[1])))
                     if line.startswith("keda_gpu_scaler_scaledobjects_followed "):
                         result["followed_last"] = float(line.split()[1])
+                        result["followed_max"] = max(result["followed_last"], result.get("followed_max", 0))
             await asyncio.sleep(1)
 
-    tasks = [poll, healthy_stream, load, sampler] + ([poll_hostile_prometheus] if hostile_prometheus else [])
+    tasks = [poll, healthy_stream, load, sampler] + (
+        [poll_hostile_prometheus] if "prometheus" in used else []
+    )
     background = [asyncio.create_task(f()) for f in tasks]
     wakes: dict[str, Any] = {}
     result["wakes"] = wakes
-    if gateway is not None:
-        background += [
-            asyncio.create_task(keep_hostile_pools_wanted(stub)),
-            asyncio.create_task(measure_wakes(stub, gateway, lambda: phase, wakes)),
-        ]
+    background.append(asyncio.create_task(measure_wakes(stub, gateway, lambda: phase, wakes)))
+    if "tenants" in used:
+        background.append(asyncio.create_task(keep_hostile_pools_wanted(stub)))
     await asyncio.sleep(max(0.0, CALM_HEAD - (time.monotonic() - t0)))
 
-    # The attack: frozen streams first (they must get their slots), then the hostile client.
+    # The attack: issue #39's crowds, frozen streams (they must get their slots), then the hostile client.
     phase = "attacked"
+    cpu.append((time.monotonic(), server.child.cpu()))
+    crowd_seconds = f"{seconds - CALM_HEAD - 15:.0f}"
+    crowds = {
+        c: await start_role(c, "--target", server.target, "--seconds", crowd_seconds)
+        for c in used
+        if c in CROWDS
+    }
+    if "gzip" in used:
+        async with http.post(f"http://127.0.0.1:{crowd_port}/arm") as response:
+            response.raise_for_status()
+    if "flood" in used:
+        background.append(asyncio.create_task(newcomers(stub, result)))
     frozen, _ = await spawn("--role", "frozen", "--target", server.target, "--count", str(FROZEN_STREAMS))
     # Frozen only once the scaler holds every one of them (its open-streams gauge).
     for _ in range(120):  # at most 60 s
@@ -541,38 +616,15 @@ async def attack(
     result["frozen_at"] = frozen_at
     client_seconds = seconds - (time.monotonic() - t0) - 15
     hammer = None
-    if gateway is not None:
+    if "tenants" in used:
         # The tenants' later neighbours: 2,000 pool names from one ScaledObject, and the /explain hammer.
         background.append(asyncio.create_task(many_pool_names(stub, max(5.0, client_seconds / 2), result)))
-        hammer = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "bench.soak_hostile",
-            "--role",
-            "explain",
-            "--target",
-            f"http://127.0.0.1:{server.http_port}",
-            "--seconds",
-            f"{max(5.0, client_seconds):.0f}",
-            cwd=ROOT,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+        explain_url = f"http://127.0.0.1:{server.http_port}"
+        hammer = await start_role(
+            "explain", "--target", explain_url, "--seconds", f"{max(5.0, client_seconds):.0f}"
         )
-    hostile = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "bench.soak_hostile",
-        "--role",
-        "client",
-        "--target",
-        server.target,
-        "--rate",
-        f"{rate:g}",
-        "--seconds",
-        f"{client_seconds:.0f}",
-        cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    hostile = await start_role(
+        "client", "--target", server.target, "--rate", f"{rate:g}", "--seconds", f"{client_seconds:.0f}"
     )
     try:
         # Legitimate streams once keepalive had time to drop the frozen ones (time + timeout + margin).
@@ -609,19 +661,16 @@ async def attack(
         result["late_at"] = time.monotonic() - t0
         if profile_task is not None:
             result["profile"] = await profile_task
-        assert hostile.stdout is not None
-        out, _ = await asyncio.wait_for(hostile.communicate(), client_seconds + 120)
-        result["hostile_client"] = json.loads(out.decode().strip().splitlines()[-1]) if out.strip() else None
+        result["hostile_client"] = await last_json(hostile, client_seconds + 120)
         if hammer is not None:
-            out, _ = await asyncio.wait_for(hammer.communicate(), client_seconds + 120)
-            result["explain_hammer"] = (
-                json.loads(out.decode().strip().splitlines()[-1]) if out.strip() else None
-            )
+            result["explain_hammer"] = await last_json(hammer, client_seconds + 120)
+        for crowd, process in crowds.items():
+            result[f"crowd_{crowd}"] = await last_json(process, client_seconds + 120)
         for call in legit_calls:
             call.cancel()
     finally:
-        for process in (hostile, hammer):
-            if process is not None and process.returncode is None:
+        for process in (hostile, *([hammer] if hammer else []), *crowds.values()):
+            if process.returncode is None:
                 process.kill()
                 await process.wait()
         os.kill(frozen.pid, signal.SIGCONT)
@@ -634,6 +683,8 @@ async def attack(
     result["pushes"] = pushes
     result["transitions"] = transitions
     result["seconds"] = time.monotonic() - t0
+    cpu.append((time.monotonic(), server.child.cpu()))
+    result["cpu_percent"] = [100 * (c1 - c0) / (w1 - w0) for (w0, c0), (w1, c1) in itertools.pairwise(cpu)]
     return result
 
 
@@ -648,6 +699,7 @@ def report(
 ) -> str:
     limit = memory_limit_mib()
     peak = r["scaler_peak_rss"]
+    crowds = [c for c in r["exporters"] if c in CROWDS]
     everything = latencies["calm"] + latencies["attacked"]
 
     def stats(values: list[float]) -> str:
@@ -709,18 +761,23 @@ def report(
         f" --max-scaledobjects 5000). Healthy: {HEALTHY_EXPORTERS} exporters (8-GPU dcgm-exporter pages,"
         f" namespace `llm`), their load busy ({BUSY_UTIL:g} %) / idle every {LOAD_PHASE:g} s; ScaledObject"
         f" `llm/healthy` polled GetMetrics + IsActive every {1000 * POLL_EVERY:g} ms, plus one StreamIsActive."
-        f" Hostile exporters, from the start: a gzip bomb ({stats_.get('bomb_bytes', '?')} bytes inflating to"
-        f" {BOMB_INFLATED >> 20} MiB), a {stats_.get('big_bytes', 0) / 1e6:.1f} MB page of {BIG_SERIES} series"
-        " changing on every scrape, a 302 to a healthy exporter's page, a slowloris (headers, then 1 byte per"
-        f" 0.5 s), a Prometheus (`--prometheus-url`) answering every query with a"
-        f" {stats_.get('prometheus_bytes', 0) / 2**20:.1f} MiB vector of {PROMETHEUS_ELEMENTS:,} series, read by"
-        " `hostile-prom/hostile-prometheus` (`source: prometheus`, GetMetrics every second)."
+        + (
+            f" Hostile exporters, from the start: a gzip bomb ({stats_.get('bomb_bytes', '?')} bytes inflating to"
+            f" {BOMB_INFLATED >> 20} MiB), a {stats_.get('big_bytes', 0) / 1e6:.1f} MB page of {BIG_SERIES} series"
+            " changing on every scrape, a 302 to a healthy exporter's page, a slowloris (headers, then 1 byte per"
+            f" 0.5 s), a Prometheus (`--prometheus-url`) answering every query with a"
+            f" {stats_.get('prometheus_bytes', 0) / 2**20:.1f} MiB vector of {PROMETHEUS_ELEMENTS:,} series, read by"
+            " `hostile-prom/hostile-prometheus` (`source: prometheus`, GetMetrics every second)."
+            if set(r["exporters"]) & set(PAGE_EXPORTERS)
+            else ""
+        )
         + (tenant_setup(stats_.get("fat_epp_bytes", 0)) if "tenants" in r["exporters"] else "")
         + " From"
         f" {CALM_HEAD:g} s: {FROZEN_STREAMS} StreamIsActive streams in a process then frozen with"
         f" SIGSTOP, and a hostile client at {r['rate']:g} RPC/s (half new ScaledObjects each with its own name"
         " and namespace, the rest invalid metadata, invalid names, garbage protobuf, or many names in `llm`)"
-        + (TENANT_ATTACK if "tenants" in r["exporters"] else "."),
+        + (TENANT_ATTACK if "tenants" in r["exporters"] else ".")
+        + (crowd_setup(crowds) if crowds else ""),
         "",
         "| check | result | goal |",
         "|---|---|---|",
@@ -746,6 +803,7 @@ def report(
         f"| a new legitimate ScaledObject at {r['late_at']:.0f} s (GetMetricSpec) | {r['late_scaledobject']} | OK |",
         f"| followed ScaledObjects at the end (gauge) | {r.get('followed_last', float('nan')):.0f} | |",
         *(tenant_rows(r, CALM_HEAD) if "tenants" in r["exporters"] else []),
+        *(crowd_rows(r, latencies) if crowds else []),
         f"| hostile client | {hostile.get('rounds', '?')} rounds; {dict(sorted((hostile.get('codes') or {}).items()))} | |",
         f"| hostile exporters' requests | { {k: v for k, v in stats_.items() if not k.endswith('_bytes')} } | |",
         "",
@@ -817,7 +875,7 @@ def parser() -> argparse.ArgumentParser:
     # The processes the soak starts itself.
     p.add_argument(
         "--role",
-        choices=("soak", "exporters", "client", "frozen", "explain"),
+        choices=("soak", "exporters", "client", "frozen", "explain", *CROWDS[1:]),
         default="soak",
         help=argparse.SUPPRESS,
     )
@@ -838,6 +896,8 @@ def main() -> None:
         asyncio.run(frozen_streams(args.target, args.count))
     elif args.role == "explain":
         asyncio.run(explain_hammer(args.target, args.seconds))
+    elif args.role in CROWDS:
+        asyncio.run(crowd_client(args.role, args.target, args.seconds))
     else:
         given = [name for name in args.exporters.split(",") if name]
         unknown = set(given) - set(HOSTILE_EXPORTERS)

@@ -100,19 +100,17 @@ async def serve_tenant_neighbours(
     return {"hanging": server.sockets[0].getsockname()[1], "fat_epp": runner.addresses[0][1]}, sizes, stop
 
 
-def gateway_urls(ports: dict[str, int], healthy_port: int) -> str:
-    """KEDA_GPU_SCALER_GATEWAY_URL for the scaler: the 300 hanging replicas, the fat page, the healthy EPP."""
+def gateway_urls(ports: dict[str, int], healthy_port: int, hostile: bool) -> str:
+    """KEDA_GPU_SCALER_GATEWAY_URL for the scaler: the healthy EPP, and with `hostile` the 300 hanging
+    replicas and the fat page."""
+    healthy = f"{HEALTHY_POOL[0]}/{HEALTHY_POOL[1]}=http://127.0.0.1:{healthy_port}/metrics"
+    if not hostile:
+        return healthy
     hanging = [
         f"hostile-gw/hang-pool=http://127.0.0.1:{ports['hanging']}/r{i}/metrics"
         for i in range(HANGING_REPLICAS)
     ]
-    return ",".join(
-        [
-            *hanging,
-            f"hostile-fat/fat-pool=http://127.0.0.1:{ports['fat_epp']}/metrics",
-            f"{HEALTHY_POOL[0]}/{HEALTHY_POOL[1]}=http://127.0.0.1:{healthy_port}/metrics",
-        ]
-    )
+    return ",".join([*hanging, f"hostile-fat/fat-pool=http://127.0.0.1:{ports['fat_epp']}/metrics", healthy])
 
 
 class HealthyGateway:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import gzip
 import shlex
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
-from bench import soak_hostile, soak_registry
+from bench import soak_crowds, soak_hostile, soak_registry
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler.exposition import parse_exposition
 
 
 def make_soak_arguments(module: str) -> list[str]:
@@ -83,3 +87,39 @@ def test_every_switch_of_the_caches_benchmark_replaces_a_part_of_the_scaler_and_
             during = [getattr(owner, attribute) for owner, attribute in replaced]
         assert replaced and all(a != b for a, b in zip(before, during, strict=True)), name
         assert [getattr(owner, attribute) for owner, attribute in replaced] == before, name
+
+
+def test_the_hostile_soak_runs_issue_39s_crowds_by_default_and_each_one_alone() -> None:
+    assert set(soak_crowds.CROWDS) <= set(soak_hostile.HOSTILE_EXPORTERS)
+    for role in ("models", "flood"):
+        assert soak_hostile.parser().parse_args(["--role", role]).role == role
+
+
+def test_the_crowds_are_what_issue_39_describes() -> None:
+    triggers = soak_crowds.model_triggers()
+    assert len({(t.name, tuple(sorted(t.scalerMetadata.items()))) for t in triggers}) == 25 * 16
+    assert {t.scalerMetadata["metric"] for t in triggers} == {"demand"}
+    flood = soak_crowds.flood_refs()
+    assert len({r.name for r in flood}) == 5000 and {r.namespace for r in flood} == {"hostile-flood"}
+    samples = parse_exposition(soak_crowds.models_page(reads=3), {"vllm:request_success_total"})
+    models = {s.labels["model_name"] for s in samples}
+    assert models == {f"model-{m}" for m in range(16)}
+
+
+async def test_the_gzip_pods_serve_a_plain_page_until_armed_then_6_mb_of_empty_members() -> None:
+    counts: Counter[str] = Counter()
+    port, stop = await soak_crowds.serve_crowd_pages(counts)
+    url = soak_crowds.gzip_urls(port)[5]
+    try:
+        async with aiohttp.ClientSession(auto_decompress=False) as http:
+            async with http.get(url) as response:
+                assert "Content-Encoding" not in response.headers
+            async with http.post(f"http://127.0.0.1:{port}/arm") as response:
+                assert response.status == 200
+            async with http.get(url) as response:
+                body = await response.read()
+                assert response.headers["Content-Encoding"] == "gzip"
+    finally:
+        await stop()
+    assert len(body) > 5_900_000 and gzip.decompress(body) == b""
+    assert counts["gzip"] == 2
