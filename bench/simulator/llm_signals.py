@@ -89,6 +89,7 @@ class Signals:
         # window behind Prometheus's last scrape (None: no request finished in it), and that scrape's view.
         self.latency_p90: tuple[float, float] | None = None
         self.recorded = View(-1.0)
+        self.rule_at = -1.0  # when the rules last ran
         self.scrapes: deque[View] = deque()  # the scaler's own scrapes, newest last
         self._utilization: dict[str, float] = {}
         self._busy: dict[str, tuple[float, float]] = {}  # pod → (busy seconds, time) at the last refresh
@@ -117,7 +118,7 @@ class Signals:
             while self.history[0].at <= now - t.history:
                 self.history.popleft()
         if due(now, t.rule_interval, t.rule_phase):
-            self.recorded = self.prometheus
+            self.recorded, self.rule_at = self.prometheus, now
             self.latency_p90 = _latency_p90(fleet, self.prometheus.at, t.latency_window)
         return gateway, scraped
 
