@@ -17,8 +17,8 @@ from pathlib import Path
 
 from bench.simulator.gpu import simulate_all
 from bench.simulator.llm_fleet import ServerModel
-from bench.simulator.llm_policies import DEMAND_WINDOW, POD_RATE, POLICY_NAMES, REQUESTS_TARGET
 from bench.simulator.llm_judge import judge
+from bench.simulator.llm_policies import DEMAND_WINDOW, POD_RATE, POLICY_NAMES, REQUESTS_TARGET
 from bench.simulator.llm_run import Slo, run_matrix
 from bench.simulator.llm_traces import (
     LlmTrace,
@@ -107,7 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     llm.add_argument("--slo-ttft", type=float, default=2.0, metavar="SECONDS", help="TTFT target (default 2)")
     llm.add_argument(
-        "--slo-tpot-ms", type=float, default=50.0, metavar="MS", help="mean time per output token target (default 50)"
+        "--slo-tpot-ms",
+        type=float,
+        default=50.0,
+        metavar="MS",
+        help="mean time per output token target (default 50)",
     )
     llm.add_argument(
         "--min-replicas",
