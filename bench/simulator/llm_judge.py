@@ -15,9 +15,10 @@ from collections.abc import Iterable
 from multiprocessing import Pool
 from typing import Any
 
+from bench.simulator.autoscaling import Behavior
 from bench.simulator.llm_fleet import ServerModel
 from bench.simulator.llm_llmd import SloSignal
-from bench.simulator.llm_policies import POD_RATE, LlmPolicy, make_policy
+from bench.simulator.llm_policies import POD_RATE, LlmPolicy, ScalerTrigger, make_policy
 from bench.simulator.llm_run import Realism, Slo, simulate_llm
 from bench.simulator.llm_traces import Arrivals, LlmTrace, draw_arrivals
 
@@ -31,8 +32,16 @@ JUDGED = (
     "oracle",
     "clairvoyant",
 )
-RECOMMENDED = "demand-tokens+pending"  # README: demand in tokens with inferencePool, its defaults
-SCALES = (0.7, 0.85, 1.0, 1.2)  # × every threshold or target of the policy (higher: fewer replicas)
+# The README's LLM ScaledObject: `demand` in tokens with inferencePool (its window, weight and measured
+# threshold), a `requests` guard at 64 per pod, and manifests/components/llm-hpa-behavior: scale-down
+# window 120 s, then at most half the pods a minute.
+RECOMMENDED = "demand-tokens+pending"
+README_GUARD = 64.0
+README_BEHAVIOR = Behavior(down_window=120.0, down_percent=50.0, down_period=60.0)
+# × every threshold or target of the policy (higher: fewer replicas), in steps of √2 from its default: wide
+# enough that a recipe whose default target sits far from this model's pod (llm-d's 16 running requests
+# against the 50 a pod holds at its latency target) can reach its own cheapest setting.
+SCALES = (0.7, 1.0, 1.4, 2.0, 2.8)
 DOWN_WINDOWS = (60.0, 120.0, 300.0)  # s: the HPA's scale-down stabilisation window
 
 
@@ -50,8 +59,12 @@ class Job:
 
 
 def configured(job: Job) -> LlmPolicy:
-    name = RECOMMENDED if job.policy == "recommended" else job.policy
-    policy = make_policy(name, job.min_replicas, trace=job.trace, model=job.model)
+    if job.policy == "recommended":
+        policy = make_policy(RECOMMENDED, job.min_replicas, behavior=README_BEHAVIOR)
+        policy.triggers.append(ScalerTrigger("requests", README_GUARD))
+        policy.name = job.policy
+        return policy
+    policy = make_policy(job.policy, job.min_replicas, trace=job.trace, model=job.model)
     if job.scale is not None:
         for trigger in policy.triggers:
             if isinstance(trigger, SloSignal):

@@ -20,7 +20,13 @@ from bench.simulator.__main__ import main  # noqa: E402
 from bench.simulator.llm_fleet import Fleet, Request, ServerModel  # noqa: E402
 from bench.simulator.llm_judge import choose, frontier  # noqa: E402
 from bench.simulator.llm_llmd import EppQueueGuard, SloSignal  # noqa: E402
-from bench.simulator.llm_policies import POD_RATE, EppQueue, make_policy  # noqa: E402
+from bench.simulator.llm_policies import (  # noqa: E402
+    POD_RATE,
+    DemandTrigger,
+    EppQueue,
+    ScalerTrigger,
+    make_policy,
+)
 from bench.simulator.llm_run import STEP, Realism, Slo, simulate_llm, slo_attainment  # noqa: E402
 from bench.simulator.llm_signals import Signals, Timing, View, random_timing  # noqa: E402
 from bench.simulator.llm_traces import (  # noqa: E402
@@ -200,3 +206,25 @@ def test_a_slo_attainment_outside_0_to_1_is_refused_naming_it(capsys: pytest.Cap
     with pytest.raises(SystemExit):
         main(["llm", "--slo-attainment", "1.5"])
     assert "--slo-attainment 1.5: must be > 0 and ≤ 1" in capsys.readouterr().err
+
+
+def test_recommended_is_the_readmes_scaledobject_with_the_shipped_behaviour() -> None:
+    import yaml
+
+    job = llm_judge.Job(
+        LlmTrace("t", "", (Segment(0, 1.0),), 60.0), "recommended", None, None, 1, None, ServerModel(), SLO,
+        Realism(),
+    )  # fmt: skip
+    policy = llm_judge.configured(job)
+    demand, guard = policy.triggers
+    assert isinstance(demand, DemandTrigger) and demand.pending
+    assert demand.spec.demand_unit == "tokens"
+    assert isinstance(guard, ScalerTrigger) and (guard.metric, guard.threshold) == ("requests", 64.0)
+    shipped = ROOT / "manifests/components/llm-hpa-behavior/behavior.yaml"
+    behavior = yaml.safe_load(shipped.read_text())["spec"]["advanced"]["horizontalPodAutoscalerConfig"]
+    down = behavior["behavior"]["scaleDown"]
+    assert policy.behavior.down_window == down["stabilizationWindowSeconds"]
+    assert (policy.behavior.down_percent, policy.behavior.down_period) == (
+        down["policies"][0]["value"],
+        down["policies"][0]["periodSeconds"],
+    )
