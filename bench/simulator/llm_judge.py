@@ -38,10 +38,10 @@ JUDGED = (
 RECOMMENDED = "demand-tokens+pending"
 README_GUARD = 64.0
 README_BEHAVIOR = Behavior(down_window=120.0, down_percent=50.0, down_period=60.0)
-# × every threshold or target of the policy (higher: fewer replicas), in steps of √2 from its default: wide
+# × every threshold or target of the policy (higher: fewer replicas), in steps of about √2 around its default: wide
 # enough that a recipe whose default target sits far from this model's pod (llm-d's 16 running requests
 # against the 50 a pod holds at its latency target) can reach its own cheapest setting.
-SCALES = (0.7, 1.0, 1.4, 2.0, 2.8)
+SCALES = (0.5, 0.7, 1.0, 1.4, 2.0, 2.8)
 DOWN_WINDOWS = (60.0, 120.0, 300.0)  # s: the HPA's scale-down stabilisation window
 
 
