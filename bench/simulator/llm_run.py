@@ -35,6 +35,9 @@ class Realism:
     disruption_every: float | None = 1200.0
 
 
+STEADY = Realism(disruption_every=None)  # every run: random phases; pods that never fail
+
+
 def slo_attainment(ttfts: list[float], tpots: list[float], failed: int, slo: Slo) -> float:
     """The share of judged requests that met the SLO: completed ones (their TTFT and TPOT) plus `failed`
     ones (dropped, or still waiting past the TTFT target at the end), which all missed. 1.0 when none."""
@@ -132,16 +135,18 @@ def simulate_llm(
     timing: Timing | None = None,
     behavior: Behavior | None = None,
     seed: int = 0,
-    realism: Realism | None = None,
+    realism: Realism = STEADY,
     slo: Slo | None = None,
 ) -> LlmRun:
-    """`behavior` overrides the policy's own; `seed` draws the cold starts, the loops' phases and the pod
-    disruptions (the same for every policy); `slo` adds the run's SLO attainment."""
+    """`behavior` overrides the policy's own; `seed` draws the cold starts, the loops' phases (unless
+    `timing` fixes them) and the pod disruptions, the same for every policy; `slo` adds the run's SLO
+    attainment."""
     model = model or ServerModel()
     behavior = behavior or policy.behavior
     if timing is None:
-        random_phases = realism is not None and realism.random_phases
-        timing = random_timing(seed, STEP, behavior.sync, policy.polling) if random_phases else Timing()
+        timing = (
+            random_timing(seed, STEP, behavior.sync, policy.polling) if realism.random_phases else Timing()
+        )
     disruptions = _disruptions(seed, trace.duration, realism, model)
     start = initial_replicas(trace, policy, unit)
     fleet = Fleet(model, start, 0.0, seed)
@@ -219,10 +224,10 @@ def simulate_llm(
 
 
 def _disruptions(
-    seed: int, duration: float, realism: Realism | None, model: ServerModel
+    seed: int, duration: float, realism: Realism, model: ServerModel
 ) -> list[tuple[float, float, bool, float]]:
     """(time, which Ready pod ∈ [0, 1), vanishes rather than restarts, seconds to reload), latest first."""
-    if realism is None or realism.disruption_every is None:
+    if realism.disruption_every is None:
         return []
     rng = random.Random(seed ^ 0xD15)
     events, t = [], 0.0

@@ -228,3 +228,17 @@ def test_recommended_is_the_readmes_scaledobject_with_the_shipped_behaviour() ->
         down["policies"][0]["value"],
         down["policies"][0]["periodSeconds"],
     )
+
+
+def test_every_run_syncs_at_its_seeds_random_phase_unless_a_timing_is_given() -> None:
+    trace = LlmTrace("flat", "", (Segment(0, POD_RATE),), 120.0)
+    arrivals = draw_arrivals(trace, 1)
+    phases = set()
+    for seed in range(6):
+        result = simulate_llm(trace, arrivals, make_policy("requests"), POD_RATE, seed=seed)
+        phase = random_timing(seed, STEP).hpa_phase
+        assert result.decisions and all((at - phase) % 15.0 == 0 for at, *_ in result.decisions)
+        phases.add(phase)
+    assert len(phases) > 1
+    fixed = simulate_llm(trace, arrivals, make_policy("requests"), POD_RATE, timing=Timing(), seed=1)
+    assert [at for at, *_ in fixed.decisions][:2] == [7.0, 22.0]
