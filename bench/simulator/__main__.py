@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench.simulator.gpu import simulate_all
 from bench.simulator.llm_fleet import ServerModel
-from bench.simulator.llm_judge import judge
+from bench.simulator.llm_judge import JUDGED, judge
 from bench.simulator.llm_policies import DEMAND_WINDOW, POD_RATE, POLICY_NAMES, REQUESTS_TARGET
 from bench.simulator.llm_run import Slo, run_matrix
 from bench.simulator.llm_traces import (
@@ -53,7 +53,8 @@ def _trace(path: Path, seed: int) -> LlmTrace:
 def _judge(args: argparse.Namespace, trace: LlmTrace, model: ServerModel) -> int:
     slo = Slo(args.slo_ttft, args.slo_tpot_ms / 1000)
     started = time.monotonic()
-    chosen, _ = judge(trace, args.seed, slo, args.slo_attainment, args.min_replicas, model)
+    policies = tuple(args.policy) if args.policy else JUDGED
+    chosen, _ = judge(trace, args.seed, slo, args.slo_attainment, args.min_replicas, model, policies)
     print(f"judged {trace.name} in {time.monotonic() - started:.0f} s", file=sys.stderr)
     print(json.dumps(chosen, indent=1))
     return 0

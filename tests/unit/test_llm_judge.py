@@ -242,3 +242,15 @@ def test_every_run_syncs_at_its_seeds_random_phase_unless_a_timing_is_given() ->
     assert len(phases) > 1
     fixed = simulate_llm(trace, arrivals, make_policy("requests"), POD_RATE, timing=Timing(), seed=1)
     assert [at for at, *_ in fixed.decisions][:2] == [7.0, 22.0]
+
+
+def test_the_judge_searches_only_the_policies_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(llm_judge, "SCALES", (1.0,))
+    monkeypatch.setattr(llm_judge, "DOWN_WINDOWS", (120.0,))
+    trace = tmp_path / "short.csv"
+    trace.write_text("seconds,requests_per_second\n0,10\n300,20\n")
+    argv = ["llm", "--trace", str(trace), "--policy", "llm-d-slo", "--slo-attainment", "0.9"]
+    assert main(argv) == 0
+    assert [r["policy"] for r in json.loads(capsys.readouterr().out)] == ["llm-d-slo", "recommended"]
