@@ -26,8 +26,11 @@ def plot_frontier(trace: LlmTrace, rows: list[dict[str, Any]], path: Path) -> No
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=72)
     for policy, line in frontier(rows).items():
-        marker = "*" if policy == "recommended" else "o"
-        ax.plot([g / 3600 for g, _ in line], [a for _, a in line], marker=marker, label=policy)
+        star = policy == "recommended"  # one setting: a large star drawn on top, never hidden
+        ax.plot(
+            [g / 3600 for g, _ in line], [a for _, a in line], label=policy,
+            marker="*" if star else "o", markersize=14 if star else 5, zorder=3 if star else 2,
+        )  # fmt: skip
     ax.axhline(GOAL, color="black", linewidth=0.8, linestyle=":")
     ax.set_xlabel("GPU-hours")
     ax.set_ylabel(f"SLO attainment (TTFT ≤ {SLO.ttft:g} s, TPOT ≤ {1000 * SLO.tpot:g} ms)")
