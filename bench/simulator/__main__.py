@@ -1,7 +1,9 @@
 """`python -m bench.simulator gpu|llm`: the autoscaling simulators from the command line.
 
 gpu: the GPU-utilisation traces under the four GPU metrics (one line per trace and policy).
-llm: an LLM-serving fleet under every policy; `--json` prints one object per (trace, policy).
+llm: an LLM-serving fleet under every policy; `--json` prints one object per (trace, policy). With
+`--slo-attainment`, the SLO judge (llm_judge): each policy's knobs searched on the trace, one object per
+policy at its cheapest setting meeting the SLO (else its best attainment), and the README's `recommended`.
 """
 
 from __future__ import annotations
@@ -10,13 +12,21 @@ import argparse
 import dataclasses
 import json
 import sys
+import time
 from pathlib import Path
 
 from bench.simulator.gpu import simulate_all
 from bench.simulator.llm_fleet import ServerModel
+from bench.simulator.llm_judge import JUDGED, judge
 from bench.simulator.llm_policies import DEMAND_WINDOW, POD_RATE, POLICY_NAMES, REQUESTS_TARGET
-from bench.simulator.llm_run import run_matrix
-from bench.simulator.llm_traces import TraceFileError, builtin_traces, read_trace
+from bench.simulator.llm_run import Slo, run_matrix
+from bench.simulator.llm_traces import (
+    LlmTrace,
+    TraceFileError,
+    builtin_traces,
+    held_out_traces,
+    read_trace,
+)
 from keda_gpu_scaler.demand import MAX_WINDOW_SECONDS as MAX_WINDOW
 from keda_gpu_scaler.demand import MIN_WINDOW_SECONDS as MIN_WINDOW
 
@@ -31,13 +41,34 @@ def _gpu(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trace(path: Path, seed: int) -> LlmTrace:
+    """A CSV file, or a built-in trace by name when no such file exists."""
+    if not path.exists():
+        for trace in builtin_traces(POD_RATE, seed) + held_out_traces(POD_RATE, seed):
+            if trace.name == str(path):
+                return trace
+    return read_trace(path)
+
+
+def _judge(args: argparse.Namespace, trace: LlmTrace, model: ServerModel) -> int:
+    slo = Slo(args.slo_ttft, args.slo_tpot_ms / 1000)
+    started = time.monotonic()
+    policies = tuple(args.policy) if args.policy else JUDGED
+    chosen, _ = judge(trace, args.seed, slo, args.slo_attainment, args.min_replicas, model, policies)
+    print(f"judged {trace.name} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    print(json.dumps(chosen, indent=1))
+    return 0
+
+
 def _llm(args: argparse.Namespace) -> int:
     try:
-        traces = [read_trace(args.trace)] if args.trace else builtin_traces(POD_RATE, args.seed)
+        traces = [_trace(args.trace, args.seed)] if args.trace else builtin_traces(POD_RATE, args.seed)
     except TraceFileError as error:
         print(f"python -m bench.simulator llm: {error}", file=sys.stderr)
         return 2
     model = dataclasses.replace(ServerModel(), gateway_ttl=args.gateway_ttl)
+    if args.slo_attainment is not None:
+        return _judge(args, traces[0], model)
     policies = tuple(args.policy) if args.policy else POLICY_NAMES
     options = {} if args.window is None else {"window": args.window}
     runs = run_matrix(
@@ -65,7 +96,23 @@ def main(argv: list[str] | None = None) -> int:
     llm = commands.add_parser("llm", help="an LLM-serving fleet under every policy")
     llm.add_argument("--json", action="store_true", help="print a JSON array, one object per (trace, policy)")
     llm.add_argument(
-        "--trace", type=Path, help="CSV: seconds,requests_per_second[,prompt_tokens,output_tokens]"
+        "--trace",
+        type=Path,
+        help="CSV: seconds,requests_per_second[,prompt_tokens,output_tokens], or a built-in trace's name",
+    )
+    llm.add_argument(
+        "--slo-attainment",
+        type=float,
+        metavar="SHARE",
+        help="judge the trace: each policy's cheapest setting with at least this share of requests in the SLO",
+    )
+    llm.add_argument("--slo-ttft", type=float, default=2.0, metavar="SECONDS", help="TTFT target (default 2)")
+    llm.add_argument(
+        "--slo-tpot-ms",
+        type=float,
+        default=50.0,
+        metavar="MS",
+        help="mean time per output token target (default 50)",
     )
     llm.add_argument(
         "--min-replicas",
@@ -104,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--requests-target {args.requests_target:g}: must be > 0")
     if getattr(args, "window", None) is not None and not MIN_WINDOW <= args.window <= MAX_WINDOW:
         parser.error(f"--window {args.window:g}: must be between {MIN_WINDOW:g} and {MAX_WINDOW:g} seconds")
+    if getattr(args, "slo_attainment", None) is not None and not 0 < args.slo_attainment <= 1:
+        parser.error(f"--slo-attainment {args.slo_attainment:g}: must be > 0 and ≤ 1")
+    if args.command == "llm" and not (args.slo_ttft > 0 and args.slo_tpot_ms > 0):
+        parser.error(f"--slo-ttft {args.slo_ttft:g} and --slo-tpot-ms {args.slo_tpot_ms:g}: both must be > 0")
     if getattr(args, "gateway_ttl", 1.0) <= 0:
         parser.error(f"--gateway-ttl {args.gateway_ttl:g}: must be > 0")
     handler = args.handler

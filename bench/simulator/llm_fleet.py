@@ -88,6 +88,11 @@ class Tally:
     ttfts: list[float] = field(default_factory=list)  # per admitted request: arrival → first token
     decode_seconds: float = 0.0  # Σ over completed requests of first token → last token
     decode_tokens: int = 0  # Σ of their output tokens after the first
+    # Per completed request, in completion order: when it finished, its TTFT and its mean time per output
+    # token (what the SLO judge and the SLO-aware recipe's latency histograms read).
+    done_at: list[float] = field(default_factory=list)
+    done_ttft: list[float] = field(default_factory=list)
+    done_tpot: list[float] = field(default_factory=list)
 
 
 class Pod:
@@ -231,6 +236,9 @@ class Pod:
                 self.request_prompt_sum += request.prompt
                 self.request_output_sum += request.output
                 self.tpot_sum += decode / max(1, request.output - 1)
+                tally.done_at.append(done)
+                tally.done_ttft.append(request.first_token - request.arrived)
+                tally.done_tpot.append(decode / (request.output - 1) if request.output > 1 else 0.0)
             if not self.active:
                 self.kv_base = 0.0  # no drift from float sums once the pod is empty
             else:
@@ -238,6 +246,21 @@ class Pod:
         if self.queue:
             self.admit(now, tally)
         self.inflight = len(self.active) + len(self.queue)
+
+    def crash(self, tally: Tally) -> None:
+        """The server process dies: what it held fails (dropped), and its counters start again from 0."""
+        lost = len(self.active) + len(self.queue)
+        for request in (*self.active.values(), *self.queue):
+            request.dropped = True
+        tally.dropped += lost
+        self.queue.clear()
+        self.active.clear()
+        self.running.clear()
+        self.kv_base = self.prefill_owed = 0.0
+        self.inflight = self.finished = self.prompt_tokens = 0
+        self.generation_tokens = 0.0
+        self.request_prompt_sum = self.request_output_sum = self.ttft_count = 0
+        self.tpot_sum = self.ttft_sum = 0.0
 
     def _preempt(self, tally: Tally) -> None:
         """KV full: the most recently admitted requests go back to the head of the queue (recompute)."""
@@ -359,6 +382,23 @@ class Fleet:
         self._ready = [p for p in self.pods if p.ready(now)]
         self._open = [p for p in self._ready if p.has_capacity()]
         return True
+
+    def disrupt(self, now: float, pick: float, vanish: bool, reload_seconds: float) -> None:
+        """A Ready pod (the one at `pick` ∈ [0, 1) of them) restarts in place (its page's counters reset, its
+        model loads again) or vanishes (node lost: the Deployment replaces it with a new pod); either way
+        the requests it held fail."""
+        ready = self._ready
+        if not ready:
+            return
+        pod = ready[min(len(ready) - 1, int(pick * len(ready)))]
+        pod.crash(self.tally)
+        if vanish:
+            self.pods.remove(pod)
+            self._add(now, None)
+        else:
+            pod.ready_at = now + reload_seconds
+        self._ready = [p for p in self.pods if p.ready(now)]
+        self._open = [p for p in self._ready if p.has_capacity()]
 
     def _add(self, now: float, ready_at: float | None) -> None:
         if ready_at is None:

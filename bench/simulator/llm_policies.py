@@ -301,6 +301,12 @@ def make_policy(
     requests = ScalerTrigger("requests", target)
     span = DEMAND_WINDOW if window is None else window
     token_weight = TOKEN_WEIGHT if weight is None else weight
+    if name in LLMD_RECIPES:
+        from bench.simulator.llm_llmd import llmd_policy  # it builds on this module's triggers
+
+        policy = llmd_policy(name, 1 if min_replicas is None else min_replicas)
+        policy.behavior = behavior or policy.behavior
+        return policy
     if name in ("oracle", "clairvoyant") and trace is None:
         raise ValueError(f"policy {name!r} needs the trace it knows")
     builders: dict[str, tuple[list[Trigger], int]] = {
@@ -348,6 +354,7 @@ def make_policy(
 
 
 OURS_DEMAND = ("demand", "demand-tokens", "demand+pending", "demand-tokens+pending")
+LLMD_RECIPES = ("llm-d-queue-guard", "llm-d-slo")  # in llm_llmd
 POLICY_NAMES = (
     "gpu-utilization",
     "gpu-utilization-average",
@@ -363,6 +370,7 @@ POLICY_NAMES = (
     "demand+pending",
     "demand-tokens+pending",
     "llm-d-epp",
+    *LLMD_RECIPES,
     "oracle",
     "clairvoyant",
 )

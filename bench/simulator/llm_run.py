@@ -5,17 +5,46 @@ from __future__ import annotations
 import bisect
 import math
 import multiprocessing
+import random
 from dataclasses import dataclass, field
 from typing import Any
 
 from bench.simulator.autoscaling import Behavior, Hpa, Keda, due
 from bench.simulator.llm_fleet import Fleet, Request, ServerModel
 from bench.simulator.llm_policies import MAX_REPLICAS, POD_RATE, LlmPolicy, make_policy
-from bench.simulator.llm_signals import Signals, Timing
+from bench.simulator.llm_signals import Signals, Timing, random_timing
 from bench.simulator.llm_traces import Arrivals, LlmTrace, draw_arrivals
 
 STEP = 0.25  # seconds per simulation step (decode steps are 7–20 ms: a step holds tens of them)
 SAMPLE = 5.0  # seconds between the points kept for plots
+
+
+@dataclass(frozen=True)
+class Slo:
+    """A request meets it when its TTFT and its mean time per output token are both within target."""
+
+    ttft: float = 2.0  # s
+    tpot: float = 0.050  # s
+
+
+@dataclass(frozen=True)
+class Realism:
+    """What makes a run more like a cluster: every loop at its own seeded random phase, and (when
+    `disruption_every` is set) a Ready pod restarting or vanishing at random, on average that often (s)."""
+
+    random_phases: bool = True
+    disruption_every: float | None = 1200.0
+
+
+STEADY = Realism(disruption_every=None)  # every run: random phases; pods that never fail
+
+
+def slo_attainment(ttfts: list[float], tpots: list[float], failed: int, slo: Slo) -> float:
+    """The share of judged requests that met the SLO: completed ones (their TTFT and TPOT) plus `failed`
+    ones (dropped, or still waiting past the TTFT target at the end), which all missed. 1.0 when none."""
+    met = sum(1 for ttft, tpot in zip(ttfts, tpots, strict=True) if ttft <= slo.ttft and tpot <= slo.tpot)
+    judged = len(ttfts) + failed
+    return met / judged if judged else 1.0
 
 
 @dataclass
@@ -37,6 +66,8 @@ class LlmRun:
     seconds_per_token: float = (
         0.0  # first → last token, per output token after the first (completed requests)
     )
+    slo_attainment: float | None = None  # with an Slo: see slo_attainment
+    disruptions: int = 0  # pods restarted or vanished
     first_waits_after_quiet: list[float | None] = field(default_factory=list)  # None: dropped
     # Every replica change: (time, replicas before, after, requests waiting for a slot or a pod then).
     events: list[tuple[float, int, int, int]] = field(default_factory=list)
@@ -87,7 +118,7 @@ class LlmRun:
             "first_wait_after_quiet_seconds": [
                 None if w is None else round(w, 1) for w in self.first_waits_after_quiet
             ],
-        }
+        } | ({} if self.slo_attainment is None else {"slo_attainment": round(self.slo_attainment, 4)})
 
 
 def initial_replicas(trace: LlmTrace, policy: LlmPolicy, unit: float) -> int:
@@ -105,11 +136,19 @@ def simulate_llm(
     timing: Timing | None = None,
     behavior: Behavior | None = None,
     seed: int = 0,
+    realism: Realism = STEADY,
+    slo: Slo | None = None,
 ) -> LlmRun:
-    """`behavior` overrides the policy's own; `seed` draws the cold starts (the same for every policy)."""
+    """`behavior` overrides the policy's own; `seed` draws the cold starts, the loops' phases (unless
+    `timing` fixes them) and the pod disruptions, the same for every policy; `slo` adds the run's SLO
+    attainment."""
     model = model or ServerModel()
-    timing = timing or Timing()
     behavior = behavior or policy.behavior
+    if timing is None:
+        timing = (
+            random_timing(seed, STEP, behavior.sync, policy.polling) if realism.random_phases else Timing()
+        )
+    disruptions = _disruptions(seed, trace.duration, realism, model)
     start = initial_replicas(trace, policy, unit)
     fleet = Fleet(model, start, 0.0, seed)
     keda = Keda(policy.min_replicas, MAX_REPLICAS, polling=policy.polling)
@@ -129,6 +168,10 @@ def simulate_llm(
 
     for step in range(steps + 1):
         now = step * STEP
+        while disruptions and disruptions[-1][0] <= now:
+            _, pick, vanish, reload = disruptions.pop()
+            fleet.disrupt(now, pick, vanish, reload)
+            run.disruptions += 1
         if step:
             fleet.step(now, STEP)
             gpus = fleet.gpus() * STEP
@@ -175,7 +218,23 @@ def simulate_llm(
     run.in_system = fleet.in_system()
     run.seconds_per_token = tally.decode_seconds / tally.decode_tokens if tally.decode_tokens else 0.0
     run.first_waits_after_quiet = [_wait(r) for r in watched.values()]
+    if slo is not None:
+        late = sum(1 for t in still_waiting if end_time - t > slo.ttft)
+        run.slo_attainment = slo_attainment(tally.done_ttft, tally.done_tpot, tally.dropped + late, slo)
     return run
+
+
+def _disruptions(
+    seed: int, duration: float, realism: Realism, model: ServerModel
+) -> list[tuple[float, float, bool, float]]:
+    """(time, which Ready pod ∈ [0, 1), vanishes rather than restarts, seconds to reload), latest first."""
+    if realism.disruption_every is None:
+        return []
+    rng = random.Random(seed ^ 0xD15)
+    events, t = [], 0.0
+    while (t := t + rng.expovariate(1 / realism.disruption_every)) < duration:
+        events.append((t, rng.random(), rng.random() < 0.5, rng.uniform(*model.warm_start)))
+    return events[::-1]
 
 
 def _first_after_quiet(trace: LlmTrace, arrivals: Arrivals) -> dict[int, Request | None]:

@@ -3,8 +3,10 @@ and the gateway's queue page. Policies read these views, never the fleet itself.
 
 from __future__ import annotations
 
+import bisect
+import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from bench.simulator.autoscaling import due
 from bench.simulator.llm_fleet import Fleet
@@ -53,8 +55,32 @@ class Timing:
     exporter_phase: float = 0.0
     hpa_phase: float = 7.0
     keda_phase: float = 11.0
+    rule_interval: float = 15.0  # Prometheus's rule evaluation_interval (recording rules' values)
+    rule_phase: float = 9.0
+    latency_window: float = 60.0  # the recording rules' rate(…_bucket[1m]) behind the latency p90s
     history: float = 60.0  # how far back Prometheus views are kept (the saturation analyser's [1m])
     scrape_history: float = 300.0  # how far back the scaler's own scrapes are kept (demand's window)
+
+
+def random_timing(seed: int, step: float, hpa_sync: float = 15.0, keda_polling: float = 30.0) -> Timing:
+    """Every loop at its own seeded random phase, on the simulator's `step` grid: in a cluster the scaler's
+    scrape, Prometheus's scrape and rules, KEDA's poll and the HPA's sync are not aligned, so the data a
+    decision reads is somewhere between fresh and one interval old."""
+    rng = random.Random(seed ^ 0x7A5E)
+    t = Timing()
+
+    def phase(period: float) -> float:
+        return step * rng.randrange(round(period / step))
+
+    return replace(
+        t,
+        scrape_phase=phase(t.scrape_interval),
+        prometheus_phase=phase(t.prometheus_interval),
+        exporter_phase=phase(t.exporter_refresh),
+        rule_phase=phase(t.rule_interval),
+        hpa_phase=phase(hpa_sync),
+        keda_phase=phase(keda_polling),
+    )
 
 
 class Signals:
@@ -66,6 +92,11 @@ class Signals:
         self.history: deque[View] = deque()
         self.pending = 0  # the gateway page as the scaler last read it
         self.pending_history: deque[tuple[float, int]] = deque()  # (time, pending) of each gateway read
+        # The recording rules' last values: p90 TTFT and p90 time per output token (s) over the latency
+        # window behind Prometheus's last scrape (None: no request finished in it), and that scrape's view.
+        self.latency_p90: tuple[float, float] | None = None
+        self.recorded = View(-1.0)
+        self.rule_at = -1.0  # when the rules last ran
         self.scrapes: deque[View] = deque()  # the scaler's own scrapes, newest last
         # What the API server says now (discovery's watch follows each change within moments).
         self.ready: tuple[str, ...] = ()
@@ -99,6 +130,9 @@ class Signals:
             self.history.append(self.prometheus)
             while self.history[0].at <= now - t.history:
                 self.history.popleft()
+        if due(now, t.rule_interval, t.rule_phase):
+            self.recorded, self.rule_at = self.prometheus, now
+            self.latency_p90 = _latency_p90(fleet, self.prometheus.at, t.latency_window)
         return gateway, scraped
 
     @property
@@ -139,3 +173,16 @@ class Signals:
             values[pod.name] = min(100.0, 100.0 * (pod.busy - before) / window) if window > 0 else 0.0
             busy[pod.name] = (pod.busy, now)
         self._utilization, self._busy = values, busy
+
+
+def _latency_p90(fleet: Fleet, at: float, window: float) -> tuple[float, float] | None:
+    """p90 of TTFT and of time per output token over the requests finished in (at − window, at]."""
+    tally = fleet.tally
+    first = bisect.bisect_right(tally.done_at, at - window)
+    last = bisect.bisect_right(tally.done_at, at)
+    if last <= first:
+        return None
+    ttfts = sorted(tally.done_ttft[first:last])
+    tpots = sorted(tally.done_tpot[first:last])
+    index = max(0, -(-9 * len(ttfts) // 10) - 1)
+    return ttfts[index], tpots[index]

@@ -2,9 +2,11 @@
 drawn from it: Poisson at the segment's rate (or gamma gaps with a higher variation), prompt and output
 tokens log-normal with the segment's means.
 
-Built-in: step, spike, a day compressed 4×, bursty (a two-state Markov-modulated process with gamma gaps,
-shaped like Azure's code trace), mix-shift (chat hours and RAG/agent hours), and diurnal with quiet nights
-(the wake-from-zero runs); any other from a CSV file with header
+Built-in, the developers' (DEVELOPERS: constants were chosen on them): step, spike, a day compressed 4×,
+bursty (a two-state Markov-modulated process with gamma gaps, shaped like Azure's code trace), mix-shift
+(chat hours and RAG/agent hours), and diurnal with quiet nights (the wake-from-zero runs). Held out
+(HELD_OUT: judged only): flash-crowd (crowds longer than a cold start) and mix-churn (the mix changes
+every 10–20 minutes). Any other from a CSV file with header
 `seconds,requests_per_second[,prompt_tokens,output_tokens]`.
 """
 
@@ -203,6 +205,65 @@ def mix_shift_trace(unit: float) -> LlmTrace:
         segments,
         10800.0,
     )
+
+
+def flash_crowd_trace(unit: float) -> LlmTrace:
+    """Two flash crowds longer than a cold start (65–85 s): 3 → 9 pods' worth for 4 minutes, and later
+    3 → 7 for 3 minutes, each rising within a minute (a launch, a viral link)."""
+    base = 3 * unit
+    segments = (
+        Segment(0, base),
+        Segment(1800, 6 * unit),
+        Segment(1860, 9 * unit),
+        Segment(2100, base),
+        Segment(5400, 7 * unit),
+        Segment(5580, base),
+    )
+    return LlmTrace(
+        "flash-crowd",
+        f"3 h at {base:.0f} req/s; 4 min at {9 * unit:.0f} from 30 min, 3 min at {7 * unit:.0f} from 90 min",
+        segments,
+        10800.0,
+    )
+
+
+# Requests per second one replica serves at the latency target, per mix (llm_calibrate.capacity; it
+# cannot be imported here: it draws its ramp from this module).
+MIX_CAPACITY = {"chat": 11.2, "rag": 2.31, "agent": 2.78, "code": 6.8, "short": 24.8}
+MIX_TOKENS = {
+    "chat": (PROMPT_MEAN, OUTPUT_MEAN),
+    "rag": RAG,
+    "agent": AGENT,
+    "code": (2048.0, 28.0),
+    "short": (300.0, 300.0),
+}
+
+
+def mix_churn_trace(seed: int, hours: float = 4.0) -> LlmTrace:
+    """The request mix changes every 10–20 minutes (seeded): each block a mix drawn from MIX_TOKENS at 2–6
+    replicas' worth of it, so the rate in requests and the work per request move together or apart."""
+    rng = random.Random(seed ^ 0x31C5)
+    segments, t, duration = [], 0.0, hours * 3600
+    while t < duration:
+        mix = rng.choice(sorted(MIX_TOKENS))
+        rate = rng.uniform(2.0, 6.0) * MIX_CAPACITY[mix] * 0.7
+        segments.append(Segment(t, round(rate, 2), *MIX_TOKENS[mix]))
+        t += round(rng.uniform(600.0, 1200.0))
+    return LlmTrace(
+        "mix-churn",
+        f"{hours:g} h: chat, RAG, agent, code or short-chat blocks of 10–20 min at 2–6 replicas' worth × 0.7",
+        tuple(segments),
+        duration,
+    )
+
+
+# The developers' traces (the product's constants were chosen on them) and the held-out ones (judged only).
+DEVELOPERS = ("step", "spike", "day", "bursty", "mix-shift")
+HELD_OUT = ("flash-crowd", "mix-churn")
+
+
+def held_out_traces(unit: float, seed: int) -> list[LlmTrace]:
+    return [flash_crowd_trace(unit), mix_churn_trace(seed)]
 
 
 def builtin_traces(unit: float, seed: int) -> list[LlmTrace]:

@@ -72,8 +72,9 @@ def test_scaled_to_zero_after_the_cooldown_once_requests_stop() -> None:
     result = run(WAKE, "requests+pending", ttl=120.0)
     assert result.dropped == 0  # the cold start (75 s) fits in the TTL
     assert result.replicas[-1] == 0
-    # Idle once the backlog is served: the pods stay for KEDA's 300 s cooldown (and a poll), no longer.
-    assert 0 < result.quiet_gpu_seconds <= (300 + 30) * max(result.replicas)
+    # Idle once the backlog is served: the pods stay for KEDA's 300 s cooldown (and a poll, and the age
+    # of the scrape that last saw a request in flight: the loops run at random phases), no longer.
+    assert 0 < result.quiet_gpu_seconds <= (300 + 30 + 5) * max(result.replicas)
 
 
 def signals_with(

@@ -1,0 +1,155 @@
+"""The SLO judge: what each policy costs to meet the SLO on one trace, every policy's knobs searched alike.
+
+For each policy, every setting of a small grid (its thresholds or targets scaled together, and the HPA's
+scale-down window) runs through the same arrivals, cold starts, loop phases and pod disruptions; the
+policy's answer is its cheapest setting that meets the SLO, or its highest-attainment one when none does.
+`recommended` is the README's configuration at the README's settings, not searched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from collections.abc import Iterable
+from multiprocessing import Pool
+from typing import Any
+
+from bench.simulator.autoscaling import Behavior
+from bench.simulator.llm_fleet import ServerModel
+from bench.simulator.llm_llmd import SloSignal
+from bench.simulator.llm_policies import POD_RATE, LlmPolicy, ScalerTrigger, make_policy
+from bench.simulator.llm_run import Realism, Slo, simulate_llm
+from bench.simulator.llm_traces import Arrivals, LlmTrace, draw_arrivals
+
+JUDGED = (
+    "demand-tokens+pending",
+    "requests",
+    "prometheus-requests",
+    "llm-d-epp",
+    "llm-d-queue-guard",
+    "llm-d-slo",
+    "oracle",
+    "clairvoyant",
+)
+# The README's LLM ScaledObject: `demand` in tokens with inferencePool (its window, weight and measured
+# threshold), a `requests` guard at 64 per pod, and manifests/components/llm-hpa-behavior: scale-down
+# window 120 s, then at most half the pods a minute.
+RECOMMENDED = "demand-tokens+pending"
+README_GUARD = 64.0
+README_BEHAVIOR = Behavior(down_window=120.0, down_percent=50.0, down_period=60.0)
+# × every threshold or target of the policy (higher: fewer replicas), in steps of about √2 around its default: wide
+# enough that a recipe whose default target sits far from this model's pod (llm-d's 16 running requests
+# against the 50 a pod holds at its latency target) can reach its own cheapest setting.
+SCALES = (0.5, 0.7, 1.0, 1.4, 2.0, 2.8)
+DOWN_WINDOWS = (60.0, 120.0, 300.0)  # s: the HPA's scale-down stabilisation window
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    trace: LlmTrace
+    policy: str
+    scale: float | None  # None: the policy as configured (recommended)
+    down_window: float | None
+    seed: int
+    min_replicas: int | None
+    model: ServerModel
+    slo: Slo
+    realism: Realism
+
+
+def configured(job: Job) -> LlmPolicy:
+    if job.policy == "recommended":
+        policy = make_policy(RECOMMENDED, job.min_replicas, behavior=README_BEHAVIOR)
+        policy.triggers.append(ScalerTrigger("requests", README_GUARD))
+        policy.name = job.policy
+        return policy
+    policy = make_policy(job.policy, job.min_replicas, trace=job.trace, model=job.model)
+    if job.scale is not None:
+        for trigger in policy.triggers:
+            if isinstance(trigger, SloSignal):
+                trigger.up, trigger.down = trigger.up * job.scale, trigger.down * job.scale
+            else:
+                trigger.threshold *= job.scale
+    if job.down_window is not None:
+        policy.behavior = dataclasses.replace(policy.behavior, down_window=job.down_window)
+    policy.name = job.policy
+    return policy
+
+
+@functools.lru_cache(maxsize=2)
+def _arrivals(trace: LlmTrace, seed: int) -> Arrivals:
+    return draw_arrivals(trace, seed)
+
+
+def run_job(job: Job) -> dict[str, Any]:
+    policy = configured(job)
+    run = simulate_llm(
+        job.trace, _arrivals(job.trace, job.seed), policy, POD_RATE, job.model,
+        seed=job.seed, realism=job.realism, slo=job.slo,
+    )  # fmt: skip
+    setting = {"threshold_scale": job.scale, "down_window_seconds": policy.behavior.down_window}
+    return run.summary() | {"setting": setting, "disruptions": run.disruptions}
+
+
+def choose(rows: Iterable[dict[str, Any]], goal: float) -> dict[str, Any]:
+    """The cheapest row (GPU-seconds) whose attainment reaches `goal`; when none does, the row with the
+    highest attainment (the cheaper on a tie). The row gains `meets_slo`."""
+    rows = list(rows)
+    meeting = [r for r in rows if r["slo_attainment"] >= goal]
+    if meeting:
+        best = min(meeting, key=lambda r: (r["gpu_seconds"], -r["slo_attainment"]))
+    else:
+        best = max(rows, key=lambda r: (r["slo_attainment"], -r["gpu_seconds"]))
+    return best | {"meets_slo": best["slo_attainment"] >= goal}
+
+
+def jobs(
+    trace: LlmTrace, policies: Iterable[str], seed: int, min_replicas: int | None, model: ServerModel,
+    slo: Slo, realism: Realism,
+) -> list[Job]:  # fmt: skip
+    grid = [
+        Job(trace, name, scale, window, seed, min_replicas, model, slo, realism)
+        for name, scale, window in itertools.product(policies, SCALES, DOWN_WINDOWS)
+    ]
+    return [*grid, Job(trace, "recommended", None, None, seed, min_replicas, model, slo, realism)]
+
+
+def judge(
+    trace: LlmTrace,
+    seed: int,
+    slo: Slo,
+    goal: float,
+    min_replicas: int | None = None,
+    model: ServerModel | None = None,
+    policies: Iterable[str] = JUDGED,
+    realism: Realism | None = None,
+    processes: int = 2,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(one chosen row per policy and `recommended`, every row of the search)."""
+    work = jobs(trace, policies, seed, min_replicas, model or ServerModel(), slo, realism or Realism())
+    if processes > 1:
+        with Pool(processes) as pool:
+            rows = pool.map(run_job, work, chunksize=1)
+    else:
+        rows = [run_job(job) for job in work]
+    by_policy: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_policy.setdefault(row["policy"], []).append(row)
+    return [choose(found, goal) for found in by_policy.values()], rows
+
+
+def frontier(rows: Iterable[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """Per policy, its settings that no other of its settings beats on both GPU-seconds and attainment:
+    (GPU-seconds, attainment), cheapest first."""
+    points: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        points.setdefault(row["policy"], []).append((row["gpu_seconds"], row["slo_attainment"]))
+    lines = {}
+    for policy, found in points.items():
+        line: list[tuple[float, float]] = []
+        for gpu, attained in sorted(found, key=lambda p: (p[0], -p[1])):
+            if not line or attained > line[-1][1]:
+                line.append((gpu, attained))
+        lines[policy] = line
+    return lines

@@ -1,0 +1,256 @@
+"""The LLM simulator's fair judge: SLO attainment (drops are misses), the selection rule (cheapest setting
+meeting the SLO, else the best attainment), loops at random phases, pods that restart or vanish, llm-d's
+queue-guard and SLO-aware recipes, the held-out traces, and the judge from the command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.simulator import llm_judge  # noqa: E402
+from bench.simulator.__main__ import main  # noqa: E402
+from bench.simulator.llm_fleet import Fleet, Request, ServerModel  # noqa: E402
+from bench.simulator.llm_judge import choose, frontier  # noqa: E402
+from bench.simulator.llm_llmd import EppQueueGuard, SloSignal  # noqa: E402
+from bench.simulator.llm_policies import (  # noqa: E402
+    POD_RATE,
+    DemandTrigger,
+    EppQueue,
+    ScalerTrigger,
+    make_policy,
+)
+from bench.simulator.llm_run import STEP, Realism, Slo, simulate_llm, slo_attainment  # noqa: E402
+from bench.simulator.llm_signals import Signals, Timing, View, random_timing  # noqa: E402
+from bench.simulator.llm_traces import (  # noqa: E402
+    LlmTrace,
+    Segment,
+    draw_arrivals,
+    flash_crowd_trace,
+    mix_churn_trace,
+)
+
+SLO = Slo(ttft=2.0, tpot=0.050)
+
+
+def test_attainment_needs_both_targets_and_counts_every_failed_request_as_a_miss() -> None:
+    ttfts = [0.5, 1.9, 2.5, 0.1]  # the third misses its TTFT
+    tpots = [0.010, 0.049, 0.010, 0.080]  # the fourth misses its TPOT
+    assert slo_attainment(ttfts, tpots, 0, SLO) == 2 / 4
+    assert slo_attainment(ttfts, tpots, 4, SLO) == 2 / 8  # 4 dropped: judged, and missed
+    assert slo_attainment([], [], 3, SLO) == 0.0
+    assert slo_attainment([], [], 0, SLO) == 1.0  # nothing to judge
+
+
+def test_a_run_counts_its_dropped_requests_as_misses() -> None:
+    wake = LlmTrace("wake", "", (Segment(0, 0.0), Segment(300, 4 * POD_RATE), Segment(420, 0.0)), 1200.0)
+    model = ServerModel(gateway_ttl=30.0)  # shorter than the cold start: the wake from zero drops some
+    result = simulate_llm(
+        wake, draw_arrivals(wake, 3), make_policy("requests+pending"), POD_RATE, model, seed=3, slo=SLO
+    )
+    assert result.dropped > 0 and result.in_system == 0
+    assert result.slo_attainment is not None
+    assert result.slo_attainment <= result.completed / (result.completed + result.dropped)
+    assert result.summary()["slo_attainment"] == round(result.slo_attainment, 4)
+
+
+def row(policy: str, gpu: float, attained: float, scale: float = 1.0) -> dict[str, Any]:
+    return {
+        "policy": policy,
+        "gpu_seconds": gpu,
+        "slo_attainment": attained,
+        "setting": {"threshold_scale": scale, "down_window_seconds": 120.0},
+    }
+
+
+def test_the_judge_picks_the_cheapest_setting_that_meets_the_slo() -> None:
+    rows = [row("p", 900, 0.99, 0.7), row("p", 500, 0.96, 1.0), row("p", 300, 0.90, 1.2)]
+    chosen = choose(rows, 0.95)
+    assert (chosen["gpu_seconds"], chosen["meets_slo"]) == (500, True)
+
+
+def test_when_no_setting_meets_the_slo_the_judge_picks_the_best_attainment() -> None:
+    rows = [row("p", 900, 0.93), row("p", 500, 0.94), row("p", 700, 0.94), row("p", 300, 0.80)]
+    chosen = choose(rows, 0.95)
+    assert (chosen["gpu_seconds"], chosen["slo_attainment"], chosen["meets_slo"]) == (500, 0.94, False)
+
+
+def test_the_frontier_keeps_only_settings_no_other_beats() -> None:
+    rows = [row("p", 300, 0.80), row("p", 500, 0.96), row("p", 600, 0.90), row("p", 900, 0.99)]
+    assert frontier(rows) == {"p": [(300, 0.80), (500, 0.96), (900, 0.99)]}
+
+
+def test_random_phases_are_seeded_on_the_step_grid_and_not_aligned() -> None:
+    timings = [random_timing(seed, STEP) for seed in range(20)]
+    assert random_timing(4, STEP) == timings[4]
+    for t in timings:
+        assert 0 <= t.scrape_phase < t.scrape_interval and (t.scrape_phase / STEP).is_integer()
+        assert 0 <= t.hpa_phase < 15.0 and 0 <= t.keda_phase < 30.0 and 0 <= t.rule_phase < t.rule_interval
+    # The scaler's page is not always 0 s old when the HPA syncs (the default timing has it so).
+    ages = {(t.hpa_phase - t.scrape_phase) % t.scrape_interval for t in timings}
+    assert len(ages) > 3
+    default = Timing()
+    assert (default.hpa_phase - default.scrape_phase) % default.scrape_interval == 0
+
+
+def busy_fleet() -> Fleet:
+    fleet = Fleet(ServerModel(), 3, 0.0, seed=1)
+    for i in range(30):
+        fleet.arrive(Request(0.01 * i, 1000, 200))
+    fleet.step(1.0, 1.0)
+    return fleet
+
+
+def test_a_restarted_pod_resets_its_counters_fails_what_it_held_and_loads_again() -> None:
+    fleet = busy_fleet()
+    pod = fleet.ready_pods()[0]
+    held, before = pod.inflight, fleet.tally.dropped
+    assert held > 0 and pod.prompt_tokens > 0
+    fleet.disrupt(1.0, 0.0, vanish=False, reload_seconds=70.0)
+    assert pod in fleet.pods and pod not in fleet.ready_pods() and pod.ready_at == 71.0
+    assert (pod.inflight, pod.finished, pod.prompt_tokens, pod.generation_tokens) == (0, 0, 0, 0.0)
+    assert fleet.tally.dropped == before + held
+
+
+def test_a_vanished_pod_is_replaced_by_a_new_starting_pod() -> None:
+    fleet = busy_fleet()
+    gone = fleet.ready_pods()[1]
+    fleet.disrupt(1.0, 0.5, vanish=True, reload_seconds=70.0)
+    assert gone not in fleet.pods and fleet.replicas == 3
+    assert len(fleet.ready_pods()) == 2 and len(fleet.starting_pods()) == 1
+
+
+def test_a_realistic_run_disrupts_pods_and_still_conserves_requests() -> None:
+    trace = LlmTrace("flat", "", (Segment(0, 2 * POD_RATE),), 3600.0)
+    realism = Realism(disruption_every=600.0)
+    result = simulate_llm(
+        trace, draw_arrivals(trace, 2), make_policy("requests"), POD_RATE, seed=2, realism=realism, slo=SLO
+    )
+    assert result.disruptions > 0 and result.dropped > 0
+    assert result.arrived == result.completed + result.dropped + result.in_system
+
+
+def signals_seen_by_prometheus(pending: int, ready: int, starting: int) -> Signals:
+    signals = Signals(Timing())
+    targets = tuple(f"vllm-{i}" for i in range(ready))
+    warming = tuple(f"vllm-{ready + i}" for i in range(starting))
+    signals.prometheus = signals.recorded = View(0.0, {}, targets, warming, pending, {})
+    return signals
+
+
+def test_the_queue_guard_discounts_what_starting_pods_will_serve() -> None:
+    signals = signals_seen_by_prometheus(pending=40, ready=2, starting=2)
+    assert EppQueue().value(signals) == 40
+    assert EppQueueGuard().value(signals) == 40 - 2 * 16
+    assert EppQueueGuard().value(signals_seen_by_prometheus(10, 2, 2)) == 0
+
+
+def test_the_slo_signal_is_clamped_smoothed_and_credits_warming_pods() -> None:
+    signals = signals_seen_by_prometheus(pending=0, ready=2, starting=2)
+    trigger = SloSignal()
+    assert trigger.value(signals) is None  # no latency recorded yet: no value, never 0
+    for at, p90 in ((15.0, (9.0, 0.01)), (30.0, (1.5, 0.01)), (45.0, (1.5, 0.01)), (60.0, (1.5, 0.01))):
+        signals.rule_at, signals.latency_p90 = at, p90
+        value = trigger.value(signals)
+    # At 60 s the 45 s average is of 30, 45, 60: s = 0.5 each, credited × 2 ready ÷ 4 = 0.25 < 0.40.
+    assert value == 3.0
+    signals.rule_at, signals.latency_p90 = 75.0, (30.0, 0.01)  # 10 s p90 clamps at 2
+    # (0.5 + 0.5 + 2) / 3 = 1.0, × 2 / 4 = 0.5: between 0.40 and 0.55, keep 4.
+    assert trigger.value(signals) == 4.0
+    signals.recorded = View(0.0, {}, ("a", "b", "c", "d"), (), 0, {})  # all Ready now: 1.0 > 0.55
+    assert trigger.value(signals) == 8.0  # ceil(4 × 1.0 / 0.55)
+
+
+def test_the_held_out_traces_have_a_crowd_longer_than_a_cold_start_and_a_mix_changing_every_10_to_20_min() -> (
+    None
+):
+    crowd = flash_crowd_trace(POD_RATE)
+    base = crowd.segments[0].rate
+    starts = [s.start for s in crowd.segments] + [crowd.duration]
+    longest = max(end - s.start for s, end in zip(crowd.segments, starts[1:], strict=True) if s.rate > base)
+    assert longest > ServerModel().warm_start[1]
+    churn = mix_churn_trace(1)
+    blocks = [b.start - a.start for a, b in zip(churn.segments, churn.segments[1:], strict=False)]
+    assert all(600 <= b <= 1200 for b in blocks) and churn.duration == 4 * 3600
+    assert len({s.prompt_mean for s in churn.segments}) > 2
+    assert mix_churn_trace(1) == churn and mix_churn_trace(2) != churn
+
+
+def test_the_judge_prints_each_policy_at_its_chosen_setting_and_the_recommended_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(llm_judge, "SCALES", (1.0,))
+    monkeypatch.setattr(llm_judge, "DOWN_WINDOWS", (60.0, 300.0))
+    trace = tmp_path / "short.csv"
+    trace.write_text("seconds,requests_per_second\n0,10\n300,20\n")
+    argv = ["llm", "--json", "--trace", str(trace), "--min-replicas", "1", "--seed", "2"]
+    code = main([*argv, "--slo-ttft", "2", "--slo-tpot-ms", "50", "--slo-attainment", "0.95"])
+    assert code == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in rows] == [*llm_judge.JUDGED, "recommended"]
+    for r in rows:
+        assert {"gpu_seconds", "ttft_p95_seconds", "setting", "slo_attainment", "meets_slo"} <= r.keys()
+        assert r["meets_slo"] == (r["slo_attainment"] >= 0.95)
+    assert rows[-1]["setting"] == {"threshold_scale": None, "down_window_seconds": 120.0}
+    assert {r["setting"]["down_window_seconds"] for r in rows[:-1]} <= {60.0, 300.0}
+
+
+def test_a_slo_attainment_outside_0_to_1_is_refused_naming_it(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["llm", "--slo-attainment", "1.5"])
+    assert "--slo-attainment 1.5: must be > 0 and ≤ 1" in capsys.readouterr().err
+
+
+def test_recommended_is_the_readmes_scaledobject_with_the_shipped_behaviour() -> None:
+    import yaml
+
+    job = llm_judge.Job(
+        LlmTrace("t", "", (Segment(0, 1.0),), 60.0), "recommended", None, None, 1, None, ServerModel(), SLO,
+        Realism(),
+    )  # fmt: skip
+    policy = llm_judge.configured(job)
+    demand, guard = policy.triggers
+    assert isinstance(demand, DemandTrigger) and demand.pending
+    assert demand.metadata["demandUnit"] == "tokens"
+    assert isinstance(guard, ScalerTrigger) and (guard.metric, guard.threshold) == ("requests", 64.0)
+    shipped = ROOT / "manifests/components/llm-hpa-behavior/behavior.yaml"
+    behavior = yaml.safe_load(shipped.read_text())["spec"]["advanced"]["horizontalPodAutoscalerConfig"]
+    down = behavior["behavior"]["scaleDown"]
+    assert policy.behavior.down_window == down["stabilizationWindowSeconds"]
+    assert (policy.behavior.down_percent, policy.behavior.down_period) == (
+        down["policies"][0]["value"],
+        down["policies"][0]["periodSeconds"],
+    )
+
+
+def test_every_run_syncs_at_its_seeds_random_phase_unless_a_timing_is_given() -> None:
+    trace = LlmTrace("flat", "", (Segment(0, POD_RATE),), 120.0)
+    arrivals = draw_arrivals(trace, 1)
+    phases = set()
+    for seed in range(6):
+        result = simulate_llm(trace, arrivals, make_policy("requests"), POD_RATE, seed=seed)
+        phase = random_timing(seed, STEP).hpa_phase
+        assert result.decisions and all((at - phase) % 15.0 == 0 for at, *_ in result.decisions)
+        phases.add(phase)
+    assert len(phases) > 1
+    fixed = simulate_llm(trace, arrivals, make_policy("requests"), POD_RATE, timing=Timing(), seed=1)
+    assert [at for at, *_ in fixed.decisions][:2] == [7.0, 22.0]
+
+
+def test_the_judge_searches_only_the_policies_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(llm_judge, "SCALES", (1.0,))
+    monkeypatch.setattr(llm_judge, "DOWN_WINDOWS", (120.0,))
+    trace = tmp_path / "short.csv"
+    trace.write_text("seconds,requests_per_second\n0,10\n300,20\n")
+    argv = ["llm", "--trace", str(trace), "--policy", "llm-d-slo", "--slo-attainment", "0.9"]
+    assert main(argv) == 0
+    assert [r["policy"] for r in json.loads(capsys.readouterr().out)] == ["llm-d-slo", "recommended"]
