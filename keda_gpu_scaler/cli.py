@@ -104,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--namespace", required=True, help="the ScaledObject's namespace")
     explain.add_argument("--name", default="explain", help="a ScaledObject name to show (default: explain)")
     explain.add_argument("--scrape-timeout", default="3", help="seconds per scrape (default: 3)")
+    explain.add_argument(
+        "--rate-interval",
+        type=float,
+        default=2.0,
+        help="seconds between the two reads of each page that a rate (metric=demand) needs (default: 2)",
+    )
     explain.add_argument("--json", action="store_true", help="print JSON instead of a table")
     explain.add_argument(
         "metadata", nargs="*", metavar="KEY=VALUE", help="trigger metadata, e.g. threshold=70"
@@ -298,7 +304,9 @@ def _explain(args: argparse.Namespace) -> int:
             "kubernetes": "off",
         }
     )
-    entries = asyncio.run(explain_once(settings, args.namespace, args.name, triggers))
+    if not args.rate_interval > 0:
+        raise SettingsError(f"--rate-interval={args.rate_interval:g}: must be more than 0 seconds")
+    entries = asyncio.run(explain_once(settings, args.namespace, args.name, triggers, args.rate_interval))
     if args.json:
         # As /explain answers: one trigger's entry, or the ScaledObject with every trigger's.
         shown: object = (

@@ -1,4 +1,5 @@
-"""One-shot explain: scrape the exporters once and show what the scaler sees for a ScaledObject's triggers."""
+"""One-shot explain: scrape the exporters once (twice for a rate) and show what the scaler sees for a
+ScaledObject's triggers."""
 
 from __future__ import annotations
 
@@ -18,19 +19,27 @@ from keda_gpu_scaler.errors import ScalerError
 from keda_gpu_scaler.evaluator import Evaluator
 from keda_gpu_scaler.http_endpoints import explanation_json
 from keda_gpu_scaler.metrics import Telemetry
-from keda_gpu_scaler.registry import Registry
+from keda_gpu_scaler.registry import Followed, Registry
 from keda_gpu_scaler.settings import Settings
 from keda_gpu_scaler.snapshot import Snapshots
 from keda_gpu_scaler.subscriptions import Subscriptions
-from keda_gpu_scaler.trigger import parse_trigger
+from keda_gpu_scaler.trigger import Metric, TriggerSpec, parse_trigger
 from keda_gpu_scaler.wanted import EppPage, ExporterPage, PageBindings, PodPage, WantedSources, owning_pod
+
+# Seconds between the two reads of every page that a rate (`metric: demand`) is taken over.
+RATE_INTERVAL = 2.0
 
 
 async def explain_once(
-    settings: Settings, namespace: str, name: str, triggers: Sequence[Mapping[str, str]]
+    settings: Settings,
+    namespace: str,
+    name: str,
+    triggers: Sequence[Mapping[str, str]],
+    rate_interval: float = RATE_INTERVAL,
 ) -> list[dict[str, Any]]:
-    """The entries /explain shows for each trigger (metadata), from one scrape of every page; a trigger's
-    errors become its entry's "error" field."""
+    """The entries /explain shows for each trigger (metadata), from one scrape of every page, or two
+    `rate_interval` seconds apart when a trigger takes a rate; a trigger's errors become its entry's
+    "error" field."""
     telemetry = Telemetry()
     store = Store()
     clock = time.monotonic
@@ -90,15 +99,15 @@ async def explain_once(
     bindings = PageBindings(pages.add_page, pages.remove, owning_pod)
     wanted.handle(PodPage, bindings.added, bindings.removed)
     gateway_pages.start(GatewayCollectorSink(collector))
-    urls = sorted(
-        {
-            *(page.url for page in wanted.of_kind(ExporterPage)),
-            *(page.url for page in wanted.of_kind(PodPage)),
-            *(page.url for page in wanted.of_kind(EppPage)),
-        }
-    )
+    rate = any(spec.metric is Metric.DEMAND for spec in specs)
     try:
-        await asyncio.gather(*(collector.scrape_once(url) for url in urls))
+        await _scrape_all(collector, wanted)
+        if rate:
+            # A rate needs every page at two instants: this evaluation starts each history the triggers
+            # read with the page just read, the second read ends it.
+            _evaluate_all(evaluator, followed, specs)
+            await asyncio.sleep(rate_interval)
+            await _scrape_all(collector, wanted)
     finally:
         await collector.stop()
         await session.close()
@@ -108,14 +117,34 @@ async def explain_once(
         if entry is not None:
             continue
         spec = next(evaluated)
-        with contextlib.suppress(ScalerError):  # recorded in the explanation with its message
-            evaluator.evaluate(followed, spec)
+        _evaluate_all(evaluator, followed, [spec])
         explanation = followed.triggers[spec].explanation
         assert explanation is not None
         entries[index] = entry = explanation_json(namespace, name, explanation)
         if problems:
             entry["exporterErrors"] = problems
+        if rate:
+            entry["readTwiceSecondsApart"] = rate_interval
     return [entry for entry in entries if entry is not None]
+
+
+async def _scrape_all(collector: ScrapeCollector, wanted: WantedSources) -> None:
+    """Every page the triggers read, once."""
+    urls = sorted(
+        {
+            *(page.url for page in wanted.of_kind(ExporterPage)),
+            *(page.url for page in wanted.of_kind(PodPage)),
+            *(page.url for page in wanted.of_kind(EppPage)),
+        }
+    )
+    await asyncio.gather(*(collector.scrape_once(url) for url in urls))
+
+
+def _evaluate_all(evaluator: Evaluator, followed: Followed, specs: Sequence[TriggerSpec]) -> None:
+    """Evaluate each trigger; its errors are recorded in its explanation with their message."""
+    for spec in specs:
+        with contextlib.suppress(ScalerError):
+            evaluator.evaluate(followed, spec)
 
 
 def render_table(entry: Mapping[str, Any]) -> str:
@@ -129,6 +158,8 @@ def render_table(entry: Mapping[str, Any]) -> str:
             else f"podNamePrefix={trigger['podNamePrefix']}"
         )
         lines[0] += f"  metric={trigger['metric']} threshold={trigger['threshold']:g} {where}"
+    if "readTwiceSecondsApart" in entry:
+        lines.append(f"  read twice, {entry['readTwiceSecondsApart']:g} s apart, for a rate")
     for problem in entry.get("exporterErrors", []):
         lines.append(f"  exporter error: {problem}")
     if "error" in entry:
