@@ -13,9 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from keda_gpu_scaler import __version__
-from keda_gpu_scaler.logs import configure_logging
-from keda_gpu_scaler.recommended import llm_summary
-from keda_gpu_scaler.settings import (
+from keda_gpu_scaler.config.settings import (
     FLAGS,
     Settings,
     SettingsError,
@@ -23,6 +21,8 @@ from keda_gpu_scaler.settings import (
     env_values,
     resolve_kubernetes,
 )
+from keda_gpu_scaler.core.recommended import llm_summary
+from keda_gpu_scaler.server.logs import configure_logging
 
 log = logging.getLogger("keda_gpu_scaler")
 
@@ -135,8 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_calibrate_arguments(calibrate: argparse.ArgumentParser) -> None:
-    from keda_gpu_scaler.demand import DEFAULT_PREFILL_WEIGHT, DEFAULT_WINDOW_SECONDS
-    from keda_gpu_scaler.engines import ENGINE_CHOICES
+    from keda_gpu_scaler.core.demand import DEFAULT_PREFILL_WEIGHT, DEFAULT_WINDOW_SECONDS
+    from keda_gpu_scaler.pages.engines import ENGINE_CHOICES
 
     calibrate.add_argument(
         "url", help="the pod's inference-server metrics page, e.g. http://10.0.3.7:8000/metrics"

@@ -14,17 +14,24 @@ from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink
 from keda_gpu_scaler.collect.http import client_session, exporter_fetcher
 from keda_gpu_scaler.collect.inference import InferencePages
 from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
+from keda_gpu_scaler.collect.snapshot import Snapshots
 from keda_gpu_scaler.collect.store import Store
-from keda_gpu_scaler.errors import ScalerError
-from keda_gpu_scaler.evaluator import Evaluator
-from keda_gpu_scaler.http_endpoints import explanation_json
-from keda_gpu_scaler.metrics import Telemetry
-from keda_gpu_scaler.registry import Followed, Registry
-from keda_gpu_scaler.settings import Settings
-from keda_gpu_scaler.snapshot import Snapshots
-from keda_gpu_scaler.subscriptions import Subscriptions
-from keda_gpu_scaler.trigger import Metric, TriggerSpec, parse_trigger
-from keda_gpu_scaler.wanted import EppPage, ExporterPage, PageBindings, PodPage, WantedSources, owning_pod
+from keda_gpu_scaler.collect.wanted import (
+    EppPage,
+    ExporterPage,
+    PageBindings,
+    PodPage,
+    WantedSources,
+    owning_pod,
+)
+from keda_gpu_scaler.config.settings import Settings
+from keda_gpu_scaler.core.errors import ScalerError
+from keda_gpu_scaler.core.trigger import Metric, TriggerSpec, parse_trigger
+from keda_gpu_scaler.server.evaluator import Evaluator
+from keda_gpu_scaler.server.http_endpoints import explanation_json
+from keda_gpu_scaler.server.metrics import Telemetry
+from keda_gpu_scaler.server.registry import Followed, Registry
+from keda_gpu_scaler.server.subscriptions import Subscriptions
 
 # Seconds between the two reads of every page that a rate (`metric: demand`) is taken over.
 RATE_INTERVAL = 2.0

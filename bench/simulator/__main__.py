@@ -17,8 +17,8 @@ from bench.simulator.llm_fleet import ServerModel
 from bench.simulator.llm_policies import DEMAND_WINDOW, POD_RATE, POLICY_NAMES, REQUESTS_TARGET
 from bench.simulator.llm_run import run_matrix
 from bench.simulator.llm_traces import TraceFileError, builtin_traces, read_trace
-from keda_gpu_scaler.demand import MAX_WINDOW_SECONDS as MAX_WINDOW
-from keda_gpu_scaler.demand import MIN_WINDOW_SECONDS as MIN_WINDOW
+from keda_gpu_scaler.core.demand import MAX_WINDOW_SECONDS as MAX_WINDOW
+from keda_gpu_scaler.core.demand import MIN_WINDOW_SECONDS as MIN_WINDOW
 
 
 def _gpu(args: argparse.Namespace) -> int:

@@ -13,9 +13,25 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from keda_gpu_scaler.backoff import backoff_delay, jittered
+from keda_gpu_scaler.collect.backoff import backoff_delay, jittered
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
-from keda_gpu_scaler.collect.prometheus_answer import (
+from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
+from keda_gpu_scaler.collect.promql import (
+    Target,
+    fleet_query,
+    gateway_query,
+    gpu_queries,
+    inference_query,
+    liveness_query,
+    namespace_query,
+    up_query,
+)
+from keda_gpu_scaler.collect.store import Page, Reading, SourceKind, Store
+from keda_gpu_scaler.collect.wanted import PrometheusQuery, WantedSources
+from keda_gpu_scaler.pages.engines import PodSamples
+from keda_gpu_scaler.pages.exposition import Sample
+from keda_gpu_scaler.pages.gateways import NotAGatewayPage, QueueTable, since, table_from_samples
+from keda_gpu_scaler.pages.prometheus_answer import (
     FreshSeries,
     PrometheusError,
     ReplicaLost,
@@ -30,23 +46,7 @@ from keda_gpu_scaler.collect.prometheus_answer import (
     target_of,
     up_series,
 )
-from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
-from keda_gpu_scaler.collect.promql import (
-    Target,
-    fleet_query,
-    gateway_query,
-    gpu_queries,
-    inference_query,
-    liveness_query,
-    namespace_query,
-    up_query,
-)
-from keda_gpu_scaler.collect.store import Page, Reading, SourceKind, Store
-from keda_gpu_scaler.engines import PodSamples
-from keda_gpu_scaler.exposition import Sample
-from keda_gpu_scaler.gateways import NotAGatewayPage, QueueTable, since, table_from_samples
-from keda_gpu_scaler.vendors import readings_from_samples
-from keda_gpu_scaler.wanted import PrometheusQuery, WantedSources
+from keda_gpu_scaler.pages.vendors import readings_from_samples
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 
-from keda_gpu_scaler.engines import ENGINE_SAMPLE_NAMES
-from keda_gpu_scaler.engines import POD_LABELS as ENGINE_POD_LABELS
-from keda_gpu_scaler.exposition import Sample
-from keda_gpu_scaler.gateways import GATEWAY_SAMPLE_NAMES
-from keda_gpu_scaler.vendors import POD_LABELS, SAMPLE_NAMES, VENDORS
+from keda_gpu_scaler.pages.engines import ENGINE_SAMPLE_NAMES
+from keda_gpu_scaler.pages.engines import POD_LABELS as ENGINE_POD_LABELS
+from keda_gpu_scaler.pages.exposition import Sample
+from keda_gpu_scaler.pages.gateways import GATEWAY_SAMPLE_NAMES
+from keda_gpu_scaler.pages.vendors import POD_LABELS, SAMPLE_NAMES, VENDORS
 
 # Label put on the sample-time half of a query's answer, so one instant query brings values and times.
 TIMESTAMP_LABEL = "keda_gpu_scaler_timestamp"

@@ -23,20 +23,6 @@ from keda_gpu_scaler.collect.prometheus import (
     inference_source,
     pod_inference_source,
 )
-from keda_gpu_scaler.collect.prometheus_answer import (
-    REMOTE_TEXT_LIMIT,
-    Element,
-    PrometheusError,
-    ReplicaLost,
-    Up,
-    gateway_replicas,
-    inference_pods,
-    lost_pod,
-    parse_vector,
-    remote_text,
-    samples_with_times,
-    up_series,
-)
 from keda_gpu_scaler.collect.prometheus_client import http_error
 from keda_gpu_scaler.collect.promql import (
     TIMESTAMP_LABEL,
@@ -51,8 +37,15 @@ from keda_gpu_scaler.collect.promql import (
     up_query,
 )
 from keda_gpu_scaler.collect.store import SourceKind, Store
+from keda_gpu_scaler.collect.wanted import PrometheusQuery, WantedSources
+from keda_gpu_scaler.config.settings import (
+    PROMETHEUS_PASSWORD_ENV,
+    SettingsError,
+    build_settings,
+    env_values,
+)
 from keda_gpu_scaler.demo import engines as simulated
-from keda_gpu_scaler.engines import (
+from keda_gpu_scaler.pages.engines import (
     ENGINE_SAMPLE_NAMES,
     Engine,
     PodSamples,
@@ -60,15 +53,22 @@ from keda_gpu_scaler.engines import (
     pod_reading,
     trtllm_serve,
 )
-from keda_gpu_scaler.exposition import Sample, parse_exposition
-from keda_gpu_scaler.settings import (
-    PROMETHEUS_PASSWORD_ENV,
-    SettingsError,
-    build_settings,
-    env_values,
+from keda_gpu_scaler.pages.exposition import Sample, parse_exposition
+from keda_gpu_scaler.pages.prometheus_answer import (
+    REMOTE_TEXT_LIMIT,
+    Element,
+    PrometheusError,
+    ReplicaLost,
+    Up,
+    gateway_replicas,
+    inference_pods,
+    lost_pod,
+    parse_vector,
+    remote_text,
+    samples_with_times,
+    up_series,
 )
-from keda_gpu_scaler.vendors import POD_LABELS, SAMPLE_NAMES
-from keda_gpu_scaler.wanted import PrometheusQuery, WantedSources
+from keda_gpu_scaler.pages.vendors import POD_LABELS, SAMPLE_NAMES
 
 # ---- PromQL ---------------------------------------------------------------------------------------
 
