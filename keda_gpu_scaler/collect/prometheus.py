@@ -16,16 +16,6 @@ from dataclasses import dataclass
 from keda_gpu_scaler.collect.backoff import backoff_delay, jittered
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
-from keda_gpu_scaler.collect.promql import (
-    Target,
-    fleet_query,
-    gateway_query,
-    gpu_queries,
-    inference_query,
-    liveness_query,
-    namespace_query,
-    up_query,
-)
 from keda_gpu_scaler.collect.store import Page, Reading, SourceKind, Store
 from keda_gpu_scaler.collect.wanted import PrometheusQuery, WantedSources
 from keda_gpu_scaler.pages.engines import PodSamples
@@ -45,6 +35,16 @@ from keda_gpu_scaler.pages.prometheus_answer import (
     seconds,
     target_of,
     up_series,
+)
+from keda_gpu_scaler.pages.promql import (
+    Target,
+    fleet_query,
+    gateway_query,
+    gpu_queries,
+    inference_query,
+    liveness_query,
+    namespace_query,
+    up_query,
 )
 from keda_gpu_scaler.pages.vendors import readings_from_samples
 

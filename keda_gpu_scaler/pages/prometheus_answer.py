@@ -7,11 +7,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from keda_gpu_scaler.collect.promql import TIMESTAMP_LABEL, Target
 from keda_gpu_scaler.pages.engines import ENGINE_SAMPLE_NAMES, PodKey, pod_of
 from keda_gpu_scaler.pages.exposition import Sample
 from keda_gpu_scaler.pages.gateways import GATEWAY_SAMPLE_NAMES
 from keda_gpu_scaler.pages.jsonpieces import OFF_LOOP_BYTES, TooManyItems, loads_in_pieces
+from keda_gpu_scaler.pages.promql import TIMESTAMP_LABEL, Target
 
 # Text from the other side (an error message, a header, a malformed element) is quoted at most this long:
 # enough to say what went wrong, never a whole page in a log line or an RPC status.

@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import tgi_page
 
-from keda_gpu_scaler.collect.promql import TIMESTAMP_LABEL, any_of, values_and_times
 from keda_gpu_scaler.demo import engines as simulated
 from keda_gpu_scaler.pages.engines import (
     ENGINE_CHOICES,
@@ -45,6 +44,7 @@ from keda_gpu_scaler.pages.engines import (
 from keda_gpu_scaler.pages.engines import _common as engines_common
 from keda_gpu_scaler.pages.exposition import Sample, parse_exposition
 from keda_gpu_scaler.pages.prometheus_answer import inference_pods, parse_vector, samples_with_times
+from keda_gpu_scaler.pages.promql import TIMESTAMP_LABEL, any_of, values_and_times
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "engines"
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"

@@ -24,18 +24,6 @@ from keda_gpu_scaler.collect.prometheus import (
     pod_inference_source,
 )
 from keda_gpu_scaler.collect.prometheus_client import http_error
-from keda_gpu_scaler.collect.promql import (
-    TIMESTAMP_LABEL,
-    any_of,
-    gateway_query,
-    gpu_queries,
-    inference_query,
-    liveness_query,
-    namespace_query,
-    promql_string,
-    regex_literal,
-    up_query,
-)
 from keda_gpu_scaler.collect.store import SourceKind, Store
 from keda_gpu_scaler.collect.wanted import PrometheusQuery, WantedSources
 from keda_gpu_scaler.config.settings import (
@@ -67,6 +55,18 @@ from keda_gpu_scaler.pages.prometheus_answer import (
     remote_text,
     samples_with_times,
     up_series,
+)
+from keda_gpu_scaler.pages.promql import (
+    TIMESTAMP_LABEL,
+    any_of,
+    gateway_query,
+    gpu_queries,
+    inference_query,
+    liveness_query,
+    namespace_query,
+    promql_string,
+    regex_literal,
+    up_query,
 )
 from keda_gpu_scaler.pages.vendors import POD_LABELS, SAMPLE_NAMES
 
