@@ -17,6 +17,7 @@ from keda_gpu_scaler.collect.backoff import backoff_delay, jittered
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
 from keda_gpu_scaler.collect.store import Page, Reading, SourceKind, Store
+from keda_gpu_scaler.collect.supervise import cancel_all
 from keda_gpu_scaler.collect.wanted import PrometheusQuery, WantedSources
 from keda_gpu_scaler.pages.engines import PodSamples
 from keda_gpu_scaler.pages.exposition import Sample
@@ -147,11 +148,8 @@ class PrometheusCollector:
         self._wanted.handle(PrometheusQuery, self._query_wanted, self._query_unwanted)
 
     async def stop(self) -> None:
-        tasks = list(self._tasks.values())
-        self._tasks.clear()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        tasks, self._tasks = self._tasks, {}
+        await cancel_all(tasks.values())
 
     def _query_wanted(self, query: PrometheusQuery) -> None:
         namespace, pool = query.namespace, query.pool

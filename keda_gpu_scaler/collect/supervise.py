@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 from keda_gpu_scaler.collect.backoff import backoff_delay
@@ -48,3 +48,11 @@ def supervised(
             await asyncio.sleep(backoff_delay(ends, first=1.0, cap=MAX_RESTART_DELAY))
 
     return asyncio.create_task(keep_running(), name=name)
+
+
+async def cancel_all(tasks: Iterable[asyncio.Task[Any]]) -> None:
+    """Cancel every task and wait until each has ended (an error it ended with is not raised again)."""
+    tasks = list(tasks)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from keda_gpu_scaler.collect.backoff import backoff_delay
+from keda_gpu_scaler.collect.supervise import cancel_all
 from keda_gpu_scaler.collect.wanted import EppPool
 from keda_gpu_scaler.kubernetes.api import INFERENCE_POOLS, SERVICES, KubeApi
 from keda_gpu_scaler.kubernetes.informer import ObjectInformer, PodInformer
@@ -175,10 +176,7 @@ class GatewayDiscovery:
                     if informer is not None:
                         await informer.stop()
         probes, self._probes = self._probes, {}
-        tasks = [p.task for p in probes.values() if p.task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_all(p.task for p in probes.values() if p.task is not None)
 
     # --- internals ------------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from keda_gpu_scaler.collect.backoff import backoff_delay, jittered
-from keda_gpu_scaler.collect.supervise import supervised
+from keda_gpu_scaler.collect.supervise import cancel_all, supervised
 from keda_gpu_scaler.collect.wanted import WantedSources
 from keda_gpu_scaler.core.errors import ConfigError, NoData
 from keda_gpu_scaler.core.trigger import TriggerSpec
@@ -165,10 +165,7 @@ class KubeDiscovery:
         if self._gateways is not None:
             await self._gateways.stop()
             self._gateways = None
-        tasks = [t.task for t in self._tracked.values() if t.task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_all(t.task for t in self._tracked.values() if t.task is not None)
         self._tracked.clear()
         namespaces, self._namespaces = self._namespaces, {}
         for space in namespaces.values():
