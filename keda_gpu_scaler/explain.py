@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from keda_gpu_scaler.collect.gateway import GatewayPages
+from keda_gpu_scaler.app import App
 from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink
 from keda_gpu_scaler.collect.http import client_session, exporter_fetcher
 from keda_gpu_scaler.collect.inference import InferencePages
 from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
-from keda_gpu_scaler.collect.snapshot import Snapshots
-from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.collect.wanted import (
     EppPage,
     ExporterPage,
@@ -29,9 +26,7 @@ from keda_gpu_scaler.core.errors import ScalerError
 from keda_gpu_scaler.core.trigger import Metric, TriggerSpec, parse_trigger
 from keda_gpu_scaler.server.evaluator import Evaluator
 from keda_gpu_scaler.server.http_endpoints import explanation_json
-from keda_gpu_scaler.server.metrics import Telemetry
-from keda_gpu_scaler.server.registry import Followed, Registry
-from keda_gpu_scaler.server.subscriptions import Subscriptions
+from keda_gpu_scaler.server.registry import Followed
 
 # Seconds between the two reads of every page that a rate (`metric: demand`) is taken over.
 RATE_INTERVAL = 2.0
@@ -47,31 +42,10 @@ async def explain_once(
     """The entries /explain shows for each trigger (metadata), from one scrape of every page, or two
     `rate_interval` seconds apart when a trigger takes a rate; a trigger's errors become its entry's
     "error" field."""
-    telemetry = Telemetry()
-    store = Store()
-    clock = time.monotonic
-    wanted = WantedSources()
-    gateway_pages = GatewayPages(wanted)
-    for namespace_of_page, pool, url in settings.gateway_urls:
-        gateway_pages.add_static(namespace_of_page, pool, url)
-    snapshots = Snapshots(
-        store=store, max_staleness=settings.max_staleness, clock=clock, gateway_pages=gateway_pages
-    )
-    evaluator = Evaluator(snapshots=snapshots, telemetry=telemetry)
-    registry = Registry(
-        ttl=settings.interest_ttl,
-        cap=1,
-        clock=clock,
-        on_subscribe=lambda followed, subscription: subscriptions.subscribed(followed, subscription),
-    )
-    # The same subscriptions as `serve`: the pages scraped are exactly those the triggers read.
-    subscriptions = Subscriptions(
-        wanted=wanted,
-        kind_of=evaluator.kind_of,
-        followed_in=registry.in_namespace,
-        exporter_urls=settings.exporter_urls,
-        inference_urls=settings.inference_urls,
-    )
+    # The parts `serve` is made of, built by its composition root but not started: the same subscriptions,
+    # so the pages read are exactly those the triggers read, and the same snapshots and evaluation.
+    app = App(settings)
+    evaluator, registry, wanted = app.evaluator, app.registry, app.wanted
     entries: list[dict[str, Any] | None] = []
     specs = []
     for metadata in triggers:
@@ -95,7 +69,12 @@ async def explain_once(
         await session.close()
         raise
     collector = ScrapeCollector(
-        fetcher=fetcher, store=store, interest=wanted, limits=limits, telemetry=telemetry, clock=clock
+        fetcher=fetcher,
+        store=app.store,
+        interest=wanted,
+        limits=limits,
+        telemetry=app.telemetry,
+        clock=app.clock,
     )
     wanted.handle(
         ExporterPage,
@@ -105,7 +84,7 @@ async def explain_once(
     pages = InferencePages(collector)
     bindings = PageBindings(pages.add_page, pages.remove, owning_pod)
     wanted.handle(PodPage, bindings.added, bindings.removed)
-    gateway_pages.start(GatewayCollectorSink(collector))
+    app.gateway_pages.start(GatewayCollectorSink(collector))
     rate = any(spec.metric is Metric.DEMAND for spec in specs)
     try:
         await _scrape_all(collector, wanted)
@@ -118,7 +97,7 @@ async def explain_once(
     finally:
         await collector.stop()
         await session.close()
-    problems = [f"{s.source}: {s.last_error}" for s in store.sources() if s.last_error]
+    problems = [f"{s.source}: {s.last_error}" for s in app.store.sources() if s.last_error]
     evaluated = iter(specs)
     for index, entry in enumerate(entries):
         if entry is not None:
