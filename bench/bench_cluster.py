@@ -50,7 +50,7 @@ SCALER_ADDRESS = "keda-gpu-scaler.keda:6000"
 METADATA = {"scalerAddress": SCALER_ADDRESS, "threshold": "70", "activationThreshold": "5"}
 SCRAPE_INTERVAL = 5.0
 PROFILE_RULES = (
-    ("Kubernetes discovery (keda_gpu_scaler/discovery: watches, pod caches, target sets)", "/discovery/"),
+    ("Kubernetes discovery (keda_gpu_scaler/kubernetes: watches, pod caches, target sets)", "/kubernetes/"),
     ("evaluation and telemetry (evaluator.py, scaling.py, telemetry.py)", "Evaluator."),
     ("scrapes: fetching and parsing exporter pages", "collect/"),
     ("servicer methods (service.py)", "ExternalScalerService"),

@@ -88,7 +88,7 @@ maxReplicaCount {timing.max_replicas}. KEDA polls `IsActive` every 30 s, scales 
 after a 300 s cooldown (minReplicaCount 0 in the `idle` trace only); policy (a) also gets a
 `StreamIsActive` push on each idle → busy change it sees. The loops tick at fixed, different phases.
 
-Policies: **(a)** this scaler: the product's own `keda_gpu_scaler.scaling` code (per-pod mean over GPUs,
+Policies: **(a)** this scaler: the product's own `keda_gpu_scaler.core.scaling` code (per-pod mean over GPUs,
 sum over the target's pods, missing pods filled as the product does) on what it scraped, threshold 70;
 **(b)** AKS tutorial: `avg(DCGM_FI_DEV_GPU_UTIL)` over the GPUs, threshold 5; **(c)** DOKS tutorial:
 `sum(gauge) / sum(kube_deployment_status_replicas)` with one gauge per pod, threshold 80; **(d)**

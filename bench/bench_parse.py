@@ -10,7 +10,7 @@ from collections.abc import Callable, Set
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.pages import AMD_TRIGGER_FAMILIES, DCGM_TRIGGER_FAMILIES, amd_page, dcgm_page
-from keda_gpu_scaler.exposition import parse_exposition
+from keda_gpu_scaler.pages.exposition import parse_exposition
 
 REPEATS = 7
 

@@ -22,7 +22,7 @@ from bench.harness import (
 )
 from bench.pages import dcgm_page
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
-from keda_gpu_scaler.vendors import SAMPLE_NAMES
+from keda_gpu_scaler.pages.vendors import SAMPLE_NAMES
 
 # The goals: ≤ 0.4× Prometheus when pages are unchanged, ≤ 0.6× when every page is new.
 GOAL_UNCHANGED = 0.4
@@ -200,8 +200,8 @@ async def loop_stall(hostile_series: int = 150_000, scrapes: int = 3) -> str:
 
     from keda_gpu_scaler.collect import scrape
     from keda_gpu_scaler.collect.store import Store
-    from keda_gpu_scaler.metrics import Telemetry
-    from keda_gpu_scaler.wanted import WantedSources
+    from keda_gpu_scaler.collect.wanted import WantedSources
+    from keda_gpu_scaler.server.metrics import Telemetry
 
     rows = []
     for series in (scrape.MAX_SERIES_PER_PAGE, hostile_series):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from keda_gpu_scaler.pagetext import go_float
+from keda_gpu_scaler.pages.pagetext import go_float
 
 # dcgm-exporter's default counters (etc/default-counters.csv, plus the DCP fields and FB_RESERVED that
 # recent releases enable): name, Prometheus type, help, and whether DCGM reports it as a double.

@@ -16,7 +16,6 @@ import aiohttp
 import grpc
 from aiohttp import web
 
-from keda_gpu_scaler import http_endpoints
 from keda_gpu_scaler.collect.gateway import GatewayPages
 from keda_gpu_scaler.collect.gateway_fetch import gateway_fetcher
 from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink
@@ -26,22 +25,23 @@ from keda_gpu_scaler.collect.inference import InferencePages
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient, prometheus_ssl
 from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
+from keda_gpu_scaler.collect.snapshot import Snapshots, TargetResolver
 from keda_gpu_scaler.collect.store import Store
-from keda_gpu_scaler.discovery.api import ConnectError, KubeApi, connect
-from keda_gpu_scaler.discovery.resolver import DiscoveryConfig, KubeDiscovery
-from keda_gpu_scaler.evaluator import Evaluator
-from keda_gpu_scaler.http_endpoints import http_app
-from keda_gpu_scaler.logs import quiet_non_http_clients
-from keda_gpu_scaler.metrics import Telemetry
-from keda_gpu_scaler.registry import Explanation, Followed, Registry, Subscription
-from keda_gpu_scaler.service import ExternalScalerService, HealthStatus, add_services
-from keda_gpu_scaler.settings import Settings, SettingsError, resolve_kubernetes
-from keda_gpu_scaler.snapshot import Snapshots, TargetResolver
-from keda_gpu_scaler.subscriptions import Subscriptions
-from keda_gpu_scaler.supervise import supervised
-from keda_gpu_scaler.tls import ReloadingServerCredentials
-from keda_gpu_scaler.trigger import Source
-from keda_gpu_scaler.wanted import ExporterPage, PageBindings, PodPage, WantedSources, owning_pod
+from keda_gpu_scaler.collect.supervise import supervised
+from keda_gpu_scaler.collect.wanted import ExporterPage, PageBindings, PodPage, WantedSources, owning_pod
+from keda_gpu_scaler.config.settings import Settings, SettingsError, resolve_kubernetes
+from keda_gpu_scaler.core.trigger import Source
+from keda_gpu_scaler.kubernetes.api import ConnectError, KubeApi, connect
+from keda_gpu_scaler.kubernetes.resolver import DiscoveryConfig, KubeDiscovery
+from keda_gpu_scaler.server import http_endpoints
+from keda_gpu_scaler.server.evaluator import Evaluator
+from keda_gpu_scaler.server.http_endpoints import http_app
+from keda_gpu_scaler.server.logs import quiet_non_http_clients
+from keda_gpu_scaler.server.metrics import Telemetry
+from keda_gpu_scaler.server.registry import Explanation, Followed, Registry, Subscription
+from keda_gpu_scaler.server.service import ExternalScalerService, HealthStatus, add_services
+from keda_gpu_scaler.server.subscriptions import Subscriptions
+from keda_gpu_scaler.server.tls import ReloadingServerCredentials
 
 log = logging.getLogger(__name__)
 

@@ -22,15 +22,15 @@ from dataclasses import dataclass, field
 from keda_gpu_scaler.collect.demand_history import demand_point
 from keda_gpu_scaler.collect.http import FetchError
 from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
-from keda_gpu_scaler.demand import (
+from keda_gpu_scaler.core.demand import (
     DEFAULT_PREFILL_WEIGHT,
     DemandPoint,
     DemandUnit,
     over_window,
     pod_demand,
 )
-from keda_gpu_scaler.engines import Missing, PodSamples, pod_reading
-from keda_gpu_scaler.exposition import ExpositionError, Sample, parse_exposition
+from keda_gpu_scaler.pages.engines import Missing, PodSamples, pod_reading
+from keda_gpu_scaler.pages.exposition import ExpositionError, Sample, parse_exposition
 
 
 @dataclass(frozen=True, slots=True)

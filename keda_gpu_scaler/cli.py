@@ -13,9 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from keda_gpu_scaler import __version__
-from keda_gpu_scaler.logs import configure_logging
-from keda_gpu_scaler.recommended import llm_summary
-from keda_gpu_scaler.settings import (
+from keda_gpu_scaler.config.settings import (
     FLAGS,
     Settings,
     SettingsError,
@@ -23,6 +21,8 @@ from keda_gpu_scaler.settings import (
     env_values,
     resolve_kubernetes,
 )
+from keda_gpu_scaler.core.recommended import llm_summary
+from keda_gpu_scaler.server.logs import configure_logging
 
 log = logging.getLogger("keda_gpu_scaler")
 
@@ -104,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--namespace", required=True, help="the ScaledObject's namespace")
     explain.add_argument("--name", default="explain", help="a ScaledObject name to show (default: explain)")
     explain.add_argument("--scrape-timeout", default="3", help="seconds per scrape (default: 3)")
+    explain.add_argument(
+        "--rate-interval",
+        type=float,
+        default=2.0,
+        help="seconds between the two reads of each page that a rate (metric=demand) needs (default: 2)",
+    )
     explain.add_argument("--json", action="store_true", help="print JSON instead of a table")
     explain.add_argument(
         "metadata", nargs="*", metavar="KEY=VALUE", help="trigger metadata, e.g. threshold=70"
@@ -129,8 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_calibrate_arguments(calibrate: argparse.ArgumentParser) -> None:
-    from keda_gpu_scaler.demand import DEFAULT_PREFILL_WEIGHT, DEFAULT_WINDOW_SECONDS
-    from keda_gpu_scaler.engines import ENGINE_CHOICES
+    from keda_gpu_scaler.core.demand import DEFAULT_PREFILL_WEIGHT, DEFAULT_WINDOW_SECONDS
+    from keda_gpu_scaler.pages.engines import ENGINE_CHOICES
 
     calibrate.add_argument(
         "url", help="the pod's inference-server metrics page, e.g. http://10.0.3.7:8000/metrics"
@@ -298,7 +304,9 @@ def _explain(args: argparse.Namespace) -> int:
             "kubernetes": "off",
         }
     )
-    entries = asyncio.run(explain_once(settings, args.namespace, args.name, triggers))
+    if not args.rate_interval > 0:
+        raise SettingsError(f"--rate-interval={args.rate_interval:g}: must be more than 0 seconds")
+    entries = asyncio.run(explain_once(settings, args.namespace, args.name, triggers, args.rate_interval))
     if args.json:
         # As /explain answers: one trigger's entry, or the ScaledObject with every trigger's.
         shown: object = (

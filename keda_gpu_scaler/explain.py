@@ -1,61 +1,51 @@
-"""One-shot explain: scrape the exporters once and show what the scaler sees for a ScaledObject's triggers."""
+"""One-shot explain: scrape the exporters once (twice for a rate) and show what the scaler sees for a
+ScaledObject's triggers."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from keda_gpu_scaler.collect.gateway import GatewayPages
+from keda_gpu_scaler.app import App
 from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink
 from keda_gpu_scaler.collect.http import client_session, exporter_fetcher
 from keda_gpu_scaler.collect.inference import InferencePages
 from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
-from keda_gpu_scaler.collect.store import Store
-from keda_gpu_scaler.errors import ScalerError
-from keda_gpu_scaler.evaluator import Evaluator
-from keda_gpu_scaler.http_endpoints import explanation_json
-from keda_gpu_scaler.metrics import Telemetry
-from keda_gpu_scaler.registry import Registry
-from keda_gpu_scaler.settings import Settings
-from keda_gpu_scaler.snapshot import Snapshots
-from keda_gpu_scaler.subscriptions import Subscriptions
-from keda_gpu_scaler.trigger import parse_trigger
-from keda_gpu_scaler.wanted import EppPage, ExporterPage, PageBindings, PodPage, WantedSources, owning_pod
+from keda_gpu_scaler.collect.wanted import (
+    EppPage,
+    ExporterPage,
+    PageBindings,
+    PodPage,
+    WantedSources,
+    owning_pod,
+)
+from keda_gpu_scaler.config.settings import Settings
+from keda_gpu_scaler.core.errors import ScalerError
+from keda_gpu_scaler.core.trigger import Metric, TriggerSpec, parse_trigger
+from keda_gpu_scaler.server.evaluator import Evaluator
+from keda_gpu_scaler.server.http_endpoints import explanation_json
+from keda_gpu_scaler.server.registry import Followed
+
+# Seconds between the two reads of every page that a rate (`metric: demand`) is taken over.
+RATE_INTERVAL = 2.0
 
 
 async def explain_once(
-    settings: Settings, namespace: str, name: str, triggers: Sequence[Mapping[str, str]]
+    settings: Settings,
+    namespace: str,
+    name: str,
+    triggers: Sequence[Mapping[str, str]],
+    rate_interval: float = RATE_INTERVAL,
 ) -> list[dict[str, Any]]:
-    """The entries /explain shows for each trigger (metadata), from one scrape of every page; a trigger's
-    errors become its entry's "error" field."""
-    telemetry = Telemetry()
-    store = Store()
-    clock = time.monotonic
-    wanted = WantedSources()
-    gateway_pages = GatewayPages(wanted)
-    for namespace_of_page, pool, url in settings.gateway_urls:
-        gateway_pages.add_static(namespace_of_page, pool, url)
-    snapshots = Snapshots(
-        store=store, max_staleness=settings.max_staleness, clock=clock, gateway_pages=gateway_pages
-    )
-    evaluator = Evaluator(snapshots=snapshots, telemetry=telemetry)
-    registry = Registry(
-        ttl=settings.interest_ttl,
-        cap=1,
-        clock=clock,
-        on_subscribe=lambda followed, subscription: subscriptions.subscribed(followed, subscription),
-    )
-    # The same subscriptions as `serve`: the pages scraped are exactly those the triggers read.
-    subscriptions = Subscriptions(
-        wanted=wanted,
-        kind_of=evaluator.kind_of,
-        followed_in=registry.in_namespace,
-        exporter_urls=settings.exporter_urls,
-        inference_urls=settings.inference_urls,
-    )
+    """The entries /explain shows for each trigger (metadata), from one scrape of every page, or two
+    `rate_interval` seconds apart when a trigger takes a rate; a trigger's errors become its entry's
+    "error" field."""
+    # The parts `serve` is made of, built by its composition root but not started: the same subscriptions,
+    # so the pages read are exactly those the triggers read, and the same snapshots and evaluation.
+    app = App(settings)
+    evaluator, registry, wanted = app.evaluator, app.registry, app.wanted
     entries: list[dict[str, Any] | None] = []
     specs = []
     for metadata in triggers:
@@ -79,7 +69,12 @@ async def explain_once(
         await session.close()
         raise
     collector = ScrapeCollector(
-        fetcher=fetcher, store=store, interest=wanted, limits=limits, telemetry=telemetry, clock=clock
+        fetcher=fetcher,
+        store=app.store,
+        interest=wanted,
+        limits=limits,
+        telemetry=app.telemetry,
+        clock=app.clock,
     )
     wanted.handle(
         ExporterPage,
@@ -89,7 +84,38 @@ async def explain_once(
     pages = InferencePages(collector)
     bindings = PageBindings(pages.add_page, pages.remove, owning_pod)
     wanted.handle(PodPage, bindings.added, bindings.removed)
-    gateway_pages.start(GatewayCollectorSink(collector))
+    app.gateway_pages.start(GatewayCollectorSink(collector))
+    rate = any(spec.metric is Metric.DEMAND for spec in specs)
+    try:
+        await _scrape_all(collector, wanted)
+        if rate:
+            # A rate needs every page at two instants: this evaluation starts each history the triggers
+            # read with the page just read, the second read ends it.
+            _evaluate_all(evaluator, followed, specs)
+            await asyncio.sleep(rate_interval)
+            await _scrape_all(collector, wanted)
+    finally:
+        await collector.stop()
+        await session.close()
+    problems = [f"{s.source}: {s.last_error}" for s in app.store.sources() if s.last_error]
+    evaluated = iter(specs)
+    for index, entry in enumerate(entries):
+        if entry is not None:
+            continue
+        spec = next(evaluated)
+        _evaluate_all(evaluator, followed, [spec])
+        explanation = followed.triggers[spec].explanation
+        assert explanation is not None
+        entries[index] = entry = explanation_json(namespace, name, explanation)
+        if problems:
+            entry["exporterErrors"] = problems
+        if rate:
+            entry["readTwiceSecondsApart"] = rate_interval
+    return [entry for entry in entries if entry is not None]
+
+
+async def _scrape_all(collector: ScrapeCollector, wanted: WantedSources) -> None:
+    """Every page the triggers read, once."""
     urls = sorted(
         {
             *(page.url for page in wanted.of_kind(ExporterPage)),
@@ -97,25 +123,14 @@ async def explain_once(
             *(page.url for page in wanted.of_kind(EppPage)),
         }
     )
-    try:
-        await asyncio.gather(*(collector.scrape_once(url) for url in urls))
-    finally:
-        await collector.stop()
-        await session.close()
-    problems = [f"{s.source}: {s.last_error}" for s in store.sources() if s.last_error]
-    evaluated = iter(specs)
-    for index, entry in enumerate(entries):
-        if entry is not None:
-            continue
-        spec = next(evaluated)
-        with contextlib.suppress(ScalerError):  # recorded in the explanation with its message
+    await asyncio.gather(*(collector.scrape_once(url) for url in urls))
+
+
+def _evaluate_all(evaluator: Evaluator, followed: Followed, specs: Sequence[TriggerSpec]) -> None:
+    """Evaluate each trigger; its errors are recorded in its explanation with their message."""
+    for spec in specs:
+        with contextlib.suppress(ScalerError):
             evaluator.evaluate(followed, spec)
-        explanation = followed.triggers[spec].explanation
-        assert explanation is not None
-        entries[index] = entry = explanation_json(namespace, name, explanation)
-        if problems:
-            entry["exporterErrors"] = problems
-    return [entry for entry in entries if entry is not None]
 
 
 def render_table(entry: Mapping[str, Any]) -> str:
@@ -129,6 +144,8 @@ def render_table(entry: Mapping[str, Any]) -> str:
             else f"podNamePrefix={trigger['podNamePrefix']}"
         )
         lines[0] += f"  metric={trigger['metric']} threshold={trigger['threshold']:g} {where}"
+    if "readTwiceSecondsApart" in entry:
+        lines.append(f"  read twice, {entry['readTwiceSecondsApart']:g} s apart, for a rate")
     for problem in entry.get("exporterErrors", []):
         lines.append(f"  exporter error: {problem}")
     if "error" in entry:

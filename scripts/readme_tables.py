@@ -8,8 +8,8 @@ import re
 from pathlib import Path
 
 from keda_gpu_scaler.cli import add_demo_arguments
-from keda_gpu_scaler.settings import FLAGS
-from keda_gpu_scaler.trigger import KEYS
+from keda_gpu_scaler.config.settings import FLAGS
+from keda_gpu_scaler.core.trigger import KEYS
 
 
 def flags_table() -> str:

@@ -22,7 +22,7 @@ from support import ExporterServer
 
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App
-from keda_gpu_scaler.settings import Settings
+from keda_gpu_scaler.config.settings import Settings
 
 # A few hundred fuzzing examples per property in CI; `make soak` runs the `soak` profile (10,000 each).
 hypothesis.settings.register_profile("ci", max_examples=200)

@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 import grpc
 from aiohttp import web
 
-from keda_gpu_scaler import pagetext
 from keda_gpu_scaler.demo.engines import EngineLoad
-from keda_gpu_scaler.engines import tgi
+from keda_gpu_scaler.pages import pagetext
+from keda_gpu_scaler.pages.engines import tgi
 
 T = TypeVar("T")
 

@@ -27,8 +27,8 @@ from bench.simulator.llm_traces import (
     held_out_traces,
     read_trace,
 )
-from keda_gpu_scaler.demand import MAX_WINDOW_SECONDS as MAX_WINDOW
-from keda_gpu_scaler.demand import MIN_WINDOW_SECONDS as MIN_WINDOW
+from keda_gpu_scaler.core.demand import MAX_WINDOW_SECONDS as MAX_WINDOW
+from keda_gpu_scaler.core.demand import MIN_WINDOW_SECONDS as MIN_WINDOW
 
 
 def _gpu(args: argparse.Namespace) -> int:

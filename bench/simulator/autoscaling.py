@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from keda_gpu_scaler.scaling import HPA_TOLERANCE
+from keda_gpu_scaler.core.scaling import HPA_TOLERANCE
 
 
 def due(t: float, period: float, phase: float) -> bool:

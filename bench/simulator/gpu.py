@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from bench.simulator.autoscaling import Behavior, Hpa, Keda, due
 from bench.simulator.llm_product import SimulatedScaler
-from keda_gpu_scaler.scaling import aggregate, desired_replicas_average_value
-from keda_gpu_scaler.trigger import Aggregation
+from keda_gpu_scaler.core.scaling import aggregate, desired_replicas_average_value
+from keda_gpu_scaler.core.trigger import Aggregation
 
 # ---------------------------------------------------------------------------------------------------------
 # The workload and the pipelines that turn its GPUs into a metric.

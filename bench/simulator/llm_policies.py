@@ -14,7 +14,7 @@ from bench.simulator.llm_fleet import Fleet, ServerModel
 from bench.simulator.llm_product import POOL
 from bench.simulator.llm_signals import Signals, View
 from bench.simulator.llm_traces import OUTPUT_MEAN, PROMPT_MEAN, LlmTrace
-from keda_gpu_scaler.scaling import hpa_desired_replicas
+from keda_gpu_scaler.core.scaling import hpa_desired_replicas
 
 # Target requests in flight per pod, chosen as a user would from a concurrency sweep of one pod: in this
 # model a pod peaks at 16.1 req/s (prefill-bound) and holds 50 requests in flight at 70 % of that

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 import grpc
 
-from keda_gpu_scaler import pagetext
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb  # KEDA's wire messages (externalscaler.proto)
 from keda_gpu_scaler.app import App
 from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink
@@ -26,12 +25,13 @@ from keda_gpu_scaler.collect.inference import InferencePages
 from keda_gpu_scaler.collect.scrape import GPU_EXPORTER_PAGES, PageReader, read_page
 from keda_gpu_scaler.collect.store import Page as StoredPage
 from keda_gpu_scaler.collect.store import SourceKind, Store
+from keda_gpu_scaler.collect.wanted import PodPage
+from keda_gpu_scaler.config.settings import Settings
+from keda_gpu_scaler.core.trigger import TriggerSpec
 from keda_gpu_scaler.demo.engines import EngineLoad, EngineTotals, vllm_page
 from keda_gpu_scaler.demo.epp import Queued, epp_page
-from keda_gpu_scaler.discovery.targets import PodEndpoint, Targets
-from keda_gpu_scaler.settings import Settings
-from keda_gpu_scaler.trigger import TriggerSpec
-from keda_gpu_scaler.wanted import PodPage
+from keda_gpu_scaler.kubernetes.targets import PodEndpoint, Targets
+from keda_gpu_scaler.pages import pagetext
 
 if TYPE_CHECKING:
     from bench.simulator.llm_signals import Page, Signals

@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from keda_gpu_scaler.collect.store import Page, SourceKind
-from keda_gpu_scaler.demand import DemandPoint, over_window
-from keda_gpu_scaler.engines import (
+from keda_gpu_scaler.core.demand import DemandPoint, over_window
+from keda_gpu_scaler.pages.engines import (
     DemandCounters,
     Missing,
     PodSamples,
@@ -40,8 +40,8 @@ from keda_gpu_scaler.engines import (
     pod_counters,
     pod_reading,
 )
-from keda_gpu_scaler.engines._common import LATENCY_KINDS, SIZE_ROLES, Series, model_of
-from keda_gpu_scaler.exposition import Sample
+from keda_gpu_scaler.pages.engines._common import LATENCY_KINDS, SIZE_ROLES, Series, model_of
+from keda_gpu_scaler.pages.exposition import Sample
 
 PageKey = tuple[str, str, str]
 """(namespace, pod, page source): one page of one pod."""

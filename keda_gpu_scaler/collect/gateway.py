@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from keda_gpu_scaler.wanted import EppPage, EppPool, PageBindings, WantedSources
+from keda_gpu_scaler.collect.wanted import EppPage, EppPool, PageBindings, WantedSources
 
 PoolKey = tuple[str, str]
 """(namespace, InferencePool name)."""

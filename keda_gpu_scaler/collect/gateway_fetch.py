@@ -39,7 +39,7 @@ from keda_gpu_scaler.collect.gateway_token import (
     TokenUnavailable,
 )
 from keda_gpu_scaler.collect.http import BearerToken, FetchError, HTTPStatusError, PageFetcher, is_https
-from keda_gpu_scaler.secretfile import SecretFile
+from keda_gpu_scaler.config.secretfile import SecretFile
 
 # Where Kubernetes mounts a pod's service account token (projected, rotated by the kubelet).
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")

@@ -18,8 +18,9 @@ from keda_gpu_scaler.collect.scrape import (
     refuse_unless_levels,
 )
 from keda_gpu_scaler.collect.store import SourceKind
-from keda_gpu_scaler.exposition import Sample
-from keda_gpu_scaler.gateways import (
+from keda_gpu_scaler.collect.wanted import EppPage
+from keda_gpu_scaler.pages.exposition import Sample
+from keda_gpu_scaler.pages.gateways import (
     GATEWAY_SAMPLE_NAMES,
     NotAGatewayPage,
     QueueTable,
@@ -27,7 +28,6 @@ from keda_gpu_scaler.gateways import (
     since,
     wrong_types,
 )
-from keda_gpu_scaler.wanted import EppPage
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,9 +27,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from keda_gpu_scaler.discovery.api import KubeError
-from keda_gpu_scaler.secretfile import SecretFile, SecretFileError
-from keda_gpu_scaler.supervise import supervised
+from keda_gpu_scaler.collect.supervise import supervised
+from keda_gpu_scaler.config.secretfile import SecretFile, SecretFileError
+from keda_gpu_scaler.kubernetes.api import KubeError
 
 log = logging.getLogger(__name__)
 

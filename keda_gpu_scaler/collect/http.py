@@ -18,8 +18,8 @@ from typing import TypeVar
 
 import aiohttp
 
-from keda_gpu_scaler.secretfile import SecretFile, SecretFileError
-from keda_gpu_scaler.settings import Settings, SettingsError
+from keda_gpu_scaler.config.secretfile import SecretFile, SecretFileError
+from keda_gpu_scaler.config.settings import Settings, SettingsError
 
 # Bodies are read in pieces this large: big enough that a 70 kB exporter page takes one or two reads.
 READ_CHUNK = 256 * 1024

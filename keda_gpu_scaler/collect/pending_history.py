@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from keda_gpu_scaler.collect.demand_history import MAX_POINTS, SWEEP_EVERY
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
 from keda_gpu_scaler.collect.store import Page, SourceKind
-from keda_gpu_scaler.demand import growth_per_second
-from keda_gpu_scaler.gateways import PoolQueue, read_queue
+from keda_gpu_scaler.core.demand import growth_per_second
+from keda_gpu_scaler.pages.gateways import PoolQueue, read_queue
 
 PendingKey = tuple[str, str, str | None]
 """(namespace, InferencePool, model): the pending requests one trigger reads."""

@@ -13,9 +13,16 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from keda_gpu_scaler.backoff import backoff_delay, jittered
+from keda_gpu_scaler.collect.backoff import backoff_delay, jittered
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
-from keda_gpu_scaler.collect.prometheus_answer import (
+from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
+from keda_gpu_scaler.collect.store import Page, Reading, SourceKind, Store
+from keda_gpu_scaler.collect.supervise import cancel_all
+from keda_gpu_scaler.collect.wanted import PrometheusQuery, WantedSources
+from keda_gpu_scaler.pages.engines import PodSamples
+from keda_gpu_scaler.pages.exposition import Sample
+from keda_gpu_scaler.pages.gateways import NotAGatewayPage, QueueTable, since, table_from_samples
+from keda_gpu_scaler.pages.prometheus_answer import (
     FreshSeries,
     PrometheusError,
     ReplicaLost,
@@ -30,8 +37,7 @@ from keda_gpu_scaler.collect.prometheus_answer import (
     target_of,
     up_series,
 )
-from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
-from keda_gpu_scaler.collect.promql import (
+from keda_gpu_scaler.pages.promql import (
     Target,
     fleet_query,
     gateway_query,
@@ -41,12 +47,7 @@ from keda_gpu_scaler.collect.promql import (
     namespace_query,
     up_query,
 )
-from keda_gpu_scaler.collect.store import Page, Reading, SourceKind, Store
-from keda_gpu_scaler.engines import PodSamples
-from keda_gpu_scaler.exposition import Sample
-from keda_gpu_scaler.gateways import NotAGatewayPage, QueueTable, since, table_from_samples
-from keda_gpu_scaler.vendors import readings_from_samples
-from keda_gpu_scaler.wanted import PrometheusQuery, WantedSources
+from keda_gpu_scaler.pages.vendors import readings_from_samples
 
 log = logging.getLogger(__name__)
 
@@ -147,11 +148,8 @@ class PrometheusCollector:
         self._wanted.handle(PrometheusQuery, self._query_wanted, self._query_unwanted)
 
     async def stop(self) -> None:
-        tasks = list(self._tasks.values())
-        self._tasks.clear()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        tasks, self._tasks = self._tasks, {}
+        await cancel_all(tasks.values())
 
     def _query_wanted(self, query: PrometheusQuery) -> None:
         namespace, pool = query.namespace, query.pool

@@ -12,17 +12,17 @@ from collections.abc import Callable
 import aiohttp
 
 from keda_gpu_scaler.collect.http import USER_AGENT, FetchError, PageTooLarge, request
-from keda_gpu_scaler.collect.prometheus_answer import (
+from keda_gpu_scaler.config.secretfile import SecretFile
+from keda_gpu_scaler.config.settings import Settings, SettingsError
+from keda_gpu_scaler.pages.jsonpieces import OFF_LOOP_BYTES
+from keda_gpu_scaler.pages.prometheus_answer import (
     Element,
     PrometheusError,
     api_error,
     parse_vector,
     remote_text,
 )
-from keda_gpu_scaler.jsonpieces import OFF_LOOP_BYTES
-from keda_gpu_scaler.metrics import Telemetry
-from keda_gpu_scaler.secretfile import SecretFile
-from keda_gpu_scaler.settings import Settings, SettingsError
+from keda_gpu_scaler.server.metrics import Telemetry
 
 log = logging.getLogger(__name__)
 

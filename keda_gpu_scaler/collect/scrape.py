@@ -13,16 +13,16 @@ from typing import Protocol
 
 import xxhash
 
-from keda_gpu_scaler import exposition
-from keda_gpu_scaler.backoff import JITTER, backoff_delay, jittered
+from keda_gpu_scaler.collect.backoff import JITTER, backoff_delay, jittered
 from keda_gpu_scaler.collect.fairshare import FairSlots
 from keda_gpu_scaler.collect.http import FetchError, PageRefused, in_page_worker
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, WantedKeys
 from keda_gpu_scaler.collect.store import Page, Reading, SourceKind, Store
-from keda_gpu_scaler.exposition import ExpositionError, Sample
-from keda_gpu_scaler.metrics import Telemetry
-from keda_gpu_scaler.supervise import supervised
-from keda_gpu_scaler.vendors import SAMPLE_NAMES, readings_from_samples
+from keda_gpu_scaler.collect.supervise import cancel_all, supervised
+from keda_gpu_scaler.pages import exposition
+from keda_gpu_scaler.pages.exposition import ExpositionError, Sample
+from keda_gpu_scaler.pages.vendors import SAMPLE_NAMES, readings_from_samples
+from keda_gpu_scaler.server.metrics import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -295,11 +295,8 @@ class ScrapeCollector:
         self._store.remove_source(url)
 
     async def stop(self) -> None:
-        tasks = list(self._tasks.values())
-        self._tasks.clear()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        tasks, self._tasks = self._tasks, {}
+        await cancel_all(tasks.values())
 
     async def scrape_once(self, url: str) -> bool:
         """Scrape one exporter now; records the page or the failure in the store. True on success."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from keda_gpu_scaler import pagetext
-from keda_gpu_scaler.engines import sglang, vllm
+from keda_gpu_scaler.pages import pagetext
+from keda_gpu_scaler.pages.engines import sglang, vllm
 
 
 class EngineLoad(NamedTuple):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from keda_gpu_scaler import pagetext
-from keda_gpu_scaler.gateways import epp
+from keda_gpu_scaler.pages import pagetext
+from keda_gpu_scaler.pages.gateways import epp
 
 
 class Queued(NamedTuple):

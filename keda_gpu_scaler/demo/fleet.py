@@ -12,7 +12,6 @@ from typing import Any
 
 from aiohttp import web
 
-from keda_gpu_scaler import pagetext
 from keda_gpu_scaler.demo.counters import ServedTotals
 from keda_gpu_scaler.demo.engines import EngineLoad, load_for, sglang_page, split, vllm_page
 from keda_gpu_scaler.demo.gateway import DemoGateway
@@ -46,6 +45,7 @@ from keda_gpu_scaler.demo.layout import (
     workloads_of,
 )
 from keda_gpu_scaler.demo.load_query import read_inference_load
+from keda_gpu_scaler.pages import pagetext
 
 
 class DemoFleet:

@@ -16,12 +16,12 @@ import grpc
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App, run_until_signalled
+from keda_gpu_scaler.config.settings import Settings, SettingsError
+from keda_gpu_scaler.core.recommended import llm_summary
 from keda_gpu_scaler.demo.fleet import DemoFleet
 from keda_gpu_scaler.demo.gateway import DemoPool
 from keda_gpu_scaler.demo.layout import DemoInferenceWorkload, DemoWorkload
 from keda_gpu_scaler.explain import counted
-from keda_gpu_scaler.recommended import llm_summary
-from keda_gpu_scaler.settings import Settings, SettingsError
 
 DEMO_THRESHOLD = "60"
 # Target concurrency per pod of the inference workloads' `requests` triggers.

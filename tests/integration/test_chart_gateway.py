@@ -24,7 +24,7 @@ from test_chart import (  # noqa: E402
     validate,
 )
 
-from keda_gpu_scaler.settings import build_settings, env_values  # noqa: E402
+from keda_gpu_scaler.config.settings import build_settings, env_values  # noqa: E402
 
 TOKEN_SA = f"{RELEASE}-epp-metrics"
 TOKEN_PATH = "/var/run/secrets/keda-gpu-scaler/gateway/token"

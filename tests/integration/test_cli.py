@@ -17,7 +17,7 @@ from support import GpuLine, dcgm_page
 from keda_gpu_scaler import __version__
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
-from keda_gpu_scaler.settings import FLAGS
+from keda_gpu_scaler.config.settings import FLAGS
 
 READY_LINE = re.compile(r"serving gRPC on \S+ \(port (\d+), \w+\), HTTP on \S+ \(port (\d+)\)")
 METADATA = {"podNamePrefix": "vllm-", "threshold": "70"}
@@ -383,3 +383,41 @@ async def test_explain_shows_each_endpoint_picker_replica(make_exporter) -> None
     assert f"{fresh.url}" in out and "llama=2, other=1" in out
     assert f"{dead.url}" in out and "lower bound" in out and "403" in out
     assert "value = 3 requests held for InferencePool chat-pool" in out
+
+
+async def test_explain_reads_the_pages_twice_to_show_a_rate() -> None:
+    from aiohttp import web
+
+    from keda_gpu_scaler.demo.engines import EngineLoad, EngineTotals, vllm_page
+
+    served = 0
+
+    async def page(_: web.Request) -> web.Response:
+        # 10 more requests finished at every read, none more in flight: the rate is 10 over the span.
+        nonlocal served
+        served += 1
+        totals = [EngineTotals(10 * served, 0, 0)]
+        return web.Response(text=vllm_page("llama", [EngineLoad(2, 0, 0.1)], totals))
+
+    app = web.Application()
+    app.router.add_get("/metrics", page)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/metrics"
+    try:
+        common = ["explain", "--inference-url", f"llm/chat-0={url}", "--namespace", "llm"]
+        trigger = ["--rate-interval", "0.3", "metric=demand", "threshold=5", "podNamePrefix=chat-"]
+        code, out, err = await run_cli(*common, *trigger, "--json")
+        assert code == 0, out + err
+        shown = json.loads(out)
+        (pod,) = shown["pods"]
+        assert pod["inputs"]["samplesUsed"] == 2
+        assert pod["value"] == pytest.approx(10 / pod["inputs"]["spanSeconds"])
+        assert shown["readTwiceSecondsApart"] == 0.3
+        code, out, err = await run_cli(*common, *trigger)
+        assert code == 0, out + err
+        assert "read twice, 0.3 s apart, for a rate" in out
+    finally:
+        await runner.cleanup()

@@ -22,6 +22,7 @@ from support import eventually
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App
+from keda_gpu_scaler.config.settings import Settings
 from keda_gpu_scaler.demo.fleet import DemoFleet
 from keda_gpu_scaler.demo.runner import (
     DEMAND_METRIC_NAME,
@@ -36,9 +37,8 @@ from keda_gpu_scaler.demo.runner import (
     status_line,
     watch,
 )
-from keda_gpu_scaler.engines import Engine, InferenceReading, Missing, pod_reading
-from keda_gpu_scaler.exposition import parse_exposition
-from keda_gpu_scaler.settings import Settings
+from keda_gpu_scaler.pages.engines import Engine, InferenceReading, Missing, pod_reading
+from keda_gpu_scaler.pages.exposition import parse_exposition
 
 SEED = 7
 START = 1_000.0

@@ -28,10 +28,10 @@ from fake_kube import (
 )
 from support import eventually
 
-from keda_gpu_scaler.discovery.api import KubeApi, connect
-from keda_gpu_scaler.discovery.gateway import GatewayDiscovery
-from keda_gpu_scaler.trigger import parse_trigger
-from keda_gpu_scaler.wanted import EppPool
+from keda_gpu_scaler.collect.wanted import EppPool
+from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.kubernetes.api import KubeApi, connect
+from keda_gpu_scaler.kubernetes.gateway import GatewayDiscovery
 
 NS = "llm"
 EPP = {"app": "chat-pool-epp"}

@@ -18,8 +18,8 @@ from test_gateway import error_of, ref, urls, value
 
 from keda_gpu_scaler.collect.gateway_fetch import GatewayFetcher, gateway_fetcher
 from keda_gpu_scaler.collect.http import FetchError, client_session
+from keda_gpu_scaler.config.settings import SettingsError, build_settings
 from keda_gpu_scaler.demo.epp import Queued, epp_page
-from keda_gpu_scaler.settings import SettingsError, build_settings
 
 PAGE = epp_page("chat-pool", {Queued("llama"): 3})
 

@@ -10,8 +10,8 @@ import pytest
 from support import GpuLine, dcgm_page, eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler.metrics import MAX_PUBLISHED_TRIGGERS
-from keda_gpu_scaler.registry import MAX_NOTES_LOGGED, MAX_NOTES_REMEMBERED
+from keda_gpu_scaler.server.metrics import MAX_PUBLISHED_TRIGGERS
+from keda_gpu_scaler.server.registry import MAX_NOTES_LOGGED, MAX_NOTES_REMEMBERED
 
 
 def ref(name: str, metadata: dict[str, str]) -> pb.ScaledObjectRef:
@@ -29,7 +29,7 @@ async def test_a_new_pod_name_prefix_on_every_call_keeps_notes_and_log_bounded(
         await scaler.stub.IsActive(ref("chat", first))
 
     await eventually(fresh)
-    caplog.set_level(logging.INFO, logger="keda_gpu_scaler.registry")
+    caplog.set_level(logging.INFO, logger="keda_gpu_scaler.server.registry")
     calls = 3 * MAX_NOTES_REMEMBERED
     for i in range(calls):
         # Each prefix matches no pod of the namespace: a new note ("matches none of …") every time.
@@ -37,7 +37,9 @@ async def test_a_new_pod_name_prefix_on_every_call_keeps_notes_and_log_bounded(
     followed = scaler.app.registry.get("llm", "chat")
     assert followed is not None and followed.notes_new == calls
     assert len(followed.notes_logged) == MAX_NOTES_REMEMBERED
-    lines = [r for r in caplog.records if r.name == "keda_gpu_scaler.registry" and r.levelno >= logging.INFO]
+    lines = [
+        r for r in caplog.records if r.name == "keda_gpu_scaler.server.registry" and r.levelno >= logging.INFO
+    ]
     assert len(lines) == MAX_NOTES_LOGGED + 1
     assert "further ones are not logged" in lines[-1].getMessage()
 

@@ -8,8 +8,8 @@ import ssl
 
 import pytest
 
-from keda_gpu_scaler import http_endpoints
-from keda_gpu_scaler.logs import OncePerInterval
+from keda_gpu_scaler.server import http_endpoints
+from keda_gpu_scaler.server.logs import OncePerInterval
 
 
 async def test_a_client_trickling_headers_is_disconnected(

@@ -27,8 +27,8 @@ from fake_kube import (
 from support import ExporterServer, GpuLine, dcgm_page, eventually, latest_trigger
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler.discovery.selectors import parse_exporter_selector
-from keda_gpu_scaler.trigger import parse_trigger
+from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.kubernetes.selectors import parse_exporter_selector
 
 NS = "llm"
 EXPORTERS_NS = "gpu-operator"
@@ -649,7 +649,7 @@ async def test_the_api_client_reads_the_proxy_environment_once_not_per_request(
 ) -> None:
     """The proxy variables are honoured as kubectl does (NO_PROXY too), read when connecting; requests
     themselves look nothing up (aiohttp would, in a worker thread, on every call)."""
-    from keda_gpu_scaler.discovery.api import KubeApi, KubeError, connect
+    from keda_gpu_scaler.kubernetes.api import KubeApi, KubeError, connect
 
     kubeconfig = str(kube.kubeconfig(tmp_path))
     for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy"):
@@ -760,8 +760,8 @@ async def test_a_large_pod_list_is_decoded_off_the_loop(
     a time, so that the event loop keeps answering RPCs meanwhile."""
     import threading
 
-    from keda_gpu_scaler.discovery import api
-    from keda_gpu_scaler.jsonpieces import OFF_LOOP_BYTES
+    from keda_gpu_scaler.kubernetes import api
+    from keda_gpu_scaler.pages.jsonpieces import OFF_LOOP_BYTES
 
     threads: list[str] = []
     real = api.loads_in_pieces

@@ -17,9 +17,9 @@ import yaml
 from crd_schemas import SCHEMAS
 
 from keda_gpu_scaler import __version__
-from keda_gpu_scaler.discovery.scaledobject import EXTERNAL_TRIGGER_TYPES
-from keda_gpu_scaler.settings import FLAGS
-from keda_gpu_scaler.trigger import parse_trigger
+from keda_gpu_scaler.config.settings import FLAGS
+from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.kubernetes.scaledobject import EXTERNAL_TRIGGER_TYPES
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 # The oldest Kubernetes the managed offerings of the examples still run, and the newest schemas shipped.

@@ -35,11 +35,11 @@ from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.collect.http import client_session
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
-from keda_gpu_scaler.collect.promql import namespace_query
 from keda_gpu_scaler.collect.store import Store
-from keda_gpu_scaler.metrics import Telemetry
-from keda_gpu_scaler.settings import Settings
-from keda_gpu_scaler.wanted import WantedSources
+from keda_gpu_scaler.collect.wanted import WantedSources
+from keda_gpu_scaler.config.settings import Settings
+from keda_gpu_scaler.pages.promql import namespace_query
+from keda_gpu_scaler.server.metrics import Telemetry
 
 pytestmark = pytest.mark.prometheus
 

@@ -13,7 +13,7 @@ from support import ExporterServer, eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.demo.epp import Queued, epp_page
-from keda_gpu_scaler.gateways import epp
+from keda_gpu_scaler.pages.gateways import epp
 
 pytestmark = pytest.mark.prometheus
 

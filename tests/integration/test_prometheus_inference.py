@@ -29,10 +29,10 @@ from keda_gpu_scaler.collect.prometheus import (
 )
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
 from keda_gpu_scaler.collect.store import SourceKind, Store
-from keda_gpu_scaler.engines import InferenceMetric, PodSamples, pod_reading, value_for
-from keda_gpu_scaler.metrics import Telemetry
-from keda_gpu_scaler.settings import Settings
-from keda_gpu_scaler.wanted import WantedSources
+from keda_gpu_scaler.collect.wanted import WantedSources
+from keda_gpu_scaler.config.settings import Settings
+from keda_gpu_scaler.pages.engines import InferenceMetric, PodSamples, pod_reading, value_for
+from keda_gpu_scaler.server.metrics import Telemetry
 
 pytestmark = pytest.mark.prometheus
 

@@ -1,5 +1,5 @@
 """One recommendation everywhere: the README, the CLI help and the demo say the LLM triggers of
-keda_gpu_scaler.recommended (NOTES.txt and the examples: test_examples.py, as they render)."""
+keda_gpu_scaler.core.recommended (NOTES.txt and the examples: test_examples.py, as they render)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 import yaml
 
 from keda_gpu_scaler.cli import build_parser
+from keda_gpu_scaler.core.recommended import LLM_TRIGGERS, SIZING, WAKE, Recommended, llm_summary
 from keda_gpu_scaler.demo.fleet import DemoFleet
 from keda_gpu_scaler.demo.runner import banner, demo_targets
-from keda_gpu_scaler.recommended import LLM_TRIGGERS, SIZING, WAKE, Recommended, llm_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()

@@ -556,7 +556,7 @@ async def test_bytes_that_are_not_the_request_message_are_invalid_argument(make_
 async def test_metrics_series_stay_bounded_when_one_scaledobject_sends_ever_new_metric_names(  # type: ignore[no-untyped-def]
     make_exporter, make_scaler
 ) -> None:
-    from keda_gpu_scaler.registry import MAX_TRIGGERS_PER_SCALEDOBJECT
+    from keda_gpu_scaler.server.registry import MAX_TRIGGERS_PER_SCALEDOBJECT
 
     exporter = await make_exporter(four_pods_at(90))
     scaler = await make_scaler(exporter)

@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from test_demand_grpc import DEMAND, MODEL, explain, fleet, ref, value, vllm_page
 
-from keda_gpu_scaler.evaluator import NO_PUSH
+from keda_gpu_scaler.server.evaluator import NO_PUSH
 
 __all__ = ["fleet"]  # the fixture, shared with test_demand_grpc
 
@@ -135,7 +135,7 @@ async def test_too_few_samples_keep_threshold_start(fleet) -> None:  # type: ign
 
 
 async def test_an_auto_target_without_a_spec_stream_is_warned_about_once(fleet, caplog) -> None:  # type: ignore[no-untyped-def]
-    caplog.set_level(logging.WARNING, logger="keda_gpu_scaler.registry")
+    caplog.set_level(logging.WARNING, logger="keda_gpu_scaler.server.registry")
     f = await learning(fleet, [2, 4, 6])  # 90 s followed, no StreamMetricSpec stream
     await value(f.scaler, AUTO)
     warned = [r for r in caplog.records if NO_PUSH in r.getMessage()]

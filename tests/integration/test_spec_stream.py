@@ -11,8 +11,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support import eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler.spec_targets import SPEC_UPDATE_INTERVAL
-from keda_gpu_scaler.trigger import parse_trigger
+from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.server.spec_targets import SPEC_UPDATE_INTERVAL
 
 METADATA = {"podNamePrefix": "vllm-", "threshold": "70", "scalerAddress": "keda-gpu-scaler.keda:6000"}
 SPEC = parse_trigger(METADATA)

@@ -10,8 +10,8 @@ from typing import Any
 import yaml
 from test_manifests import find, kustomize
 
-from keda_gpu_scaler.settings import build_settings, env_values
-from keda_gpu_scaler.trigger import Metric, parse_trigger
+from keda_gpu_scaler.config.settings import build_settings, env_values
+from keda_gpu_scaler.core.trigger import Metric, parse_trigger
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 EXAMPLE = MANIFESTS / "examples" / "vllm-wake-from-zero"

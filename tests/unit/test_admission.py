@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from keda_gpu_scaler.admission import Admission, explain_cost
+from keda_gpu_scaler.server.admission import Admission, explain_cost
 
 
 class Clock:

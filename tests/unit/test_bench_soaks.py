@@ -13,7 +13,7 @@ import pytest
 
 from bench import soak_crowds, soak_hostile, soak_registry
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler.exposition import parse_exposition
+from keda_gpu_scaler.pages.exposition import parse_exposition
 
 
 def make_soak_arguments(module: str) -> list[str]:

@@ -15,8 +15,8 @@ from bench.cache_switches import switched_off
 from keda_gpu_scaler.collect.http import FetchError
 from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
-from keda_gpu_scaler.metrics import Telemetry
-from keda_gpu_scaler.wanted import WantedSources
+from keda_gpu_scaler.collect.wanted import WantedSources
+from keda_gpu_scaler.server.metrics import Telemetry
 
 
 class ScriptedFetcher:

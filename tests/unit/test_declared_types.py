@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from keda_gpu_scaler.engines import wrong_types
-from keda_gpu_scaler.exposition import declared_types
+from keda_gpu_scaler.pages.engines import wrong_types
+from keda_gpu_scaler.pages.exposition import declared_types
 
 FAMILY = "vllm:num_requests_running"
 

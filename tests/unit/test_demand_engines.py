@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
-from keda_gpu_scaler.engines import (
+from keda_gpu_scaler.pages.engines import (
     DEMAND_SAMPLE_NAMES,
     Engine,
     InferenceMetric,
@@ -18,8 +18,8 @@ from keda_gpu_scaler.engines import (
     pod_counters,
     supports_tokens,
 )
-from keda_gpu_scaler.engines._common import Series
-from keda_gpu_scaler.exposition import Sample, parse_exposition
+from keda_gpu_scaler.pages.engines._common import Series
+from keda_gpu_scaler.pages.exposition import Sample, parse_exposition
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "engines"
 

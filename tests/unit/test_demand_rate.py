@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from keda_gpu_scaler.demand import (
+from keda_gpu_scaler.core.demand import (
     DemandPoint,
     DemandUnit,
     growth_per_second,
@@ -12,7 +12,7 @@ from keda_gpu_scaler.demand import (
     pending_demand,
     pod_demand,
 )
-from keda_gpu_scaler.engines import Missing, MissingKind
+from keda_gpu_scaler.pages.engines import Missing, MissingKind
 
 
 def p(

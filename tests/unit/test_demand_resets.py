@@ -15,9 +15,9 @@ from keda_gpu_scaler.collect import demand_history
 from keda_gpu_scaler.collect.demand_history import DemandHistory
 from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
 from keda_gpu_scaler.collect.store import Page, SourceKind
-from keda_gpu_scaler.demand import DemandUnit, pod_demand
-from keda_gpu_scaler.engines import Missing, PodSamples
-from keda_gpu_scaler.exposition import parse_exposition
+from keda_gpu_scaler.core.demand import DemandUnit, pod_demand
+from keda_gpu_scaler.pages.engines import Missing, PodSamples
+from keda_gpu_scaler.pages.exposition import parse_exposition
 
 URL = "http://10.0.0.1:8000/metrics"
 TRUTH = 10.0  # requests per second

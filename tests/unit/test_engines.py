@@ -14,10 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import tgi_page
 
-from keda_gpu_scaler.collect.prometheus_answer import inference_pods, parse_vector, samples_with_times
-from keda_gpu_scaler.collect.promql import TIMESTAMP_LABEL, any_of, values_and_times
 from keda_gpu_scaler.demo import engines as simulated
-from keda_gpu_scaler.engines import (
+from keda_gpu_scaler.pages.engines import (
     ENGINE_CHOICES,
     ENGINE_SAMPLE_NAMES,
     ENGINES,
@@ -43,8 +41,10 @@ from keda_gpu_scaler.engines import (
     vllm,
     wrong_types,
 )
-from keda_gpu_scaler.engines import _common as engines_common
-from keda_gpu_scaler.exposition import Sample, parse_exposition
+from keda_gpu_scaler.pages.engines import _common as engines_common
+from keda_gpu_scaler.pages.exposition import Sample, parse_exposition
+from keda_gpu_scaler.pages.prometheus_answer import inference_pods, parse_vector, samples_with_times
+from keda_gpu_scaler.pages.promql import TIMESTAMP_LABEL, any_of, values_and_times
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "engines"
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
@@ -626,7 +626,7 @@ def test_a_gauge_in_neither_spelling_names_both() -> None:
 
 @pytest.mark.usefixtures("fresh_spelling_log")
 def test_equal_spellings_count_once_without_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level("WARNING", logger="keda_gpu_scaler.engines"):
+    with caplog.at_level("WARNING", logger="keda_gpu_scaler.pages.engines"):
         assert pod_reading(page("sglang_both_spellings.prom")).waiting == 2
     assert caplog.records == []
 
@@ -639,7 +639,7 @@ def test_spellings_that_disagree_read_the_colon_one_and_log_once(caplog: pytest.
         s(sglang.RUNNING, 5, dp_rank="0", model_name=LLAMA),
         s(sglang.RUNNING_UNDERSCORE, 5, dp_rank="0", model_name=LLAMA),
     ]
-    with caplog.at_level("WARNING", logger="keda_gpu_scaler.engines"):
+    with caplog.at_level("WARNING", logger="keda_gpu_scaler.pages.engines"):
         for _ in range(3):  # read on every evaluation: one line in all
             reading = pod_reading(disagreeing)
             assert (reading.waiting, reading.running) == (3, 5)

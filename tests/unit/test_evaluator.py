@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from keda_gpu_scaler.collect.snapshot import Snapshots
 from keda_gpu_scaler.collect.store import Page, Store
-from keda_gpu_scaler.errors import NoData
-from keda_gpu_scaler.evaluator import Evaluator
-from keda_gpu_scaler.metrics import Telemetry
-from keda_gpu_scaler.registry import Registry
-from keda_gpu_scaler.snapshot import Snapshots
-from keda_gpu_scaler.trigger import parse_trigger
-from keda_gpu_scaler.vendors import Family, GpuReading
+from keda_gpu_scaler.core.errors import NoData
+from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.pages.vendors import Family, GpuReading
+from keda_gpu_scaler.server.evaluator import Evaluator
+from keda_gpu_scaler.server.metrics import Telemetry
+from keda_gpu_scaler.server.registry import Registry
 
 SPEC = parse_trigger({"threshold": "70", "podNamePrefix": "vllm-"})
 

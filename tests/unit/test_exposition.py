@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from keda_gpu_scaler.exposition import ExpositionError, Sample, parse_exposition
+from keda_gpu_scaler.pages.exposition import ExpositionError, Sample, parse_exposition
 
 NAN = float("nan")
 INF = float("inf")

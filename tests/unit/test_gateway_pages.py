@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from keda_gpu_scaler.collect.gateway import GatewayPages
-from keda_gpu_scaler.wanted import EppPage, EppPool, WantedSources
+from keda_gpu_scaler.collect.wanted import EppPage, EppPool, WantedSources
 
 CHAT = EppPool("llm", "chat", 9090)
 

@@ -11,10 +11,12 @@ import pytest
 
 from keda_gpu_scaler.collect.gateway_source import gateway_reader
 from keda_gpu_scaler.collect.scrape import read_page
+from keda_gpu_scaler.core.errors import ConfigError, NoData
+from keda_gpu_scaler.core.pending import ReplicaInput, pending_evaluation
+from keda_gpu_scaler.core.trigger import parse_trigger
 from keda_gpu_scaler.demo.epp import Queued, epp_page
-from keda_gpu_scaler.errors import ConfigError, NoData
-from keda_gpu_scaler.exposition import Sample
-from keda_gpu_scaler.gateways import (
+from keda_gpu_scaler.pages.exposition import Sample
+from keda_gpu_scaler.pages.gateways import (
     NotAGatewayPage,
     PoolQueue,
     QueueTable,
@@ -24,8 +26,6 @@ from keda_gpu_scaler.gateways import (
     since,
     table_from_samples,
 )
-from keda_gpu_scaler.pending import ReplicaInput, pending_evaluation
-from keda_gpu_scaler.trigger import parse_trigger
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "gateways"
 BEFORE = (FIXTURES / "llm_d_epp_no_endpoints_before.prom").read_text()
@@ -202,8 +202,8 @@ def test_a_model_shown_or_no_model_or_nothing_shown_has_no_note() -> None:
 
 
 def test_the_never_shown_note_is_logged_once_per_scaledobject(caplog: pytest.LogCaptureFixture) -> None:
-    from keda_gpu_scaler.registry import Followed
-    from keda_gpu_scaler.spec_targets import CurrentTargets
+    from keda_gpu_scaler.server.registry import Followed
+    from keda_gpu_scaler.server.spec_targets import CurrentTargets
 
     followed = Followed("llm", "chat", 0.0, CurrentTargets(lambda: 0.0))
     note = evaluate(QWEN_PAGE, model="mistral").to_log[0]

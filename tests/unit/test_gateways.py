@@ -11,7 +11,7 @@ from keda_gpu_scaler.collect import scrape
 from keda_gpu_scaler.collect.gateway_source import gateway_reader
 from keda_gpu_scaler.collect.scrape import NotOurPage, read_page
 from keda_gpu_scaler.demo.epp import Queued, epp_page
-from keda_gpu_scaler.gateways import (
+from keda_gpu_scaler.pages.gateways import (
     GatewayProblem,
     NotAGatewayPage,
     PoolQueue,

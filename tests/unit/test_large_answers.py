@@ -12,13 +12,14 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keda_gpu_scaler.collect import prometheus_answer, prometheus_client
+from keda_gpu_scaler.collect import prometheus_client
 from keda_gpu_scaler.collect.http import client_session
-from keda_gpu_scaler.collect.prometheus_answer import MAX_ANSWER_ELEMENTS, PrometheusError, parse_vector
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
-from keda_gpu_scaler.jsonpieces import OFF_LOOP_BYTES, TooManyItems, loads_in_pieces
-from keda_gpu_scaler.metrics import Telemetry
-from keda_gpu_scaler.settings import Settings
+from keda_gpu_scaler.config.settings import Settings
+from keda_gpu_scaler.pages import prometheus_answer
+from keda_gpu_scaler.pages.jsonpieces import OFF_LOOP_BYTES, TooManyItems, loads_in_pieces
+from keda_gpu_scaler.pages.prometheus_answer import MAX_ANSWER_ELEMENTS, PrometheusError, parse_vector
+from keda_gpu_scaler.server.metrics import Telemetry
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),

@@ -10,10 +10,16 @@ import pytest
 from keda_gpu_scaler.collect.demand_history import DemandHistory
 from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
 from keda_gpu_scaler.collect.store import Page, SourceKind, Store
-from keda_gpu_scaler.engines import PodSamples, pod_counters
-from keda_gpu_scaler.exposition import parse_exposition
-from keda_gpu_scaler.latency import LatencyRead, guarded_value, headroom, histogram_quantile, latency_read
-from keda_gpu_scaler.slo import SloTarget
+from keda_gpu_scaler.core.latency import (
+    LatencyRead,
+    guarded_value,
+    headroom,
+    histogram_quantile,
+    latency_read,
+)
+from keda_gpu_scaler.core.slo import SloTarget
+from keda_gpu_scaler.pages.engines import PodSamples, pod_counters
+from keda_gpu_scaler.pages.exposition import parse_exposition
 
 URL = "http://10.0.0.1:8000/metrics"
 INF = math.inf

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from keda_gpu_scaler.learned_target import (
+from keda_gpu_scaler.core.learned_target import (
     FORGET_POD_AFTER,
     MAX_PODS,
     MAX_SAMPLES_PER_POD,

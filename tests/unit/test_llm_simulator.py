@@ -39,7 +39,7 @@ from bench.simulator.llm_traces import (  # noqa: E402
     mix_shift_trace,
     read_trace,
 )
-from keda_gpu_scaler.scaling import hpa_desired_replicas  # noqa: E402
+from keda_gpu_scaler.core.scaling import hpa_desired_replicas  # noqa: E402
 
 # Quiet 5 min, a burst of 4 pods' worth for 2 min, quiet again: wakes from zero and overloads on the way.
 WAKE = LlmTrace("wake", "", (Segment(0, 0.0), Segment(300, 4 * POD_RATE), Segment(420, 0.0)), 1200.0)

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from keda_gpu_scaler.collect.gateway_token import MintedToken, TokenUnavailable
-from keda_gpu_scaler.discovery.api import KubeError
-from keda_gpu_scaler.secretfile import SecretFileError
+from keda_gpu_scaler.config.secretfile import SecretFileError
+from keda_gpu_scaler.kubernetes.api import KubeError
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 

@@ -273,7 +273,7 @@ async def test_a_malformed_answer_is_recorded_and_the_fixed_exporter_is_read_at_
 
     server, url, _ = await raw_server(answer, close_after_reply=True)
     rig = Rig()
-    caplog.set_level(logging.ERROR, logger="keda_gpu_scaler.supervise")
+    caplog.set_level(logging.ERROR, logger="keda_gpu_scaler.collect.supervise")
     rig.collector.add(url)
     task = rig.collector._tasks[url]
     try:

@@ -8,9 +8,9 @@ from unittest import mock
 from hypothesis import given
 from hypothesis import strategies as st
 
-from keda_gpu_scaler import exposition
-from keda_gpu_scaler.exposition import ExpositionError, Sample
-from keda_gpu_scaler.gateways import epp, page_queue
+from keda_gpu_scaler.pages import exposition
+from keda_gpu_scaler.pages.exposition import ExpositionError, Sample
+from keda_gpu_scaler.pages.gateways import epp, page_queue
 
 NAMES = ["up", "up_total", "vllm:num_requests_waiting", "vllm:num_requests_running"]
 NAME = st.sampled_from([*NAMES, "other", "u"])

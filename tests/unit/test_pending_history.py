@@ -8,7 +8,7 @@ from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
 from keda_gpu_scaler.collect.pending_history import PendingHistory
 from keda_gpu_scaler.collect.store import Page, SourceKind
 from keda_gpu_scaler.demo.epp import Queued, epp_page
-from keda_gpu_scaler.gateways import page_queue
+from keda_gpu_scaler.pages.gateways import page_queue
 
 KEY = ("llm", "chat-pool", None)
 

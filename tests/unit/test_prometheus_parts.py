@@ -23,7 +23,26 @@ from keda_gpu_scaler.collect.prometheus import (
     inference_source,
     pod_inference_source,
 )
-from keda_gpu_scaler.collect.prometheus_answer import (
+from keda_gpu_scaler.collect.prometheus_client import http_error
+from keda_gpu_scaler.collect.store import SourceKind, Store
+from keda_gpu_scaler.collect.wanted import PrometheusQuery, WantedSources
+from keda_gpu_scaler.config.settings import (
+    PROMETHEUS_PASSWORD_ENV,
+    SettingsError,
+    build_settings,
+    env_values,
+)
+from keda_gpu_scaler.demo import engines as simulated
+from keda_gpu_scaler.pages.engines import (
+    ENGINE_SAMPLE_NAMES,
+    Engine,
+    PodSamples,
+    llamacpp,
+    pod_reading,
+    trtllm_serve,
+)
+from keda_gpu_scaler.pages.exposition import Sample, parse_exposition
+from keda_gpu_scaler.pages.prometheus_answer import (
     REMOTE_TEXT_LIMIT,
     Element,
     PrometheusError,
@@ -37,8 +56,7 @@ from keda_gpu_scaler.collect.prometheus_answer import (
     samples_with_times,
     up_series,
 )
-from keda_gpu_scaler.collect.prometheus_client import http_error
-from keda_gpu_scaler.collect.promql import (
+from keda_gpu_scaler.pages.promql import (
     TIMESTAMP_LABEL,
     any_of,
     gateway_query,
@@ -50,25 +68,7 @@ from keda_gpu_scaler.collect.promql import (
     regex_literal,
     up_query,
 )
-from keda_gpu_scaler.collect.store import SourceKind, Store
-from keda_gpu_scaler.demo import engines as simulated
-from keda_gpu_scaler.engines import (
-    ENGINE_SAMPLE_NAMES,
-    Engine,
-    PodSamples,
-    llamacpp,
-    pod_reading,
-    trtllm_serve,
-)
-from keda_gpu_scaler.exposition import Sample, parse_exposition
-from keda_gpu_scaler.settings import (
-    PROMETHEUS_PASSWORD_ENV,
-    SettingsError,
-    build_settings,
-    env_values,
-)
-from keda_gpu_scaler.vendors import POD_LABELS, SAMPLE_NAMES
-from keda_gpu_scaler.wanted import PrometheusQuery, WantedSources
+from keda_gpu_scaler.pages.vendors import POD_LABELS, SAMPLE_NAMES
 
 # ---- PromQL ---------------------------------------------------------------------------------------
 

@@ -5,17 +5,22 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from keda_gpu_scaler.errors import (
+from keda_gpu_scaler.core.errors import (
     ConfigError,
     NoData,
     ResourceExhausted,
     TooManyScaledObjects,
     TooManyStreams,
 )
-from keda_gpu_scaler.registry import MAX_TRIGGERS_PER_SCALEDOBJECT, ROOM_AFTER_SECONDS, Explanation, Registry
-from keda_gpu_scaler.scaling import evaluate
-from keda_gpu_scaler.service import status_for
-from keda_gpu_scaler.trigger import Aggregation, TriggerSpec, parse_trigger
+from keda_gpu_scaler.core.scaling import evaluate
+from keda_gpu_scaler.core.trigger import Aggregation, TriggerSpec, parse_trigger
+from keda_gpu_scaler.server.registry import (
+    MAX_TRIGGERS_PER_SCALEDOBJECT,
+    ROOM_AFTER_SECONDS,
+    Explanation,
+    Registry,
+)
+from keda_gpu_scaler.server.service import status_for
 
 SPEC = parse_trigger({"threshold": "70", "podNamePrefix": "vllm-"})
 EVALUATION = evaluate({}, (), SPEC, Aggregation.SUM)

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from keda_gpu_scaler.decide import aggregation_for
-from keda_gpu_scaler.errors import NoData
-from keda_gpu_scaler.scaling import (
+from keda_gpu_scaler.core.decide import aggregation_for
+from keda_gpu_scaler.core.errors import NoData
+from keda_gpu_scaler.core.scaling import (
     GpuValue,
     PodValue,
     Rule,
@@ -19,8 +19,8 @@ from keda_gpu_scaler.scaling import (
     pod_row,
     pod_values,
 )
-from keda_gpu_scaler.trigger import Aggregation, parse_trigger
-from keda_gpu_scaler.vendors import Family, GpuReading
+from keda_gpu_scaler.core.trigger import Aggregation, parse_trigger
+from keda_gpu_scaler.pages.vendors import Family, GpuReading
 
 
 def reading(

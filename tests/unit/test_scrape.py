@@ -16,15 +16,15 @@ from aiohttp import web
 from certs import CertificateAuthority, write
 from support import GpuLine, dcgm_page, eventually
 
-from keda_gpu_scaler import exposition
-from keda_gpu_scaler.backoff import backoff_delay
 from keda_gpu_scaler.collect import http, scrape
+from keda_gpu_scaler.collect.backoff import backoff_delay
 from keda_gpu_scaler.collect.http import BearerToken, PageFetcher, client_session, exporter_ssl
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
 from keda_gpu_scaler.collect.scrape import GPU_EXPORTER_PAGES, PageReader, ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
-from keda_gpu_scaler.metrics import Telemetry
-from keda_gpu_scaler.wanted import WantedSources
+from keda_gpu_scaler.collect.wanted import WantedSources
+from keda_gpu_scaler.pages import exposition
+from keda_gpu_scaler.server.metrics import Telemetry
 
 PAGE = dcgm_page([GpuLine("llm", "vllm-0", 30), GpuLine("llm", "vllm-1", 40, gpu=1)])
 # A gzip page cut inside its stream: the part that inflates still reads as a valid, shorter page.

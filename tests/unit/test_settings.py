@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from keda_gpu_scaler.settings import SettingsError, build_settings
+from keda_gpu_scaler.config.settings import SettingsError, build_settings
 
 
 def test_staleness_defaults_follow_the_scrape_interval() -> None:
@@ -24,7 +24,7 @@ def test_bad_durations_name_the_flag(flag: str) -> None:
 
 def test_defaults_of_code_flags_and_environment_agree() -> None:
     # Settings() (what code and tests build) equals what an empty command line and environment give.
-    from keda_gpu_scaler.settings import Settings, env_values
+    from keda_gpu_scaler.config.settings import Settings, env_values
 
     assert build_settings({}) == Settings()
     assert build_settings(env_values({})) == Settings()
@@ -43,7 +43,7 @@ def test_defaults_of_code_flags_and_environment_agree() -> None:
     ],
 )
 def test_environment_values_of_choice_flags_are_checked_like_flags(variable: str, value: str) -> None:
-    from keda_gpu_scaler.settings import env_values
+    from keda_gpu_scaler.config.settings import env_values
 
     with pytest.raises(SettingsError, match=rf"{value!r} is not allowed; use one of"):
         build_settings(env_values({variable: value}))
@@ -52,7 +52,7 @@ def test_environment_values_of_choice_flags_are_checked_like_flags(variable: str
 def test_every_flag_has_a_parser_and_a_settings_field() -> None:
     import dataclasses
 
-    from keda_gpu_scaler.settings import FLAGS, Settings
+    from keda_gpu_scaler.config.settings import FLAGS, Settings
 
     fields = {f.name for f in dataclasses.fields(Settings)}
     for flag in FLAGS:

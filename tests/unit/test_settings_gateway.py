@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from keda_gpu_scaler.settings import SettingsError, build_settings, env_values
+from keda_gpu_scaler.config.settings import SettingsError, build_settings, env_values
 
 
 def test_gateway_urls_name_the_pool_each_replica_page_serves() -> None:

@@ -28,7 +28,7 @@ from bench.simulator import (  # noqa: E402
     simulate,
     value_replicas,
 )
-from keda_gpu_scaler.scaling import (  # noqa: E402
+from keda_gpu_scaler.core.scaling import (  # noqa: E402
     desired_replicas_average_value as average_value_replicas,
 )
 

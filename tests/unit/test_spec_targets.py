@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from keda_gpu_scaler.spec_targets import SPEC_UPDATE_INTERVAL, CurrentTargets
-from keda_gpu_scaler.trigger import parse_trigger
+from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.server.spec_targets import SPEC_UPDATE_INTERVAL, CurrentTargets
 
 SPEC = parse_trigger({"podNamePrefix": "vllm-", "threshold": "70"})
 OTHER = parse_trigger({"podNamePrefix": "vllm-", "threshold": "40", "metric": "memory"})

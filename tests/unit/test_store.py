@@ -16,7 +16,7 @@ from keda_gpu_scaler.collect.store import (
     Store,
     source_problem,
 )
-from keda_gpu_scaler.vendors import Family, GpuReading
+from keda_gpu_scaler.pages.vendors import Family, GpuReading
 
 
 def reading(namespace: str, pod: str, value: float) -> GpuReading:

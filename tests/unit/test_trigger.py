@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keda_gpu_scaler.decide import aggregation_for
-from keda_gpu_scaler.errors import ConfigError
-from keda_gpu_scaler.trigger import (
+from keda_gpu_scaler.core.decide import aggregation_for
+from keda_gpu_scaler.core.errors import ConfigError
+from keda_gpu_scaler.core.trigger import (
     Aggregation,
     GpuAggregation,
     Metric,
@@ -16,7 +16,7 @@ from keda_gpu_scaler.trigger import (
     Vendor,
     parse_trigger,
 )
-from keda_gpu_scaler.vendors import NvidiaField
+from keda_gpu_scaler.pages.vendors import NvidiaField
 
 
 def test_defaults_and_keda_keys_ignored() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from keda_gpu_scaler.errors import ConfigError
-from keda_gpu_scaler.trigger import Metric, parse_trigger
+from keda_gpu_scaler.core.errors import ConfigError
+from keda_gpu_scaler.core.trigger import Metric, parse_trigger
 
 PENDING = {"metric": "pending", "threshold": "1", "inferencePool": "chat-pool"}
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from keda_gpu_scaler.errors import ConfigError
-from keda_gpu_scaler.slo import SloTarget
-from keda_gpu_scaler.trigger import parse_trigger
+from keda_gpu_scaler.core.errors import ConfigError
+from keda_gpu_scaler.core.slo import SloTarget
+from keda_gpu_scaler.core.trigger import parse_trigger
 
 DEMAND = {"metric": "demand", "threshold": "9", "podNamePrefix": "chat-"}
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from keda_gpu_scaler.exposition import Sample, parse_exposition
-from keda_gpu_scaler.vendors import (
+from keda_gpu_scaler.pages.exposition import Sample, parse_exposition
+from keda_gpu_scaler.pages.vendors import (
     SAMPLE_NAMES,
     VENDORS,
     Family,

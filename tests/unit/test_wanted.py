@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from keda_gpu_scaler.wanted import EppPool, PageBindings, PodPage, WantedSources, owning_pod
+from keda_gpu_scaler.collect.wanted import EppPool, PageBindings, PodPage, WantedSources, owning_pod
 
 URL = "http://10.0.0.7:8000/metrics"
 

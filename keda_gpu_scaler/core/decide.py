@@ -1,0 +1,251 @@
+"""The decision: a trigger's value and activity from its snapshot (SPEC §4, §6, §7). Pure: no I/O, no
+clock, no logging; the caller records the Decision, logs what it asks to and shows it on /explain."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import logging
+from dataclasses import dataclass, field
+
+from keda_gpu_scaler.collect.snapshot import Snapshot
+from keda_gpu_scaler.core.demand_values import demand_pod_values, measured_tokens_per_request, with_pending
+from keda_gpu_scaler.core.errors import ConfigError, NoData
+from keda_gpu_scaler.core.latency import LatencyRead, guarded_value, headroom, latency_read
+from keda_gpu_scaler.core.pending import pending_evaluation
+from keda_gpu_scaler.core.scaling import (
+    Evaluation,
+    PodRow,
+    WhatIf,
+    desired_replicas_average_value,
+    desired_replicas_value,
+    evaluate,
+    inference_pod_values,
+    pod_values,
+)
+from keda_gpu_scaler.core.slo import SloTarget
+from keda_gpu_scaler.core.trigger import Aggregation, Metric, TriggerSpec
+from keda_gpu_scaler.core.wire import check_rows, check_total
+
+
+@dataclass(frozen=True, slots=True)
+class SloReading:
+    """What a latency target made of the demand, for /explain."""
+
+    target: SloTarget
+    headroom: float | None  # the share added for the arrival rate's variability; None: not measured
+    reads: tuple[LatencyRead, ...]  # one per latency kind the SLO names
+    demand: float  # the value before the SLO
+
+
+@dataclass(slots=True)
+class Decision:
+    """What decide() found: the evaluation or the error, and what /explain and the log show beside it.
+    New shown fields (e.g. a latency reading) are new fields here."""
+
+    evaluation: Evaluation | None = None
+    error: NoData | ConfigError | None = None
+    notes: tuple[str, ...] = ()  # for /explain
+    to_log: list[tuple[str, int]] = field(default_factory=list)  # (note, level): once per ScaledObject
+    aggregation_mismatch: bool = False  # metricType contradicts the trigger's aggregation (counted)
+    tokens_per_request: float | None = None  # `demand` with a pool: measured now, to be remembered
+    slo: SloReading | None = None  # `demand` with a latency target: what it read and added
+
+
+def decide(spec: TriggerSpec, snapshot: Snapshot) -> Decision:
+    """The trigger's value now; a Decision carrying the error (UNAVAILABLE or INVALID_ARGUMENT) when it
+    cannot be known or the trigger can never be served."""
+    decision = Decision()
+    try:
+        if spec.metric.gateway:
+            decision.evaluation = _pending(spec, snapshot, decision)
+        else:
+            decision.evaluation = _pods(spec, snapshot, decision)
+    except (NoData, ConfigError) as error:
+        decision.error, decision.notes = error, ()
+    return decision
+
+
+def aggregation_for(spec: TriggerSpec, metric_type: str | None) -> tuple[Aggregation, str | None]:
+    """The aggregation to use and, when the trigger's explicit choice contradicts metricType, why that is wrong."""
+    matching = Aggregation.MEAN if metric_type == "Value" else Aggregation.SUM
+    if spec.aggregation is None:
+        return (matching if metric_type else Aggregation.SUM), None
+    if metric_type is None:
+        return spec.aggregation, None
+    fits = (spec.aggregation is Aggregation.SUM) == (metric_type == "AverageValue")
+    if fits:
+        return spec.aggregation, None
+    return spec.aggregation, (
+        f"aggregation={spec.aggregation.value} contradicts metricType={metric_type}: the HPA computes"
+        f" {'ceil(value / target)' if metric_type == 'AverageValue' else 'ceil(pods × value / target)'},"
+        f" which needs aggregation={matching.value}"
+    )
+
+
+def _pending(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluation:
+    """`pending` (SPEC §7): the pool's endpoint-picker replicas' queues."""
+    pool = snapshot.pool
+    assert pool is not None
+    if pool.unreadable is not None:
+        raise NoData(pool.unreadable)
+    result = pending_evaluation(pool.replicas, spec, snapshot.namespace, pool.no_replica)
+    decision.notes = result.notes
+    decision.to_log += [(note, logging.INFO) for note in result.to_log]
+    return result.evaluation
+
+
+def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluation:
+    """The target pods' value (SPEC §4), with the pool's pending requests for `demand` (SPEC §6)."""
+    targets, view = snapshot.targets, snapshot.view
+    if view is None:
+        # Scaled to zero with discovery healthy: 0 and inactive, whatever the sources say (SPEC §4),
+        # but for the requests the gateway holds for a `demand` trigger's pool.
+        # A target with pods that are not Ready yet is not at zero: evaluate() says UNAVAILABLE.
+        assert targets is not None
+        aggregation = aggregation_for(spec, targets.metric_type)[0]
+        return _add_pending(spec, snapshot, evaluate({}, (), spec, aggregation, targets.starting), decision)
+    problems = "; ".join(view.problems[:5])
+    if view.sources == 0:
+        raise NoData(
+            f"no {snapshot.kind.value} source is configured or discovered for namespace {snapshot.namespace!r}"
+        )
+    if view.fresh_sources == 0:
+        raise NoData(f"no source has fresh data: {problems}")
+    target_pods = snapshot.target_pods
+    if targets is None and not target_pods:
+        if view.fresh_sources < view.sources:
+            # "Scaled to zero" is only an answer when every exporter could have named the pods.
+            raise NoData(
+                f"no pod named {spec.pod_name_prefix or ''}* is in the data and not every exporter answers,"
+                f" so zero pods cannot be told from an outage: {problems}"
+            )
+        if view.readings:
+            note = _prefix_matching_nothing(spec, sorted({r.pod for r in view.readings}))
+            decision.to_log.append((note, logging.INFO))
+            decision.notes = (note,)
+    aggregation, mismatch = aggregation_for(spec, targets.metric_type if targets else None)
+    if mismatch:
+        # Every new evaluation counts it; the log says it once per ScaledObject, not on every scrape.
+        decision.to_log.append((mismatch, logging.WARNING))
+        decision.aggregation_mismatch = True
+        decision.notes += (mismatch,)
+    reporting, without_value = _pod_rows(spec, snapshot, decision)
+    if without_value:
+        reasons = "; ".join(f"{pod}: {why}" for pod, why in sorted(without_value.items())[:5])
+        problems = f"{problems}; {reasons}" if problems else reasons
+    try:
+        # A pod's value beyond what KEDA can carry is UNAVAILABLE naming it (never INTERNAL); each
+        # within it, their sum is finite and checked below.
+        check_rows(reporting.values())
+        starting = targets.starting if targets is not None else ()
+        evaluation = evaluate(reporting, target_pods - reporting.keys(), spec, aggregation, starting)
+    except NoData as error:
+        raise NoData(f"{error}{'; ' + problems if problems else ''}") from None
+    evaluation = _add_pending(spec, snapshot, evaluation, decision)
+    if spec.slo is not None:
+        evaluation = _with_slo(spec, spec.slo, snapshot, evaluation, decision)
+    # The workload's value (the pool's pending requests added, for demand) may still be beyond it.
+    check_total(evaluation.value, evaluation.pod_rows)
+    return evaluation
+
+
+def _pod_rows(
+    spec: TriggerSpec, snapshot: Snapshot, decision: Decision
+) -> tuple[dict[str, PodRow], dict[str, str]]:
+    """Each reporting pod's row, and why the others have no value."""
+    if spec.metric is Metric.DEMAND:
+        size = snapshot.pool.tokens_per_request if snapshot.pool is not None else None
+        reporting, without_value, notes = demand_pod_values(snapshot.tracks, spec, size)
+        decision.notes += notes
+        return reporting, without_value
+    if spec.metric.inference:
+        return inference_pod_values(snapshot.pods, spec)
+    return pod_values(snapshot.gpu, spec), {}
+
+
+def _add_pending(
+    spec: TriggerSpec, snapshot: Snapshot, evaluation: Evaluation, decision: Decision
+) -> Evaluation:
+    """`demand` with `inferencePool`: the pods' demand plus the pool's pending requests (SPEC §6).
+
+    The pool cannot be read (its replicas failing, none known): the pods' demand alone where it
+    already says active (a lower bound, noted), else NoData: the unread queue may hold the requests
+    that should wake the workload."""
+    pool = snapshot.pool
+    if spec.metric is not Metric.DEMAND or pool is None:
+        return evaluation
+    if pool.unknown is not None:
+        raise NoData(pool.unknown)  # even when the pods say active: a pool-name typo is no lower bound
+    try:
+        if pool.unreadable is not None:
+            raise NoData(pool.unreadable)
+        pending = pending_evaluation(pool.replicas, spec, snapshot.namespace, pool.no_replica).evaluation
+    except NoData as error:
+        if evaluation.active:
+            decision.notes += (
+                f"value is a lower bound: the pool's pending requests cannot be read: {error}",
+            )
+            return evaluation
+        raise
+    growth = sum(pool.growth.get(row[0], 0.0) for row in pending.pod_rows)  # the replicas read now
+    measured = measured_tokens_per_request(evaluation)
+    decision.tokens_per_request = measured
+    size = measured if measured is not None else pool.tokens_per_request
+    evaluation, note = with_pending(evaluation, spec, growth, pending.value, size)
+    decision.notes += (note,)
+    return evaluation
+
+
+def _with_slo(
+    spec: TriggerSpec, slo: SloTarget, snapshot: Snapshot, evaluation: Evaluation, decision: Decision
+) -> Evaluation:
+    """The demand with the headroom the arrival rate's variability asks for, raised further while the
+    fresh pods' measured latency quantile is over its target (latency.py); never lowered."""
+    fresh = {row[0] for row in evaluation.pod_rows}
+    latency = {pod: track.latency for pod, track in snapshot.tracks if pod in fresh}
+    reads = {kind: latency_read(kind, latency, slo.attainment) for kind in slo.targets()}
+    share = headroom(slo, snapshot.recent_demand)
+    pods = evaluation.what_if.current_replicas
+    # guarded_value works on the workload's sum; a per-pod mean (metricType Value) is that sum ÷ pods.
+    per_pod = evaluation.aggregation is Aggregation.MEAN and pods > 0
+    total = evaluation.value * pods if per_pod else evaluation.value
+    total = guarded_value(total * (1 + (share or 0.0)), pods, spec.threshold, reads, slo)
+    decision.slo = SloReading(slo, share, tuple(reads.values()), evaluation.value)
+    return _with_value(evaluation, spec, total / pods if per_pod else total)
+
+
+def _with_value(evaluation: Evaluation, spec: TriggerSpec, value: float) -> Evaluation:
+    """The evaluation with another value, and the replicas the HPA would ask for at it."""
+    if value == evaluation.value:
+        return evaluation
+    current = evaluation.what_if.current_replicas
+    what_if = WhatIf(
+        current,
+        desired_replicas_average_value(value, spec.threshold, current),
+        desired_replicas_value(value, spec.threshold, current),
+    )
+    return dataclasses.replace(evaluation, value=value, what_if=what_if)
+
+
+def _prefix_matching_nothing(spec: TriggerSpec, pods: list[str]) -> str:
+    """The note for a podNamePrefix no pod of the namespace's pages has (legitimately 0: scaled to zero).
+
+    NoData instead when the prefix is close to pods the pages do name: far likelier a typo than a
+    workload at zero beside a near-namesake, and a typo must not read as 0 (KEDA would scale to zero)."""
+    prefix = spec.pod_name_prefix or ""
+    what = "inference-server" if spec.metric.inference else "GPU"
+    heads = {pod[: len(prefix)]: pod for pod in reversed(pods)}  # each prefix-long head → its first pod
+    close = [heads[head] for head in difflib.get_close_matches(prefix, heads, n=3, cutoff=0.8)]
+    if close:
+        raise NoData(
+            f"metadata podNamePrefix {prefix!r} matches none of the namespace's {what} pods, but is close to"
+            f" {', '.join(close)}: a typo? Pods read: {_listed(pods)}. (A workload at zero reads 0 only when"
+            " its prefix is not that close to another's: rename it, or use Kubernetes discovery)"
+        )
+    return f"podNamePrefix {prefix!r} matches none of the namespace's {what} pods: {_listed(pods)}"
+
+
+def _listed(names: list[str], limit: int = 10) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more

@@ -1,0 +1,158 @@
+"""The latency a trigger's pods served, read from their own histograms, and what an SLO makes of it (pure).
+
+The pods' pages carry time-to-first-token and per-output-token histograms (engines' LATENCY tables); the
+demand history keeps each bucket's running total per series, so a window's increases are exact across
+restarts. From them: the quantile the SLO names (Prometheus' histogram_quantile arithmetic), a guard that
+raises the value while that quantile is over its target, and the headroom the arrival rate's variability
+asks for. No requests in the window is no read: a latency is never made up.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from keda_gpu_scaler.core.scaling import HPA_TOLERANCE
+from keda_gpu_scaler.core.slo import SloTarget
+from keda_gpu_scaler.pages.engines import LATENCY_FAMILIES
+
+_LE = ":le="
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyRead:
+    """One latency kind over a window, all pods' requests together (seconds)."""
+
+    kind: str  # slo.TTFT or slo.TPOT
+    q: float  # the quantile asked for (the SLO's attainment)
+    quantile: float | None  # None: no request in the window
+    mean: float | None  # Δsum / Δcount; None: no request in the window
+    requests: float  # observations in the window (Δcount)
+    pods_read: int
+    pods_without: tuple[str, ...]  # pods whose page prints none of `family`
+    family: str  # the histograms that carry this kind, for messages
+    # The quantile fell in the +Inf bucket: it is the highest finite bound, so the truth is at least it.
+    above_highest_bound: bool = False
+
+
+def histogram_quantile(buckets: Mapping[float, float], q: float) -> tuple[float, bool] | None:
+    """The q-quantile of cumulative bucket counts (upper bound → count), as Prometheus' histogram_quantile
+    computes it: linear interpolation within the bucket the rank falls in (from 0 for the first bucket);
+    in the +Inf bucket, the highest finite bound, flagged True. None without observations."""
+    bounds = sorted(buckets)
+    if not bounds or bounds[-1] != math.inf or len(bounds) < 2:
+        return None
+    counts, highest = [], 0.0
+    for bound in bounds:
+        # Increases summed over pods restarted at different times may dip: cumulative counts never do.
+        highest = max(highest, buckets[bound])
+        counts.append(highest)
+    total = counts[-1]
+    if total <= 0:
+        return None
+    rank = q * total
+    index = next(i for i, count in enumerate(counts) if count >= rank)
+    if index == len(bounds) - 1:
+        return bounds[-2], True
+    lower = bounds[index - 1] if index > 0 else 0.0
+    below = counts[index - 1] if index > 0 else 0.0
+    if index == 0 and bounds[0] <= 0:
+        return bounds[0], False
+    in_bucket = counts[index] - below
+    return lower + (bounds[index] - lower) * (rank - below) / in_bucket, False
+
+
+def _bound(text: str) -> float | None:
+    try:
+        return float(text)  # "+Inf" reads as inf
+    except ValueError:
+        return None
+
+
+def latency_read(kind: str, pods: Mapping[str, Mapping[str, float]], q: float) -> LatencyRead:
+    """The `kind` latency of the pods' requests in the window: `pods` maps each pod to its history's
+    increases (Track.latency); the buckets are summed over pods before the quantile is taken."""
+    buckets: dict[float, float] = {}
+    seconds = requests = 0.0
+    read: list[str] = []
+    without: list[str] = []
+    for pod, increases in pods.items():
+        if f"{kind}:count" not in increases:
+            without.append(pod)
+            continue
+        read.append(pod)
+        seconds += increases.get(f"{kind}:sum", 0.0)
+        requests += increases[f"{kind}:count"]
+        for role, increase in increases.items():
+            if (
+                role.startswith(f"{kind}{_LE}")
+                and (bound := _bound(role[len(kind) + len(_LE) :])) is not None
+            ):
+                buckets[bound] = buckets.get(bound, 0.0) + increase
+    found = histogram_quantile(buckets, q) if requests > 0 else None
+    return LatencyRead(
+        kind,
+        q,
+        None if found is None else found[0],
+        seconds / requests if requests > 0 else None,
+        requests,
+        len(read),
+        tuple(sorted(without)),
+        ", ".join(LATENCY_FAMILIES[kind]),
+        found is not None and found[1],
+    )
+
+
+def overshoot(reads: Mapping[str, LatencyRead], slo: SloTarget | None) -> float | None:
+    """The largest measured quantile ÷ its target over the SLO's targets with a read; None: none."""
+    if slo is None:
+        return None
+    ratios = [
+        read.quantile / target
+        for kind, target in slo.targets().items()
+        if (read := reads.get(kind)) is not None and read.quantile is not None
+    ]
+    return max(ratios, default=None)
+
+
+def guarded_value(
+    value: float, ready_pods: int, threshold: float, reads: Mapping[str, LatencyRead], slo: SloTarget | None
+) -> float:
+    """`value` (a sum over pods, for an AverageValue target of `threshold` per pod), raised while the
+    measured quantile is over its target so that the HPA adds replicas; never lowered.
+
+    The rule: ready + extra pods, extra = ceil(ready × (measured ÷ target − 1)), at least 1 and more than
+    the HPA's tolerance (else a large fleet's +1 would be ignored), at most `ready` (doubling per sync, the
+    HPA's own default scale-up limit). The overshoot is proportional, as the HPA's rule is: a latency 30 %
+    over target asks for 30 % more pods, then the next sync reads again.
+    """
+    ratio = overshoot(reads, slo)
+    if ratio is None or ratio <= 1 or ready_pods < 1:
+        return value
+    beyond_tolerance = math.floor(ready_pods * HPA_TOLERANCE) + 1
+    extra = max(1, math.ceil(ready_pods * (ratio - 1)), beyond_tolerance)
+    return max(value, (ready_pods + min(extra, ready_pods)) * threshold)
+
+
+# Never size above twice the mean rate for variability alone: past that the latency guard, which reads
+# what the requests actually waited, is the better evidence.
+MAX_HEADROOM = 1.0
+
+
+def headroom(slo: SloTarget | None, rates: Sequence[float]) -> float | None:
+    """The share to add to the demand so that the SLO holds while the arrival rate varies: z × CV.
+
+    Sizing for mean × (1 + z·σ/mean) = mean + z·σ covers the arrival rate in `attainment` of the
+    intervals when it varies normally around its mean (the safety-stock rule): z is the normal quantile
+    of the attainment (1.64 at 0.95), σ/mean the coefficient of variation of the summed arrival rate
+    over the window's points. A steady rate needs none; bounded to [0, MAX_HEADROOM]. No SLO: 0. Fewer
+    than two rates, or none arriving: None (not measured, never a made-up share).
+    """
+    if slo is None:
+        return 0.0
+    if len(rates) < 2 or (mean := statistics.fmean(rates)) <= 0:
+        return None
+    z = statistics.NormalDist().inv_cdf(slo.attainment)
+    return min(MAX_HEADROOM, max(0.0, z * statistics.pstdev(rates) / mean))

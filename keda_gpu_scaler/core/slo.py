@@ -1,0 +1,116 @@
+"""A latency target (SLO) on a `metric: demand` trigger (SPEC §6): its metadata keys and what they parse into.
+
+The user states the time to first token (seconds), the time per output token (ms) and the share of
+requests that must meet them; latency.py compares the pods' own histograms with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from keda_gpu_scaler.core.errors import ConfigError, quoted
+from keda_gpu_scaler.core.metadata_values import MetadataKey, number_between, parse_number
+from keda_gpu_scaler.pages.engines._common import TPOT, TTFT
+
+MAX_TTFT_SECONDS = 600.0
+MAX_TPOT_MS = 10_000.0
+# Below a median the target says nothing about the slow requests it is for; above 0.999 a window of
+# requests is too few to measure the quantile (the +Inf bucket would decide it).
+MIN_ATTAINMENT, MAX_ATTAINMENT = 0.5, 0.999
+DEFAULT_ATTAINMENT = 0.95
+
+
+@dataclass(frozen=True, slots=True)
+class SloTarget:
+    """What a trigger's pods must meet: at least `attainment` of requests within each target given."""
+
+    ttft_seconds: float | None
+    tpot_ms: float | None
+    attainment: float = DEFAULT_ATTAINMENT
+
+    def targets(self) -> dict[str, float]:
+        """Each target given, in seconds (the histograms' unit), by latency kind."""
+        targets = {TTFT: self.ttft_seconds, TPOT: None if self.tpot_ms is None else self.tpot_ms / 1000}
+        return {kind: seconds for kind, seconds in targets.items() if seconds is not None}
+
+
+def _positive_up_to(key: str, raw: str, high: float, unit: str) -> float:
+    value = parse_number(key, raw)
+    if not 0 < value <= high:
+        raise ConfigError(
+            f"metadata {key}={quoted(raw)} is out of range; allowed: 0 < {key} <= {high:g} ({unit})"
+        )
+    return value
+
+
+def parse_ttft(key: str, raw: str) -> float:
+    return _positive_up_to(key, raw, MAX_TTFT_SECONDS, "seconds to the first token")
+
+
+def parse_tpot(key: str, raw: str) -> float:
+    return _positive_up_to(key, raw, MAX_TPOT_MS, "milliseconds per output token")
+
+
+def parse_attainment(key: str, raw: str) -> float:
+    return number_between(
+        key,
+        raw,
+        MIN_ATTAINMENT,
+        MAX_ATTAINMENT,
+        f"{MIN_ATTAINMENT:g} <= {key} <= {MAX_ATTAINMENT:g} (the share of requests within the targets)",
+    )
+
+
+SLO_KEYS: tuple[MetadataKey, ...] = (
+    MetadataKey(
+        "sloTtftSeconds",
+        "slo_ttft_seconds",
+        parse_ttft,
+        None,
+        "none",
+        f"demand: the time to the first token (seconds, 0 < value <= {MAX_TTFT_SECONDS:g}) that"
+        " `sloAttainment` of requests must meet, read from the pods' own histograms",
+    ),
+    MetadataKey(
+        "sloTpotMs",
+        "slo_tpot_ms",
+        parse_tpot,
+        None,
+        "none",
+        f"demand: the time per output token (milliseconds, 0 < value <= {MAX_TPOT_MS:g}) that"
+        " `sloAttainment` of requests must meet, read from the pods' own histograms",
+    ),
+    MetadataKey(
+        "sloAttainment",
+        "slo_attainment",
+        parse_attainment,
+        None,
+        f"`{DEFAULT_ATTAINMENT:g}`",
+        f"demand with sloTtftSeconds or sloTpotMs: the share of requests that must meet them"
+        f" ({MIN_ATTAINMENT:g}-{MAX_ATTAINMENT:g})",
+    ),
+)
+SLO_FIELDS = tuple(key.field for key in SLO_KEYS)
+
+
+def take_slo(fields: dict[str, Any], given: dict[str, str], demand: bool) -> SloTarget | None:
+    """The SLO the parsed `fields` state (their SLO entries removed), or None; ConfigError naming the key
+    and the value where one is given on a metric other than demand, or the attainment without a target."""
+    ttft, tpot, attainment = (fields.pop(name) for name in SLO_FIELDS)
+    values = zip(SLO_FIELDS, (ttft, tpot, attainment), strict=True)
+    stated = [(given[name], value) for name, value in values if value is not None]
+    if not stated:
+        return None
+    if not demand:
+        key, value = stated[0]
+        raise ConfigError(
+            f"metadata {key}={quoted(f'{value:g}')} applies only to metric=demand (the latency of the"
+            f" inference servers' requests), not to metric={fields['metric'].value}; remove it"
+        )
+    if ttft is None and tpot is None:
+        raise ConfigError(
+            f"metadata {given['slo_attainment']}={quoted(f'{attainment:g}')} needs a target to attain;"
+            " allowed: with sloTtftSeconds or sloTpotMs"
+        )
+    return SloTarget(ttft, tpot, DEFAULT_ATTAINMENT if attainment is None else attainment)

@@ -1,0 +1,241 @@
+"""Target resolution: which pods each followed selector picks in a namespace, kept current pod event by pod event.
+
+A pod event in a namespace touches only the selectors of that namespace that could match the pod (found
+through an index on their `key=value` requirements), and of those only the ones it matched before or
+matches now; resolve() then reads a set built once per change.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from keda_gpu_scaler.kubernetes.pods import PodInfo
+from keda_gpu_scaler.kubernetes.selectors import Op, Selector
+
+
+@dataclass(frozen=True, slots=True)
+class PodEndpoint:
+    """Where one selected pod can be reached: for talking to the pod itself (e.g. an inference server)."""
+
+    name: str
+    ip: str | None  # None until the pod has one
+    ready: bool  # Running, Ready and not being deleted: the HPA's (and a load balancer's) ready pod
+    ports: Mapping[str, int]  # named TCP container ports of all its containers: name → number
+    node: str | None = None
+    # Every TCP container port in the pod spec's order, named or not: (name, number).
+    port_list: tuple[tuple[str | None, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Targets:
+    """A ScaledObject's target pods as discovery knows them."""
+
+    pods: frozenset[str]  # names of the pods that count as targets (Running, Ready, not being deleted)
+    metric_type: str | None = None  # the trigger's metricType ("AverageValue" or "Value") when read
+    # Pods the selector picks that exist but are not Ready yet (SPEC §4's starting pods).
+    starting: frozenset[str] = frozenset()
+    # Every pod the selector picks that is scheduled and not finished (targets and pods not ready yet),
+    # by name. Not compared: the same target pods are the same Targets for the evaluation.
+    endpoints: Mapping[str, PodEndpoint] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    # The nodes those pods occupy (scheduled, not finished): where their GPU exporters are read.
+    nodes: frozenset[str] = field(default=frozenset(), compare=False, hash=False, repr=False)
+
+
+def endpoint(pod: PodInfo) -> PodEndpoint:
+    ports = {name: number for name, number in pod.ports if name}
+    return PodEndpoint(pod.name, pod.ip, pod.counts_as_target, MappingProxyType(ports), pod.node, pod.ports)
+
+
+class _Endpoints(Mapping[str, PodEndpoint]):
+    """Pod name → PodEndpoint, built when read: most answers are never asked for their endpoints, and
+    building them on every pod event would only make garbage on the hot path."""
+
+    __slots__ = ("_pods",)
+
+    def __init__(self, pods: dict[str, PodInfo]) -> None:
+        self._pods = pods  # a copy owned by this snapshot
+
+    def __getitem__(self, name: str) -> PodEndpoint:
+        return endpoint(self._pods[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._pods)
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+
+# version, target pods, endpoints, occupied nodes, starting pods: what readers are given, built once per
+# change.
+_Snapshot = tuple[int, frozenset[str], Mapping[str, PodEndpoint], frozenset[str], frozenset[str]]
+
+
+class Selection:
+    """What one selector picks in one namespace's pods, updated one pod event at a time."""
+
+    def __init__(self, selector: Selector) -> None:
+        self.selector = selector
+        self.users: set[object] = set()
+        self._members: dict[str, PodInfo] = {}  # every matching pod, by name
+        self._targets: set[str] = set()
+        self._starting: set[str] = set()
+        self._target_nodes: Counter[str] = Counter()
+        self._occupied: Counter[str] = Counter()  # nodes of matching pods worth scraping
+        self.version = 0  # moves on with every change of the targets, their nodes or the endpoints
+        self._snapshot: _Snapshot | None = None
+        # While the namespace's pods are being listed again, readers get the snapshot from before the
+        # relist began: its differences arrive in slices, and a half-applied relist (the deletions of a
+        # rollout before its additions) would read as fewer pods. None: answers follow every event.
+        self._held: _Snapshot | None = None
+        # False for a selection that started during a relist: it has no whole snapshot to answer from yet.
+        self.complete = True
+
+    def update(self, old: PodInfo | None, new: PodInfo | None) -> None:
+        name = (new or old).name  # type: ignore[union-attr]
+        was = self._members.pop(name, None)
+        if was is not None:
+            self._drop(was)
+        if new is not None and self.selector.matches(new.labels):
+            self._members[name] = new
+            self._add(new)
+        elif was is None:
+            return  # neither matched before nor matches now: nothing changed
+        self.version += 1
+
+    def _add(self, pod: PodInfo) -> None:
+        if pod.starting:
+            self._starting.add(pod.name)
+        if pod.counts_as_target:
+            self._targets.add(pod.name)
+            if pod.node is not None:
+                self._target_nodes[pod.node] += 1
+        if pod.occupies_node and pod.node is not None:
+            self._occupied[pod.node] += 1
+
+    def _drop(self, pod: PodInfo) -> None:
+        self._starting.discard(pod.name)
+        if pod.counts_as_target:
+            self._targets.discard(pod.name)
+            if pod.node is not None:
+                self._target_nodes[pod.node] -= 1
+                if not self._target_nodes[pod.node]:
+                    del self._target_nodes[pod.node]
+        if pod.occupies_node and pod.node is not None:
+            self._occupied[pod.node] -= 1
+            if not self._occupied[pod.node]:
+                del self._occupied[pod.node]
+
+    @property
+    def target_nodes(self) -> Mapping[str, int]:
+        return self._target_nodes
+
+    def hold(self) -> None:
+        """Answer from the pods as they are now until release() (a relist is about to be applied)."""
+        self._current()
+        self._held = self._snapshot
+
+    def release(self) -> None:
+        self._held = None
+        self.complete = True
+
+    def targets(self, metric_type: str | None) -> Targets:
+        """The current Targets (the snapshot's pods and endpoints are built at most once per change)."""
+        snapshot = self._held or self._current()
+        return Targets(snapshot[1], metric_type, snapshot[4], snapshot[2], snapshot[3])
+
+    def _current(self) -> _Snapshot:
+        if self._snapshot is None or self._snapshot[0] != self.version:
+            endpoints = _Endpoints(
+                {name: p for name, p in self._members.items() if p.occupies_node or p.counts_as_target}
+            )
+            self._snapshot = (
+                self.version,
+                frozenset(self._targets),
+                endpoints,
+                frozenset(self._occupied),
+                frozenset(self._starting),
+            )
+        return self._snapshot
+
+
+def _index_key(selector: Selector) -> tuple[str, str] | None:
+    """A (label, value) every pod the selector matches must carry, if the selector has one."""
+    for requirement in selector.requirements:
+        if requirement.op is Op.EQUALS and len(requirement.values) == 1:
+            return requirement.key, next(iter(requirement.values))
+    return None
+
+
+class NamespaceIndex:
+    """The selections followed in one namespace, and which of them a pod event can touch."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self.selections: dict[Selector, Selection] = {}
+        self._by_label: dict[tuple[str, str], set[Selection]] = {}
+        self._scan: set[Selection] = set()  # selectors without a key=value requirement: always checked
+        self._holding = False
+
+    def acquire(self, selector: Selector, user: object, pods: Mapping[str, PodInfo]) -> Selection:
+        """Follow selector for user; a new selection starts from the namespace's pods as cached now."""
+        selection = self.selections.get(selector)
+        if selection is None:
+            selection = Selection(selector)
+            self.selections[selector] = selection
+            key = _index_key(selector)
+            if key is None:
+                self._scan.add(selection)
+            else:
+                self._by_label.setdefault(key, set()).add(selection)
+            for pod in pods.values():
+                selection.update(None, pod)
+            # Started from a cache that a relist is half way through: not an answer until it ends.
+            selection.complete = not self._holding
+        selection.users.add(user)
+        return selection
+
+    def hold(self, holding: bool) -> None:
+        """A relist starts (True) or has been applied whole (False): see Selection.hold."""
+        self._holding = holding
+        for selection in self.selections.values():
+            if holding:
+                selection.hold()
+            else:
+                selection.release()
+
+    def release(self, selector: Selector, user: object) -> None:
+        selection = self.selections.get(selector)
+        if selection is None:
+            return
+        selection.users.discard(user)
+        if selection.users:
+            return
+        del self.selections[selector]
+        key = _index_key(selector)
+        if key is None:
+            self._scan.discard(selection)
+        else:
+            group = self._by_label.get(key)
+            if group is not None:
+                group.discard(selection)
+                if not group:
+                    del self._by_label[key]
+
+    def release_all(self) -> None:
+        self.selections.clear()
+        self._by_label.clear()
+        self._scan.clear()
+
+    def on_pod(self, old: PodInfo | None, new: PodInfo | None) -> None:
+        touched = set(self._scan)
+        for pod in (old, new):
+            if pod is not None:
+                for item in pod.labels.items():
+                    group = self._by_label.get(item)
+                    if group:
+                        touched.update(group)
+        for selection in touched:
+            selection.update(old, new)

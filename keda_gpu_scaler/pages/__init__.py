@@ -1,0 +1,1 @@
+"""Reading pages: the exposition format, and what each GPU exporter, inference server and gateway shows."""

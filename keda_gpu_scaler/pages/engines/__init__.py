@@ -1,0 +1,382 @@
+"""Inference-engine layer: a pod's inference-server page turned into its load (pure: no I/O, no clock).
+
+The counterpart of vendors/ for SPEC §6: one module per page format (family names, the rules of its
+labels, and `read`), one registry line each; an engine serving two formats (TensorRT-LLM under Triton and
+as trtllm-serve) has two lines. Everything here works on parsed samples; fetching pages, choosing
+pods and turning a missing value into a status are the caller's job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from keda_gpu_scaler.pages import exposition
+from keda_gpu_scaler.pages.engines import llamacpp, sglang, tgi, triton, trtllm, trtllm_serve, vllm
+from keda_gpu_scaler.pages.engines._common import (
+    AUTO,
+    LATENCY_KINDS,
+    MODEL_LABELS,
+    POD_LABELS,
+    DemandCounters,
+    Engine,
+    InferenceMetric,
+    InferenceReading,
+    Missing,
+    MissingKind,
+    PodKey,
+    PodSamples,
+    Value,
+    folded_model,
+    pod_of,
+)
+from keda_gpu_scaler.pages.exposition import Sample
+
+__all__ = [
+    "AUTO",
+    "DEMAND_SAMPLE_NAMES",
+    "ENGINES",
+    "ENGINE_CHOICES",
+    "ENGINE_SAMPLE_NAMES",
+    "LATENCY_FAMILIES",
+    "MODEL_LABELS",
+    "POD_LABELS",
+    "DemandCounters",
+    "Engine",
+    "EngineModule",
+    "InferenceMetric",
+    "InferenceReading",
+    "Missing",
+    "MissingKind",
+    "PodKey",
+    "PodSamples",
+    "Value",
+    "accepts_model",
+    "counters_format",
+    "engine_supports",
+    "folded_model",
+    "format_counters",
+    "in_flight",
+    "pod_counters",
+    "pod_of",
+    "pod_reading",
+    "recognise",
+    "supported_metrics",
+    "supports_tokens",
+    "unsupported_message",
+    "value_for",
+    "wrong_types",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineModule:
+    """A registry entry: the sample names one engine module reads, what it can serve, and its reader."""
+
+    engine: Engine
+    sample_names: frozenset[str]
+    metrics: frozenset[InferenceMetric]
+    read: Callable[[Sequence[Sample], str | None], InferenceReading]
+    # The family that names the engine in messages (the one every release of it prints).
+    signature: str
+    # `metric: demand`: the counter families it reads (besides the gauges) and how.
+    counter_names: frozenset[str]
+    read_counters: Callable[[Sequence[Sample], str | None], DemandCounters]
+    # Whether its series carry a model label (`model_name`/`model`), i.e. whether `model` can select any.
+    has_model_label: bool = True
+    # Whether it prints token counters (demandUnit tokens weighs requests by them).
+    tokens: bool = True
+
+
+# Adding an engine: a module with SAMPLE_NAMES, METRICS and read(), one line here (docs/ADDING_A_VENDOR.md).
+# The order is the order `auto` tries them in: a Triton page that also carries the TensorRT-LLM backend's
+# families is that backend's (its own counts; Triton's pending count is only the queue in front of it).
+# Where one engine has two lines, a trigger naming it reads a page with the first line whose families
+# are on it.
+ENGINES: tuple[EngineModule, ...] = (
+    EngineModule(
+        Engine.VLLM,
+        vllm.SAMPLE_NAMES,
+        vllm.METRICS,
+        vllm.read,
+        vllm.WAITING,
+        vllm.COUNTER_NAMES,
+        vllm.read_counters,
+    ),
+    EngineModule(
+        Engine.SGLANG,
+        sglang.SAMPLE_NAMES,
+        sglang.METRICS,
+        sglang.read,
+        sglang.WAITING,
+        sglang.COUNTER_NAMES,
+        sglang.read_counters,
+    ),
+    EngineModule(
+        Engine.TGI,
+        tgi.SAMPLE_NAMES,
+        tgi.METRICS,
+        tgi.read,
+        tgi.WAITING,
+        tgi.COUNTER_NAMES,
+        tgi.read_counters,
+        has_model_label=False,
+    ),
+    EngineModule(
+        Engine.TRTLLM,
+        trtllm.SAMPLE_NAMES,
+        trtllm.METRICS,
+        trtllm.read,
+        trtllm.REQUESTS,
+        trtllm.COUNTER_NAMES,
+        trtllm.read_counters,
+        tokens=False,
+    ),
+    EngineModule(
+        Engine.TRTLLM,
+        trtllm_serve.SAMPLE_NAMES,
+        trtllm_serve.METRICS,
+        trtllm_serve.read,
+        trtllm_serve.WAITING,
+        trtllm_serve.COUNTER_NAMES,
+        trtllm_serve.read_counters,
+    ),
+    EngineModule(
+        Engine.TRITON,
+        triton.SAMPLE_NAMES,
+        triton.METRICS,
+        triton.read,
+        triton.WAITING,
+        triton.COUNTER_NAMES,
+        triton.read_counters,
+        tokens=False,
+    ),
+    EngineModule(
+        Engine.LLAMACPP,
+        llamacpp.SAMPLE_NAMES,
+        llamacpp.METRICS,
+        llamacpp.read,
+        llamacpp.WAITING,
+        llamacpp.COUNTER_NAMES,
+        llamacpp.read_counters,
+        has_model_label=False,
+        tokens=False,
+    ),
+)
+_BY_ENGINE: dict[Engine, tuple[EngineModule, ...]] = {
+    engine: tuple(module for module in ENGINES if module.engine is engine) for engine in Engine
+}
+
+ENGINE_SAMPLE_NAMES: frozenset[str] = frozenset(name for module in ENGINES for name in module.sample_names)
+"""Every sample name an engine reads: the filter to parse inference pages (and Prometheus queries) with."""
+
+DEMAND_SAMPLE_NAMES: frozenset[str] = frozenset(name for module in ENGINES for name in module.counter_names)
+"""The counters `metric: demand` reads besides the gauges: pod pages are parsed with these too."""
+
+LATENCY_FAMILIES: dict[str, tuple[str, ...]] = {
+    kind: tuple(name for module in (vllm, sglang, tgi) for name in module.LATENCY.get(kind, ()))
+    for kind in LATENCY_KINDS
+}
+"""Per latency kind, the histograms engines print it in (their base names): for messages."""
+
+ENGINE_CHOICES: tuple[str, ...] = (AUTO, *(engine.value for engine in Engine))
+"""The values the trigger key `engine` allows, `auto` first."""
+
+
+def _engine(engine: Engine | str) -> Engine | None:
+    """The engine a choice names; None for `auto`. ValueError for anything else."""
+    if engine == AUTO:
+        return None
+    return Engine(engine)
+
+
+def _module_on(names: frozenset[str] | set[str], modules: Iterable[EngineModule]) -> EngineModule | None:
+    """The first of `modules` whose families are among the page's sample names."""
+    return next((module for module in modules if not names.isdisjoint(module.sample_names)), None)
+
+
+def recognise(samples: Iterable[Sample]) -> Engine | None:
+    """The engine whose families are on a page (registry order decides), or None when there are none."""
+    module = _module_on({sample.name for sample in samples}, ENGINES)
+    return None if module is None else module.engine
+
+
+def supported_metrics(engine: Engine | str) -> tuple[InferenceMetric, ...]:
+    """The metrics an engine can serve, in InferenceMetric order (every metric for `auto`)."""
+    named = _engine(engine)
+    if named is None:
+        allowed = frozenset(InferenceMetric)
+    else:
+        allowed = frozenset(metric for module in _BY_ENGINE[named] for metric in module.metrics)
+    return tuple(metric for metric in InferenceMetric if metric in allowed)
+
+
+def engine_supports(engine: Engine | str, metric: InferenceMetric | str) -> bool:
+    """False when a trigger names an engine that does not export what `metric` needs (INVALID_ARGUMENT).
+
+    `auto` supports every metric: what the page turns out to be is only known when it is read, and a
+    metric the recognised engine lacks is then a Missing(NOT_EXPORTED) reading (UNAVAILABLE).
+    """
+    return InferenceMetric(metric) in supported_metrics(engine)
+
+
+def accepts_model(engine: Engine | str) -> bool:
+    """False when a named engine's series carry no model label (TGI), so that `model` can match nothing.
+
+    Trigger validation can reject such a `model` up front; `auto` accepts it (a reading whose family has
+    no series of the model is then Missing(NO_MODEL)).
+    """
+    named = _engine(engine)
+    return named is None or any(module.has_model_label for module in _BY_ENGINE[named])
+
+
+def supports_tokens(engine: Engine | str) -> bool:
+    """False when a trigger names an engine without token counters (demandUnit tokens cannot work)."""
+    named = _engine(engine)
+    return named is None or any(module.tokens for module in _BY_ENGINE[named])
+
+
+def unsupported_message(engine: Engine | str, metric: InferenceMetric | str) -> str:
+    """The INVALID_ARGUMENT text for a metric the named engine does not export."""
+    allowed = ", ".join(supported_metrics(engine))
+    return f"engine {engine!s} does not export what metric {metric!s} needs; with {engine!s} use: {allowed}"
+
+
+def _no_engine() -> InferenceReading:
+    missing = Missing(
+        MissingKind.NO_ENGINE,
+        "no inference server's families on the page (none of "
+        f"{', '.join(module.signature for module in ENGINES)}, ...); vLLM prints its own only once its "
+        "engine has started",
+    )
+    return InferenceReading(None, missing, missing, missing)
+
+
+def pod_reading(
+    samples: Iterable[Sample], engine: Engine | str = AUTO, model: str | None = None
+) -> InferenceReading:
+    """One pod's reading from its own page's samples (unfiltered or parsed with ENGINE_SAMPLE_NAMES).
+
+    `engine` is a trigger's choice: `auto` reads the page as the engine recognise() finds (a reading with
+    engine None and Missing(NO_ENGINE) values when there is none); a named engine reads the page as that
+    engine, whatever else it carries. `model` keeps only series whose `model_name`/`model` equals it.
+    """
+    page = [sample for sample in samples if sample.name in ENGINE_SAMPLE_NAMES]
+    names = {sample.name for sample in page}
+    named = _engine(engine)
+    if named is None:
+        module = _module_on(names, ENGINES)
+        if module is None:
+            return _no_engine()
+    else:
+        # The engine's format on the page; on a page without any, its first one names what is missing.
+        formats = _BY_ENGINE[named]
+        found = _module_on(names, formats)
+        module = found or formats[0]
+        if found is None and (other := _module_on(names, ENGINES)) is not None:
+            # Another engine's page: say which, so the reader need not guess from the families missing.
+            reading = module.read([s for s in page if s.name in module.sample_names], model)
+            return _noted(
+                reading,
+                f"the page is recognised as engine {other.engine.value} (it carries {other.signature}):"
+                f" set engine: {other.engine.value} or auto",
+            )
+    return module.read([s for s in page if s.name in module.sample_names], model)
+
+
+def _noted(reading: InferenceReading, note: str) -> InferenceReading:
+    """The reading with `note` added to the reason of each value it is missing."""
+
+    def note_on(value: Value) -> Value:
+        return replace(value, reason=f"{value.reason}; {note}") if isinstance(value, Missing) else value
+
+    return replace(
+        reading,
+        waiting=note_on(reading.waiting),
+        running=note_on(reading.running),
+        kv_cache=note_on(reading.kv_cache),
+    )
+
+
+def value_for(reading: InferenceReading, metric: InferenceMetric | str) -> Value:
+    """A pod's value for a trigger metric: requests = running + waiting, queue = waiting, kv_cache = KV %.
+
+    A Missing is never to be read as 0: the caller turns it into a missing pod or an error naming
+    `missing.family` / `missing.reason`.
+    """
+    chosen = InferenceMetric(metric)
+    if chosen is InferenceMetric.QUEUE:
+        return reading.waiting
+    if chosen is InferenceMetric.KV_CACHE:
+        return reading.kv_cache
+    # requests: the running count is what engines lack most often (Triton), so its reason comes first.
+    if isinstance(reading.running, Missing):
+        return reading.running
+    if isinstance(reading.waiting, Missing):
+        return reading.waiting
+    return reading.running + reading.waiting
+
+
+# What the families engines read may be declared as: a gauge, or untyped (Prometheus' /federate output).
+_LEVEL_TYPES = frozenset({"gauge", "untyped"})
+
+
+def wrong_types(page: str | bytes) -> dict[str, str]:
+    """The families engines read that a page declares with another type (`# TYPE name counter`): name → type.
+
+    The sample parser skips comment lines, so a server that exports, say, a counter under a gauge's name
+    would otherwise be read as a level. A caller can treat a non-empty answer as a page it cannot use,
+    naming the family.
+    """
+    declared = exposition.declared_types(page, ENGINE_SAMPLE_NAMES)
+    return {name: kind for name, kind in declared.items() if kind not in _LEVEL_TYPES}
+
+
+def _module_for(names: set[str], engine: Engine | str) -> EngineModule | None:
+    """The module a page is read with: under `auto` the first whose families are on it (None: none is);
+    for a named engine, its format on the page, or on a page without any its first (to name what is
+    missing)."""
+    named = _engine(engine)
+    if named is None:
+        return _module_on(names, ENGINES)
+    formats = _BY_ENGINE[named]
+    return _module_on(names, formats) or formats[0]
+
+
+def pod_counters(
+    samples: Iterable[Sample], engine: Engine | str = AUTO, model: str | None = None
+) -> tuple[InferenceReading, DemandCounters]:
+    """One pod's gauges and its demand counters from its own page (parsed with ENGINE_SAMPLE_NAMES and
+    DEMAND_SAMPLE_NAMES), the page read as pod_reading() reads it (the gauges decide the engine)."""
+    page = [s for s in samples if s.name in ENGINE_SAMPLE_NAMES or s.name in DEMAND_SAMPLE_NAMES]
+    gauges = pod_reading(page, engine, model)
+    index = counters_format(page, engine)
+    if index is None:
+        no_engine = gauges.waiting
+        assert isinstance(no_engine, Missing)  # no engine on the page: every reading is Missing(NO_ENGINE)
+        return gauges, DemandCounters(no_engine, no_engine, no_engine)
+    return gauges, format_counters(page, index, model)
+
+
+def counters_format(samples: Iterable[Sample], engine: Engine | str) -> int | None:
+    """Which format (its index in ENGINES) reads a page's demand counters for an `engine` choice, as
+    pod_reading() picks it; None: no engine's families on the page under `auto`."""
+    module = _module_for({s.name for s in samples if s.name in ENGINE_SAMPLE_NAMES}, engine)
+    return None if module is None else ENGINES.index(module)
+
+
+def format_counters(samples: Iterable[Sample], index: int, model: str | None) -> DemandCounters:
+    """A page's demand counters read with format ENGINES[index] (see counters_format)."""
+    module = ENGINES[index]
+    # The gauges too: a counter may count only where a gauge says whose it is (trtllm.read_counters).
+    own = module.counter_names | module.sample_names
+    return module.read_counters([s for s in samples if s.name in own], model)
+
+
+def in_flight(reading: InferenceReading) -> Value:
+    """Requests in the server now, for `demand`: running + waiting, or waiting alone where the engine
+    exports no running count at all (Triton: see triton.py). A running count missing from a page that
+    should have it is Missing, never 0."""
+    if isinstance(reading.running, Missing) and reading.running.kind is MissingKind.NOT_EXPORTED:
+        return reading.waiting
+    return value_for(reading, InferenceMetric.REQUESTS)

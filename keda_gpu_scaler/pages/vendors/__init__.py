@@ -1,0 +1,79 @@
+"""Vendor layer: one page's samples turned into per-pod, per-GPU readings (pure: no I/O, no clock)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from keda_gpu_scaler.pages.exposition import Sample
+from keda_gpu_scaler.pages.vendors import ack, amd, nvidia
+from keda_gpu_scaler.pages.vendors._common import POD_LABELS, Family, GpuReading, NvidiaField, PodResolver
+
+__all__ = [
+    "POD_LABELS",
+    "SAMPLE_NAMES",
+    "VENDORS",
+    "Family",
+    "GpuReading",
+    "NvidiaField",
+    "Vendor",
+    "readings_from_samples",
+    "utilization_for",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Vendor:
+    """A registry entry: the sample names one module reads and the function that reads them."""
+
+    family: Family
+    sample_names: frozenset[str]
+    readings: Callable[[Sequence[Sample], PodResolver], list[GpuReading]]
+    # Labels naming one GPU across a whole fleet, for vendors whose reading of a pod also needs the GPU's
+    # other series (device-level ones, other pods sharing it). A source that fetches one namespace's
+    # series (Prometheus) fetches the rest of those GPUs' series by these labels; () = not needed.
+    gpu_id_labels: tuple[str, ...] = ()
+
+
+# Adding a vendor: a module with SAMPLE_NAMES and readings(), one line here (docs/ADDING_A_VENDOR.md).
+VENDORS: tuple[Vendor, ...] = (
+    Vendor(Family.ACK, ack.SAMPLE_NAMES, ack.readings),
+    Vendor(Family.NVIDIA, nvidia.SAMPLE_NAMES, nvidia.readings, nvidia.GPU_ID_LABELS),
+    Vendor(Family.AMD, amd.SAMPLE_NAMES, amd.readings),
+)
+
+SAMPLE_NAMES: frozenset[str] = frozenset(name for vendor in VENDORS for name in vendor.sample_names)
+
+_FAMILY_ORDER = {family: index for index, family in enumerate(Family)}
+
+
+def readings_from_samples(samples: Iterable[Sample]) -> list[GpuReading]:
+    """Every vendor's readings for one page; only GPUs attributed to a pod, sorted for stable output.
+
+    A page may hold several families (an ACK exporter prints DCGM_FI_* too): all are returned, each
+    labelled with its family; choosing one family per pod is the scaling code's job.
+    """
+    # Page order is kept: where one series is printed twice, the last one wins (see _common.remember).
+    page = [sample for sample in samples if sample.name in SAMPLE_NAMES]
+    resolver = PodResolver(page)
+    result: list[GpuReading] = []
+    for vendor in VENDORS:
+        mine = [sample for sample in page if sample.name in vendor.sample_names]
+        if mine:
+            result.extend(vendor.readings(mine, resolver))
+    result.sort(key=lambda r: (_FAMILY_ORDER[r.family], r.namespace, r.pod, r.host, r.gpu))
+    return result
+
+
+def utilization_for(reading: GpuReading, field: NvidiaField) -> float | None:
+    """The utilisation a trigger's `nvidiaField` selects (SPEC §3); other families ignore the field."""
+    if reading.family is not Family.NVIDIA or field is NvidiaField.GPU_UTIL:
+        return reading.utilization
+    if field is NvidiaField.GR_ENGINE_ACTIVE:
+        return reading.engine_active
+    # AUTO: a MIG instance's GPU_UTIL is absent or reads 0 whatever the load (dcgm-exporter #216, #105).
+    if reading.mig and not reading.utilization:
+        return reading.engine_active
+    if reading.utilization is not None:
+        return reading.utilization
+    return reading.engine_active

@@ -1,0 +1,132 @@
+"""Answers "what is this ScaledObject's value now?": its trigger's snapshot, decided, then recorded for
+/explain, /metrics and the log. Reads caches only, never waits on I/O."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+from keda_gpu_scaler.collect.snapshot import Snapshot, Snapshots
+from keda_gpu_scaler.core.decide import Decision, decide
+from keda_gpu_scaler.core.learned_target import DEFAULT_TPOT_SECONDS, Learner, Sample
+from keda_gpu_scaler.core.scaling import ROW_VALUE, Evaluation
+from keda_gpu_scaler.core.trigger import TriggerSpec
+from keda_gpu_scaler.pages.engines._common import TPOT
+from keda_gpu_scaler.server.metrics import Telemetry
+from keda_gpu_scaler.server.registry import Explanation, Followed, Subscription
+from keda_gpu_scaler.server.spec_targets import SPEC_UPDATE_INTERVAL
+
+# The arrival rate's variability (the SLO's headroom) is read over the decisions of this many seconds.
+HEADROOM_SPAN = 600.0
+NO_PUSH = (
+    "push: no StreamMetricSpec stream: use external-push, or the target reaches the HPA only when KEDA"
+    " rebuilds the ScaledObject"
+)
+
+
+class Evaluator:
+    """Works out a trigger's value on every call, from the caches only: at the rate KEDA calls (each
+    ScaledObject every 30 s by default) an evaluation costs far less than keeping one would save."""
+
+    def __init__(self, *, snapshots: Snapshots, telemetry: Telemetry) -> None:
+        self._telemetry = telemetry
+        self.snapshots = snapshots
+        self.check = self.snapshots.check
+        self.kind_of = self.snapshots.kind_of
+
+    def evaluate(self, followed: Followed, spec: TriggerSpec) -> Evaluation:
+        """The trigger's value now; raises NoData (UNAVAILABLE) when it cannot be known, ConfigError when
+        the trigger can never be served. Discovery failing is raised before anything is recorded."""
+        subscription = followed.triggers[spec]  # follow() made it before any evaluation
+        recent = tuple(total for at, total in subscription.demand_sums)
+        snapshot = self.snapshots.take(followed.namespace, followed.name, spec, recent)
+        decision = decide(spec, snapshot)
+        if decision.evaluation is not None and spec.slo is not None:
+            _remember_demand(subscription, spec, snapshot.now, decision.evaluation)
+        if spec.learned:
+            self._learn(followed, subscription, spec, snapshot, decision)
+        self._record(followed, spec, decision, snapshot.targets)
+        if decision.error is not None:
+            raise decision.error
+        assert decision.evaluation is not None
+        return decision.evaluation
+
+    def _record(self, followed: Followed, spec: TriggerSpec, decision: Decision, targets: Any) -> None:
+        """The decision's log lines, counters and remembered size; its explanation and gauges when new."""
+        for note, level in decision.to_log:
+            followed.log_once(note, level)
+        if decision.aggregation_mismatch:
+            self._telemetry.aggregation_mismatches.inc()
+        if decision.tokens_per_request is not None:
+            self.snapshots.remember(followed.namespace, spec, decision.tokens_per_request)
+        self._telemetry.evaluations.labels("ok" if decision.evaluation else "no_data").inc()
+        subscription = followed.triggers[spec]
+        last = subscription.explanation
+        evaluation, notes = decision.evaluation, decision.notes
+        if evaluation is not None and last is not None and last.evaluation == evaluation:
+            # The same result again: the objects already held stay and the new ones die at once, so equal
+            # results do not promote new long-lived objects through the collector's generations.
+            evaluation = decision.evaluation = last.evaluation
+            if last.spec == spec and last.notes == notes and last.targets == targets:
+                last.evaluated_at = time.time()  # the same explanation, now (and the same gauges)
+                last.slo, last.learned = decision.slo, subscription.learned
+                return
+        error = str(decision.error) if decision.error is not None else None
+        subscription.explanation = Explanation(
+            spec, time.time(), evaluation, error, notes, targets, decision.slo, subscription.learned
+        )
+        if evaluation is not None:
+            labels = (followed.namespace, followed.name, spec.metric_name)
+            # A ScaledObject shows a bounded number of triggers on /metrics (metrics.MAX_PUBLISHED_TRIGGERS).
+            learned = subscription.learned.target if subscription.learned is not None else None
+            if self._telemetry.publish_trigger(labels, evaluation.value, evaluation.active, learned):
+                subscription.metric_labels = labels
+
+    def _learn(
+        self,
+        followed: Followed,
+        subscription: Subscription,
+        spec: TriggerSpec,
+        snapshot: Snapshot,
+        decision: Decision,
+    ) -> None:
+        """`threshold: auto`: one sample per pod and window for the trigger's learner, then its target
+        (CurrentTargets publishes it); a trigger nobody pushes the target to is told so after a minute."""
+        now = snapshot.now
+        if subscription.learner is None:
+            assert spec.threshold_start is not None
+            slo_tpot = spec.slo.targets().get(TPOT) if spec.slo is not None else None
+            subscription.learner = Learner(spec.threshold_start, slo_tpot or DEFAULT_TPOT_SECONDS)
+            subscription.learning_since = now
+        if followed.spec_streams == 0 and now - subscription.learning_since >= SPEC_UPDATE_INTERVAL:
+            decision.notes += (NO_PUSH,)
+            decision.to_log.append((NO_PUSH, logging.WARNING))
+        evaluation = decision.evaluation
+        # Windows that overlap would count the same requests twice: one sample per pod per window.
+        if evaluation is None or now - subscription.sampled_at < spec.window:
+            return
+        subscription.sampled_at = now
+        tracks = dict(snapshot.tracks)
+        for row in evaluation.pod_rows:
+            track = tracks.get(row[0])
+            tokens = track.latency.get(f"{TPOT}:count", 0.0) if track is not None else 0.0
+            if track is not None and tokens > 0:
+                per_token = track.latency.get(f"{TPOT}:sum", math.nan) / tokens
+                subscription.learner.observe(Sample(now, row[0], row[ROW_VALUE], per_token, tokens))
+        subscription.learned = subscription.learner.update(now, [row[0] for row in evaluation.pod_rows])
+        followed.targets.set(spec, subscription.learned.target)
+
+
+def _remember_demand(
+    subscription: Subscription, spec: TriggerSpec, now: float, evaluation: Evaluation
+) -> None:
+    """The fresh pods' summed demand, for the SLO's headroom: at most four a window (a stream evaluates on
+    every page), those of the last HEADROOM_SPAN seconds."""
+    sums = subscription.demand_sums
+    if sums and now - sums[-1][0] < spec.window / 4:
+        return
+    sums.append((now, math.fsum(row[ROW_VALUE] for row in evaluation.pod_rows)))
+    while sums[0][0] < now - HEADROOM_SPAN:
+        sums.popleft()

@@ -1,0 +1,371 @@
+"""The ExternalScaler gRPC servicer, health and reflection; maps domain errors to gRPC status codes."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import Gauge
+
+from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_gpu_scaler.collect.store import Store
+from keda_gpu_scaler.core.errors import (
+    ConfigError,
+    NoData,
+    ResourceExhausted,
+    ScalerError,
+    TooManyStreams,
+    UnknownMetric,
+    quoted,
+)
+from keda_gpu_scaler.core.trigger import TriggerSpec, parse_trigger
+from keda_gpu_scaler.server.evaluator import Evaluator
+from keda_gpu_scaler.server.metrics import Telemetry
+from keda_gpu_scaler.server.registry import Followed, Registry
+
+log = logging.getLogger(__name__)
+Message = TypeVar("Message")
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExternalScaler"].full_name
+HEALTH_SERVICES = ("", "liveness", "readiness")
+# Looked up along the class hierarchy, so a new subclass of a domain error maps like its parent.
+_STATUS_FOR_ERROR: dict[type[Exception], grpc.StatusCode] = {
+    ConfigError: grpc.StatusCode.INVALID_ARGUMENT,
+    NoData: grpc.StatusCode.UNAVAILABLE,
+    UnknownMetric: grpc.StatusCode.NOT_FOUND,
+    ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+def status_for(error: BaseException) -> grpc.StatusCode:
+    """The gRPC status of an error: its nearest mapped class; anything unexpected is INTERNAL."""
+    for cls in type(error).__mro__:
+        code = _STATUS_FOR_ERROR.get(cls)
+        if code is not None:
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def round_half_up(value: float) -> int:
+    return math.floor(value + 0.5)
+
+
+class ExternalScalerService(pb_grpc.ExternalScalerServicer):
+    def __init__(
+        self,
+        *,
+        evaluator: Evaluator,
+        registry: Registry,
+        store: Store,
+        telemetry: Telemetry,
+        stream_recheck_seconds: float,
+        max_streams: int = 10000,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._evaluator = evaluator
+        self._registry = registry
+        self._store = store
+        self._telemetry = telemetry
+        self._stream_recheck = stream_recheck_seconds
+        self._clock = clock
+        self._closing = False
+        self._activity_streams = _StreamSlots("StreamIsActive", max_streams, telemetry.open_streams)
+        self._spec_streams = _StreamSlots("StreamMetricSpec", max_streams, telemetry.open_spec_streams)
+
+    @property
+    def open_streams(self) -> int:
+        return self._activity_streams.open
+
+    def close_streams(self) -> None:
+        """End every open stream with status OK (KEDA then reconnects without backoff)."""
+        self._closing = True
+        self._store.close()
+        self._registry.wake_spec_streams()
+
+    @contextmanager
+    def _observe(self, method: str) -> Iterator[None]:
+        started = self._clock()
+        code = grpc.StatusCode.OK
+        try:
+            yield
+        except ScalerError as error:
+            code = status_for(error)
+            raise
+        except Exception:
+            code = grpc.StatusCode.INTERNAL
+            log.exception("%s failed unexpectedly", method)
+            raise _Internal(method) from None
+        finally:
+            self._telemetry.rpc_requests.labels(method, code.name).inc()
+            self._telemetry.rpc_duration.labels(method).observe(self._clock() - started)
+
+    async def GetMetricSpec(
+        self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
+        try:
+            with self._observe("GetMetricSpec"):
+                _check_decoded(request)
+                # No I/O here: KEDA calls it on every poll and HPA request, and its failure defeats fallback.
+                # KEDA calls it first, when it reconciles the ScaledObject: collection starts then, so
+                # data is there by the first GetMetrics.
+                followed, spec = self._follow(request)
+                return _spec_response(spec, followed.targets.target(spec))
+        except ScalerError as error:
+            await _abort(context, error)
+
+    async def GetMetrics(
+        self, request: pb.GetMetricsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> Any:
+        try:
+            with self._observe("GetMetrics"):
+                _check_decoded(request)
+                followed, spec = self._follow(request.scaledObjectRef)
+                if request.metricName.lower() != spec.metric_name.lower():
+                    raise UnknownMetric(
+                        f"metric {quoted(request.metricName)} is not served by this trigger; it serves"
+                        f" {spec.metric_name!r}"
+                    )
+                evaluation = self._evaluator.evaluate(followed, spec)
+                value = pb.MetricValue(
+                    metricName=spec.metric_name,
+                    metricValue=round_half_up(evaluation.value),
+                    metricValueFloat=evaluation.value,
+                )
+                return pb.GetMetricsResponse(metricValues=[value])
+        except ScalerError as error:
+            await _abort(context, error)
+
+    async def IsActive(self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        try:
+            with self._observe("IsActive"):
+                _check_decoded(request)
+                followed, spec = self._follow(request)
+                evaluation = self._evaluator.evaluate(followed, spec)
+                if evaluation.activity_unknown is not None:
+                    raise NoData(evaluation.activity_unknown)  # SPEC §4: never `false` for what is not seen
+                return pb.IsActiveResponse(result=evaluation.active)
+        except ScalerError as error:
+            await _abort(context, error)
+
+    async def StreamIsActive(
+        self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.IsActiveResponse]:
+        async for _ in self._stream(self._activity_streams, request, context, self._activations):
+            self._telemetry.stream_pushes.inc()
+            yield pb.IsActiveResponse(result=True)
+
+    async def StreamMetricSpec(
+        self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[pb.GetMetricSpecResponse]:
+        async for response in self._stream(self._spec_streams, request, context, self._spec_updates):
+            yield response
+
+    async def _stream(
+        self,
+        slots: _StreamSlots,
+        request: pb.ScaledObjectRef,
+        context: grpc.aio.ServicerContext[Any, Any],
+        messages: Callable[[pb.ScaledObjectRef, TriggerSpec], AsyncIterator[Message]],
+    ) -> AsyncIterator[Message]:
+        """Every stream's life: opened as the unary call on the same ref would answer (its errors), within
+        --max-streams, counted while open; it ends when the client goes (cancelled) or at shutdown."""
+        try:
+            with self._observe(slots.method):
+                _check_decoded(request)
+                _, spec = self._follow(request)
+                slots.check()
+        except ScalerError as error:
+            await _abort(context, error)
+        with slots.held():
+            async for message in messages(request, spec):
+                yield message
+
+    async def _spec_updates(
+        self, ref: pb.ScaledObjectRef, spec: TriggerSpec
+    ) -> AsyncIterator[pb.GetMetricSpecResponse]:
+        """The specs GetMetricSpec answers, at once, then each published change of the target: never an
+        empty list, never the same specs twice in a row."""
+        sent: pb.GetMetricSpecResponse | None = None
+        counted: Followed | None = None  # where this stream is counted open (a learned target's push)
+        try:
+            while not self._closing:
+                followed = await self._follow_for_stream(ref, spec)
+                if followed is None:
+                    continue
+                if counted is not followed:
+                    if counted is not None:
+                        counted.spec_streams -= 1
+                    counted = followed
+                    followed.spec_streams += 1
+                targets = followed.targets
+                response = _spec_response(spec, targets.target(spec))
+                seen = targets.version
+                if response != sent:
+                    self._telemetry.spec_updates.labels("open" if sent is None else "change").inc()
+                    sent = response
+                    yield response
+                await targets.wait_for_change(seen, self._stream_recheck)
+        finally:
+            if counted is not None:
+                counted.spec_streams -= 1
+
+    async def _follow_for_stream(self, ref: pb.ScaledObjectRef, spec: TriggerSpec) -> Followed | None:
+        """Follow the ScaledObject again (keeping it and its targets alive while a stream is open); None,
+        after a wait, when it was forgotten and there is no room to follow it again now."""
+        try:
+            return self._registry.follow(ref.namespace, ref.name, spec)
+        except ResourceExhausted:
+            # Forgotten, and no room to follow it again now: what was sent stands.
+            namespace = ref.namespace
+            await self._store.wait_for_change(namespace, self._store.version(namespace), self._stream_recheck)
+            return None
+
+    async def _activations(self, ref: pb.ScaledObjectRef, spec: TriggerSpec) -> AsyncIterator[None]:
+        """Yield once per inactive→active transition (and at once if active when opened). Never false.
+
+        Every `true` restarts KEDA's cooldown, so repeating it while active would delay scale-to-zero.
+        While data is missing the last known state is kept: an outage is not a transition.
+        """
+        was_active = False
+        while not self._closing:
+            seen = self._store.version(ref.namespace)
+            try:
+                # Following on every round keeps the ScaledObject's state alive while its stream is open.
+                followed = self._registry.follow(ref.namespace, ref.name, spec)
+                evaluation = self._evaluator.evaluate(followed, spec)
+                active = was_active if evaluation.activity_unknown is not None else evaluation.active
+            except (NoData, ResourceExhausted):
+                active = was_active
+            if active and not was_active:
+                yield None
+            was_active = active
+            # Data also ages without any change, so re-check at least every recheck interval.
+            await self._store.wait_for_change(ref.namespace, seen, self._stream_recheck)
+
+    def _follow(self, ref: pb.ScaledObjectRef) -> tuple[Followed, TriggerSpec]:
+        """The one path of every call: metadata → trigger, checked against this server, ScaledObject followed."""
+        spec = parse_trigger(ref.scalerMetadata)
+        self._evaluator.check(spec)
+        return self._registry.follow(ref.namespace, ref.name, spec), spec
+
+
+def _spec_response(spec: TriggerSpec, target: float) -> pb.GetMetricSpecResponse:
+    metric = pb.MetricSpec(metricName=spec.metric_name, targetSize=math.ceil(target), targetSizeFloat=target)
+    return pb.GetMetricSpecResponse(metricSpecs=[metric])
+
+
+class _StreamSlots:
+    """The open streams of one RPC: at most --max-streams at once, shown on /metrics while open."""
+
+    def __init__(self, method: str, limit: int, gauge: Gauge) -> None:
+        self.method = method
+        self.open = 0
+        self._limit = limit
+        self._gauge = gauge
+
+    def check(self) -> None:
+        if self.open >= self._limit:
+            raise TooManyStreams(
+                f"{self.open} {self.method} streams are open, the limit (--max-streams) is {self._limit}"
+            )
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        self.open += 1
+        self._gauge.inc()
+        try:
+            yield
+        finally:
+            self.open -= 1
+            self._gauge.dec()
+
+
+class _Internal(ScalerError):
+    """An unexpected failure: INTERNAL on the wire, as status_for answers for any unmapped error (its
+    trace is in the log, not in the answer)."""
+
+    def __init__(self, method: str) -> None:
+        super().__init__(f"{method} failed unexpectedly; the scaler's log has the details")
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: ScalerError) -> NoReturn:
+    await context.abort(status_for(error), str(error))
+    raise AssertionError("unreachable: abort raises")
+
+
+class HealthStatus:
+    """The grpc.health.v1 services of the scaler: SERVING while running, NOT_SERVING once shutting down."""
+
+    def __init__(self) -> None:
+        # grpc-stubs predates grpc_health's asyncio servicer.
+        self.servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
+
+    async def set_serving(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in (*HEALTH_SERVICES, SERVICE_NAME):
+            await self.servicer.set(name, status)
+
+
+class Undecodable:
+    """A request whose bytes are not the message the method takes (answered INVALID_ARGUMENT, not UNKNOWN)."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _lenient(message: Any) -> Callable[[bytes], Any]:
+    # gRPC answers a request its deserializer rejects with UNKNOWN and no word of why: a caller's bad
+    # bytes are a bad argument, so the method itself answers, naming the message it expected.
+    def parse(data: bytes) -> Any:
+        try:
+            return message.FromString(data)
+        except DecodeError as error:
+            return Undecodable(f"the request is not a valid {message.DESCRIPTOR.full_name}: {error}")
+
+    return parse
+
+
+def _check_decoded(request: Any) -> None:
+    if isinstance(request, Undecodable):
+        raise ConfigError(request.error[:200])
+
+
+def _external_scaler_handlers(scaler: ExternalScalerService) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+    """The generated service's method table, with deserializers that let the methods answer bad bytes."""
+    ref, active = _lenient(pb.ScaledObjectRef), pb.IsActiveResponse.SerializeToString
+    return {
+        "IsActive": grpc.unary_unary_rpc_method_handler(scaler.IsActive, ref, active),
+        "StreamIsActive": grpc.unary_stream_rpc_method_handler(scaler.StreamIsActive, ref, active),
+        "GetMetricSpec": grpc.unary_unary_rpc_method_handler(
+            scaler.GetMetricSpec, ref, pb.GetMetricSpecResponse.SerializeToString
+        ),
+        "GetMetrics": grpc.unary_unary_rpc_method_handler(
+            scaler.GetMetrics, _lenient(pb.GetMetricsRequest), pb.GetMetricsResponse.SerializeToString
+        ),
+        "StreamMetricSpec": grpc.unary_stream_rpc_method_handler(
+            scaler.StreamMetricSpec, ref, pb.GetMetricSpecResponse.SerializeToString
+        ),
+    }
+
+
+def add_services(server: grpc.aio.Server, scaler: ExternalScalerService, health_status: HealthStatus) -> None:
+    handlers = _external_scaler_handlers(scaler)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    # Registered too, as the generated code does: grpc then finds the methods without the generic lookup.
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)  # type: ignore[attr-defined]
+    health_pb2_grpc.add_HealthServicer_to_server(health_status.servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+        server,
+    )
