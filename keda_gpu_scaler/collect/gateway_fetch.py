@@ -37,6 +37,7 @@ from keda_gpu_scaler.collect.gateway_token import (
     MintedTokens,
     TokenSource,
     TokenUnavailable,
+    audience,
 )
 from keda_gpu_scaler.collect.http import BearerToken, FetchError, HTTPStatusError, PageFetcher, is_https
 from keda_gpu_scaler.config.secretfile import SecretFile
@@ -175,6 +176,16 @@ class GatewayFetcher:
             f"; the identity needs a ClusterRole rule {METRICS_RULE} (the chart's gateway.metricsToken,"
             " manifests/components/gateway-metrics-token)"
         )
+        if self._token.sent(https) and isinstance(self._token.source, MintedTokens):
+            # The likeliest cause: a picker reviewing tokens for the API server's audience (llm-d's built-in
+            # --metrics-endpoint-auth), which a token scoped to one namespace never carries.
+            return (
+                f"{head}) and did not accept {self._token.holder(url)}, a token for the audience"
+                f" {audience(self._token.namespace(url))!r} only (never the API server's, so that a tenant"
+                " given it cannot read another namespace's picker): have the picker's metrics reviewed for"
+                " that audience, e.g. kube-rbac-proxy in front of it with --auth-token-audiences (docs/SECURITY.md,"
+                f" 'Endpoint picker pages and their token'); if it does, the token was revoked or expired{grant}"
+            )
         if self._token.sent(https):
             return (
                 f"{head}) and did not accept {self._token.holder(url)} (its TokenReview failed: the token is"

@@ -333,4 +333,7 @@ async def test_a_picker_refusing_every_token_costs_a_bounded_number_of_token_req
     await eventually(refused_twice_and_twenty_more, timeout=20)
     # Twenty refusals of the replacement, and it was not replaced again on each: the backoff holds.
     assert len(kube.tokens.minted) <= 3
-    await unavailable_saying(scaler, epp, "HTTP 401")
+    # What an operator reads: the picker refused a token scoped to one namespace's audience (llm-d's own
+    # metrics auth reviews for the API server's), and where to read how to have it checked.
+    await unavailable_saying(scaler, epp, "for the audience 'keda-gpu-scaler-epp:")
+    await unavailable_saying(scaler, epp, "docs/SECURITY.md")
