@@ -17,7 +17,7 @@ from pathlib import Path
 
 from bench.simulator.gpu import simulate_all
 from bench.simulator.llm_fleet import ServerModel
-from bench.simulator.llm_judge import JUDGED, judge
+from bench.simulator.llm_judge import JUDGE_ONLY, JUDGED, judge
 from bench.simulator.llm_policies import DEMAND_WINDOW, POD_RATE, POLICY_NAMES, REQUESTS_TARGET
 from bench.simulator.llm_run import Slo, run_matrix
 from bench.simulator.llm_traces import (
@@ -29,6 +29,8 @@ from bench.simulator.llm_traces import (
 )
 from keda_gpu_scaler.core.demand import MAX_WINDOW_SECONDS as MAX_WINDOW
 from keda_gpu_scaler.core.demand import MIN_WINDOW_SECONDS as MIN_WINDOW
+
+TWO_SPEED = 2.2  # `--two-speed`: every other pod this many times faster (issue #38's mixed pool)
 
 
 def _gpu(args: argparse.Namespace) -> int:
@@ -54,7 +56,10 @@ def _judge(args: argparse.Namespace, trace: LlmTrace, model: ServerModel) -> int
     slo = Slo(args.slo_ttft, args.slo_tpot_ms / 1000)
     started = time.monotonic()
     policies = tuple(args.policy) if args.policy else JUDGED
-    chosen, _ = judge(trace, args.seed, slo, args.slo_attainment, args.min_replicas, model, policies)
+    chosen, _ = judge(
+        trace, args.seed, slo, args.slo_attainment, args.min_replicas, model, policies,
+        start_scale=args.start_threshold_scale,
+    )  # fmt: skip
     print(f"judged {trace.name} in {time.monotonic() - started:.0f} s", file=sys.stderr)
     print(json.dumps(chosen, indent=1))
     return 0
@@ -66,7 +71,8 @@ def _llm(args: argparse.Namespace) -> int:
     except TraceFileError as error:
         print(f"python -m bench.simulator llm: {error}", file=sys.stderr)
         return 2
-    model = dataclasses.replace(ServerModel(), gateway_ttl=args.gateway_ttl)
+    speed = TWO_SPEED if args.two_speed else 1.0
+    model = dataclasses.replace(ServerModel(), gateway_ttl=args.gateway_ttl, fast_pod_speed=speed)
     if args.slo_attainment is not None:
         return _judge(args, traces[0], model)
     policies = tuple(args.policy) if args.policy else POLICY_NAMES
@@ -139,7 +145,24 @@ def main(argv: list[str] | None = None) -> int:
         metavar="SECONDS",
         help=f"the demand policies' window (default {DEMAND_WINDOW:g})",
     )
-    llm.add_argument("--policy", action="append", choices=POLICY_NAMES, help="only this policy; repeatable")
+    llm.add_argument(
+        "--policy",
+        action="append",
+        choices=POLICY_NAMES + JUDGE_ONLY,
+        help=f"only this policy; repeatable ({' and '.join(JUDGE_ONLY)}: with --slo-attainment only)",
+    )
+    llm.add_argument(
+        "--start-threshold-scale",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="recommended-auto's thresholdStart: F × the recommended threshold (default 1)",
+    )
+    llm.add_argument(
+        "--two-speed",
+        action="store_true",
+        help=f"a pool of two GPU speeds: every other pod serves {TWO_SPEED:g}× faster than the model's",
+    )
     llm.add_argument("--seed", type=int, default=1, help="random seed of arrivals and tokens (default 1)")
     llm.set_defaults(handler=_llm)
     args = parser.parse_args(argv)
@@ -155,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--slo-attainment {args.slo_attainment:g}: must be > 0 and ≤ 1")
     if args.command == "llm" and not (args.slo_ttft > 0 and args.slo_tpot_ms > 0):
         parser.error(f"--slo-ttft {args.slo_ttft:g} and --slo-tpot-ms {args.slo_tpot_ms:g}: both must be > 0")
+    if args.command == "llm" and not args.start_threshold_scale > 0:
+        parser.error(f"--start-threshold-scale {args.start_threshold_scale:g}: must be > 0")
+    judge_only = sorted(set(getattr(args, "policy", None) or ()) & set(JUDGE_ONLY))
+    if judge_only and getattr(args, "slo_attainment", None) is None:
+        parser.error(f"--policy {judge_only[0]}: judged only, give --slo-attainment")
     if getattr(args, "gateway_ttl", 1.0) <= 0:
         parser.error(f"--gateway-ttl {args.gateway_ttl:g}: must be > 0")
     handler = args.handler

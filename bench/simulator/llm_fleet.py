@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 
 
@@ -35,6 +35,9 @@ class ServerModel:
     gateway_ttl: float = 60.0  # llm-d EPP defaultRequestTTL (noEndpointRequestTTL follows it)
     saturation_queue: int = 5  # the EPP saturation detector's queue depth threshold
     saturation_kv: float = 0.8  # … and its KV-cache threshold
+    # Every other pod (odd serial) serves this many times faster: a pool of two GPU types behind one
+    # target (`--two-speed`). 1: every pod alike.
+    fast_pod_speed: float = 1.0
 
     @property
     def cold_start(self) -> float:
@@ -43,6 +46,20 @@ class ServerModel:
 
     def itl(self, batch: int) -> float:
         return self.itl_alpha + self.itl_beta * batch
+
+    def for_pod(self, serial: int) -> ServerModel:
+        """The model of the pod with this serial: the odd ones are `fast_pod_speed` times faster (each
+        decode step and prefill), with the same KV cache."""
+        speed = self.fast_pod_speed
+        if speed == 1.0 or serial % 2 == 0:
+            return self
+        return replace(
+            self,
+            itl_alpha=self.itl_alpha / speed,
+            itl_beta=self.itl_beta / speed,
+            prefill_tokens_per_second=self.prefill_tokens_per_second * speed,
+            fast_pod_speed=1.0,
+        )
 
 
 class Request:
@@ -406,7 +423,7 @@ class Fleet:
             warm = self._rng.uniform(*self.model.warm_start)
             node = self._rng.uniform(*self.model.node_start)
             ready_at = now + warm + (0.0 if self._take_node(now) else node)
-        self.pods.append(Pod(f"vllm-{self._serial}", now, ready_at, self.model))
+        self.pods.append(Pod(f"vllm-{self._serial}", now, ready_at, self.model.for_pod(self._serial)))
         self._serial += 1
 
     def _take_node(self, now: float) -> bool:

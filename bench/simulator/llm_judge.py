@@ -3,7 +3,9 @@
 For each policy, every setting of a small grid (its thresholds or targets scaled together, and the HPA's
 scale-down window) runs through the same arrivals, cold starts, loop phases and pod disruptions; the
 policy's answer is its cheapest setting that meets the SLO, or its highest-attainment one when none does.
-`recommended` is the README's configuration at the README's settings, not searched.
+`recommended` is the README's configuration at the README's settings, not searched; `recommended-tuned` is
+it with its demand threshold searched (a hand-tuned threshold), and `recommended-auto` is it with
+`threshold: auto` from `thresholdStart` = F × its threshold (`--start-threshold-scale F`), not searched.
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ from typing import Any
 from bench.simulator.autoscaling import Behavior
 from bench.simulator.llm_fleet import ServerModel
 from bench.simulator.llm_llmd import SloSignal
-from bench.simulator.llm_policies import POD_RATE, LlmPolicy, ScalerTrigger, make_policy
+from bench.simulator.llm_policies import (
+    POD_RATE,
+    DemandTrigger,
+    LlmPolicy,
+    ProductTrigger,
+    ScalerTrigger,
+    make_policy,
+)
 from bench.simulator.llm_run import Realism, Slo, simulate_llm
 from bench.simulator.llm_traces import Arrivals, LlmTrace, draw_arrivals
 
@@ -43,13 +52,19 @@ README_BEHAVIOR = Behavior(down_window=120.0, down_percent=50.0, down_period=60.
 # against the 50 a pod holds at its latency target) can reach its own cheapest setting.
 SCALES = (0.5, 0.7, 1.0, 1.4, 2.0, 2.8)
 DOWN_WINDOWS = (60.0, 120.0, 300.0)  # s: the HPA's scale-down stabilisation window
+# The README's configuration with `threshold: auto`, and with its demand threshold hand-tuned: × each of
+# TUNED_SCALES (finer than SCALES: the learned target is held to the cheapest of these).
+AUTO = "recommended-auto"
+TUNED = "recommended-tuned"
+TUNED_SCALES = (0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.4)
+JUDGE_ONLY = (AUTO, TUNED)
 
 
 @dataclasses.dataclass(frozen=True)
 class Job:
     trace: LlmTrace
     policy: str
-    scale: float | None  # None: the policy as configured (recommended)
+    scale: float | None  # None: the policy as configured (recommended); recommended-auto: F
     down_window: float | None
     seed: int
     min_replicas: int | None
@@ -59,8 +74,15 @@ class Job:
 
 
 def configured(job: Job) -> LlmPolicy:
-    if job.policy == "recommended":
+    if job.policy in ("recommended", *JUDGE_ONLY):
         policy = make_policy(RECOMMENDED, job.min_replicas, behavior=README_BEHAVIOR)
+        demand = policy.triggers[0]
+        assert isinstance(demand, DemandTrigger)
+        if job.policy == TUNED:
+            demand.threshold *= job.scale or 1.0
+            demand.metadata["threshold"] = f"{demand.threshold!r}"
+        elif job.policy == AUTO:
+            demand.learn(demand.threshold * (job.scale or 1.0))
         policy.triggers.append(ScalerTrigger("requests", README_GUARD))
         policy.name = job.policy
         return policy
@@ -89,7 +111,22 @@ def run_job(job: Job) -> dict[str, Any]:
         seed=job.seed, realism=job.realism, slo=job.slo,
     )  # fmt: skip
     setting = {"threshold_scale": job.scale, "down_window_seconds": policy.behavior.down_window}
-    return run.summary() | {"setting": setting, "disruptions": run.disruptions}
+    return run.summary() | {"setting": setting, "disruptions": run.disruptions} | _learned(policy, job)
+
+
+def _learned(policy: LlmPolicy, job: Job) -> dict[str, Any]:
+    """A learned target's record: where it started, each move the HPA received, and moves per hour."""
+    if job.policy != AUTO:
+        return {}
+    demand = policy.triggers[0]
+    assert isinstance(demand, ProductTrigger)
+    changes = demand.target_changes
+    return {
+        "threshold_start": float(demand.metadata["thresholdStart"]),
+        "learned_target": demand.threshold,
+        "target_changes": [(round(at), round(target, 1)) for at, target in changes],
+        "target_changes_per_hour": round(len(changes) / (job.trace.duration / 3600), 2),
+    }
 
 
 def choose(rows: Iterable[dict[str, Any]], goal: float) -> dict[str, Any]:
@@ -106,13 +143,20 @@ def choose(rows: Iterable[dict[str, Any]], goal: float) -> dict[str, Any]:
 
 def jobs(
     trace: LlmTrace, policies: Iterable[str], seed: int, min_replicas: int | None, model: ServerModel,
-    slo: Slo, realism: Realism,
+    slo: Slo, realism: Realism, start_scale: float = 1.0,
 ) -> list[Job]:  # fmt: skip
-    grid = [
-        Job(trace, name, scale, window, seed, min_replicas, model, slo, realism)
-        for name, scale, window in itertools.product(policies, SCALES, DOWN_WINDOWS)
+    policies = tuple(policies)
+    searched = [name for name in policies if name not in JUDGE_ONLY]
+    settings = [
+        *itertools.product(searched, SCALES, DOWN_WINDOWS),
+        *((TUNED, scale, None) for scale in TUNED_SCALES if TUNED in policies),
+        *([(AUTO, start_scale, None)] if AUTO in policies else []),
+        ("recommended", None, None),
     ]
-    return [*grid, Job(trace, "recommended", None, None, seed, min_replicas, model, slo, realism)]
+    return [
+        Job(trace, name, scale, window, seed, min_replicas, model, slo, realism)
+        for name, scale, window in settings
+    ]
 
 
 def judge(
@@ -125,9 +169,12 @@ def judge(
     policies: Iterable[str] = JUDGED,
     realism: Realism | None = None,
     processes: int = 2,
+    start_scale: float = 1.0,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(one chosen row per policy and `recommended`, every row of the search)."""
-    work = jobs(trace, policies, seed, min_replicas, model or ServerModel(), slo, realism or Realism())
+    """(one chosen row per policy and `recommended`, every row of the search); `start_scale`:
+    recommended-auto's thresholdStart ÷ the recommended threshold."""
+    model, realism = model or ServerModel(), realism or Realism()
+    work = jobs(trace, policies, seed, min_replicas, model, slo, realism, start_scale)
     if processes > 1:
         with Pool(processes) as pool:
             rows = pool.map(run_job, work, chunksize=1)

@@ -67,8 +67,20 @@ class ProductTrigger(Trigger):
     def __init__(self, threshold: float, metadata: dict[str, str]) -> None:
         self.threshold = threshold
         self.metadata = {"threshold": f"{threshold!r}", "podNamePrefix": "vllm-", **metadata}
+        self.target_changes: list[tuple[float, float]] = []  # a learned target's moves: (time, target)
+
+    def learn(self, start: float) -> None:
+        """`threshold: auto` from `thresholdStart: start`, on an `external-push` trigger: the HPA holds
+        the target the product publishes (StreamMetricSpec), asked as GetMetricSpec at each HPA read."""
+        self.threshold = start
+        self.metadata |= {"threshold": "auto", "thresholdStart": f"{start!r}"}
 
     def value(self, signals: Signals) -> float | None:
+        if self.metadata["threshold"] == "auto":
+            target = signals.cluster.target(signals, self.metadata)
+            if target != self.threshold:
+                self.threshold = target
+                self.target_changes.append((signals.now, target))
         return signals.cluster.metric(signals, self.metadata)
 
     def active(self, signals: Signals) -> bool | None:

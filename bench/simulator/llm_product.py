@@ -252,6 +252,16 @@ class SimulatedScaler:
             raise
         return float(answer.metricValues[0].metricValueFloat)
 
+    def target(self, ref: pb.ScaledObjectRef) -> float:
+        """GetMetricSpec's target now: what an `external-push` trigger's HPA holds, since KEDA receives
+        every change the product publishes on StreamMetricSpec, and GetMetricSpec answers the last one.
+        The ScaledObject counts one spec stream open, as KEDA v2.21 keeps one for it."""
+        followed = self.app.registry.get(NAMESPACE, SCALED_OBJECT)
+        if followed is not None:
+            followed.spec_streams = 1
+        spec = _answer(self.app.service.GetMetricSpec(ref, cast(Any, _Context())))
+        return float(spec.metricSpecs[0].targetSizeFloat)
+
     def active(self, ref: pb.ScaledObjectRef) -> bool | None:
         """IsActive now; None: UNAVAILABLE."""
         try:
@@ -300,3 +310,6 @@ class LlmCluster:
 
     def active(self, signals: Signals, metadata: dict[str, str]) -> bool | None:
         return self.scaler.active(self.ask(signals, metadata))
+
+    def target(self, signals: Signals, metadata: dict[str, str]) -> float:
+        return self.scaler.target(self.ask(signals, metadata))
