@@ -112,8 +112,9 @@ def test_a_restarted_pod_resets_its_counters_fails_what_it_held_and_loads_again(
     fleet = busy_fleet()
     pod = fleet.ready_pods()[0]
     held, before = pod.inflight, fleet.tally.dropped
-    assert held > 0 and pod.prompt_tokens > 0
+    assert held > 0 and pod.prompt_tokens > 0 and sum(pod.ttft_buckets) > 0
     fleet.disrupt(1.0, 0.0, vanish=False, reload_seconds=70.0)
+    assert sum(pod.ttft_buckets) == sum(pod.tpot_buckets) == 0  # its latency histograms restart too
     assert pod in fleet.pods and pod not in fleet.ready_pods() and pod.ready_at == 71.0
     assert (pod.inflight, pod.finished, pod.prompt_tokens, pod.generation_tokens) == (0, 0, 0, 0.0)
     assert fleet.tally.dropped == before + held
