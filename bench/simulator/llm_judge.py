@@ -18,7 +18,7 @@ from typing import Any
 from bench.simulator.autoscaling import Behavior
 from bench.simulator.llm_fleet import ServerModel
 from bench.simulator.llm_llmd import SloSignal
-from bench.simulator.llm_policies import POD_RATE, LlmPolicy, ScalerTrigger, make_policy
+from bench.simulator.llm_policies import POD_RATE, DemandTrigger, LlmPolicy, ScalerTrigger, make_policy
 from bench.simulator.llm_run import Realism, Slo, simulate_llm
 from bench.simulator.llm_traces import Arrivals, LlmTrace, draw_arrivals
 
@@ -33,8 +33,9 @@ JUDGED = (
     "clairvoyant",
 )
 # The README's LLM ScaledObject: `demand` in tokens with inferencePool (its window, weight and measured
-# threshold), a `requests` guard at 64 per pod, and manifests/components/llm-hpa-behavior: scale-down
-# window 120 s, then at most half the pods a minute.
+# threshold) stating the user's SLO (the judge's targets and attainment), a `requests` guard at 64 per
+# pod, and manifests/components/llm-hpa-behavior: scale-down window 120 s, then at most half the pods a
+# minute.
 RECOMMENDED = "demand-tokens+pending"
 README_GUARD = 64.0
 README_BEHAVIOR = Behavior(down_window=120.0, down_percent=50.0, down_period=60.0)
@@ -61,6 +62,9 @@ class Job:
 def configured(job: Job) -> LlmPolicy:
     if job.policy == "recommended":
         policy = make_policy(RECOMMENDED, job.min_replicas, behavior=README_BEHAVIOR)
+        demand = policy.triggers[0]
+        assert isinstance(demand, DemandTrigger)
+        demand.metadata |= job.slo.metadata()
         policy.triggers.append(ScalerTrigger("requests", README_GUARD))
         policy.name = job.policy
         return policy
@@ -127,6 +131,7 @@ def judge(
     processes: int = 2,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(one chosen row per policy and `recommended`, every row of the search)."""
+    slo = dataclasses.replace(slo, attainment=goal)  # what `recommended` states, as a user would
     work = jobs(trace, policies, seed, min_replicas, model or ServerModel(), slo, realism or Realism())
     if processes > 1:
         with Pool(processes) as pool:
