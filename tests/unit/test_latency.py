@@ -168,7 +168,10 @@ def test_guarded_value(
     [
         (None, [1, 9], 0.0),  # no SLO: no headroom
         (SloTarget(2.0, None, 0.95), [10, 10, 10], 0.0),  # a steady rate needs none
-        (SloTarget(2.0, None, 0.95), [8, 12, 8, 12], 1.6448536 * 0.2),  # z(0.95) × CV
+        # z(0.95) × σ ÷ mean, σ² = Σ of the squared successive differences ÷ 2(n − 1) = 3 × 16 ÷ 6
+        (SloTarget(2.0, None, 0.95), [8, 12, 8, 12], 1.6448536 * 8**0.5 / 10),
+        # A step is one difference, not noise: σ² = 10² ÷ 10 (its spread around the mean would give σ = 5)
+        (SloTarget(2.0, None, 0.95), [10, 10, 10, 20, 20, 20], 1.6448536 * 10**0.5 / 15),
         (SloTarget(2.0, None, 0.5), [8, 12, 8, 12], 0.0),  # a median target: z = 0
         (SloTarget(2.0, None, 0.99), [1, 19, 1, 19], 1.0),  # bounded
         (SloTarget(2.0, None, 0.95), [10], None),  # one rate: not measured
