@@ -124,17 +124,19 @@ def guarded_value(
     """`value` (a sum over pods, for an AverageValue target of `threshold` per pod), raised while the
     measured quantile is over its target so that the HPA adds replicas; never lowered.
 
-    The rule: ready + extra pods, extra = ceil(ready × (measured ÷ target − 1)), at least 1 and more than
-    the HPA's tolerance (else a large fleet's +1 would be ignored), at most `ready` (doubling per sync, the
-    HPA's own default scale-up limit). The overshoot is proportional, as the HPA's rule is: a latency 30 %
-    over target asks for 30 % more pods, then the next sync reads again.
+    The rule: ready + extra pods, extra = the smallest step the HPA does not ignore (1, more than its
+    tolerance on a large fleet), every sync while the quantile stays over; the next sync reads again. Not
+    proportional to the overshoot: the quantile is interpolated in the engine's coarse buckets (vLLM's
+    1–2.5 s around a 2 s target) and lags the pods already starting, so a proportional step up to doubling
+    bought pods the demand did not need. On the simulator's developers' traces (seed 1, min 1, SLO 2 s /
+    50 ms / 0.95) one step against proportional: step 24.0k GPU-s both (0.992), spike 16.8k (0.809)
+    against 18.6k (0.818), day 125.2k against 125.9k (0.998), bursty 75.7k (0.689) against 80.1k (0.679),
+    mix-shift 78.0k against 79.5k (0.994).
     """
-    ratio = overshoot(reads, slo)
-    if ratio is None or ratio <= 1 or ready_pods < 1:
+    if (ratio := overshoot(reads, slo)) is None or ratio <= 1 or ready_pods < 1:
         return value
     beyond_tolerance = math.floor(ready_pods * HPA_TOLERANCE) + 1
-    extra = max(1, math.ceil(ready_pods * (ratio - 1)), beyond_tolerance)
-    return max(value, (ready_pods + min(extra, ready_pods)) * threshold)
+    return max(value, (ready_pods + beyond_tolerance) * threshold)
 
 
 # Never size above twice the mean rate for variability alone: past that the latency guard, which reads
