@@ -11,6 +11,7 @@ request TTL, then drops it. Constants and sources are in docs/BENCHMARKS.md (LLM
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import random
 from collections import deque
@@ -60,6 +61,19 @@ class ServerModel:
             prefill_tokens_per_second=self.prefill_tokens_per_second * speed,
             fast_pod_speed=1.0,
         )
+
+
+# vLLM's latency histograms' bucket bounds (vllm/v1/metrics/loggers.py), seconds: time to first token, and
+# time per output token (one observation per finished request: its mean after the first token).
+TTFT_BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+TPOT_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0)  # fmt: skip
+
+
+def observe(counts: list[int], bounds: tuple[float, ...], value: float) -> None:
+    """One observation into per-bucket (not cumulative) counts; the last count is the +Inf bucket's."""
+    counts[bisect.bisect_left(bounds, value)] += 1
 
 
 class Request:
@@ -135,7 +149,9 @@ class Pod:
         "request_output_sum",
         "request_prompt_sum",
         "running",
+        "tpot_buckets",
         "tpot_sum",
+        "ttft_buckets",
         "ttft_count",
         "ttft_sum",
     )
@@ -163,6 +179,8 @@ class Pod:
         self.tpot_sum = 0.0  # seconds per output token after the first, per finished request
         self.ttft_sum = 0.0
         self.ttft_count = 0
+        self.ttft_buckets = [0] * (len(TTFT_BOUNDS) + 1)  # per bucket, +Inf last (observe)
+        self.tpot_buckets = [0] * (len(TPOT_BOUNDS) + 1)
         self._serial = 0
 
     def ready(self, now: float) -> bool:
@@ -213,6 +231,7 @@ class Pod:
                 request.first_token = now + self.prefill_owed + model.itl(len(self.active) + 1)
                 tally.ttfts.append(request.first_token - request.arrived)
                 self.ttft_sum += request.first_token - request.arrived
+                observe(self.ttft_buckets, TTFT_BOUNDS, request.first_token - request.arrived)
                 self.ttft_count += 1
                 self.prompt_tokens += request.prompt
             request.start_clock = self.clock
@@ -253,6 +272,7 @@ class Pod:
                 self.request_prompt_sum += request.prompt
                 self.request_output_sum += request.output
                 self.tpot_sum += decode / max(1, request.output - 1)
+                observe(self.tpot_buckets, TPOT_BOUNDS, decode / max(1, request.output - 1))
                 tally.done_at.append(done)
                 tally.done_ttft.append(request.first_token - request.arrived)
                 tally.done_tpot.append(decode / (request.output - 1) if request.output > 1 else 0.0)
@@ -278,6 +298,8 @@ class Pod:
         self.generation_tokens = 0.0
         self.request_prompt_sum = self.request_output_sum = self.ttft_count = 0
         self.tpot_sum = self.ttft_sum = 0.0
+        self.ttft_buckets = [0] * (len(TTFT_BOUNDS) + 1)
+        self.tpot_buckets = [0] * (len(TPOT_BOUNDS) + 1)
 
     def _preempt(self, tally: Tally) -> None:
         """KV full: the most recently admitted requests go back to the head of the queue (recompute)."""

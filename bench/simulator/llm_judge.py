@@ -42,8 +42,9 @@ JUDGED = (
     "clairvoyant",
 )
 # The README's LLM ScaledObject: `demand` in tokens with inferencePool (its window, weight and measured
-# threshold), a `requests` guard at 64 per pod, and manifests/components/llm-hpa-behavior: scale-down
-# window 120 s, then at most half the pods a minute.
+# threshold) stating the user's SLO (the judge's targets and attainment), a `requests` guard at 64 per
+# pod, and manifests/components/llm-hpa-behavior: scale-down window 120 s, then at most half the pods a
+# minute.
 RECOMMENDED = "demand-tokens+pending"
 README_GUARD = 64.0
 README_BEHAVIOR = Behavior(down_window=120.0, down_percent=50.0, down_period=60.0)
@@ -78,6 +79,7 @@ def configured(job: Job) -> LlmPolicy:
         policy = make_policy(RECOMMENDED, job.min_replicas, behavior=README_BEHAVIOR)
         demand = policy.triggers[0]
         assert isinstance(demand, DemandTrigger)
+        demand.metadata |= job.slo.metadata()
         if job.policy == TUNED:
             demand.threshold *= job.scale or 1.0
             demand.metadata["threshold"] = f"{demand.threshold!r}"
@@ -173,6 +175,7 @@ def judge(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(one chosen row per policy and `recommended`, every row of the search); `start_scale`:
     recommended-auto's thresholdStart ÷ the recommended threshold."""
+    slo = dataclasses.replace(slo, attainment=goal)  # what `recommended` states, as a user would
     model, realism = model or ServerModel(), realism or Realism()
     work = jobs(trace, policies, seed, min_replicas, model, slo, realism, start_scale)
     if processes > 1:

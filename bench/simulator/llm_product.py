@@ -13,11 +13,12 @@ are read are rendered.
 from __future__ import annotations
 
 import math
-from collections.abc import Coroutine, Hashable, Iterable
+from collections.abc import Coroutine, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 import grpc
 
+from bench.simulator.llm_fleet import TPOT_BOUNDS, TTFT_BOUNDS
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb  # KEDA's wire messages (externalscaler.proto)
 from keda_gpu_scaler.app import App
 from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink
@@ -59,17 +60,30 @@ def exporter_url(pod: str) -> str:
     return f"http://node-{pod}:9400/metrics"
 
 
-def _histogram(name: str, help_text: str, total: float, count: int) -> str:
+def _histogram(
+    name: str,
+    help_text: str,
+    total: float,
+    count: int,
+    bounds: tuple[float, ...] = (),
+    counts: Sequence[int] = (),
+) -> str:
+    """A histogram family: cumulative `le` buckets from per-bucket `counts` (+Inf last), or the +Inf one only."""
     labels = _ENGINE_LABELS
+    buckets, cumulative = [], 0
+    for bound, in_bucket in zip(bounds, counts, strict=False):
+        cumulative += in_bucket
+        buckets.append(f'{name}_bucket{{{labels},le="{bound!r}"}} {float(cumulative)!r}\n')
     return (
-        f"# HELP {name} {help_text}\n# TYPE {name} histogram\n"
+        f"# HELP {name} {help_text}\n# TYPE {name} histogram\n{''.join(buckets)}"
         f'{name}_bucket{{{labels},le="+Inf"}} {float(count)!r}\n'
         f"{name}_sum{{{labels}}} {float(total)!r}\n{name}_count{{{labels}}} {float(count)!r}\n"
     )
 
 
 def vllm_text(page: Page) -> bytes:
-    """One pod's vLLM /metrics page: gauges, counters and the per-request histograms (one bucket each)."""
+    """One pod's vLLM /metrics page: gauges, counters, the per-request token histograms (their +Inf bucket)
+    and the latency histograms with vLLM's buckets, which the product's latency guard reads."""
     gauges_and_counters = vllm_page(
         MODEL,
         [EngineLoad(page.running, page.waiting, page.kv)],
@@ -83,10 +97,20 @@ def vllm_text(page: Page) -> bytes:
             "vllm:request_generation_tokens", "Generated tokens per request.", page.output_sum, page.finished
         ),
         _histogram(
-            "vllm:time_to_first_token_seconds", "Time to first token.", page.ttft_sum, page.ttft_count
+            "vllm:time_to_first_token_seconds",
+            "Time to first token.",
+            page.ttft_sum,
+            page.ttft_count,
+            TTFT_BOUNDS,
+            page.ttft_buckets,
         ),
         _histogram(
-            "vllm:time_per_output_token_seconds", "Time per output token.", page.tpot_sum, page.finished
+            "vllm:time_per_output_token_seconds",
+            "Time per output token.",
+            page.tpot_sum,
+            page.finished,
+            TPOT_BOUNDS,
+            page.tpot_buckets,
         ),
     )
     return (gauges_and_counters + "".join(histograms)).encode()

@@ -25,6 +25,15 @@ class Slo:
 
     ttft: float = 2.0  # s
     tpot: float = 0.050  # s
+    attainment: float = 0.95  # the share of requests that must meet both (what the user states)
+
+    def metadata(self) -> dict[str, str]:
+        """The SLO as a demand trigger states it (sloTtftSeconds, sloTpotMs, sloAttainment)."""
+        return {
+            "sloTtftSeconds": f"{self.ttft:g}",
+            "sloTpotMs": f"{self.tpot * 1000:g}",
+            "sloAttainment": f"{self.attainment:g}",
+        }
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,9 @@ from bench.simulator.llm_product import LlmCluster
 @dataclass(frozen=True, slots=True)
 class Page:
     """One pod's inference page at one instant: vllm:num_requests_running/waiting, kv_cache_usage_perc,
-    the counters request_success_total, prompt_tokens_total and generation_tokens_total, and the sums of
-    the per-request histograms (prompt and generated tokens, time to first token, time per output token)."""
+        the counters request_success_total, prompt_tokens_total and generation_tokens_total, and the sums of
+        the per-request histograms (prompt and generated tokens, time to first token, time per output token) and
+    the latency histograms' bucket counts."""
 
     running: int
     waiting: int
@@ -30,6 +31,8 @@ class Page:
     ttft_sum: float = 0.0
     ttft_count: int = 0
     tpot_sum: float = 0.0
+    ttft_buckets: tuple[int, ...] = ()  # per bucket of llm_fleet.TTFT_BOUNDS, +Inf last; (): none printed
+    tpot_buckets: tuple[int, ...] = ()  # … of TPOT_BOUNDS
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,8 @@ class Signals:
                 p.ttft_sum,
                 p.ttft_count,
                 p.tpot_sum,
+                tuple(p.ttft_buckets),
+                tuple(p.tpot_buckets),
             )
             for p in fleet.ready_pods()
         }

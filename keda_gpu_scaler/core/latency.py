@@ -9,6 +9,7 @@ asks for. No requests in the window is no read: a latency is never made up.
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -123,17 +124,19 @@ def guarded_value(
     """`value` (a sum over pods, for an AverageValue target of `threshold` per pod), raised while the
     measured quantile is over its target so that the HPA adds replicas; never lowered.
 
-    The rule: ready + extra pods, extra = ceil(ready × (measured ÷ target − 1)), at least 1 and more than
-    the HPA's tolerance (else a large fleet's +1 would be ignored), at most `ready` (doubling per sync, the
-    HPA's own default scale-up limit). The overshoot is proportional, as the HPA's rule is: a latency 30 %
-    over target asks for 30 % more pods, then the next sync reads again.
+    The rule: ready + extra pods, extra = the smallest step the HPA does not ignore (1, more than its
+    tolerance on a large fleet), every sync while the quantile stays over; the next sync reads again. Not
+    proportional to the overshoot: the quantile is interpolated in the engine's coarse buckets (vLLM's
+    1–2.5 s around a 2 s target) and lags the pods already starting, so a proportional step up to doubling
+    bought pods the demand did not need. On the simulator's developers' traces (seed 1, min 1, SLO 2 s /
+    50 ms / 0.95) one step against proportional: step 24.0k GPU-s both (0.992), spike 16.8k (0.809)
+    against 18.6k (0.818), day 125.2k against 125.9k (0.998), bursty 75.7k (0.689) against 80.1k (0.679),
+    mix-shift 78.0k against 79.5k (0.994).
     """
-    ratio = overshoot(reads, slo)
-    if ratio is None or ratio <= 1 or ready_pods < 1:
+    if (ratio := overshoot(reads, slo)) is None or ratio <= 1 or ready_pods < 1:
         return value
     beyond_tolerance = math.floor(ready_pods * HPA_TOLERANCE) + 1
-    extra = max(1, math.ceil(ready_pods * (ratio - 1)), beyond_tolerance)
-    return max(value, (ready_pods + min(extra, ready_pods)) * threshold)
+    return max(value, (ready_pods + beyond_tolerance) * threshold)
 
 
 # Never size above twice the mean rate for variability alone: past that the latency guard, which reads
@@ -142,17 +145,27 @@ MAX_HEADROOM = 1.0
 
 
 def headroom(slo: SloTarget | None, rates: Sequence[float]) -> float | None:
-    """The share to add to the demand so that the SLO holds while the arrival rate varies: z × CV.
+    """The share to add to the demand so that the SLO holds while the arrival rate varies: z × σ ÷ mean.
 
     Sizing for mean × (1 + z·σ/mean) = mean + z·σ covers the arrival rate in `attainment` of the
     intervals when it varies normally around its mean (the safety-stock rule): z is the normal quantile
-    of the attainment (1.64 at 0.95), σ/mean the coefficient of variation of the summed arrival rate
-    over the window's points. A steady rate needs none; bounded to [0, MAX_HEADROOM]. No SLO: 0. Fewer
-    than two rates, or none arriving: None (not measured, never a made-up share).
+    of the attainment (1.64 at 0.95). σ is the noise of the summed arrival rate, from its successive
+    differences (von Neumann: σ² = Σ(xᵢ₊₁ − xᵢ)² ÷ 2(n − 1)), not the spread around the mean: a step or a
+    daily trend is followed by the demand itself, and counting it as noise kept 10 minutes of up to
+    100 % extra pods after every step. Chosen on the simulator's developers' traces (seed 1, min 1, SLO
+    2 s / 50 ms / 0.95), against the spread: step 33.0k → 24.0k GPU-s (attainment 0.992 both), day
+    152.9k → 125.9k (0.998), mix-shift 81.6k → 79.5k (0.995 → 0.994); where bursts are shorter than a
+    cold start nothing meets it: spike 15.2k → 18.6k (0.795 → 0.818), bursty 85.1k → 80.1k (0.685 →
+    0.679). MAX_HEADROOM at 0.5 gave the same on step, spike, day and mix-shift and less on bursty
+    (0.613 at 76.5k): it stays 1. A steady rate needs none;
+    bounded to [0, MAX_HEADROOM]. No SLO: 0. Fewer than two rates, or none arriving: None (not
+    measured, never a made-up share).
     """
     if slo is None:
         return 0.0
     if len(rates) < 2 or (mean := statistics.fmean(rates)) <= 0:
         return None
     z = statistics.NormalDist().inv_cdf(slo.attainment)
-    return min(MAX_HEADROOM, max(0.0, z * statistics.pstdev(rates) / mean))
+    steps = [after - before for before, after in itertools.pairwise(rates)]
+    noise = math.sqrt(math.fsum(step * step for step in steps) / (2 * len(steps)))
+    return min(MAX_HEADROOM, max(0.0, z * noise / mean))

@@ -151,10 +151,11 @@ def read_of(kind: str, quantile: float | None) -> LatencyRead:
     [
         (4, 1.0, 0.04, 30.0, 30.0),  # within both targets: unchanged
         (4, 2.0, 0.04, 30.0, 30.0),  # exactly on target: unchanged
-        (4, 2.6, 0.04, 30.0, 60.0),  # 30 % over: ceil(4 × 0.3) = 2 more pods → 6 × 10
-        (4, 1.0, 0.1, 30.0, 80.0),  # TPOT 2× over: 4 more (at most doubling)
-        (4, 9.0, 0.04, 30.0, 80.0),  # far over: still at most doubling
+        (4, 2.6, 0.04, 30.0, 50.0),  # 30 % over: one pod more (the smallest step the HPA takes) → 5 × 10
+        (4, 1.0, 0.1, 30.0, 50.0),  # TPOT 2× over: still one (the next sync reads again)
+        (4, 9.0, 0.04, 30.0, 50.0),  # far over: still one
         (20, 2.1, 0.04, 150.0, 230.0),  # 5 % over: 1 pod is within the HPA's tolerance, so 3
+        (20, 9.0, 0.04, 150.0, 230.0),  # far over a large fleet: the same step
         (4, 2.6, 0.04, 90.0, 90.0),  # never lowered
         (0, 9.0, 0.04, 30.0, 30.0),  # no ready pod: nothing to scale from
         (4, None, None, 30.0, 30.0),  # no read: no made-up latency
@@ -174,7 +175,10 @@ def test_guarded_value(
     [
         (None, [1, 9], 0.0),  # no SLO: no headroom
         (SloTarget(2.0, None, 0.95), [10, 10, 10], 0.0),  # a steady rate needs none
-        (SloTarget(2.0, None, 0.95), [8, 12, 8, 12], 1.6448536 * 0.2),  # z(0.95) × CV
+        # z(0.95) × σ ÷ mean, σ² = Σ of the squared successive differences ÷ 2(n − 1) = 3 × 16 ÷ 6
+        (SloTarget(2.0, None, 0.95), [8, 12, 8, 12], 1.6448536 * 8**0.5 / 10),
+        # A step is one difference, not noise: σ² = 10² ÷ 10 (its spread around the mean would give σ = 5)
+        (SloTarget(2.0, None, 0.95), [10, 10, 10, 20, 20, 20], 1.6448536 * 10**0.5 / 15),
         (SloTarget(2.0, None, 0.5), [8, 12, 8, 12], 0.0),  # a median target: z = 0
         (SloTarget(2.0, None, 0.99), [1, 19, 1, 19], 1.0),  # bounded
         (SloTarget(2.0, None, 0.95), [10], None),  # one rate: not measured

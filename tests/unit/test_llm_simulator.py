@@ -19,11 +19,21 @@ if str(ROOT) not in sys.path:
 
 from bench.simulator.__main__ import main  # noqa: E402
 from bench.simulator.autoscaling import Behavior, Hpa  # noqa: E402
-from bench.simulator.llm_fleet import Fleet, Pod, Request, ServerModel, Tally  # noqa: E402
+from bench.simulator.llm_fleet import (  # noqa: E402
+    TPOT_BOUNDS,
+    TTFT_BOUNDS,
+    Fleet,
+    Pod,
+    Request,
+    ServerModel,
+    Tally,
+    observe,
+)
 from bench.simulator.llm_policies import (  # noqa: E402
     POD_RATE,
     LlmPolicy,
     OracleTrigger,
+    ProductTrigger,
     Trigger,
     demand_threshold,
     make_policy,
@@ -387,3 +397,33 @@ def test_more_seeds_add_to_the_runs_of_the_first_instead_of_replacing_them() -> 
     runs = extend({("wake", "requests"): [first]}, {("wake", "requests"): [second], ("wake", "x"): [other]})
     assert runs[("wake", "requests")] == [first, second]
     assert runs[("wake", "x")] == [other]
+
+
+def test_the_products_latency_guard_reads_the_simulated_pods_ttft_buckets() -> None:
+    """The same steady demand; only the TTFT the pod's histogram shows differs, read through the
+    product with a 2 s target: 0.1 s keeps the demand, 6 s over target adds a pod's worth."""
+
+    def view(at: float, ttft: float) -> View:
+        done = int(at)  # 1 request/s finishes, steadily: no headroom for variability
+        ttfts = [0] * (len(TTFT_BOUNDS) + 1)
+        tpots = [0] * (len(TPOT_BOUNDS) + 1)
+        for _ in range(done):
+            observe(ttfts, TTFT_BOUNDS, ttft)
+            observe(tpots, TPOT_BOUNDS, 0.02)
+        page = Page(10, 0, 0.1, done, 1_000 * done, 200.0 * done, 1_000 * done, 200 * done,
+                    ttft * done, done, 0.02 * done, tuple(ttfts), tuple(tpots))  # fmt: skip
+        return View(at, {"vllm-0": page})
+
+    values = {}
+    for ttft in (0.1, 6.0):
+        trigger = make_policy("demand", window=30.0, threshold=1.0).triggers[0]
+        assert isinstance(trigger, ProductTrigger)
+        trigger.metadata["sloTtftSeconds"] = "2"
+        views = [view(t, ttft) for t in (0.0, 15.0, 30.0, 45.0, 60.0)]
+        signals = signals_with({}, scrapes=views[:1])
+        for later in views[1:]:
+            signals.scrapes.append(later)
+            signals.now, signals.ready = later.at, ("vllm-0",)
+            values[ttft] = trigger.value(signals)
+    assert values[0.1] == pytest.approx(1.0)
+    assert values[6.0] == pytest.approx(2.0)  # 1 Ready pod + 1: the guard's smallest step
