@@ -54,7 +54,7 @@ FORGET_POD_AFTER = 900.0
 # /work/shared/reference/llm-serving-model.md (H100 7 ms + 0.043 ms × batch; L40S 22.6 + 0.181 × batch).
 DEFAULT_TPOT_SECONDS = 0.050
 # The time to first token a level must keep (its median over the windows) unless the trigger's SLO states
-# one: below saturation a pod's mean is a prefill (0.05–0.4 s in the model of llm-serving-model.md); past
+# one: below saturation a pod's mean is about a prefill (0.05–0.4 s in the simulator); past
 # it requests queue and the mean reaches seconds within a window.
 DEFAULT_TTFT_SECONDS = 2.0
 # A level's median of the windows' mean TTFT must stay within this share of the TTFT target: with

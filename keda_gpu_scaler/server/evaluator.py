@@ -121,14 +121,12 @@ class Evaluator:
         subscription.sampled_at = now
         tracks = dict(snapshot.tracks)
         for row in evaluation.pod_rows:
-            track = tracks.get(row[0])
-            tokens = track.latency.get(f"{TPOT}:count", 0.0) if track is not None else 0.0
-            if track is not None and tokens > 0:
-                per_token = track.latency.get(f"{TPOT}:sum", math.nan) / tokens
-                first_token = _mean(track.latency, TTFT)
-                subscription.learner.observe(
-                    Sample(now, row[0], row[ROW_VALUE], per_token, tokens, first_token)
-                )
+            latency = tracks[row[0]].latency if row[0] in tracks else {}
+            per_token = _mean(latency, TPOT)
+            if per_token is not None:
+                tokens, first_token = latency[f"{TPOT}:count"], _mean(latency, TTFT)
+                sample = Sample(now, row[0], row[ROW_VALUE], per_token, tokens, first_token)
+                subscription.learner.observe(sample)
         subscription.learned = subscription.learner.update(now, [row[0] for row in evaluation.pod_rows])
         followed.targets.set(spec, subscription.learned.target)
 
