@@ -1,9 +1,13 @@
 """`threshold: auto` (SPEC §6): what one replica serves at the latency target, learned from its pods' pages.
 
-Pure: no I/O and no clock (every time is passed in). Each pod gets its own line, latency ≈ a + b × rate,
-fitted robustly over its recent samples; its capacity is the rate at which that line reaches the latency
-target. The target is the mean capacity of the Ready pods, so Σ demand ÷ target counts replicas' worth of
-work even in a pool of two GPU types or two model versions (the sum of n pods' capacities is n × their mean).
+Pure: no I/O and no clock (every time is passed in). Each pod's samples fall in load levels; a level met
+the target when its median time per output token and its median time to first token were within it. A
+pod's capacity is read from what it was seen to do, never extrapolated: the highest load level that met
+the target, with a small margin to try the next level, and below the lowest level above it that failed.
+A pod seen failing at every level it ran at gets a step down from the lowest. Latency stays flat until a
+pod saturates and then jumps (requests queue for the prefill): a line fitted below that knee cannot see
+it, the time to first token does. The target is the mean capacity of the Ready pods, so Σ demand ÷
+target counts replicas' worth of work even in a pool of two GPU types or two model versions.
 """
 
 from __future__ import annotations
@@ -18,21 +22,28 @@ from statistics import fmean, median
 # halve or double what the user chose, never run away.
 LOWEST_FACTOR = 0.5
 HIGHEST_FACTOR = 2.0
-# A change under MIN_STEP is noise and is ignored: each move makes KEDA rewrite the HPA. A move back the
-# other way needs REVERSAL_STEP (hysteresis), so a capacity near the middle of two steps cannot flap.
+# A change under MIN_STEP is noise and is ignored: each move makes KEDA rewrite the HPA. A move back up
+# after a move down (a failure seen) needs REVERSAL_STEP (hysteresis): a capacity between two steps cannot
+# flap, and a failure is acted on at the first step.
 MIN_STEP = 0.10
 REVERSAL_STEP = 0.20
-# At most one move per MIN_MOVE_INTERVAL seconds: the HPA's own scale-down window is 300 s, so the fleet
-# settles on one target before the next.
-MIN_MOVE_INTERVAL = 300.0
+# At most one move per MIN_MOVE_INTERVAL seconds (6 an hour): twice the HPA's own 300 s scale-down window,
+# so the fleet settles on one target, and its pods are seen at it, before the next.
+MIN_MOVE_INTERVAL = 600.0
 # A window's mean latency over fewer observations (tokens, or requests) than this says nothing about
 # load: an idle or nearly idle pod's mean is one request's luck.
 MIN_OBSERVATIONS = 20.0
-# A pod's line is fitted only from MIN_SAMPLES samples over MIN_LEVELS load levels at least; load levels
-# are LEVEL_WIDTH × thresholdStart wide, so the fit spans at least a fifth of the starting target.
+# A pod's capacity is read only from MIN_SAMPLES samples at least; load levels are LEVEL_WIDTH ×
+# thresholdStart wide, and a level says something only from MIN_LEVEL_SAMPLES samples (one odd window,
+# a burst the fleet had not scaled for yet, does not decide a level).
 MIN_SAMPLES = 10
-MIN_LEVELS = 3
+MIN_LEVEL_SAMPLES = 3
 LEVEL_WIDTH = 0.10
+# Above the highest level that met the target, a pod is trusted with TRY_ABOVE more (the next levels),
+# so a target started low climbs by steps as the pods are seen to serve more; a failure seen above
+# stops it. A pod failing at every level it ran at is given STEP_DOWN less than the lowest.
+TRY_ABOVE = 0.15
+STEP_DOWN = 0.10
 # Bounded memory: the newest MAX_SAMPLES_PER_POD samples of each pod (an hour at a 30 s cadence), at most
 # MAX_PODS pods, and a pod with no sample for FORGET_POD_AFTER seconds is gone (deleted or replaced).
 MAX_SAMPLES_PER_POD = 120
@@ -42,6 +53,13 @@ FORGET_POD_AFTER = 900.0
 # a second, faster than anyone reads, and reachable at a real batch by both GPUs of
 # /work/shared/reference/llm-serving-model.md (H100 7 ms + 0.043 ms × batch; L40S 22.6 + 0.181 × batch).
 DEFAULT_TPOT_SECONDS = 0.050
+# The time to first token a level must keep (its median over the windows) unless the trigger's SLO states
+# one: below saturation a pod's mean is about a prefill (0.05–0.4 s in the simulator); past
+# it requests queue and the mean reaches seconds within a window.
+DEFAULT_TTFT_SECONDS = 2.0
+# A level's median of the windows' mean TTFT must stay within this share of the TTFT target: with
+# requests queueing, a mean at the target leaves far more than the SLO's few percent beyond it.
+TTFT_SHARE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,18 +71,19 @@ class Sample:
     rate: float  # the pod's demand over the window, in the trigger's unit per second
     latency: float  # its mean time per output token over the window, seconds
     observations: float  # how many tokens (or requests) that mean is over
+    first_token: float | None = None  # its mean time to first token over the window, seconds
 
 
 @dataclass(frozen=True, slots=True)
 class PodFit:
-    """One pod's line and the capacity read from it; capacity None says why not in `note`."""
+    """One pod's evidence and the capacity read from it; capacity None says why not in `note`."""
 
     pod: str
     samples: int
-    levels: int
-    intercept: float | None  # seconds
-    slope: float | None  # seconds per unit of rate
-    capacity: float | None  # the rate at which the line reaches the latency target
+    levels: int  # load levels with enough samples to say something
+    met: float | None  # the highest level's rate that met the latency target
+    failed: float | None  # the lowest level's rate above `met` (or anywhere, without one) that failed
+    capacity: float | None
     note: str
 
 
@@ -75,6 +94,7 @@ class LearnedTarget:
     target: float
     start: float
     latency_target: float  # seconds per output token
+    first_token_limit: float  # seconds: the most a level's median time to first token may be
     mean_capacity: float | None  # over the Ready pods with a capacity; None: no fit yet
     proposed: float | None  # mean_capacity within the bounds
     bound: str  # which bound held: "none", "lower" (0.5× start) or "upper" (2× start)
@@ -89,9 +109,15 @@ class LearnedTarget:
 class Learner:
     """One `threshold: auto` trigger's learned target, from thresholdStart on."""
 
-    def __init__(self, start: float, latency_target: float = DEFAULT_TPOT_SECONDS) -> None:
+    def __init__(
+        self,
+        start: float,
+        latency_target: float = DEFAULT_TPOT_SECONDS,
+        first_token_target: float = DEFAULT_TTFT_SECONDS,
+    ) -> None:
         self.start = start
         self.latency_target = latency_target
+        self.first_token_limit = TTFT_SHARE * first_token_target
         self.target = start
         self._samples: dict[str, deque[Sample]] = {}
         self._moved_at = -math.inf
@@ -101,7 +127,7 @@ class Learner:
 
     def observe(self, sample: Sample) -> None:
         """Keep one pod's window, unless it cannot say anything about capacity."""
-        numbers = (sample.time, sample.rate, sample.latency, sample.observations)
+        numbers = (sample.time, sample.rate, sample.latency, sample.observations, sample.first_token or 1.0)
         if not all(math.isfinite(n) for n in numbers) or sample.rate < 0 or sample.latency <= 0:
             self._dropped_invalid += 1
             return
@@ -119,7 +145,9 @@ class Learner:
         """Move the target if the Ready pods' capacities say so and the rules allow; say why either way."""
         self._forget_gone(now)
         fits = tuple(
-            fit_pod(pod, self._samples[pod], LEVEL_WIDTH * self.start, self.latency_target)
+            fit_pod(
+                pod, self._samples[pod], LEVEL_WIDTH * self.start, self.latency_target, self.first_token_limit
+            )
             for pod in sorted(set(ready_pods))
             if pod in self._samples
         )
@@ -152,9 +180,9 @@ class Learner:
     def _move_towards(self, proposed: float, now: float) -> str:
         change = proposed / self.target - 1
         direction = 1 if change > 0 else -1
-        needed = REVERSAL_STEP if direction == -self._last_direction else MIN_STEP
+        needed = REVERSAL_STEP if direction == 1 and self._last_direction == -1 else MIN_STEP
         if abs(change) < needed:
-            kind = "a move back" if needed == REVERSAL_STEP else "a move"
+            kind = "a move back up" if needed == REVERSAL_STEP else "a move"
             return f"held: {change:+.1%} is less than the {needed:.0%} {kind} needs"
         since = now - self._moved_at
         if since < MIN_MOVE_INTERVAL:
@@ -175,6 +203,7 @@ class Learner:
             target=self.target,
             start=self.start,
             latency_target=self.latency_target,
+            first_token_limit=self.first_token_limit,
             mean_capacity=mean_capacity,
             proposed=proposed,
             bound=bound,
@@ -187,33 +216,47 @@ class Learner:
         )
 
 
-def fit_pod(pod: str, samples: Sequence[Sample], level_width: float, latency_target: float) -> PodFit:
-    """A pod's line through the medians of its load levels (Theil–Sen: robust to a few bad levels)."""
-    levels = _level_medians(samples, level_width)
-    if len(samples) < MIN_SAMPLES or len(levels) < MIN_LEVELS:
+def fit_pod(
+    pod: str, samples: Sequence[Sample], level_width: float, latency_target: float, first_token_limit: float
+) -> PodFit:
+    """A pod's capacity from the load levels it was seen at: never beyond what its levels show."""
+    levels = _levels(samples, level_width, latency_target, first_token_limit)
+    if len(samples) < MIN_SAMPLES or not levels:
         note = (
-            f"too few samples: {len(samples)} over {len(levels)} load levels"
-            f" (at least {MIN_SAMPLES} over {MIN_LEVELS} are needed)"
+            f"too few samples: {len(samples)}, {len(levels)} load levels with {MIN_LEVEL_SAMPLES} or more"
+            f" (at least {MIN_SAMPLES} samples and one such level are needed)"
         )
         return PodFit(pod, len(samples), len(levels), None, None, None, note)
-    slope = median(
-        (y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(levels) for x2, y2 in levels[i + 1 :] if x2 != x1
-    )
-    intercept = median(y - slope * x for x, y in levels)
-    if slope <= 0:
-        note = "latency does not rise with load over the levels seen: no capacity can be read"
-        return PodFit(pod, len(samples), len(levels), intercept, slope, None, note)
-    # A pod whose latency at no load already misses the target serves nothing within it.
-    capacity = max((latency_target - intercept) / slope, 0.0)
-    return PodFit(pod, len(samples), len(levels), intercept, slope, capacity, "")
+    met = [rate for rate, ok in levels if ok]
+    if not met:
+        failed = levels[0][0]
+        note = f"every level seen missed the latency target: {STEP_DOWN:.0%} below the lowest"
+        return PodFit(pod, len(samples), len(levels), None, failed, failed * (1 - STEP_DOWN), note)
+    best = max(met)
+    failed_above = [rate for rate, ok in levels if not ok and rate > best]
+    if not failed_above:
+        note = f"no level above the highest that met failed: {TRY_ABOVE:.0%} above it"
+        return PodFit(pod, len(samples), len(levels), best, None, best * (1 + TRY_ABOVE), note)
+    failed = min(failed_above)
+    capacity = min(best * (1 + TRY_ABOVE), (best + failed) / 2)
+    note = "between the highest level that met the latency target and the lowest above it that failed"
+    return PodFit(pod, len(samples), len(levels), best, failed, capacity, note)
 
 
-def _level_medians(samples: Sequence[Sample], level_width: float) -> list[tuple[float, float]]:
-    """(median rate, median latency) of each load level the samples fall in, by rising rate."""
+def _levels(
+    samples: Sequence[Sample], level_width: float, latency_target: float, first_token_limit: float
+) -> list[tuple[float, bool]]:
+    """(median rate, met the targets) of each load level with MIN_LEVEL_SAMPLES samples, by rising rate."""
     by_level: dict[int, list[Sample]] = {}
     for sample in samples:
         by_level.setdefault(math.floor(sample.rate / level_width), []).append(sample)
-    return [
-        (median(s.rate for s in level), median(s.latency for s in level))
-        for _, level in sorted(by_level.items())
-    ]
+    levels = []
+    for _, level in sorted(by_level.items()):
+        if len(level) < MIN_LEVEL_SAMPLES:
+            continue
+        first_tokens = [s.first_token for s in level if s.first_token is not None]
+        met = median(s.latency for s in level) <= latency_target and (
+            not first_tokens or median(first_tokens) <= first_token_limit
+        )
+        levels.append((median(s.rate for s in level), met))
+    return levels

@@ -3,17 +3,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from keda_gpu_scaler.collect.snapshot import Snapshot, Snapshots
 from keda_gpu_scaler.core.decide import Decision, decide
-from keda_gpu_scaler.core.learned_target import DEFAULT_TPOT_SECONDS, Learner, Sample
+from keda_gpu_scaler.core.learned_target import (
+    DEFAULT_TPOT_SECONDS,
+    DEFAULT_TTFT_SECONDS,
+    Learner,
+    Sample,
+)
 from keda_gpu_scaler.core.scaling import ROW_VALUE, Evaluation
 from keda_gpu_scaler.core.trigger import TriggerSpec
-from keda_gpu_scaler.pages.engines._common import TPOT
+from keda_gpu_scaler.pages.engines._common import TPOT, TTFT
 from keda_gpu_scaler.server.metrics import Telemetry
 from keda_gpu_scaler.server.registry import Explanation, Followed, Subscription
 from keda_gpu_scaler.server.spec_targets import SPEC_UPDATE_INTERVAL
@@ -42,7 +49,7 @@ class Evaluator:
         subscription = followed.triggers[spec]  # follow() made it before any evaluation
         recent = tuple(total for at, total in subscription.demand_sums)
         snapshot = self.snapshots.take(followed.namespace, followed.name, spec, recent)
-        decision = decide(spec, snapshot)
+        decision = decide(_at_current_target(followed, spec), snapshot)
         if decision.evaluation is not None and spec.slo is not None:
             _remember_demand(subscription, spec, snapshot.now, decision.evaluation)
         if spec.learned:
@@ -97,8 +104,12 @@ class Evaluator:
         now = snapshot.now
         if subscription.learner is None:
             assert spec.threshold_start is not None
-            slo_tpot = spec.slo.targets().get(TPOT) if spec.slo is not None else None
-            subscription.learner = Learner(spec.threshold_start, slo_tpot or DEFAULT_TPOT_SECONDS)
+            targets = spec.slo.targets() if spec.slo is not None else {}
+            subscription.learner = Learner(
+                spec.threshold_start,
+                targets.get(TPOT) or DEFAULT_TPOT_SECONDS,
+                targets.get(TTFT) or DEFAULT_TTFT_SECONDS,
+            )
             subscription.learning_since = now
         if followed.spec_streams == 0 and now - subscription.learning_since >= SPEC_UPDATE_INTERVAL:
             decision.notes += (NO_PUSH,)
@@ -110,13 +121,29 @@ class Evaluator:
         subscription.sampled_at = now
         tracks = dict(snapshot.tracks)
         for row in evaluation.pod_rows:
-            track = tracks.get(row[0])
-            tokens = track.latency.get(f"{TPOT}:count", 0.0) if track is not None else 0.0
-            if track is not None and tokens > 0:
-                per_token = track.latency.get(f"{TPOT}:sum", math.nan) / tokens
-                subscription.learner.observe(Sample(now, row[0], row[ROW_VALUE], per_token, tokens))
+            latency = tracks[row[0]].latency if row[0] in tracks else {}
+            per_token = _mean(latency, TPOT)
+            if per_token is not None:
+                tokens, first_token = latency[f"{TPOT}:count"], _mean(latency, TTFT)
+                sample = Sample(now, row[0], row[ROW_VALUE], per_token, tokens, first_token)
+                subscription.learner.observe(sample)
         subscription.learned = subscription.learner.update(now, [row[0] for row in evaluation.pod_rows])
         followed.targets.set(spec, subscription.learned.target)
+
+
+def _at_current_target(followed: Followed, spec: TriggerSpec) -> TriggerSpec:
+    """The trigger as the HPA holds it: a learned target is what the HPA divides the value by, so one
+    replica's worth (the floor of a pod without data or starting, the wake) is that target; sized at
+    thresholdStart, every sync while pods start would ask for start ÷ target times the replicas."""
+    if not spec.learned:
+        return spec
+    return dataclasses.replace(spec, threshold=followed.targets.target(spec))
+
+
+def _mean(latency: Mapping[str, float], kind: str) -> float | None:
+    """The mean of a latency histogram over the window; None when no observation was made in it."""
+    count = latency.get(f"{kind}:count", 0.0)
+    return latency.get(f"{kind}:sum", math.nan) / count if count > 0 else None
 
 
 def _remember_demand(

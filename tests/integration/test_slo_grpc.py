@@ -7,7 +7,16 @@ import logging
 
 import aiohttp
 import pytest
-from test_demand_grpc import DEMAND, MODEL, explain, fleet, ref, value, vllm_page
+from test_demand_grpc import (
+    DEMAND,
+    MODEL,
+    explain,
+    fleet,
+    ref,
+    value,
+    vllm_page,
+    vllm_page_without_counters,
+)
 
 from keda_gpu_scaler.server.evaluator import NO_PUSH
 
@@ -17,10 +26,15 @@ TTFT_BOUNDS = ("0.25", "0.5", "1", "+Inf")
 
 
 def page_with_latency(
-    finished: float, ttft_bucket: str = "0.25", tokens: float = 0, per_token: float = 0
+    finished: float,
+    ttft_bucket: str = "0.25",
+    tokens: float = 0,
+    per_token: float = 0,
+    first_token_seconds: float | None = None,
 ) -> str:
-    """A vLLM page whose `finished` requests all took a first token within `ttft_bucket`, and whose
-    `tokens` output tokens took `per_token` seconds each (running totals)."""
+    """A vLLM page whose `finished` requests all took a first token within `ttft_bucket` (in all
+    `first_token_seconds`, else 0.2 s each), and whose `tokens` output tokens took `per_token` seconds
+    each (running totals)."""
     buckets = [
         f'vllm:time_to_first_token_seconds_bucket{{engine="0",{MODEL},le="{bound}"}}'
         f" {finished if TTFT_BOUNDS.index(bound) >= TTFT_BOUNDS.index(ttft_bucket) else 0}"
@@ -30,7 +44,8 @@ def page_with_latency(
         [
             "# TYPE vllm:time_to_first_token_seconds histogram",
             *buckets,
-            f'vllm:time_to_first_token_seconds_sum{{engine="0",{MODEL}}} {finished * 0.2}',
+            f'vllm:time_to_first_token_seconds_sum{{engine="0",{MODEL}}}'
+            f" {finished * 0.2 if first_token_seconds is None else first_token_seconds}",
             f'vllm:time_to_first_token_seconds_count{{engine="0",{MODEL}}} {finished}',
             "# TYPE vllm:inter_token_latency_seconds histogram",
             f'vllm:inter_token_latency_seconds_bucket{{engine="0",{MODEL},le="+Inf"}} {tokens}',
@@ -73,8 +88,8 @@ AUTO = {**DEMAND, "threshold": "auto", "thresholdStart": "10", "window": "30"}
 
 
 async def learning(fleet, rates: list[float]):  # type: ignore[no-untyped-def]
-    """One pod whose time per output token is 10 ms + 2.5 ms per request/s, at each rate for a window
-    (capacity at the default 50 ms target: 16/s); the fleet after."""
+    """One pod whose time per output token is 10 ms + 2.5 ms per request/s and whose first tokens take
+    0.2 s up to 12/s and 1.5 s above (it saturates), at each rate for a window; the fleet after."""
     f = await fleet(1)
     f.metadata = AUTO
     await f.show(1000, page_with_latency(0))
@@ -92,38 +107,56 @@ async def test_a_learned_target_moves_from_threshold_start_to_the_capacity_at_th
     f = await learning(fleet, [])
     stream = f.scaler.stub.StreamMetricSpec(ref(AUTO))
     assert (await stream.read()).metricSpecs[0].targetSizeFloat == 10
-    await learning_more(f, [2, 4, 6, 8] * 3)
-    assert await target(f) == pytest.approx(16)
-    assert (await stream.read()).metricSpecs[0].targetSizeFloat == pytest.approx(16)
+    # The time per token meets 50 ms at every level (a line through them reads 16/s), but first tokens
+    # queue at 14/s: the capacity is halfway between 12 and 14.
+    await learning_more(f, [14, 12, 8, 4] * 4)
+    assert await target(f) == pytest.approx(13)
+    assert (await stream.read()).metricSpecs[0].targetSizeFloat == pytest.approx(13)
     stream.cancel()
     learned = (await explain(f.scaler))["learnedTarget"]
     assert (
-        learned["target"] == pytest.approx(16)
+        learned["target"] == pytest.approx(13)
         and learned["bound"] == "none"
         and learned["movedAt"] is not None
     )
     (fit,) = learned["fits"]
-    # A sample per window evaluated (show() evaluates just before each new page is read): 11 of 12.
-    assert fit["capacity"] == pytest.approx(16) and fit["samples"] >= 10 and fit["levels"] == 4
+    # A sample per window evaluated (show() evaluates just before each new page is read): 15 of 16.
+    assert fit["capacity"] == pytest.approx(13) and fit["samples"] >= 10 and fit["levels"] == 4
+    assert (fit["met"], fit["failed"]) == pytest.approx((12, 14))
     assert NO_PUSH not in (await explain(f.scaler)).get("notes", [])
     async with aiohttp.ClientSession() as session, session.get(f"{f.scaler.http}/metrics") as answer:
         text = await answer.text()
     assert (
-        'keda_gpu_scaler_learned_target{metric="inference-demand",namespace="llm",scaledobject="chat"} 16'
+        'keda_gpu_scaler_learned_target{metric="inference-demand",namespace="llm",scaledobject="chat"} 13'
         in text
     )
 
 
 async def learning_more(f, rates: list[float]) -> None:  # type: ignore[no-untyped-def]
     """learning()'s pod over more windows (its totals count from its first, empty page)."""
-    finished = tokens = seconds = 0.0
+    finished = tokens = seconds = first_tokens = 0.0
     at = f.clock.now
     for rate in rates:
         at += 30
         finished += rate * 30
         tokens += rate * 30 * 10
         seconds += rate * 30 * 10 * (0.010 + 0.0025 * rate)
-        await f.show(at, page_with_latency(finished, tokens=tokens, per_token=seconds / tokens))
+        first_tokens += rate * 30 * (0.2 if rate <= 12 else 1.5)
+        page = page_with_latency(
+            finished, tokens=tokens, per_token=seconds / tokens, first_token_seconds=first_tokens
+        )
+        await f.show(at, page)
+
+
+async def test_a_pod_without_data_counts_at_the_learned_target_the_hpa_divides_by(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(2)
+    f.metadata = AUTO
+    await f.show(1000, page_with_latency(0), vllm_page_without_counters(1, 0))
+    await learning_more(f, [14, 12, 8, 4] * 4)
+    assert await target(f) == pytest.approx(13)
+    # The last window: chat-0 at 4/s; chat-1 has no rate and counts as one replica's worth (SPEC §4): the
+    # target the HPA now divides by, not thresholdStart (13/10 more replicas at every sync while pods start).
+    assert await value(f.scaler, AUTO) == pytest.approx(4 + 13)
 
 
 async def test_too_few_samples_keep_threshold_start(fleet) -> None:  # type: ignore[no-untyped-def]

@@ -1,10 +1,11 @@
-"""`threshold: auto`'s learner (SPEC §6): each pod's capacity at the latency target, the bounds, the steps,
-the pace and the hysteresis of the target's moves, and its bounded memory."""
+"""`threshold: auto`'s learner (SPEC §6): each pod's capacity from the load levels it was seen to meet and
+fail the latency targets at (never extrapolated), the bounds, the steps, the pace and the hysteresis of the
+target's moves, and its bounded memory."""
 
 from __future__ import annotations
 
 import math
-import random
+from collections.abc import Callable, Iterable
 
 import pytest
 
@@ -13,33 +14,45 @@ from keda_gpu_scaler.core.learned_target import (
     MAX_PODS,
     MAX_SAMPLES_PER_POD,
     MIN_MOVE_INTERVAL,
+    STEP_DOWN,
+    TRY_ABOVE,
     Learner,
     Sample,
 )
 
 START = 10.0  # requests per second one replica serves, as the user first guessed
-TARGET_TPOT = 0.050
-# The slow pods' line: 10 ms + 3 ms per request per second, so 50 ms is reached at 13.3 requests/s.
-INTERCEPT, SLOPE = 0.010, 0.003
-SLOW_CAPACITY = (TARGET_TPOT - INTERCEPT) / SLOPE
+TARGET_TPOT, TARGET_TTFT = 0.050, 2.0
 
 
-def line_samples(
+def slow_line(rate: float) -> float:
+    """10 ms + 1 ms per request/s: a line through the levels below 14 reaches 50 ms only at 40/s."""
+    return 0.010 + 0.001 * rate
+
+
+def knee_at(knee: float) -> Callable[[float], float]:
+    """The time per output token of a pod that saturates at `knee`: slow_line below, 80 ms above."""
+    return lambda rate: slow_line(rate) if rate <= knee else 0.080
+
+
+def windows(
     pod: str,
-    slope: float = SLOPE,
-    rates: range = range(2, 14),
+    rates: Iterable[float],
+    per_token: Callable[[float], float] = slow_line,
+    first_token: Callable[[float], float | None] = lambda rate: 0.1,
+    repeats: int = 4,
     start_time: float = 0.0,
     observations: float = 500.0,
 ) -> list[Sample]:
-    """One sample per load level, each exactly on the pod's line."""
+    """`repeats` windows of the pod at each rate, 30 s apart."""
+    rates = [float(rate) for rate in rates for _ in range(repeats)]
     return [
-        Sample(start_time + 30.0 * i, pod, float(rate), INTERCEPT + slope * rate, observations)
+        Sample(start_time + 30.0 * i, pod, rate, per_token(rate), observations, first_token(rate))
         for i, rate in enumerate(rates)
     ]
 
 
-def learned(samples: list[Sample], now: float = 400.0, ready: tuple[str, ...] | None = None) -> Learner:
-    learner = Learner(START, TARGET_TPOT)
+def learned(samples: list[Sample], now: float = 400.0, ready: Iterable[str] | None = None) -> Learner:
+    learner = Learner(START, TARGET_TPOT, TARGET_TTFT)
     for sample in samples:
         learner.observe(sample)
     learner.update(now, ready if ready is not None else {s.pod for s in samples})
@@ -50,38 +63,48 @@ def learned(samples: list[Sample], now: float = 400.0, ready: tuple[str, ...] | 
     ("name", "samples", "expected"),
     [
         ("no sample yet", [], START),
-        ("too few samples", line_samples("a", rates=range(2, 11)), START),  # 9 samples
-        ("too few load levels", [*line_samples("a", rates=range(4, 6))] * 6, START),  # 12 over 2 levels
-        ("a clean line", line_samples("a"), SLOW_CAPACITY),
-        ("two pods on one line", line_samples("a") + line_samples("b"), SLOW_CAPACITY),
-        ("idle windows only", line_samples("a", observations=5), START),
-        ("latency flat with load", [Sample(i, "a", 2.0 + i, 0.02, 500) for i in range(12)], START),
-        ("above the upper bound", line_samples("a", slope=SLOPE / 4), 2 * START),
-        ("below the lower bound", line_samples("a", slope=SLOPE * 4), 0.5 * START),
+        ("too few samples", windows("a", [6, 8, 12], repeats=3), START),  # 9 samples
+        ("no level seen three times", windows("a", range(2, 14), repeats=2), START),
+        ("idle windows only", windows("a", [6, 8, 12, 13], observations=5), START),
+        # Every level met: the highest, 12, and TRY_ABOVE more (a line would read 40/s, capped at 20).
+        ("never beyond what was seen", windows("a", [4, 8, 12]), 12 * (1 + TRY_ABOVE)),
+        ("two pods alike", windows("a", [4, 8, 12]) + windows("b", [4, 8, 12]), 12 * (1 + TRY_ABOVE)),
+        # 12 met, 14 missed the time per output token: halfway.
+        ("between met and failed", windows("a", [4, 8, 12, 14], knee_at(12.5)), 13.0),
+        # The time per token is fine everywhere, but at 14 the first tokens queue: that is saturation.
+        (
+            "first tokens queueing",
+            windows("a", [4, 8, 12, 14], first_token=lambda rate: 1.5 if rate > 13 else 0.1),
+            13.0,
+        ),
+        ("every level failed", windows("a", [9, 12, 14], knee_at(5)), 9 * (1 - STEP_DOWN)),
+        ("below the lower bound", windows("a", [2, 3, 4], knee_at(1)), 0.5 * START),
+        ("above the upper bound", windows("a", [6, 12, 18]), 2 * START),
     ],
 )
 def test_target_from_the_samples(name: str, samples: list[Sample], expected: float) -> None:
     assert learned(samples).target == pytest.approx(expected, rel=0.01), name
 
 
-def test_noise_outliers_idle_windows_and_bad_numbers_leave_the_capacity_within_ten_percent() -> None:
-    rng = random.Random(7)
-    samples = []
-    for i in range(MAX_SAMPLES_PER_POD):
-        rate = rng.uniform(1.0, 14.0)
-        latency = (INTERCEPT + SLOPE * rate) * rng.uniform(0.9, 1.1)
-        if i % 10 == 0:
-            latency *= 5  # a stall: one window in ten is far off the line
-        samples.append(Sample(3.0 * i, "a", rate, latency, 300))
-    samples += [Sample(200.0, "a", 0.1, 2.0, 3), Sample(201.0, "a", 0.2, 1.5, 0)]  # idle: one slow request
-    samples += [Sample(202.0, "a", math.nan, 0.02, 300), Sample(203.0, "a", 5.0, math.inf, 300)]
-    learner = Learner(START, TARGET_TPOT)
+def test_a_window_without_first_tokens_is_judged_on_the_time_per_token_alone() -> None:
+    samples = windows("a", [4, 8, 12, 14], knee_at(12.5), first_token=lambda rate: None)
+    assert learned(samples).target == pytest.approx(13.0)
+
+
+def test_odd_windows_outliers_and_bad_numbers_do_not_decide_a_level() -> None:
+    samples = windows("a", [4, 8, 12], repeats=5)
+    samples += [Sample(200.0, "a", 12.0, 0.3, 300, 5.0)] * 2  # a stall: two windows in seven at 12
+    samples += [Sample(201.0, "a", 15.0, 0.3, 300, 5.0)] * 2  # a burst seen twice only: no level
+    samples += [Sample(202.0, "a", 0.1, 2.0, 3), Sample(203.0, "a", 0.2, 1.5, 0)]  # idle: one request
+    samples += [Sample(204.0, "a", math.nan, 0.02, 300), Sample(205.0, "a", 5.0, math.inf, 300)]
+    samples += [Sample(206.0, "a", 5.0, 0.02, 300, math.nan)]
+    learner = Learner(START, TARGET_TPOT, TARGET_TTFT)
     for sample in samples:
         learner.observe(sample)
     answer = learner.update(400.0, ["a"])
-    assert answer.target == pytest.approx(SLOW_CAPACITY, rel=0.10)
-    assert (answer.dropped_idle, answer.dropped_invalid) == (2, 2)
-    assert answer.samples_used == MAX_SAMPLES_PER_POD
+    assert answer.target == pytest.approx(12 * (1 + TRY_ABOVE))
+    assert (answer.dropped_idle, answer.dropped_invalid) == (2, 3)
+    assert answer.samples_used == 19
 
 
 def test_the_answer_says_why() -> None:
@@ -89,72 +112,70 @@ def test_the_answer_says_why() -> None:
     assert (answer.target, answer.proposed, answer.fits) == (START, None, ())
     assert "no sample" in answer.reason
 
-    learner = learned(line_samples("a", slope=SLOPE / 4))
+    learner = learned(windows("a", [4, 8, 12, 14], knee_at(12.5)))
     answer = learner.update(400.0, ["a"])
     (fit,) = answer.fits
-    assert (fit.intercept, fit.slope) == pytest.approx((INTERCEPT, SLOPE / 4))
-    assert answer.mean_capacity == pytest.approx(4 * SLOW_CAPACITY)
-    assert (answer.proposed, answer.bound, answer.moved_at) == (2 * START, "upper", 400.0)
+    assert (fit.met, fit.failed, fit.capacity, fit.levels) == (12.0, 14.0, 13.0, 4)
+    assert "lowest above it that failed" in fit.note
+    assert (answer.proposed, answer.bound, answer.moved_at) == (13.0, "none", 400.0)
+    assert answer.first_token_limit == pytest.approx(1.0)  # half the 2 s target
 
 
 def test_a_pod_not_ready_does_not_count() -> None:
-    samples = line_samples("ready") + line_samples("gone", slope=SLOPE / 4)
-    assert learned(samples, ready=("ready",)).target == pytest.approx(SLOW_CAPACITY)
+    samples = windows("ready", [4, 8, 12, 14], knee_at(12.5)) + windows("gone", [4, 8, 18])
+    assert learned(samples, ready=("ready",)).target == pytest.approx(13.0)
 
 
 def test_a_step_under_ten_percent_is_ignored() -> None:
-    # 10.8 requests/s at 50 ms: 8 % above the start.
-    slope = (TARGET_TPOT - INTERCEPT) / (1.08 * START)
-    learner = learned(line_samples("a", slope=slope))
+    learner = learned(windows("a", [4, 8, 9]))  # 9 × 1.15: 3.5 % above the start
     assert learner.target == START
     assert "less than the 10% a move needs" in learner.update(400.0, ["a"]).reason
 
 
-def test_at_most_one_move_per_five_minutes() -> None:
-    learner = learned(line_samples("a"), now=400.0)
-    assert learner.target == pytest.approx(SLOW_CAPACITY)
-    # The pod slows down: its capacity halves, but the target just moved.
-    for sample in line_samples("a", slope=2 * SLOPE, start_time=410.0) * 10:
+def test_at_most_one_move_per_ten_minutes() -> None:
+    learner = learned(windows("a", [4, 8, 12, 14], knee_at(12.5)), now=400.0)
+    assert learner.target == pytest.approx(13.0)
+    # The pod is now seen failing at 8 and above: its capacity drops, but the target just moved.
+    for sample in windows("a", [8, 12, 14], knee_at(6), repeats=10, start_time=410.0):
         learner.observe(sample)
     held = learner.update(400.0 + MIN_MOVE_INTERVAL - 1, ["a"])
-    assert held.target == pytest.approx(SLOW_CAPACITY) and "last move" in held.reason
-    assert learner.update(400.0 + MIN_MOVE_INTERVAL, ["a"]).target < SLOW_CAPACITY
+    assert held.target == pytest.approx(13.0) and "last move" in held.reason
+    assert learner.update(400.0 + MIN_MOVE_INTERVAL, ["a"]).target < 13.0
 
 
-@pytest.mark.parametrize(
-    ("capacity_after", "moves_back"),
-    [(0.87, False), (0.75, True)],  # 13 % down: a move back needs 20 %; 25 % down: it moves
-)
-def test_a_move_back_needs_a_bigger_change(capacity_after: float, moves_back: bool) -> None:
-    learner = learned(line_samples("a"), now=400.0)
-    moved = learner.target
-    slope = (TARGET_TPOT - INTERCEPT) / (capacity_after * moved)
-    for sample in line_samples("a", slope=slope, start_time=1000.0) * 10:  # outnumbers the old line
+@pytest.mark.parametrize(("highest_met", "moves_back_up"), [(8, False), (9, True)])
+def test_a_move_back_up_after_a_failure_needs_a_bigger_change(highest_met: int, moves_back_up: bool) -> None:
+    learner = learned(windows("a", [9, 12, 14], knee_at(5)))
+    lowered = learner.target  # 8.1: every level failed
+    # The pod recovers (a slow neighbour gone): every level met, up to highest_met, and the windows
+    # that failed are out of its memory.
+    for sample in windows("a", [4, 6, highest_met], repeats=MAX_SAMPLES_PER_POD // 3, start_time=1000.0):
         learner.observe(sample)
     answer = learner.update(2000.0, ["a"])
-    assert (answer.target != moved) is moves_back
-    assert answer.proposed == pytest.approx(capacity_after * moved)
+    proposed = highest_met * (1 + TRY_ABOVE)  # 9.2 (+14 %: held) or 10.35 (+28 %: moves)
+    assert answer.proposed == pytest.approx(proposed)
+    assert answer.target == pytest.approx(proposed if moves_back_up else lowered)
+    assert moves_back_up or "20% a move back up needs" in answer.reason
 
 
 def test_a_pool_of_two_speeds_is_sized_by_the_mean_capacity() -> None:
-    # Two GPU types behind one pool: the fast pods serve 2.2 times as much at the same latency.
-    slow_capacity, fast_capacity = 8.0, 2.2 * 8.0
-    slow_slope = (TARGET_TPOT - INTERCEPT) / slow_capacity
-    fast_slope = (TARGET_TPOT - INTERCEPT) / fast_capacity
-    pods = {"slow-1": slow_slope, "slow-2": slow_slope, "fast-1": fast_slope, "fast-2": fast_slope}
-    samples = [sample for pod, slope in pods.items() for sample in line_samples(pod, slope=slope)]
-    learner = learned(samples)
-    expected_mean = (slow_capacity + fast_capacity) / 2  # 12.8 requests/s
-    assert learner.target == pytest.approx(expected_mean)
+    # Two GPU types behind one pool: the fast pods serve 2.2 times as much before they saturate.
+    slow = windows("slow-1", [3, 6, 8, 10], knee_at(7)) + windows("slow-2", [3, 6, 8, 10], knee_at(7))
+    fast = windows("fast-1", [6, 14, 17], knee_at(15.4)) + windows("fast-2", [6, 14, 17], knee_at(15.4))
+    learner = learned(slow + fast)
+    answer = learner.update(400.0, {s.pod for s in slow + fast})
+    fast_capacity = (14 + 17) / 2  # halfway between what met and what failed
+    slow_capacity = 6 * (1 + TRY_ABOVE)  # TRY_ABOVE over what met: under the level that failed
+    assert [fit.capacity for fit in answer.fits] == pytest.approx([fast_capacity] * 2 + [slow_capacity] * 2)
     # Sized right: the pool's whole capacity is its number of pods times the target.
-    answer = learner.update(400.0, pods)
-    assert sum(fit.capacity or 0.0 for fit in answer.fits) == pytest.approx(len(pods) * learner.target)
+    assert learner.target == pytest.approx((fast_capacity + slow_capacity) / 2)
+    assert sum(fit.capacity or 0.0 for fit in answer.fits) == pytest.approx(4 * learner.target)
 
 
 def test_memory_is_bounded_and_pods_gone_are_forgotten() -> None:
     learner = Learner(START, TARGET_TPOT)
     for i in range(5 * MAX_SAMPLES_PER_POD):
-        learner.observe(Sample(float(i), "busy", 2.0 + i % 12, INTERCEPT + SLOPE * (2 + i % 12), 500))
+        learner.observe(Sample(i / 10, "busy", 2.0 + i % 12, slow_line(2 + i % 12), 500))
     names = [f"pod-{i}" for i in range(MAX_PODS + 5)]
     for i, name in enumerate(names):
         learner.observe(Sample(600.0 + i / 1000, name, 3.0, 0.02, 500))
