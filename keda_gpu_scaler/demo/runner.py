@@ -17,7 +17,7 @@ from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App, run_until_signalled
 from keda_gpu_scaler.config.settings import Settings, SettingsError
-from keda_gpu_scaler.core.recommended import llm_summary
+from keda_gpu_scaler.core.recommended import GUARD, llm_summary
 from keda_gpu_scaler.demo.fleet import DemoFleet
 from keda_gpu_scaler.demo.gateway import DemoPool
 from keda_gpu_scaler.demo.layout import DemoInferenceWorkload, DemoWorkload
@@ -160,7 +160,9 @@ def banner(fleet: DemoFleet, grpc_port: int, http_port: int) -> str:
         ]
         lines += [
             "",
-            f"  A `requests` trigger (running + waiting per pod, target {INFERENCE_THRESHOLD} per pod) on {llm.name}:",
+            f"  A `requests` trigger (running + waiting per pod) on {llm.name}: the guard beside `demand`, which the"
+            f" README sets at {dict(GUARD.metadata)['threshold']}; {INFERENCE_THRESHOLD} here so that the pinned load"
+            " below shows it act:",
             f"  {grpcurl} -plaintext -emit-defaults -d '{llm_metrics_json}' {target}"
             " externalscaler.ExternalScaler/GetMetrics",
             f"  curl '{fleet.control_url}/pods/{llm_pod}/metrics'     # the pod's own vLLM page, as scraped",
