@@ -25,6 +25,15 @@ from keda_gpu_scaler.pages.engines import Missing, MissingKind
 # demandUnit tokens: each pod's rate in requests per second, kept beside its value (an input /explain
 # shows) so that the pool's pending requests can be weighed at the pods' own tokens per request.
 REQUESTS_PER_SECOND = "requestsPerSecond"
+# Inputs that mark a pod's value as assumed, not measured: counted as the mean of the others (no rate yet),
+# or sized without a finished request. Such a value sizes the fleet, but is no sample of what a pod served.
+MEAN_OF_OTHERS, SIZE_ASSUMED = "meanOfOthers", "sizeAssumed"
+
+
+def is_measured(row: PodRow) -> bool:
+    """Whether a demand row's value is the pod's own measured rate (see MEAN_OF_OTHERS, SIZE_ASSUMED)."""
+    inputs = row[4 : 4 + 2 * row[3] : 2]
+    return MEAN_OF_OTHERS not in inputs and SIZE_ASSUMED not in inputs
 
 
 def demand_pod_values(
@@ -82,7 +91,8 @@ def demand_pod_values(
             rate,
             (),
             (("samplesUsed", float(used)), ("spanSeconds", span))
-            + (((REQUESTS_PER_SECOND, request_rates[pod]),) if pod in request_rates else ()),
+            + (((REQUESTS_PER_SECOND, request_rates[pod]),) if pod in request_rates else ())
+            + (((SIZE_ASSUMED, 1.0),) if pod in unfinished else ()),
         )
         for pod, (rate, engine, used, span) in rates.items()
     }
@@ -105,7 +115,7 @@ def demand_pod_values(
             )
         mean = math.fsum(rate for rate, _, _, _ in rates.values()) / len(rates)
         for pod, (_, engine, used) in without_rate.items():
-            rows[pod] = pod_row(pod, engine, mean, (), (("samplesUsed", float(used)), ("meanOfOthers", 1.0)))
+            rows[pod] = pod_row(pod, engine, mean, (), (("samplesUsed", float(used)), (MEAN_OF_OTHERS, 1.0)))
         notes += (
             f"{len(without_rate)} Ready pod(s) without a rate yet count as the mean of the others"
             f" ({mean:g}): {', '.join(sorted(without_rate)[:10])}",

@@ -12,6 +12,7 @@ from typing import Any
 
 from keda_gpu_scaler.collect.snapshot import Snapshot, Snapshots
 from keda_gpu_scaler.core.decide import Decision, decide
+from keda_gpu_scaler.core.demand_values import is_measured
 from keda_gpu_scaler.core.learned_target import (
     DEFAULT_TPOT_SECONDS,
     DEFAULT_TTFT_SECONDS,
@@ -120,7 +121,8 @@ class Evaluator:
             return
         subscription.sampled_at = now
         tracks = dict(snapshot.tracks)
-        for row in evaluation.pod_rows:
+        # Only a pod's own measured rate is a sample of what it served at its latency (never an assumed one).
+        for row in filter(is_measured, evaluation.pod_rows):
             latency = tracks[row[0]].latency if row[0] in tracks else {}
             per_token = _mean(latency, TPOT)
             if per_token is not None:

@@ -8,7 +8,7 @@ from keda_gpu_scaler.collect.demand_history import DemandHistory
 from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
 from keda_gpu_scaler.collect.store import Page, SourceKind
 from keda_gpu_scaler.core.demand_values import demand_pod_values as pod_values_of_tracks
-from keda_gpu_scaler.core.demand_values import with_pending
+from keda_gpu_scaler.core.demand_values import is_measured, with_pending
 from keda_gpu_scaler.core.errors import NoData
 from keda_gpu_scaler.core.scaling import PodRow, evaluate
 from keda_gpu_scaler.core.trigger import Aggregation, TriggerSpec, parse_trigger
@@ -118,3 +118,34 @@ def test_pending_sizes_on_top_of_the_fresh_pods_never_on_top_of_the_starting_pod
     # A per-pod mean: the same rule, per pod of N.
     mean = evaluate(fresh, (), POOLED, Aggregation.MEAN, ["chat-s0"])
     assert with_pending(mean, POOLED, 0, 228)[0].value == pytest.approx((30 + 228 / 60) / 2)
+
+
+def tokens_pod(name: str, finished: float, flight: float, prompt: float, generated: float) -> PodSamples:
+    text = (
+        f'vllm:num_requests_running{{engine="0"}} {flight}\nvllm:num_requests_waiting{{engine="0"}} 0\n'
+        f'vllm:request_success_total{{engine="0",finished_reason="stop"}} {finished}\n'
+        f'vllm:prompt_tokens_total{{engine="0"}} {prompt}\nvllm:generation_tokens_total{{engine="0"}} {generated}\n'
+    )
+    return PodSamples("llm", name, tuple(parse_exposition(text, POD_PAGE_NAMES)))
+
+
+def test_only_a_pods_own_rate_counts_as_measured_never_an_assumed_one() -> None:
+    # What threshold: auto learns from: chat-0's measured rate; not chat-1, whose requests arrive but none
+    # finished (sized at one replica's worth), nor chat-2, with one page (the mean of the others).
+    spec = parse_trigger(
+        {"metric": "demand", "threshold": "10", "podNamePrefix": "chat-", "window": "60", "inferencePool": "p",
+         "demandUnit": "tokens"}
+    )  # fmt: skip
+    first = [tokens_pod("chat-0", 0, 0, 0, 0), tokens_pod("chat-1", 0, 0, 0, 0)]
+    last = [
+        tokens_pod("chat-0", 600, 0, 60_000, 6_000),
+        tokens_pod("chat-1", 0, 20, 20_000, 500),
+        tokens_pod("chat-2", 5, 0, 500, 50),
+    ]
+    history = history_of({0: first, 60: last})
+    rows, _, _ = demand_pod_values(history, last, spec, 60)
+    assert {name: is_measured(row) for name, row in rows.items()} == {
+        "chat-0": True,
+        "chat-1": False,
+        "chat-2": False,
+    }
