@@ -248,22 +248,20 @@ def parse_activation_threshold(key: str, raw: str) -> float:
     return value
 
 
-def parse_metric_name(key: str, raw: str) -> str:
-    if not _METRIC_NAME.fullmatch(raw):
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is not a valid metric name; allowed: 1-200 letters, digits, '-', '_' or '.',"
-            " starting and ending with a letter or digit"
-        )
+def _matching(key: str, raw: str, pattern: re.Pattern[str], what: str, allowed: str) -> str:
+    if not pattern.fullmatch(raw):
+        raise ConfigError(f"metadata {key}={quoted(raw)} is not {what}; allowed: {allowed}")
     return raw
+
+
+def parse_metric_name(key: str, raw: str) -> str:
+    allowed = "1-200 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+    return _matching(key, raw, _METRIC_NAME, "a valid metric name", allowed)
 
 
 def parse_pod_name_prefix(key: str, raw: str) -> str:
-    if not _POD_NAME_PREFIX.fullmatch(raw):
-        raise ConfigError(
-            f"metadata {key}={quoted(raw)} is not a pod name prefix; allowed: lower-case letters, digits, '-' and '.',"
-            " starting with a letter or digit"
-        )
-    return raw
+    allowed = "lower-case letters, digits, '-' and '.', starting with a letter or digit"
+    return _matching(key, raw, _POD_NAME_PREFIX, "a pod name prefix", allowed)
 
 
 def parse_pod_selector(key: str, raw: str) -> str:
