@@ -87,6 +87,7 @@ def mean_per_token(totals: list[tuple[float, float]]) -> float | None:
 # reporting, none missing, is its own sum).
 _ONE_POD_DEMAND = parse_trigger({"metric": "demand", "threshold": "1"})
 _POD = "calibrated"
+_PODS, _VIEW = frozenset({_POD}), NamespaceView((), (_POD,), 1)  # its page, fresh
 
 
 @dataclass(slots=True)
@@ -150,12 +151,7 @@ class Calibration:
         )
         track = Track(list(self.points), len(self.points))
         snapshot = Snapshot(
-            "",
-            at,
-            SourceKind.INFERENCE,
-            view=NamespaceView((), (_POD,), 1),
-            target_pods=frozenset({_POD}),
-            tracks=((_POD, track),),
+            "", at, SourceKind.INFERENCE, view=_VIEW, target_pods=_PODS, tracks=((_POD, track),)
         )
         evaluation = decide(spec, snapshot).evaluation
         return None if evaluation is None else evaluation.value
