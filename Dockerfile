@@ -27,14 +27,15 @@ COPY proto/ proto/
 COPY keda_gpu_scaler/ keda_gpu_scaler/
 # pip compiles every module to .pyc here, so the read-only final image never needs to write one. pip and
 # setuptools only install, so they leave the venv once it is complete. The checks: every module imports
-# with the runtime dependencies alone (a missing one fails the build, not the first start), and
-# grpcio-tools did not leak into the venv.
+# with the runtime dependencies alone (a missing one fails the build, not the first start), the demo
+# stayed out (.dockerignore: the server never imports it), and grpcio-tools did not leak into the venv.
 RUN /opt/keda-gpu-scaler/bin/pip install --quiet --no-deps . \
  && /opt/keda-gpu-scaler/bin/pip uninstall --quiet --yes pip setuptools \
  && cd / \
  && /opt/keda-gpu-scaler/bin/python -c 'import importlib, importlib.util, pkgutil, keda_gpu_scaler as k;\
         modules = [m.name for m in pkgutil.walk_packages(k.__path__, "keda_gpu_scaler.")];\
         [importlib.import_module(name) for name in modules if not name.endswith(".__main__")];\
+        assert "keda_gpu_scaler.demo" not in modules, "the demo is in the image";\
         assert importlib.util.find_spec("grpc_tools") is None, "grpcio-tools is in the runtime venv"' \
  && /opt/keda-gpu-scaler/bin/keda-gpu-scaler serve --help >/dev/null
 

@@ -13,22 +13,21 @@ that figure leaves headroom.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from keda_gpu_scaler.collect.demand_history import demand_point
+from keda_gpu_scaler.collect.demand_history import Track, demand_point
 from keda_gpu_scaler.collect.http import FetchError
 from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
-from keda_gpu_scaler.core.demand import (
-    DEFAULT_PREFILL_WEIGHT,
-    DemandPoint,
-    DemandUnit,
-    over_window,
-    pod_demand,
-)
+from keda_gpu_scaler.collect.snapshot import Snapshot
+from keda_gpu_scaler.collect.store import NamespaceView, SourceKind
+from keda_gpu_scaler.core.decide import decide
+from keda_gpu_scaler.core.demand import DEFAULT_PREFILL_WEIGHT, DemandPoint, DemandUnit, over_window
+from keda_gpu_scaler.core.trigger import parse_trigger
 from keda_gpu_scaler.pages.engines import Missing, PodSamples, pod_reading
 from keda_gpu_scaler.pages.exposition import ExpositionError, Sample, parse_exposition
 
@@ -84,6 +83,13 @@ def mean_per_token(totals: list[tuple[float, float]]) -> float | None:
     return seconds / observations
 
 
+# A `demand` trigger on the one calibrated pod: its value is that pod's own rate (any threshold: one pod
+# reporting, none missing, is its own sum).
+_ONE_POD_DEMAND = parse_trigger({"metric": "demand", "threshold": "1"})
+_POD = "calibrated"
+_PODS, _VIEW = frozenset({_POD}), NamespaceView((), (_POD,), 1)  # its page, fresh
+
+
 @dataclass(slots=True)
 class Calibration:
     """Pages of one pod in, steps and the capacity out (pure: the caller reads pages and keeps time)."""
@@ -123,16 +129,8 @@ class Calibration:
             self._latency.append((at, totals))
         self._latency = [(t, v) for t, v in self._latency if t >= start]
         per_token = mean_per_token([v for _, v in self._latency])
-        requests = pod_demand(self.points, DemandUnit.REQUESTS)
-        tokens = pod_demand(self.points, DemandUnit.TOKENS, self.prefill_weight)
-        step = Step(
-            at,
-            None if isinstance(requests, Missing) else requests,
-            None if isinstance(tokens, Missing) else tokens,
-            point.in_flight,
-            waiting,
-            per_token,
-        )
+        requests = self._decided(DemandUnit.REQUESTS, at)
+        step = Step(at, requests, self._decided(DemandUnit.TOKENS, at), point.in_flight, waiting, per_token)
         slow = self.per_token_target is not None and (per_token is None or per_token > self.per_token_target)
         over = waiting > self.waiting_above or (slow and per_token is not None)
         self.waited_in_a_row = self.waited_in_a_row + 1 if over else 0
@@ -144,6 +142,19 @@ class Calibration:
         ):
             self.best = step
         return step
+
+    def _decided(self, unit: DemandUnit, at: float) -> float | None:
+        """The pod's demand in `unit` as the server decides it for a `demand` trigger on this one pod
+        (so calibrate measures what the threshold is compared with); None while it has none."""
+        spec = dataclasses.replace(
+            _ONE_POD_DEMAND, window=self.window, demand_unit=unit, prefill_weight=self.prefill_weight
+        )
+        track = Track(list(self.points), len(self.points))
+        snapshot = Snapshot(
+            "", at, SourceKind.INFERENCE, view=_VIEW, target_pods=_PODS, tracks=((_POD, track),)
+        )
+        evaluation = decide(spec, snapshot).evaluation
+        return None if evaluation is None else evaluation.value
 
     @property
     def saturated(self) -> bool:

@@ -268,7 +268,16 @@ def _log_unconfigured(settings: Settings) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from keda_gpu_scaler.demo.runner import run_demo
+    try:
+        from keda_gpu_scaler.demo.runner import run_demo
+    except ModuleNotFoundError as error:
+        if not (error.name or "").startswith("keda_gpu_scaler.demo"):
+            raise
+        # The container image leaves the demo out (.dockerignore): say so, not a traceback.
+        raise SettingsError(
+            "the demo is not in this installation (the container image leaves it out): run it from the"
+            " package installed with pip, or from a checkout with `make run`"
+        ) from None
 
     configure_logging("info", "text")
     settings = build_settings(

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# The value parsers live beside this table; SettingsError and the constants are re-exported from here.
-from keda_gpu_scaler.config.settings_parsers import (
+# The flags' value parsers (core/value_parsers.py); SettingsError and the constants are re-exported here.
+from keda_gpu_scaler.core.value_parsers import (
     ENV_PREFIX,
     PROMETHEUS_PASSWORD_ENV,
     Parser,

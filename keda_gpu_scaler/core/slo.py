@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from keda_gpu_scaler.core.errors import ConfigError, quoted
-from keda_gpu_scaler.core.metadata_values import MetadataKey, number_between, parse_number
+from keda_gpu_scaler.core.value_parsers import MetadataKey, number_between, parse_number
 from keda_gpu_scaler.pages.engines._common import TPOT, TTFT
 
 MAX_TTFT_SECONDS = 600.0

@@ -16,7 +16,8 @@ from keda_gpu_scaler.core.demand import (
     DemandUnit,
 )
 from keda_gpu_scaler.core.errors import ConfigError, quoted
-from keda_gpu_scaler.core.metadata_values import (
+from keda_gpu_scaler.core.slo import SLO_KEYS, SloTarget, take_slo
+from keda_gpu_scaler.core.value_parsers import (
     REQUIRED,
     MetadataKey,
     enum_parser,
@@ -36,7 +37,6 @@ from keda_gpu_scaler.core.metadata_values import (
     parse_window,
     settle_auto_threshold,
 )
-from keda_gpu_scaler.core.slo import SLO_KEYS, SloTarget, take_slo
 from keda_gpu_scaler.pages.engines import (
     ENGINE_CHOICES,
     accepts_model,

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from keda_gpu_scaler.core.errors import ConfigError
-from keda_gpu_scaler.core.metadata_values import AUTO_THRESHOLD
 from keda_gpu_scaler.core.slo import SLO_FIELDS, take_slo
 from keda_gpu_scaler.core.trigger import (
     DEFAULT_METRIC_NAMES,
@@ -17,6 +16,7 @@ from keda_gpu_scaler.core.trigger import (
     Metric,
     TriggerSpec,
 )
+from keda_gpu_scaler.core.value_parsers import AUTO_THRESHOLD
 
 EXTERNAL_TRIGGER_TYPES = frozenset({"external", "external-push"})
 METRIC_TYPES = frozenset({"AverageValue", "Value"})

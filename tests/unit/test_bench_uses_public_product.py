@@ -1,5 +1,6 @@
-"""bench/ decides through the product's own entries (the servicer, the store, the page readers), never
-through the decision's pieces or the package's private names: what it measures is what a user runs."""
+"""bench/ and `calibrate` decide through the product's own entries (the servicer, the store, the page
+readers, decide()), never through the decision's pieces or the package's private names: what they measure
+is what a user runs."""
 
 from __future__ import annotations
 
@@ -31,3 +32,13 @@ def test_bench_uses_none_of_the_decisions_pieces() -> None:
 
 def test_bench_uses_no_private_name_of_the_package() -> None:
     assert offending_lines(PRIVATE) == []
+
+
+def test_calibrate_turns_what_it_reads_into_values_through_the_one_decision() -> None:
+    # calibrate's figure is what a `demand` threshold is compared with: decide() makes it, as in the server.
+    source = (BENCH.parent / "keda_gpu_scaler" / "calibrate.py").read_text()
+    pieces = re.compile(
+        r"\b(pod_demand|demand_pod_values|with_pending|pending_evaluation|evaluate|pod_row)\b"
+    )
+    assert [line for line in source.splitlines() if pieces.search(line)] == []
+    assert "from keda_gpu_scaler.core.decide import decide" in source
