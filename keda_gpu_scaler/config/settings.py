@@ -31,7 +31,7 @@ from keda_gpu_scaler.config.settings_parsers import (
     _token_path,
     _urls,
 )
-from keda_gpu_scaler.kubernetes.selectors import DEFAULT_EXPORTER_SELECTORS, ExporterSelector
+from keda_gpu_scaler.core.selectors import DEFAULT_EXPORTER_SELECTORS, ExporterSelector
 
 __all__ = ["ENV_PREFIX", "FLAGS", "PROMETHEUS_PASSWORD_ENV", "Flag", "Raw", "Settings", "SettingsError"]
 

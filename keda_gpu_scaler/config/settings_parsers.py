@@ -10,7 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from keda_gpu_scaler.core.names import is_namespace, is_object_name
-from keda_gpu_scaler.kubernetes.selectors import (
+from keda_gpu_scaler.core.selectors import (
     DEFAULT_EXPORTER_SELECTORS,
     ExporterSelector,
     SelectorError,
