@@ -201,7 +201,7 @@ async def loop_stall(hostile_series: int = 150_000, scrapes: int = 3) -> str:
     from keda_gpu_scaler.collect import scrape
     from keda_gpu_scaler.collect.store import Store
     from keda_gpu_scaler.collect.wanted import WantedSources
-    from keda_gpu_scaler.server.metrics import Telemetry
+    from keda_gpu_scaler.telemetry import Telemetry
 
     rows = []
     for series in (scrape.MAX_SERIES_PER_PAGE, hostile_series):

@@ -37,11 +37,11 @@ from keda_gpu_scaler.server import http_endpoints
 from keda_gpu_scaler.server.evaluator import Evaluator
 from keda_gpu_scaler.server.http_endpoints import http_app
 from keda_gpu_scaler.server.logs import quiet_non_http_clients
-from keda_gpu_scaler.server.metrics import Telemetry
 from keda_gpu_scaler.server.registry import Explanation, Followed, Registry, Subscription
 from keda_gpu_scaler.server.service import ExternalScalerService, HealthStatus, add_services
 from keda_gpu_scaler.server.subscriptions import Subscriptions
 from keda_gpu_scaler.server.tls import ReloadingServerCredentials
+from keda_gpu_scaler.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 

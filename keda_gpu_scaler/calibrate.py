@@ -20,13 +20,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from keda_gpu_scaler.collect.demand_history import Track, demand_point
+from keda_gpu_scaler.collect.demand_history import demand_point
 from keda_gpu_scaler.collect.http import FetchError
 from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
-from keda_gpu_scaler.collect.snapshot import Snapshot
-from keda_gpu_scaler.collect.store import NamespaceView, SourceKind
 from keda_gpu_scaler.core.decide import decide
 from keda_gpu_scaler.core.demand import DEFAULT_PREFILL_WEIGHT, DemandPoint, DemandUnit, over_window
+from keda_gpu_scaler.core.snapshot import NamespaceView, Snapshot, SourceKind, Track
 from keda_gpu_scaler.core.trigger import parse_trigger
 from keda_gpu_scaler.pages.engines import Missing, PodSamples, pod_reading
 from keda_gpu_scaler.pages.exposition import ExpositionError, Sample, parse_exposition

@@ -25,13 +25,13 @@ from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink
 from keda_gpu_scaler.collect.inference import InferencePages
 from keda_gpu_scaler.collect.scrape import GPU_EXPORTER_PAGES, PageReader, read_page
 from keda_gpu_scaler.collect.store import Page as StoredPage
-from keda_gpu_scaler.collect.store import SourceKind, Store
+from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.collect.wanted import PodPage
 from keda_gpu_scaler.config.settings import Settings
+from keda_gpu_scaler.core.snapshot import PodEndpoint, SourceKind, Targets
 from keda_gpu_scaler.core.trigger import TriggerSpec
 from keda_gpu_scaler.demo.engines import EngineLoad, EngineTotals, vllm_page
 from keda_gpu_scaler.demo.epp import Queued, epp_page
-from keda_gpu_scaler.kubernetes.targets import PodEndpoint, Targets
 from keda_gpu_scaler.pages import pagetext
 
 if TYPE_CHECKING:

@@ -27,8 +27,9 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from keda_gpu_scaler.collect.store import Page, SourceKind
+from keda_gpu_scaler.collect.store import Page
 from keda_gpu_scaler.core.demand import DemandPoint, over_window
+from keda_gpu_scaler.core.snapshot import SourceKind, Track
 from keda_gpu_scaler.pages.engines import (
     DemandCounters,
     Missing,
@@ -138,21 +139,6 @@ class PageHistory:
     newest: tuple[float, PodSamples]
     wanted_at: float = float("-inf")
     by_format: dict[int, SeriesHistory] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Track:
-    """A page read one way (engine, model) over a window: the rate's two ends, or why it has none."""
-
-    points: list[DemandPoint]
-    used: int = 0  # the pages read within the window
-    # The newest page's reading where it gives no point (a NaN counter, a family gone): the pod is
-    # missing until a page gives one again, whatever older points say.
-    problem: Missing | None = None
-    engine: str = "unknown"  # what the newest page was read as (for /explain)
-    # The latency histograms' increases over the window (role `KIND:le=BOUND`, `KIND:sum`, `KIND:count`
-    # → increase, summed over the model's series): what latency.py reads; empty without two points.
-    latency: Mapping[str, float] = field(default_factory=dict)
 
 
 def demand_point(

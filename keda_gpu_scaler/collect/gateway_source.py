@@ -17,8 +17,8 @@ from keda_gpu_scaler.collect.scrape import (
     ScrapeCollector,
     refuse_unless_levels,
 )
-from keda_gpu_scaler.collect.store import SourceKind
 from keda_gpu_scaler.collect.wanted import EppPage
+from keda_gpu_scaler.core.snapshot import SourceKind
 from keda_gpu_scaler.pages.exposition import Sample
 from keda_gpu_scaler.pages.gateways import (
     GATEWAY_SAMPLE_NAMES,

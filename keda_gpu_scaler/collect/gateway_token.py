@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from keda_gpu_scaler.collect.supervise import supervised
 from keda_gpu_scaler.config.secretfile import SecretFile, SecretFileError
-from keda_gpu_scaler.kubernetes.api import KubeError
+from keda_gpu_scaler.core.errors import KubeError
 
 log = logging.getLogger(__name__)
 

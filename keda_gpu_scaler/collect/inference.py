@@ -12,13 +12,13 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from keda_gpu_scaler.collect.scrape import PageReader, ScrapeCollector, refuse_unless_levels
-from keda_gpu_scaler.collect.store import SourceKind
 from keda_gpu_scaler.collect.wanted import PodPage
+from keda_gpu_scaler.core.snapshot import SourceKind
 from keda_gpu_scaler.pages.engines import DEMAND_SAMPLE_NAMES, ENGINE_SAMPLE_NAMES, PodSamples, wrong_types
 from keda_gpu_scaler.pages.exposition import Sample
 
 if TYPE_CHECKING:
-    from keda_gpu_scaler.kubernetes.targets import PodEndpoint
+    from keda_gpu_scaler.core.snapshot import PodEndpoint
 
 log = logging.getLogger(__name__)
 

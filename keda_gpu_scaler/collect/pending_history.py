@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 from keda_gpu_scaler.collect.demand_history import MAX_POINTS, SWEEP_EVERY
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
-from keda_gpu_scaler.collect.store import Page, SourceKind
+from keda_gpu_scaler.collect.store import Page
 from keda_gpu_scaler.core.demand import growth_per_second
+from keda_gpu_scaler.core.snapshot import SourceKind
 from keda_gpu_scaler.pages.gateways import PoolQueue, read_queue
 
 PendingKey = tuple[str, str, str | None]

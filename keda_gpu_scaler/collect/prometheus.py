@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from keda_gpu_scaler.collect.backoff import backoff_delay, jittered
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
-from keda_gpu_scaler.collect.store import Page, Reading, SourceKind, Store
+from keda_gpu_scaler.collect.store import Page, Store
 from keda_gpu_scaler.collect.supervise import cancel_all
 from keda_gpu_scaler.collect.wanted import PrometheusQuery, WantedSources
+from keda_gpu_scaler.core.snapshot import Reading, SourceKind
 from keda_gpu_scaler.pages.engines import PodSamples
 from keda_gpu_scaler.pages.exposition import Sample
 from keda_gpu_scaler.pages.gateways import NotAGatewayPage, QueueTable, since, table_from_samples

@@ -22,7 +22,7 @@ from keda_gpu_scaler.pages.prometheus_answer import (
     parse_vector,
     remote_text,
 )
-from keda_gpu_scaler.server.metrics import Telemetry
+from keda_gpu_scaler.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 

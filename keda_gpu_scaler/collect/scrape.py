@@ -17,12 +17,13 @@ from keda_gpu_scaler.collect.backoff import JITTER, backoff_delay, jittered
 from keda_gpu_scaler.collect.fairshare import FairSlots
 from keda_gpu_scaler.collect.http import FetchError, PageRefused, in_page_worker
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, WantedKeys
-from keda_gpu_scaler.collect.store import Page, Reading, SourceKind, Store
+from keda_gpu_scaler.collect.store import Page, Store
 from keda_gpu_scaler.collect.supervise import cancel_all, supervised
+from keda_gpu_scaler.core.snapshot import Reading, SourceKind
 from keda_gpu_scaler.pages import exposition
 from keda_gpu_scaler.pages.exposition import ExpositionError, Sample
 from keda_gpu_scaler.pages.vendors import SAMPLE_NAMES, readings_from_samples
-from keda_gpu_scaler.server.metrics import Telemetry
+from keda_gpu_scaler.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 

@@ -3,23 +3,22 @@ the snapshot decide() turns into a value. Taking it reads caches only (no I/O, n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Protocol
 
-from keda_gpu_scaler.collect.demand_history import DemandHistory, Track
+from keda_gpu_scaler.collect.demand_history import DemandHistory
 from keda_gpu_scaler.collect.gateway import GatewayPages
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
 from keda_gpu_scaler.collect.inference import page_of
 from keda_gpu_scaler.collect.pending_history import PendingHistory
 from keda_gpu_scaler.collect.prometheus import gateway_source
-from keda_gpu_scaler.collect.store import NamespaceView, SourceKind, Store, source_problem
+from keda_gpu_scaler.collect.store import Store, source_problem
 from keda_gpu_scaler.collect.wanted import EppPool
 from keda_gpu_scaler.core.demand import MAX_WINDOW_SECONDS, MIN_WINDOW_SECONDS
 from keda_gpu_scaler.core.errors import ConfigError, NoData
 from keda_gpu_scaler.core.pending import ReplicaInput
+from keda_gpu_scaler.core.snapshot import NamespaceView, PoolSnapshot, Snapshot, SourceKind, Targets, Track
 from keda_gpu_scaler.core.trigger import Metric, Source, TriggerSpec
-from keda_gpu_scaler.kubernetes.targets import Targets
 from keda_gpu_scaler.pages.engines import PodSamples
 from keda_gpu_scaler.pages.prometheus_answer import ReplicaLost
 from keda_gpu_scaler.pages.vendors import GpuReading
@@ -36,37 +35,6 @@ class TargetResolver(Protocol):
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop everything kept for this ScaledObject (the registry evicted it)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PoolSnapshot:
-    """The trigger's InferencePool as its endpoint pickers' pages say now."""
-
-    replicas: tuple[ReplicaInput, ...]  # each replica page: its fresh queue or why it has none
-    no_replica: str  # why there is no replica at all (the message when there is none)
-    unknown: str | None = None  # why the pool does not exist (naming those that do), else None
-    unreadable: str | None = None  # why no replica can be told at all (Prometheus failing), else None
-    # `demand`: each replica's pending growth per second over the window, at its pages' times.
-    growth: Mapping[str, float] = field(default_factory=dict)
-    tokens_per_request: float | None = None  # `demand`: the last the pods measured (None: never)
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """Everything decide() reads for one trigger. New readings (e.g. latency histograms) are new fields."""
-
-    namespace: str
-    now: float
-    kind: SourceKind
-    targets: Targets | None = None  # what Kubernetes discovery says; None without Kubernetes
-    view: NamespaceView | None = None  # the namespace's fresh readings; None: discovery says no pods
-    gpu: tuple[GpuReading, ...] = ()  # the target pods' GPU readings
-    pods: tuple[PodSamples, ...] = ()  # the target pods' inference pages
-    target_pods: frozenset[str] = frozenset()  # every pod that counts, read or not
-    tracks: tuple[tuple[str, Track], ...] = ()  # `demand`: each pod page over the window
-    pool: PoolSnapshot | None = None  # `pending`, and `demand` with inferencePool
-    # `demand` with a latency target: the fresh pods' summed demand at recent decisions, oldest first.
-    recent_demand: tuple[float, ...] = ()
 
 
 class Snapshots:

@@ -6,22 +6,9 @@ import asyncio
 import contextlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Protocol
+from dataclasses import dataclass
 
-
-class Reading(Protocol):
-    """What the store keeps of a page, whatever its kind: GPU readings (exporters), PodSamples (inference
-    servers), ReplicaQueue and ReplicaLost (endpoint pickers). Each names its namespace and the pod it
-    is about; readers take the type their source kind holds (SourceKind says which)."""
-
-    @property
-    def namespace(self) -> str: ...
-
-    @property
-    def pod(self) -> str: ...
-
+from keda_gpu_scaler.core.snapshot import NamespaceView, Reading, SourceKind
 
 # Without Kubernetes, the pods last seen on an exporter that is now failing or stale, or whose page lost
 # its pod labels, still count as target pods (as missing ones) for as long as that lasts, so one dead
@@ -54,21 +41,6 @@ class Page:
         return cls(source, collected_at, by_namespace, unattributed=gpu_series and not by_namespace)
 
 
-class SourceKind(StrEnum):
-    SCRAPE = "scrape"  # an exporter page, naming pods of any namespace
-    PROMETHEUS = "prometheus"  # one namespace's query results from a Prometheus-compatible API
-    # Inference-server pages (SPEC §6): elements are collect.inference.PodSamples, not GPU readings.
-    INFERENCE = "inference"  # one pod's own page (its namespace is known)
-    PROMETHEUS_INFERENCE = "prometheus-inference"  # one namespace's engine series through Prometheus
-    # Endpoint-picker pages (SPEC §7): one EPP replica's page of one InferencePool; elements are
-    # collect.gateway_source.ReplicaQueue.
-    GATEWAY = "gateway"
-    # One InferencePool's endpoint-picker series through Prometheus: elements are ReplicaQueue (fresh
-    # replicas, summed when the answer came) and prometheus_answer.ReplicaLost (replicas seen before that
-    # cannot be read now, or whose series are not a queue).
-    PROMETHEUS_GATEWAY = "prometheus-gateway"
-
-
 @dataclass(slots=True)
 class SourceState:
     source: str
@@ -79,22 +51,6 @@ class SourceState:
     last_error: str | None = None
     # The last page that named pods, kept while newer pages name none (see Page.unattributed).
     last_attributed: Page | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class NamespaceView:
-    """What the store knows of one namespace at one instant."""
-
-    readings: tuple[Reading, ...]  # from fresh pages only
-    fresh: tuple[str, ...]  # the sources whose pages are fresh
-    sources: int
-    # pod → reason, for pods last seen on a source that is now failing, stale or without pod labels
-    recently_seen: dict[str, str] = field(default_factory=dict)
-    problems: tuple[str, ...] = ()  # one line per source without fresh data
-
-    @property
-    def fresh_sources(self) -> int:
-        return len(self.fresh)
 
 
 class Store:

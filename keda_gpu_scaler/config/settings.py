@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from keda_gpu_scaler.core.selectors import DEFAULT_EXPORTER_SELECTORS, ExporterSelector
+
 # The flags' value parsers (core/value_parsers.py); SettingsError and the constants are re-exported here.
 from keda_gpu_scaler.core.value_parsers import (
     ENV_PREFIX,
@@ -31,7 +33,6 @@ from keda_gpu_scaler.core.value_parsers import (
     _token_path,
     _urls,
 )
-from keda_gpu_scaler.kubernetes.selectors import DEFAULT_EXPORTER_SELECTORS, ExporterSelector
 
 __all__ = ["ENV_PREFIX", "FLAGS", "PROMETHEUS_PASSWORD_ENV", "Flag", "Raw", "Settings", "SettingsError"]
 

@@ -8,7 +8,6 @@ import difflib
 import logging
 from dataclasses import dataclass, field
 
-from keda_gpu_scaler.collect.snapshot import Snapshot
 from keda_gpu_scaler.core.demand_values import demand_pod_values, measured_tokens_per_request, with_pending
 from keda_gpu_scaler.core.errors import ConfigError, NoData
 from keda_gpu_scaler.core.latency import LatencyRead, guarded_value, headroom, latency_read
@@ -24,6 +23,7 @@ from keda_gpu_scaler.core.scaling import (
     pod_values,
 )
 from keda_gpu_scaler.core.slo import SloTarget
+from keda_gpu_scaler.core.snapshot import Snapshot
 from keda_gpu_scaler.core.trigger import Aggregation, Metric, TriggerSpec
 from keda_gpu_scaler.core.wire import check_rows, check_total
 

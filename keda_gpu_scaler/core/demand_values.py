@@ -7,7 +7,6 @@ import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 
-from keda_gpu_scaler.collect.demand_history import Track
 from keda_gpu_scaler.core.demand import DemandPoint, DemandUnit, pending_demand, pod_demand
 from keda_gpu_scaler.core.errors import ConfigError, NoData
 from keda_gpu_scaler.core.scaling import (
@@ -19,6 +18,7 @@ from keda_gpu_scaler.core.scaling import (
     desired_replicas_value,
     pod_row,
 )
+from keda_gpu_scaler.core.snapshot import Track
 from keda_gpu_scaler.core.trigger import Aggregation, TriggerSpec
 from keda_gpu_scaler.pages.engines import Missing, MissingKind
 

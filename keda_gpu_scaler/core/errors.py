@@ -31,6 +31,15 @@ class TooManyScaledObjects(ResourceExhausted):
     """More ScaledObjects followed at once than --max-scaledobjects."""
 
 
+class KubeError(Exception):
+    """A failed Kubernetes API call, with a message that says what was attempted and what to do about it
+    (raised by kubernetes/api.py; here so that what only catches it need not import the API client)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def quoted(text: str, limit: int = 100) -> str:
     """repr() of caller input for an error message, cut to `limit` characters so errors cannot echo megabytes."""
     if len(text) <= limit:

@@ -19,13 +19,13 @@ from keda_gpu_scaler.core.demand import MAX_PREFILL_WEIGHT, MAX_WINDOW_SECONDS, 
 from keda_gpu_scaler.core.errors import ConfigError, quoted
 from keda_gpu_scaler.core.learned_target import HIGHEST_FACTOR, LOWEST_FACTOR
 from keda_gpu_scaler.core.names import OBJECT_NAME_RULE, is_namespace, is_object_name
-from keda_gpu_scaler.core.wire import MAX_WIRE_NUMBER
-from keda_gpu_scaler.kubernetes.selectors import (
+from keda_gpu_scaler.core.selectors import (
     DEFAULT_EXPORTER_SELECTORS,
     ExporterSelector,
     SelectorError,
     parse_exporter_selector,
 )
+from keda_gpu_scaler.core.wire import MAX_WIRE_NUMBER
 from keda_gpu_scaler.pages.engines import ENGINE_CHOICES
 
 

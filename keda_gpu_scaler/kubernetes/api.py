@@ -14,19 +14,12 @@ from urllib.request import getproxies, proxy_bypass
 import aiohttp
 from kubernetes_asyncio import client, config
 
+from keda_gpu_scaler.core.errors import KubeError
 from keda_gpu_scaler.pages.jsonpieces import OFF_LOOP_BYTES, loads_in_pieces
 
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_SECONDS = 10.0
-
-
-class KubeError(Exception):
-    """A failed API call, with a message that says what was attempted and what to do about it."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class Gone(KubeError):

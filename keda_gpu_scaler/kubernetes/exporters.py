@@ -14,10 +14,10 @@ from prometheus_client import Gauge
 
 from keda_gpu_scaler.collect.wanted import ExporterNode, ExporterPage, WantedSources
 from keda_gpu_scaler.core.errors import NoData
+from keda_gpu_scaler.core.selectors import ExporterSelector
 from keda_gpu_scaler.kubernetes.api import KubeApi
 from keda_gpu_scaler.kubernetes.informer import PodInformer
 from keda_gpu_scaler.kubernetes.pods import PodInfo, exporter_url
-from keda_gpu_scaler.kubernetes.selectors import ExporterSelector
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,8 @@ from typing import Any, Generic, TypeVar
 
 from keda_gpu_scaler.collect.backoff import backoff_delay, jittered
 from keda_gpu_scaler.collect.supervise import supervised
-from keda_gpu_scaler.kubernetes.api import Gone, KubeApi, KubeError, NamedKind
+from keda_gpu_scaler.core.errors import KubeError
+from keda_gpu_scaler.kubernetes.api import Gone, KubeApi, NamedKind
 from keda_gpu_scaler.kubernetes.pods import PodInfo, pod_info
 
 log = logging.getLogger(__name__)

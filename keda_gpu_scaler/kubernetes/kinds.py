@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from keda_gpu_scaler.kubernetes.api import KubeApi, KubeError
+from keda_gpu_scaler.core.errors import KubeError
+from keda_gpu_scaler.kubernetes.api import KubeApi
 from keda_gpu_scaler.kubernetes.scaledobject import ScaleTarget
 
 # How long a kind → plural look-up is trusted before a miss triggers a new discovery request (a CRD

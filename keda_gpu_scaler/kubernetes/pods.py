@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from keda_gpu_scaler.kubernetes.selectors import ExporterSelector
+from keda_gpu_scaler.core.selectors import ExporterSelector
 
 
 @dataclass(frozen=True, slots=True)

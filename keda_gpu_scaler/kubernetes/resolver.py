@@ -15,9 +15,17 @@ from prometheus_client import Counter, Gauge
 from keda_gpu_scaler.collect.backoff import backoff_delay, jittered
 from keda_gpu_scaler.collect.supervise import cancel_all, supervised
 from keda_gpu_scaler.collect.wanted import WantedSources
-from keda_gpu_scaler.core.errors import ConfigError, NoData
+from keda_gpu_scaler.core.errors import ConfigError, KubeError, NoData
+from keda_gpu_scaler.core.selectors import (
+    ExporterSelector,
+    Selector,
+    SelectorError,
+    parse_selector,
+    pod_selector_metadata,
+)
+from keda_gpu_scaler.core.snapshot import Targets
 from keda_gpu_scaler.core.trigger import TriggerSpec
-from keda_gpu_scaler.kubernetes.api import SCALED_OBJECTS, KubeApi, KubeError, connect
+from keda_gpu_scaler.kubernetes.api import SCALED_OBJECTS, KubeApi, connect
 from keda_gpu_scaler.kubernetes.exporters import ExporterDiscovery
 from keda_gpu_scaler.kubernetes.gateway import GatewayBook, GatewayDiscovery
 from keda_gpu_scaler.kubernetes.informer import ObjectInformer, PodInformer
@@ -30,15 +38,8 @@ from keda_gpu_scaler.kubernetes.scaledobject import (
     metric_type_for,
     parse_scaled_object,
 )
-from keda_gpu_scaler.kubernetes.selectors import (
-    ExporterSelector,
-    Selector,
-    SelectorError,
-    parse_selector,
-    pod_selector_metadata,
-)
-from keda_gpu_scaler.kubernetes.targets import NamespaceIndex, Selection, Targets
-from keda_gpu_scaler.server.metrics import PREFIX, Telemetry
+from keda_gpu_scaler.kubernetes.targets import NamespaceIndex, Selection
+from keda_gpu_scaler.telemetry import PREFIX, Telemetry
 
 __all__ = ["DiscoveryConfig", "KubeDiscovery", "Targets"]
 

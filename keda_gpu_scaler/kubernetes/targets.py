@@ -9,39 +9,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from keda_gpu_scaler.core.selectors import Op, Selector
+from keda_gpu_scaler.core.snapshot import PodEndpoint, Targets
 from keda_gpu_scaler.kubernetes.pods import PodInfo
-from keda_gpu_scaler.kubernetes.selectors import Op, Selector
-
-
-@dataclass(frozen=True, slots=True)
-class PodEndpoint:
-    """Where one selected pod can be reached: for talking to the pod itself (e.g. an inference server)."""
-
-    name: str
-    ip: str | None  # None until the pod has one
-    ready: bool  # Running, Ready and not being deleted: the HPA's (and a load balancer's) ready pod
-    ports: Mapping[str, int]  # named TCP container ports of all its containers: name → number
-    node: str | None = None
-    # Every TCP container port in the pod spec's order, named or not: (name, number).
-    port_list: tuple[tuple[str | None, int], ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Targets:
-    """A ScaledObject's target pods as discovery knows them."""
-
-    pods: frozenset[str]  # names of the pods that count as targets (Running, Ready, not being deleted)
-    metric_type: str | None = None  # the trigger's metricType ("AverageValue" or "Value") when read
-    # Pods the selector picks that exist but are not Ready yet (SPEC §4's starting pods).
-    starting: frozenset[str] = frozenset()
-    # Every pod the selector picks that is scheduled and not finished (targets and pods not ready yet),
-    # by name. Not compared: the same target pods are the same Targets for the evaluation.
-    endpoints: Mapping[str, PodEndpoint] = field(default_factory=dict, compare=False, hash=False, repr=False)
-    # The nodes those pods occupy (scheduled, not finished): where their GPU exporters are read.
-    nodes: frozenset[str] = field(default=frozenset(), compare=False, hash=False, repr=False)
 
 
 def endpoint(pod: PodInfo) -> PodEndpoint:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from keda_gpu_scaler.collect.snapshot import Snapshot, Snapshots
+from keda_gpu_scaler.collect.snapshot import Snapshots
 from keda_gpu_scaler.core.decide import Decision, decide
 from keda_gpu_scaler.core.demand_values import is_measured
 from keda_gpu_scaler.core.learned_target import (
@@ -20,11 +20,12 @@ from keda_gpu_scaler.core.learned_target import (
     Sample,
 )
 from keda_gpu_scaler.core.scaling import ROW_VALUE, Evaluation
+from keda_gpu_scaler.core.snapshot import Snapshot
 from keda_gpu_scaler.core.trigger import TriggerSpec
 from keda_gpu_scaler.pages.engines._common import TPOT, TTFT
-from keda_gpu_scaler.server.metrics import Telemetry
 from keda_gpu_scaler.server.registry import Explanation, Followed, Subscription
 from keda_gpu_scaler.server.spec_targets import SPEC_UPDATE_INTERVAL
+from keda_gpu_scaler.telemetry import Telemetry
 
 # The arrival rate's variability (the SLO's headroom) is read over the decisions of this many seconds.
 HEADROOM_SPAN = 600.0

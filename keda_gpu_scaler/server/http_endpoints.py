@@ -16,8 +16,8 @@ from keda_gpu_scaler.core.pending import SATURATION, TURNED_AWAY
 from keda_gpu_scaler.core.scaling import Evaluation, PodValue
 from keda_gpu_scaler.core.trigger import KEYS, TriggerSpec
 from keda_gpu_scaler.server.admission import Admission, explain_cost
-from keda_gpu_scaler.server.metrics import Telemetry
 from keda_gpu_scaler.server.registry import Explanation
+from keda_gpu_scaler.telemetry import Telemetry
 
 # How long an HTTP connection may stay without a complete request (header read timeout and idle limit).
 # Prometheus reconnects for each scrape after this; 10 s is far above any honest client's header time.

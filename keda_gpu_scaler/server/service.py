@@ -29,8 +29,8 @@ from keda_gpu_scaler.core.errors import (
 )
 from keda_gpu_scaler.core.trigger import TriggerSpec, parse_trigger
 from keda_gpu_scaler.server.evaluator import Evaluator
-from keda_gpu_scaler.server.metrics import Telemetry
 from keda_gpu_scaler.server.registry import Followed, Registry
+from keda_gpu_scaler.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 Message = TypeVar("Message")

@@ -18,7 +18,6 @@ from typing import Protocol
 
 from keda_gpu_scaler.collect.inference import page_of
 from keda_gpu_scaler.collect.prometheus import GATEWAY_SERIES, GPU_SERIES, INFERENCE_SERIES
-from keda_gpu_scaler.collect.store import SourceKind
 from keda_gpu_scaler.collect.wanted import (
     EppPool,
     ExporterNode,
@@ -28,8 +27,8 @@ from keda_gpu_scaler.collect.wanted import (
     WantedSources,
 )
 from keda_gpu_scaler.core.errors import NoData
+from keda_gpu_scaler.core.snapshot import SourceKind, Targets
 from keda_gpu_scaler.core.trigger import Metric, TriggerSpec
-from keda_gpu_scaler.kubernetes.targets import Targets
 from keda_gpu_scaler.server.registry import Followed, Subscription
 
 log = logging.getLogger(__name__)

@@ -20,7 +20,7 @@ import yaml
 from crd_schemas import SCHEMAS
 
 from keda_gpu_scaler.config.settings import FLAGS, build_settings, env_values
-from keda_gpu_scaler.kubernetes.selectors import DEFAULT_EXPORTER_SELECTORS
+from keda_gpu_scaler.core.selectors import DEFAULT_EXPORTER_SELECTORS
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk (the dev extras) is not installed")
 
@@ -888,7 +888,7 @@ def exported_series() -> set[str]:
 
 
 def test_metric_inventory_matches_the_registry() -> None:
-    from keda_gpu_scaler.server.metrics import Telemetry
+    from keda_gpu_scaler.telemetry import Telemetry
 
     registered = {metric.name for metric in Telemetry().registry.collect()}
     names = {n.removeprefix("keda_gpu_scaler_") for n in _metric_types()}

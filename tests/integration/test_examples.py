@@ -16,7 +16,7 @@ import yaml
 from test_chart import NAMESPACE, RELEASE, kustomize, render, render_files
 
 from keda_gpu_scaler.core.recommended import GUARD, SIZING, WAKE, Recommended
-from keda_gpu_scaler.kubernetes.selectors import DEFAULT_EXPORTER_SELECTORS
+from keda_gpu_scaler.core.selectors import DEFAULT_EXPORTER_SELECTORS
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "keda-gpu-scaler"

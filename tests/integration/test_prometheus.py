@@ -39,7 +39,7 @@ from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.collect.wanted import WantedSources
 from keda_gpu_scaler.config.settings import Settings
 from keda_gpu_scaler.pages.promql import namespace_query
-from keda_gpu_scaler.server.metrics import Telemetry
+from keda_gpu_scaler.telemetry import Telemetry
 
 pytestmark = pytest.mark.prometheus
 

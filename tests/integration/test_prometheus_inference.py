@@ -28,11 +28,12 @@ from keda_gpu_scaler.collect.prometheus import (
     pod_inference_source,
 )
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
-from keda_gpu_scaler.collect.store import SourceKind, Store
+from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.collect.wanted import WantedSources
 from keda_gpu_scaler.config.settings import Settings
+from keda_gpu_scaler.core.snapshot import SourceKind
 from keda_gpu_scaler.pages.engines import InferenceMetric, PodSamples, pod_reading, value_for
-from keda_gpu_scaler.server.metrics import Telemetry
+from keda_gpu_scaler.telemetry import Telemetry
 
 pytestmark = pytest.mark.prometheus
 

@@ -16,7 +16,7 @@ from keda_gpu_scaler.collect.http import FetchError
 from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.collect.wanted import WantedSources
-from keda_gpu_scaler.server.metrics import Telemetry
+from keda_gpu_scaler.telemetry import Telemetry
 
 
 class ScriptedFetcher:

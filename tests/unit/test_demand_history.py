@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from keda_gpu_scaler.collect import demand_history
-from keda_gpu_scaler.collect.demand_history import DemandHistory, Track
+from keda_gpu_scaler.collect.demand_history import DemandHistory
 from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
-from keda_gpu_scaler.collect.store import Page, SourceKind, Store
+from keda_gpu_scaler.collect.store import Page, Store
 from keda_gpu_scaler.core.demand import DemandUnit, pod_demand
+from keda_gpu_scaler.core.snapshot import SourceKind, Track
 from keda_gpu_scaler.pages.engines import MissingKind, PodSamples
 from keda_gpu_scaler.pages.exposition import parse_exposition
 

@@ -14,8 +14,9 @@ import pytest
 from keda_gpu_scaler.collect import demand_history
 from keda_gpu_scaler.collect.demand_history import DemandHistory
 from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
-from keda_gpu_scaler.collect.store import Page, SourceKind
+from keda_gpu_scaler.collect.store import Page
 from keda_gpu_scaler.core.demand import DemandUnit, pod_demand
+from keda_gpu_scaler.core.snapshot import SourceKind
 from keda_gpu_scaler.pages.engines import Missing, PodSamples
 from keda_gpu_scaler.pages.exposition import parse_exposition
 

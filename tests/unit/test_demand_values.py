@@ -6,11 +6,12 @@ import pytest
 
 from keda_gpu_scaler.collect.demand_history import DemandHistory
 from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
-from keda_gpu_scaler.collect.store import Page, SourceKind
+from keda_gpu_scaler.collect.store import Page
 from keda_gpu_scaler.core.demand_values import demand_pod_values as pod_values_of_tracks
 from keda_gpu_scaler.core.demand_values import is_measured, with_pending
 from keda_gpu_scaler.core.errors import NoData
 from keda_gpu_scaler.core.scaling import PodRow, evaluate
+from keda_gpu_scaler.core.snapshot import SourceKind
 from keda_gpu_scaler.core.trigger import Aggregation, TriggerSpec, parse_trigger
 from keda_gpu_scaler.pages.engines import PodSamples
 from keda_gpu_scaler.pages.exposition import parse_exposition

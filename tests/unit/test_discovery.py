@@ -11,16 +11,16 @@ from prometheus_client import CollectorRegistry, Gauge
 from keda_gpu_scaler.collect.wanted import ExporterNode, ExporterPage, WantedSources
 from keda_gpu_scaler.config.settings import SettingsError, build_settings, resolve_kubernetes
 from keda_gpu_scaler.core.errors import NoData
-from keda_gpu_scaler.core.trigger import parse_trigger
-from keda_gpu_scaler.kubernetes.exporters import ExporterDiscovery
-from keda_gpu_scaler.kubernetes.pods import PodInfo, exporter_url, pod_info
-from keda_gpu_scaler.kubernetes.scaledobject import metric_type_for, parse_scaled_object
-from keda_gpu_scaler.kubernetes.selectors import (
+from keda_gpu_scaler.core.selectors import (
     DEFAULT_EXPORTER_SELECTORS,
     SelectorError,
     parse_exporter_selector,
     parse_selector,
 )
+from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.kubernetes.exporters import ExporterDiscovery
+from keda_gpu_scaler.kubernetes.pods import PodInfo, exporter_url, pod_info
+from keda_gpu_scaler.kubernetes.scaledobject import metric_type_for, parse_scaled_object
 from keda_gpu_scaler.kubernetes.targets import NamespaceIndex, Selection
 
 LABELS = {"app": "vllm", "tier": "gpu", "version": "3", "app.kubernetes.io/name": "dcgm-exporter"}

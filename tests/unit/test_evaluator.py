@@ -10,8 +10,8 @@ from keda_gpu_scaler.core.errors import NoData
 from keda_gpu_scaler.core.trigger import parse_trigger
 from keda_gpu_scaler.pages.vendors import Family, GpuReading
 from keda_gpu_scaler.server.evaluator import Evaluator
-from keda_gpu_scaler.server.metrics import Telemetry
 from keda_gpu_scaler.server.registry import Registry
+from keda_gpu_scaler.telemetry import Telemetry
 
 SPEC = parse_trigger({"threshold": "70", "podNamePrefix": "vllm-"})
 

@@ -19,7 +19,7 @@ from keda_gpu_scaler.config.settings import Settings
 from keda_gpu_scaler.pages import prometheus_answer
 from keda_gpu_scaler.pages.jsonpieces import OFF_LOOP_BYTES, TooManyItems, loads_in_pieces
 from keda_gpu_scaler.pages.prometheus_answer import MAX_ANSWER_ELEMENTS, PrometheusError, parse_vector
-from keda_gpu_scaler.server.metrics import Telemetry
+from keda_gpu_scaler.telemetry import Telemetry
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=8),

@@ -9,7 +9,7 @@ import pytest
 
 from keda_gpu_scaler.collect.demand_history import DemandHistory
 from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
-from keda_gpu_scaler.collect.store import Page, SourceKind, Store
+from keda_gpu_scaler.collect.store import Page, Store
 from keda_gpu_scaler.core.latency import (
     LatencyRead,
     guarded_value,
@@ -18,6 +18,7 @@ from keda_gpu_scaler.core.latency import (
     latency_read,
 )
 from keda_gpu_scaler.core.slo import SloTarget
+from keda_gpu_scaler.core.snapshot import SourceKind
 from keda_gpu_scaler.pages.engines import PodSamples, pod_counters
 from keda_gpu_scaler.pages.exposition import parse_exposition
 

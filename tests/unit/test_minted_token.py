@@ -9,7 +9,7 @@ import pytest
 
 from keda_gpu_scaler.collect.gateway_token import MintedToken, TokenUnavailable
 from keda_gpu_scaler.config.secretfile import SecretFileError
-from keda_gpu_scaler.kubernetes.api import KubeError
+from keda_gpu_scaler.core.errors import KubeError
 
 NOW = 1_800_000_000.0  # 2027-01-15T08:00:00Z
 

@@ -13,7 +13,7 @@ from keda_gpu_scaler.collect.http import PageFetcher, client_session
 from keda_gpu_scaler.collect.scrape import PARSE_OFF_LOOP_BYTES, ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.collect.wanted import WantedSources
-from keda_gpu_scaler.server.metrics import Telemetry
+from keda_gpu_scaler.telemetry import Telemetry
 
 LABELLED = dcgm_page([GpuLine("llm", "llm-0", 90), GpuLine("llm", "llm-1", 90, gpu=1)])
 # The same GPUs with no pod labels: dcgm-exporter lost the kubelet's pod-resources socket.

@@ -6,7 +6,8 @@ import pytest
 
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
 from keda_gpu_scaler.collect.pending_history import PendingHistory
-from keda_gpu_scaler.collect.store import Page, SourceKind
+from keda_gpu_scaler.collect.store import Page
+from keda_gpu_scaler.core.snapshot import SourceKind
 from keda_gpu_scaler.demo.epp import Queued, epp_page
 from keda_gpu_scaler.pages.gateways import page_queue
 

@@ -24,7 +24,7 @@ from keda_gpu_scaler.collect.prometheus import (
     pod_inference_source,
 )
 from keda_gpu_scaler.collect.prometheus_client import http_error
-from keda_gpu_scaler.collect.store import SourceKind, Store
+from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.collect.wanted import PrometheusQuery, WantedSources
 from keda_gpu_scaler.config.settings import (
     PROMETHEUS_PASSWORD_ENV,
@@ -32,6 +32,7 @@ from keda_gpu_scaler.config.settings import (
     build_settings,
     env_values,
 )
+from keda_gpu_scaler.core.snapshot import SourceKind
 from keda_gpu_scaler.demo import engines as simulated
 from keda_gpu_scaler.pages.engines import (
     ENGINE_SAMPLE_NAMES,

@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from keda_gpu_scaler.core.selectors import parse_selector
 from keda_gpu_scaler.kubernetes.api import Gone
 from keda_gpu_scaler.kubernetes.informer import RELIST_SLICE, PodInformer
-from keda_gpu_scaler.kubernetes.selectors import parse_selector
 from keda_gpu_scaler.kubernetes.targets import NamespaceIndex
 
 PODS = RELIST_SLICE + 100  # a rollout bigger than one slice

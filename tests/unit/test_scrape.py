@@ -24,7 +24,7 @@ from keda_gpu_scaler.collect.scrape import GPU_EXPORTER_PAGES, PageReader, Scrap
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.collect.wanted import WantedSources
 from keda_gpu_scaler.pages import exposition
-from keda_gpu_scaler.server.metrics import Telemetry
+from keda_gpu_scaler.telemetry import Telemetry
 
 PAGE = dcgm_page([GpuLine("llm", "vllm-0", 30), GpuLine("llm", "vllm-1", 40, gpu=1)])
 # A gzip page cut inside its stream: the part that inflates still reads as a valid, shorter page.

@@ -12,7 +12,7 @@ from support import GpuLine, dcgm_page
 from keda_gpu_scaler.collect import scrape
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.collect.wanted import WantedSources
-from keda_gpu_scaler.server.metrics import Telemetry
+from keda_gpu_scaler.telemetry import Telemetry
 
 
 class _Node:

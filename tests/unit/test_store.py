@@ -8,14 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keda_gpu_scaler.collect.store import (
-    ATTRIBUTION_LOST,
-    NamespaceView,
-    Page,
-    SourceKind,
-    Store,
-    source_problem,
-)
+from keda_gpu_scaler.collect.store import ATTRIBUTION_LOST, Page, Store, source_problem
+from keda_gpu_scaler.core.snapshot import NamespaceView, SourceKind
 from keda_gpu_scaler.pages.vendors import Family, GpuReading
 
 
