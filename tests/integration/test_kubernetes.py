@@ -27,7 +27,7 @@ from fake_kube import (
 from support import ExporterServer, GpuLine, dcgm_page, eventually, latest_trigger
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.kubernetes.selectors import parse_exporter_selector
 
 NS = "llm"

@@ -8,7 +8,7 @@ from keda_gpu_scaler.collect.snapshot import Snapshot
 from keda_gpu_scaler.collect.store import NamespaceView, SourceKind
 from keda_gpu_scaler.core.decide import decide
 from keda_gpu_scaler.core.errors import NoData
-from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.kubernetes.targets import Targets
 from keda_gpu_scaler.pages.vendors import Family, GpuReading
 

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from keda_gpu_scaler.collect.wanted import ExporterNode, ExporterPage, WantedSources
 from keda_gpu_scaler.config.settings import SettingsError, build_settings, resolve_kubernetes
 from keda_gpu_scaler.core.errors import NoData
-from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.kubernetes.exporters import ExporterDiscovery
 from keda_gpu_scaler.kubernetes.pods import PodInfo, exporter_url, pod_info
 from keda_gpu_scaler.kubernetes.scaledobject import metric_type_for, parse_scaled_object
