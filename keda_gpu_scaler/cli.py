@@ -13,8 +13,8 @@ import sys
 from collections.abc import Sequence
 
 from keda_gpu_scaler import __version__
+from keda_gpu_scaler.config.flags import FLAGS
 from keda_gpu_scaler.config.settings import (
-    FLAGS,
     Settings,
     SettingsError,
     build_settings,
