@@ -822,7 +822,7 @@ def report(
             ("scrape path (collect/)", "collect/"),
             ("evaluation (evaluator, scaling)", "evaluator"),
             ("gRPC service", "service.py"),
-            ("trigger parsing", "trigger.py"),
+            ("trigger parsing", "trigger_parse.py"),
             ("/metrics (prometheus_client)", "prometheus_client"),
             ("aiohttp", "aiohttp"),
             ("gRPC (grpc/aio)", "grpc"),

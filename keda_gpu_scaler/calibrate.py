@@ -26,7 +26,7 @@ from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
 from keda_gpu_scaler.core.decide import decide
 from keda_gpu_scaler.core.demand import DEFAULT_PREFILL_WEIGHT, DemandPoint, DemandUnit, over_window
 from keda_gpu_scaler.core.snapshot import NamespaceView, Snapshot, SourceKind, Track
-from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.pages.engines import Missing, PodSamples, pod_reading
 from keda_gpu_scaler.pages.exposition import ExpositionError, Sample, parse_exposition
 

@@ -13,8 +13,8 @@ import sys
 from collections.abc import Sequence
 
 from keda_gpu_scaler import __version__
+from keda_gpu_scaler.config.flags import FLAGS
 from keda_gpu_scaler.config.settings import (
-    FLAGS,
     Settings,
     SettingsError,
     build_settings,
@@ -197,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from keda_gpu_scaler.app import App, run_until_signalled
-    from keda_gpu_scaler.collect.prometheus import sample_window
+    from keda_gpu_scaler.collect.prometheus_sources import sample_window
 
     values = env_values()
     given = {flag.dest: v for flag in FLAGS if (v := getattr(args, flag.dest)) is not None}

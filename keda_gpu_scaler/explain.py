@@ -23,7 +23,8 @@ from keda_gpu_scaler.collect.wanted import (
 )
 from keda_gpu_scaler.config.settings import Settings
 from keda_gpu_scaler.core.errors import ScalerError
-from keda_gpu_scaler.core.trigger import Metric, TriggerSpec, parse_trigger
+from keda_gpu_scaler.core.trigger import Metric, TriggerSpec
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.server.evaluator import Evaluator
 from keda_gpu_scaler.server.http_endpoints import explanation_json
 from keda_gpu_scaler.server.registry import Followed

@@ -20,7 +20,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from keda_gpu_scaler.config.settings import FLAGS, Flag  # noqa: E402
+from keda_gpu_scaler.config.flags import FLAGS, Flag  # noqa: E402
 
 CHART = ROOT / "charts" / "keda-gpu-scaler"
 VALUES = CHART / "values.yaml"

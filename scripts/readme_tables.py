@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from keda_gpu_scaler.cli import add_demo_arguments
-from keda_gpu_scaler.config.settings import FLAGS
+from keda_gpu_scaler.config.flags import FLAGS
 from keda_gpu_scaler.core.trigger import KEYS
 
 

@@ -16,6 +16,18 @@ from dataclasses import dataclass
 from keda_gpu_scaler.collect.backoff import backoff_delay, jittered
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
+from keda_gpu_scaler.collect.prometheus_sources import (
+    EPP_SERIES,
+    GATEWAY_SERIES,
+    GPU_SERIES,
+    INFERENCE_SERIES,
+    gateway_source,
+    inference_source,
+    namespace_source,
+    pod_inference_source,
+    query_name,
+    sample_window,
+)
 from keda_gpu_scaler.collect.store import Page, Store
 from keda_gpu_scaler.collect.supervise import cancel_all
 from keda_gpu_scaler.collect.wanted import PrometheusQuery, WantedSources
@@ -52,44 +64,10 @@ from keda_gpu_scaler.pages.vendors import readings_from_samples
 
 log = logging.getLogger(__name__)
 
-# What a PrometheusQuery asks for (wanted.PrometheusQuery.what).
-GPU_SERIES = "gpu"
-INFERENCE_SERIES = "inference"  # a namespace's inference-server series (SPEC §6)
-GATEWAY_SERIES = "gateway"  # one InferencePool's endpoint-picker series (SPEC §7)
-# What an endpoint picker's page must have series of (a replica whose page lacks them is lost, not gone).
-EPP_SERIES = "the endpoint picker's flow-control queue"
-
 # One upstream serves every namespace: a failing one is retried at most this many intervals apart, so
 # data comes back within about two intervals of Prometheus (or a refreshed token) coming back, without a
 # query storm meanwhile.
 MAX_BACKOFF_INTERVALS = 3
-
-
-def sample_window(max_staleness: float, interval: float) -> float:
-    """How old a sample may be when queried to be used.
-
-    A sample is used while it is at most max-staleness old, and a collection's result is reused until
-    the next one, so at query time it may be at most max-staleness less one interval old.
-    """
-    return max_staleness - interval if max_staleness > interval else max_staleness
-
-
-def gateway_source(namespace: str, pool: str) -> str:
-    """The store source of one InferencePool's endpoint-picker series (SourceKind.PROMETHEUS_GATEWAY)."""
-    return f"prometheus-gateway:{namespace}/{pool}"
-
-
-def inference_source(namespace: str) -> str:
-    """The store source of one namespace's inference series (SourceKind.PROMETHEUS_INFERENCE)."""
-    return f"prometheus-inference:{namespace}"
-
-
-def pod_inference_source(namespace: str, pod: str) -> str:
-    """The store source tied to one pod that left its namespace's page but is not gone (a failing one)."""
-    return f"{inference_source(namespace)}/{pod}"
-
-
-# --- the collector ------------------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
@@ -198,7 +176,7 @@ class PrometheusCollector:
     def _forget(self, namespace: str) -> None:
         for target in self._targets.pop(namespace, {}).values():
             self._store.remove_source(target.source)
-        self._store.remove_source(_namespace_source(namespace))
+        self._store.remove_source(namespace_source(namespace))
 
     def _forget_inference(self, namespace: str) -> None:
         self._inference_pods.pop(namespace, None)
@@ -211,6 +189,13 @@ class PrometheusCollector:
         self._gateway_previous.pop((namespace, pool), None)
         self._store.remove_source(gateway_source(namespace, pool))
 
+    def _times(self) -> tuple[float, float]:
+        """The evaluation time sent (whole milliseconds: exactly the one compared with later) and now."""
+        return round(self._wall() * 1000) / 1000, self._clock()
+
+    async def _series(self, promql: str, at: float, purpose: str) -> list[Sample]:
+        return samples_with_times(await self._client.query(promql, at, purpose))
+
     async def collect_gateway_once(self, namespace: str, pool: str) -> bool:
         """Query one InferencePool's endpoint-picker series now and store them. True when Prometheus answered.
 
@@ -221,15 +206,13 @@ class PrometheusCollector:
         target Prometheus dropped (the pod was deleted) is gone. Ages as for inference series: nothing
         older than the sample window is used, and the page is as old as its oldest sample kept.
         """
-        at, now = round(self._wall() * 1000) / 1000, self._clock()
+        at, now = self._times()
         query = PrometheusQuery(GATEWAY_SERIES, namespace, pool)
         source = gateway_source(namespace, pool)
         self._store.add_source(source, SourceKind.PROMETHEUS_GATEWAY, namespace)
         seen = self._gateway_replicas.setdefault((namespace, pool), {})
         try:
-            samples = samples_with_times(
-                await self._client.query(gateway_query(namespace, pool), at, "gateway")
-            )
+            samples = await self._series(gateway_query(namespace, pool), at, "gateway")
             found = gateway_replicas(samples, namespace, at, self._window)
             ups = await self._ups_of_lost(namespace, seen, found, at)
         except PrometheusError as error:
@@ -263,7 +246,7 @@ class PrometheusCollector:
             **{n: t for n, t in previous.items() if n in seen},
             **tables,
         }
-        collected_at = now if found.oldest is None else now - max(0.0, at - found.oldest)
+        collected_at = _collected_at(now, at, found.oldest)
         by_namespace: dict[str, tuple[Reading, ...]] = {namespace: (*queues, *missing)}
         self._store.record_page(Page(source, collected_at, by_namespace))
         return True
@@ -277,9 +260,7 @@ class PrometheusCollector:
         if not lost:
             return []
         asked = {t for name in lost for t in seen[name] | found.targets.get(name, frozenset())}
-        return up_series(
-            samples_with_times(await self._client.query(up_query(namespace, lost, asked), at, "up"))
-        )
+        return up_series(await self._series(up_query(namespace, lost, asked), at, "up"))
 
     def _failed(self, query: PrometheusQuery, source: str, error: PrometheusError) -> bool:
         """A query without an answer: recorded on its source; said once in the log, until it answers."""
@@ -287,7 +268,7 @@ class PrometheusCollector:
         self._store.record_failure(source, message)
         if query not in self._failing:
             self._failing.add(query)
-            log.warning("Prometheus source, %s: %s", _what(query), message)
+            log.warning("Prometheus source, %s: %s", query_name(query), message)
         return False
 
     def _answered(self, query: PrometheusQuery, samples: Sequence[Sample], at: float) -> None:
@@ -295,21 +276,18 @@ class PrometheusCollector:
             self._no_sample_times()
         if query in self._failing:
             self._failing.discard(query)
-            log.info("Prometheus source, %s: answering again", _what(query))
+            log.info("Prometheus source, %s: answering again", query_name(query))
 
     async def collect_once(self, namespace: str) -> bool:
         """Query Prometheus for one namespace now and store the result. True when Prometheus answered."""
-        # Whole milliseconds: the evaluation time sent is then exactly the one compared with below.
-        at, now = round(self._wall() * 1000) / 1000, self._clock()
-        source = _namespace_source(namespace)
+        at, now = self._times()
+        source = namespace_source(namespace)
         self._store.add_source(source, SourceKind.PROMETHEUS, namespace)
         known = self._targets.setdefault(namespace, {})
         try:
-            samples = samples_with_times(
-                await self._client.query(namespace_query(namespace), at, "namespace")
-            )
+            samples = await self._series(namespace_query(namespace), at, "namespace")
             for query in gpu_queries(samples):
-                more = samples_with_times(await self._client.query(query, at, "gpus"))
+                more = await self._series(query, at, "gpus")
                 samples = merged(samples, more)
             by_target: dict[Target, list[Sample]] = {}
             for sample in samples:
@@ -317,13 +295,7 @@ class PrometheusCollector:
             lost = [target for target in known if target not in by_target]
             alive = await self._alive(lost, at) if lost else set()
             down = [target for target in lost if target not in alive]
-            ups = (
-                up_series(
-                    samples_with_times(await self._client.query(up_query(namespace, (), down), at, "up"))
-                )
-                if down
-                else []
-            )
+            ups = up_series(await self._series(up_query(namespace, (), down), at, "up")) if down else []
             if not by_target and not known:
                 await self._check_fleet(at)
         except PrometheusError as error:
@@ -365,14 +337,12 @@ class PrometheusCollector:
         stopped server cannot shrink the value, SPEC §4); once Prometheus no longer has its scrape target
         (the pod was deleted) that source goes, and so does the pod. Fresh again: the source goes too.
         """
-        at, now = round(self._wall() * 1000) / 1000, self._clock()
+        at, now = self._times()
         source = inference_source(namespace)
         self._store.add_source(source, SourceKind.PROMETHEUS_INFERENCE, namespace)
         seen = self._inference_pods.setdefault(namespace, {})
         try:
-            samples = samples_with_times(
-                await self._client.query(inference_query(namespace), at, "inference")
-            )
+            samples = await self._series(inference_query(namespace), at, "inference")
             found = inference_pods(samples, namespace, at, self._window)
             ups = await self._ups_of_lost(namespace, seen, found, at)
         except PrometheusError as error:
@@ -387,7 +357,7 @@ class PrometheusCollector:
                 namespace,
                 ", ".join(found.stale[:10]),
             )
-        collected_at = now if found.oldest is None else now - max(0.0, at - found.oldest)
+        collected_at = _collected_at(now, at, found.oldest)
         # Elements of this kind are PodSamples, not GPU readings (store.SourceKind.PROMETHEUS_INFERENCE).
         pods = tuple(PodSamples(namespace, pod, series) for pod, series in found.by_pod)
         by_namespace: dict[str, tuple[Reading, ...]] = {namespace: pods}
@@ -460,9 +430,9 @@ class PrometheusCollector:
         if state is None:
             job, instance = target
             name = (
-                f"{_namespace_source(namespace)} {job}/{instance}"
+                f"{namespace_source(namespace)} {job}/{instance}"
                 if job or instance
-                else f"{_namespace_source(namespace)} (no job/instance)"
+                else f"{namespace_source(namespace)} (no job/instance)"
             )
             state = known[target] = _TargetSource(name, collected_at)
             self._store.add_source(name, SourceKind.PROMETHEUS, namespace)
@@ -496,14 +466,6 @@ class PrometheusCollector:
         self._fleet_seen_until = at + self._interval
 
 
-def _what(query: PrometheusQuery) -> str:
-    """A query as the log names it."""
-    if query.what == GATEWAY_SERIES:
-        return f"InferencePool {query.namespace}/{query.pool}"
-    if query.what == INFERENCE_SERIES:
-        return f"namespace {query.namespace}, inference series"
-    return f"namespace {query.namespace}"
-
-
-def _namespace_source(namespace: str) -> str:
-    return f"prometheus {namespace}"
+def _collected_at(now: float, at: float, oldest: float | None) -> float:
+    """A page is as old as its oldest sample kept (now, when it keeps none)."""
+    return now if oldest is None else now - max(0.0, at - oldest)

@@ -11,7 +11,7 @@ from keda_gpu_scaler.collect.gateway import GatewayPages
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
 from keda_gpu_scaler.collect.inference import page_of
 from keda_gpu_scaler.collect.pending_history import PendingHistory
-from keda_gpu_scaler.collect.prometheus import gateway_source
+from keda_gpu_scaler.collect.prometheus_sources import gateway_source
 from keda_gpu_scaler.collect.store import Store, source_problem
 from keda_gpu_scaler.collect.wanted import EppPool
 from keda_gpu_scaler.core.demand import MAX_WINDOW_SECONDS, MIN_WINDOW_SECONDS

@@ -1,12 +1,10 @@
-"""Trigger metadata → a typed, validated, immutable TriggerSpec (SPEC §3), parsed once per distinct map."""
+"""What a trigger is (SPEC §3): the immutable TriggerSpec, the choices its keys take, and the one table of keys
+(trigger_parse reads metadata into a TriggerSpec by it)."""
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 from keda_gpu_scaler.core.demand import (
     DEFAULT_PREFILL_WEIGHT,
@@ -15,8 +13,7 @@ from keda_gpu_scaler.core.demand import (
     MIN_WINDOW_SECONDS,
     DemandUnit,
 )
-from keda_gpu_scaler.core.errors import ConfigError, quoted
-from keda_gpu_scaler.core.slo import SLO_KEYS, SloTarget, take_slo
+from keda_gpu_scaler.core.slo import SLO_KEYS, SloTarget
 from keda_gpu_scaler.core.value_parsers import (
     REQUIRED,
     MetadataKey,
@@ -35,15 +32,8 @@ from keda_gpu_scaler.core.value_parsers import (
     parse_threshold_or_auto,
     parse_threshold_start,
     parse_window,
-    settle_auto_threshold,
 )
-from keda_gpu_scaler.pages.engines import (
-    ENGINE_CHOICES,
-    accepts_model,
-    engine_supports,
-    supports_tokens,
-    unsupported_message,
-)
+from keda_gpu_scaler.pages.engines import ENGINE_CHOICES
 from keda_gpu_scaler.pages.gateways import DEFAULT_GATEWAY_METRICS_PORT
 from keda_gpu_scaler.pages.vendors import Family, NvidiaField
 
@@ -115,10 +105,6 @@ class Source(StrEnum):
 # KEDA forwards these with every call; they configure KEDA's side of the connection, not ours.
 KEDA_OWN_KEYS = frozenset({"scalerAddress", "enableTLS", "unsafeSsl"})
 FROM_ENV = "FromEnv"
-
-MAX_METADATA_KEYS = 64
-MAX_METADATA_VALUE_CHARS = 1024
-MAX_METADATA_KEY_CHARS = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,8 +335,7 @@ KEYS: tuple[MetadataKey, ...] = (
     ),
     *SLO_KEYS,
 )
-_KEYS = {k.key: k for k in KEYS}
-METADATA_KEYS: tuple[str, ...] = tuple(_KEYS)
+KEYS_BY_NAME = {k.key: k for k in KEYS}
 DEFAULT_METRIC_NAMES = {
     Metric.UTILIZATION: "gpu-utilization",
     Metric.MEMORY: "gpu-memory",
@@ -360,188 +345,3 @@ DEFAULT_METRIC_NAMES = {
     Metric.DEMAND: "inference-demand",
     Metric.PENDING: "gateway-pending",
 }
-_GPU_ONLY_KEYS = ("vendor", "nvidia_field", "gpu_aggregation")
-_INFERENCE_ONLY_KEYS = ("engine", "model", "metrics_port", "metrics_path")
-_GATEWAY_ONLY_KEYS = ("inference_pool", "gateway_metrics_port")
-_DEMAND_ONLY_KEYS = ("window", "demand_unit", "prefill_weight")
-# Keys about the target's pods: `pending` reads no pod of the target (there is none at zero replicas),
-# so giving one would silently do nothing.
-_POD_KEYS = ("pod_selector", "pod_name_prefix", "aggregation")
-# What `pending` refuses: every key about GPUs, inference pages or target pods, except `model`, which
-# selects the queue's model there too.
-_NOT_FOR_PENDING = tuple(
-    k for k in (*_GPU_ONLY_KEYS, *_INFERENCE_ONLY_KEYS, *_POD_KEYS, *_DEMAND_ONLY_KEYS) if k != "model"
-)
-
-
-def parse_trigger(metadata: Mapping[str, str]) -> TriggerSpec:
-    """Validate trigger metadata; raises ConfigError naming the key, the value and what is allowed."""
-    if len(metadata) > MAX_METADATA_KEYS:
-        raise ConfigError(f"metadata has {len(metadata)} keys; at most {MAX_METADATA_KEYS} are allowed")
-    ours: list[tuple[str, str]] = []
-    for key, raw in metadata.items():
-        if len(key) > MAX_METADATA_KEY_CHARS:
-            raise ConfigError(
-                f"metadata key {quoted(key)} is longer than {MAX_METADATA_KEY_CHARS} characters"
-            )
-        if len(raw) > MAX_METADATA_VALUE_CHARS:
-            raise ConfigError(
-                f"metadata {quoted(key)} is {len(raw)} characters long; at most {MAX_METADATA_VALUE_CHARS}"
-            )
-        # KEDA's own keys configure KEDA's side only: they are not parsed.
-        if key not in KEDA_OWN_KEYS:
-            ours.append((key, raw))
-    return _parse(ours)
-
-
-def _parse(items: list[tuple[str, str]]) -> TriggerSpec:
-    # Parsed on every call: a few µs, against a KEDA poll of each ScaledObject every 30 s (docs/BENCHMARKS.md,
-    # "Caches": a cache of parsed maps saved about 1 % of the scaler's CPU there).
-    fields: dict[str, Any] = {}
-    for key, raw in sorted(items):
-        # KEDA resolves `<key>FromEnv` from the target container's environment and forwards the value
-        # under that same name: it means `<key>`.
-        base = key.removesuffix(FROM_ENV) if key.endswith(FROM_ENV) else key
-        if base not in _KEYS:
-            raise ConfigError(_unknown_key_message(key))
-        spec_key = _KEYS[base]
-        if spec_key.field in fields:
-            raise ConfigError(f"metadata {base} and {base}{FROM_ENV} are both given; give one of them")
-        fields[spec_key.field] = spec_key.parse(key, raw)
-    given = {name: key for name, key in ((_KEYS[k.removesuffix(FROM_ENV)].field, k) for k, _ in items)}
-    for spec_key in KEYS:
-        if spec_key.field in fields:
-            continue
-        if spec_key.required:
-            raise ConfigError(f"metadata {spec_key.key} is required; allowed: {spec_key.help}")
-        fields[spec_key.field] = spec_key.default
-    settle_auto_threshold(fields, given)
-    fields["slo"] = take_slo(fields, given, demand=fields["metric"] is Metric.DEMAND)
-    _check_metric_fit(fields, given)
-    if fields["metric_name"] is None:
-        fields["metric_name"] = DEFAULT_METRIC_NAMES[fields["metric"]]
-    if fields["pod_selector"] is not None and fields["pod_name_prefix"] is not None:
-        raise ConfigError("metadata podSelector and podNamePrefix exclude each other; give one of them")
-    return TriggerSpec(**fields)
-
-
-# A percent threshold below 1 is almost always a fraction typed for a percent (vLLM's page prints the
-# KV-cache as 0-1): threshold 0.8 would ask for 100 times the replicas meant.
-MIN_PERCENT_THRESHOLD = 1.0
-
-
-def _check_percent_threshold(metric: Metric, threshold: float) -> None:
-    allowed = f"allowed: a percentage with {MIN_PERCENT_THRESHOLD:g} <= threshold <= 100"
-    if threshold > 100:
-        raise ConfigError(
-            f"metadata threshold={threshold:g} is out of range for metric={metric.value}; {allowed}"
-        )
-    if threshold < MIN_PERCENT_THRESHOLD:
-        as_percent = threshold * 100
-        hint = (
-            f'; {threshold:g} looks like a fraction: as a percent it is threshold: "{as_percent:g}"'
-            if as_percent >= MIN_PERCENT_THRESHOLD
-            else ""
-        )
-        raise ConfigError(
-            f"metadata threshold={threshold:g} is out of range for metric={metric.value}; {allowed}{hint}"
-        )
-
-
-def _check_metric_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
-    """Keys that only make sense for one kind of metric, and what the chosen engine can serve."""
-    metric: Metric = fields["metric"]
-    if metric.percent:
-        _check_percent_threshold(metric, fields["threshold"])
-    if metric.gateway:
-        _check_gateway_fit(given)
-        return
-    if metric is Metric.DEMAND:
-        _check_demand_fit(fields, given)
-    else:
-        for name in _DEMAND_ONLY_KEYS:
-            if name in given:
-                raise ConfigError(
-                    f"metadata {given[name]}={quoted(_given_value(fields, name))} applies only to"
-                    f" metric=demand, not to metric={metric.value}; remove it"
-                )
-        for name in _GATEWAY_ONLY_KEYS:
-            if name in given:
-                raise ConfigError(
-                    f"metadata {given[name]} applies only to metric=pending and metric=demand (the inference"
-                    f" gateway's queue), not to metric={metric.value}"
-                )
-    wrong = _GPU_ONLY_KEYS if metric.inference else _INFERENCE_ONLY_KEYS
-    for name in wrong:
-        if name in given:
-            kind = (
-                "GPU metrics (utilization, memory)"
-                if metric.inference
-                else "inference metrics (requests, queue, kv_cache, demand)"
-            )
-            raise ConfigError(f"metadata {given[name]} applies only to {kind}, not to metric={metric.value}")
-    if metric.inference:
-        if not engine_supports(fields["engine"], metric.value):
-            raise ConfigError(f"metadata {unsupported_message(fields['engine'], metric.value)}")
-        if fields["model"] is not None and not accepts_model(fields["engine"]):
-            raise ConfigError(
-                f"metadata model={quoted(fields['model'])}: engine {fields['engine']} series carry no model label"
-            )
-
-
-def _given_value(fields: dict[str, Any], name: str) -> str:
-    value = fields[name]
-    return (
-        value.value
-        if isinstance(value, StrEnum)
-        else f"{value:g}"
-        if isinstance(value, float)
-        else str(value)
-    )
-
-
-def _check_demand_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
-    """metric=demand: what the unit and the pool need."""
-    if fields["demand_unit"] is DemandUnit.TOKENS and not supports_tokens(fields["engine"]):
-        raise ConfigError(
-            f"metadata demandUnit=tokens: engine {fields['engine']} prints no token counters; use"
-            " demandUnit requests"
-        )
-    if "prefill_weight" in given and fields["demand_unit"] is not DemandUnit.TOKENS:
-        raise ConfigError(
-            f"metadata {given['prefill_weight']} applies only to demandUnit=tokens (requests are counted,"
-            " not weighed); remove it or set demandUnit: tokens"
-        )
-    if fields["source"] is Source.PROMETHEUS:
-        raise ConfigError(
-            "metadata source='prometheus' is not available for metric=demand: its rates are taken over the"
-            " pods' own pages as they are read; allowed: scrape"
-        )
-    if "gateway_metrics_port" in given and "inference_pool" not in given:
-        raise ConfigError(
-            f"metadata {given['gateway_metrics_port']} applies only with inferencePool (the pool whose"
-            " endpoint picker's queue adds to demand)"
-        )
-
-
-def _check_gateway_fit(given: dict[str, str]) -> None:
-    """metric=pending: inferencePool is required; keys about GPUs, inference pages or target pods are not."""
-    if "inference_pool" not in given:
-        raise ConfigError(
-            "metadata inferencePool is required for metric=pending; allowed: the name of the InferencePool"
-            " (in the ScaledObject's namespace) whose endpoint picker holds the requests"
-        )
-    for name in _NOT_FOR_PENDING:
-        if name in given:
-            raise ConfigError(
-                f"metadata {given[name]} does not apply to metric=pending: it reads the queue of the"
-                " InferencePool's endpoint picker (summed over its replicas), not the target's pods;"
-                " remove it"
-            )
-
-
-def _unknown_key_message(key: str) -> str:
-    allowed = sorted(set(_KEYS) | KEDA_OWN_KEYS)
-    close = difflib.get_close_matches(key, allowed, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return f"metadata key {quoted(key)} is unknown{hint}; allowed keys: {', '.join(allowed)}"

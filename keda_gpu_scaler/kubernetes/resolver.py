@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter, Gauge
@@ -27,15 +27,14 @@ from keda_gpu_scaler.core.snapshot import Targets
 from keda_gpu_scaler.core.trigger import TriggerSpec
 from keda_gpu_scaler.kubernetes.api import SCALED_OBJECTS, KubeApi, connect
 from keda_gpu_scaler.kubernetes.exporters import ExporterDiscovery
+from keda_gpu_scaler.kubernetes.followed import Followed, WatchedNamespace
 from keda_gpu_scaler.kubernetes.gateway import GatewayBook, GatewayDiscovery
 from keda_gpu_scaler.kubernetes.informer import ObjectInformer, PodInformer
 from keda_gpu_scaler.kubernetes.kinds import ScaleKinds
 from keda_gpu_scaler.kubernetes.pods import PodInfo
 from keda_gpu_scaler.kubernetes.scaledobject import (
-    EXTERNAL_TRIGGER_TYPES,
     ScaledObjectError,
     ScaledObjectInfo,
-    metric_type_for,
     parse_scaled_object,
 )
 from keda_gpu_scaler.kubernetes.targets import NamespaceIndex, Selection
@@ -46,9 +45,6 @@ __all__ = ["DiscoveryConfig", "KubeDiscovery", "Targets"]
 log = logging.getLogger(__name__)
 
 FIRST_RETRY_SECONDS = 0.5
-# Distinct trigger metadata whose metricType is remembered per ScaledObject: a caller that sends ever new
-# ones must not grow discovery's state without bound (all are dropped, and worked out again if asked).
-MAX_METRIC_TYPES = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,49 +53,6 @@ class DiscoveryConfig:
     exporter_selectors: tuple[ExporterSelector, ...]
     refresh_interval: float  # seconds between re-reads of a ScaledObject and its /scale
     static_urls: frozenset[str] = frozenset()  # --exporter-url: never removed by discovery
-
-
-@dataclass(eq=False)
-class _Tracked:
-    """What discovery knows of one ScaledObject."""
-
-    namespace: str
-    name: str
-    info: ScaledObjectInfo | None = None
-    object_error: str | None = None
-    selector: Selector | None = None  # the scale target's, from its /scale subresource
-    scale_error: str | None = None
-    # What its followed triggers select: the scale target's pods (wants_target), or other pods by their
-    # podSelector metadata. Set by their subscriptions (select()); nothing selected, no pod watched.
-    wants_target: bool = False
-    overrides: dict[str, Selector] = field(default_factory=dict)
-    task: asyncio.Task[None] | None = None
-    notes_logged: set[str] = field(default_factory=set)
-    blip: str | None = None  # the re-read failing while the last one read stays in use
-    wake: asyncio.Event = field(default_factory=asyncio.Event)  # the ScaledObject changed: read /scale now
-    # True once the ScaledObject was read and has an external trigger: only then are its namespace's
-    # ScaledObjects watched, and its pods when a trigger selects some (a caller naming objects that do
-    # not exist makes no watch).
-    holds_namespace: bool = False
-    selections: dict[Selector, Selection] = field(default_factory=dict)  # registered in the namespace
-    metric_types: dict[TriggerSpec, tuple[str | None, str | None]] = field(default_factory=dict)
-    covered: dict[Selector, tuple[int, int]] = field(default_factory=dict)  # exporter check passed at
-
-    @property
-    def ref(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    def selectors(self) -> set[Selector]:
-        target = self.selector if self.wants_target else None
-        return {s for s in (target, *self.overrides.values()) if s is not None}
-
-
-@dataclass(eq=False)
-class _Namespace:
-    index: NamespaceIndex
-    objects: ObjectInformer  # the namespace's ScaledObjects
-    informer: PodInformer | None = None  # its pods, while some followed trigger selects pods
-    holders: set[tuple[str, str]] = field(default_factory=set)
 
 
 class KubeDiscovery:
@@ -121,8 +74,8 @@ class KubeDiscovery:
         self._settings = settings
         self._clock = clock
         self._api: KubeApi | None = None
-        self._tracked: dict[tuple[str, str], _Tracked] = {}
-        self._namespaces: dict[str, _Namespace] = {}
+        self._tracked: dict[tuple[str, str], Followed] = {}
+        self._namespaces: dict[str, WatchedNamespace] = {}
         self._kinds = ScaleKinds(clock)
         registry = telemetry.registry
         self.watch_restarts = Counter(
@@ -195,7 +148,7 @@ class KubeDiscovery:
         key = (namespace, name)
         tracked = self._tracked.get(key)
         if tracked is None:
-            tracked = _Tracked(namespace, name)
+            tracked = Followed(namespace, name)
             self._tracked[key] = tracked
             self.tracked_scaled_objects.set(len(self._tracked))
         if tracked.task is None and self._api is not None:
@@ -207,20 +160,8 @@ class KubeDiscovery:
         tracked = self._tracked.get((namespace, name))
         if tracked is None:
             return
-        wants_target = False
-        overrides: dict[str, Selector] = {}
-        for spec in specs:
-            if spec.pod_selector is None:
-                wants_target = True
-            else:
-                overrides[spec.pod_selector] = tracked.overrides.get(
-                    spec.pod_selector
-                ) or pod_selector_metadata(spec.pod_selector)
-        if wants_target == tracked.wants_target and overrides.keys() == tracked.overrides.keys():
-            return
-        tracked.wants_target = wants_target
-        tracked.overrides = overrides
-        self._register(tracked)
+        if tracked.select(specs):
+            self._register(tracked)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop everything discovery keeps for this ScaledObject, at once (its owner evicted it)."""
@@ -243,7 +184,7 @@ class KubeDiscovery:
     def resolve(self, namespace: str, name: str, spec: TriggerSpec) -> Targets:
         """The trigger's target pods now, with a GPU exporter found on their nodes where one is read."""
         tracked, selector, selection = self._selection(namespace, name, spec)
-        targets = selection.targets(self._metric_type(tracked, spec))
+        targets = selection.targets(tracked.metric_type(spec))
         # Inference metrics read the pods' own pages (SPEC §6): no GPU exporter is needed or scraped.
         if targets.pods and not spec.metric.inference:
             # Whether an exporter serves the target nodes only changes with them or with the exporters.
@@ -256,71 +197,27 @@ class KubeDiscovery:
     def selected(self, namespace: str, name: str, spec: TriggerSpec) -> Targets:
         """The pods the trigger selects now (for what is collected for it; resolve() also checks exporters)."""
         tracked, _, selection = self._selection(namespace, name, spec)
-        return selection.targets(self._metric_type(tracked, spec))
+        return selection.targets(tracked.metric_type(spec))
 
     def _selection(
         self, namespace: str, name: str, spec: TriggerSpec
-    ) -> tuple[_Tracked, Selector, Selection]:
+    ) -> tuple[Followed, Selector, Selection]:
         """The trigger's selection; raises NoData while it is not known."""
         tracked = self._tracked.get((namespace, name))
         if tracked is None:
             raise NoData(f"ScaledObject {namespace}/{name} is not followed")
         if self._api is None:
             raise NoData("Kubernetes discovery is not connected")
-        if tracked.object_error is not None:
-            raise NoData(tracked.object_error)
-        if tracked.info is None:
-            raise NoData(f"reading ScaledObject {tracked.ref} from the Kubernetes API (first look-up)")
-        if not tracked.info.triggers:
-            raise NoData(
-                f"ScaledObject {tracked.ref} has no trigger of type {' or '.join(sorted(EXTERNAL_TRIGGER_TYPES))}"
-            )
-        if spec.pod_selector is not None:
-            found = tracked.overrides.get(spec.pod_selector)
-            if found is None:
-                raise NoData(f"starting to follow the pods of podSelector {spec.pod_selector!r}")
-            selector = found
-        elif tracked.scale_error is not None:
-            raise NoData(tracked.scale_error)
-        elif tracked.selector is None:
-            raise NoData(f"reading the pod selector of {tracked.info.target} (first look-up)")
-        else:
-            selector = tracked.selector
+        selector = tracked.selector_for(spec)
         space = self._namespaces.get(namespace)
-        selection = tracked.selections.get(selector)
-        if space is None or selection is None or space.informer is None:
+        if space is None:
             raise NoData(f"starting to watch the pods in namespace {namespace!r}")
-        informer = space.informer
-        if informer.error is not None:
-            raise NoData(informer.error)
-        if not informer.synced:
-            raise NoData(f"listing the {informer.what} (first list)")
-        if not selection.complete:
-            raise NoData(f"listing the {informer.what} again (the watch fell too far behind)")
+        selection = space.synced_selection(tracked, selector)
         return tracked, selector, selection
 
     # --- internals ------------------------------------------------------------------------------------
 
-    def _metric_type(self, tracked: _Tracked, spec: TriggerSpec) -> str | None:
-        found = tracked.metric_types.get(spec)
-        if found is None:
-            assert tracked.info is not None
-            found = metric_type_for(tracked.info, spec)
-            if len(tracked.metric_types) >= MAX_METRIC_TYPES:
-                tracked.metric_types.clear()
-            tracked.metric_types[spec] = found
-        metric_type, note = found
-        if note is not None and note not in tracked.notes_logged:
-            tracked.notes_logged.add(note)
-            log.warning(
-                "ScaledObject %s: cannot tell the trigger's metricType (%s); aggregation defaults to sum,"
-                " right for metricType AverageValue",
-                tracked.ref,
-                note,
-            )
-        return metric_type
-
-    def _hold(self, tracked: _Tracked) -> None:
+    def _hold(self, tracked: Followed) -> None:
         """The ScaledObject exists and is ours to serve: watch its namespace's ScaledObjects (and its pods
         once a trigger selects some)."""
         if tracked.holds_namespace or self._api is None:
@@ -334,7 +231,7 @@ class KubeDiscovery:
                 self._object_handler(tracked.namespace),
                 on_restart=self._restarted,
             )
-            space = _Namespace(NamespaceIndex(tracked.namespace), objects)
+            space = WatchedNamespace(NamespaceIndex(tracked.namespace), objects)
             self._namespaces[tracked.namespace] = space
             objects.start()
             self._follow_gateway_pools()
@@ -342,7 +239,7 @@ class KubeDiscovery:
         tracked.holds_namespace = True
         self._register(tracked)
 
-    def _watch_pods(self, space: _Namespace) -> PodInformer:
+    def _watch_pods(self, space: WatchedNamespace) -> PodInformer:
         """Start watching a namespace's pods (and the GPU exporters) for the selections made there."""
         assert self._api is not None
         index = space.index
@@ -362,7 +259,7 @@ class KubeDiscovery:
             self._exporters.start(self._api, self._restarted)
         return informer
 
-    def _unwatch_pods(self, space: _Namespace) -> None:
+    def _unwatch_pods(self, space: WatchedNamespace) -> None:
         """No selection is left in the namespace: its pod watch ends (and the exporters' when none is left)."""
         if space.informer is None:
             return
@@ -372,7 +269,7 @@ class KubeDiscovery:
         if all(s.informer is None for s in self._namespaces.values()):
             self._exporters.close()
 
-    def _release(self, tracked: _Tracked) -> None:
+    def _release(self, tracked: Followed) -> None:
         """The ScaledObject is gone or forgotten: its selections go, and the watch when nobody else needs it."""
         if not tracked.holds_namespace:
             return
@@ -409,7 +306,7 @@ class KubeDiscovery:
 
         return on_relist
 
-    def _register(self, tracked: _Tracked) -> None:
+    def _register(self, tracked: Followed) -> None:
         """Make the namespace follow exactly the selectors this ScaledObject needs now; its pods are
         watched while some selection is made there."""
         space = self._namespaces.get(tracked.namespace)
@@ -431,16 +328,6 @@ class KubeDiscovery:
                 self._unwatch_pods(space)
         if changed:
             self.on_change(tracked.namespace)
-
-    def _note(self, tracked: _Tracked, note: str | None) -> None:
-        """Log a passing problem of the background re-read when it starts or changes, and its end."""
-        if note == tracked.blip:
-            return
-        if note is not None:
-            log.warning("%s", note)
-        else:
-            log.info("ScaledObject %s: reading it from the Kubernetes API works again", tracked.ref)
-        tracked.blip = note
 
     def _gateway_pools_changed(self) -> None:
         """Coalesced to one look per loop turn: a subscription replaced whole (one pool released, another
@@ -464,7 +351,7 @@ class KubeDiscovery:
     def _restarted(self, reason: str) -> None:
         self.watch_restarts.labels(reason).inc()
 
-    async def _follow(self, tracked: _Tracked) -> None:
+    async def _follow(self, tracked: Followed) -> None:
         """Keep the ScaledObject and its target's selector current for as long as it is tracked.
 
         While the namespace's ScaledObjects are not watched (the object was never found, or has no
@@ -488,7 +375,7 @@ class KubeDiscovery:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(tracked.wake.wait(), jittered(delay))
 
-    async def _refresh(self, tracked: _Tracked) -> bool:
+    async def _refresh(self, tracked: Followed) -> bool:
         space = self._namespaces.get(tracked.namespace)
         if space is not None and space.objects.synced:
             # The namespace's watch holds it (or knows it is not there): no GET needed.
@@ -499,7 +386,7 @@ class KubeDiscovery:
             return True
         return await self._read_scale(tracked)
 
-    async def _read_object(self, tracked: _Tracked) -> bool:
+    async def _read_object(self, tracked: Followed) -> bool:
         assert self._api is not None
         try:
             info = parse_scaled_object(await self._api.scaled_object(tracked.namespace, tracked.name))
@@ -508,8 +395,7 @@ class KubeDiscovery:
             if not gone and tracked.info is not None:
                 # The API server is unreachable or busy for a moment: the ScaledObject last read is still
                 # the one KEDA acts on (client-go's informers keep theirs through such errors too).
-                self._note(
-                    tracked,
+                tracked.note(
                     f"re-reading ScaledObject {tracked.ref} failed, the last one read stays in use: {error}",
                 )
                 return False
@@ -522,7 +408,7 @@ class KubeDiscovery:
         self._apply(tracked, info)
         return True
 
-    def _apply(self, tracked: _Tracked, info: ScaledObjectInfo) -> None:
+    def _apply(self, tracked: Followed, info: ScaledObjectInfo) -> None:
         """A ScaledObject as just read (by a GET or from the watch)."""
         if info != tracked.info:
             tracked.metric_types.clear()
@@ -535,7 +421,7 @@ class KubeDiscovery:
         tracked.object_error = None
         if not info.triggers:
             self._release(tracked)  # no external trigger: KEDA never asks this scaler about it
-            self._note(tracked, None)
+            tracked.note(None)
             return
         self._hold(tracked)
 
@@ -564,7 +450,7 @@ class KubeDiscovery:
 
         return on_object
 
-    async def _read_scale(self, tracked: _Tracked) -> bool:
+    async def _read_scale(self, tracked: Followed) -> bool:
         assert self._api is not None and tracked.info is not None
         target = tracked.info.target
         try:
@@ -584,13 +470,13 @@ class KubeDiscovery:
             if selector != tracked.selector:
                 tracked.selector = selector
                 self._register(tracked)
-            self._note(tracked, None)
+            tracked.note(None)
             return True
         except (KubeError, SelectorError) as error:
             message = f"cannot read the pod selector of {target} for ScaledObject {tracked.ref}: {error}"
             if isinstance(error, KubeError) and error.status != 404 and tracked.selector is not None:
                 # A blip: the last selector read stays in use, for the targets and for exporter discovery.
-                self._note(tracked, f"{message}; the last one read stays in use")
+                tracked.note(f"{message}; the last one read stays in use")
                 return False
             tracked.scale_error = message
             return False

@@ -5,8 +5,23 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Set
 from functools import lru_cache
-from sys import intern
 from typing import Any, NamedTuple
+
+from keda_gpu_scaler.pages.exposition_line import (
+    BLANKS,
+    SAMPLE,
+    SAMPLE_NAME,
+    ExpositionError,
+    excerpt,
+    label_identity,
+    line_error,
+    parse_labels,
+    parse_timestamp,
+    parse_value,
+    split_line,
+)
+
+__all__ = ["ExpositionError", "Sample", "declared_types", "parse_exposition", "release_in_slices"]
 
 
 class Sample(NamedTuple):
@@ -20,10 +35,6 @@ class Sample(NamedTuple):
 
 LineNumber = Callable[[int], int]
 """Where a line is (its start in the page, or its number) → its line number."""
-
-
-class ExpositionError(ValueError):
-    """A page that is not valid text exposition; the message names the line and the reason."""
 
 
 # Passes over a whole page (a regular expression, a split) are made in pieces of about this many
@@ -62,22 +73,6 @@ def has_blank_led_line(text: str) -> bool:
         return True
     # From the newline before each piece: a line's first character is searched with its newline.
     return any(_BLANK_AFTER_NEWLINE.search(text, max(start - 1, 0), end) for start, end in line_pieces(text))
-
-
-# One C-speed match takes a sample line apart: name, label set, value, optional timestamp. Blanks and
-# tabs are the only whitespace the format knows inside a line. The label set runs to the last "}" since
-# neither a value nor a timestamp may hold one; what is inside is checked separately (_parse_labels).
-# Braces are kept out of the value and the timestamp so that backtracking over the "}"s stays linear, and
-# all whitespace, because float() and int() would quietly strip it.
-_SAMPLE_NAME = r"([a-zA-Z_:][a-zA-Z0-9_:]*)"
-_SAMPLE = re.compile(_SAMPLE_NAME + r"(?:[ \t]*\{(.*)\}[ \t]*|[ \t]+)([^\s{}]+)(?:[ \t]+([^\s{}]+))?")
-_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-# The label sets exporters actually print: no blanks, no escapes, maybe a trailing comma. Once a set
-# passes this one C-speed check, findall can pick out its pairs: no value holds a quote to confuse it.
-_PLAIN_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"\\]*)"')
-_PLAIN_LABELS = re.compile(rf"(?:{_PLAIN_PAIR.pattern},)*{_PLAIN_PAIR.pattern},?")
-_BLANKS = (" ", "\t")
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 # A label set on one page: its labels, and (looking for conflicts) what they are whatever the order they
@@ -122,7 +117,7 @@ def parse_exposition(
         # new values this loop is most of the parse.
         try:
             if isinstance(line, str):
-                split = _split_line(line, where, names)
+                split = split_line(line, where, names)
                 if split is None:
                     continue
                 name, block, value_text, timestamp_text = split
@@ -130,17 +125,17 @@ def parse_exposition(
                 name, block, value_text, timestamp_text = line
             label_set = label_sets.get(block)
             if label_set is None:
-                labels = {} if block is None else _parse_labels(block, where)
-                label_set = label_sets[block] = (labels, None if seen is None else _identity(labels))
-            value = _parse_value(value_text, where)
-            timestamp = None if timestamp_text is None else _parse_timestamp(timestamp_text, where)
+                labels = {} if block is None else parse_labels(block, where)
+                label_set = label_sets[block] = (labels, None if seen is None else label_identity(labels))
+            value = parse_value(value_text, where)
+            timestamp = None if timestamp_text is None else parse_timestamp(timestamp_text, where)
         except ExpositionError as error:
             if line_number is _same:
                 raise
             # Line numbers are counted only when one is needed: the error named the line's start.
-            raise _error(line_number(where), str(error).partition(": ")[2]) from None
+            raise line_error(line_number(where), str(error).partition(": ")[2]) from None
         if len(samples) == limit:
-            raise _error(
+            raise line_error(
                 line_number(where), f"more than {limit:,} series on this page; the limit is {limit:,}"
             )
         # (Shared by the page's samples with this label set: see Sample.labels.)
@@ -188,7 +183,7 @@ def _sample_lines(
         for index, line in enumerate(piece, start=number + 1):
             if wanted is not None and not line.startswith(wanted):
                 # The format allows blanks before a sample; they are rare, so only then pay for a strip.
-                if not line.startswith(_BLANKS):
+                if not line.startswith(BLANKS):
                     continue
                 line = line.lstrip(" \t")
                 if not line.startswith(wanted):
@@ -243,9 +238,9 @@ def _lines_starting_with(
 @lru_cache(maxsize=64)
 def _line_finder(names: frozenset[str]) -> re.Pattern[str]:
     """A line that starts with a blank (group 1), or with a wanted name (2) followed by a well-formed
-    rest (_SAMPLE's label set 3, value 4 and timestamp 5, then blanks to the end of the line) or by
-    anything else (6, left to _split_line to explain)."""
-    rest = _SAMPLE.pattern.removeprefix(_SAMPLE_NAME)
+    rest (SAMPLE's label set 3, value 4 and timestamp 5, then blanks to the end of the line) or by
+    anything else (6, left to split_line to explain)."""
+    rest = SAMPLE.pattern.removeprefix(SAMPLE_NAME)
     return re.compile(
         rf"\n(?:([ \t])[^\n]*|({_alternation(sorted(names))})(?![a-zA-Z0-9_:])"
         rf"(?:{rest}[ \t\r]*(?![^\n])|([^\n]*)))"
@@ -266,7 +261,7 @@ def too_many_samples(page: bytes, names: Set[str], limit: int) -> ExpositionErro
     reason = f"more than {limit:,} series on this page; the limit is {limit:,}"
     count = 0 if first is None else 1
     if count > limit:
-        return _error(1, reason)
+        return line_error(1, reason)
     for start, end in line_pieces(page):
         # From the newline before the piece (which belongs to the piece before) to the one it ends with
         # (which the next piece's search starts from): each line is searched once, with its newline.
@@ -274,7 +269,7 @@ def too_many_samples(page: bytes, names: Set[str], limit: int) -> ExpositionErro
         for match in finder.finditer(page, max(start - 1, 0), stop):
             count += 1
             if count > limit:
-                return _error(page.count(b"\n", 0, match.start()) + 2, reason)
+                return line_error(page.count(b"\n", 0, match.start()) + 2, reason)
     return None
 
 
@@ -330,9 +325,9 @@ def _conflict(first: tuple[float, int], sample: Sample, line_number: int) -> Non
     value, first_line = first
     if value != value and sample.value != sample.value:
         return
-    raise _error(
+    raise line_error(
         line_number,
-        f"series {_excerpt(sample.name)} with the labels of line {first_line} printed again with another"
+        f"series {excerpt(sample.name)} with the labels of line {first_line} printed again with another"
         f" value ({value:g} on line {first_line}, {sample.value:g} here): which one is true is unknown",
     )
 
@@ -345,168 +340,6 @@ def _decode(page: str | bytes) -> str:
     except UnicodeDecodeError as exc:
         line_number = page.count(b"\n", 0, exc.start) + 1
         raise ExpositionError(f"line {line_number}: invalid UTF-8") from None
-
-
-def _error(line_number: int, reason: str) -> ExpositionError:
-    return ExpositionError(f"line {line_number}: {reason}")
-
-
-def _identity(labels: dict[str, str]) -> frozenset[tuple[str, str]]:
-    """A label set whatever the order it was printed in; its hash is computed once and cached."""
-    return frozenset(labels.items())
-
-
-def _split_line(
-    line: str, line_number: int, names: Set[str] | None
-) -> tuple[str, str | None, str, str | None] | None:
-    """One sample line (stripped, not a comment) taken apart: name, label set text or None, value text,
-    timestamp text or None; None if its name is not wanted."""
-    match = _SAMPLE.fullmatch(line)
-    if match is None:
-        _reject(line, line_number, names)
-        return None
-    name, block, value_text, timestamp_text = match.groups()
-    # startswith only showed that a wanted name is a prefix: "gpu_used_vram" also starts "gpu_used_vram_x".
-    if names is not None and name not in names:
-        return None
-    return name, block, value_text, timestamp_text
-
-
-def _reject(line: str, line_number: int, names: Set[str] | None) -> None:
-    """Say what is wrong with a line that _SAMPLE does not match, unless its name is not wanted."""
-    match = _METRIC_NAME.match(line)
-    if match is None:
-        raise _error(line_number, f"invalid metric name in {_excerpt(line)}")
-    name = match.group()
-    if names is not None and name not in names:
-        return
-    rest = line[match.end() :]
-    if rest and rest[0] not in " \t{":
-        raise _error(line_number, f"invalid character {rest[0]!r} in metric name {_excerpt(name)}")
-    rest = rest.lstrip(" \t")
-    if rest.startswith("{"):
-        close = rest.rfind("}")
-        # An error in the labels comes first on the line. Without any "}", the labels' own error (an
-        # unterminated value, say) explains the line best; if they have none, the set is not closed.
-        _parse_labels(rest[1:close] if close >= 0 else rest[1:], line_number)
-        if close < 0:
-            raise _error(line_number, f"label set of {_excerpt(name)} not closed")
-        rest = rest[close + 1 :]
-    fields = rest.split()
-    if not fields:
-        raise _error(line_number, f"missing value for {_excerpt(name)}")
-    if len(fields) > 2:
-        raise _error(
-            line_number, f"unexpected text after the timestamp of {_excerpt(name)}: {_excerpt(rest)}"
-        )
-    raise _error(line_number, f"malformed value or timestamp of {_excerpt(name)}: {_excerpt(rest)}")
-
-
-def _parse_labels(block: str, line_number: int) -> dict[str, str]:
-    """Parse the text between "{" and "}": `name="value"` pairs separated by commas."""
-    if not block:
-        return {}
-    if _PLAIN_LABELS.fullmatch(block):
-        pairs = _PLAIN_PAIR.findall(block)
-        # Label names interned: every set of every page shares them.
-        labels = {intern(name): value for name, value in pairs}
-        # A duplicate or reserved name is an error: leave it to the full parser below to report it.
-        if len(labels) == len(pairs) and "__name__" not in labels:
-            return labels
-    return _parse_labels_fully(block, line_number)
-
-
-def _parse_labels_fully(block: str, line_number: int) -> dict[str, str]:
-    """Parse any label set the format allows (blanks, escapes), or say what is wrong with it."""
-    labels: dict[str, str] = {}
-    pos = 0
-    while True:
-        while block.startswith(_BLANKS, pos):
-            pos += 1
-        if pos == len(block):  # the end of the block is the "}": empty set, or after a trailing comma
-            return labels
-        equals = block.find("=", pos)
-        if equals < 0:
-            raise _error(line_number, f'expected label="value" in label set, got {_excerpt(block[pos:])}')
-        label = block[pos:equals].rstrip(" \t")
-        # ASCII identifiers are exactly the format's label names: [a-zA-Z_][a-zA-Z0-9_]*.
-        if not (label.isascii() and label.isidentifier()):
-            raise _error(line_number, f"invalid label name {_excerpt(label)}")
-        if label == "__name__":
-            raise _error(line_number, "label name '__name__' is reserved")
-        pos = equals + 1
-        while block.startswith(_BLANKS, pos):
-            pos += 1
-        if not block.startswith('"', pos):
-            raise _error(line_number, f"value of label {_excerpt(label)} is not quoted")
-        value, pos = _read_label_value(block, pos + 1, line_number, label)
-        if label in labels:
-            raise _error(line_number, f"duplicate label name {_excerpt(label)}")
-        labels[intern(label)] = value
-        while block.startswith(_BLANKS, pos):
-            pos += 1
-        if block.startswith(",", pos):
-            pos += 1
-        elif pos != len(block):
-            raise _error(line_number, f"expected ',' or '}}' after the value of label {_excerpt(label)}")
-
-
-def _read_label_value(block: str, start: int, line_number: int, label: str) -> tuple[str, int]:
-    """Read a label value from `start` (after its opening quote); return it and the index after its end.
-
-    \\\\, \\" and \\n are the format's escapes. Any other backslash is kept as it is, as the Prometheus
-    server and prometheus_client do, rather than failing a whole page on it.
-    """
-    parts: list[str] = []
-    pos = start
-    quote = -1
-    while True:
-        # Each quote and each backslash is searched for once, so a value full of escapes stays linear.
-        if quote < pos:
-            quote = block.find('"', pos)
-            if quote < 0:
-                raise _error(line_number, f"unterminated value of label {_excerpt(label)}")
-        backslash = block.find("\\", pos, quote)
-        if backslash < 0:
-            parts.append(block[pos:quote])
-            return "".join(parts), quote + 1
-        parts.append(block[pos:backslash])
-        escaped = block[backslash + 1]  # exists: the quote comes after the backslash
-        if escaped == "n":
-            parts.append("\n")
-        elif escaped in ('"', "\\"):
-            parts.append(escaped)
-        else:
-            parts.append("\\" + escaped)
-        pos = backslash + 2
-
-
-def _parse_value(text: str, line_number: int) -> float:
-    # float() also takes "1_000" and non-ASCII digits; Go's ParseFloat, which defines the format, does not.
-    # Both take NaN, Inf, +Inf and -Inf in any case.
-    if text.isascii() and "_" not in text:
-        try:
-            return float(text)
-        except ValueError:
-            pass
-    raise _error(line_number, f"value {_excerpt(text)} is not a number")
-
-
-def _parse_timestamp(text: str, line_number: int) -> int:
-    if text.isascii() and "_" not in text:
-        try:
-            timestamp = int(text)
-        except ValueError:
-            pass
-        else:
-            if _INT64_MIN <= timestamp <= _INT64_MAX:
-                return timestamp
-    raise _error(line_number, f"timestamp {_excerpt(text)} is not a 64-bit integer of milliseconds")
-
-
-def _excerpt(text: str, limit: int = 60) -> str:
-    """Quote a piece of a bad line for an error message without copying a huge line into it."""
-    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 @lru_cache(maxsize=64)

@@ -27,7 +27,8 @@ from keda_gpu_scaler.core.errors import (
     UnknownMetric,
     quoted,
 )
-from keda_gpu_scaler.core.trigger import TriggerSpec, parse_trigger
+from keda_gpu_scaler.core.trigger import TriggerSpec
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.server.evaluator import Evaluator
 from keda_gpu_scaler.server.registry import Followed, Registry
 from keda_gpu_scaler.telemetry import Telemetry

@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Protocol
 
 from keda_gpu_scaler.collect.inference import page_of
-from keda_gpu_scaler.collect.prometheus import GATEWAY_SERIES, GPU_SERIES, INFERENCE_SERIES
+from keda_gpu_scaler.collect.prometheus_sources import GATEWAY_SERIES, GPU_SERIES, INFERENCE_SERIES
 from keda_gpu_scaler.collect.wanted import (
     EppPool,
     ExporterNode,

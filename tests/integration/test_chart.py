@@ -19,7 +19,8 @@ import pytest
 import yaml
 from crd_schemas import SCHEMAS
 
-from keda_gpu_scaler.config.settings import FLAGS, build_settings, env_values
+from keda_gpu_scaler.config.flags import FLAGS
+from keda_gpu_scaler.config.settings import build_settings, env_values
 from keda_gpu_scaler.core.selectors import DEFAULT_EXPORTER_SELECTORS
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk (the dev extras) is not installed")

@@ -17,7 +17,7 @@ from support import GpuLine, dcgm_page
 from keda_gpu_scaler import __version__
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
-from keda_gpu_scaler.config.settings import FLAGS
+from keda_gpu_scaler.config.flags import FLAGS
 
 READY_LINE = re.compile(r"serving gRPC on \S+ \(port (\d+), \w+\), HTTP on \S+ \(port (\d+)\)")
 METADATA = {"podNamePrefix": "vllm-", "threshold": "70"}

@@ -29,7 +29,7 @@ from fake_kube import (
 from support import eventually
 
 from keda_gpu_scaler.collect.wanted import EppPool
-from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.kubernetes.api import KubeApi, connect
 from keda_gpu_scaler.kubernetes.gateway import GatewayDiscovery
 

@@ -28,7 +28,7 @@ from support import ExporterServer, GpuLine, dcgm_page, eventually, latest_trigg
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.core.selectors import parse_exporter_selector
-from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 
 NS = "llm"
 EXPORTERS_NS = "gpu-operator"
@@ -649,8 +649,7 @@ async def test_the_api_client_reads_the_proxy_environment_once_not_per_request(
 ) -> None:
     """The proxy variables are honoured as kubectl does (NO_PROXY too), read when connecting; requests
     themselves look nothing up (aiohttp would, in a worker thread, on every call)."""
-    from keda_gpu_scaler.core.errors import KubeError
-    from keda_gpu_scaler.kubernetes.api import KubeApi, connect
+    from keda_gpu_scaler.kubernetes.api import KubeApi, KubeError, connect
 
     kubeconfig = str(kube.kubeconfig(tmp_path))
     for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy"):

@@ -17,8 +17,8 @@ import yaml
 from crd_schemas import SCHEMAS
 
 from keda_gpu_scaler import __version__
-from keda_gpu_scaler.config.settings import FLAGS
-from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.config.flags import FLAGS
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.kubernetes.scaledobject import EXTERNAL_TRIGGER_TYPES
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"

@@ -22,12 +22,9 @@ from support import ExporterServer, eventually
 
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.collect.http import client_session
-from keda_gpu_scaler.collect.prometheus import (
-    PrometheusCollector,
-    inference_source,
-    pod_inference_source,
-)
+from keda_gpu_scaler.collect.prometheus import PrometheusCollector
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
+from keda_gpu_scaler.collect.prometheus_sources import inference_source, pod_inference_source
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.collect.wanted import WantedSources
 from keda_gpu_scaler.config.settings import Settings

@@ -11,7 +11,8 @@ import yaml
 from test_manifests import find, kustomize
 
 from keda_gpu_scaler.config.settings import build_settings, env_values
-from keda_gpu_scaler.core.trigger import Metric, parse_trigger
+from keda_gpu_scaler.core.trigger import Metric
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests"
 EXAMPLE = MANIFESTS / "examples" / "vllm-wake-from-zero"

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 import chart_docs
 
-from keda_gpu_scaler.config.settings import FLAGS
+from keda_gpu_scaler.config.flags import FLAGS
 
 
 def test_value_names_map_back_to_the_environment_variable() -> None:

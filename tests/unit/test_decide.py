@@ -7,7 +7,7 @@ import logging
 from keda_gpu_scaler.core.decide import decide
 from keda_gpu_scaler.core.errors import NoData
 from keda_gpu_scaler.core.snapshot import NamespaceView, Snapshot, SourceKind, Targets
-from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.pages.vendors import Family, GpuReading
 
 SPEC = parse_trigger({"threshold": "70", "podNamePrefix": "vllm-"})

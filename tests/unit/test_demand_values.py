@@ -12,7 +12,8 @@ from keda_gpu_scaler.core.demand_values import is_measured, with_pending
 from keda_gpu_scaler.core.errors import NoData
 from keda_gpu_scaler.core.scaling import PodRow, evaluate
 from keda_gpu_scaler.core.snapshot import SourceKind
-from keda_gpu_scaler.core.trigger import Aggregation, TriggerSpec, parse_trigger
+from keda_gpu_scaler.core.trigger import Aggregation, TriggerSpec
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.pages.engines import PodSamples
 from keda_gpu_scaler.pages.exposition import parse_exposition
 

@@ -17,7 +17,7 @@ from keda_gpu_scaler.core.selectors import (
     parse_exporter_selector,
     parse_selector,
 )
-from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.kubernetes.exporters import ExporterDiscovery
 from keda_gpu_scaler.kubernetes.pods import PodInfo, exporter_url, pod_info
 from keda_gpu_scaler.kubernetes.scaledobject import metric_type_for, parse_scaled_object

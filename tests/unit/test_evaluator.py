@@ -7,7 +7,7 @@ import pytest
 from keda_gpu_scaler.collect.snapshot import Snapshots
 from keda_gpu_scaler.collect.store import Page, Store
 from keda_gpu_scaler.core.errors import NoData
-from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.pages.vendors import Family, GpuReading
 from keda_gpu_scaler.server.evaluator import Evaluator
 from keda_gpu_scaler.server.registry import Registry

@@ -13,7 +13,7 @@ from keda_gpu_scaler.collect.gateway_source import gateway_reader
 from keda_gpu_scaler.collect.scrape import read_page
 from keda_gpu_scaler.core.errors import ConfigError, NoData
 from keda_gpu_scaler.core.pending import ReplicaInput, pending_evaluation
-from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.demo.epp import Queued, epp_page
 from keda_gpu_scaler.pages.exposition import Sample
 from keda_gpu_scaler.pages.gateways import (

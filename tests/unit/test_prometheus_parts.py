@@ -15,15 +15,14 @@ from hypothesis import strategies as st
 from support import eventually
 
 from keda_gpu_scaler.collect import prometheus as prometheus_module
-from keda_gpu_scaler.collect.prometheus import (
+from keda_gpu_scaler.collect.prometheus import MAX_BACKOFF_INTERVALS, PrometheusCollector
+from keda_gpu_scaler.collect.prometheus_client import http_error
+from keda_gpu_scaler.collect.prometheus_sources import (
     INFERENCE_SERIES,
-    MAX_BACKOFF_INTERVALS,
-    PrometheusCollector,
     gateway_source,
     inference_source,
     pod_inference_source,
 )
-from keda_gpu_scaler.collect.prometheus_client import http_error
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.collect.wanted import PrometheusQuery, WantedSources
 from keda_gpu_scaler.config.settings import (

@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 from readme_tables import DOCUMENTS, TABLES, render  # a development tool, not part of the installed package
 
 from keda_gpu_scaler import __version__
-from keda_gpu_scaler.config.settings import FLAGS
+from keda_gpu_scaler.config.flags import FLAGS
 from keda_gpu_scaler.core.trigger import KEYS
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,8 @@ from keda_gpu_scaler.core.errors import (
     TooManyStreams,
 )
 from keda_gpu_scaler.core.scaling import evaluate
-from keda_gpu_scaler.core.trigger import Aggregation, TriggerSpec, parse_trigger
+from keda_gpu_scaler.core.trigger import Aggregation, TriggerSpec
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.server.registry import (
     MAX_TRIGGERS_PER_SCALEDOBJECT,
     ROOM_AFTER_SECONDS,

@@ -19,7 +19,8 @@ from keda_gpu_scaler.core.scaling import (
     pod_row,
     pod_values,
 )
-from keda_gpu_scaler.core.trigger import Aggregation, parse_trigger
+from keda_gpu_scaler.core.trigger import Aggregation
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.pages.vendors import Family, GpuReading
 
 

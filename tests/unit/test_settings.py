@@ -52,7 +52,8 @@ def test_environment_values_of_choice_flags_are_checked_like_flags(variable: str
 def test_every_flag_has_a_parser_and_a_settings_field() -> None:
     import dataclasses
 
-    from keda_gpu_scaler.config.settings import FLAGS, Settings
+    from keda_gpu_scaler.config.flags import FLAGS
+    from keda_gpu_scaler.config.settings import Settings
 
     fields = {f.name for f in dataclasses.fields(Settings)}
     for flag in FLAGS:

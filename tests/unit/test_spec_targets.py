@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.server.spec_targets import SPEC_UPDATE_INTERVAL, CurrentTargets
 
 SPEC = parse_trigger({"podNamePrefix": "vllm-", "threshold": "70"})

@@ -8,14 +8,8 @@ from hypothesis import strategies as st
 
 from keda_gpu_scaler.core.decide import aggregation_for
 from keda_gpu_scaler.core.errors import ConfigError
-from keda_gpu_scaler.core.trigger import (
-    Aggregation,
-    GpuAggregation,
-    Metric,
-    Source,
-    Vendor,
-    parse_trigger,
-)
+from keda_gpu_scaler.core.trigger import Aggregation, GpuAggregation, Metric, Source, Vendor
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.pages.vendors import NvidiaField
 
 

@@ -6,7 +6,8 @@ import pytest
 
 from keda_gpu_scaler.core.demand import DEFAULT_PREFILL_WEIGHT, DEFAULT_WINDOW_SECONDS, DemandUnit
 from keda_gpu_scaler.core.errors import ConfigError
-from keda_gpu_scaler.core.trigger import Metric, parse_trigger
+from keda_gpu_scaler.core.trigger import Metric
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 
 DEMAND = {"metric": "demand", "threshold": "9", "podNamePrefix": "chat-"}
 

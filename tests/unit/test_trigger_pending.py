@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from keda_gpu_scaler.core.errors import ConfigError
-from keda_gpu_scaler.core.trigger import Metric, parse_trigger
+from keda_gpu_scaler.core.trigger import Metric
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 
 PENDING = {"metric": "pending", "threshold": "1", "inferencePool": "chat-pool"}
 

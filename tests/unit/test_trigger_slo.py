@@ -7,7 +7,7 @@ import pytest
 
 from keda_gpu_scaler.core.errors import ConfigError
 from keda_gpu_scaler.core.slo import SloTarget
-from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 
 DEMAND = {"metric": "demand", "threshold": "9", "podNamePrefix": "chat-"}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from keda_gpu_scaler.core.errors import ConfigError
-from keda_gpu_scaler.core.trigger import parse_trigger
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 
 VALID = {
     "gpu": {"threshold": "70", "podNamePrefix": "web-", "metricName": "gpu-util", "nvidiaField": "auto"},
