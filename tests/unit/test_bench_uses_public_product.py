@@ -7,9 +7,12 @@ import re
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-# The decision's pieces, which a benchmark would have to put together again around the product.
+# The decision's pieces, which a benchmark would have to put together again around the product. (The
+# HPA's formula, scaling.hpa_desired_replicas, is not one: the simulated HPA applies it to what the
+# servicer answered, as Kubernetes does.)
 DECISION_PIECES = re.compile(
-    r"\b(pod_demand|over_window|with_pending|DemandPoint|DemandHistory|pending_evaluation|evaluate|pod_row)\b"
+    r"\b(pod_demand|over_window|with_pending|DemandPoint|DemandHistory|pending_evaluation|evaluate|pod_row"
+    r"|aggregate)\b"
 )
 # A private module or name of the package (keda_gpu_scaler._proto, KEDA's generated wire messages, is
 # the protocol every client speaks, not a part of the product's decision).
