@@ -3,6 +3,7 @@ through the decision's pieces or the package's private names: what it measures i
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -34,3 +35,37 @@ def test_bench_uses_none_of_the_decisions_pieces() -> None:
 
 def test_bench_uses_no_private_name_of_the_package() -> None:
     assert offending_lines(PRIVATE) == []
+
+
+def simulator_imports() -> dict[str, set[str]]:
+    """Each bench/simulator module → the bench/simulator modules it imports (anywhere in it: a function's
+    late import or a TYPE_CHECKING one still ties the two)."""
+    package = BENCH / "simulator"
+    graph: dict[str, set[str]] = {}
+    for path in sorted(package.glob("*.py")):
+        imported = graph.setdefault(path.stem, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bench.simulator."):
+                imported.add((node.module or "").rpartition(".")[2])
+    return graph
+
+
+def circle_from(start: str, graph: dict[str, set[str]]) -> list[str] | None:
+    """A path of imports from `start` back to itself, if there is one."""
+    paths = [[start]]
+    seen: set[str] = set()
+    while paths:
+        path = paths.pop()
+        for module in sorted(graph.get(path[-1], ())):
+            if module == start:
+                return [*path, start]
+            if module not in seen:
+                seen.add(module)
+                paths.append([*path, module])
+    return None
+
+
+def test_simulator_modules_import_one_another_without_a_circle() -> None:
+    graph = simulator_imports()
+    assert "llm_product" in graph  # the modules were found
+    assert [c for m in graph if (c := circle_from(m, graph))] == []
