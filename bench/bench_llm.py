@@ -335,7 +335,7 @@ takes the largest over a policy's triggers and never scales down while one fails
   {LLMD_BEHAVIOR.up_percent:g} % per {LLMD_BEHAVIOR.up_period:g} s (no Pods policy), no window, scale-down window {LLMD_BEHAVIOR.down_window:g} s.
 - `llm-d-queue-guard` (the same, its queue less {EPP_RUNNING_TARGET:g} per starting pod) and `llm-d-slo` (max(p90 TTFT ÷ 3 s,
   p90 TPOT ÷ 100 ms) through recording rules, clamped at 2, 45 s average, × ready ÷ replicas; up above 0.55,
-  down below 0.40): in the SLO judge only (`bench/simulator/llm_llmd.py`).
+  down below 0.40): in the SLO judge only (`bench/simulator/llm_policies.py`).
 - `oracle`: the replicas the true arrival rate and mix need at the same operating point (each mix's
   capacity from the ramp), through the same HPA; `clairvoyant`: the same, one mean cold start
   ({ServerModel().cold_start:g} s) ahead (the larger of now and then).

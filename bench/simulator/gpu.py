@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 
 from bench.simulator.autoscaling import Behavior, Hpa, Keda, due
 from bench.simulator.llm_product import SimulatedScaler
-from keda_gpu_scaler.core.scaling import aggregate, desired_replicas_average_value
-from keda_gpu_scaler.core.trigger import Aggregation
+from keda_gpu_scaler.core.scaling import desired_replicas_average_value
 
 # ---------------------------------------------------------------------------------------------------------
 # The workload and the pipelines that turn its GPUs into a metric.
@@ -104,7 +103,8 @@ class AksPolicy(Policy):
 
     def value(self, world: World) -> float | None:
         series = [u for u in self.seen.pods.values() for _ in range(self.gpus)]
-        return aggregate(series, Aggregation.MEAN)  # an empty result: KEDA's ignoreNullValues makes it 0
+        # Prometheus's avg(); no series: KEDA's ignoreNullValues makes the empty result 0.
+        return math.fsum(series) / len(series) if series else 0.0
 
 
 class DoksPolicy(Policy):

@@ -19,13 +19,13 @@ from typing import Any
 
 from bench.simulator.autoscaling import Behavior
 from bench.simulator.llm_fleet import ServerModel
-from bench.simulator.llm_llmd import SloSignal
 from bench.simulator.llm_policies import (
     POD_RATE,
     DemandTrigger,
     LlmPolicy,
     ProductTrigger,
     ScalerTrigger,
+    SloSignal,
     make_policy,
 )
 from bench.simulator.llm_run import Realism, Slo, simulate_llm

@@ -6,6 +6,7 @@ takes the largest of the triggers' replica counts, each from the product's own f
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from bench.simulator.autoscaling import Behavior
@@ -176,6 +177,59 @@ class Pending(Trigger):
         return float(signals.prometheus.pending if self.through_prometheus else signals.pending)
 
 
+# llm-d's autoscaling recipes (facts: /work/shared/reference/gateways.md): `llm-d-epp`, the base KEDA
+# recipe (EppQueue + PrometheusRequests); `llm-d-queue-guard`, its overlay, whose queue trigger discounts the
+# pods still starting, so a queue that pods on their way will serve does not ask for more pods again; and
+# `llm-d-slo`, the SLO-aware recipe: s = max(p90 TTFT ÷ 3 s, p90 TPOT ÷ 100 ms), clamped at 2, averaged
+# over 45 s, credited for warming pods (× ready ÷ replicas); above 0.55 it asks for replicas in proportion
+# (current × s ÷ 0.55), below 0.40 for one fewer. Everything through Prometheus recording rules.
+SLO_TTFT = 3.0  # s: the recipe's TTFT reference
+SLO_TPOT = 0.100  # s: … and its time-per-output-token reference
+SLO_CLAMP = 2.0
+SLO_SMOOTHING = 45.0  # s
+SLO_UP, SLO_DOWN = 0.55, 0.40
+
+
+class EppQueueGuard(EppQueue):
+    """The EPP's queue less what the starting pods will take (EPP_RUNNING_TARGET each), never below 0."""
+
+    def value(self, signals: Signals) -> float | None:
+        view = signals.prometheus
+        return max(0.0, view.pending - len(view.starting) * EPP_RUNNING_TARGET)
+
+
+class SloSignal(Trigger):
+    """The recipe's recorded desired replicas, read by KEDA's prometheus trigger (AverageValue 1)."""
+
+    threshold = 1.0
+
+    def __init__(self, up: float = SLO_UP, down: float = SLO_DOWN) -> None:
+        self.up, self.down = up, down
+        self.recent: deque[tuple[float, float]] = deque()  # (rule evaluation, s)
+
+    def _record(self, signals: Signals) -> None:
+        if signals.latency_p90 is None or (self.recent and self.recent[-1][0] == signals.rule_at):
+            return
+        ttft, tpot = signals.latency_p90
+        self.recent.append((signals.rule_at, min(SLO_CLAMP, max(ttft / SLO_TTFT, tpot / SLO_TPOT))))
+        while self.recent[0][0] <= signals.rule_at - SLO_SMOOTHING:
+            self.recent.popleft()
+
+    def value(self, signals: Signals) -> float | None:
+        self._record(signals)
+        view = signals.recorded
+        replicas = len(view.targets) + len(view.starting)
+        if not self.recent or not replicas:
+            return None  # no latency recorded yet: the rule has no value
+        smoothed = sum(s for _, s in self.recent) / len(self.recent)
+        credited = smoothed * len(view.targets) / replicas
+        if credited > self.up:
+            return float(math.ceil(replicas * credited / self.up))
+        if credited < self.down:
+            return float(replicas - 1)
+        return float(replicas)
+
+
 class SaturationController:
     """llm-d's workload-variant-autoscaler, saturation analyser: every reconcile it reads each replica's
     max_over_time[1m] of KV usage and waiting requests from Prometheus; replicas below both thresholds are
@@ -313,12 +367,6 @@ def make_policy(
     requests = ScalerTrigger("requests", target)
     span = DEMAND_WINDOW if window is None else window
     token_weight = TOKEN_WEIGHT if weight is None else weight
-    if name in LLMD_RECIPES:
-        from bench.simulator.llm_llmd import llmd_policy  # it builds on this module's triggers
-
-        policy = llmd_policy(name, 1 if min_replicas is None else min_replicas)
-        policy.behavior = behavior or policy.behavior
-        return policy
     if name in ("oracle", "clairvoyant") and trace is None:
         raise ValueError(f"policy {name!r} needs the trace it knows")
     builders: dict[str, tuple[list[Trigger], int]] = {
@@ -332,6 +380,8 @@ def make_policy(
         "requests+pending": ([requests, Pending(target, through_prometheus=False)], 0),
         "requests+prometheus-wake": ([requests, Pending(target, through_prometheus=True)], 0),
         "llm-d-epp": ([EppQueue(), PrometheusRequests(EPP_RUNNING_TARGET)], 1),
+        "llm-d-queue-guard": ([EppQueueGuard(), PrometheusRequests(EPP_RUNNING_TARGET)], 1),
+        "llm-d-slo": ([SloSignal()], 1),
     }
     if name in ("demand", "demand+pending"):
         t = demand_threshold() if threshold is None else threshold
@@ -349,7 +399,7 @@ def make_policy(
     policy = LlmPolicy(name, triggers, default_min if min_replicas is None else min_replicas)
     if name in OURS_DEMAND or name in ("oracle", "clairvoyant"):
         policy.behavior = DEMAND_BEHAVIOR
-    if name == "llm-d-epp":
+    if name in ("llm-d-epp", *LLMD_RECIPES):
         policy.behavior, policy.polling = LLMD_BEHAVIOR, 15.0
     if behavior is not None:
         policy.behavior = behavior
@@ -366,7 +416,7 @@ def make_policy(
 
 
 OURS_DEMAND = ("demand", "demand-tokens", "demand+pending", "demand-tokens+pending")
-LLMD_RECIPES = ("llm-d-queue-guard", "llm-d-slo")  # in llm_llmd
+LLMD_RECIPES = ("llm-d-queue-guard", "llm-d-slo")
 POLICY_NAMES = (
     "gpu-utilization",
     "gpu-utilization-average",

@@ -5,16 +5,16 @@ is asked through the servicer's GetMetrics and IsActive, as KEDA asks it. Nothin
 rebuilt here.
 
 The LLM simulator hands its pages over when a value is asked, oldest first, each at the time it was
-collected (LlmCluster): what the store and its page listeners keep depends only on the pages and their
-times, so this is the state a scaler that read each page as it came would hold then, and only pages that
-are read are rendered.
+collected (llm_signals.LlmCluster): what the store and its page listeners keep depends only on the pages
+and their times, so this is the state a scaler that read each page as it came would hold then, and only
+pages that are read are rendered.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Coroutine, Hashable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
+from dataclasses import dataclass
+from typing import Any, NoReturn, TypeVar, cast
 
 import grpc
 
@@ -34,9 +34,6 @@ from keda_gpu_scaler.demo.engines import EngineLoad, EngineTotals, vllm_page
 from keda_gpu_scaler.demo.epp import Queued, epp_page
 from keda_gpu_scaler.pages import pagetext
 
-if TYPE_CHECKING:
-    from bench.simulator.llm_signals import Page, Signals
-
 NAMESPACE = "llm"
 SCALED_OBJECT = "vllm"
 POOL = "pool"
@@ -44,6 +41,28 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 EPP_URL = "http://epp.llm.svc:9090/metrics"
 _ENGINE_LABELS = f'engine="0",model_name="{MODEL}"'
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One pod's inference page at one instant: vllm:num_requests_running/waiting, kv_cache_usage_perc,
+        the counters request_success_total, prompt_tokens_total and generation_tokens_total, and the sums of
+        the per-request histograms (prompt and generated tokens, time to first token, time per output token) and
+    the latency histograms' bucket counts."""
+
+    running: int
+    waiting: int
+    kv: float  # 0–1
+    finished: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: float = 0.0
+    prompt_sum: int = 0  # of finished requests
+    output_sum: int = 0
+    ttft_sum: float = 0.0
+    ttft_count: int = 0
+    tpot_sum: float = 0.0
+    ttft_buckets: tuple[int, ...] = ()  # per bucket of llm_fleet.TTFT_BOUNDS, +Inf last; (): none printed
+    tpot_buckets: tuple[int, ...] = ()  # … of TPOT_BOUNDS
 
 
 def pod_url(pod: str) -> str:
@@ -300,40 +319,3 @@ class SimulatedScaler:
             self._pods.add(pod)
             self.pod_pages.add_page(PodPage(pod_url(pod), NAMESPACE, pod))
             self.collector.add(exporter_url(pod))
-
-
-class LlmCluster:
-    """The LLM simulator's collectors' views handed to the product, oldest first, when a value is asked."""
-
-    def __init__(self) -> None:
-        self.scaler = SimulatedScaler()
-        self.read_utilization = False  # a GPU-utilisation trigger is followed: exporters are scraped
-        self._fed = -math.inf
-        self._fed_gateway = -math.inf
-
-    def ask(self, signals: Signals, metadata: dict[str, str]) -> pb.ScaledObjectRef:
-        """Follow the trigger, hand over what was collected since the last call, set the cluster to now."""
-        scaler = self.scaler
-        ref = scaler.follow(metadata)
-        self.read_utilization |= metadata.get("metric") == "utilization"
-        for view in signals.scrapes:
-            if view.at > self._fed:
-                scaler.scrape_pods(view.at, view.pages)
-                if self.read_utilization:
-                    scaler.scrape_exporters(view.at, {p: view.utilization.get(p, 0.0) for p in view.pages})
-                self._fed = view.at
-        for at, pending in signals.pending_history:
-            if at > self._fed_gateway:
-                scaler.read_gateway(at, pending, len(signals.ready))
-                self._fed_gateway = at
-        scaler.cluster(signals.now, signals.ready, signals.starting)
-        return ref
-
-    def metric(self, signals: Signals, metadata: dict[str, str]) -> float | None:
-        return self.scaler.metric(self.ask(signals, metadata))
-
-    def active(self, signals: Signals, metadata: dict[str, str]) -> bool | None:
-        return self.scaler.active(self.ask(signals, metadata))
-
-    def target(self, signals: Signals, metadata: dict[str, str]) -> float:
-        return self.scaler.target(self.ask(signals, metadata))

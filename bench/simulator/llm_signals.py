@@ -4,35 +4,15 @@ and the gateway's queue page. Policies read these views, never the fleet itself.
 from __future__ import annotations
 
 import bisect
+import math
 import random
 from collections import deque
 from dataclasses import dataclass, field, replace
 
 from bench.simulator.autoscaling import due
 from bench.simulator.llm_fleet import Fleet
-from bench.simulator.llm_product import LlmCluster
-
-
-@dataclass(frozen=True, slots=True)
-class Page:
-    """One pod's inference page at one instant: vllm:num_requests_running/waiting, kv_cache_usage_perc,
-        the counters request_success_total, prompt_tokens_total and generation_tokens_total, and the sums of
-        the per-request histograms (prompt and generated tokens, time to first token, time per output token) and
-    the latency histograms' bucket counts."""
-
-    running: int
-    waiting: int
-    kv: float  # 0–1
-    finished: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: float = 0.0
-    prompt_sum: int = 0  # of finished requests
-    output_sum: int = 0
-    ttft_sum: float = 0.0
-    ttft_count: int = 0
-    tpot_sum: float = 0.0
-    ttft_buckets: tuple[int, ...] = ()  # per bucket of llm_fleet.TTFT_BOUNDS, +Inf last; (): none printed
-    tpot_buckets: tuple[int, ...] = ()  # … of TPOT_BOUNDS
+from bench.simulator.llm_product import Page, SimulatedScaler
+from keda_gpu_scaler._proto import externalscaler_pb2 as pb  # KEDA's wire messages
 
 
 @dataclass(frozen=True)
@@ -191,3 +171,40 @@ def _latency_p90(fleet: Fleet, at: float, window: float) -> tuple[float, float] 
     tpots = sorted(tally.done_tpot[first:last])
     index = max(0, -(-9 * len(ttfts) // 10) - 1)
     return ttfts[index], tpots[index]
+
+
+class LlmCluster:
+    """The LLM simulator's collectors' views handed to the product, oldest first, when a value is asked."""
+
+    def __init__(self) -> None:
+        self.scaler = SimulatedScaler()
+        self.read_utilization = False  # a GPU-utilisation trigger is followed: exporters are scraped
+        self._fed = -math.inf
+        self._fed_gateway = -math.inf
+
+    def ask(self, signals: Signals, metadata: dict[str, str]) -> pb.ScaledObjectRef:
+        """Follow the trigger, hand over what was collected since the last call, set the cluster to now."""
+        scaler = self.scaler
+        ref = scaler.follow(metadata)
+        self.read_utilization |= metadata.get("metric") == "utilization"
+        for view in signals.scrapes:
+            if view.at > self._fed:
+                scaler.scrape_pods(view.at, view.pages)
+                if self.read_utilization:
+                    scaler.scrape_exporters(view.at, {p: view.utilization.get(p, 0.0) for p in view.pages})
+                self._fed = view.at
+        for at, pending in signals.pending_history:
+            if at > self._fed_gateway:
+                scaler.read_gateway(at, pending, len(signals.ready))
+                self._fed_gateway = at
+        scaler.cluster(signals.now, signals.ready, signals.starting)
+        return ref
+
+    def metric(self, signals: Signals, metadata: dict[str, str]) -> float | None:
+        return self.scaler.metric(self.ask(signals, metadata))
+
+    def active(self, signals: Signals, metadata: dict[str, str]) -> bool | None:
+        return self.scaler.active(self.ask(signals, metadata))
+
+    def target(self, signals: Signals, metadata: dict[str, str]) -> float:
+        return self.scaler.target(self.ask(signals, metadata))

@@ -4,13 +4,17 @@ is what a user runs."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
-# The decision's pieces, which a benchmark would have to put together again around the product.
+# The decision's pieces, which a benchmark would have to put together again around the product. (The
+# HPA's formula, scaling.hpa_desired_replicas, is not one: the simulated HPA applies it to what the
+# servicer answered, as Kubernetes does.)
 DECISION_PIECES = re.compile(
-    r"\b(pod_demand|over_window|with_pending|DemandPoint|DemandHistory|pending_evaluation|evaluate|pod_row)\b"
+    r"\b(pod_demand|over_window|with_pending|DemandPoint|DemandHistory|pending_evaluation|evaluate|pod_row"
+    r"|aggregate)\b"
 )
 # A private module or name of the package (keda_gpu_scaler._proto, KEDA's generated wire messages, is
 # the protocol every client speaks, not a part of the product's decision).
@@ -42,3 +46,37 @@ def test_calibrate_turns_what_it_reads_into_values_through_the_one_decision() ->
     )
     assert [line for line in source.splitlines() if pieces.search(line)] == []
     assert "from keda_gpu_scaler.core.decide import decide" in source
+
+
+def simulator_imports() -> dict[str, set[str]]:
+    """Each bench/simulator module → the bench/simulator modules it imports (anywhere in it: a function's
+    late import or a TYPE_CHECKING one still ties the two)."""
+    package = BENCH / "simulator"
+    graph: dict[str, set[str]] = {}
+    for path in sorted(package.glob("*.py")):
+        imported = graph.setdefault(path.stem, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bench.simulator."):
+                imported.add((node.module or "").rpartition(".")[2])
+    return graph
+
+
+def circle_from(start: str, graph: dict[str, set[str]]) -> list[str] | None:
+    """A path of imports from `start` back to itself, if there is one."""
+    paths = [[start]]
+    seen: set[str] = set()
+    while paths:
+        path = paths.pop()
+        for module in sorted(graph.get(path[-1], ())):
+            if module == start:
+                return [*path, start]
+            if module not in seen:
+                seen.add(module)
+                paths.append([*path, module])
+    return None
+
+
+def test_simulator_modules_import_one_another_without_a_circle() -> None:
+    graph = simulator_imports()
+    assert "llm_product" in graph  # the modules were found
+    assert [c for m in graph if (c := circle_from(m, graph))] == []

@@ -19,12 +19,13 @@ from bench.simulator import llm_judge  # noqa: E402
 from bench.simulator.__main__ import main  # noqa: E402
 from bench.simulator.llm_fleet import Fleet, Request, ServerModel  # noqa: E402
 from bench.simulator.llm_judge import choose, frontier  # noqa: E402
-from bench.simulator.llm_llmd import EppQueueGuard, SloSignal  # noqa: E402
 from bench.simulator.llm_policies import (  # noqa: E402
     POD_RATE,
     DemandTrigger,
     EppQueue,
+    EppQueueGuard,
     ScalerTrigger,
+    SloSignal,
     make_policy,
 )
 from bench.simulator.llm_run import STEP, Realism, Slo, simulate_llm, slo_attainment  # noqa: E402

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -180,7 +181,9 @@ def gauge(
     gauge missing: summing the other engines would understate the pod.
     """
     family = selector_text(name, where)
-    series = [s for s in samples if s.name == name and all(s.labels.get(k) == v for k, v in where.items())]
+    series = [s for s in samples if s.name == name]
+    if where:
+        series = [s for s in series if all(s.labels.get(k) == v for k, v in where.items())]
     if not series:
         return Gauge({}, Missing(MissingKind.FAMILY_ABSENT, f"{family} is not on the page", family))
     if model is not None:
@@ -205,19 +208,20 @@ def gauge(
             per_engine[key] = sample.value if before is None else max(before, sample.value)
         elif key not in per_engine:
             per_engine[key] = None
-    for key, value in sorted(per_engine.items()):
-        if value is None:
-            where_engine = {"model": key[0]} if key[0] else {}
-            where_engine.update((label, v) for label, v in zip(engine_labels, key[1:], strict=True) if v)
-            return Gauge(
-                {},
-                Missing(
-                    MissingKind.NO_VALUE,
-                    f"{family} has no finite, non-negative sample for engine "
-                    f"{selector_text('', where_engine) or '(unlabelled)'}",
-                    family,
-                ),
-            )
+    unusable = [key for key, value in per_engine.items() if value is None]
+    if unusable:
+        key = min(unusable)  # the first in engine order, whatever the page's order
+        where_engine = {"model": key[0]} if key[0] else {}
+        where_engine.update((label, v) for label, v in zip(engine_labels, key[1:], strict=True) if v)
+        return Gauge(
+            {},
+            Missing(
+                MissingKind.NO_VALUE,
+                f"{family} has no finite, non-negative sample for engine "
+                f"{selector_text('', where_engine) or '(unlabelled)'}",
+                family,
+            ),
+        )
     return Gauge({k: v for k, v in per_engine.items() if v is not None}, None)
 
 
@@ -380,8 +384,18 @@ def counter_series(
     return series
 
 
-def _pairs(labels: Sequence[str], values: Sequence[str]) -> tuple[str, ...]:
+@functools.lru_cache(maxsize=1024)  # a page repeats the same few (label, value) pairs at every read
+def _pairs(labels: tuple[str, ...], values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(f"{label}={value}" for label, value in zip(labels, values, strict=True))
+
+
+def _by_name(samples: Iterable[Sample]) -> dict[str, list[Sample]]:
+    """Each family's samples in page order: a histogram's parts are then read without scanning the whole
+    page once per part (a page holds dozens of bucket series, read at every scrape)."""
+    named: dict[str, list[Sample]] = {}
+    for sample in samples:
+        named.setdefault(sample.name, []).append(sample)
+    return named
 
 
 def histogram_sizes(
@@ -391,12 +405,13 @@ def histogram_sizes(
     (role, model, split label values); empty where the page lacks any of the four (a request's size then
     comes from the token counters)."""
     sizes: dict[tuple[str, ...], float] = {}
+    named = _by_name(samples)
     for role, name in zip(
         SIZE_ROLES,
         (f"{prompt}_sum", f"{prompt}_count", f"{generation}_sum", f"{generation}_count"),
         strict=True,
     ):
-        counted = counter_series(samples, (CounterFamily((name,), split_labels),), model=model)
+        counted = counter_series(named.get(name, ()), (CounterFamily((name,), split_labels),), model=model)
         if isinstance(counted, Missing):
             return {}
         sizes.update(((role, *key[1:]), value) for key, value in counted.items())
@@ -426,14 +441,16 @@ def latency_series(
     """The latency histograms' series, keyed (role, model, split label values): role `KIND:le=BOUND` for
     a bucket, `KIND:sum`, `KIND:count`. A kind whose histogram is absent or unusable has no series."""
     series: dict[tuple[str, ...], float] = {}
+    named = _by_name(samples)
     for kind, bases in families.items():
-        base = next((b for b in bases if any(s.name == f"{b}_count" for s in samples)), None)
+        base = next((b for b in bases if f"{b}_count" in named), None)
         if base is None:
             continue
         parts: dict[tuple[str, ...], float] = {}
         for part in _HISTOGRAM_PARTS:
             labels = (*split_labels, "le") if part == "bucket" else split_labels
-            counted = counter_series(samples, (CounterFamily((f"{base}_{part}",), labels),), model=model)
+            name = f"{base}_{part}"
+            counted = counter_series(named.get(name, ()), (CounterFamily((name,), labels),), model=model)
             if isinstance(counted, Missing):
                 break
             for key, value in counted.items():
