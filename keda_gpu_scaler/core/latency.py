@@ -36,6 +36,9 @@ class LatencyRead:
     family: str  # the histograms that carry this kind, for messages
     # The quantile fell in the +Inf bucket: it is the highest finite bound, so the truth is at least it.
     above_highest_bound: bool = False
+    # The share of the window's requests within the target (interpolated in its bucket as the quantile
+    # is); None: no target given or no request in the window.
+    within_target: float | None = None
 
 
 def histogram_quantile(buckets: Mapping[float, float], q: float) -> tuple[float, bool] | None:
@@ -65,6 +68,26 @@ def histogram_quantile(buckets: Mapping[float, float], q: float) -> tuple[float,
     return lower + (bounds[index] - lower) * (rank - below) / in_bucket, False
 
 
+def share_within(buckets: Mapping[float, float], limit: float) -> float | None:
+    """The share of observations at or below `limit`, from cumulative bucket counts: the inverse of
+    histogram_quantile (linear within the bucket `limit` falls in). None without observations."""
+    bounds = sorted(buckets)
+    if not bounds or bounds[-1] != math.inf:
+        return None
+    total = max(buckets.values())
+    if total <= 0:
+        return None
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        count = max(below, buckets[bound])
+        if limit <= bound:
+            if bound == math.inf:
+                return below / total  # beyond the highest finite bound: only those below it are known
+            return (below + (count - below) * (limit - lower) / (bound - lower)) / total
+        lower, below = bound, count
+    return below / total
+
+
 def _bound(text: str) -> float | None:
     try:
         return float(text)  # "+Inf" reads as inf
@@ -72,9 +95,12 @@ def _bound(text: str) -> float | None:
         return None
 
 
-def latency_read(kind: str, pods: Mapping[str, Mapping[str, float]], q: float) -> LatencyRead:
+def latency_read(
+    kind: str, pods: Mapping[str, Mapping[str, float]], q: float, target: float | None = None
+) -> LatencyRead:
     """The `kind` latency of the pods' requests in the window: `pods` maps each pod to its history's
-    increases (Track.latency); the buckets are summed over pods before the quantile is taken."""
+    increases (Track.latency); the buckets are summed over pods before the quantile (and the share within
+    `target`) is taken."""
     buckets: dict[float, float] = {}
     seconds = requests = 0.0
     read: list[str] = []
@@ -103,6 +129,7 @@ def latency_read(kind: str, pods: Mapping[str, Mapping[str, float]], q: float) -
         tuple(sorted(without)),
         ", ".join(LATENCY_FAMILIES[kind]),
         found is not None and found[1],
+        share_within(buckets, target) if target is not None and requests > 0 else None,
     )
 
 
@@ -118,8 +145,40 @@ def overshoot(reads: Mapping[str, LatencyRead], slo: SloTarget | None) -> float 
     return max(ratios, default=None)
 
 
+def attained(
+    reads: Mapping[str, LatencyRead], recent: Sequence[tuple[float, float, float]], since: float
+) -> tuple[float, float] | None:
+    """(requests, the share of them that met every target) over this window (from `since`) and the recent
+    windows `recent` (end of pages, requests, missed) that ended before it: a window this one overlaps is
+    replaced by it, so no request counts twice. A request meets the SLO when it meets each target, so the
+    shares missing each are added (a bound from below: the histograms do not say which requests missed
+    both). None: no request seen."""
+    now = window_tally(reads) or (0.0, 0.0)
+    before = [(requests, missed) for end, requests, missed in recent if end <= since]
+    requests = math.fsum(count for count, _ in before) + now[0]
+    if requests <= 0:
+        return None
+    missed = math.fsum(lost for _, lost in before) + now[1]
+    return requests, max(0.0, 1 - missed / requests)
+
+
+def window_tally(reads: Mapping[str, LatencyRead]) -> tuple[float, float] | None:
+    """What one window adds to the recent attainment: (its requests, how many of them missed a target at
+    most); None: no share read."""
+    shares = [1 - read.within_target for read in reads.values() if read.within_target is not None]
+    if not shares:
+        return None
+    requests = max(read.requests for read in reads.values() if read.within_target is not None)
+    return requests, requests * min(1.0, math.fsum(shares))
+
+
 def guarded_value(
-    value: float, ready_pods: int, threshold: float, reads: Mapping[str, LatencyRead], slo: SloTarget | None
+    value: float,
+    ready_pods: int,
+    threshold: float,
+    reads: Mapping[str, LatencyRead],
+    slo: SloTarget | None,
+    recently: tuple[float, float] | None = None,
 ) -> float:
     """`value` (a sum over pods, for an AverageValue target of `threshold` per pod), raised while the
     measured quantile is over its target so that the HPA adds replicas; never lowered.
@@ -134,6 +193,10 @@ def guarded_value(
     mix-shift 78.0k against 79.5k (0.994).
     """
     if (ratio := overshoot(reads, slo)) is None or ratio <= 1 or ready_pods < 1:
+        return value
+    if slo is not None and recently is not None and recently[1] >= slo.attainment:
+        # The SLO is a share of requests, not of windows: while the recent requests met it, a window over
+        # its quantile spends budget the SLO allows (error-budget rule); the guard acts once it runs short.
         return value
     beyond_tolerance = math.floor(ready_pods * HPA_TOLERANCE) + 1
     return max(value, (ready_pods + beyond_tolerance) * threshold)
