@@ -18,6 +18,7 @@ from multiprocessing import Pool
 from typing import Any
 
 from bench.simulator.autoscaling import Behavior
+from bench.simulator.llm_calibrate import capacity
 from bench.simulator.llm_fleet import ServerModel
 from bench.simulator.llm_policies import (
     POD_RATE,
@@ -29,7 +30,7 @@ from bench.simulator.llm_policies import (
     make_policy,
 )
 from bench.simulator.llm_run import Realism, Slo, simulate_llm
-from bench.simulator.llm_traces import Arrivals, LlmTrace, draw_arrivals
+from bench.simulator.llm_traces import OUTPUT_MEAN, PROMPT_MEAN, Arrivals, LlmTrace, draw_arrivals
 
 JUDGED = (
     "demand-tokens+pending",
@@ -179,6 +180,7 @@ def judge(
     model, realism = model or ServerModel(), realism or Realism()
     work = jobs(trace, policies, seed, min_replicas, model, slo, realism, start_scale)
     if processes > 1:
+        _calibrate_before_forking(trace, model)
         with Pool(processes) as pool:
             rows = pool.map(run_job, work, chunksize=1)
     else:
@@ -187,6 +189,15 @@ def judge(
     for row in rows:
         by_policy.setdefault(row["policy"], []).append(row)
     return [choose(found, goal) for found in by_policy.values()], rows
+
+
+def _calibrate_before_forking(trace: LlmTrace, model: ServerModel) -> None:
+    """Each mix's capacity once, here, for the forked workers to inherit (each calibrated them again)."""
+    for prompt, output in {(PROMPT_MEAN, OUTPUT_MEAN)} | {
+        (s.prompt_mean, s.output_mean) for s in trace.segments
+    }:
+        capacity(prompt, output, model)
+        capacity(prompt, output)
 
 
 def frontier(rows: Iterable[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
