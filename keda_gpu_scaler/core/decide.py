@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from keda_gpu_scaler.core.demand_values import demand_pod_values, measured_tokens_per_request, with_pending
 from keda_gpu_scaler.core.errors import ConfigError, NoData
-from keda_gpu_scaler.core.latency import LatencyRead, attained, guarded_value, headroom, latency_read
+from keda_gpu_scaler.core.latency import LatencyRead, guarded_value, headroom, latency_read
 from keda_gpu_scaler.core.pending import pending_evaluation
 from keda_gpu_scaler.core.scaling import (
     Evaluation,
@@ -36,9 +36,6 @@ class SloReading:
     headroom: float | None  # the share added for the arrival rate's variability; None: not measured
     reads: tuple[LatencyRead, ...]  # one per latency kind the SLO names
     demand: float  # the value before the SLO
-    # (requests, the share that met the SLO) over the recent windows and this one; None: none seen. The
-    # guard adds pods only while this share is under the SLO's attainment.
-    attained: tuple[float, float] | None = None
 
 
 @dataclass(slots=True)
@@ -207,18 +204,14 @@ def _with_slo(
     fresh pods' measured latency quantile is over its target (latency.py); never lowered."""
     fresh = {row[0] for row in evaluation.pod_rows}
     latency = {pod: track.latency for pod, track in snapshot.tracks if pod in fresh}
-    reads = {
-        kind: latency_read(kind, latency, slo.attainment, target) for kind, target in slo.targets().items()
-    }
+    reads = {kind: latency_read(kind, latency, slo.attainment) for kind in slo.targets()}
     share = headroom(slo, snapshot.recent_demand)
     pods = evaluation.what_if.current_replicas
     # guarded_value works on the workload's sum; a per-pod mean (metricType Value) is that sum ÷ pods.
     per_pod = evaluation.aggregation is Aggregation.MEAN and pods > 0
     total = evaluation.value * pods if per_pod else evaluation.value
-    span = snapshot.pages_span
-    recently = attained(reads, snapshot.recent_latency, span[0] if span else snapshot.now)
-    total = guarded_value(total * (1 + (share or 0.0)), pods, spec.threshold, reads, slo, recently)
-    decision.slo = SloReading(slo, share, tuple(reads.values()), evaluation.value, recently)
+    total = guarded_value(total * (1 + (share or 0.0)), pods, spec.threshold, reads, slo)
+    decision.slo = SloReading(slo, share, tuple(reads.values()), evaluation.value)
     return _with_value(evaluation, spec, total / pods if per_pod else total)
 
 

@@ -36,9 +36,6 @@ class LatencyRead:
     family: str  # the histograms that carry this kind, for messages
     # The quantile fell in the +Inf bucket: it is the highest finite bound, so the truth is at least it.
     above_highest_bound: bool = False
-    # The share of the window's requests within the target (interpolated in its bucket as the quantile
-    # is); None: no target given or no request in the window.
-    within_target: float | None = None
 
 
 def histogram_quantile(buckets: Mapping[float, float], q: float) -> tuple[float, bool] | None:
@@ -68,26 +65,6 @@ def histogram_quantile(buckets: Mapping[float, float], q: float) -> tuple[float,
     return lower + (bounds[index] - lower) * (rank - below) / in_bucket, False
 
 
-def share_within(buckets: Mapping[float, float], limit: float) -> float | None:
-    """The share of observations at or below `limit`, from cumulative bucket counts: the inverse of
-    histogram_quantile (linear within the bucket `limit` falls in). None without observations."""
-    bounds = sorted(buckets)
-    if not bounds or bounds[-1] != math.inf:
-        return None
-    total = max(buckets.values())
-    if total <= 0:
-        return None
-    lower, below = 0.0, 0.0
-    for bound in bounds:
-        count = max(below, buckets[bound])
-        if limit <= bound:
-            if bound == math.inf:
-                return below / total  # beyond the highest finite bound: only those below it are known
-            return (below + (count - below) * (limit - lower) / (bound - lower)) / total
-        lower, below = bound, count
-    return below / total
-
-
 def _bound(text: str) -> float | None:
     try:
         return float(text)  # "+Inf" reads as inf
@@ -95,12 +72,9 @@ def _bound(text: str) -> float | None:
         return None
 
 
-def latency_read(
-    kind: str, pods: Mapping[str, Mapping[str, float]], q: float, target: float | None = None
-) -> LatencyRead:
+def latency_read(kind: str, pods: Mapping[str, Mapping[str, float]], q: float) -> LatencyRead:
     """The `kind` latency of the pods' requests in the window: `pods` maps each pod to its history's
-    increases (Track.latency); the buckets are summed over pods before the quantile (and the share within
-    `target`) is taken."""
+    increases (Track.latency); the buckets are summed over pods before the quantile is taken."""
     buckets: dict[float, float] = {}
     seconds = requests = 0.0
     read: list[str] = []
@@ -129,7 +103,6 @@ def latency_read(
         tuple(sorted(without)),
         ", ".join(LATENCY_FAMILIES[kind]),
         found is not None and found[1],
-        share_within(buckets, target) if target is not None and requests > 0 else None,
     )
 
 
@@ -145,40 +118,8 @@ def overshoot(reads: Mapping[str, LatencyRead], slo: SloTarget | None) -> float 
     return max(ratios, default=None)
 
 
-def attained(
-    reads: Mapping[str, LatencyRead], recent: Sequence[tuple[float, float, float]], since: float
-) -> tuple[float, float] | None:
-    """(requests, the share of them that met every target) over this window (from `since`) and the recent
-    windows `recent` (end of pages, requests, missed) that ended before it: a window this one overlaps is
-    replaced by it, so no request counts twice. A request meets the SLO when it meets each target, so the
-    shares missing each are added (a bound from below: the histograms do not say which requests missed
-    both). None: no request seen."""
-    now = window_tally(reads) or (0.0, 0.0)
-    before = [(requests, missed) for end, requests, missed in recent if end <= since]
-    requests = math.fsum(count for count, _ in before) + now[0]
-    if requests <= 0:
-        return None
-    missed = math.fsum(lost for _, lost in before) + now[1]
-    return requests, max(0.0, 1 - missed / requests)
-
-
-def window_tally(reads: Mapping[str, LatencyRead]) -> tuple[float, float] | None:
-    """What one window adds to the recent attainment: (its requests, how many of them missed a target at
-    most); None: no share read."""
-    shares = [1 - read.within_target for read in reads.values() if read.within_target is not None]
-    if not shares:
-        return None
-    requests = max(read.requests for read in reads.values() if read.within_target is not None)
-    return requests, requests * min(1.0, math.fsum(shares))
-
-
 def guarded_value(
-    value: float,
-    ready_pods: int,
-    threshold: float,
-    reads: Mapping[str, LatencyRead],
-    slo: SloTarget | None,
-    recently: tuple[float, float] | None = None,
+    value: float, ready_pods: int, threshold: float, reads: Mapping[str, LatencyRead], slo: SloTarget | None
 ) -> float:
     """`value` (a sum over pods, for an AverageValue target of `threshold` per pod), raised while the
     measured quantile is over its target so that the HPA adds replicas; never lowered.
@@ -190,17 +131,12 @@ def guarded_value(
     bought pods the demand did not need. On the simulator's developers' traces (seed 1, min 1, SLO 2 s /
     50 ms / 0.95) one step against proportional: step 24.0k GPU-s both (0.992), spike 16.8k (0.809)
     against 18.6k (0.818), day 125.2k against 125.9k (0.998), bursty 75.7k (0.689) against 80.1k (0.679),
-    mix-shift 78.0k against 79.5k (0.994). Only while the recent requests fall short of the attainment
-    (attained()): the SLO counts requests, and a window over its quantile among ten minutes that met it
-    spends budget the SLO allows. Same traces and SLO, against acting on every such window: mix-shift 78.0k
-    → 75.9k GPU-s (0.994 both), day 125.2k → 124.9k (0.998 both), step 24.0k and spike 16.8k unchanged,
-    bursty 75.7k → 76.0k (0.689 → 0.678, where nothing meets it).
+    mix-shift 78.0k against 79.5k (0.994). Not kept: acting only while the last ten minutes' requests fell
+    short of the attainment (an error budget) saved 2.7 % on mix-shift and 0.2 % on day, attained 0.011 less
+    on bursty, and made `threshold: auto` cost 6–23 % more on the held-out flash crowds (its learner then
+    saw the latency this guard no longer held) — docs/BENCHMARKS.md.
     """
     if (ratio := overshoot(reads, slo)) is None or ratio <= 1 or ready_pods < 1:
-        return value
-    if slo is not None and recently is not None and recently[1] >= slo.attainment:
-        # The SLO is a share of requests, not of windows: while the recent requests met it, a window over
-        # its quantile spends budget the SLO allows (error-budget rule); the guard acts once it runs short.
         return value
     beyond_tolerance = math.floor(ready_pods * HPA_TOLERANCE) + 1
     return max(value, (ready_pods + beyond_tolerance) * threshold)

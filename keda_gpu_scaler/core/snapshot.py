@@ -102,11 +102,6 @@ class Track:
     # → increase, summed over the model's series): what latency.py reads; empty without two points.
     latency: Mapping[str, float] = field(default_factory=dict)
 
-    @property
-    def span(self) -> tuple[float, float] | None:
-        """The times of the window's first and last pages; None without two."""
-        return (self.points[0].at, self.points[-1].at) if len(self.points) >= 2 else None
-
 
 @dataclass(frozen=True, slots=True)
 class PoolSnapshot:
@@ -137,12 +132,3 @@ class Snapshot:
     pool: PoolSnapshot | None = None  # `pending`, and `demand` with inferencePool
     # `demand` with a latency target: the fresh pods' summed demand at recent decisions, oldest first.
     recent_demand: tuple[float, ...] = ()
-    # `demand` with a latency target: (end of its pages, requests, requests that missed the SLO) of recent
-    # windows that do not overlap, oldest first.
-    recent_latency: tuple[tuple[float, float, float], ...] = ()
-
-    @property
-    def pages_span(self) -> tuple[float, float] | None:
-        """The times of the first and the last page the tracks' windows read; None: no track has two."""
-        spans = [span for _, track in self.tracks if (span := track.span) is not None]
-        return (min(s for s, _ in spans), max(e for _, e in spans)) if spans else None

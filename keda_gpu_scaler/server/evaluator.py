@@ -13,7 +13,6 @@ from typing import Any
 from keda_gpu_scaler.collect.snapshot import Snapshots
 from keda_gpu_scaler.core.decide import Decision, decide
 from keda_gpu_scaler.core.demand_values import is_measured
-from keda_gpu_scaler.core.latency import window_tally
 from keda_gpu_scaler.core.learned_target import (
     DEFAULT_TPOT_SECONDS,
     DEFAULT_TTFT_SECONDS,
@@ -28,8 +27,7 @@ from keda_gpu_scaler.server.registry import Explanation, Followed, Subscription
 from keda_gpu_scaler.server.spec_targets import SPEC_UPDATE_INTERVAL
 from keda_gpu_scaler.telemetry import Telemetry
 
-# The arrival rate's variability (the SLO's headroom) and the SLO's recent attainment (its guard's error
-# budget) are read over the decisions of this many seconds.
+# The arrival rate's variability (the SLO's headroom) is read over the decisions of this many seconds.
 HEADROOM_SPAN = 600.0
 NO_PUSH = (
     "push: no StreamMetricSpec stream: use external-push, or the target reaches the HPA only when KEDA"
@@ -52,12 +50,10 @@ class Evaluator:
         the trigger can never be served. Discovery failing is raised before anything is recorded."""
         subscription = followed.triggers[spec]  # follow() made it before any evaluation
         recent = tuple(total for at, total in subscription.demand_sums)
-        met = tuple(subscription.latency_tally)
-        snapshot = self.snapshots.take(followed.namespace, followed.name, spec, recent, met)
+        snapshot = self.snapshots.take(followed.namespace, followed.name, spec, recent)
         decision = decide(_at_current_target(followed, spec), snapshot)
         if decision.evaluation is not None and spec.slo is not None:
             _remember_demand(subscription, spec, snapshot.now, decision.evaluation)
-            _remember_latency(subscription, snapshot, decision)
         if spec.learned:
             self._learn(followed, subscription, spec, snapshot, decision)
         self._record(followed, spec, decision, snapshot.targets)
@@ -151,20 +147,6 @@ def _mean(latency: Mapping[str, float], kind: str) -> float | None:
     """The mean of a latency histogram over the window; None when no observation was made in it."""
     count = latency.get(f"{kind}:count", 0.0)
     return latency.get(f"{kind}:sum", math.nan) / count if count > 0 else None
-
-
-def _remember_latency(subscription: Subscription, snapshot: Snapshot, decision: Decision) -> None:
-    """The SLO's recent attainment: each window's requests and those that missed, from windows of pages
-    that do not overlap (each request counted once, however often KEDA asks), those of the last
-    HEADROOM_SPAN seconds. Kept by the pages' times: an evaluation before a new page counts nothing."""
-    tally, span = subscription.latency_tally, snapshot.pages_span
-    if decision.slo is None or span is None or (tally and span[0] < tally[-1][0]):
-        return
-    found = window_tally({read.kind: read for read in decision.slo.reads})
-    if found is not None:
-        tally.append((span[1], *found))
-    while tally and tally[0][0] < span[1] - HEADROOM_SPAN:
-        tally.popleft()
 
 
 def _remember_demand(

@@ -61,8 +61,6 @@ class Subscription:
     sources_from: Any = None
     # `demand` with a latency target: (time, the fresh pods' summed demand) of recent decisions.
     demand_sums: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=32))
-    # ... and (end of its pages, requests, requests that missed the SLO) of recent windows that do not overlap.
-    latency_tally: deque[tuple[float, float, float]] = field(default_factory=lambda: deque(maxlen=64))
     # `threshold: auto`: its learner, when it started, when it last took samples, and its last answer.
     learner: Learner | None = None
     learning_since: float = 0.0

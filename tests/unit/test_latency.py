@@ -12,13 +12,10 @@ from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
 from keda_gpu_scaler.collect.store import Page, Store
 from keda_gpu_scaler.core.latency import (
     LatencyRead,
-    attained,
     guarded_value,
     headroom,
     histogram_quantile,
     latency_read,
-    share_within,
-    window_tally,
 )
 from keda_gpu_scaler.core.slo import SloTarget
 from keda_gpu_scaler.core.snapshot import SourceKind
@@ -172,70 +169,6 @@ def test_guarded_value(
     slo = SloTarget(2.0, 50.0, 0.95)
     assert guarded_value(value, ready, 10.0, reads, slo) == pytest.approx(guarded)
     assert guarded_value(value, ready, 10.0, reads, None) == value
-
-
-@pytest.mark.parametrize(
-    ("buckets", "limit", "share"),
-    [
-        ({0.5: 2, 1.0: 6, 2.5: 9, INF: 10}, 2.0, (6 + 3 * (1.0 / 1.5)) / 10),  # within (1, 2.5]: linear
-        ({0.5: 2, 1.0: 6, 2.5: 9, INF: 10}, 1.0, 0.6),  # on a bound: exact
-        ({0.5: 2, 1.0: 6, 2.5: 9, INF: 10}, 0.25, 0.1),  # in the first bucket, from 0
-        ({0.5: 2, 1.0: 6, 2.5: 9, INF: 10}, 9.0, 0.9),  # past the highest bound: only those below it
-        ({0.5: 0, INF: 0}, 2.0, None),  # no request: not measured
-    ],
-)
-def test_share_within_is_the_quantiles_inverse(
-    buckets: dict[float, float], limit: float, share: float | None
-) -> None:
-    found = share_within(buckets, limit)
-    assert found == share if share is None else found == pytest.approx(share)
-    if share is not None and 0 < share < 0.9:
-        assert histogram_quantile(buckets, share) == (pytest.approx(limit), False)
-
-
-def test_latency_read_says_what_share_met_the_target() -> None:
-    pods = {"a": {"ttft:le=1.0": 8, "ttft:le=2.5": 9, "ttft:le=+Inf": 10, "ttft:sum": 9, "ttft:count": 10}}
-    assert latency_read("ttft", pods, 0.95).within_target is None  # no target asked
-    assert latency_read("ttft", pods, 0.95, 1.0).within_target == pytest.approx(0.8)
-
-
-def tallied(ttft: float | None, tpot: float | None, requests: float = 100) -> dict[str, LatencyRead]:
-    """Reads whose shares within target are given (None: no request in the window)."""
-    return {
-        kind: LatencyRead(
-            kind, 0.95, None, None, requests if share is not None else 0, 1, (), "", False, share
-        )
-        for kind, share in (("ttft", ttft), ("tpot", tpot))
-    }
-
-
-def test_the_recent_attainment_adds_each_targets_misses_over_the_recent_windows() -> None:
-    assert window_tally(tallied(0.97, 0.99)) == (100, pytest.approx(4))  # 3 + 1 missed at most
-    assert window_tally(tallied(None, None)) is None
-    # Two earlier windows (200 requests, 2 missed) and this one from t=60 (100, 4 missed): 6 of 300.
-    earlier = [(30.0, 100, 1), (60.0, 100, 1)]
-    assert attained(tallied(0.97, 0.99), earlier, 60.0) == (300, pytest.approx(0.98))
-    # This window starts before the last one ended: it replaces it (its requests are not counted twice).
-    assert attained(tallied(0.97, 0.99), earlier, 45.0) == (200, pytest.approx(0.975))
-    assert attained(tallied(None, None), [(30.0, 100, 10)], 60.0) == (100, pytest.approx(0.9))  # none now
-    assert attained(tallied(None, None), [], 60.0) is None  # no request seen: nothing made up
-
-
-@pytest.mark.parametrize(
-    ("recently", "guarded"),
-    [
-        (None, 50.0),  # nothing known of the recent requests: the guard acts on this window
-        ((1000, 0.94), 50.0),  # the recent requests fall short of 0.95: it acts
-        ((1000, 0.95), 30.0),  # they meet it: this window's quantile spends budget the SLO allows
-        ((1000, 0.99), 30.0),
-    ],
-)
-def test_the_guard_acts_only_while_the_recent_requests_fall_short_of_the_slo(
-    recently: tuple[float, float] | None, guarded: float
-) -> None:
-    reads = {"ttft": read_of("ttft", 2.6), "tpot": read_of("tpot", 0.04)}
-    slo = SloTarget(2.0, 50.0, 0.95)
-    assert guarded_value(30.0, 4, 10.0, reads, slo, recently) == pytest.approx(guarded)
 
 
 @pytest.mark.parametrize(
