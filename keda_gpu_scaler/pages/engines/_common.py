@@ -199,9 +199,9 @@ def gauge(
     if not series:
         return Gauge({}, Missing(MissingKind.FAMILY_ABSENT, f"{family} is not on the page", family))
     if model is not None:
-        present = sorted({model_of(s.labels) for s in series} - {""})
-        series = [s for s in series if model_of(s.labels) == model]
-        if not series:
+        chosen = [s for s in series if model_of(s.labels) == model]
+        if not chosen:
+            present = sorted({model_of(s.labels) for s in series} - {""})
             on_page = ", ".join(present) if present else "none"
             near = [name for name in present if folded_model(name) == folded_model(model)]
             kind = MissingKind.MODEL_CASE if near else MissingKind.NO_MODEL
@@ -212,14 +212,8 @@ def gauge(
                     f" compared exactly; set `model: {near[0]}`"
                 )
             return Gauge({}, Missing(kind, reason, family))
-    per_engine: dict[tuple[str, ...], float | None] = {}
-    for sample in series:
-        key = (model_of(sample.labels), *(sample.labels.get(label, "") for label in engine_labels))
-        before = per_engine.get(key)
-        if usable(sample.value):
-            per_engine[key] = sample.value if before is None else max(before, sample.value)
-        elif key not in per_engine:
-            per_engine[key] = None
+        series = chosen
+    per_engine = _largest_per_engine(series, engine_labels)
     unusable = [key for key, value in per_engine.items() if value is None]
     if unusable:
         key = min(unusable)  # the first in engine order, whatever the page's order
@@ -235,6 +229,23 @@ def gauge(
             ),
         )
     return Gauge({k: v for k, v in per_engine.items() if v is not None}, None)
+
+
+def _largest_per_engine(
+    series: Iterable[Sample], engine_labels: Sequence[str]
+) -> dict[tuple[str, ...], float | None]:
+    """Each engine's largest usable value (see gauge), None for an engine without any. Run on every
+    sample of every family read, so kept to one pass with no call it can do without."""
+    per_engine: dict[tuple[str, ...], float | None] = {}
+    for sample in series:
+        labels, value = sample.labels, sample.value
+        key = (model_of(labels), *[labels.get(label, "") for label in engine_labels])
+        if usable(value):
+            before = per_engine.get(key)
+            per_engine[key] = value if before is None else max(before, value)
+        else:
+            per_engine.setdefault(key, None)
+    return per_engine
 
 
 def fraction_percent(value: Value) -> Value:
@@ -448,14 +459,15 @@ def latency_series(
             continue
         parts: dict[tuple[str, ...], float] = {}
         for part in _HISTOGRAM_PARTS:
-            labels = (*split_labels, "le") if part == "bucket" else split_labels
-            name = f"{base}_{part}"
-            counted = counter_series(page, (CounterFamily((name,), labels),), model=model)
-            if isinstance(counted, Missing):
+            bucket = part == "bucket"
+            labels = (*split_labels, "le") if bucket else split_labels
+            # Read as counter_series reads one family, but keyed by role straight from the engines.
+            counted = gauge(page, f"{base}_{part}", model=model, engine_labels=labels)
+            if counted.missing is not None:
                 break
-            for key, value in counted.items():
-                le = key[-1] if part == "bucket" else part
-                parts[(f"{kind}:{le}", key[1], *key[2 : len(key) - (part == "bucket")])] = value
+            for (series_model, *values), value in counted.values.items():
+                role = f"{kind}:le={values.pop()}" if bucket else f"{kind}:{part}"
+                parts[(role, series_model, *_pairs(split_labels, tuple(values)))] = value
         else:
             series.update(parts)
     return series
