@@ -8,7 +8,7 @@ pods and turning a missing value into a status are the caller's job.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Set
 from dataclasses import dataclass, replace
 
 from keda_gpu_scaler.pages import exposition
@@ -20,6 +20,7 @@ from keda_gpu_scaler.pages.engines._common import (
     POD_LABELS,
     DemandCounters,
     Engine,
+    Families,
     InferenceMetric,
     InferenceReading,
     Missing,
@@ -27,6 +28,7 @@ from keda_gpu_scaler.pages.engines._common import (
     PodKey,
     PodSamples,
     Value,
+    by_name,
     folded_model,
     pod_of,
 )
@@ -76,12 +78,12 @@ class EngineModule:
     engine: Engine
     sample_names: frozenset[str]
     metrics: frozenset[InferenceMetric]
-    read: Callable[[Sequence[Sample], str | None], InferenceReading]
+    read: Callable[[Families, str | None], InferenceReading]
     # The family that names the engine in messages (the one every release of it prints).
     signature: str
     # `metric: demand`: the counter families it reads (besides the gauges) and how.
     counter_names: frozenset[str]
-    read_counters: Callable[[Sequence[Sample], str | None], DemandCounters]
+    read_counters: Callable[[Families, str | None], DemandCounters]
     # Whether its series carry a model label (`model_name`/`model`), i.e. whether `model` can select any.
     has_model_label: bool = True
     # Whether it prints token counters (demandUnit tokens weighs requests by them).
@@ -190,7 +192,7 @@ def _engine(engine: Engine | str) -> Engine | None:
     return Engine(engine)
 
 
-def _module_on(names: frozenset[str] | set[str], modules: Iterable[EngineModule]) -> EngineModule | None:
+def _module_on(names: Set[str], modules: Iterable[EngineModule]) -> EngineModule | None:
     """The first of `modules` whose families are among the page's sample names."""
     return next((module for module in modules if not names.isdisjoint(module.sample_names)), None)
 
@@ -261,8 +263,17 @@ def pod_reading(
     engine None and Missing(NO_ENGINE) values when there is none); a named engine reads the page as that
     engine, whatever else it carries. `model` keeps only series whose `model_name`/`model` equals it.
     """
-    page = [sample for sample in samples if sample.name in ENGINE_SAMPLE_NAMES]
-    names = {sample.name for sample in page}
+    return _reading(by_name(s for s in samples if s.name in ENGINE_SAMPLE_NAMES), engine, model)
+
+
+def _only(page: Families, names: frozenset[str]) -> Families:
+    """The families of `page` among `names`."""
+    return {name: series for name, series in page.items() if name in names}
+
+
+def _reading(page: Families, engine: Engine | str, model: str | None) -> InferenceReading:
+    """pod_reading() of a page grouped by name that holds only ENGINE_SAMPLE_NAMES."""
+    names = page.keys()
     named = _engine(engine)
     if named is None:
         module = _module_on(names, ENGINES)
@@ -275,13 +286,13 @@ def pod_reading(
         module = found or formats[0]
         if found is None and (other := _module_on(names, ENGINES)) is not None:
             # Another engine's page: say which, so the reader need not guess from the families missing.
-            reading = module.read([s for s in page if s.name in module.sample_names], model)
+            reading = module.read(_only(page, module.sample_names), model)
             return _noted(
                 reading,
                 f"the page is recognised as engine {other.engine.value} (it carries {other.signature}):"
                 f" set engine: {other.engine.value} or auto",
             )
-    return module.read([s for s in page if s.name in module.sample_names], model)
+    return module.read(_only(page, module.sample_names), model)
 
 
 def _noted(reading: InferenceReading, note: str) -> InferenceReading:
@@ -332,7 +343,7 @@ def wrong_types(page: str | bytes) -> dict[str, str]:
     return {name: kind for name, kind in declared.items() if kind not in _LEVEL_TYPES}
 
 
-def _module_for(names: set[str], engine: Engine | str) -> EngineModule | None:
+def _module_for(names: Set[str], engine: Engine | str) -> EngineModule | None:
     """The module a page is read with: under `auto` the first whose families are on it (None: none is);
     for a named engine, its format on the page, or on a page without any its first (to name what is
     missing)."""
@@ -348,14 +359,14 @@ def pod_counters(
 ) -> tuple[InferenceReading, DemandCounters]:
     """One pod's gauges and its demand counters from its own page (parsed with ENGINE_SAMPLE_NAMES and
     DEMAND_SAMPLE_NAMES), the page read as pod_reading() reads it (the gauges decide the engine)."""
-    page = [s for s in samples if s.name in ENGINE_SAMPLE_NAMES or s.name in DEMAND_SAMPLE_NAMES]
-    gauges = pod_reading(page, engine, model)
-    index = counters_format(page, engine)
-    if index is None:
+    page = by_name(s for s in samples if s.name in ENGINE_SAMPLE_NAMES or s.name in DEMAND_SAMPLE_NAMES)
+    gauges = _reading(_only(page, ENGINE_SAMPLE_NAMES), engine, model)
+    module = _module_for(page.keys() & ENGINE_SAMPLE_NAMES, engine)
+    if module is None:
         no_engine = gauges.waiting
         assert isinstance(no_engine, Missing)  # no engine on the page: every reading is Missing(NO_ENGINE)
         return gauges, DemandCounters(no_engine, no_engine, no_engine)
-    return gauges, format_counters(page, index, model)
+    return gauges, _counters(page, module, model)
 
 
 def counters_format(samples: Iterable[Sample], engine: Engine | str) -> int | None:
@@ -367,10 +378,12 @@ def counters_format(samples: Iterable[Sample], engine: Engine | str) -> int | No
 
 def format_counters(samples: Iterable[Sample], index: int, model: str | None) -> DemandCounters:
     """A page's demand counters read with format ENGINES[index] (see counters_format)."""
-    module = ENGINES[index]
+    return _counters(by_name(samples), ENGINES[index], model)
+
+
+def _counters(page: Families, module: EngineModule, model: str | None) -> DemandCounters:
     # The gauges too: a counter may count only where a gauge says whose it is (trtllm.read_counters).
-    own = module.counter_names | module.sample_names
-    return module.read_counters([s for s in samples if s.name in own], model)
+    return module.read_counters(_only(page, module.counter_names | module.sample_names), model)
 
 
 def in_flight(reading: InferenceReading) -> Value:

@@ -143,9 +143,21 @@ def selector_text(name: str, where: Mapping[str, str] = {}) -> str:
     return name + "{" + pagetext.label_text(sorted(where.items())) + "}"
 
 
-def models_on(samples: Iterable[Sample], names: Iterable[str]) -> tuple[str, ...]:
-    wanted = frozenset(names)
-    return tuple(sorted({model_of(s.labels) for s in samples if s.name in wanted} - {""}))
+Families = Mapping[str, Sequence[Sample]]
+"""A pod's page: its samples grouped by name, each name's in page order, and no name without samples.
+Grouped once per page (by_name), so that each of a page's many gauge and counter reads looks its family
+up instead of scanning the whole page."""
+
+
+def by_name(samples: Iterable[Sample]) -> dict[str, list[Sample]]:
+    named: dict[str, list[Sample]] = {}
+    for sample in samples:
+        named.setdefault(sample.name, []).append(sample)
+    return named
+
+
+def models_on(page: Families, names: Iterable[str]) -> tuple[str, ...]:
+    return tuple(sorted({model_of(s.labels) for name in names for s in page.get(name, ())} - {""}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +177,7 @@ class Gauge:
 
 
 def gauge(
-    samples: Sequence[Sample],
+    page: Families,
     name: str,
     *,
     model: str | None,
@@ -181,15 +193,15 @@ def gauge(
     gauge missing: summing the other engines would understate the pod.
     """
     family = selector_text(name, where)
-    series = [s for s in samples if s.name == name]
+    series = page.get(name, ())
     if where:
         series = [s for s in series if all(s.labels.get(k) == v for k, v in where.items())]
     if not series:
         return Gauge({}, Missing(MissingKind.FAMILY_ABSENT, f"{family} is not on the page", family))
     if model is not None:
-        present = sorted({model_of(s.labels) for s in series} - {""})
-        series = [s for s in series if model_of(s.labels) == model]
-        if not series:
+        chosen = [s for s in series if model_of(s.labels) == model]
+        if not chosen:
+            present = sorted({model_of(s.labels) for s in series} - {""})
             on_page = ", ".join(present) if present else "none"
             near = [name for name in present if folded_model(name) == folded_model(model)]
             kind = MissingKind.MODEL_CASE if near else MissingKind.NO_MODEL
@@ -200,14 +212,8 @@ def gauge(
                     f" compared exactly; set `model: {near[0]}`"
                 )
             return Gauge({}, Missing(kind, reason, family))
-    per_engine: dict[tuple[str, ...], float | None] = {}
-    for sample in series:
-        key = (model_of(sample.labels), *(sample.labels.get(label, "") for label in engine_labels))
-        before = per_engine.get(key)
-        if usable(sample.value):
-            per_engine[key] = sample.value if before is None else max(before, sample.value)
-        elif key not in per_engine:
-            per_engine[key] = None
+        series = chosen
+    per_engine = _largest_per_engine(series, engine_labels)
     unusable = [key for key, value in per_engine.items() if value is None]
     if unusable:
         key = min(unusable)  # the first in engine order, whatever the page's order
@@ -223,6 +229,23 @@ def gauge(
             ),
         )
     return Gauge({k: v for k, v in per_engine.items() if v is not None}, None)
+
+
+def _largest_per_engine(
+    series: Iterable[Sample], engine_labels: Sequence[str]
+) -> dict[tuple[str, ...], float | None]:
+    """Each engine's largest usable value (see gauge), None for an engine without any. Run on every
+    sample of every family read, so kept to one pass with no call it can do without."""
+    per_engine: dict[tuple[str, ...], float | None] = {}
+    for sample in series:
+        labels, value = sample.labels, sample.value
+        key = (model_of(labels), *[labels.get(label, "") for label in engine_labels])
+        if usable(value):
+            before = per_engine.get(key)
+            per_engine[key] = value if before is None else max(before, value)
+        else:
+            per_engine.setdefault(key, None)
+    return per_engine
 
 
 def fraction_percent(value: Value) -> Value:
@@ -247,7 +270,7 @@ _DISAGREEMENTS_LOGGED: set[tuple[str, str]] = set()
 
 
 def gauge_of_spellings(
-    samples: Sequence[Sample],
+    page: Families,
     spellings: Sequence[str],
     *,
     model: str | None,
@@ -260,8 +283,7 @@ def gauge_of_spellings(
     disagreement is logged once. With none of them on the page, the Missing names the first spelling
     and lists the others.
     """
-    names = {sample.name for sample in samples}
-    present = [name for name in spellings if name in names]
+    present = [name for name in spellings if name in page]
     if not present:
         first = spellings[0]
         others = " nor ".join(spellings[1:])
@@ -269,9 +291,9 @@ def gauge_of_spellings(
             {},
             Missing(MissingKind.FAMILY_ABSENT, f"neither {first} nor {others} is on the page", first),
         )
-    chosen = gauge(samples, present[0], model=model, engine_labels=engine_labels)
+    chosen = gauge(page, present[0], model=model, engine_labels=engine_labels)
     for other in present[1:]:
-        copy = gauge(samples, other, model=model, engine_labels=engine_labels)
+        copy = gauge(page, other, model=model, engine_labels=engine_labels)
         if copy.values != chosen.values and (present[0], other) not in _DISAGREEMENTS_LOGGED:
             _DISAGREEMENTS_LOGGED.add((present[0], other))
             log.warning(
@@ -355,7 +377,7 @@ class CounterFamily:
 
 
 def counter_series(
-    samples: Sequence[Sample], families: Sequence[CounterFamily], *, model: str | None
+    page: Families, families: Sequence[CounterFamily], *, model: str | None
 ) -> Series | Missing:
     """The series of the counter families on one page (see Series).
 
@@ -366,10 +388,10 @@ def counter_series(
     for family in families:
         if len(family.spellings) > 1:
             counted = gauge_of_spellings(
-                samples, family.spellings, model=model, engine_labels=family.split_labels
+                page, family.spellings, model=model, engine_labels=family.split_labels
             )
         else:
-            counted = gauge(samples, family.name, model=model, engine_labels=family.split_labels)
+            counted = gauge(page, family.name, model=model, engine_labels=family.split_labels)
         if counted.missing is not None:
             if counted.missing.kind is not MissingKind.FAMILY_ABSENT:
                 return counted.missing
@@ -389,29 +411,19 @@ def _pairs(labels: tuple[str, ...], values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(f"{label}={value}" for label, value in zip(labels, values, strict=True))
 
 
-def _by_name(samples: Iterable[Sample]) -> dict[str, list[Sample]]:
-    """Each family's samples in page order: a histogram's parts are then read without scanning the whole
-    page once per part (a page holds dozens of bucket series, read at every scrape)."""
-    named: dict[str, list[Sample]] = {}
-    for sample in samples:
-        named.setdefault(sample.name, []).append(sample)
-    return named
-
-
 def histogram_sizes(
-    samples: Sequence[Sample], prompt: str, generation: str, split_labels: tuple[str, ...], model: str | None
+    page: Families, prompt: str, generation: str, split_labels: tuple[str, ...], model: str | None
 ) -> Series:
     """The `_sum`/`_count` series of an engine's per-request prompt and generation token histograms, keyed
     (role, model, split label values); empty where the page lacks any of the four (a request's size then
     comes from the token counters)."""
     sizes: dict[tuple[str, ...], float] = {}
-    named = _by_name(samples)
     for role, name in zip(
         SIZE_ROLES,
         (f"{prompt}_sum", f"{prompt}_count", f"{generation}_sum", f"{generation}_count"),
         strict=True,
     ):
-        counted = counter_series(named.get(name, ()), (CounterFamily((name,), split_labels),), model=model)
+        counted = counter_series(page, (CounterFamily((name,), split_labels),), model=model)
         if isinstance(counted, Missing):
             return {}
         sizes.update(((role, *key[1:]), value) for key, value in counted.items())
@@ -436,26 +448,26 @@ _HISTOGRAM_PARTS = ("bucket", "sum", "count")
 
 
 def latency_series(
-    samples: Sequence[Sample], families: LatencyFamilies, split_labels: tuple[str, ...], model: str | None
+    page: Families, families: LatencyFamilies, split_labels: tuple[str, ...], model: str | None
 ) -> Series:
     """The latency histograms' series, keyed (role, model, split label values): role `KIND:le=BOUND` for
     a bucket, `KIND:sum`, `KIND:count`. A kind whose histogram is absent or unusable has no series."""
     series: dict[tuple[str, ...], float] = {}
-    named = _by_name(samples)
     for kind, bases in families.items():
-        base = next((b for b in bases if f"{b}_count" in named), None)
+        base = next((b for b in bases if f"{b}_count" in page), None)
         if base is None:
             continue
         parts: dict[tuple[str, ...], float] = {}
         for part in _HISTOGRAM_PARTS:
-            labels = (*split_labels, "le") if part == "bucket" else split_labels
-            name = f"{base}_{part}"
-            counted = counter_series(named.get(name, ()), (CounterFamily((name,), labels),), model=model)
-            if isinstance(counted, Missing):
+            bucket = part == "bucket"
+            labels = (*split_labels, "le") if bucket else split_labels
+            # Read as counter_series reads one family, but keyed by role straight from the engines.
+            counted = gauge(page, f"{base}_{part}", model=model, engine_labels=labels)
+            if counted.missing is not None:
                 break
-            for key, value in counted.items():
-                le = key[-1] if part == "bucket" else part
-                parts[(f"{kind}:{le}", key[1], *key[2 : len(key) - (part == "bucket")])] = value
+            for (series_model, *values), value in counted.values.items():
+                role = f"{kind}:le={values.pop()}" if bucket else f"{kind}:{part}"
+                parts[(role, series_model, *_pairs(split_labels, tuple(values)))] = value
         else:
             series.update(parts)
     return series

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from keda_gpu_scaler.pages.engines._common import (
     DemandCounters,
     Engine,
+    Families,
     InferenceMetric,
     InferenceReading,
     Missing,
@@ -16,7 +15,6 @@ from keda_gpu_scaler.pages.engines._common import (
     gauge,
     not_exported,
 )
-from keda_gpu_scaler.pages.exposition import Sample
 
 ENGINE = Engine.LLAMACPP
 
@@ -38,12 +36,12 @@ ENGINE_LABELS: tuple[str, ...] = ()
 COUNTER_NAMES: frozenset[str] = frozenset()
 
 
-def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
+def read(page: Families, model: str | None) -> InferenceReading:
     # No model label on the page: with a `model` filter nothing matches (gauge says so).
-    waiting = gauge(samples, WAITING, model=model, engine_labels=ENGINE_LABELS)
-    running = gauge(samples, RUNNING, model=model, engine_labels=ENGINE_LABELS)
-    if any(sample.name == KV_CACHE for sample in samples):
-        kv = gauge(samples, KV_CACHE, model=model, engine_labels=ENGINE_LABELS)
+    waiting = gauge(page, WAITING, model=model, engine_labels=ENGINE_LABELS)
+    running = gauge(page, RUNNING, model=model, engine_labels=ENGINE_LABELS)
+    if KV_CACHE in page:
+        kv = gauge(page, KV_CACHE, model=model, engine_labels=ENGINE_LABELS)
         kv_cache = fraction_percent(kv.mean())
         engines = engine_count(waiting, running, kv)
     else:
@@ -59,7 +57,7 @@ def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
     )
 
 
-def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounters:
+def read_counters(page: Families, model: str | None) -> DemandCounters:
     missing = not_exported(
         ENGINE, "counter of finished requests (its /metrics counts tokens and decode calls, not requests)"
     )

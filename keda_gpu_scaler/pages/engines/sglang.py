@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from keda_gpu_scaler.pages.engines._common import (
     TPOT,
     TTFT,
     CounterFamily,
     DemandCounters,
     Engine,
+    Families,
     InferenceMetric,
     InferenceReading,
     counter_series,
@@ -20,7 +19,6 @@ from keda_gpu_scaler.pages.engines._common import (
     latency_series,
     models_on,
 )
-from keda_gpu_scaler.pages.exposition import Sample
 
 ENGINE = Engine.SGLANG
 
@@ -77,30 +75,28 @@ COUNTER_NAMES = frozenset(
 ) | latency_names(LATENCY)
 
 
-def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
+def read(page: Families, model: str | None) -> InferenceReading:
     waiting = gauge_of_spellings(
-        samples, (WAITING, WAITING_UNDERSCORE), model=model, engine_labels=ENGINE_LABELS
+        page, (WAITING, WAITING_UNDERSCORE), model=model, engine_labels=ENGINE_LABELS
     )
     running = gauge_of_spellings(
-        samples, (RUNNING, RUNNING_UNDERSCORE), model=model, engine_labels=ENGINE_LABELS
+        page, (RUNNING, RUNNING_UNDERSCORE), model=model, engine_labels=ENGINE_LABELS
     )
-    kv = gauge_of_spellings(
-        samples, (KV_CACHE, KV_CACHE_UNDERSCORE), model=model, engine_labels=ENGINE_LABELS
-    )
+    kv = gauge_of_spellings(page, (KV_CACHE, KV_CACHE_UNDERSCORE), model=model, engine_labels=ENGINE_LABELS)
     return InferenceReading(
         ENGINE,
         waiting=waiting.total(),
         running=running.total(),
         kv_cache=fraction_percent(kv.mean()),
         engines=engine_count(waiting, running, kv),
-        models=models_on(samples, SAMPLE_NAMES),
+        models=models_on(page, SAMPLE_NAMES),
     )
 
 
-def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounters:
+def read_counters(page: Families, model: str | None) -> DemandCounters:
     return DemandCounters(
-        finished=counter_series(samples, (FINISHED,), model=model),
-        prompt_tokens=counter_series(samples, (PROMPT_TOKENS,), model=model),
-        generation_tokens=counter_series(samples, (GENERATION_TOKENS,), model=model),
-        latency=latency_series(samples, LATENCY, ENGINE_LABELS, model),
+        finished=counter_series(page, (FINISHED,), model=model),
+        prompt_tokens=counter_series(page, (PROMPT_TOKENS,), model=model),
+        generation_tokens=counter_series(page, (GENERATION_TOKENS,), model=model),
+        latency=latency_series(page, LATENCY, ENGINE_LABELS, model),
     )

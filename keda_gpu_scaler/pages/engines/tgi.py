@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from keda_gpu_scaler.pages.engines._common import (
     TPOT,
     CounterFamily,
     DemandCounters,
     Engine,
+    Families,
     InferenceMetric,
     InferenceReading,
     counter_series,
@@ -19,7 +18,6 @@ from keda_gpu_scaler.pages.engines._common import (
     latency_series,
     not_exported,
 )
-from keda_gpu_scaler.pages.exposition import Sample
 
 ENGINE = Engine.TGI
 
@@ -55,10 +53,10 @@ COUNTER_NAMES = (
 )
 
 
-def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
+def read(page: Families, model: str | None) -> InferenceReading:
     # TGI's series carry no model label: with a `model` filter nothing matches (gauge says so).
-    waiting = gauge(samples, WAITING, model=model, engine_labels=ENGINE_LABELS)
-    running = gauge(samples, RUNNING, model=model, engine_labels=ENGINE_LABELS)
+    waiting = gauge(page, WAITING, model=model, engine_labels=ENGINE_LABELS)
+    running = gauge(page, RUNNING, model=model, engine_labels=ENGINE_LABELS)
     return InferenceReading(
         ENGINE,
         waiting=waiting.total(),
@@ -68,11 +66,11 @@ def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
     )
 
 
-def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounters:
+def read_counters(page: Families, model: str | None) -> DemandCounters:
     return DemandCounters(
-        finished=counter_series(samples, (FINISHED, FAILED), model=model),
-        prompt_tokens=counter_series(samples, (PROMPT_TOKENS,), model=model),
-        generation_tokens=counter_series(samples, (GENERATION_TOKENS,), model=model),
-        sizes=histogram_sizes(samples, INPUT_LENGTH, GENERATED_TOKENS, ENGINE_LABELS, model),
-        latency=latency_series(samples, LATENCY, ENGINE_LABELS, model),
+        finished=counter_series(page, (FINISHED, FAILED), model=model),
+        prompt_tokens=counter_series(page, (PROMPT_TOKENS,), model=model),
+        generation_tokens=counter_series(page, (GENERATION_TOKENS,), model=model),
+        sizes=histogram_sizes(page, INPUT_LENGTH, GENERATED_TOKENS, ENGINE_LABELS, model),
+        latency=latency_series(page, LATENCY, ENGINE_LABELS, model),
     )

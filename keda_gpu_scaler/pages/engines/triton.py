@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from keda_gpu_scaler.pages.engines._common import (
     CounterFamily,
     DemandCounters,
     Engine,
+    Families,
     InferenceMetric,
     InferenceReading,
     counter_series,
@@ -16,7 +15,6 @@ from keda_gpu_scaler.pages.engines._common import (
     models_on,
     not_exported,
 )
-from keda_gpu_scaler.pages.exposition import Sample
 
 ENGINE = Engine.TRITON
 
@@ -43,21 +41,21 @@ FAILED = CounterFamily(("nv_inference_request_failure",), (*ENGINE_LABELS, "reas
 COUNTER_NAMES = frozenset(n for f in (FINISHED, FAILED) for n in f.spellings)
 
 
-def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
-    waiting = gauge(samples, WAITING, model=model, engine_labels=ENGINE_LABELS)
+def read(page: Families, model: str | None) -> InferenceReading:
+    waiting = gauge(page, WAITING, model=model, engine_labels=ENGINE_LABELS)
     return InferenceReading(
         ENGINE,
         waiting=waiting.total(),
         running=not_exported(ENGINE, "running-request count (only nv_inference_pending_request_count)"),
         kv_cache=not_exported(ENGINE, "KV-cache usage"),
         engines=engine_count(waiting),
-        models=models_on(samples, SAMPLE_NAMES),
+        models=models_on(page, SAMPLE_NAMES),
     )
 
 
-def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounters:
+def read_counters(page: Families, model: str | None) -> DemandCounters:
     return DemandCounters(
-        finished=counter_series(samples, (FINISHED, FAILED), model=model),
+        finished=counter_series(page, (FINISHED, FAILED), model=model),
         prompt_tokens=not_exported(ENGINE, "token counters"),
         generation_tokens=not_exported(ENGINE, "token counters"),
     )

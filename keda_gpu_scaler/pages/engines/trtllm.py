@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from itertools import chain
 
 from keda_gpu_scaler.pages.engines import triton
 from keda_gpu_scaler.pages.engines._common import (
     DemandCounters,
     Engine,
+    Families,
     Gauge,
     InferenceMetric,
     InferenceReading,
     Missing,
     MissingKind,
     Value,
+    by_name,
     counter_series,
     engine_count,
     fraction_percent,
@@ -23,7 +25,6 @@ from keda_gpu_scaler.pages.engines._common import (
     not_exported,
     selector_text,
 )
-from keda_gpu_scaler.pages.exposition import Sample
 
 ENGINE = Engine.TRTLLM
 
@@ -50,26 +51,26 @@ ENGINE_LABELS = ("version",)
 COUNTER_NAMES = triton.COUNTER_NAMES
 
 
-def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
-    waiting = gauge(samples, REQUESTS, model=model, engine_labels=ENGINE_LABELS, where=WAITING_WHERE)
-    running = gauge(samples, REQUESTS, model=model, engine_labels=ENGINE_LABELS, where=RUNNING_WHERE)
-    kv = gauge(samples, KV_BLOCKS, model=model, engine_labels=ENGINE_LABELS, where=KV_FRACTION_WHERE)
+def read(page: Families, model: str | None) -> InferenceReading:
+    waiting = gauge(page, REQUESTS, model=model, engine_labels=ENGINE_LABELS, where=WAITING_WHERE)
+    running = gauge(page, REQUESTS, model=model, engine_labels=ENGINE_LABELS, where=RUNNING_WHERE)
+    kv = gauge(page, KV_BLOCKS, model=model, engine_labels=ENGINE_LABELS, where=KV_FRACTION_WHERE)
     kv_value = kv.mean()
     if isinstance(kv_value, Missing) and kv_value.kind is MissingKind.FAMILY_ABSENT:
-        kv_value = _used_over_max(samples, model, kv_value)
+        kv_value = _used_over_max(page, model, kv_value)
     return InferenceReading(
         ENGINE,
         waiting=waiting.total(),
         running=running.total(),
         kv_cache=fraction_percent(kv_value),
         engines=engine_count(waiting, running, kv),
-        models=models_on(samples, SAMPLE_NAMES),
+        models=models_on(page, SAMPLE_NAMES),
     )
 
 
-def _used_over_max(samples: Sequence[Sample], model: str | None, absent: Missing) -> Value:
-    used = gauge(samples, KV_BLOCKS, model=model, engine_labels=ENGINE_LABELS, where=KV_USED_WHERE)
-    most = gauge(samples, KV_BLOCKS, model=model, engine_labels=ENGINE_LABELS, where=KV_MAX_WHERE)
+def _used_over_max(page: Families, model: str | None, absent: Missing) -> Value:
+    used = gauge(page, KV_BLOCKS, model=model, engine_labels=ENGINE_LABELS, where=KV_USED_WHERE)
+    most = gauge(page, KV_BLOCKS, model=model, engine_labels=ENGINE_LABELS, where=KV_MAX_WHERE)
     if used.missing is not None and used.missing.kind is MissingKind.FAMILY_ABSENT:
         return absent
     for part in (used, most):
@@ -94,9 +95,13 @@ def _ratios(used: Gauge, most: Gauge) -> list[float] | None:
     return fractions
 
 
-def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounters:
-    backend_models = {model_of(s.labels) for s in samples if s.name == REQUESTS}
-    own = [s for s in samples if s.name not in COUNTER_NAMES or model_of(s.labels) in backend_models]
+def read_counters(page: Families, model: str | None) -> DemandCounters:
+    backend_models = {model_of(s.labels) for s in page.get(REQUESTS, ())}
+    own = by_name(
+        s
+        for s in chain.from_iterable(page.values())
+        if s.name not in COUNTER_NAMES or model_of(s.labels) in backend_models
+    )
     return DemandCounters(
         finished=counter_series(own, (triton.FINISHED, triton.FAILED), model=model),
         prompt_tokens=not_exported(ENGINE, "token counters (the Triton backend)"),

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from keda_gpu_scaler.pages.engines._common import (
     CounterFamily,
     DemandCounters,
     Engine,
+    Families,
     InferenceMetric,
     InferenceReading,
     counter_series,
@@ -16,7 +15,6 @@ from keda_gpu_scaler.pages.engines._common import (
     gauge,
     models_on,
 )
-from keda_gpu_scaler.pages.exposition import Sample
 
 # The same engine as the Triton backend's page (trtllm.py), served without Triton: `engine: trtllm` reads
 # whichever of the two pages a pod prints.
@@ -44,23 +42,23 @@ GENERATION_TOKENS = CounterFamily(("trtllm_generation_tokens_total",), absent_hi
 COUNTER_NAMES = frozenset(n for f in (FINISHED, PROMPT_TOKENS, GENERATION_TOKENS) for n in f.spellings)
 
 
-def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
-    waiting = gauge(samples, WAITING, model=model, engine_labels=ENGINE_LABELS)
-    running = gauge(samples, RUNNING, model=model, engine_labels=ENGINE_LABELS)
-    kv = gauge(samples, KV_CACHE, model=model, engine_labels=ENGINE_LABELS)
+def read(page: Families, model: str | None) -> InferenceReading:
+    waiting = gauge(page, WAITING, model=model, engine_labels=ENGINE_LABELS)
+    running = gauge(page, RUNNING, model=model, engine_labels=ENGINE_LABELS)
+    kv = gauge(page, KV_CACHE, model=model, engine_labels=ENGINE_LABELS)
     return InferenceReading(
         ENGINE,
         waiting=waiting.total(),
         running=running.total(),
         kv_cache=fraction_percent(kv.mean()),
         engines=engine_count(waiting, running, kv),
-        models=models_on(samples, SAMPLE_NAMES),
+        models=models_on(page, SAMPLE_NAMES),
     )
 
 
-def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounters:
+def read_counters(page: Families, model: str | None) -> DemandCounters:
     return DemandCounters(
-        finished=counter_series(samples, (FINISHED,), model=model),
-        prompt_tokens=counter_series(samples, (PROMPT_TOKENS,), model=model),
-        generation_tokens=counter_series(samples, (GENERATION_TOKENS,), model=model),
+        finished=counter_series(page, (FINISHED,), model=model),
+        prompt_tokens=counter_series(page, (PROMPT_TOKENS,), model=model),
+        generation_tokens=counter_series(page, (GENERATION_TOKENS,), model=model),
     )

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from keda_gpu_scaler.pages.engines._common import (
     TPOT,
     TTFT,
     CounterFamily,
     DemandCounters,
     Engine,
+    Families,
     InferenceMetric,
     InferenceReading,
     Missing,
@@ -23,7 +22,6 @@ from keda_gpu_scaler.pages.engines._common import (
     latency_series,
     models_on,
 )
-from keda_gpu_scaler.pages.exposition import Sample
 
 ENGINE = Engine.VLLM
 
@@ -67,13 +65,12 @@ METRICS = frozenset(InferenceMetric)
 ENGINE_LABELS = ("engine",)
 
 
-def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
-    if not samples:
+def read(page: Families, model: str | None) -> InferenceReading:
+    if not page:
         return _not_started()
-    waiting = gauge(samples, WAITING, model=model, engine_labels=ENGINE_LABELS)
-    running = gauge(samples, RUNNING, model=model, engine_labels=ENGINE_LABELS)
-    has_new = any(s.name == KV_CACHE for s in samples)
-    kv = gauge(samples, KV_CACHE if has_new else KV_CACHE_OLD, model=model, engine_labels=ENGINE_LABELS)
+    waiting = gauge(page, WAITING, model=model, engine_labels=ENGINE_LABELS)
+    running = gauge(page, RUNNING, model=model, engine_labels=ENGINE_LABELS)
+    kv = gauge(page, KV_CACHE if KV_CACHE in page else KV_CACHE_OLD, model=model, engine_labels=ENGINE_LABELS)
     kv_value = kv.mean()
     if isinstance(kv_value, Missing) and kv_value.kind is MissingKind.FAMILY_ABSENT:
         kv_value = Missing(
@@ -87,7 +84,7 @@ def read(samples: Sequence[Sample], model: str | None) -> InferenceReading:
         running=running.total(),
         kv_cache=fraction_percent(kv_value),
         engines=engine_count(waiting, running, kv),
-        models=models_on(samples, SAMPLE_NAMES),
+        models=models_on(page, SAMPLE_NAMES),
     )
 
 
@@ -106,13 +103,11 @@ def _not_started() -> InferenceReading:
     )
 
 
-def read_counters(samples: Sequence[Sample], model: str | None) -> DemandCounters:
+def read_counters(page: Families, model: str | None) -> DemandCounters:
     return DemandCounters(
-        finished=counter_series(samples, (FINISHED,), model=model),
-        prompt_tokens=counter_series(samples, (PROMPT_TOKENS,), model=model),
-        generation_tokens=counter_series(samples, (GENERATION_TOKENS,), model=model),
-        sizes=histogram_sizes(
-            samples, REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS, ENGINE_LABELS, model
-        ),
-        latency=latency_series(samples, LATENCY, ENGINE_LABELS, model),
+        finished=counter_series(page, (FINISHED,), model=model),
+        prompt_tokens=counter_series(page, (PROMPT_TOKENS,), model=model),
+        generation_tokens=counter_series(page, (GENERATION_TOKENS,), model=model),
+        sizes=histogram_sizes(page, REQUEST_PROMPT_TOKENS, REQUEST_GENERATION_TOKENS, ENGINE_LABELS, model),
+        latency=latency_series(page, LATENCY, ENGINE_LABELS, model),
     )
