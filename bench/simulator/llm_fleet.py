@@ -88,6 +88,7 @@ class Request:
         "generated",
         "output",
         "prompt",
+        "reached",
         "start_clock",
     )
 
@@ -96,6 +97,7 @@ class Request:
         self.prompt = prompt
         self.output = output
         self.admitted: float | None = None
+        self.reached: float | None = None  # when a pod's server first received it (after the gateway)
         self.first_token = 0.0
         self.dropped = False
         self.generated = 0.0  # tokens generated before the current admission (a preempted request's)
@@ -207,6 +209,8 @@ class Pod:
         return len(self.queue) <= model.saturation_queue and self.kv_usage() <= model.saturation_kv
 
     def enqueue(self, request: Request, now: float, tally: Tally) -> None:
+        if request.reached is None:
+            request.reached = now
         self.queue.append(request)
         self.inflight += 1
         if len(self.queue) == 1:
@@ -230,8 +234,11 @@ class Pod:
                 tally.waits.append(now - request.arrived)
                 request.first_token = now + self.prefill_owed + model.itl(len(self.active) + 1)
                 tally.ttfts.append(request.first_token - request.arrived)
-                self.ttft_sum += request.first_token - request.arrived
-                observe(self.ttft_buckets, TTFT_BOUNDS, request.first_token - request.arrived)
+                # The pod's histogram counts from when its server received the request, as vLLM's does
+                # (the gateway's hold is not the engine's to see); the SLO counts from the arrival.
+                at_pod = request.first_token - (request.reached if request.reached is not None else now)
+                self.ttft_sum += at_pod
+                observe(self.ttft_buckets, TTFT_BOUNDS, at_pod)
                 self.ttft_count += 1
                 self.prompt_tokens += request.prompt
             request.start_clock = self.clock
