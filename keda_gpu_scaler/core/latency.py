@@ -133,7 +133,9 @@ def guarded_value(
     against 18.6k (0.818), day 125.2k against 125.9k (0.998), bursty 75.7k (0.689) against 80.1k (0.679),
     mix-shift 78.0k against 79.5k (0.994). Not kept: acting only while the last ten minutes' requests fell
     short of the attainment (an error budget) saved 2.7 % on mix-shift and 0.2 % on day, attained 0.011 less
-    on bursty, and on the held-out mix-churn saved on three seeds and cost more on two (docs/BENCHMARKS.md).
+    on bursty, and on the held-out mix-churn saved on three seeds and cost more on two; nor did acting only
+    when a window's misses exceed the SLO's share by more than sampling noise (mix-shift +3.4 %)
+    (docs/BENCHMARKS.md).
     """
     if (ratio := overshoot(reads, slo)) is None or ratio <= 1 or ready_pods < 1:
         return value
