@@ -7,12 +7,16 @@ import bisect
 import math
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from bench.simulator.autoscaling import due
 from bench.simulator.llm_fleet import Fleet
 from bench.simulator.llm_product import Page, SimulatedScaler
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb  # KEDA's wire messages
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,17 @@ def _latency_p90(fleet: Fleet, first: int, last: int) -> tuple[float, float] | N
     return ttfts[index], tpots[index]
 
 
+def _newer(history: deque[T], fed: float, at: Callable[[T], float]) -> list[T]:
+    """The entries of a history (oldest first, times rising) after time `fed`, oldest first: found from
+    the newest end, as an ask hands over a few of the hundreds a history holds."""
+    newer = []
+    for entry in reversed(history):
+        if at(entry) <= fed:
+            break
+        newer.append(entry)
+    return newer[::-1]
+
+
 class LlmCluster:
     """The LLM simulator's collectors' views handed to the product, oldest first, when a value is asked."""
 
@@ -205,16 +220,14 @@ class LlmCluster:
         scaler = self.scaler
         ref = scaler.follow(metadata)
         self.read_utilization |= metadata.get("metric") == "utilization"
-        for view in signals.scrapes:
-            if view.at > self._fed:
-                scaler.scrape_pods(view.at, view.pages)
-                if self.read_utilization:
-                    scaler.scrape_exporters(view.at, {p: view.utilization.get(p, 0.0) for p in view.pages})
-                self._fed = view.at
-        for at, pending in signals.pending_history:
-            if at > self._fed_gateway:
-                scaler.read_gateway(at, pending, len(signals.ready))
-                self._fed_gateway = at
+        for view in _newer(signals.scrapes, self._fed, lambda view: view.at):
+            scaler.scrape_pods(view.at, view.pages)
+            if self.read_utilization:
+                scaler.scrape_exporters(view.at, {p: view.utilization.get(p, 0.0) for p in view.pages})
+            self._fed = view.at
+        for at, pending in _newer(signals.pending_history, self._fed_gateway, lambda read: read[0]):
+            scaler.read_gateway(at, pending, len(signals.ready))
+            self._fed_gateway = at
         scaler.cluster(signals.now, signals.ready, signals.starting)
         return ref
 
