@@ -11,9 +11,9 @@ request TTL, then drops it. Constants and sources are in docs/BENCHMARKS.md (LLM
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import random
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field, replace
 from operator import attrgetter
@@ -73,7 +73,7 @@ TPOT_BOUNDS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 
 def observe(counts: list[int], bounds: tuple[float, ...], value: float) -> None:
     """One observation into per-bucket (not cumulative) counts; the last count is the +Inf bucket's."""
-    counts[bisect.bisect_left(bounds, value)] += 1
+    counts[bisect_left(bounds, value)] += 1
 
 
 class Request:
@@ -201,12 +201,23 @@ class Pod:
 
     def kv_usage(self) -> float:
         """KV cache in use, 0–1: every running request's prompt and the tokens it has generated so far."""
-        return min(1.0, max(0.0, self.kv_used() / self.model.kv_capacity_tokens))
+        return min(
+            1.0, max(0.0, (self.kv_base + len(self.active) * self.clock) / self.model.kv_capacity_tokens)
+        )
 
     def has_capacity(self) -> bool:
         """Not saturated for the EPP's detector: queue and KV at or under its thresholds."""
+        # kv_usage() written out: the picker asks this once per pod per step and per arrival.
         model = self.model
-        return len(self.queue) <= model.saturation_queue and self.kv_usage() <= model.saturation_kv
+        if len(self.queue) > model.saturation_queue:
+            return False
+        usage, threshold = (
+            (self.kv_base + len(self.active) * self.clock) / model.kv_capacity_tokens,
+            model.saturation_kv,
+        )
+        if 0.0 <= threshold < 1.0:
+            return usage <= threshold  # clamping usage to 0–1 first would give the same answer
+        return min(1.0, max(0.0, usage)) <= threshold
 
     def enqueue(self, request: Request, now: float, tally: Tally) -> None:
         if request.reached is None:
@@ -217,79 +228,95 @@ class Pod:
             self.admit(now, tally)
 
     def admit(self, now: float, tally: Tally) -> None:
-        model = self.model
+        # The hottest loop of a run: attributes are read once, and kv_used(), itl(), kv_offset() and
+        # observe() are written out (the same expressions, so the same floats).
+        model, queue, active = self.model, self.queue, self.active
         limit = model.kv_capacity_tokens * (1 - model.kv_watermark)
-        while self.queue and len(self.active) < model.batch_limit:
-            request = self.queue[0]
+        batch_limit = model.batch_limit
+        while queue and len(active) < batch_limit:
+            request = queue[0]
             need = (
                 request.prompt + request.generated
             )  # blocks for the prompt (and a preempted request's tokens)
-            if self.kv_used() + need > limit and self.active:
+            if self.kv_base + len(active) * self.clock + need > limit and active:
                 break  # vLLM keeps it waiting until blocks free up (an empty pod takes it regardless)
-            self.queue.popleft()
+            queue.popleft()
             prefill = need / model.prefill_tokens_per_second
             self.prefill_owed += prefill
             if request.admitted is None:
                 request.admitted = now
                 tally.waits.append(now - request.arrived)
-                request.first_token = now + self.prefill_owed + model.itl(len(self.active) + 1)
+                request.first_token = (
+                    now + self.prefill_owed + (model.itl_alpha + model.itl_beta * (len(active) + 1))
+                )
                 tally.ttfts.append(request.first_token - request.arrived)
                 # The pod's histogram counts from when its server received the request, as vLLM's does
                 # (the gateway's hold is not the engine's to see); the SLO counts from the arrival.
                 at_pod = request.first_token - (request.reached if request.reached is not None else now)
                 self.ttft_sum += at_pod
-                observe(self.ttft_buckets, TTFT_BOUNDS, at_pod)
+                self.ttft_buckets[bisect_left(TTFT_BOUNDS, at_pod)] += 1
                 self.ttft_count += 1
                 self.prompt_tokens += request.prompt
-            request.start_clock = self.clock
-            request.finish_clock = self.clock + request.output - request.generated
-            self.kv_base += request.kv_offset()
+            clock = self.clock
+            request.start_clock = clock
+            request.finish_clock = clock + request.output - request.generated
+            self.kv_base += request.prompt + request.generated - request.start_clock
             self._serial += 1
-            self.active[self._serial] = request
+            active[self._serial] = request
             heapq.heappush(self.running, (request.finish_clock, self._serial, request))
 
     def advance(self, now: float, dt: float, tally: Tally) -> None:
         """Run the GPU for dt seconds ending at `now`: prefill first, then decode steps."""
+        active, queue = self.active, self.queue
+        if not (active or queue or self.prefill_owed > 0):
+            return  # an idle pod: nothing below would change (its inflight is already 0)
         budget = dt
         if self.prefill_owed > 0:
             spent = min(budget, self.prefill_owed)
             self.prefill_owed -= spent
             budget -= spent
             self.busy += spent
-        if self.active and budget > 0:
-            start, before = now - budget, self.clock
-            steps = budget / self.model.itl(len(self.active))
-            self.clock += steps
-            self.generation_tokens += steps * len(self.active)
-            self.busy += budget
-            while self.running and self.running[0][0] <= self.clock:
-                finish, serial, request = heapq.heappop(self.running)
-                if self.active.get(serial) is not request:
-                    continue  # preempted since: a stale entry
-                del self.active[serial]
-                self.kv_base -= request.kv_offset()
-                self.generation_tokens -= self.clock - finish  # it stopped at its last token
-                self.inflight -= 1
-                self.finished += 1
-                tally.completed += 1
-                done = start + budget * (finish - before) / steps  # when its last token came, within dt
-                decode = max(0.0, done - request.first_token)
-                tally.decode_seconds += decode
-                tally.decode_tokens += request.output - 1
-                self.request_prompt_sum += request.prompt
-                self.request_output_sum += request.output
-                self.tpot_sum += decode / max(1, request.output - 1)
-                observe(self.tpot_buckets, TPOT_BOUNDS, decode / max(1, request.output - 1))
-                tally.done_at.append(done)
-                tally.done_ttft.append(request.first_token - request.arrived)
-                tally.done_tpot.append(decode / (request.output - 1) if request.output > 1 else 0.0)
-            if not self.active:
-                self.kv_base = 0.0  # no drift from float sums once the pod is empty
-            else:
-                self._preempt(tally)
-        if self.queue:
+        if active and budget > 0:
+            self._decode(now, budget, tally)
+        if queue:
             self.admit(now, tally)
-        self.inflight = len(self.active) + len(self.queue)
+        self.inflight = len(active) + len(queue)
+
+    def _decode(self, now: float, budget: float, tally: Tally) -> None:
+        """Decode steps for `budget` seconds ending at `now`; requests reaching their last token finish."""
+        model, active, running = self.model, self.active, self.running
+        start, before = now - budget, self.clock
+        steps = budget / (model.itl_alpha + model.itl_beta * len(active))
+        self.clock += steps
+        clock = self.clock
+        self.generation_tokens += steps * len(active)
+        self.busy += budget
+        while running and running[0][0] <= clock:
+            finish, serial, request = heapq.heappop(running)
+            if active.get(serial) is not request:
+                continue  # preempted since: a stale entry
+            del active[serial]
+            self.kv_base -= request.prompt + request.generated - request.start_clock
+            self.generation_tokens -= clock - finish  # it stopped at its last token
+            self.finished += 1
+            tally.completed += 1
+            done = start + budget * (finish - before) / steps  # when its last token came, within dt
+            decode = max(0.0, done - request.first_token)
+            tally.decode_seconds += decode
+            output = request.output
+            tally.decode_tokens += output - 1
+            self.request_prompt_sum += request.prompt
+            self.request_output_sum += output
+            tpot = decode / max(1, output - 1)
+            self.tpot_sum += tpot
+            self.tpot_buckets[bisect_left(TPOT_BOUNDS, tpot)] += 1
+            tally.done_at.append(done)
+            tally.done_ttft.append(request.first_token - request.arrived)
+            tally.done_tpot.append(tpot if output > 1 else 0.0)  # the same as decode / (output - 1) there
+        if not active:
+            self.kv_base = 0.0  # no drift from float sums once the pod is empty
+        elif len(active) > 1 and self.kv_base + len(active) * clock > model.kv_capacity_tokens:
+            self._preempt(tally)  # (its own loop's first test, asked here to save a call on most steps)
 
     def crash(self, tally: Tally) -> None:
         """The server process dies: what it held fails (dropped), and its counters start again from 0."""

@@ -181,14 +181,29 @@ def judge(
     work = jobs(trace, policies, seed, min_replicas, model, slo, realism, start_scale)
     if processes > 1:
         _calibrate_before_forking(trace, model)
-        with Pool(processes) as pool:
-            rows = pool.map(run_job, work, chunksize=1)
+        rows = _run_longest_first(work, processes)
     else:
         rows = [run_job(job) for job in work]
     by_policy: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         by_policy.setdefault(row["policy"], []).append(row)
     return [choose(found, goal) for found in by_policy.values()], rows
+
+
+def _run_longest_first(work: list[Job], processes: int) -> list[dict[str, Any]]:
+    """Every job's row, in `work`'s order; the runs that ask the product (the longest) start first, so no
+    worker is left idle while the other finishes a long run at the end."""
+    order = sorted(range(len(work)), key=lambda i: not _asks_product(work[i]))
+    with Pool(processes) as pool:
+        done = pool.map(run_job, [work[i] for i in order], chunksize=1)
+    rows: list[dict[str, Any]] = [{}] * len(work)
+    for i, row in zip(order, done, strict=True):
+        rows[i] = row
+    return rows
+
+
+def _asks_product(job: Job) -> bool:
+    return any(isinstance(trigger, ProductTrigger) for trigger in configured(job).triggers)
 
 
 def _calibrate_before_forking(trace: LlmTrace, model: ServerModel) -> None:

@@ -7,12 +7,16 @@ import bisect
 import math
 import random
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from bench.simulator.autoscaling import due
 from bench.simulator.llm_fleet import Fleet
 from bench.simulator.llm_product import Page, SimulatedScaler
 from keda_gpu_scaler._proto import externalscaler_pb2 as pb  # KEDA's wire messages
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,10 @@ class Signals:
         self.pending_history: deque[tuple[float, int]] = deque()  # (time, pending) of each gateway read
         # The recording rules' last values: p90 TTFT and p90 time per output token (s) over the latency
         # window behind Prometheus's last scrape (None: no request finished in it), and that scrape's view.
-        self.latency_p90: tuple[float, float] | None = None
+        self._latency_p90: tuple[float, float] | None = None
+        self._latency_span: tuple[Fleet, int, int] | None = (
+            None  # the requests the last rules judged, unsorted
+        )
         self.recorded = View(-1.0)
         self.rule_at = -1.0  # when the rules last ran
         self.scrapes: deque[View] = deque()  # the scaler's own scrapes, newest last
@@ -115,8 +122,19 @@ class Signals:
                 self.history.popleft()
         if due(now, t.rule_interval, t.rule_phase):
             self.recorded, self.rule_at = self.prometheus, now
-            self.latency_p90 = _latency_p90(fleet, self.prometheus.at, t.latency_window)
+            self._latency_span = _latency_span(fleet, self.prometheus.at, t.latency_window)
         return gateway, scraped
+
+    @property
+    def latency_p90(self) -> tuple[float, float] | None:
+        """The recording rules' last p90s, sorted out when first read: most policies never read them."""
+        if self._latency_span is not None:
+            self._latency_p90, self._latency_span = _latency_p90(*self._latency_span), None
+        return self._latency_p90
+
+    @latency_p90.setter
+    def latency_p90(self, value: tuple[float, float] | None) -> None:
+        self._latency_p90, self._latency_span = value, None
 
     @property
     def cluster(self) -> LlmCluster:
@@ -160,17 +178,32 @@ class Signals:
         self._utilization, self._busy = values, busy
 
 
-def _latency_p90(fleet: Fleet, at: float, window: float) -> tuple[float, float] | None:
-    """p90 of TTFT and of time per output token over the requests finished in (at − window, at]."""
+def _latency_span(fleet: Fleet, at: float, window: float) -> tuple[Fleet, int, int]:
+    """Where the requests finished in (at − window, at] sit in the fleet's tally (which only grows)."""
+    done_at = fleet.tally.done_at
+    return fleet, bisect.bisect_right(done_at, at - window), bisect.bisect_right(done_at, at)
+
+
+def _latency_p90(fleet: Fleet, first: int, last: int) -> tuple[float, float] | None:
+    """p90 of TTFT and of time per output token over the tally's requests first … last − 1."""
     tally = fleet.tally
-    first = bisect.bisect_right(tally.done_at, at - window)
-    last = bisect.bisect_right(tally.done_at, at)
     if last <= first:
         return None
     ttfts = sorted(tally.done_ttft[first:last])
     tpots = sorted(tally.done_tpot[first:last])
     index = max(0, -(-9 * len(ttfts) // 10) - 1)
     return ttfts[index], tpots[index]
+
+
+def _newer(history: deque[T], fed: float, at: Callable[[T], float]) -> list[T]:
+    """The entries of a history (oldest first, times rising) after time `fed`, oldest first: found from
+    the newest end, as an ask hands over a few of the hundreds a history holds."""
+    newer = []
+    for entry in reversed(history):
+        if at(entry) <= fed:
+            break
+        newer.append(entry)
+    return newer[::-1]
 
 
 class LlmCluster:
@@ -187,16 +220,14 @@ class LlmCluster:
         scaler = self.scaler
         ref = scaler.follow(metadata)
         self.read_utilization |= metadata.get("metric") == "utilization"
-        for view in signals.scrapes:
-            if view.at > self._fed:
-                scaler.scrape_pods(view.at, view.pages)
-                if self.read_utilization:
-                    scaler.scrape_exporters(view.at, {p: view.utilization.get(p, 0.0) for p in view.pages})
-                self._fed = view.at
-        for at, pending in signals.pending_history:
-            if at > self._fed_gateway:
-                scaler.read_gateway(at, pending, len(signals.ready))
-                self._fed_gateway = at
+        for view in _newer(signals.scrapes, self._fed, lambda view: view.at):
+            scaler.scrape_pods(view.at, view.pages)
+            if self.read_utilization:
+                scaler.scrape_exporters(view.at, {p: view.utilization.get(p, 0.0) for p in view.pages})
+            self._fed = view.at
+        for at, pending in _newer(signals.pending_history, self._fed_gateway, lambda read: read[0]):
+            scaler.read_gateway(at, pending, len(signals.ready))
+            self._fed_gateway = at
         scaler.cluster(signals.now, signals.ready, signals.starting)
         return ref
 

@@ -232,7 +232,8 @@ class DemandHistory:
             return Track([])
         history.wanted_at = now
         newest_at, newest = history.newest
-        reading, counters = pod_counters(newest.samples, engine, model)
+        # Its latency comes from the points' totals: the newest page's own latency histograms go unread.
+        reading, counters = pod_counters(newest.samples, engine, model, latency=False)
         engine_name = reading.engine.value if reading.engine is not None else "unknown"
         flight = in_flight(reading)
         problem = flight if isinstance(flight, Missing) else None

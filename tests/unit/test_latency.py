@@ -57,6 +57,20 @@ def test_engines_read_their_latency_histograms_through_the_page_filter() -> None
     assert not any(key[0].startswith("tpot") for key in counters.latency)
 
 
+def test_a_read_without_latency_leaves_the_histograms_and_reads_everything_else_alike() -> None:
+    samples = pod(vllm_text(1, {"0.1": 3, "1": 7, "+Inf": 8})).samples
+    reading, counters = pod_counters(samples)
+    lean_reading, lean = pod_counters(samples, latency=False)
+    assert counters.latency and lean.latency == {}
+    assert (lean_reading, lean.finished, lean.prompt_tokens, lean.generation_tokens, lean.sizes) == (
+        reading,
+        counters.finished,
+        counters.prompt_tokens,
+        counters.generation_tokens,
+        counters.sizes,
+    )
+
+
 def test_sglang_both_spellings_count_once_and_tgi_has_its_per_token_mean() -> None:
     sglang = "".join(
         f'{prefix}num_queue_reqs{{model_name="q"}} 0\n{prefix}num_running_reqs{{model_name="q"}} 0\n'

@@ -30,6 +30,7 @@ from keda_gpu_scaler.pages.engines._common import (
     Value,
     by_name,
     folded_model,
+    latency_names,
     pod_of,
 )
 from keda_gpu_scaler.pages.exposition import Sample
@@ -180,6 +181,8 @@ LATENCY_FAMILIES: dict[str, tuple[str, ...]] = {
     for kind in LATENCY_KINDS
 }
 """Per latency kind, the histograms engines print it in (their base names): for messages."""
+
+_DEMAND_WITHOUT_LATENCY = DEMAND_SAMPLE_NAMES - latency_names(LATENCY_FAMILIES)
 
 ENGINE_CHOICES: tuple[str, ...] = (AUTO, *(engine.value for engine in Engine))
 """The values the trigger key `engine` allows, `auto` first."""
@@ -355,11 +358,14 @@ def _module_for(names: Set[str], engine: Engine | str) -> EngineModule | None:
 
 
 def pod_counters(
-    samples: Iterable[Sample], engine: Engine | str = AUTO, model: str | None = None
+    samples: Iterable[Sample], engine: Engine | str = AUTO, model: str | None = None, *, latency: bool = True
 ) -> tuple[InferenceReading, DemandCounters]:
     """One pod's gauges and its demand counters from its own page (parsed with ENGINE_SAMPLE_NAMES and
-    DEMAND_SAMPLE_NAMES), the page read as pod_reading() reads it (the gauges decide the engine)."""
-    page = by_name(s for s in samples if s.name in ENGINE_SAMPLE_NAMES or s.name in DEMAND_SAMPLE_NAMES)
+    DEMAND_SAMPLE_NAMES), the page read as pod_reading() reads it (the gauges decide the engine).
+    `latency=False` leaves the latency histograms unread (`latency` empty): a caller that takes them
+    from elsewhere saves their reading, most of a page's counters (nothing else depends on them)."""
+    counted = DEMAND_SAMPLE_NAMES if latency else _DEMAND_WITHOUT_LATENCY
+    page = by_name(s for s in samples if s.name in ENGINE_SAMPLE_NAMES or s.name in counted)
     gauges = _reading(_only(page, ENGINE_SAMPLE_NAMES), engine, model)
     module = _module_for(page.keys() & ENGINE_SAMPLE_NAMES, engine)
     if module is None:
