@@ -18,7 +18,7 @@ from multiprocessing import Pool
 from typing import Any
 
 from bench.simulator.autoscaling import Behavior
-from bench.simulator.llm_calibrate import capacity
+from bench.simulator.llm_calibrate import KNOWN, capacity
 from bench.simulator.llm_fleet import ServerModel
 from bench.simulator.llm_policies import (
     POD_RATE,
@@ -60,6 +60,9 @@ AUTO = "recommended-auto"
 TUNED = "recommended-tuned"
 TUNED_SCALES = (0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.4)
 JUDGE_ONLY = (AUTO, TUNED)
+
+
+Mix = tuple[float, float, ServerModel | None]  # (prompt mean, output mean, the model or the default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +183,7 @@ def judge(
     model, realism = model or ServerModel(), realism or Realism()
     work = jobs(trace, policies, seed, min_replicas, model, slo, realism, start_scale)
     if processes > 1:
-        _calibrate_before_forking(trace, model)
+        KNOWN.update(_calibrations(trace, model, processes))
         rows = _run_longest_first(work, processes)
     else:
         rows = [run_job(job) for job in work]
@@ -206,13 +209,13 @@ def _asks_product(job: Job) -> bool:
     return any(isinstance(trigger, ProductTrigger) for trigger in configured(job).triggers)
 
 
-def _calibrate_before_forking(trace: LlmTrace, model: ServerModel) -> None:
-    """Each mix's capacity once, here, for the forked workers to inherit (each calibrated them again)."""
-    for prompt, output in {(PROMPT_MEAN, OUTPUT_MEAN)} | {
-        (s.prompt_mean, s.output_mean) for s in trace.segments
-    }:
-        capacity(prompt, output, model)
-        capacity(prompt, output)
+def _calibrations(trace: LlmTrace, model: ServerModel, processes: int) -> dict[Mix, float]:
+    """Each mix's capacity, worked out once on `processes` workers side by side; every run reads them
+    (the workers of the runs are forked after, and inherit them)."""
+    mixes = {(PROMPT_MEAN, OUTPUT_MEAN)} | {(s.prompt_mean, s.output_mean) for s in trace.segments}
+    keys: list[Mix] = [(*mix, with_model) for mix in sorted(mixes) for with_model in (model, None)]
+    with Pool(processes) as pool:
+        return dict(zip(keys, pool.starmap(capacity, keys, chunksize=1), strict=True))
 
 
 def frontier(rows: Iterable[dict[str, Any]]) -> dict[str, list[tuple[float, float]]]:
