@@ -72,6 +72,7 @@ class Fleet:
     pods: list[ExporterServer]
     epps: list[ExporterServer]
     metadata: dict[str, str] = dataclasses.field(default_factory=lambda: DEMAND)
+    asked_after_a_read: bool = False
 
     async def show(self, at: float, *pages: str | None, queue: dict[Queued, int] | None = None) -> None:
         """Set the clock to `at` and the pods' pages (None: unchanged), then wait until each page (and each
@@ -92,6 +93,11 @@ class Fleet:
             assert all(server.requests >= before + 2 for server, before in zip(servers, seen, strict=True))
 
         await eventually(read_twice)
+        if not self.asked_after_a_read:
+            # A page's rate history starts when a call first asks for it once it is read: asked now, it
+            # holds this first page, whichever came first under load (this call or the page's read).
+            self.asked_after_a_read = True
+            await failure(self.scaler, self.metadata)
 
 
 @pytest.fixture
