@@ -264,6 +264,28 @@ def engine_count(*gauges: Gauge) -> int:
     return len({key for g in gauges for key in g.values})
 
 
+def queue_reading(
+    engine: Engine,
+    page: Families,
+    names: Iterable[str],
+    waiting: Gauge,
+    running: Gauge,
+    kv: Gauge,
+    kv_value: Value | None = None,
+) -> InferenceReading:
+    """The reading of an engine that prints its queue, its batch and its KV-cache fraction as gauges: their
+    totals, the KV mean (or `kv_value`, where the engine works it out another way) as a percentage, the
+    engines they saw and the models the page names (`names`: the engine's sample names)."""
+    return InferenceReading(
+        engine,
+        waiting=waiting.total(),
+        running=running.total(),
+        kv_cache=fraction_percent(kv.mean() if kv_value is None else kv_value),
+        engines=engine_count(waiting, running, kv),
+        models=models_on(page, names),
+    )
+
+
 # Spellings whose disagreement was logged already: a page is read on every evaluation, and one line per
 # (family, other spelling) says all there is to say. Grows by at most one entry per spelling an engine reads.
 _DISAGREEMENTS_LOGGED: set[tuple[str, str]] = set()

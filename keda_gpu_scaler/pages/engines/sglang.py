@@ -12,12 +12,10 @@ from keda_gpu_scaler.pages.engines._common import (
     InferenceMetric,
     InferenceReading,
     counter_series,
-    engine_count,
-    fraction_percent,
     gauge_of_spellings,
     latency_names,
     latency_series,
-    models_on,
+    queue_reading,
 )
 
 ENGINE = Engine.SGLANG
@@ -83,14 +81,7 @@ def read(page: Families, model: str | None) -> InferenceReading:
         page, (RUNNING, RUNNING_UNDERSCORE), model=model, engine_labels=ENGINE_LABELS
     )
     kv = gauge_of_spellings(page, (KV_CACHE, KV_CACHE_UNDERSCORE), model=model, engine_labels=ENGINE_LABELS)
-    return InferenceReading(
-        ENGINE,
-        waiting=waiting.total(),
-        running=running.total(),
-        kv_cache=fraction_percent(kv.mean()),
-        engines=engine_count(waiting, running, kv),
-        models=models_on(page, SAMPLE_NAMES),
-    )
+    return queue_reading(ENGINE, page, SAMPLE_NAMES, waiting, running, kv)
 
 
 def read_counters(page: Families, model: str | None) -> DemandCounters:

@@ -17,12 +17,10 @@ from keda_gpu_scaler.pages.engines._common import (
     Value,
     by_name,
     counter_series,
-    engine_count,
-    fraction_percent,
     gauge,
     model_of,
-    models_on,
     not_exported,
+    queue_reading,
     selector_text,
 )
 
@@ -58,14 +56,7 @@ def read(page: Families, model: str | None) -> InferenceReading:
     kv_value = kv.mean()
     if isinstance(kv_value, Missing) and kv_value.kind is MissingKind.FAMILY_ABSENT:
         kv_value = _used_over_max(page, model, kv_value)
-    return InferenceReading(
-        ENGINE,
-        waiting=waiting.total(),
-        running=running.total(),
-        kv_cache=fraction_percent(kv_value),
-        engines=engine_count(waiting, running, kv),
-        models=models_on(page, SAMPLE_NAMES),
-    )
+    return queue_reading(ENGINE, page, SAMPLE_NAMES, waiting, running, kv, kv_value)
 
 
 def _used_over_max(page: Families, model: str | None, absent: Missing) -> Value:

@@ -10,10 +10,8 @@ from keda_gpu_scaler.pages.engines._common import (
     InferenceMetric,
     InferenceReading,
     counter_series,
-    engine_count,
-    fraction_percent,
     gauge,
-    models_on,
+    queue_reading,
 )
 
 # The same engine as the Triton backend's page (trtllm.py), served without Triton: `engine: trtllm` reads
@@ -46,14 +44,7 @@ def read(page: Families, model: str | None) -> InferenceReading:
     waiting = gauge(page, WAITING, model=model, engine_labels=ENGINE_LABELS)
     running = gauge(page, RUNNING, model=model, engine_labels=ENGINE_LABELS)
     kv = gauge(page, KV_CACHE, model=model, engine_labels=ENGINE_LABELS)
-    return InferenceReading(
-        ENGINE,
-        waiting=waiting.total(),
-        running=running.total(),
-        kv_cache=fraction_percent(kv.mean()),
-        engines=engine_count(waiting, running, kv),
-        models=models_on(page, SAMPLE_NAMES),
-    )
+    return queue_reading(ENGINE, page, SAMPLE_NAMES, waiting, running, kv)
 
 
 def read_counters(page: Families, model: str | None) -> DemandCounters:

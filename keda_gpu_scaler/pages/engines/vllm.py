@@ -14,13 +14,11 @@ from keda_gpu_scaler.pages.engines._common import (
     Missing,
     MissingKind,
     counter_series,
-    engine_count,
-    fraction_percent,
     gauge,
     histogram_sizes,
     latency_names,
     latency_series,
-    models_on,
+    queue_reading,
 )
 
 ENGINE = Engine.VLLM
@@ -78,14 +76,7 @@ def read(page: Families, model: str | None) -> InferenceReading:
             f"neither {KV_CACHE} nor {KV_CACHE_OLD} (releases before 0.9) is on the page",
             KV_CACHE,
         )
-    return InferenceReading(
-        ENGINE,
-        waiting=waiting.total(),
-        running=running.total(),
-        kv_cache=fraction_percent(kv_value),
-        engines=engine_count(waiting, running, kv),
-        models=models_on(page, SAMPLE_NAMES),
-    )
+    return queue_reading(ENGINE, page, SAMPLE_NAMES, waiting, running, kv, kv_value)
 
 
 def _not_started() -> InferenceReading:
