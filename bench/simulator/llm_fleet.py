@@ -252,7 +252,8 @@ class Pod:
                 tally.ttfts.append(request.first_token - request.arrived)
                 # The pod's histogram counts from when its server received the request, as vLLM's does
                 # (the gateway's hold is not the engine's to see); the SLO counts from the arrival.
-                at_pod = request.first_token - (request.reached if request.reached is not None else now)
+                assert request.reached is not None  # every queued request came through enqueue()
+                at_pod = request.first_token - request.reached
                 self.ttft_sum += at_pod
                 self.ttft_buckets[bisect_left(TTFT_BOUNDS, at_pod)] += 1
                 self.ttft_count += 1
