@@ -361,16 +361,16 @@ class App:
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
-        if self.discovery is not None:
-            await self.discovery.stop()
-        if self._collector is not None:
-            await self._collector.stop()
-        if self._inference_collector is not None:
-            await self._inference_collector.stop()
-        if self._gateway_collector is not None:
-            await self._gateway_collector.stop()
-        if self._prometheus is not None:
-            await self._prometheus.stop()
+        collecting = (
+            self.discovery,
+            self._collector,
+            self._inference_collector,
+            self._gateway_collector,
+            self._prometheus,
+        )
+        for part in collecting:
+            if part is not None:
+                await part.stop()
         if self._http is not None:
             await self._http.cleanup()
         await self._close_session()

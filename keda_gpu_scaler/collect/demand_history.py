@@ -288,18 +288,15 @@ class DemandHistory:
         """Store listener: a page was recorded."""
         if kind not in _INFERENCE_KINDS:
             return
-        for readings in page.by_namespace.values():
-            for reading in readings:
-                if not isinstance(reading, PodSamples):
-                    continue
-                key = (reading.namespace, reading.pod, reading.source)
-                history = self._pages.get(key)
-                if history is None:
-                    self._pages[key] = PageHistory((page.collected_at, reading))
-                    continue
-                history.newest = (page.collected_at, reading)
-                for index, series in history.by_format.items():
-                    series.add(page.collected_at, reading, format_counters(reading.samples, index, None))
+        for reading in page.readings_of(PodSamples):
+            key = (reading.namespace, reading.pod, reading.source)
+            history = self._pages.get(key)
+            if history is None:
+                self._pages[key] = PageHistory((page.collected_at, reading))
+                continue
+            history.newest = (page.collected_at, reading)
+            for index, series in history.by_format.items():
+                series.add(page.collected_at, reading, format_counters(reading.samples, index, None))
         if page.collected_at - self._swept_at >= SWEEP_EVERY:
             self._sweep(page.collected_at)
 
@@ -307,10 +304,8 @@ class DemandHistory:
         """Store listener: a page source is gone (its pod left the targets): its points go too."""
         if kind not in _INFERENCE_KINDS:
             return
-        for readings in page.by_namespace.values():
-            for reading in readings:
-                if isinstance(reading, PodSamples):
-                    self._pages.pop((reading.namespace, reading.pod, reading.source), None)
+        for reading in page.readings_of(PodSamples):
+            self._pages.pop((reading.namespace, reading.pod, reading.source), None)
 
     def _sweep(self, now: float) -> None:
         self._swept_at = now

@@ -89,14 +89,11 @@ class PendingHistory:
         """Store listener: a page was recorded."""
         if kind not in _GATEWAY_KINDS:
             return
-        for readings in page.by_namespace.values():
-            for queue in readings:
-                if not isinstance(queue, ReplicaQueue):
-                    continue
-                self._newest[(queue.namespace, queue.pool, queue.replica)] = (page.collected_at, queue)
-                for key, pool in self._pools.items():
-                    if key[:2] == (queue.namespace, queue.pool):
-                        self._add(key, pool, page.collected_at, queue)
+        for queue in page.readings_of(ReplicaQueue):
+            self._newest[(queue.namespace, queue.pool, queue.replica)] = (page.collected_at, queue)
+            for key, pool in self._pools.items():
+                if key[:2] == (queue.namespace, queue.pool):
+                    self._add(key, pool, page.collected_at, queue)
         if page.collected_at - self._swept_at >= SWEEP_EVERY:
             self._sweep(page.collected_at)
 
@@ -104,13 +101,11 @@ class PendingHistory:
         """Store listener: a replica page is gone: its points go too."""
         if kind not in _GATEWAY_KINDS:
             return
-        for readings in page.by_namespace.values():
-            for queue in readings:
-                if isinstance(queue, ReplicaQueue):
-                    self._newest.pop((queue.namespace, queue.pool, queue.replica), None)
-                    for key, pool in self._pools.items():
-                        if key[:2] == (queue.namespace, queue.pool):
-                            pool.replicas.pop(queue.replica, None)
+        for queue in page.readings_of(ReplicaQueue):
+            self._newest.pop((queue.namespace, queue.pool, queue.replica), None)
+            for key, pool in self._pools.items():
+                if key[:2] == (queue.namespace, queue.pool):
+                    pool.replicas.pop(queue.replica, None)
 
     def _add(self, key: PendingKey, pool: _Pool, at: float, queue: ReplicaQueue) -> None:
         points = pool.replicas.setdefault(queue.replica, [])

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from keda_gpu_scaler.core.snapshot import NamespaceView, Reading, SourceKind
 
@@ -16,6 +17,7 @@ from keda_gpu_scaler.core.snapshot import NamespaceView, Reading, SourceKind
 ATTRIBUTION_LOST = (
     "its page has GPU series but no pod labels (dcgm-exporter lost the kubelet's pod-resources socket?)"
 )
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +41,11 @@ class Page:
             grouped[reading.namespace].append(reading)
         by_namespace = {ns: tuple(rs) for ns, rs in grouped.items()}
         return cls(source, collected_at, by_namespace, unattributed=gpu_series and not by_namespace)
+
+    def readings_of(self, kind: type[R]) -> Iterator[R]:
+        """The page's readings of one type, every namespace's."""
+        for readings in self.by_namespace.values():
+            yield from (reading for reading in readings if isinstance(reading, kind))
 
 
 @dataclass(slots=True)

@@ -84,13 +84,9 @@ def _value(text: str, at: int, path: tuple[str, ...], array: _Array) -> tuple[An
             document[key], at = _value(text, at, path[1:], array)
         else:
             document[key], at = _DECODER.raw_decode(text, at)
-        at = _skip(text, at)
-        if text.startswith(",", at):
-            at = _skip(text, at + 1)
-        elif text.startswith("}", at):
-            return document, at + 1
-        else:
-            raise ValueError(f"expected ',' or '}}' at character {at}")
+        more, at = _after_element(text, at, "}")
+        if not more:
+            return document, at
 
 
 def _array(text: str, at: int, array: _Array) -> tuple[list[Any], int]:
@@ -106,10 +102,17 @@ def _array(text: str, at: int, array: _Array) -> tuple[list[Any], int]:
             raise TooManyItems(array.max_items)
         item, at = _DECODER.raw_decode(text, at)
         items.append(item if array.convert is None else array.convert(item))
-        at = _skip(text, at)
-        if text.startswith(",", at):
-            at = _skip(text, at + 1)
-        elif text.startswith("]", at):
-            return items, at + 1
-        else:
-            raise ValueError(f"expected ',' or ']' at character {at}")
+        more, at = _after_element(text, at, "]")
+        if not more:
+            return items, at
+
+
+def _after_element(text: str, at: int, close: str) -> tuple[bool, int]:
+    """What follows an element of an object or array: (True, the next element's start) after a comma,
+    (False, the end of the object or array) at its `close`."""
+    at = _skip(text, at)
+    if text.startswith(",", at):
+        return True, _skip(text, at + 1)
+    if text.startswith(close, at):
+        return False, at + 1
+    raise ValueError(f"expected ',' or '{close}' at character {at}")

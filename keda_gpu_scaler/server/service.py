@@ -6,7 +6,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NoReturn, TypeVar
 
 import grpc
@@ -109,53 +109,53 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
             self._telemetry.rpc_requests.labels(method, code.name).inc()
             self._telemetry.rpc_duration.labels(method).observe(self._clock() - started)
 
+    @asynccontextmanager
+    async def _answering(
+        self, method: str, request: Any, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[None]:
+        """A call's answer, observed: its request checked first; a ScalerError ends the call with its status."""
+        try:
+            with self._observe(method):
+                _check_decoded(request)
+                yield
+        except ScalerError as error:
+            await _abort(context, error)
+
     async def GetMetricSpec(
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
-        try:
-            with self._observe("GetMetricSpec"):
-                _check_decoded(request)
-                # No I/O here: KEDA calls it on every poll and HPA request, and its failure defeats fallback.
-                # KEDA calls it first, when it reconciles the ScaledObject: collection starts then, so
-                # data is there by the first GetMetrics.
-                followed, spec = self._follow(request)
-                return _spec_response(spec, followed.targets.target(spec))
-        except ScalerError as error:
-            await _abort(context, error)
+        async with self._answering("GetMetricSpec", request, context):
+            # No I/O here: KEDA calls it on every poll and HPA request, and its failure defeats fallback.
+            # KEDA calls it first, when it reconciles the ScaledObject: collection starts then, so
+            # data is there by the first GetMetrics.
+            followed, spec = self._follow(request)
+            return _spec_response(spec, followed.targets.target(spec))
 
     async def GetMetrics(
         self, request: pb.GetMetricsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
-        try:
-            with self._observe("GetMetrics"):
-                _check_decoded(request)
-                followed, spec = self._follow(request.scaledObjectRef)
-                if request.metricName.lower() != spec.metric_name.lower():
-                    raise UnknownMetric(
-                        f"metric {quoted(request.metricName)} is not served by this trigger; it serves"
-                        f" {spec.metric_name!r}"
-                    )
-                evaluation = self._evaluator.evaluate(followed, spec)
-                value = pb.MetricValue(
-                    metricName=spec.metric_name,
-                    metricValue=round_half_up(evaluation.value),
-                    metricValueFloat=evaluation.value,
+        async with self._answering("GetMetrics", request, context):
+            followed, spec = self._follow(request.scaledObjectRef)
+            if request.metricName.lower() != spec.metric_name.lower():
+                raise UnknownMetric(
+                    f"metric {quoted(request.metricName)} is not served by this trigger; it serves"
+                    f" {spec.metric_name!r}"
                 )
-                return pb.GetMetricsResponse(metricValues=[value])
-        except ScalerError as error:
-            await _abort(context, error)
+            evaluation = self._evaluator.evaluate(followed, spec)
+            value = pb.MetricValue(
+                metricName=spec.metric_name,
+                metricValue=round_half_up(evaluation.value),
+                metricValueFloat=evaluation.value,
+            )
+            return pb.GetMetricsResponse(metricValues=[value])
 
     async def IsActive(self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        try:
-            with self._observe("IsActive"):
-                _check_decoded(request)
-                followed, spec = self._follow(request)
-                evaluation = self._evaluator.evaluate(followed, spec)
-                if evaluation.activity_unknown is not None:
-                    raise NoData(evaluation.activity_unknown)  # SPEC §4: never `false` for what is not seen
-                return pb.IsActiveResponse(result=evaluation.active)
-        except ScalerError as error:
-            await _abort(context, error)
+        async with self._answering("IsActive", request, context):
+            followed, spec = self._follow(request)
+            evaluation = self._evaluator.evaluate(followed, spec)
+            if evaluation.activity_unknown is not None:
+                raise NoData(evaluation.activity_unknown)  # SPEC §4: never `false` for what is not seen
+            return pb.IsActiveResponse(result=evaluation.active)
 
     async def StreamIsActive(
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]
@@ -179,13 +179,9 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     ) -> AsyncIterator[Message]:
         """Every stream's life: opened as the unary call on the same ref would answer (its errors), within
         --max-streams, counted while open; it ends when the client goes (cancelled) or at shutdown."""
-        try:
-            with self._observe(slots.method):
-                _check_decoded(request)
-                _, spec = self._follow(request)
-                slots.check()
-        except ScalerError as error:
-            await _abort(context, error)
+        async with self._answering(slots.method, request, context):
+            _, spec = self._follow(request)
+            slots.check()
         with slots.held():
             async for message in messages(request, spec):
                 yield message
