@@ -104,7 +104,7 @@ def _ack_readings(vendor: Vendor, samples: Sequence[Sample], resolver: PodResolv
     for (pod, _, _, _), entry in entries.items():
         result.append(
             GpuReading(
-                family=Family.ACK,
+                family=vendor.family,
                 namespace=pod[0],
                 pod=pod[1],
                 gpu=entry.gpu,
@@ -378,18 +378,10 @@ def _amd_readings(vendor: Vendor, samples: Sequence[Sample], resolver: PodResolv
             free = values.get(vendor.memory_free)
             if total is None and used is not None and free is not None:
                 total = used + free
+            utilization = None if shared else clamp_percent(values.get(vendor.utilization))
+            memory = None if shared else percent_of(used, total)
             result.append(
-                GpuReading(
-                    family=Family.AMD,
-                    namespace=pod[0],
-                    pod=pod[1],
-                    gpu=gpu.gpu,
-                    host=gpu.host,
-                    utilization=None if shared else clamp_percent(values.get(vendor.utilization)),
-                    engine_active=None,
-                    mig=False,
-                    memory=None if shared else percent_of(used, total),
-                )
+                GpuReading(vendor.family, *pod, gpu.gpu, gpu.host, utilization, None, False, memory)
             )
     return result
 
