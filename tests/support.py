@@ -13,7 +13,7 @@ from aiohttp import web
 
 from keda_gpu_scaler.demo.engines import EngineLoad
 from keda_gpu_scaler.pages import pagetext
-from keda_gpu_scaler.pages.engines import tgi
+from keda_gpu_scaler.pages.engines.formats import TGI
 
 T = TypeVar("T")
 
@@ -110,10 +110,10 @@ def tgi_page(load: EngineLoad | tuple[float, float, float]) -> str:
     lines = [
         "# HELP tgi_queue_size Current queue size",
         "# TYPE tgi_queue_size gauge",
-        f"{tgi.WAITING} {int(state.waiting)}",
+        f"{TGI.waiting.name} {int(state.waiting)}",
         "# HELP tgi_batch_current_size Current batch size",
         "# TYPE tgi_batch_current_size gauge",
-        f"{tgi.RUNNING} {int(state.running)}",
+        f"{TGI.running.name} {int(state.running)}",
         "# HELP tgi_batch_current_max_tokens Maximum tokens for the current batch",
         "# TYPE tgi_batch_current_max_tokens gauge",
         f"tgi_batch_current_max_tokens {int(state.running) * 1024}",

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from keda_gpu_scaler.pages import pagetext
-from keda_gpu_scaler.pages.engines import sglang, vllm
+from keda_gpu_scaler.pages.engines.formats import SGLANG, VLLM, VLLM_WAITING_BY_REASON
 
 
 class EngineLoad(NamedTuple):
@@ -58,10 +58,10 @@ def vllm_page(
     families: list[tuple[str, str, str, list[tuple[str, float]]]] = []
     if loads:
         families = [
-            (vllm.RUNNING, "gauge", "Number of requests in model execution batches.", []),
-            (vllm.WAITING, "gauge", "Number of requests waiting to be processed.", []),
-            (vllm.WAITING_BY_REASON, "gauge", "Number of requests waiting to be processed, by reason.", []),
-            (vllm.KV_CACHE, "gauge", "KV-cache usage. 1 means 100 percent usage.", []),
+            (VLLM.running.name, "gauge", "Number of requests in model execution batches.", []),
+            (VLLM.waiting.name, "gauge", "Number of requests waiting to be processed.", []),
+            (VLLM_WAITING_BY_REASON, "gauge", "Number of requests waiting to be processed, by reason.", []),
+            (VLLM.kv_cache.name, "gauge", "KV-cache usage. 1 means 100 percent usage.", []),
         ]
         for label, load in zip(labels, loads, strict=True):
             families[0][3].append((label, load.running))
@@ -103,10 +103,10 @@ def sglang_page(
     """
     max_tokens = 65536
     rows: dict[str, list[tuple[str, float]]] = {
-        sglang.RUNNING: [],
+        SGLANG.running.name: [],
         "sglang:num_used_tokens": [],
-        sglang.KV_CACHE: [],
-        sglang.WAITING: [],
+        SGLANG.kv_cache.name: [],
+        SGLANG.waiting.name: [],
         "sglang:max_total_num_tokens": [],
     }
     for dp_rank, load in enumerate(EngineLoad(*load) for load in dp_ranks):
@@ -115,10 +115,10 @@ def sglang_page(
                 f'dp_rank="{dp_rank}",engine_type="unified",model_name="{pagetext.escape(model)}",'
                 f'moe_ep_rank="0",pp_rank="0",tp_rank="{tp_rank}"'
             )
-            rows[sglang.RUNNING].append((label, load.running))
+            rows[SGLANG.running.name].append((label, load.running))
             rows["sglang:num_used_tokens"].append((label, float(round(load.kv_cache * max_tokens))))
-            rows[sglang.KV_CACHE].append((label, load.kv_cache))
-            rows[sglang.WAITING].append((label, load.waiting))
+            rows[SGLANG.kv_cache.name].append((label, load.kv_cache))
+            rows[SGLANG.waiting.name].append((label, load.waiting))
             rows["sglang:max_total_num_tokens"].append((label, float(max_tokens)))
     families = [(name, "gauge", "Multiprocess metric", values) for name, values in rows.items() if values]
     return _page(families)

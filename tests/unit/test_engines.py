@@ -26,22 +26,25 @@ from keda_gpu_scaler.pages.engines import (
     MissingKind,
     accepts_model,
     engine_supports,
-    llamacpp,
     pod_of,
     pod_reading,
     recognise,
-    sglang,
     supported_metrics,
-    tgi,
-    triton,
-    trtllm,
-    trtllm_serve,
     unsupported_message,
     value_for,
-    vllm,
     wrong_types,
 )
 from keda_gpu_scaler.pages.engines import _common as engines_common
+from keda_gpu_scaler.pages.engines.formats import (
+    LLAMACPP,
+    SGLANG,
+    TGI,
+    TRITON,
+    TRTLLM,
+    TRTLLM_SERVE,
+    VLLM,
+    VLLM_WAITING_BY_REASON,
+)
 from keda_gpu_scaler.pages.exposition import Sample, parse_exposition
 from keda_gpu_scaler.pages.prometheus_answer import inference_pods, parse_vector, samples_with_times
 from keda_gpu_scaler.pages.promql import TIMESTAMP_LABEL, any_of, values_and_times
@@ -97,7 +100,7 @@ def check_reading(
 NOT_EXPORTED = Absent(MissingKind.NOT_EXPORTED)
 NO_ENGINE = Absent(MissingKind.NO_ENGINE)
 # Later llama.cpp builds print no KV-cache gauge: the reading names the family older builds printed.
-LLAMACPP_NO_KV = Absent(MissingKind.NOT_EXPORTED, llamacpp.KV_CACHE)
+LLAMACPP_NO_KV = Absent(MissingKind.NOT_EXPORTED, LLAMACPP.kv_cache.name)
 
 # (fixture, engine choice, model, engine read as, waiting, running, KV %, engines): the expected numbers
 # are the formulas written in each fixture's first line.
@@ -135,9 +138,9 @@ FIXTURE_CASES = [
         "auto",
         "Qwen/Qwen2.5-7B-Instruct",
         Engine.VLLM,
-        Absent(MissingKind.NO_MODEL, vllm.WAITING),
-        Absent(MissingKind.NO_MODEL, vllm.RUNNING),
-        Absent(MissingKind.NO_MODEL, vllm.KV_CACHE),
+        Absent(MissingKind.NO_MODEL, VLLM.waiting.name),
+        Absent(MissingKind.NO_MODEL, VLLM.running.name),
+        Absent(MissingKind.NO_MODEL, VLLM.kv_cache.name),
         0,
         id="vllm-model-not-served",
     ),
@@ -155,9 +158,9 @@ FIXTURE_CASES = [
         "vllm",
         None,
         Engine.VLLM,
-        Absent(MissingKind.FAMILY_ABSENT, vllm.WAITING),
-        Absent(MissingKind.FAMILY_ABSENT, vllm.RUNNING),
-        Absent(MissingKind.FAMILY_ABSENT, vllm.KV_CACHE),
+        Absent(MissingKind.FAMILY_ABSENT, VLLM.waiting.name),
+        Absent(MissingKind.FAMILY_ABSENT, VLLM.running.name),
+        Absent(MissingKind.FAMILY_ABSENT, VLLM.kv_cache.name),
         0,
         id="vllm-starting-named",
     ),
@@ -207,8 +210,8 @@ FIXTURE_CASES = [
         "auto",
         LLAMA,
         Engine.LLAMACPP,
-        Absent(MissingKind.NO_MODEL, llamacpp.WAITING),
-        Absent(MissingKind.NO_MODEL, llamacpp.RUNNING),
+        Absent(MissingKind.NO_MODEL, LLAMACPP.waiting.name),
+        Absent(MissingKind.NO_MODEL, LLAMACPP.running.name),
         LLAMACPP_NO_KV,
         0,
         id="llamacpp-has-no-model-label",
@@ -225,9 +228,9 @@ FIXTURE_CASES = [
         "trtllm",
         MISTRAL,
         Engine.TRTLLM,
-        Absent(MissingKind.NO_MODEL, trtllm_serve.WAITING),
-        Absent(MissingKind.NO_MODEL, trtllm_serve.RUNNING),
-        Absent(MissingKind.NO_MODEL, trtllm_serve.KV_CACHE),
+        Absent(MissingKind.NO_MODEL, TRTLLM_SERVE.waiting.name),
+        Absent(MissingKind.NO_MODEL, TRTLLM_SERVE.running.name),
+        Absent(MissingKind.NO_MODEL, TRTLLM_SERVE.kv_cache.name),
         0,
         id="trtllm-serve-model-not-served",
     ),
@@ -237,8 +240,8 @@ FIXTURE_CASES = [
         "tgi",
         LLAMA,
         Engine.TGI,
-        Absent(MissingKind.NO_MODEL, tgi.WAITING),
-        Absent(MissingKind.NO_MODEL, tgi.RUNNING),
+        Absent(MissingKind.NO_MODEL, TGI.waiting.name),
+        Absent(MissingKind.NO_MODEL, TGI.running.name),
         NOT_EXPORTED,
         0,
         id="tgi-has-no-model-label",
@@ -356,10 +359,10 @@ def test_value_for(fixture: str, requests: Expected, queue: Expected, kv_cache: 
 
 
 def test_requests_names_the_missing_half() -> None:
-    only_running = [Sample(vllm.RUNNING, {"engine": "0", "model_name": LLAMA}, 4.0, None)]
+    only_running = [Sample(VLLM.running.name, {"engine": "0", "model_name": LLAMA}, 4.0, None)]
     missing = value_for(pod_reading(only_running), "requests")
     assert isinstance(missing, Missing)
-    assert (missing.kind, missing.family) == (MissingKind.FAMILY_ABSENT, vllm.WAITING)
+    assert (missing.kind, missing.family) == (MissingKind.FAMILY_ABSENT, VLLM.waiting.name)
 
 
 def test_value_for_rejects_an_unknown_metric() -> None:
@@ -499,9 +502,9 @@ def test_sample_names_are_the_modules_names() -> None:
         "llamacpp:requests_deferred",
         "llamacpp:kv_cache_usage_ratio",
     } == ENGINE_SAMPLE_NAMES
-    assert vllm.WAITING_BY_REASON not in ENGINE_SAMPLE_NAMES
-    for module in (vllm, sglang, tgi, triton, trtllm, trtllm_serve, llamacpp):
-        assert module.SAMPLE_NAMES <= ENGINE_SAMPLE_NAMES
+    assert VLLM_WAITING_BY_REASON not in ENGINE_SAMPLE_NAMES
+    for module in ENGINES:
+        assert module.sample_names <= ENGINE_SAMPLE_NAMES
 
 
 # --- rules no real page shows alone --------------------------------------------------------------------
@@ -513,28 +516,30 @@ def s(name: str, value: float, **labels: str) -> Sample:
 
 def test_waiting_by_reason_is_never_added() -> None:
     samples = [
-        s(vllm.RUNNING, 2, engine="0", model_name=LLAMA),
-        s(vllm.WAITING, 3, engine="0", model_name=LLAMA),
-        s(vllm.WAITING_BY_REASON, 3, engine="0", model_name=LLAMA, reason="capacity"),
-        s(vllm.WAITING_BY_REASON, 1, engine="0", model_name=LLAMA, reason="deferred"),
+        s(VLLM.running.name, 2, engine="0", model_name=LLAMA),
+        s(VLLM.waiting.name, 3, engine="0", model_name=LLAMA),
+        s(VLLM_WAITING_BY_REASON, 3, engine="0", model_name=LLAMA, reason="capacity"),
+        s(VLLM_WAITING_BY_REASON, 1, engine="0", model_name=LLAMA, reason="deferred"),
     ]
     reading = pod_reading(samples)
     assert (reading.waiting, reading.running) == (3, 2)
 
 
 def test_old_kv_gauge_is_read_only_where_the_new_one_is_absent() -> None:
-    old = [s(vllm.KV_CACHE_OLD, 0.5, engine="0", model_name=LLAMA)]
-    new = [s(vllm.KV_CACHE, 0.25, engine="0", model_name=LLAMA)]
+    old = [s(VLLM.kv_cache.spellings[1], 0.5, engine="0", model_name=LLAMA)]
+    new = [s(VLLM.kv_cache.name, 0.25, engine="0", model_name=LLAMA)]
     assert pod_reading(old, "vllm").kv_cache == 50
     assert pod_reading(old + new, "vllm").kv_cache == 25
     assert pod_reading(new + old, "vllm").kv_cache == 25
-    missing = pod_reading([s(vllm.WAITING, 1, engine="0", model_name=LLAMA)]).kv_cache
+    missing = pod_reading([s(VLLM.waiting.name, 1, engine="0", model_name=LLAMA)]).kv_cache
     assert isinstance(missing, Missing) and missing.kind is MissingKind.FAMILY_ABSENT
-    assert vllm.KV_CACHE in missing.reason and vllm.KV_CACHE_OLD in missing.reason
+    assert VLLM.kv_cache.name in missing.reason and VLLM.kv_cache.spellings[1] in missing.reason
 
 
 def test_a_vllm_page_without_the_engine_label_is_one_engine() -> None:
-    reading = pod_reading([s(vllm.WAITING, 4, model_name=LLAMA), s(vllm.RUNNING, 6, model_name=LLAMA)])
+    reading = pod_reading(
+        [s(VLLM.waiting.name, 4, model_name=LLAMA), s(VLLM.running.name, 6, model_name=LLAMA)]
+    )
     assert (reading.waiting, reading.running, reading.engines) == (4, 6, 1)
 
 
@@ -544,39 +549,39 @@ def test_a_vllm_page_without_the_engine_label_is_one_engine() -> None:
 def test_an_unusable_sample_is_dropped_never_read_as_zero(bad: float) -> None:
     # A copy with a bad value beside a good one: the good one stands.
     copies = [
-        s(sglang.WAITING, bad, dp_rank="0", tp_rank="0", model_name=LLAMA),
-        s(sglang.WAITING, 5, dp_rank="0", tp_rank="1", model_name=LLAMA),
+        s(SGLANG.waiting.name, bad, dp_rank="0", tp_rank="0", model_name=LLAMA),
+        s(SGLANG.waiting.name, 5, dp_rank="0", tp_rank="1", model_name=LLAMA),
     ]
     assert pod_reading(copies).waiting == 5
     # An engine whose only sample is bad: the pod has no waiting count (summing the rest would understate).
     engines = [
-        s(vllm.WAITING, 5, engine="0", model_name=LLAMA),
-        s(vllm.WAITING, bad, engine="1", model_name=LLAMA),
+        s(VLLM.waiting.name, 5, engine="0", model_name=LLAMA),
+        s(VLLM.waiting.name, bad, engine="1", model_name=LLAMA),
     ]
     missing = pod_reading(engines).waiting
     assert isinstance(missing, Missing)
-    assert (missing.kind, missing.family) == (MissingKind.NO_VALUE, vllm.WAITING)
+    assert (missing.kind, missing.family) == (MissingKind.NO_VALUE, VLLM.waiting.name)
     assert 'engine="1"' in missing.reason
 
 
 def test_kv_fraction_above_one_is_clamped_to_100() -> None:
-    assert pod_reading([s(sglang.KV_CACHE, 1.02, model_name=LLAMA)]).kv_cache == 100
+    assert pod_reading([s(SGLANG.kv_cache.name, 1.02, model_name=LLAMA)]).kv_cache == 100
 
 
 def test_differing_copies_take_the_largest() -> None:
     samples = [
-        s(sglang.RUNNING, 9, dp_rank="0", tp_rank="0", model_name=LLAMA),
-        s(sglang.RUNNING, 8, dp_rank="0", tp_rank="1", model_name=LLAMA),
-        s(sglang.RUNNING, 4, dp_rank="1", tp_rank="0", model_name=LLAMA),
+        s(SGLANG.running.name, 9, dp_rank="0", tp_rank="0", model_name=LLAMA),
+        s(SGLANG.running.name, 8, dp_rank="0", tp_rank="1", model_name=LLAMA),
+        s(SGLANG.running.name, 4, dp_rank="1", tp_rank="0", model_name=LLAMA),
     ]
     assert pod_reading(samples).running == 9 + 4
 
 
 def test_triton_versions_are_separate_queues_and_named_engine_ignores_other_families() -> None:
     samples = [
-        s(triton.WAITING, 2, model="bert", version="1"),
-        s(triton.WAITING, 3, model="bert", version="2"),
-        s(vllm.WAITING, 100, engine="0", model_name="bert"),
+        s(TRITON.waiting.name, 2, model="bert", version="1"),
+        s(TRITON.waiting.name, 3, model="bert", version="2"),
+        s(VLLM.waiting.name, 100, engine="0", model_name="bert"),
     ]
     assert pod_reading(samples, "triton").waiting == 5
     assert pod_reading(samples, "triton", "bert").waiting == 5
@@ -584,14 +589,14 @@ def test_triton_versions_are_separate_queues_and_named_engine_ignores_other_fami
 
 def test_trtllm_used_over_max_needs_a_max() -> None:
     where = {"model": "tensorrt_llm", "version": "1"}
-    used = s(trtllm.KV_BLOCKS, 100, kv_cache_block_type="used", **where)
-    zero_max = s(trtllm.KV_BLOCKS, 0, kv_cache_block_type="max", **where)
+    used = s(TRTLLM.kv_cache.name, 100, kv_cache_block_type="used", **where)
+    zero_max = s(TRTLLM.kv_cache.name, 0, kv_cache_block_type="max", **where)
     missing = pod_reading([used, zero_max], "trtllm").kv_cache
     assert isinstance(missing, Missing) and missing.kind is MissingKind.NO_VALUE
     no_max = pod_reading([used], "trtllm").kv_cache
     assert isinstance(no_max, Missing) and no_max.kind is MissingKind.FAMILY_ABSENT
     assert 'kv_cache_block_type="max"' in no_max.reason
-    none = pod_reading([s(trtllm.REQUESTS, 1, request_type="waiting", **where)], "trtllm").kv_cache
+    none = pod_reading([s(TRTLLM.waiting.name, 1, request_type="waiting", **where)], "trtllm").kv_cache
     assert (
         isinstance(none, Missing)
         and none.family == 'nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type="fraction"}'
@@ -609,19 +614,19 @@ def fresh_spelling_log(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_each_gauge_reads_whichever_spelling_the_page_has() -> None:
     mixed = [
-        s(sglang.WAITING, 3, model_name=LLAMA),
-        s(sglang.RUNNING_UNDERSCORE, 7, model_name=LLAMA),
-        s(sglang.KV_CACHE_UNDERSCORE, 0.5, model_name=LLAMA),
+        s(SGLANG.waiting.name, 3, model_name=LLAMA),
+        s(SGLANG.running.spellings[1], 7, model_name=LLAMA),
+        s(SGLANG.kv_cache.spellings[1], 0.5, model_name=LLAMA),
     ]
     reading = pod_reading(mixed)
     assert (reading.engine, reading.waiting, reading.running, reading.kv_cache) == (Engine.SGLANG, 3, 7, 50)
 
 
 def test_a_gauge_in_neither_spelling_names_both() -> None:
-    missing = pod_reading([s(sglang.WAITING_UNDERSCORE, 1, model_name=LLAMA)]).running
+    missing = pod_reading([s(SGLANG.waiting.spellings[1], 1, model_name=LLAMA)]).running
     assert isinstance(missing, Missing)
-    assert (missing.kind, missing.family) == (MissingKind.FAMILY_ABSENT, sglang.RUNNING)
-    assert sglang.RUNNING in missing.reason and sglang.RUNNING_UNDERSCORE in missing.reason
+    assert (missing.kind, missing.family) == (MissingKind.FAMILY_ABSENT, SGLANG.running.name)
+    assert SGLANG.running.name in missing.reason and SGLANG.running.spellings[1] in missing.reason
 
 
 @pytest.mark.usefixtures("fresh_spelling_log")
@@ -634,10 +639,10 @@ def test_equal_spellings_count_once_without_a_log_line(caplog: pytest.LogCapture
 @pytest.mark.usefixtures("fresh_spelling_log")
 def test_spellings_that_disagree_read_the_colon_one_and_log_once(caplog: pytest.LogCaptureFixture) -> None:
     disagreeing = [
-        s(sglang.WAITING, 3, dp_rank="0", model_name=LLAMA),
-        s(sglang.WAITING_UNDERSCORE, 8, dp_rank="0", model_name=LLAMA),
-        s(sglang.RUNNING, 5, dp_rank="0", model_name=LLAMA),
-        s(sglang.RUNNING_UNDERSCORE, 5, dp_rank="0", model_name=LLAMA),
+        s(SGLANG.waiting.name, 3, dp_rank="0", model_name=LLAMA),
+        s(SGLANG.waiting.spellings[1], 8, dp_rank="0", model_name=LLAMA),
+        s(SGLANG.running.name, 5, dp_rank="0", model_name=LLAMA),
+        s(SGLANG.running.spellings[1], 5, dp_rank="0", model_name=LLAMA),
     ]
     with caplog.at_level("WARNING", logger="keda_gpu_scaler.pages.engines"):
         for _ in range(3):  # read on every evaluation: one line in all
@@ -648,7 +653,7 @@ def test_spellings_that_disagree_read_the_colon_one_and_log_once(caplog: pytest.
     (record,) = caplog.records
     message = record.getMessage()
     assert record.levelname == "WARNING"
-    assert sglang.WAITING in message and sglang.WAITING_UNDERSCORE in message
+    assert SGLANG.waiting.name in message and SGLANG.waiting.spellings[1] in message
     assert "3" in message and "8" in message
 
 
@@ -663,7 +668,11 @@ def test_a_trtllm_trigger_reads_whichever_tensorrt_llm_page_the_pod_prints() -> 
 
 
 def test_trtllm_serve_without_a_model_label_is_one_engine() -> None:
-    samples = [s(trtllm_serve.WAITING, 2), s(trtllm_serve.RUNNING, 6), s(trtllm_serve.KV_CACHE, 0.25)]
+    samples = [
+        s(TRTLLM_SERVE.waiting.name, 2),
+        s(TRTLLM_SERVE.running.name, 6),
+        s(TRTLLM_SERVE.kv_cache.name, 0.25),
+    ]
     reading = pod_reading(samples)
     assert (reading.engine, reading.waiting, reading.running, reading.kv_cache) == (Engine.TRTLLM, 2, 6, 25)
     assert reading.models == ()
@@ -675,7 +684,7 @@ def test_llamacpp_kv_cache_is_read_where_an_older_build_prints_it() -> None:
     assert pod_reading(page("llamacpp_old_kv_cache.prom"), "llamacpp").kv_cache == pytest.approx(36.7188)
     missing = pod_reading(page("llamacpp.prom")).kv_cache
     assert isinstance(missing, Missing) and missing.kind is MissingKind.NOT_EXPORTED
-    assert llamacpp.KV_CACHE in missing.reason and "older" in missing.reason
+    assert LLAMACPP.kv_cache.name in missing.reason and "older" in missing.reason
 
 
 # --- the Gateway API Inference Extension's model-server protocol ------------------------------------
@@ -779,8 +788,8 @@ def test_readings_by_pod_passes_engine_and_model_on() -> None:
 
 def test_empty_pod_labels_are_no_pod() -> None:
     samples = [
-        s(vllm.WAITING, 1, namespace="llm", pod="", engine="0"),
-        s(vllm.WAITING, 2, exported_namespace="llm", exported_pod="", namespace="llm", pod="vllm-a"),
+        s(VLLM.waiting.name, 1, namespace="llm", pod="", engine="0"),
+        s(VLLM.waiting.name, 2, exported_namespace="llm", exported_pod="", namespace="llm", pod="vllm-a"),
     ]
     assert {pod: r.waiting for pod, r in readings_by_pod(samples).items()} == {("llm", "vllm-a"): 2}
 
@@ -948,11 +957,13 @@ def single_server_page(names: tuple[str, str, str], load: tuple[float, float, fl
 @given(load=st.tuples(COUNTS, COUNTS, FRACTIONS))
 def test_trtllm_serve_and_llamacpp_read_back_what_they_print(load: tuple[float, float, float]) -> None:
     serve = single_server_page(
-        (trtllm_serve.WAITING, trtllm_serve.RUNNING, trtllm_serve.KV_CACHE),
+        (TRTLLM_SERVE.waiting.name, TRTLLM_SERVE.running.name, TRTLLM_SERVE.kv_cache.name),
         load,
         f'engine_type="trtllm",model_name="{LLAMA}"',
     )
-    older_llamacpp = single_server_page((llamacpp.WAITING, llamacpp.RUNNING, llamacpp.KV_CACHE), load, "")
+    older_llamacpp = single_server_page(
+        (LLAMACPP.waiting.name, LLAMACPP.running.name, LLAMACPP.kv_cache.name), load, ""
+    )
     for text, engine in ((serve, Engine.TRTLLM), (older_llamacpp, Engine.LLAMACPP)):
         reading = pod_reading(parse_exposition(text, ENGINE_SAMPLE_NAMES))
         assert (reading.engine, reading.running, reading.waiting) == (engine, load[0], load[1])
@@ -986,9 +997,9 @@ def test_simulated_pages_read_back_as_their_state() -> None:
     check_reading(
         pod_reading(parse_exposition(simulated.vllm_page(LLAMA, [])), "vllm"),
         Engine.VLLM,
-        Absent(MissingKind.FAMILY_ABSENT, vllm.WAITING),
-        Absent(MissingKind.FAMILY_ABSENT, vllm.RUNNING),
-        Absent(MissingKind.FAMILY_ABSENT, vllm.KV_CACHE),
+        Absent(MissingKind.FAMILY_ABSENT, VLLM.waiting.name),
+        Absent(MissingKind.FAMILY_ABSENT, VLLM.running.name),
+        Absent(MissingKind.FAMILY_ABSENT, VLLM.kv_cache.name),
         0,
     )
 
@@ -1033,7 +1044,7 @@ def test_a_named_engine_on_another_engines_page_says_what_the_page_is() -> None:
     for value in (reading.waiting, reading.running, reading.kv_cache):
         assert isinstance(value, Missing) and value.kind is MissingKind.FAMILY_ABSENT
         assert value.reason.endswith(
-            f"; the page is recognised as engine vllm (it carries {vllm.WAITING}): set engine: vllm or auto"
+            f"; the page is recognised as engine vllm (it carries {VLLM.waiting.name}): set engine: vllm or auto"
         ), value.reason
     # A page of no engine at all has nothing to name.
     bare = pod_reading([], "sglang")

@@ -37,10 +37,9 @@ from keda_gpu_scaler.pages.engines import (
     ENGINE_SAMPLE_NAMES,
     Engine,
     PodSamples,
-    llamacpp,
     pod_reading,
-    trtllm_serve,
 )
+from keda_gpu_scaler.pages.engines.formats import LLAMACPP, TRTLLM_SERVE
 from keda_gpu_scaler.pages.exposition import Sample, parse_exposition
 from keda_gpu_scaler.pages.prometheus_answer import (
     REMOTE_TEXT_LIMIT,
@@ -603,12 +602,12 @@ def test_inference_query_asks_for_every_spelling_and_the_newer_engines() -> None
         "sglang_num_queue_reqs",  # as sgl-router prints it and an escaping Prometheus 3 stores it
         "sglang_num_running_reqs",
         "sglang_token_usage",
-        llamacpp.WAITING,
-        llamacpp.RUNNING,
-        llamacpp.KV_CACHE,
-        trtllm_serve.WAITING,
-        trtllm_serve.RUNNING,
-        trtllm_serve.KV_CACHE,
+        LLAMACPP.waiting.name,
+        LLAMACPP.running.name,
+        LLAMACPP.kv_cache.name,
+        TRTLLM_SERVE.waiting.name,
+        TRTLLM_SERVE.running.name,
+        TRTLLM_SERVE.kv_cache.name,
     ):
         assert f'timestamp({{__name__="{name}",namespace="llm",pod!=""}})' in query, name
 
@@ -655,11 +654,11 @@ def test_sglang_through_prometheus_reads_as_its_own_page_in_either_spelling(
 def test_llamacpp_and_trtllm_serve_through_prometheus_read_their_gauges(
     running: int, waiting: int, kv: int
 ) -> None:
-    llama = f"{llamacpp.RUNNING} {running}\n{llamacpp.WAITING} {waiting}\n{llamacpp.KV_CACHE} {kv / 1000}\n"
+    llama = f"{LLAMACPP.running.name} {running}\n{LLAMACPP.waiting.name} {waiting}\n{LLAMACPP.kv_cache.name} {kv / 1000}\n"
     model = 'model_name="llama"'
     serve = (
-        f"{trtllm_serve.RUNNING}{{{model}}} {running}.0\n{trtllm_serve.WAITING}{{{model}}} {waiting}.0\n"
-        f"{trtllm_serve.KV_CACHE}{{{model}}} {kv / 1000}\n"
+        f"{TRTLLM_SERVE.running.name}{{{model}}} {running}.0\n{TRTLLM_SERVE.waiting.name}{{{model}}} {waiting}.0\n"
+        f"{TRTLLM_SERVE.kv_cache.name}{{{model}}} {kv / 1000}\n"
     )
     samples = as_prometheus_answers(llama, "llama-0", age=0.5) + as_prometheus_answers(
         serve, "serve-0", age=0.5

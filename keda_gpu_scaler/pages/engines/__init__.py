@@ -1,18 +1,17 @@
 """Inference-engine layer: a pod's inference-server page turned into its load (pure: no I/O, no clock).
 
-The counterpart of vendors/ for SPEC §6: one module per page format (family names, the rules of its
-labels, and `read`), one registry line each; an engine serving two formats (TensorRT-LLM under Triton and
-as trtllm-serve) has two lines. Everything here works on parsed samples; fetching pages, choosing
+The counterpart of vendors/ for SPEC §6: each page format is a row of data in formats.py (family names,
+the rules of its labels), read by its one reader; an engine serving two formats (TensorRT-LLM under
+Triton and as trtllm-serve) has two rows. Everything here works on parsed samples; fetching pages, choosing
 pods and turning a missing value into a status are the caller's job.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Set
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Set
+from dataclasses import replace
 
 from keda_gpu_scaler.pages import exposition
-from keda_gpu_scaler.pages.engines import llamacpp, sglang, tgi, triton, trtllm, trtllm_serve, vllm
 from keda_gpu_scaler.pages.engines._common import (
     AUTO,
     LATENCY_KINDS,
@@ -33,6 +32,7 @@ from keda_gpu_scaler.pages.engines._common import (
     latency_names,
     pod_of,
 )
+from keda_gpu_scaler.pages.engines.formats import ENGINES, EngineFormat, read, read_counters
 from keda_gpu_scaler.pages.exposition import Sample
 
 __all__ = [
@@ -46,7 +46,7 @@ __all__ = [
     "POD_LABELS",
     "DemandCounters",
     "Engine",
-    "EngineModule",
+    "EngineFormat",
     "InferenceMetric",
     "InferenceReading",
     "Missing",
@@ -72,101 +72,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class EngineModule:
-    """A registry entry: the sample names one engine module reads, what it can serve, and its reader."""
-
-    engine: Engine
-    sample_names: frozenset[str]
-    metrics: frozenset[InferenceMetric]
-    read: Callable[[Families, str | None], InferenceReading]
-    # The family that names the engine in messages (the one every release of it prints).
-    signature: str
-    # `metric: demand`: the counter families it reads (besides the gauges) and how.
-    counter_names: frozenset[str]
-    read_counters: Callable[[Families, str | None], DemandCounters]
-    # Whether its series carry a model label (`model_name`/`model`), i.e. whether `model` can select any.
-    has_model_label: bool = True
-    # Whether it prints token counters (demandUnit tokens weighs requests by them).
-    tokens: bool = True
-
-
-# Adding an engine: a module with SAMPLE_NAMES, METRICS and read(), one line here (docs/ADDING_A_VENDOR.md).
-# The order is the order `auto` tries them in: a Triton page that also carries the TensorRT-LLM backend's
-# families is that backend's (its own counts; Triton's pending count is only the queue in front of it).
-# Where one engine has two lines, a trigger naming it reads a page with the first line whose families
-# are on it.
-ENGINES: tuple[EngineModule, ...] = (
-    EngineModule(
-        Engine.VLLM,
-        vllm.SAMPLE_NAMES,
-        vllm.METRICS,
-        vllm.read,
-        vllm.WAITING,
-        vllm.COUNTER_NAMES,
-        vllm.read_counters,
-    ),
-    EngineModule(
-        Engine.SGLANG,
-        sglang.SAMPLE_NAMES,
-        sglang.METRICS,
-        sglang.read,
-        sglang.WAITING,
-        sglang.COUNTER_NAMES,
-        sglang.read_counters,
-    ),
-    EngineModule(
-        Engine.TGI,
-        tgi.SAMPLE_NAMES,
-        tgi.METRICS,
-        tgi.read,
-        tgi.WAITING,
-        tgi.COUNTER_NAMES,
-        tgi.read_counters,
-        has_model_label=False,
-    ),
-    EngineModule(
-        Engine.TRTLLM,
-        trtllm.SAMPLE_NAMES,
-        trtllm.METRICS,
-        trtllm.read,
-        trtllm.REQUESTS,
-        trtllm.COUNTER_NAMES,
-        trtllm.read_counters,
-        tokens=False,
-    ),
-    EngineModule(
-        Engine.TRTLLM,
-        trtllm_serve.SAMPLE_NAMES,
-        trtllm_serve.METRICS,
-        trtllm_serve.read,
-        trtllm_serve.WAITING,
-        trtllm_serve.COUNTER_NAMES,
-        trtllm_serve.read_counters,
-    ),
-    EngineModule(
-        Engine.TRITON,
-        triton.SAMPLE_NAMES,
-        triton.METRICS,
-        triton.read,
-        triton.WAITING,
-        triton.COUNTER_NAMES,
-        triton.read_counters,
-        tokens=False,
-    ),
-    EngineModule(
-        Engine.LLAMACPP,
-        llamacpp.SAMPLE_NAMES,
-        llamacpp.METRICS,
-        llamacpp.read,
-        llamacpp.WAITING,
-        llamacpp.COUNTER_NAMES,
-        llamacpp.read_counters,
-        has_model_label=False,
-        tokens=False,
-    ),
-)
-_BY_ENGINE: dict[Engine, tuple[EngineModule, ...]] = {
+_BY_ENGINE: dict[Engine, tuple[EngineFormat, ...]] = {
     engine: tuple(module for module in ENGINES if module.engine is engine) for engine in Engine
 }
 
@@ -177,8 +83,7 @@ DEMAND_SAMPLE_NAMES: frozenset[str] = frozenset(name for module in ENGINES for n
 """The counters `metric: demand` reads besides the gauges: pod pages are parsed with these too."""
 
 LATENCY_FAMILIES: dict[str, tuple[str, ...]] = {
-    kind: tuple(name for module in (vllm, sglang, tgi) for name in module.LATENCY.get(kind, ()))
-    for kind in LATENCY_KINDS
+    kind: tuple(name for module in ENGINES for name in module.latency.get(kind, ())) for kind in LATENCY_KINDS
 }
 """Per latency kind, the histograms engines print it in (their base names): for messages."""
 
@@ -195,7 +100,7 @@ def _engine(engine: Engine | str) -> Engine | None:
     return Engine(engine)
 
 
-def _module_on(names: Set[str], modules: Iterable[EngineModule]) -> EngineModule | None:
+def _module_on(names: Set[str], modules: Iterable[EngineFormat]) -> EngineFormat | None:
     """The first of `modules` whose families are among the page's sample names."""
     return next((module for module in modules if not names.isdisjoint(module.sample_names)), None)
 
@@ -289,13 +194,13 @@ def _reading(page: Families, engine: Engine | str, model: str | None) -> Inferen
         module = found or formats[0]
         if found is None and (other := _module_on(names, ENGINES)) is not None:
             # Another engine's page: say which, so the reader need not guess from the families missing.
-            reading = module.read(_only(page, module.sample_names), model)
+            reading = read(module, _only(page, module.sample_names), model)
             return _noted(
                 reading,
                 f"the page is recognised as engine {other.engine.value} (it carries {other.signature}):"
                 f" set engine: {other.engine.value} or auto",
             )
-    return module.read(_only(page, module.sample_names), model)
+    return read(module, _only(page, module.sample_names), model)
 
 
 def _noted(reading: InferenceReading, note: str) -> InferenceReading:
@@ -346,7 +251,7 @@ def wrong_types(page: str | bytes) -> dict[str, str]:
     return {name: kind for name, kind in declared.items() if kind not in _LEVEL_TYPES}
 
 
-def _module_for(names: Set[str], engine: Engine | str) -> EngineModule | None:
+def _module_for(names: Set[str], engine: Engine | str) -> EngineFormat | None:
     """The module a page is read with: under `auto` the first whose families are on it (None: none is);
     for a named engine, its format on the page, or on a page without any its first (to name what is
     missing)."""
@@ -387,14 +292,14 @@ def format_counters(samples: Iterable[Sample], index: int, model: str | None) ->
     return _counters(by_name(samples), ENGINES[index], model)
 
 
-def _counters(page: Families, module: EngineModule, model: str | None) -> DemandCounters:
-    # The gauges too: a counter may count only where a gauge says whose it is (trtllm.read_counters).
-    return module.read_counters(_only(page, module.counter_names | module.sample_names), model)
+def _counters(page: Families, module: EngineFormat, model: str | None) -> DemandCounters:
+    # The gauges too: a counter may count only where a gauge says whose it is (formats.TRTLLM).
+    return read_counters(module, _only(page, module.counter_names | module.sample_names), model)
 
 
 def in_flight(reading: InferenceReading) -> Value:
     """Requests in the server now, for `demand`: running + waiting, or waiting alone where the engine
-    exports no running count at all (Triton: see triton.py). A running count missing from a page that
+    exports no running count at all (Triton: see formats.TRITON). A running count missing from a page that
     should have it is Missing, never 0."""
     if isinstance(reading.running, Missing) and reading.running.kind is MissingKind.NOT_EXPORTED:
         return reading.waiting

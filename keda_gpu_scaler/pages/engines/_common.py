@@ -264,28 +264,6 @@ def engine_count(*gauges: Gauge) -> int:
     return len({key for g in gauges for key in g.values})
 
 
-def queue_reading(
-    engine: Engine,
-    page: Families,
-    names: Iterable[str],
-    waiting: Gauge,
-    running: Gauge,
-    kv: Gauge,
-    kv_value: Value | None = None,
-) -> InferenceReading:
-    """The reading of an engine that prints its queue, its batch and its KV-cache fraction as gauges: their
-    totals, the KV mean (or `kv_value`, where the engine works it out another way) as a percentage, the
-    engines they saw and the models the page names (`names`: the engine's sample names)."""
-    return InferenceReading(
-        engine,
-        waiting=waiting.total(),
-        running=running.total(),
-        kv_cache=fraction_percent(kv.mean() if kv_value is None else kv_value),
-        engines=engine_count(waiting, running, kv),
-        models=models_on(page, names),
-    )
-
-
 # Spellings whose disagreement was logged already: a page is read on every evaluation, and one line per
 # (family, other spelling) says all there is to say. Grows by at most one entry per spelling an engine reads.
 _DISAGREEMENTS_LOGGED: set[tuple[str, str]] = set()
@@ -297,25 +275,30 @@ def gauge_of_spellings(
     *,
     model: str | None,
     engine_labels: Sequence[str],
+    where: Mapping[str, str] = {},
+    older: str = "",
 ) -> Gauge:
-    """One gauge printed under several names (a rename, a router or a Prometheus that rewrites `:` to `_`).
+    """One gauge printed under one name or several (a rename, a router or a Prometheus that rewrites `:`
+    to `_`): see gauge() for `where`.
 
     The first spelling on the page is read and the others are ignored, so a page printing two spellings
     counts once. Where another spelling carries different values, the first one's stand and the
     disagreement is logged once. With none of them on the page, the Missing names the first spelling
-    and lists the others.
+    and lists the others (`older`: what printed them, said after them).
     """
+    if len(spellings) == 1:
+        return gauge(page, spellings[0], model=model, engine_labels=engine_labels, where=where)
     present = [name for name in spellings if name in page]
     if not present:
         first = spellings[0]
-        others = " nor ".join(spellings[1:])
+        others = " nor ".join(spellings[1:]) + (f" ({older})" if older else "")
         return Gauge(
             {},
             Missing(MissingKind.FAMILY_ABSENT, f"neither {first} nor {others} is on the page", first),
         )
-    chosen = gauge(page, present[0], model=model, engine_labels=engine_labels)
+    chosen = gauge(page, present[0], model=model, engine_labels=engine_labels, where=where)
     for other in present[1:]:
-        copy = gauge(page, other, model=model, engine_labels=engine_labels)
+        copy = gauge(page, other, model=model, engine_labels=engine_labels, where=where)
         if copy.values != chosen.values and (present[0], other) not in _DISAGREEMENTS_LOGGED:
             _DISAGREEMENTS_LOGGED.add((present[0], other))
             log.warning(
@@ -408,12 +391,7 @@ def counter_series(
     """
     series: dict[tuple[str, ...], float] = {}
     for family in families:
-        if len(family.spellings) > 1:
-            counted = gauge_of_spellings(
-                page, family.spellings, model=model, engine_labels=family.split_labels
-            )
-        else:
-            counted = gauge(page, family.name, model=model, engine_labels=family.split_labels)
+        counted = gauge_of_spellings(page, family.spellings, model=model, engine_labels=family.split_labels)
         if counted.missing is not None:
             if counted.missing.kind is not MissingKind.FAMILY_ABSENT:
                 return counted.missing

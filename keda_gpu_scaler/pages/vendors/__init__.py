@@ -1,13 +1,15 @@
-"""Vendor layer: one page's samples turned into per-pod, per-GPU readings (pure: no I/O, no clock)."""
+"""Vendor layer: one page's samples turned into per-pod, per-GPU readings (pure: no I/O, no clock).
+
+Each exporter's page format is a row of data in formats.py; this reads a page with every row.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 
 from keda_gpu_scaler.pages.exposition import Sample
-from keda_gpu_scaler.pages.vendors import ack, amd, nvidia
 from keda_gpu_scaler.pages.vendors._common import POD_LABELS, Family, GpuReading, NvidiaField, PodResolver
+from keda_gpu_scaler.pages.vendors.formats import VENDORS, Vendor
 
 __all__ = [
     "POD_LABELS",
@@ -21,26 +23,6 @@ __all__ = [
     "utilization_for",
 ]
 
-
-@dataclass(frozen=True, slots=True)
-class Vendor:
-    """A registry entry: the sample names one module reads and the function that reads them."""
-
-    family: Family
-    sample_names: frozenset[str]
-    readings: Callable[[Sequence[Sample], PodResolver], list[GpuReading]]
-    # Labels naming one GPU across a whole fleet, for vendors whose reading of a pod also needs the GPU's
-    # other series (device-level ones, other pods sharing it). A source that fetches one namespace's
-    # series (Prometheus) fetches the rest of those GPUs' series by these labels; () = not needed.
-    gpu_id_labels: tuple[str, ...] = ()
-
-
-# Adding a vendor: a module with SAMPLE_NAMES and readings(), one line here (docs/ADDING_A_VENDOR.md).
-VENDORS: tuple[Vendor, ...] = (
-    Vendor(Family.ACK, ack.SAMPLE_NAMES, ack.readings),
-    Vendor(Family.NVIDIA, nvidia.SAMPLE_NAMES, nvidia.readings, nvidia.GPU_ID_LABELS),
-    Vendor(Family.AMD, amd.SAMPLE_NAMES, amd.readings),
-)
 
 SAMPLE_NAMES: frozenset[str] = frozenset(name for vendor in VENDORS for name in vendor.sample_names)
 
