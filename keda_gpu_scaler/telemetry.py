@@ -51,15 +51,23 @@ class Telemetry:
         self.evaluations = Counter(
             f"{PREFIX}_evaluations", "workload evaluations, by result", ["result"], registry=r
         )
-        self.trigger_value = self._trigger_gauge(
-            "trigger_value", "last value computed for a ScaledObject's trigger"
+        self.trigger_value = Gauge(
+            f"{PREFIX}_trigger_value",
+            "last value computed for a ScaledObject's trigger",
+            ["namespace", "scaledobject", "metric"],
+            registry=r,
         )
-        self.trigger_active = self._trigger_gauge(
-            "trigger_active", "1 when the last evaluation found the workload active"
+        self.trigger_active = Gauge(
+            f"{PREFIX}_trigger_active",
+            "1 when the last evaluation found the workload active",
+            ["namespace", "scaledobject", "metric"],
+            registry=r,
         )
-        self.learned_target = self._trigger_gauge(
-            "learned_target",
+        self.learned_target = Gauge(
+            f"{PREFIX}_learned_target",
             "the target a threshold: auto trigger has learned (its thresholdStart until it moves)",
+            ["namespace", "scaledobject", "metric"],
+            registry=r,
         )
         self.aggregation_mismatches = Counter(
             f"{PREFIX}_aggregation_mismatches",
@@ -96,11 +104,6 @@ class Telemetry:
         self.ready = False
         # (namespace, ScaledObject) → the metric names whose series are shown
         self._published: dict[tuple[str, str], set[str]] = {}
-
-    def _trigger_gauge(self, name: str, documentation: str) -> Gauge:
-        """A gauge with one series per published trigger (see publish_trigger)."""
-        labels = ["namespace", "scaledobject", "metric"]
-        return Gauge(f"{PREFIX}_{name}", documentation, labels, registry=self.registry)
 
     def scrape_done(self, *, ok: bool, seconds: float) -> None:
         self.scrapes.labels("ok" if ok else "error").inc()
