@@ -123,9 +123,11 @@ def vllm_text(page: Page) -> bytes:
             TTFT_BOUNDS,
             page.ttft_buckets,
         ),
+        # One observation per finished request, its mean time per output token: vLLM's per-request
+        # histogram (0.10 on), not time_per_output_token/inter_token_latency, which observe every token.
         _histogram(
-            "vllm:time_per_output_token_seconds",
-            "Time per output token.",
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
             page.tpot_sum,
             page.finished,
             TPOT_BOUNDS,

@@ -57,6 +57,25 @@ def test_engines_read_their_latency_histograms_through_the_page_filter() -> None
     assert not any(key[0].startswith("tpot") for key in counters.latency)
 
 
+def test_vllm_time_per_output_token_is_read_per_request_where_it_prints_that() -> None:
+    # vLLM 0.10 and later print both: every token's gap (one observation per token, a long tail from the
+    # steps a prefill joins) and each finished request's mean, which is what the SLO counts.
+    def histogram(name: str, under_50ms: int, count: int) -> str:
+        labels = 'engine="0",model_name="m"'
+        return (
+            f'{name}_bucket{{{labels},le="0.05"}} {under_50ms}\n{name}_bucket{{{labels},le="+Inf"}} {count}\n'
+            f"{name}_sum{{{labels}}} {count * 0.03}\n{name}_count{{{labels}}} {count}\n"
+        )
+
+    page = vllm_text(4, {"+Inf": 4}) + histogram("vllm:inter_token_latency_seconds", 800, 1000)
+    _, per_token = pod_counters(pod(page).samples)
+    assert per_token.latency[("tpot:count", "m", "engine=0")] == 1000  # an older vLLM: the gaps
+    page += histogram("vllm:request_time_per_output_token_seconds", 4, 4)
+    _, per_request = pod_counters(pod(page).samples)
+    assert per_request.latency[("tpot:le=0.05", "m", "engine=0")] == 4
+    assert per_request.latency[("tpot:count", "m", "engine=0")] == 4
+
+
 def test_a_read_without_latency_leaves_the_histograms_and_reads_everything_else_alike() -> None:
     samples = pod(vllm_text(1, {"0.1": 3, "1": 7, "+Inf": 8})).samples
     reading, counters = pod_counters(samples)

@@ -220,10 +220,17 @@ VLLM = EngineFormat(
     # Observed as each request finishes: a finished request's true size, where the token counters
     # count prompts at admission, before those requests finish.
     request_sizes=("vllm:request_prompt_tokens", "vllm:request_generation_tokens"),
-    # The time between output tokens is named inter_token_latency from 0.10 on (the same intervals).
+    # Time per output token: read first as each request's mean (request_time_per_output_token, one
+    # observation per finished request, from 0.10 on), since the SLO counts requests; else the time
+    # between output tokens (one observation per token, named inter_token_latency from 0.10 on): its
+    # quantile is a stricter reading, one slow step shows in it before it moves a request's mean.
     latency={
         TTFT: ("vllm:time_to_first_token_seconds",),
-        TPOT: ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+        TPOT: (
+            "vllm:request_time_per_output_token_seconds",
+            "vllm:inter_token_latency_seconds",
+            "vllm:time_per_output_token_seconds",
+        ),
     },
     not_started="vLLM prints it once its engine has started",
 )
@@ -255,6 +262,8 @@ SGLANG = EngineFormat(
         _sglang("generation_tokens_total"), ("dp_rank",), absent_hint=_SGLANG_LAZY
     ),
     # The time between output tokens: inter_token_latency, or a request's mean where a release lacks it.
+    # (Not the request's mean first, as vLLM's: some releases observe e2e latency ÷ tokens there, with
+    # the time to first token in it.)
     latency={
         TTFT: _sglang("time_to_first_token_seconds"),
         TPOT: (*_sglang("inter_token_latency_seconds"), *_sglang("time_per_output_token_seconds")),
