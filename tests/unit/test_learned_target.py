@@ -184,3 +184,14 @@ def test_memory_is_bounded_and_pods_gone_are_forgotten() -> None:
     assert "pod-0" not in {fit.pod for fit in answer.fits}  # the stalest made room
     later = learner.update(600.0 + MAX_PODS / 1000 + FORGET_POD_AFTER + 1, ["busy", *names])
     assert later.fits == ()
+
+
+def test_a_pod_seen_only_at_light_load_says_nothing_about_the_target() -> None:
+    # Three pods seen up to 12 (and 14 failing) read 13; a pod added for a burst and then handed the quiet
+    # pool's light load met every level it saw, up to 4: under half the target, it is left out of the mean.
+    old = [s for pod in ("a", "b", "c") for s in windows(pod, [4, 8, 12, 14], knee_at(12.5))]
+    learner = learned(old + windows("new", [2, 3, 4]), ready=["a", "b", "c", "new"])
+    answer = learner.update(400.0, ["a", "b", "c", "new"])
+    assert answer.mean_capacity == pytest.approx(13.0)  # not (3 × 13 + 4 × 1.15) ÷ 4 = 10.9
+    assert learner.target == pytest.approx(13.0)
+    assert {fit.pod: fit.capacity for fit in answer.fits}["new"] == pytest.approx(4 * (1 + TRY_ABOVE))
