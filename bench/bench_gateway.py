@@ -16,11 +16,11 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness import Prometheus, Section, median, prometheus, scaler
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.collect.gateway_source import gateway_reader
 from keda_gpu_scaler.collect.scrape import read_page
 from keda_gpu_scaler.demo.epp import Queued, epp_page
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.pages import pagetext
 from keda_gpu_scaler.pages.exposition import parse_exposition as parse_all
 from keda_gpu_scaler.pages.gateways import PoolQueue, epp, read_queue

@@ -11,8 +11,8 @@ import aiohttp
 import grpc
 
 from bench.harness import Section, categorise, median, page_server, profile, rss_mib, scaler, trigger_ref
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc as pb_grpc
 
 PROFILE_RULES = (
     ("HTTP client (collect/http.py over aiohttp: request, answer, body)", "collect/http.py"),

@@ -21,7 +21,7 @@ from bench.harness import (
     trigger_ref,
 )
 from bench.pages import dcgm_page
-from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.pages.vendors import SAMPLE_NAMES
 
 # The goals: ≤ 0.4× Prometheus when pages are unchanged, ≤ 0.6× when every page is new.

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import aiohttp
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 
 ROOT = Path(__file__).resolve().parent.parent
 READY_LINE = re.compile(r"serving gRPC on \S+ \(port (\d+), \w+\), HTTP on \S+ \(port (\d+)\)")

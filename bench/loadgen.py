@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 
 SERVICE = "/externalscaler.ExternalScaler/"
 # (namespace, podNamePrefix) of the workloads the page server's pages describe.

@@ -23,8 +23,8 @@ import grpc
 from aiohttp import web
 
 from bench.harness import ROOT, rss_mib, scaler
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc as pb_grpc
 
 EXPORTERS = 10
 WORKLOADS_PER_EXPORTER = 10

@@ -70,8 +70,8 @@ from bench.soak_tenants import (
     tenant_rows,
     tenant_setup,
 )
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc as pb_grpc
 
 SECTION = "soak-hostile"
 HEALTHY_EXPORTERS = 3

@@ -28,8 +28,8 @@ import aiohttp
 import grpc
 
 from bench.harness import ROOT, page_server, rss_mib, scaler
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc as pb_grpc
 
 SECTION = "soak-registry"
 EXPORTERS = 3

@@ -25,9 +25,9 @@ import grpc
 from aiohttp import web
 
 from bench.harness import percentile
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.demo.epp import Queued, epp_page
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc as pb_grpc
 
 HANGING_REPLICAS = 300
 POOL_NAMES = 2000

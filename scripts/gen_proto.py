@@ -1,4 +1,4 @@
-"""Generate the externalscaler gRPC stubs into keda_gpu_scaler/_proto (used by `make proto` and the build hook)."""
+"""Generate the externalscaler gRPC stubs into keda_gpu_scaler/externalscaler (used by `make proto` and the build hook)."""
 
 from __future__ import annotations
 
@@ -35,5 +35,5 @@ def generate(out_dir: Path) -> None:
 
 
 if __name__ == "__main__":
-    target = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "keda_gpu_scaler" / "_proto"
+    target = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "keda_gpu_scaler" / "externalscaler"
     generate(target)

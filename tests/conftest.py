@@ -20,9 +20,9 @@ from fake_kube import FakeKube
 from prometheus_support import PROMETHEUS_BIN, PrometheusServer
 from support import ExporterServer
 
-from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App
 from keda_gpu_scaler.config.settings import Settings
+from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc as pb_grpc
 
 # A few hundred fuzzing examples per property in CI; `make soak` runs the `soak` profile (10,000 each).
 hypothesis.settings.register_profile("ci", max_examples=200)

@@ -19,7 +19,6 @@ from typing import Any, NoReturn, TypeVar, cast
 import grpc
 
 from bench.simulator.llm_fleet import TPOT_BOUNDS, TTFT_BOUNDS
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb  # KEDA's wire messages (externalscaler.proto)
 from keda_gpu_scaler.app import App
 from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink
 from keda_gpu_scaler.collect.inference import InferencePages
@@ -32,6 +31,9 @@ from keda_gpu_scaler.core.snapshot import PodEndpoint, SourceKind, Targets
 from keda_gpu_scaler.core.trigger import TriggerSpec
 from keda_gpu_scaler.demo.engines import EngineLoad, EngineTotals, vllm_page
 from keda_gpu_scaler.demo.epp import Queued, epp_page
+from keda_gpu_scaler.externalscaler import (
+    externalscaler_pb2 as pb,  # KEDA's wire messages (externalscaler.proto)
+)
 from keda_gpu_scaler.pages import pagetext
 
 NAMESPACE = "llm"

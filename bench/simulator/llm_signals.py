@@ -14,7 +14,7 @@ from typing import TypeVar
 from bench.simulator.autoscaling import due
 from bench.simulator.llm_fleet import Fleet
 from bench.simulator.llm_product import Page, SimulatedScaler
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb  # KEDA's wire messages
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb  # KEDA's wire messages
 
 T = TypeVar("T")
 

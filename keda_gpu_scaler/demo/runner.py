@@ -13,8 +13,6 @@ from typing import TextIO
 
 import grpc
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App, run_until_signalled
 from keda_gpu_scaler.config.settings import Settings, SettingsError
 from keda_gpu_scaler.core.recommended import GUARD, llm_summary
@@ -22,6 +20,8 @@ from keda_gpu_scaler.demo.fleet import DemoFleet
 from keda_gpu_scaler.demo.gateway import DemoPool
 from keda_gpu_scaler.demo.layout import DemoInferenceWorkload, DemoWorkload
 from keda_gpu_scaler.explain import counted
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc as pb_grpc
 
 DEMO_THRESHOLD = "60"
 # Target concurrency per pod of the inference workloads' `requests` triggers.

@@ -15,8 +15,6 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Gauge
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.core.errors import (
     ConfigError,
@@ -29,6 +27,8 @@ from keda_gpu_scaler.core.errors import (
 )
 from keda_gpu_scaler.core.trigger import TriggerSpec
 from keda_gpu_scaler.core.trigger_parse import parse_trigger
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.server.evaluator import Evaluator
 from keda_gpu_scaler.server.registry import Followed, Registry
 from keda_gpu_scaler.telemetry import Telemetry

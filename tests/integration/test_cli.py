@@ -15,9 +15,9 @@ import pytest
 from support import GpuLine, dcgm_page
 
 from keda_gpu_scaler import __version__
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.config.flags import FLAGS
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc as pb_grpc
 
 READY_LINE = re.compile(r"serving gRPC on \S+ \(port (\d+), \w+\), HTTP on \S+ \(port (\d+)\)")
 METADATA = {"podNamePrefix": "vllm-", "threshold": "70"}

@@ -18,11 +18,11 @@ import pytest
 from conftest import FAST, RunningScaler
 from support import ExporterServer, eventually, latest_trigger
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App
 from keda_gpu_scaler.demo.epp import Queued, epp_page
 from keda_gpu_scaler.explain import render_table
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc as pb_grpc
 
 # The tests' arithmetic is over a minute of pages: the window is named, not the default.
 DEMAND = {"metric": "demand", "threshold": "10", "podNamePrefix": "chat-", "window": "60"}

@@ -12,9 +12,9 @@ from conftest import FAST
 from fake_kube import DEPLOYMENT, POD, SCALED_OBJECT, FakeKube, deployment, pod, scaled_object
 from support import ExporterServer, eventually
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc as pb_grpc
 
 NS = "llm"
 DEMAND = {"metric": "demand", "threshold": "4", "scalerAddress": "keda-gpu-scaler.keda:6000"}

@@ -19,8 +19,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from support import eventually
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App
 from keda_gpu_scaler.config.settings import Settings
 from keda_gpu_scaler.demo.fleet import DemoFleet
@@ -37,6 +35,8 @@ from keda_gpu_scaler.demo.runner import (
     status_line,
     watch,
 )
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.pages.engines import Engine, InferenceReading, Missing, pod_reading
 from keda_gpu_scaler.pages.exposition import parse_exposition
 

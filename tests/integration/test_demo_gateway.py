@@ -17,11 +17,11 @@ import pytest
 from conftest import FAST
 from support import eventually
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.app import App
 from keda_gpu_scaler.demo.fleet import DemoFleet
 from keda_gpu_scaler.demo.runner import PENDING_METRIC_NAME, banner, demo_settings, pending_metadata, watch
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.pages.gateways import PoolQueue, page_queue, read_queue
 
 # The tests' fast scaler, with /explain off as the demo serves it.

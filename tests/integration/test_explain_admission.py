@@ -8,7 +8,7 @@ import asyncio
 import aiohttp
 from support import GpuLine, dcgm_page, eventually
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 
 PODS = 6000  # an answer of this size costs far more than the budget allows several times over
 REF = pb.ScaledObjectRef(

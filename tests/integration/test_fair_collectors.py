@@ -11,8 +11,8 @@ import pytest
 from aiohttp import web
 from support import eventually
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.demo.epp import Queued, epp_page
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 
 HANGING = 300
 CONCURRENCY = 8

@@ -11,7 +11,7 @@ import pytest
 from faults import FAULTS, OTHER_FAULTS, TENANT_PROPERTIES, Fault, FaultyExporter, reliability_markdown
 from support import GpuLine, dcgm_page, eventually
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 
 AFFECTED = {"podNamePrefix": "vllm-", "threshold": "70"}
 UNAFFECTED = {"podNamePrefix": "other-", "threshold": "70"}

@@ -10,9 +10,9 @@ import aiohttp
 import grpc
 from support import ExporterServer, eventually, latest_trigger
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.collect.wanted import EppPool
 from keda_gpu_scaler.demo.epp import Queued, epp_page
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "gateways"
 PENDING = {"metric": "pending", "threshold": "4", "inferencePool": "chat-pool"}

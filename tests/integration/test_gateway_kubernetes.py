@@ -27,8 +27,8 @@ from fake_kube import (
 )
 from support import ExporterServer, eventually
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.demo.epp import Queued, epp_page
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 
 NS = "llm"
 EPP = {"app": "chat-pool-epp"}

@@ -32,9 +32,9 @@ from fake_kube import (
 from fake_kube_tokens import API_SERVER
 from support import eventually
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.config.settings import SettingsError
 from keda_gpu_scaler.demo.epp import Queued, epp_page
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 
 NS = "llm"
 ACCOUNT = ("keda", "epp-metrics")

@@ -9,7 +9,7 @@ import grpc
 import pytest
 from support import GpuLine, dcgm_page, eventually
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 from keda_gpu_scaler.server.registry import MAX_NOTES_LOGGED, MAX_NOTES_REMEMBERED
 from keda_gpu_scaler.telemetry import MAX_PUBLISHED_TRIGGERS
 

@@ -8,8 +8,8 @@ import grpc
 import pytest
 from support import ExporterServer, eventually, tgi_page
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.demo.engines import EngineLoad, vllm_page
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 
 REQUESTS = {"metric": "requests", "threshold": "8", "podNamePrefix": "chat-"}
 

@@ -15,7 +15,7 @@ from support import GpuLine, dcgm_page, eventually
 CLIENT = textwrap.dedent(
     """
     import sys, grpc
-    from keda_gpu_scaler._proto import externalscaler_pb2 as pb, externalscaler_pb2_grpc as pb_grpc
+    from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb, externalscaler_pb2_grpc as pb_grpc
     channel = grpc.insecure_channel(sys.argv[1])
     stub = pb_grpc.ExternalScalerStub(channel)
     ref = pb.ScaledObjectRef(name="vllm", namespace="llm",

@@ -26,9 +26,9 @@ from fake_kube import (
 )
 from support import ExporterServer, GpuLine, dcgm_page, eventually, latest_trigger
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.core.selectors import parse_exporter_selector
 from keda_gpu_scaler.core.trigger_parse import parse_trigger
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 
 NS = "llm"
 EXPORTERS_NS = "gpu-operator"

@@ -38,8 +38,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_wheel_contains_generated_stubs_importing_by_package_path(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-        assert "keda_gpu_scaler/_proto/externalscaler_pb2.py" in names
-        grpc_module = archive.read("keda_gpu_scaler/_proto/externalscaler_pb2_grpc.py").decode()
+        assert "keda_gpu_scaler/externalscaler/externalscaler_pb2.py" in names
+        grpc_module = archive.read("keda_gpu_scaler/externalscaler/externalscaler_pb2_grpc.py").decode()
         entry_points = next(archive.read(n).decode() for n in names if n.endswith("entry_points.txt"))
     assert "from . import externalscaler_pb2 as" in grpc_module
     assert "\nimport externalscaler_pb2" not in grpc_module
@@ -76,7 +76,7 @@ def test_installed_package_runs(wheel: Path, tmp_path: Path) -> None:
         [
             sys.executable,
             "-c",
-            "import keda_gpu_scaler._proto.externalscaler_pb2_grpc as m; print(m.__file__)",
+            "import keda_gpu_scaler.externalscaler.externalscaler_pb2_grpc as m; print(m.__file__)",
         ],
         capture_output=True,
         text=True,

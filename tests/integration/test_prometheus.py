@@ -30,14 +30,14 @@ from prometheus_support import (
 )
 from support import ExporterServer, GpuLine, dcgm_page, eventually
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.collect.http import client_session
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.collect.wanted import WantedSources
 from keda_gpu_scaler.config.settings import Settings
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.pages.promql import namespace_query
 from keda_gpu_scaler.telemetry import Telemetry
 

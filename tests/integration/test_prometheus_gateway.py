@@ -11,8 +11,8 @@ import pytest
 from prometheus_support import PASSWORD, USERNAME, PrometheusServer, address_of
 from support import ExporterServer, eventually
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.demo.epp import Queued, epp_page
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 from keda_gpu_scaler.pages.gateways import epp
 
 pytestmark = pytest.mark.prometheus

@@ -20,7 +20,6 @@ from prometheus_support import (
 )
 from support import ExporterServer, eventually
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.collect.http import client_session
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
@@ -29,6 +28,7 @@ from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.collect.wanted import WantedSources
 from keda_gpu_scaler.config.settings import Settings
 from keda_gpu_scaler.core.snapshot import SourceKind
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 from keda_gpu_scaler.pages.engines import InferenceMetric, PodSamples, pod_reading, value_for
 from keda_gpu_scaler.telemetry import Telemetry
 

@@ -11,7 +11,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support import GpuLine, dcgm_page, eventually
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 
 METADATA = {"podNamePrefix": "vllm-", "threshold": "70", "scalerAddress": "keda-gpu-scaler.keda:6000"}
 

@@ -10,9 +10,9 @@ import grpc
 from fake_kube import DEPLOYMENT, POD, SCALED_OBJECT, FakeKube, deployment, pod, scaled_object
 from support import eventually
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.core.selectors import parse_exporter_selector
 from keda_gpu_scaler.demo.engines import EngineLoad, vllm_page
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 
 REQUESTS = {"metric": "requests", "threshold": "8"}
 

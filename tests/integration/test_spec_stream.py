@@ -10,8 +10,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support import eventually
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.core.trigger_parse import parse_trigger
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 from keda_gpu_scaler.server.spec_targets import SPEC_UPDATE_INTERVAL
 
 METADATA = {"podNamePrefix": "vllm-", "threshold": "70", "scalerAddress": "keda-gpu-scaler.keda:6000"}

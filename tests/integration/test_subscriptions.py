@@ -30,9 +30,9 @@ from fake_kube import (
 )
 from support import ExporterServer, GpuLine, dcgm_page, eventually
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.core.selectors import parse_exporter_selector
 from keda_gpu_scaler.demo.epp import Queued, epp_page
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 
 NS = "llm"
 ADDRESS = {"scalerAddress": "keda-gpu-scaler.keda:6000"}

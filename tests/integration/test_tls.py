@@ -9,8 +9,8 @@ import grpc
 import pytest
 from certs import CertificateAuthority, write
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
-from keda_gpu_scaler._proto import externalscaler_pb2_grpc as pb_grpc
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc as pb_grpc
 
 HOST = "keda-gpu-scaler.keda"  # the host part of the ScaledObject's scalerAddress
 REF = pb.ScaledObjectRef(

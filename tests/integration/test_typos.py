@@ -7,9 +7,9 @@ import grpc
 import pytest
 from support import GpuLine, dcgm_page, eventually
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.demo.engines import EngineLoad, vllm_page
 from keda_gpu_scaler.demo.epp import Queued, epp_page
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 
 NAMES = {"requests": "inference-requests", "queue": "inference-queue", "kv_cache": "kv-cache"}
 

@@ -6,9 +6,9 @@ import grpc
 from google.protobuf.descriptor import FieldDescriptor
 from support import eventually
 
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
 from keda_gpu_scaler.demo.engines import EngineLoad, vllm_page
 from keda_gpu_scaler.demo.epp import Queued, epp_page
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 
 REQUESTS = {"metric": "requests", "threshold": "8", "podNamePrefix": "chat-"}
 PENDING = {"metric": "pending", "threshold": "4", "inferencePool": "chat-pool"}

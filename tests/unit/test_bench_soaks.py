@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from bench import soak_crowds, soak_hostile, soak_registry
-from keda_gpu_scaler._proto import externalscaler_pb2 as pb
+from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 from keda_gpu_scaler.pages.exposition import parse_exposition
 
 

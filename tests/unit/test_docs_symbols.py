@@ -14,7 +14,7 @@ PACKAGE = ROOT / "keda_gpu_scaler"
 DOCS = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 # Where a doc's file path may be relative to: the repository, the package, or a folder of the tree.
 BASES = (ROOT, PACKAGE, ROOT / "bench", ROOT / "tests", ROOT / "scripts")
-GENERATED = ("_pb2", "_proto/")
+GENERATED = ("_pb2", "externalscaler/")
 
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 PY_PATH = re.compile(r"^[\w/.-]+\.py$")
@@ -27,6 +27,8 @@ def modules() -> dict[str, list[Path]]:
     found: dict[str, list[Path]] = {}
     for base in (PACKAGE, ROOT / "bench", ROOT / "scripts"):
         for path in base.rglob("*.py"):
+            if (PACKAGE / "externalscaler") in path.parents:
+                continue  # generated from KEDA's proto (never committed): `externalscaler.X` is its gRPC name
             stem = path.parent.name if path.name == "__init__.py" else path.stem
             found.setdefault(stem, []).append(path)
     return found
