@@ -6,6 +6,9 @@ import random
 
 # Jitter only ever shortens a wait, so data is never older than one interval because of it.
 JITTER = 0.1
+# A failing page or upstream is retried after 1, 2, then 3 intervals at most: it is spared (no query
+# storm at a Prometheus that is down), and a recovery is seen within about two intervals.
+MAX_BACKOFF_INTERVALS = 3.0
 
 
 def backoff_delay(failures: int, *, first: float, cap: float) -> float:

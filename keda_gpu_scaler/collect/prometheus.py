@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from keda_gpu_scaler.collect.backoff import backoff_delay, jittered
+from keda_gpu_scaler.collect.backoff import MAX_BACKOFF_INTERVALS, backoff_delay, jittered
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
 from keda_gpu_scaler.collect.prometheus_sources import (
@@ -63,11 +63,6 @@ from keda_gpu_scaler.pages.promql import (
 from keda_gpu_scaler.pages.vendors import readings_from_samples
 
 log = logging.getLogger(__name__)
-
-# One upstream serves every namespace: a failing one is retried at most this many intervals apart, so
-# data comes back within about two intervals of Prometheus (or a refreshed token) coming back, without a
-# query storm meanwhile.
-MAX_BACKOFF_INTERVALS = 3
 
 
 @dataclass(slots=True)

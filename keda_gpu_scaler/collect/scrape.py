@@ -13,7 +13,7 @@ from typing import Protocol
 
 import xxhash
 
-from keda_gpu_scaler.collect.backoff import JITTER, backoff_delay, jittered
+from keda_gpu_scaler.collect.backoff import JITTER, MAX_BACKOFF_INTERVALS, backoff_delay, jittered
 from keda_gpu_scaler.collect.fairshare import FairSlots
 from keda_gpu_scaler.collect.http import FetchError, PageRefused, in_page_worker
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, WantedKeys
@@ -27,9 +27,6 @@ from keda_gpu_scaler.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
-# A failing exporter is retried after 1, 2, then 3 intervals at most: it is spared, and a recovery is
-# seen within about two intervals.
-MAX_BACKOFF_INTERVALS = 3.0
 # What one page may contribute: more series of the wanted families than this is a failed scrape. A
 # dcgm-exporter page of an 8-GPU node has ~40 of them, an 8-engine vLLM pod a few dozen; 20,000 is far
 # beyond any real node or pod. The parse stops at the limit, so a hostile page costs the loop (which

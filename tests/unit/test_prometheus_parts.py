@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from support import eventually
 
 from keda_gpu_scaler.collect import prometheus as prometheus_module
-from keda_gpu_scaler.collect.prometheus import MAX_BACKOFF_INTERVALS, PrometheusCollector
+from keda_gpu_scaler.collect.backoff import MAX_BACKOFF_INTERVALS
+from keda_gpu_scaler.collect.prometheus import PrometheusCollector
 from keda_gpu_scaler.collect.prometheus_client import http_error
 from keda_gpu_scaler.collect.prometheus_sources import (
     INFERENCE_SERIES,

@@ -16,7 +16,7 @@ from aiohttp import web
 from certs import CertificateAuthority, write
 from support import GpuLine, dcgm_page, eventually
 
-from keda_gpu_scaler.collect import http, scrape
+from keda_gpu_scaler.collect import backoff, http, scrape
 from keda_gpu_scaler.collect.backoff import backoff_delay
 from keda_gpu_scaler.collect.http import BearerToken, PageFetcher, client_session, exporter_ssl
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST
@@ -303,7 +303,7 @@ async def test_a_large_page_over_the_series_limit_is_refused_unparsed_and_the_ex
     assert not parsed, "a page over the limit is refused before it is parsed"
     assert len(searched) == 1, "the same page again is refused by its digest, not searched again"
     interval = rig.limits.interval
-    assert rig.collector.retry_delay(1, refused=True) == scrape.MAX_BACKOFF_INTERVALS * interval
+    assert rig.collector.retry_delay(1, refused=True) == backoff.MAX_BACKOFF_INTERVALS * interval
     assert rig.collector.retry_delay(1) == interval
 
     current["page"] = dcgm_page([GpuLine("llm", "vllm-0", 30)]) + "# padding\n" * 20  # 3 series
