@@ -130,10 +130,16 @@ class Snapshots:
         )
 
     def take(
-        self, namespace: str, name: str, spec: TriggerSpec, recent_demand: tuple[float, ...] = ()
+        self,
+        namespace: str,
+        name: str,
+        spec: TriggerSpec,
+        recent_demand: tuple[float, ...] = (),
+        recent_latency: tuple[tuple[float, float], ...] = (),
     ) -> Snapshot:
-        """What the trigger reads now (`recent_demand`: what its recent decisions summed, which the
-        caller keeps); NoData when discovery cannot say which pods are the target."""
+        """What the trigger reads now (`recent_demand`: what its recent decisions summed; `recent_latency`:
+        its recent windows' requests and misses; both kept by the caller); NoData when discovery cannot
+        say which pods are the target."""
         now, kind = self._clock(), self.kind_of(spec)
         pool = self._pool(namespace, spec, now) if spec.inference_pool is not None else None
         if spec.metric.gateway:
@@ -148,7 +154,18 @@ class Snapshots:
             read = self.demand_history.read
             tracks = tuple((p.pod, read(p, spec.engine, spec.model, spec.window, now)) for p in pods)
         return Snapshot(
-            namespace, now, kind, targets, view, gpu, pods, target_pods, tracks, pool, recent_demand
+            namespace,
+            now,
+            kind,
+            targets,
+            view,
+            gpu,
+            pods,
+            target_pods,
+            tracks,
+            pool,
+            recent_demand,
+            recent_latency,
         )
 
     def remember(self, namespace: str, spec: TriggerSpec, tokens_per_request: float) -> None:

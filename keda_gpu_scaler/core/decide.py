@@ -10,7 +10,14 @@ from dataclasses import dataclass, field
 
 from keda_gpu_scaler.core.demand_values import demand_pod_values, measured_tokens_per_request, with_pending
 from keda_gpu_scaler.core.errors import ConfigError, NoData
-from keda_gpu_scaler.core.latency import LatencyRead, guarded_value, headroom, latency_read
+from keda_gpu_scaler.core.latency import (
+    LatencyRead,
+    budget_used,
+    guarded_value,
+    headroom,
+    latency_read,
+    spent_headroom,
+)
 from keda_gpu_scaler.core.pending import pending_evaluation
 from keda_gpu_scaler.core.scaling import (
     Evaluation,
@@ -36,6 +43,9 @@ class SloReading:
     headroom: float | None  # the share added for the arrival rate's variability; None: not measured
     reads: tuple[LatencyRead, ...]  # one per latency kind the SLO names
     demand: float  # the value before the SLO
+    # The share of the SLO's allowance of misses the last half hour's windows used (1: all of it, or more);
+    # None: too few requests yet to say.
+    budget_used: float | None = None
 
 
 @dataclass(slots=True)
@@ -201,17 +211,21 @@ def _with_slo(
     spec: TriggerSpec, slo: SloTarget, snapshot: Snapshot, evaluation: Evaluation, decision: Decision
 ) -> Evaluation:
     """The demand with the headroom the arrival rate's variability asks for, raised further while the
-    fresh pods' measured latency quantile is over its target (latency.py); never lowered."""
+    fresh pods' measured latency quantile is over its target (latency.py); never lowered. Both as far as
+    the SLO needs them: the headroom in proportion to the allowance of misses the last half hour used
+    (at least HEADROOM_FLOOR of it), the guard once that allowance is spent."""
     fresh = {row[0] for row in evaluation.pod_rows}
     latency = {pod: track.latency for pod, track in snapshot.tracks if pod in fresh}
-    reads = {kind: latency_read(kind, latency, slo.attainment) for kind in slo.targets()}
-    share = headroom(slo, snapshot.recent_demand)
+    reads = {kind: latency_read(kind, latency, slo.attainment, t) for kind, t in slo.targets().items()}
+    used = budget_used(slo, snapshot.recent_latency)
+    share = spent_headroom(headroom(slo, snapshot.recent_demand), used)
+    guarding = reads if used is None or used >= 1 else {}  # the guard acts once the allowance is spent
     pods = evaluation.what_if.current_replicas
     # guarded_value works on the workload's sum; a per-pod mean (metricType Value) is that sum ÷ pods.
     per_pod = evaluation.aggregation is Aggregation.MEAN and pods > 0
     total = evaluation.value * pods if per_pod else evaluation.value
-    total = guarded_value(total * (1 + (share or 0.0)), pods, spec.threshold, reads, slo)
-    decision.slo = SloReading(slo, share, tuple(reads.values()), evaluation.value)
+    total = guarded_value(total * (1 + (share or 0.0)), pods, spec.threshold, guarding, slo)
+    decision.slo = SloReading(slo, share, tuple(reads.values()), evaluation.value, used)
     return _with_value(evaluation, spec, total / pods if per_pod else total)
 
 

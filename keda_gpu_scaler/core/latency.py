@@ -3,8 +3,10 @@
 The pods' pages carry time-to-first-token and per-output-token histograms (engines' LATENCY tables); the
 demand history keeps each bucket's running total per series, so a window's increases are exact across
 restarts. From them: the quantile the SLO names (Prometheus' histogram_quantile arithmetic), a guard that
-raises the value while that quantile is over its target, and the headroom the arrival rate's variability
-asks for. No requests in the window is no read: a latency is never made up.
+raises the value while that quantile is over its target, the headroom the arrival rate's variability
+asks for, and the requests over a target, whose share over recent windows says how much of the SLO's
+allowance of misses was used (and so how much headroom and guard the SLO needs). No requests in the
+window is no read: a latency is never made up.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ class LatencyRead:
     family: str  # the histograms that carry this kind, for messages
     # The quantile fell in the +Inf bucket: it is the highest finite bound, so the truth is at least it.
     above_highest_bound: bool = False
+    # Requests over the target (interpolated within its bucket); None: no target given or no request.
+    missed: float | None = None
 
 
 def histogram_quantile(buckets: Mapping[float, float], q: float) -> tuple[float, bool] | None:
@@ -65,6 +69,29 @@ def histogram_quantile(buckets: Mapping[float, float], q: float) -> tuple[float,
     return lower + (bounds[index] - lower) * (rank - below) / in_bucket, False
 
 
+def count_above(buckets: Mapping[float, float], bound: float) -> float | None:
+    """How many observations exceed `bound`, from cumulative bucket counts (upper bound → count): linear
+    within the bucket `bound` falls in, as histogram_quantile interpolates; beyond the highest finite
+    bound, the +Inf bucket's. None without observations."""
+    bounds = sorted(buckets)
+    if not bounds or bounds[-1] != math.inf:
+        return None
+    counts, highest = [], 0.0
+    for upper in bounds:
+        highest = max(highest, buckets[upper])  # sums over pods restarted apart may dip: counts never do
+        counts.append(highest)
+    total = counts[-1]
+    if total <= 0:
+        return None
+    index = next(i for i, upper in enumerate(bounds) if upper >= bound)
+    lower = bounds[index - 1] if index > 0 else 0.0
+    below = counts[index - 1] if index > 0 else 0.0
+    if bounds[index] == math.inf:
+        return total - below
+    share = (bound - lower) / (bounds[index] - lower) if bounds[index] > lower else 1.0
+    return total - (below + (counts[index] - below) * max(0.0, share))
+
+
 def _bound(text: str) -> float | None:
     try:
         return float(text)  # "+Inf" reads as inf
@@ -72,7 +99,9 @@ def _bound(text: str) -> float | None:
         return None
 
 
-def latency_read(kind: str, pods: Mapping[str, Mapping[str, float]], q: float) -> LatencyRead:
+def latency_read(
+    kind: str, pods: Mapping[str, Mapping[str, float]], q: float, target: float | None = None
+) -> LatencyRead:
     """The `kind` latency of the pods' requests in the window: `pods` maps each pod to its history's
     increases (Track.latency); the buckets are summed over pods before the quantile is taken."""
     buckets: dict[float, float] = {}
@@ -93,6 +122,7 @@ def latency_read(kind: str, pods: Mapping[str, Mapping[str, float]], q: float) -
             ):
                 buckets[bound] = buckets.get(bound, 0.0) + increase
     found = histogram_quantile(buckets, q) if requests > 0 else None
+    missed = count_above(buckets, target) if requests > 0 and target is not None else None
     return LatencyRead(
         kind,
         q,
@@ -103,6 +133,7 @@ def latency_read(kind: str, pods: Mapping[str, Mapping[str, float]], q: float) -
         tuple(sorted(without)),
         ", ".join(LATENCY_FAMILIES[kind]),
         found is not None and found[1],
+        missed,
     )
 
 
@@ -131,11 +162,10 @@ def guarded_value(
     bought pods the demand did not need. On the simulator's developers' traces (seed 1, min 1, SLO 2 s /
     50 ms / 0.95) one step against proportional: step 24.0k GPU-s both (0.992), spike 16.8k (0.809)
     against 18.6k (0.818), day 125.2k against 125.9k (0.998), bursty 75.7k (0.689) against 80.1k (0.679),
-    mix-shift 78.0k against 79.5k (0.994). Not kept: acting only while the last ten minutes' requests fell
-    short of the attainment (an error budget) saved 2.7 % on mix-shift and 0.2 % on day, attained 0.011 less
-    on bursty, and on the held-out mix-churn saved on three seeds and cost more on two; nor did acting only
-    when a window's misses exceed the SLO's share by more than sampling noise (mix-shift +3.4 %)
-    (docs/BENCHMARKS.md).
+    mix-shift 78.0k against 79.5k (0.994). decide() lets it act only once the last half hour's requests
+    used the SLO's allowance of misses (spent_headroom() has the figures); alone, over ten minutes, that
+    had saved 2.7 % on mix-shift and attained 0.011 less on bursty. Not kept: acting only when a window's
+    misses exceed the SLO's share by more than sampling noise (mix-shift +3.4 %) (docs/BENCHMARKS.md).
     """
     if (ratio := overshoot(reads, slo)) is None or ratio <= 1 or ready_pods < 1:
         return value
@@ -173,3 +203,36 @@ def headroom(slo: SloTarget | None, rates: Sequence[float]) -> float | None:
     steps = [after - before for before, after in itertools.pairwise(rates)]
     noise = math.sqrt(math.fsum(step * step for step in steps) / (2 * len(steps)))
     return min(MAX_HEADROOM, max(0.0, z * noise / mean))
+
+
+# The allowance of misses is judged from MIN_BUDGET_REQUESTS requests on: of fewer, one more or less
+# moves a 5 % share too much to act on.
+MIN_BUDGET_REQUESTS = 200.0
+# The headroom is spent in proportion to the allowance used, but never below HEADROOM_FLOOR of it: a
+# burst comes after calm half hours too, and the headroom is what it meets before new pods are up.
+HEADROOM_FLOOR = 0.5
+
+
+def budget_used(slo: SloTarget, windows: Sequence[tuple[float, float]]) -> float | None:
+    """The share of the SLO's allowance of misses (1 − attainment) that recent windows used: missed ÷
+    requests ÷ allowance, over (requests, requests over a target) per window. None: fewer than
+    MIN_BUDGET_REQUESTS requests, not measured (never a made-up 0)."""
+    requests = math.fsum(count for count, _ in windows)
+    if requests < MIN_BUDGET_REQUESTS:
+        return None
+    return math.fsum(missed for _, missed in windows) / requests / (1 - slo.attainment)
+
+
+def spent_headroom(share: float | None, used: float | None) -> float | None:
+    """The headroom as far as the SLO needs it: all of it once the allowance is used up (or while that
+    is not measured), in proportion to the allowance used below that, never under HEADROOM_FLOOR of it.
+
+    Chosen on the simulator's developers' traces (seed 1, min 1, SLO 2 s / 50 ms / 0.95; this with the
+    guard acting only once the allowance is spent, against both always on): step 24.0k → 23.6k GPU-s
+    (0.992 both), day 125.2k → 123.2k (0.998 both), mix-shift 73.5k → 69.2k (0.994 → 0.993), bursty the
+    same (75.7k, 0.689); spike, a first burst after a calm quarter hour, 16.8k → 17.6k at 0.809 → 0.791.
+    Without the floor: mix-shift 67.7k, but bursty 0.681 and day 0.994. docs/BENCHMARKS.md has the rest.
+    """
+    if share is None or used is None:
+        return share
+    return share * max(HEADROOM_FLOOR, min(1.0, used))

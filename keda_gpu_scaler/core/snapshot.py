@@ -132,3 +132,5 @@ class Snapshot:
     pool: PoolSnapshot | None = None  # `pending`, and `demand` with inferencePool
     # `demand` with a latency target: the fresh pods' summed demand at recent decisions, oldest first.
     recent_demand: tuple[float, ...] = ()
+    # `demand` with a latency target: (requests, requests over a target) of recent windows, oldest first.
+    recent_latency: tuple[tuple[float, float], ...] = ()

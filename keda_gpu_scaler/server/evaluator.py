@@ -29,6 +29,9 @@ from keda_gpu_scaler.telemetry import Telemetry
 
 # The arrival rate's variability (the SLO's headroom) is read over the decisions of this many seconds.
 HEADROOM_SPAN = 600.0
+# The SLO's allowance of misses is counted over the windows of this many seconds: long enough that a
+# burst's misses stay counted while it is likely to come back, short enough to follow a day's changes.
+BUDGET_SPAN = 1800.0
 NO_PUSH = (
     "push: no StreamMetricSpec stream: use external-push, or the target reaches the HPA only when KEDA"
     " rebuilds the ScaledObject"
@@ -50,10 +53,12 @@ class Evaluator:
         the trigger can never be served. Discovery failing is raised before anything is recorded."""
         subscription = followed.triggers[spec]  # follow() made it before any evaluation
         recent = tuple(total for at, total in subscription.demand_sums)
-        snapshot = self.snapshots.take(followed.namespace, followed.name, spec, recent)
+        latency = tuple((requests, missed) for at, requests, missed in subscription.latency_windows)
+        snapshot = self.snapshots.take(followed.namespace, followed.name, spec, recent, latency)
         decision = decide(_at_current_target(followed, spec), snapshot)
         if decision.evaluation is not None and spec.slo is not None:
             _remember_demand(subscription, spec, snapshot.now, decision.evaluation)
+            _remember_latency(subscription, spec, snapshot.now, decision)
         if spec.learned:
             self._learn(followed, subscription, spec, snapshot, decision)
         self._record(followed, spec, decision, snapshot.targets)
@@ -147,6 +152,22 @@ def _mean(latency: Mapping[str, float], kind: str) -> float | None:
     """The mean of a latency histogram over the window; None when no observation was made in it."""
     count = latency.get(f"{kind}:count", 0.0)
     return latency.get(f"{kind}:sum", math.nan) / count if count > 0 else None
+
+
+def _remember_latency(subscription: Subscription, spec: TriggerSpec, now: float, decision: Decision) -> None:
+    """The window's requests and those over a target, once a window (windows that do not overlap count
+    each request once), those of the last BUDGET_SPAN seconds. Over both targets, the larger counts: the
+    two histograms cannot say which requests missed both."""
+    windows = subscription.latency_windows
+    slo = decision.slo
+    if slo is None or (windows and now - windows[-1][0] < spec.window):
+        return
+    counted = [(read.requests, read.missed) for read in slo.reads if read.missed is not None]
+    if not counted:
+        return
+    windows.append((now, max(r for r, _ in counted), max(m for _, m in counted)))
+    while windows[0][0] < now - BUDGET_SPAN:
+        windows.popleft()
 
 
 def _remember_demand(

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from aiohttp import web
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from keda_gpu_scaler.core.latency import MIN_BUDGET_REQUESTS
 from keda_gpu_scaler.core.pending import SATURATION, TURNED_AWAY
 from keda_gpu_scaler.core.scaling import Evaluation, PodValue
 from keda_gpu_scaler.core.trigger import KEYS, TriggerSpec
@@ -53,6 +54,11 @@ def explanation_json(namespace: str, name: str, explanation: Explanation) -> dic
         entry["slo"] = _camel(explanation.slo)
         if explanation.slo.headroom is None:
             entry["slo"]["headroom"] = "not measured: fewer than two recent demand sums, or none above 0"
+        if explanation.slo.budget_used is None:
+            entry["slo"]["budgetUsed"] = (
+                f"not measured: fewer than {MIN_BUDGET_REQUESTS:.0f} requests read in the last half hour"
+                " (the headroom and the latency guard act in full)"
+            )
     if explanation.learned is not None:
         entry["learnedTarget"] = _camel(explanation.learned)
     return entry

@@ -61,6 +61,8 @@ class Subscription:
     sources_from: Any = None
     # `demand` with a latency target: (time, the fresh pods' summed demand) of recent decisions.
     demand_sums: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=32))
+    # `demand` with a latency target: (time, requests, requests over a target) of recent windows.
+    latency_windows: deque[tuple[float, float, float]] = field(default_factory=lambda: deque(maxlen=256))
     # `threshold: auto`: its learner, when it started, when it last took samples, and its last answer.
     learner: Learner | None = None
     learning_since: float = 0.0

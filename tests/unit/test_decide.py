@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import math
+
+import pytest
 
 from keda_gpu_scaler.core.decide import decide
 from keda_gpu_scaler.core.errors import NoData
@@ -40,3 +43,57 @@ def test_a_target_with_only_starting_pods_is_unavailable_never_zero() -> None:
     targets = Targets(frozenset(), starting=frozenset({"vllm-0"}))
     decision = decide(SPEC, Snapshot("llm", 0.0, SourceKind.SCRAPE, targets))
     assert isinstance(decision.error, NoData) and decision.evaluation is None
+
+
+def demand_snapshot(ttft_over_2s: float, recent_latency: tuple[tuple[float, float], ...]) -> Snapshot:
+    """Two vLLM pods at 5 requests/s each over the minute; of their 600 first tokens, `ttft_over_2s` took
+    more than 2 s, all within 5 s; the demand swung 8 → 12 → 8 → 12 lately."""
+    from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
+    from keda_gpu_scaler.core.demand import DemandPoint
+    from keda_gpu_scaler.core.snapshot import Track
+    from keda_gpu_scaler.pages.engines import PodSamples
+    from keda_gpu_scaler.pages.exposition import parse_exposition
+
+    names = ("vllm-0", "vllm-1")
+    page = 'vllm:num_requests_running{engine="0",model_name="m"} 0\nvllm:num_requests_waiting{engine="0",model_name="m"} 0\n'
+    pods = tuple(
+        PodSamples("llm", pod, tuple(parse_exposition(page, POD_PAGE_NAMES)), f"http://{pod}")
+        for pod in names
+    )
+    per_pod = {"ttft:le=1.0": 240.0, "ttft:le=2.0": 300 - ttft_over_2s / 2, "ttft:le=5.0": 300.0}
+    per_pod |= {"ttft:le=+Inf": 300.0, "ttft:count": 300.0, "ttft:sum": 300.0}
+    track = Track(
+        [DemandPoint(0.0, 0.0, 0.0), DemandPoint(60.0, 300.0, 0.0)], used=2, engine="vllm", latency=per_pod
+    )
+    view = NamespaceView((), tuple(f"http://{pod}" for pod in names), 1)
+    return Snapshot(
+        "llm", 60.0, SourceKind.SCRAPE, None, view, (), pods, frozenset(names),
+        tuple((pod, track) for pod in names), None, (8.0, 12.0, 8.0, 12.0), recent_latency,
+    )  # fmt: skip
+
+
+SLO_SPEC = parse_trigger(
+    {"metric": "demand", "threshold": "5", "podNamePrefix": "vllm-", "window": "60", "sloTtftSeconds": "2"}
+)
+
+
+def test_the_slo_spends_headroom_and_guard_as_far_as_the_last_half_hour_needs() -> None:
+    # This window's p95 is 3.5 s (60 of 600 over 2 s). The last half hour's windows: 2,000 requests, of which 20 missed (a fifth of the 5 % allowance).
+    calm = decide(SLO_SPEC, demand_snapshot(60, ((1000.0, 10.0), (1000.0, 10.0))))
+    assert calm.slo is not None and calm.slo.budget_used == pytest.approx(0.2)
+    # The demand is 10/s; the headroom z·σ/mean (σ 2.83 from the swings) is spent at its floor, half:
+    # 10 × (1 + 0.5 × 1.645 × 2.83 / 10) = 12.3; the p95 over 2 s does not add a pod while the SLO holds.
+    full_share = 1.6449 * math.sqrt(3 * 16 / 6) / 10
+    assert calm.slo.headroom == pytest.approx(0.5 * full_share, rel=1e-3)
+    assert calm.evaluation is not None and calm.evaluation.value == pytest.approx(
+        10 * (1 + 0.5 * full_share), rel=1e-3
+    )
+    # The allowance used up: all the headroom, and the guard asks for one pod more (3 pods × 5).
+    spent = decide(SLO_SPEC, demand_snapshot(60, ((1000.0, 60.0), (1000.0, 60.0))))
+    assert spent.slo is not None and spent.slo.budget_used == pytest.approx(1.2)
+    assert spent.slo.headroom == pytest.approx(full_share, rel=1e-3)
+    assert spent.evaluation is not None and spent.evaluation.value == pytest.approx(15.0)
+    # Too few requests to judge: as if spent (never a made-up 0).
+    unknown = decide(SLO_SPEC, demand_snapshot(60, ((100.0, 0.0),)))
+    assert unknown.slo is not None and unknown.slo.budget_used is None
+    assert unknown.evaluation is not None and unknown.evaluation.value == pytest.approx(15.0)

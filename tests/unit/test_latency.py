@@ -12,10 +12,13 @@ from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
 from keda_gpu_scaler.collect.store import Page, Store
 from keda_gpu_scaler.core.latency import (
     LatencyRead,
+    budget_used,
+    count_above,
     guarded_value,
     headroom,
     histogram_quantile,
     latency_read,
+    spent_headroom,
 )
 from keda_gpu_scaler.core.slo import SloTarget
 from keda_gpu_scaler.core.snapshot import SourceKind
@@ -222,3 +225,29 @@ def test_guarded_value(
 def test_headroom(slo: SloTarget | None, rates: list[float], answer: float | None) -> None:
     found = headroom(slo, rates)
     assert found == answer if answer is None else found == pytest.approx(answer)
+
+
+@pytest.mark.parametrize(
+    ("bound", "above"),
+    [
+        (2.0, 10.0),  # on a bucket's bound: what the buckets above hold
+        (2.25, 7.5),  # halfway into (2, 2.5]: half of its 5 counted within
+        (0.25, 75.0),  # the first bucket counts from 0
+        (10.0, 5.0),  # beyond the highest finite bound: the +Inf bucket's
+    ],
+)
+def test_count_above(bound: float, above: float) -> None:
+    buckets = {0.5: 50.0, 1.0: 80.0, 2.0: 90.0, 2.5: 95.0, INF: 100.0}
+    assert count_above(buckets, bound) == pytest.approx(above)
+    assert count_above({0.5: 0.0, INF: 0.0}, bound) is None
+
+
+def test_budget_used_is_the_share_of_the_allowance_and_never_made_up() -> None:
+    slo = SloTarget(2.0, None, 0.95)
+    assert budget_used(slo, [(1000.0, 10.0), (1000.0, 40.0)]) == pytest.approx(0.5)  # 2.5 % of 5 %
+    assert budget_used(slo, [(1000.0, 150.0)]) == pytest.approx(3.0)
+    assert budget_used(slo, [(199.0, 0.0)]) is None  # too few requests: not measured, not 0
+    assert spent_headroom(0.4, 0.2) == pytest.approx(0.2)  # at its floor, half
+    assert spent_headroom(0.4, 0.8) == pytest.approx(0.32)
+    assert spent_headroom(0.4, 3.0) == pytest.approx(0.4)
+    assert spent_headroom(0.4, None) == 0.4 and spent_headroom(None, 0.5) is None
