@@ -9,7 +9,7 @@ process (see _Gpu).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from keda_gpu_scaler.pages.exposition import Sample
@@ -82,14 +82,20 @@ def _process_key(labels: dict[str, str]) -> tuple[str, ...]:
     return tuple(sorted(f"{k}={v}" for k, v in labels.items()))
 
 
+def _on_pods(
+    vendor: Vendor, samples: Sequence[Sample], resolver: PodResolver
+) -> Iterator[tuple[Sample, PodKey, str]]:
+    """Each sample that names a pod, with that pod and the host it was printed on."""
+    for sample in samples:
+        pod = resolver.pod_of(sample.labels)
+        if pod is not None:
+            yield sample, pod, first_label(sample.labels, vendor.host_labels)
+
+
 def _ack_readings(vendor: Vendor, samples: Sequence[Sample], resolver: PodResolver) -> list[GpuReading]:
     entries: dict[tuple[PodKey, str, str, str], _PodOnGpu] = {}
-    for sample in samples:
+    for sample, pod, host in _on_pods(vendor, samples, resolver):
         labels = sample.labels
-        pod = resolver.pod_of(labels)
-        if pod is None:
-            continue
-        host = first_label(labels, vendor.host_labels)
         identity, instance = dcgm_gpu(labels)
         key = (pod, host, identity, instance)
         entry = entries.get(key)
@@ -351,13 +357,9 @@ class _AmdGpu:
 
 def _amd_readings(vendor: Vendor, samples: Sequence[Sample], resolver: PodResolver) -> list[GpuReading]:
     gpus: dict[tuple[str, str], _AmdGpu] = {}
-    for sample in samples:
+    # Mandatory labels are always printed, empty when unknown: `pod=""` is a GPU with no pod.
+    for sample, pod, host in _on_pods(vendor, samples, resolver):
         labels = sample.labels
-        # Mandatory labels are always printed, empty when unknown: `pod=""` is a GPU with no pod.
-        pod = resolver.pod_of(labels)
-        if pod is None:
-            continue
-        host = first_label(labels, vendor.host_labels)
         # gpu_id is unique on its exporter (one per partition on partitioned GPUs); serial and UUID are
         # fallbacks for pages that lost it.
         identity = first_label(labels, ("gpu_id", "gpu_uuid", "serial_number"))
