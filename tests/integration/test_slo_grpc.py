@@ -84,6 +84,31 @@ async def test_a_first_token_within_the_slo_leaves_the_demand_unchanged(fleet) -
     assert (await explain(f.scaler))["slo"]["reads"][0]["quantile"] < 0.5
 
 
+async def test_the_slo_allowance_used_is_counted_from_the_pods_pages_and_shown(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(1)
+    f.metadata = SLO
+    await f.show(1000, page_with_latency(0, "1"))
+    await f.show(1060, page_with_latency(300, "1"))  # a minute: 300 first tokens, all over 0.5 s
+    await value(f.scaler, SLO)
+    assert (await explain(f.scaler))["slo"]["budgetUsed"].startswith("not measured")  # nothing counted yet
+    # Every request of that minute missed: 20 times the 5 % the SLO allows, counted from the next decision.
+    await f.show(1120, page_with_latency(300, "1"))
+    await value(f.scaler, SLO)
+    assert (await explain(f.scaler))["slo"]["budgetUsed"] == pytest.approx(1 / 0.05)
+    # Then minutes of thousands of requests, all within 0.25 s (the 300 stay in their bucket): the share
+    # of misses falls.
+    for minute, fast in enumerate((10_000, 20_000, 30_000), start=1):
+        page = (
+            page_with_latency(fast + 300, "0.25")
+            .replace(f'le="0.25"}} {fast + 300}', f'le="0.25"}} {fast}')
+            .replace(f'le="0.5"}} {fast + 300}', f'le="0.5"}} {fast}')
+        )
+        await f.show(1120 + 60 * minute, page)
+        await value(f.scaler, SLO)
+    used = (await explain(f.scaler))["slo"]["budgetUsed"]
+    assert 0 < used < 1, used
+
+
 AUTO = {**DEMAND, "threshold": "auto", "thresholdStart": "10", "window": "30"}
 
 
