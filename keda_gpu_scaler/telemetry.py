@@ -8,6 +8,8 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 PREFIX = "keda_gpu_scaler"
+# The per-trigger series (value, activity, learned target) share one label set.
+TRIGGER_LABELS = ("namespace", "scaledobject", "metric")
 # Triggers of one ScaledObject whose value and activity /metrics shows: a real ScaledObject has one or
 # two; 16 metric names on each of 300 ScaledObjects once made /metrics 822 KB. /metrics so holds at most
 # 2 × MAX_PUBLISHED_TRIGGERS × --max-scaledobjects labelled series (about 0.7 KB per ScaledObject); the
@@ -54,19 +56,19 @@ class Telemetry:
         self.trigger_value = Gauge(
             f"{PREFIX}_trigger_value",
             "last value computed for a ScaledObject's trigger",
-            ["namespace", "scaledobject", "metric"],
+            TRIGGER_LABELS,
             registry=r,
         )
         self.trigger_active = Gauge(
             f"{PREFIX}_trigger_active",
             "1 when the last evaluation found the workload active",
-            ["namespace", "scaledobject", "metric"],
+            TRIGGER_LABELS,
             registry=r,
         )
         self.learned_target = Gauge(
             f"{PREFIX}_learned_target",
             "the target a threshold: auto trigger has learned (its thresholdStart until it moves)",
-            ["namespace", "scaledobject", "metric"],
+            TRIGGER_LABELS,
             registry=r,
         )
         self.aggregation_mismatches = Counter(

@@ -219,12 +219,12 @@ def _with_slo(
     reads = {kind: latency_read(kind, latency, slo.attainment, t) for kind, t in slo.targets().items()}
     used = budget_used(slo, snapshot.recent_latency)
     share = spent_headroom(headroom(slo, snapshot.recent_demand), used)
-    guarding = reads if used is None or used >= 1 else {}  # the guard acts once the allowance is spent
     pods = evaluation.what_if.current_replicas
     # guarded_value works on the workload's sum; a per-pod mean (metricType Value) is that sum ÷ pods.
     per_pod = evaluation.aggregation is Aggregation.MEAN and pods > 0
-    total = evaluation.value * pods if per_pod else evaluation.value
-    total = guarded_value(total * (1 + (share or 0.0)), pods, spec.threshold, guarding, slo)
+    total = (evaluation.value * pods if per_pod else evaluation.value) * (1 + (share or 0.0))
+    if used is None or used >= 1:  # the guard acts once the allowance is spent (or while not measured)
+        total = guarded_value(total, pods, spec.threshold, reads, slo)
     decision.slo = SloReading(slo, share, tuple(reads.values()), evaluation.value, used)
     return _with_value(evaluation, spec, total / pods if per_pod else total)
 

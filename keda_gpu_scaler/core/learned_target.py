@@ -13,6 +13,7 @@ target counts replicas' worth of work even in a pool of two GPU types or two mod
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -158,6 +159,7 @@ class Learner:
             for pod in sorted(set(ready_pods))
             if pod in self._samples
         )
+        fits = tuple(_left_out_said(fit, self.target) for fit in fits)
         counted = [fit for fit in fits if fit.capacity is not None and _seen_near(fit, self.target)]
         if not counted:
             return self._answer(fits, None, None, "none", self._no_fit_reason(fits), 0)
@@ -228,6 +230,14 @@ def _seen_near(fit: PodFit, target: float) -> bool:
     more, or it failed at or below the target (or at every level it ran at)."""
     failed_below = fit.failed is not None and fit.failed <= target
     return fit.met is None or failed_below or fit.met >= SEEN_NEAR * target
+
+
+def _left_out_said(fit: PodFit, target: float) -> PodFit:
+    """The fit, its note saying so when it is left out of the mean (for /explain)."""
+    if fit.capacity is None or fit.met is None or _seen_near(fit, target):
+        return fit
+    why = f"left out: it met only {fit.met:.4g}, under {SEEN_NEAR:.0%} of the target {target:.4g}"
+    return dataclasses.replace(fit, note=f"{why} ({fit.note})")
 
 
 def fit_pod(

@@ -73,17 +73,17 @@ __all__ = [
 
 
 _BY_ENGINE: dict[Engine, tuple[EngineFormat, ...]] = {
-    engine: tuple(module for module in ENGINES if module.engine is engine) for engine in Engine
+    engine: tuple(fmt for fmt in ENGINES if fmt.engine is engine) for engine in Engine
 }
 
-ENGINE_SAMPLE_NAMES: frozenset[str] = frozenset(name for module in ENGINES for name in module.sample_names)
+ENGINE_SAMPLE_NAMES: frozenset[str] = frozenset(name for fmt in ENGINES for name in fmt.sample_names)
 """Every sample name an engine reads: the filter to parse inference pages (and Prometheus queries) with."""
 
-DEMAND_SAMPLE_NAMES: frozenset[str] = frozenset(name for module in ENGINES for name in module.counter_names)
+DEMAND_SAMPLE_NAMES: frozenset[str] = frozenset(name for fmt in ENGINES for name in fmt.counter_names)
 """The counters `metric: demand` reads besides the gauges: pod pages are parsed with these too."""
 
 LATENCY_FAMILIES: dict[str, tuple[str, ...]] = {
-    kind: tuple(name for module in ENGINES for name in module.latency.get(kind, ())) for kind in LATENCY_KINDS
+    kind: tuple(name for fmt in ENGINES for name in fmt.latency.get(kind, ())) for kind in LATENCY_KINDS
 }
 """Per latency kind, the histograms engines print it in (their base names): for messages."""
 
@@ -100,15 +100,15 @@ def _engine(engine: Engine | str) -> Engine | None:
     return Engine(engine)
 
 
-def _module_on(names: Set[str], modules: Iterable[EngineFormat]) -> EngineFormat | None:
-    """The first of `modules` whose families are among the page's sample names."""
-    return next((module for module in modules if not names.isdisjoint(module.sample_names)), None)
+def _format_on(names: Set[str], formats: Iterable[EngineFormat]) -> EngineFormat | None:
+    """The first of `formats` whose families are among the page's sample names."""
+    return next((fmt for fmt in formats if not names.isdisjoint(fmt.sample_names)), None)
 
 
 def recognise(samples: Iterable[Sample]) -> Engine | None:
     """The engine whose families are on a page (registry order decides), or None when there are none."""
-    module = _module_on({sample.name for sample in samples}, ENGINES)
-    return None if module is None else module.engine
+    fmt = _format_on({sample.name for sample in samples}, ENGINES)
+    return None if fmt is None else fmt.engine
 
 
 def supported_metrics(engine: Engine | str) -> tuple[InferenceMetric, ...]:
@@ -117,7 +117,7 @@ def supported_metrics(engine: Engine | str) -> tuple[InferenceMetric, ...]:
     if named is None:
         allowed = frozenset(InferenceMetric)
     else:
-        allowed = frozenset(metric for module in _BY_ENGINE[named] for metric in module.metrics)
+        allowed = frozenset(metric for fmt in _BY_ENGINE[named] for metric in fmt.metrics)
     return tuple(metric for metric in InferenceMetric if metric in allowed)
 
 
@@ -137,13 +137,13 @@ def accepts_model(engine: Engine | str) -> bool:
     no series of the model is then Missing(NO_MODEL)).
     """
     named = _engine(engine)
-    return named is None or any(module.has_model_label for module in _BY_ENGINE[named])
+    return named is None or any(fmt.has_model_label for fmt in _BY_ENGINE[named])
 
 
 def supports_tokens(engine: Engine | str) -> bool:
     """False when a trigger names an engine without token counters (demandUnit tokens cannot work)."""
     named = _engine(engine)
-    return named is None or any(module.tokens for module in _BY_ENGINE[named])
+    return named is None or any(fmt.tokens for fmt in _BY_ENGINE[named])
 
 
 def unsupported_message(engine: Engine | str, metric: InferenceMetric | str) -> str:
@@ -156,7 +156,7 @@ def _no_engine() -> InferenceReading:
     missing = Missing(
         MissingKind.NO_ENGINE,
         "no inference server's families on the page (none of "
-        f"{', '.join(module.signature for module in ENGINES)}, ...); vLLM prints its own only once its "
+        f"{', '.join(fmt.signature for fmt in ENGINES)}, ...); vLLM prints its own only once its "
         "engine has started",
     )
     return InferenceReading(None, missing, missing, missing)
@@ -184,23 +184,23 @@ def _reading(page: Families, engine: Engine | str, model: str | None) -> Inferen
     names = page.keys()
     named = _engine(engine)
     if named is None:
-        module = _module_on(names, ENGINES)
-        if module is None:
+        fmt = _format_on(names, ENGINES)
+        if fmt is None:
             return _no_engine()
     else:
         # The engine's format on the page; on a page without any, its first one names what is missing.
         formats = _BY_ENGINE[named]
-        found = _module_on(names, formats)
-        module = found or formats[0]
-        if found is None and (other := _module_on(names, ENGINES)) is not None:
+        found = _format_on(names, formats)
+        fmt = found or formats[0]
+        if found is None and (other := _format_on(names, ENGINES)) is not None:
             # Another engine's page: say which, so the reader need not guess from the families missing.
-            reading = read(module, _only(page, module.sample_names), model)
+            reading = read(fmt, _only(page, fmt.sample_names), model)
             return _noted(
                 reading,
                 f"the page is recognised as engine {other.engine.value} (it carries {other.signature}):"
                 f" set engine: {other.engine.value} or auto",
             )
-    return read(module, _only(page, module.sample_names), model)
+    return read(fmt, _only(page, fmt.sample_names), model)
 
 
 def _noted(reading: InferenceReading, note: str) -> InferenceReading:
@@ -251,15 +251,15 @@ def wrong_types(page: str | bytes) -> dict[str, str]:
     return {name: kind for name, kind in declared.items() if kind not in _LEVEL_TYPES}
 
 
-def _module_for(names: Set[str], engine: Engine | str) -> EngineFormat | None:
-    """The module a page is read with: under `auto` the first whose families are on it (None: none is);
+def _format_for(names: Set[str], engine: Engine | str) -> EngineFormat | None:
+    """The format a page is read with: under `auto` the first whose families are on it (None: none is);
     for a named engine, its format on the page, or on a page without any its first (to name what is
     missing)."""
     named = _engine(engine)
     if named is None:
-        return _module_on(names, ENGINES)
+        return _format_on(names, ENGINES)
     formats = _BY_ENGINE[named]
-    return _module_on(names, formats) or formats[0]
+    return _format_on(names, formats) or formats[0]
 
 
 def pod_counters(
@@ -272,19 +272,19 @@ def pod_counters(
     counted = DEMAND_SAMPLE_NAMES if latency else _DEMAND_WITHOUT_LATENCY
     page = by_name(s for s in samples if s.name in ENGINE_SAMPLE_NAMES or s.name in counted)
     gauges = _reading(_only(page, ENGINE_SAMPLE_NAMES), engine, model)
-    module = _module_for(page.keys() & ENGINE_SAMPLE_NAMES, engine)
-    if module is None:
+    fmt = _format_for(page.keys() & ENGINE_SAMPLE_NAMES, engine)
+    if fmt is None:
         no_engine = gauges.waiting
         assert isinstance(no_engine, Missing)  # no engine on the page: every reading is Missing(NO_ENGINE)
         return gauges, DemandCounters(no_engine, no_engine, no_engine)
-    return gauges, _counters(page, module, model)
+    return gauges, _counters(page, fmt, model)
 
 
 def counters_format(samples: Iterable[Sample], engine: Engine | str) -> int | None:
     """Which format (its index in ENGINES) reads a page's demand counters for an `engine` choice, as
     pod_reading() picks it; None: no engine's families on the page under `auto`."""
-    module = _module_for({s.name for s in samples if s.name in ENGINE_SAMPLE_NAMES}, engine)
-    return None if module is None else ENGINES.index(module)
+    fmt = _format_for({s.name for s in samples if s.name in ENGINE_SAMPLE_NAMES}, engine)
+    return None if fmt is None else ENGINES.index(fmt)
 
 
 def format_counters(samples: Iterable[Sample], index: int, model: str | None) -> DemandCounters:
@@ -292,9 +292,9 @@ def format_counters(samples: Iterable[Sample], index: int, model: str | None) ->
     return _counters(by_name(samples), ENGINES[index], model)
 
 
-def _counters(page: Families, module: EngineFormat, model: str | None) -> DemandCounters:
+def _counters(page: Families, fmt: EngineFormat, model: str | None) -> DemandCounters:
     # The gauges too: a counter may count only where a gauge says whose it is (formats.TRTLLM).
-    return read_counters(module, _only(page, module.counter_names | module.sample_names), model)
+    return read_counters(fmt, _only(page, fmt.counter_names | fmt.sample_names), model)
 
 
 def in_flight(reading: InferenceReading) -> Value:
