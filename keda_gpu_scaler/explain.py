@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 from keda_gpu_scaler.app import App
@@ -72,7 +72,7 @@ async def explain_once(
     collector = ScrapeCollector(
         fetcher=fetcher,
         store=app.store,
-        interest=wanted,
+        interest=_ReadWhenAsked(),
         limits=limits,
         telemetry=app.telemetry,
         clock=app.clock,
@@ -113,6 +113,18 @@ async def explain_once(
         if rate:
             entry["readTwiceSecondsApart"] = rate_interval
     return [entry for entry in entries if entry is not None]
+
+
+class _ReadWhenAsked:
+    """The collector's interest for a one-shot explain: its scrape loops never read (want nothing), so
+    every page is read exactly when _scrape_all asks, once or twice rate_interval apart; a loop's own
+    read in between would add a third point to a rate."""
+
+    def wanted(self, key: Hashable) -> bool:
+        return False
+
+    async def wait_until_wanted(self, timeout: float, key: Hashable) -> None:
+        await asyncio.sleep(timeout)
 
 
 async def _scrape_all(collector: ScrapeCollector, wanted: WantedSources) -> None:

@@ -413,6 +413,7 @@ async def test_explain_reads_the_pages_twice_to_show_a_rate() -> None:
         assert code == 0, out + err
         shown = json.loads(out)
         (pod,) = shown["pods"]
+        assert served == 2  # read exactly twice: no scrape loop of its own reads in between
         assert pod["inputs"]["samplesUsed"] == 2
         assert pod["value"] == pytest.approx(10 / pod["inputs"]["spanSeconds"])
         assert shown["readTwiceSecondsApart"] == 0.3
