@@ -19,7 +19,7 @@ from aiohttp import web
 from keda_gpu_scaler.collect.gateway import GatewayPages
 from keda_gpu_scaler.collect.gateway_fetch import gateway_fetcher
 from keda_gpu_scaler.collect.gateway_source import GatewayCollectorSink
-from keda_gpu_scaler.collect.gateway_token import MintedTokens
+from keda_gpu_scaler.collect.gateway_token import FileToken, MintedTokens, one_file_refused
 from keda_gpu_scaler.collect.http import client_session, exporter_fetcher, keepalive_for
 from keda_gpu_scaler.collect.inference import InferencePages
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector
@@ -209,14 +209,13 @@ class App:
             # Endpoint-picker pages have their own fetcher: the limited token (minted for
             # --gateway-token-serviceaccount, or --gateway-token-file's), or the scaler's service account
             # token over verified HTTPS only (collect/gateway_fetch.py), never to exporters.
-            metrics_token = await self._metrics_token()
+            metrics_token = await self._metrics_token() or self._token_files()
             try:
                 epp_fetcher = gateway_fetcher(
                     session,
                     timeout=s.scrape_timeout,
                     max_bytes=s.max_page_bytes,
                     ca_file=s.gateway_ca_file,
-                    metrics_token_file=s.gateway_token_file,
                     metrics_token=metrics_token,
                     plain_http=s.gateway_token_plain_http,
                     namespace_of=self._gateway_namespace_of,
@@ -330,6 +329,16 @@ class App:
     def _gateway_namespace_of(self, url: str) -> str | None:
         """The namespace of the pool whose picker page url is (the only namespace whose token it gets)."""
         return self._gateway_collector.namespace_of(url) if self._gateway_collector is not None else None
+
+    def _token_files(self) -> FileToken | None:
+        """--gateway-token-file's tokens. With Kubernetes, one file for every namespace is refused at once
+        (a tenant could obtain it: collect/gateway_token.py); a file that appears later, at its read."""
+        path, kubernetes = self.settings.gateway_token_file, self.settings.kubernetes == "on"
+        if path is None:
+            return None
+        if kubernetes and path.is_file():
+            raise SettingsError(one_file_refused(path))
+        return FileToken(path, one_for_all=not kubernetes)
 
     async def _metrics_token(self) -> MintedTokens | None:
         """Tokens minted for --gateway-token-serviceaccount, renewed in the background from now on, through

@@ -207,6 +207,21 @@ OTHER_FAULTS: tuple[tuple[str, str, str], ...] = (
         " test_the_scaler_wakes_through_an_authenticating_epp_and_follows_a_rotation",
     ),
     (
+        "--gateway-token-file is one file where tenants place the pickers (Kubernetes), or a directory without"
+        " a namespace's file",
+        "one file is never sent there (a tenant's pod could obtain it and read other namespaces' pickers);"
+        " each namespace's pickers get only the file named after it, and a namespace without one gets no"
+        " token: its page fails naming the file to add",
+        "test_gateway_token.py::test_a_directory_holds_one_token_per_namespace_and_each_namespace_gets_its_own,"
+        " test_one_token_file_is_never_sent_where_tenants_place_the_pickers",
+    ),
+    (
+        "the scaler starts with Kubernetes and --gateway-token-file naming one file",
+        "it does not start, saying to give a directory of one token per namespace; given one, each"
+        " namespace's pickers are read with their own token only",
+        "test_gateway_token_minted.py::test_token_files_reach_each_namespaces_pickers_only_and_one_file_for_all_stops_start_up",
+    ),
+    (
         "--gateway-token-serviceaccount: the API server refuses to mint (403: no `create` on"
         " serviceaccounts/token; 404: no such ServiceAccount) or cannot be reached; tokens expire",
         "tokens are renewed in the background before they expire; a refusal fails the pages naming the flag"

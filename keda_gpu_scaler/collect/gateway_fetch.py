@@ -33,7 +33,6 @@ import aiohttp
 
 from keda_gpu_scaler.collect.gateway_token import (
     SERVICEACCOUNT_FLAG,
-    FileToken,
     MintedTokens,
     TokenSource,
     TokenUnavailable,
@@ -236,19 +235,16 @@ def gateway_fetcher(
     max_bytes: int,
     ca_file: Path | None,
     token_file: Path | None = SERVICE_ACCOUNT_TOKEN,
-    metrics_token_file: Path | None = None,
     metrics_token: TokenSource | None = None,
     plain_http: bool = False,
     namespace_of: Callable[[str], str | None] = lambda url: None,
 ) -> GatewayFetcher:
     """The fetcher of EPP pages: raises ssl.SSLError or OSError for a CA file that cannot be loaded.
 
-    The limited token — `metrics_token` (minted for --gateway-token-serviceaccount) or the file
-    `metrics_token_file` (--gateway-token-file) — replaces the scaler's own token (`token_file`) for
+    The limited token — `metrics_token` (minted for --gateway-token-serviceaccount, or the files of
+    --gateway-token-file) — replaces the scaler's own token (`token_file`) for
     pickers; `plain_http` (--gateway-token-plain-http) lets it go over plain HTTP too; `namespace_of`: the
     namespace a page URL is filed under (a token goes to pages of a namespace only)."""
-    if metrics_token is None and metrics_token_file is not None:
-        metrics_token = FileToken(metrics_token_file)
     if metrics_token is not None:
         token = GatewayToken(metrics_token, dedicated=True, plain_http=plain_http)
     else:

@@ -1,4 +1,4 @@
-"""Where the endpoint pickers' limited token comes from: a file, or tokens the scaler mints and renews.
+"""Where the endpoint pickers' limited token comes from: files, or tokens the scaler mints and renews.
 
 Both answer the same questions for the gateway fetch: the token for the pickers of a namespace (read()
 raises TokenUnavailable, whose message names the flag and what to fix), whose token it is (identity(), for
@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from keda_gpu_scaler.collect.supervise import supervised
 from keda_gpu_scaler.config.secretfile import SecretFile, SecretFileError
 from keda_gpu_scaler.core.errors import KubeError
+from keda_gpu_scaler.core.names import is_namespace
 
 log = logging.getLogger(__name__)
 
@@ -82,25 +83,67 @@ class TokenSource(Protocol):
 
 
 class FileToken:
-    """--gateway-token-file: read again whenever the file changes, never kept once it is gone or empty."""
+    """--gateway-token-file: a directory holding one token per namespace (the file named after it: a
+    Secret with one key per namespace, mounted), or one file. Each is read again whenever it changes and
+    never kept once it is gone or empty.
+
+    One file means one token for every namespace's pickers. With Kubernetes discovery a tenant decides
+    where its pool's picker is (its InferencePool, Service, pod and port), so a tenant pointing its pool at
+    a pod of its own would obtain that token and read every other namespace's pickers with it (SPEC §7):
+    one file is sent only where `one_for_all` (without Kubernetes, the pickers are the operator's own
+    --gateway-url addresses); otherwise the page fails saying to give a directory."""
 
     flag = FILE_FLAG
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, one_for_all: bool = True) -> None:
         self.path = path
+        self._one_for_all = one_for_all
         self._file = SecretFile(path, FILE_FLAG, TokenUnavailable)
+        self._per_namespace: dict[str, SecretFile] = {}
 
     def read(self, namespace: str) -> str:
+        if self.path.is_dir():
+            return self._of(namespace).read()
+        if not self._one_for_all:
+            raise TokenUnavailable(one_file_refused(self.path))
         return self._file.read()
 
+    def _of(self, namespace: str) -> SecretFile:
+        if not namespace:
+            raise TokenUnavailable(f"{FILE_FLAG} {self.path}: a page of no pool is no namespace's: no token")
+        if not is_namespace(namespace):  # never a path outside the directory
+            raise TokenUnavailable(f"{FILE_FLAG}: {namespace[:100]!r} is not a namespace name")
+        path = self.path / namespace
+        if not path.exists():
+            raise TokenUnavailable(
+                f"{FILE_FLAG} {self.path}: no token for namespace {namespace!r}: add the file {namespace}"
+                f" (the key {namespace} of the Secret mounted there) holding a token its endpoint pickers"
+                " accept"
+            )
+        kept = self._per_namespace.get(namespace)
+        if kept is None:
+            kept = self._per_namespace[namespace] = SecretFile(path, FILE_FLAG, TokenUnavailable)
+        return kept
+
     def identity(self, namespace: str) -> str:
-        return f"the token of {FILE_FLAG} {self.path}"
+        path = self.path / namespace if self.path.is_dir() else self.path
+        return f"the token of {FILE_FLAG} {path}"
 
     def refused(self, namespace: str) -> None:
         pass  # the file is read again as soon as it changes: nothing to ask for
 
     def accepted(self, namespace: str) -> None:
         pass
+
+
+def one_file_refused(path: Path) -> str:
+    """Why one token file is not sent with Kubernetes discovery, and what to give instead."""
+    return (
+        f"{FILE_FLAG} {path} is one file: with Kubernetes its token would go to every namespace's endpoint"
+        " pickers, and a tenant pointing its InferencePool at a pod of its own would obtain it and read"
+        " every other namespace's pickers; give a directory with one token file per namespace, named after"
+        f" it (a Secret with one key per namespace, mounted), or {SERVICEACCOUNT_FLAG}"
+    )
 
 
 def audience(namespace: str) -> str:

@@ -192,11 +192,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "--gateway-token-file",
         None,
-        "bearer token for endpoint pickers' metrics (llm-d's EPP asks for one by default), read again"
-        " whenever it changes: the token of a ServiceAccount of its own whose only right is `get` on the"
-        " non-resource URL /metrics (the chart's gateway.metricsToken). Sent over HTTPS, over plain HTTP"
-        " only with --gateway-token-plain-http on (default: the scaler's own service account token, over"
-        " verified HTTPS only)",
+        "bearer tokens for endpoint pickers' metrics (llm-d's EPP asks for one by default), read again"
+        " whenever they change: a directory with one file per namespace, named after it (its pickers get"
+        " that one only), each a token of a ServiceAccount of its own whose only right is `get` on the"
+        " non-resource URL /metrics (the chart's gateway.metricsToken); one file for every namespace only"
+        " without Kubernetes. Sent over HTTPS, over plain HTTP only with --gateway-token-plain-http on"
+        " (default: the scaler's own service account token, over verified HTTPS only)",
         parse=_token_path,
     ),
     Flag(

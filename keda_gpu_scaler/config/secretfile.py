@@ -49,4 +49,6 @@ class SecretFile:
                 log.info("read %s from %s", self._flag, self._path)
         except OSError as error:
             raise self._error(f"{self._flag}: cannot read {self._path}: {error.strerror}") from None
+        except UnicodeDecodeError:
+            raise self._error(f"{self._flag}: {self._path} is not UTF-8 text") from None
         return self._value

@@ -27,7 +27,7 @@ from test_chart import (  # noqa: E402
 from keda_gpu_scaler.config.settings import build_settings, env_values  # noqa: E402
 
 TOKEN_SA = f"{RELEASE}-epp-metrics"
-TOKEN_PATH = "/var/run/secrets/keda-gpu-scaler/gateway/token"
+TOKEN_DIR = "/var/run/secrets/keda-gpu-scaler/gateway"  # one file per namespace
 
 
 def _token(values: dict[str, Any]) -> list[dict[str, Any]]:
@@ -103,15 +103,16 @@ def test_mode_secret_mounts_the_operators_secret_read_only_and_makes_no_role() -
         d for d in docs if d["kind"] in ("Secret", "Role") and d["metadata"]["name"].startswith(TOKEN_SA)
     ]
     given = env(docs)
-    assert given[f"{ENV_PREFIX}GATEWAY_TOKEN_FILE"] == TOKEN_PATH
+    assert given[f"{ENV_PREFIX}GATEWAY_TOKEN_FILE"] == TOKEN_DIR
     assert f"{ENV_PREFIX}GATEWAY_TOKEN_SERVICEACCOUNT" not in given
     (mount,) = [m for m in scaler(docs)["volumeMounts"] if m["name"] == "gateway-token"]
-    assert mount["readOnly"] is True and TOKEN_PATH.startswith(mount["mountPath"] + "/")
+    assert mount["readOnly"] is True and mount["mountPath"] == TOKEN_DIR
     volumes = find(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
     (volume,) = [v for v in volumes if v["name"] == "gateway-token"]
     (source,) = volume["projected"]["sources"]
-    assert source["secret"] == {"name": "minted-epp-token", "items": [{"key": "token", "path": "token"}]}
-    assert str(build_settings(env_values(given)).gateway_token_file) == TOKEN_PATH
+    # Every key is mounted: each a namespace's token (never one token for all: docs/SECURITY.md).
+    assert source["secret"] == {"name": "minted-epp-token"}
+    assert str(build_settings(env_values(given)).gateway_token_file) == TOKEN_DIR
 
 
 @pytest.mark.parametrize(

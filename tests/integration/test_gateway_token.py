@@ -17,6 +17,7 @@ from support import eventually
 from test_gateway import error_of, ref, urls, value
 
 from keda_gpu_scaler.collect.gateway_fetch import GatewayFetcher, gateway_fetcher
+from keda_gpu_scaler.collect.gateway_token import FileToken
 from keda_gpu_scaler.collect.http import FetchError, client_session
 from keda_gpu_scaler.config.settings import SettingsError, build_settings
 from keda_gpu_scaler.demo.epp import Queued, epp_page
@@ -83,15 +84,24 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
             _SESSION.remove(made)
 
 
-def fetcher(token_file: Path, *, plain_http: bool = True, sa_token: Path | None = None) -> GatewayFetcher:
+def fetcher(
+    token_file: Path,
+    *,
+    plain_http: bool = True,
+    sa_token: Path | None = None,
+    one_for_all: bool = True,
+    namespace: str = "llm",
+) -> GatewayFetcher:
+    """Reads every page as one of `namespace`'s pickers (the product files each page URL under its pool's)."""
     return gateway_fetcher(
         _SESSION[-1],
         timeout=5,
         max_bytes=1 << 20,
         ca_file=None,
         token_file=sa_token,
-        metrics_token_file=token_file,
+        metrics_token=FileToken(token_file, one_for_all=one_for_all),
         plain_http=plain_http,
+        namespace_of=lambda url: namespace,
     )
 
 
@@ -169,7 +179,7 @@ async def test_a_token_file_that_cannot_be_read_fails_the_page_naming_the_flag_a
     if state == "empty":
         token.write_text("\n")
     elif state == "unreadable":
-        token.mkdir()  # a directory where the file should be: reading it fails, as an unreadable file does
+        token.write_bytes(b"\xff\xfe token")  # not text: nothing to send (the tests run as root: no chmod)
     fetch = fetcher(token)
     message = await failure(fetch, epp.url)
     assert message.startswith(
@@ -193,6 +203,39 @@ async def test_a_token_rotated_mid_run_is_read_again_and_a_removed_one_is_never_
     token.unlink()
     assert "--gateway-token-file" in await failure(fetch, epp.url)
     assert epp.seen == ["Bearer first", "Bearer second"]
+
+
+async def test_a_directory_holds_one_token_per_namespace_and_each_namespace_gets_its_own(
+    auth_epp: Callable[..., Awaitable[AuthEpp]], tmp_path: Path
+) -> None:
+    epp = await auth_epp("token-of-llm")
+    tokens = tmp_path / "tokens"  # a Secret with one key per namespace, mounted
+    tokens.mkdir()
+    (tokens / "llm").write_text("token-of-llm\n")
+    (tokens / "other").write_text("token-of-other")
+    assert await fetcher(tokens, one_for_all=False).get(epp.url) == PAGE.encode()
+    # A page filed under another namespace (a tenant's pool pointing at this address) gets that one's.
+    await failure(fetcher(tokens, one_for_all=False, namespace="other"), epp.url)
+    assert epp.seen == ["Bearer token-of-llm", "Bearer token-of-other"]
+    # A namespace without a file gets nothing, and the message says what to add.
+    message = await failure(fetcher(tokens, one_for_all=False, namespace="team-b"), epp.url)
+    assert f"--gateway-token-file {tokens}: no token for namespace 'team-b'" in message, message
+    assert "the key team-b of the Secret" in message
+    assert len(epp.seen) == 2
+
+
+async def test_one_token_file_is_never_sent_where_tenants_place_the_pickers(
+    auth_epp: Callable[..., Awaitable[AuthEpp]], tmp_path: Path
+) -> None:
+    # With Kubernetes, a tenant decides where its pool's picker is: one token for every namespace would
+    # reach a pod of its own, and read every other namespace's pickers.
+    epp = await auth_epp("one-for-all")
+    token = tmp_path / "token"
+    token.write_text("one-for-all")
+    message = await failure(fetcher(token, one_for_all=False), epp.url)
+    assert f"--gateway-token-file {token} is one file" in message, message
+    assert "one token file per namespace" in message and "--gateway-token-serviceaccount" in message
+    assert epp.seen == []
 
 
 def test_plain_http_needs_the_token_file_never_the_scalers_own_token() -> None:

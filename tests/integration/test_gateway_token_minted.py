@@ -29,7 +29,7 @@ from fake_kube import (
     scaled_object,
     service,
 )
-from fake_kube_tokens import API_SERVER
+from fake_kube_tokens import API_SERVER, Minted
 from support import eventually
 
 from keda_gpu_scaler.config.settings import SettingsError
@@ -39,7 +39,8 @@ from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 NS = "llm"
 ACCOUNT = ("keda", "epp-metrics")
 EPP = {"app": "chat-pool-epp"}
-AUDIENCE = f"keda-gpu-scaler-epp:{NS}"  # what the pickers of NS are configured to accept
+AUDIENCE_OF = "keda-gpu-scaler-epp:"  # the pickers of a namespace accept this and the namespace's name
+AUDIENCE = f"{AUDIENCE_OF}{NS}"  # what the pickers of NS are configured to accept
 
 
 @dataclass
@@ -337,3 +338,40 @@ async def test_a_picker_refusing_every_token_costs_a_bounded_number_of_token_req
     # metrics auth reviews for the API server's), and where to read how to have it checked.
     await unavailable_saying(scaler, epp, "for the audience 'keda-gpu-scaler-epp:")
     await unavailable_saying(scaler, epp, "docs/SECURITY.md")
+
+
+async def test_token_files_reach_each_namespaces_pickers_only_and_one_file_for_all_stops_start_up(
+    make_scaler: Any, kube: FakeKube, epps: Callable[[str], Awaitable[MintedEpp]], tmp_path: Path
+) -> None:
+    # --gateway-token-file with Kubernetes: the operator mints per-namespace tokens with its own tooling
+    # and mounts them as one directory (a Secret with one key per namespace).
+    tenant_a, tenant_b = await epps("team-a"), await epps("team-b")
+    now = time.time()
+    for ns in ("team-a", "team-b"):
+        kube.tokens.minted.append(Minted(*ACCOUNT, f"operator-{ns}", now, now + 600, (f"{AUDIENCE_OF}{ns}",)))
+    tokens = tmp_path / "tokens"
+    tokens.mkdir()
+    for ns in ("team-a", "team-b"):
+        (tokens / ns).write_text(f"operator-{ns}")
+    single = tmp_path / "token"
+    single.write_text("operator-team-a")
+    put_pool(kube, tenant_b)
+    # One file for every namespace: refused before anything starts.
+    with pytest.raises(SettingsError, match=f"--gateway-token-file {single} is one file"):
+        await start(
+            make_scaler,
+            kube,
+            tenant_a,
+            tmp_path,
+            gateway_token_serviceaccount=None,
+            gateway_token_file=single,
+        )
+    scaler = await start(
+        make_scaler, kube, tenant_a, tmp_path, gateway_token_serviceaccount=None, gateway_token_file=tokens
+    )
+
+    async def both_read() -> None:
+        assert await value(scaler, tenant_a) == 3 and await value(scaler, tenant_b) == 3
+
+    await eventually(both_read)
+    assert tenant_a.tokens() == {"operator-team-a"} and tenant_b.tokens() == {"operator-team-b"}
