@@ -43,6 +43,10 @@ class Explanation:
         return {"targetPods": sorted(self.targets.pods), "metricType": self.targets.metric_type}
 
 
+# The recent demand sums a trigger with an SLO keeps for its headroom (evaluator.HEADROOM_SPAN).
+DEMAND_SUMS_KEPT = 32
+
+
 @dataclass(slots=True)
 class Subscription:
     """One followed trigger: its spec, its last answers, and what was taken from them.
@@ -60,7 +64,7 @@ class Subscription:
     # With Kubernetes: the discovery answer its wanted sources (pod pages, exporter nodes) were taken from.
     sources_from: Any = None
     # `demand` with a latency target: (time, the fresh pods' summed demand) of recent decisions.
-    demand_sums: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=32))
+    demand_sums: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=DEMAND_SUMS_KEPT))
     # `demand` with a latency target: (time, requests, requests over a target) of recent windows.
     latency_windows: deque[tuple[float, float, float]] = field(default_factory=lambda: deque(maxlen=256))
     # `threshold: auto`: its learner, when it started, when it last took samples, and its last answer.
