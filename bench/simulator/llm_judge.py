@@ -14,7 +14,6 @@ import dataclasses
 import functools
 import itertools
 from collections.abc import Iterable
-from multiprocessing import Pool
 from typing import Any
 
 from bench.simulator.autoscaling import Behavior
@@ -29,7 +28,7 @@ from bench.simulator.llm_policies import (
     SloSignal,
     make_policy,
 )
-from bench.simulator.llm_run import Realism, Slo, simulate_llm
+from bench.simulator.llm_run import Realism, Slo, forked_workers, simulate_llm
 from bench.simulator.llm_traces import OUTPUT_MEAN, PROMPT_MEAN, Arrivals, LlmTrace, draw_arrivals
 
 JUDGED = (
@@ -197,7 +196,7 @@ def _run_longest_first(work: list[Job], processes: int) -> list[dict[str, Any]]:
     """Every job's row, in `work`'s order; the runs that ask the product (the longest) start first, so no
     worker is left idle while the other finishes a long run at the end."""
     order = sorted(range(len(work)), key=lambda i: not _asks_product(work[i]))
-    with Pool(processes) as pool:
+    with forked_workers(processes) as pool:
         done = pool.map(run_job, [work[i] for i in order], chunksize=1)
     rows: list[dict[str, Any]] = [{}] * len(work)
     for i, row in zip(order, done, strict=True):
@@ -214,7 +213,7 @@ def _calibrations(trace: LlmTrace, model: ServerModel, processes: int) -> dict[M
     (the workers of the runs are forked after, and inherit them)."""
     mixes = {(PROMPT_MEAN, OUTPUT_MEAN)} | {(s.prompt_mean, s.output_mean) for s in trace.segments}
     keys: list[Mix] = [(*mix, with_model) for mix in sorted(mixes) for with_model in (model, None)]
-    with Pool(processes) as pool:
+    with forked_workers(processes) as pool:
         return dict(zip(keys, pool.starmap(capacity, keys, chunksize=1), strict=True))
 
 

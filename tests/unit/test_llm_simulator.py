@@ -7,7 +7,9 @@ the scale-up limit counts only scale-ups, cold starts come from a range, and the
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -427,3 +429,36 @@ def test_the_products_latency_guard_reads_the_simulated_pods_ttft_buckets() -> N
             values[ttft] = trigger.value(signals)
     assert values[0.1] == pytest.approx(1.0)
     assert values[6.0] == pytest.approx(2.0)  # 1 Ready pod + 1: the guard's smallest step
+
+
+class _Leftover:
+    """Garbage of the parent with a finalizer (as a gRPC channel a test left behind): it says where it ran."""
+
+    def __init__(self, marks: Path) -> None:
+        self.marks = marks
+        self.me = self  # a cycle: only the collector frees it
+
+    def __del__(self) -> None:
+        with self.marks.open("a") as out:
+            out.write(f"{os.getpid()}\n")
+
+
+def _collect(_: int) -> int:
+    return gc.collect()
+
+
+def test_forked_workers_never_finalize_the_parents_garbage(tmp_path: Path) -> None:
+    from bench.simulator.llm_run import forked_workers
+
+    marks = tmp_path / "finalized"
+    enabled = gc.isenabled()
+    gc.disable()  # the parent has not collected it yet when the workers are forked
+    try:
+        _Leftover(marks)
+        with forked_workers(2) as pool:
+            pool.map(_collect, [0, 1], chunksize=1)
+    finally:
+        if enabled:
+            gc.enable()
+    # Finalized once, here, before the fork: never in a worker, where its threads would not exist.
+    assert marks.read_text().split() == [str(os.getpid())]
