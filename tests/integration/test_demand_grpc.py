@@ -72,7 +72,6 @@ class Fleet:
     pods: list[ExporterServer]
     epps: list[ExporterServer]
     metadata: dict[str, str] = dataclasses.field(default_factory=lambda: DEMAND)
-    asked_after_a_read: bool = False
 
     async def show(self, at: float, *pages: str | None, queue: dict[Queued, int] | None = None) -> None:
         """Set the clock to `at` and the pods' pages (None: unchanged), then wait until each page (and each
@@ -86,18 +85,17 @@ class Fleet:
                 epp.page = epp_page("chat-pool", queue)
         servers = [*self.pods, *self.epps]
         seen = [server.requests for server in servers]
-        # Pages are read while a trigger asks for them: a call (whatever it answers) says so.
-        await failure(self.scaler, self.metadata)
+        # Pages are read while a trigger asks for them: GetMetricSpec says so without deciding anything.
+        await self.scaler.stub.GetMetricSpec(ref(self.metadata))
 
         async def read_twice() -> None:
             assert all(server.requests >= before + 2 for server, before in zip(servers, seen, strict=True))
 
         await eventually(read_twice)
-        if not self.asked_after_a_read:
-            # A page's rate history starts when a call first asks for it once it is read: asked now, it
-            # holds this first page, whichever came first under load (this call or the page's read).
-            self.asked_after_a_read = True
-            await failure(self.scaler, self.metadata)
+        # Then one decision on the pages of this instant (a page's rate history starts when a decision
+        # first asks for it; a `threshold: auto` trigger takes its window's sample in it). Decided before
+        # the pages were read, it took the last instant's pages or these, whichever came first under load.
+        await failure(self.scaler, self.metadata)
 
 
 @pytest.fixture
