@@ -98,17 +98,21 @@ class FileToken:
     def __init__(self, path: Path, *, one_for_all: bool = True) -> None:
         self.path = path
         self._one_for_all = one_for_all
-        self._file = SecretFile(path, FILE_FLAG, TokenUnavailable)
-        self._per_namespace: dict[str, SecretFile] = {}
+        self._files: dict[Path, SecretFile] = {}  # each file read, by path: the one, or a namespace's
 
     def read(self, namespace: str) -> str:
         if self.path.is_dir():
-            return self._of(namespace).read()
-        if not self._one_for_all:
+            path = self._namespace_file(namespace)
+        elif self.path.exists() and not self._one_for_all:
             raise TokenUnavailable(one_file_refused(self.path))
-        return self._file.read()
+        else:
+            path = self.path  # one file, or nothing there yet: its read says which
+        secret = self._files.get(path)
+        if secret is None:
+            secret = self._files[path] = SecretFile(path, FILE_FLAG, TokenUnavailable)
+        return secret.read()
 
-    def _of(self, namespace: str) -> SecretFile:
+    def _namespace_file(self, namespace: str) -> Path:
         if not namespace:
             raise TokenUnavailable(f"{FILE_FLAG} {self.path}: a page of no pool is no namespace's: no token")
         if not is_namespace(namespace):  # never a path outside the directory
@@ -120,10 +124,7 @@ class FileToken:
                 f" (the key {namespace} of the Secret mounted there) holding a token its endpoint pickers"
                 " accept"
             )
-        kept = self._per_namespace.get(namespace)
-        if kept is None:
-            kept = self._per_namespace[namespace] = SecretFile(path, FILE_FLAG, TokenUnavailable)
-        return kept
+        return path
 
     def identity(self, namespace: str) -> str:
         path = self.path / namespace if self.path.is_dir() else self.path

@@ -235,6 +235,9 @@ async def test_one_token_file_is_never_sent_where_tenants_place_the_pickers(
     message = await failure(fetcher(token, one_for_all=False), epp.url)
     assert f"--gateway-token-file {token} is one file" in message, message
     assert "one token file per namespace" in message and "--gateway-token-serviceaccount" in message
+    # Nothing there (yet): the read says so, not that it is one file.
+    missing = await failure(fetcher(tmp_path / "absent", one_for_all=False), epp.url)
+    assert "cannot read" in missing and "is one file" not in missing, missing
     assert epp.seen == []
 
 
