@@ -224,7 +224,10 @@ def _with_slo(
     per_pod = evaluation.aggregation is Aggregation.MEAN and pods > 0
     total = (evaluation.value * pods if per_pod else evaluation.value) * (1 + (share or 0.0))
     if used is None or used >= 1:  # the guard acts once the allowance is spent (or while not measured)
-        total = guarded_value(total, pods, spec.threshold, reads, slo)
+        # One pod over the Ready ones, whose latency it read: pods still starting are not in that read,
+        # and counted they made it ask one more every sync until they were up (1 Ready pod → 9 replicas).
+        ready = len(evaluation.pod_rows) + len(evaluation.missing_pods)
+        total = guarded_value(total, ready, spec.threshold, reads, slo)
     decision.slo = SloReading(slo, share, tuple(reads.values()), evaluation.value, used)
     return _with_value(evaluation, spec, total / pods if per_pod else total)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 
@@ -97,3 +98,22 @@ def test_the_slo_spends_headroom_and_guard_as_far_as_the_last_half_hour_needs() 
     unknown = decide(SLO_SPEC, demand_snapshot(60, ((100.0, 0.0),)))
     assert unknown.slo is not None and unknown.slo.budget_used is None
     assert unknown.evaluation is not None and unknown.evaluation.value == pytest.approx(15.0)
+
+
+def test_the_latency_guard_asks_one_pod_over_the_ready_ones_never_over_those_starting() -> None:
+    # Two Ready pods over the SLO, the allowance spent, the demand steady (no headroom), and three pods
+    # already starting: what they will serve is not in the pods' latency yet, so the guard asks for
+    # nothing beyond them. Counted as if up, it asked for one more at every sync while they started
+    # (one Ready pod over target became 9 replicas for 1.5 pods' worth of load in the simulator).
+    over = demand_snapshot(60, ((1000.0, 60.0), (1000.0, 60.0)))
+    starting = frozenset({"vllm-2", "vllm-3", "vllm-4"})
+    snapshot = dataclasses.replace(
+        over, targets=Targets(over.target_pods, starting=starting), recent_demand=(10.0,) * 4
+    )
+    decision = decide(SLO_SPEC, snapshot)
+    assert decision.evaluation is not None and decision.evaluation.starting_pods == tuple(sorted(starting))
+    # The two Ready pods' 10/s plus the three starting ones at the threshold: 25, as without a guard.
+    assert decision.evaluation.value == pytest.approx(25.0)
+    # Once they are up and still over, one pod more than those Ready: (2 + 1) × 5.
+    up = dataclasses.replace(over, recent_demand=(10.0,) * 4)
+    assert decide(SLO_SPEC, up).evaluation.value == pytest.approx(15.0)  # type: ignore[union-attr]
