@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
+import math
 from dataclasses import dataclass, field
 
 from keda_gpu_scaler.core.demand_values import demand_pod_values, measured_tokens_per_request, with_pending
@@ -20,6 +21,7 @@ from keda_gpu_scaler.core.latency import (
 )
 from keda_gpu_scaler.core.pending import pending_evaluation
 from keda_gpu_scaler.core.scaling import (
+    ROW_VALUE,
     Evaluation,
     PodRow,
     WhatIf,
@@ -60,6 +62,9 @@ class Decision:
     aggregation_mismatch: bool = False  # metricType contradicts the trigger's aggregation (counted)
     tokens_per_request: float | None = None  # `demand` with a pool: measured now, to be remembered
     slo: SloReading | None = None  # `demand` with a latency target: what it read and added
+    # `demand` with `inferencePool`: the fresh pods' demand plus the pool's pending requests, summed over
+    # pods, before SPEC §4's floors; None: no pool (the fresh pods' demand is their rows' sum).
+    demand: float | None = None
 
 
 def decide(spec: TriggerSpec, snapshot: Snapshot) -> Decision:
@@ -202,7 +207,7 @@ def _add_pending(
     measured = measured_tokens_per_request(evaluation)
     decision.tokens_per_request = measured
     size = measured if measured is not None else pool.tokens_per_request
-    evaluation, note = with_pending(evaluation, spec, growth, pending.value, size)
+    evaluation, note, decision.demand = with_pending(evaluation, spec, growth, pending.value, size)
     decision.notes += (note,)
     return evaluation
 
@@ -222,7 +227,16 @@ def _with_slo(
     pods = evaluation.what_if.current_replicas
     # guarded_value works on the workload's sum; a per-pod mean (metricType Value) is that sum ÷ pods.
     per_pod = evaluation.aggregation is Aggregation.MEAN and pods > 0
-    total = (evaluation.value * pods if per_pod else evaluation.value) * (1 + (share or 0.0))
+    floored = evaluation.value * pods if per_pod else evaluation.value
+    # The headroom is for the demand: the fresh pods' (and the pool's pending requests), Ready pods
+    # without data at the target as SPEC §4 counts them. Never for the floor that holds pods still
+    # starting: multiplied too, each sync asked for (1 + headroom) × the pods already asked for while
+    # they started (3 Ready pods over target became 20 replicas in 90 s in the simulator).
+    demand = decision.demand
+    if demand is None:
+        demand = math.fsum(row[ROW_VALUE] for row in evaluation.pod_rows)
+    demand += len(evaluation.missing_pods) * spec.threshold
+    total = max(floored, demand * (1 + (share or 0.0)))
     if used is None or used >= 1:  # the guard acts once the allowance is spent (or while not measured)
         # One pod over the Ready ones, whose latency it read: pods still starting are not in that read,
         # and counted they made it ask one more every sync until they were up (1 Ready pod → 9 replicas).

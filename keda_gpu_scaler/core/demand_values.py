@@ -142,8 +142,9 @@ def with_pending(
     growth: float,
     held: float,
     tokens_per_request: float | None = None,
-) -> tuple[Evaluation, str]:
-    """The pods' demand with what the pool's pending requests add (SPEC §6 with `inferencePool`), and a note.
+) -> tuple[Evaluation, str, float]:
+    """The pods' demand with what the pool's pending requests add (SPEC §6 with `inferencePool`), a note,
+    and that demand S + pending as a sum over pods (before any floor: what a latency target's headroom is for).
 
     `held`: the requests the pool holds now; `growth`: their growth per second over the window, at the
     gateway pages' times. The pending part sizes on top of the FRESH pods' demand S, never on top of the
@@ -187,7 +188,7 @@ def with_pending(
     replaced = dataclasses.replace(
         evaluation, value=value, active=active, what_if=what_if, activity_unknown=unknown
     )
-    return replaced, note
+    return replaced, note, fresh + extra
 
 
 def measured_tokens_per_request(evaluation: Evaluation) -> float | None:

@@ -117,3 +117,20 @@ def test_the_latency_guard_asks_one_pod_over_the_ready_ones_never_over_those_sta
     # Once they are up and still over, one pod more than those Ready: (2 + 1) × 5.
     up = dataclasses.replace(over, recent_demand=(10.0,) * 4)
     assert decide(SLO_SPEC, up).evaluation.value == pytest.approx(15.0)  # type: ignore[union-attr]
+
+
+def test_the_headroom_is_for_the_demand_never_for_the_floor_that_holds_pods_starting() -> None:
+    spec = parse_trigger(
+        {"metric": "demand", "threshold": "4", "podNamePrefix": "vllm-", "window": "60", "sloTtftSeconds": "2"}
+    )
+    full_share = 1.6449 * math.sqrt(3 * 16 / 6) / 10  # the swings' noise; the allowance is spent: all of it
+    over = demand_snapshot(60, ((1000.0, 60.0), (1000.0, 60.0)))
+    # Once up: the two pods' 10/s with the whole headroom (over the guard's (2 + 1) × 4).
+    assert decide(spec, over).evaluation.value == pytest.approx(10 * (1 + full_share), rel=1e-3)  # type: ignore[union-attr]
+    # Three more starting: the two Ready pods are over their 2 × 4, so SPEC §4 holds all five at the
+    # threshold, 20, above the demand with its headroom (14.7). Multiplied by the headroom too (29.3), each
+    # sync asked for 47 % more than the pods already asked for.
+    starting = Targets(over.target_pods, starting=frozenset({"vllm-2", "vllm-3", "vllm-4"}))
+    decision = decide(spec, dataclasses.replace(over, targets=starting))
+    assert decision.slo is not None and decision.slo.headroom == pytest.approx(full_share, rel=1e-3)
+    assert decision.evaluation is not None and decision.evaluation.value == pytest.approx(20.0)

@@ -89,7 +89,7 @@ def test_an_engine_without_a_finished_counter_is_no_data_naming_it() -> None:
 def test_pending_adds_to_a_total_and_its_share_to_a_mean() -> None:
     rows = {"chat-0": ("chat-0", "vllm", 4.0, 0), "chat-1": ("chat-1", "vllm", 6.0, 0)}
     total = evaluate(rows, (), POOLED, Aggregation.SUM)
-    added, note = with_pending(total, POOLED, 3, 30)  # growth 3/s, 30 / 60 s to clear
+    added, note, _ = with_pending(total, POOLED, 3, 30)  # growth 3/s, 30 / 60 s to clear
     assert added.value == pytest.approx(10 + 3.5) and "30 pending" in note
     mean = evaluate(rows, (), POOLED, Aggregation.MEAN)
     assert with_pending(mean, POOLED, 3, 30)[0].value == pytest.approx(5 + 3.5 / 2)
@@ -98,10 +98,10 @@ def test_pending_adds_to_a_total_and_its_share_to_a_mean() -> None:
 def test_a_pool_at_zero_holding_requests_is_active() -> None:
     zero = evaluate({}, (), POOLED, Aggregation.SUM)
     assert not zero.active
-    woken, _ = with_pending(zero, POOLED, 0, 2)
+    woken, _, _ = with_pending(zero, POOLED, 0, 2)
     assert woken.active and woken.value == pytest.approx(2 / 60)
     assert woken.what_if.average_value == 1
-    idle, _ = with_pending(zero, POOLED, 0, 0)
+    idle, _, _ = with_pending(zero, POOLED, 0, 0)
     assert not idle.active and idle.value == 0
 
 
@@ -112,7 +112,7 @@ def test_pending_sizes_on_top_of_the_fresh_pods_never_on_top_of_the_starting_pod
         pods = [f"chat-s{i}" for i in range(starting)]
         floor = evaluate(fresh, (), POOLED, Aggregation.SUM, pods)
         assert floor.value == (1 + starting) * 10  # SPEC §4: N × T while scaling up
-        sized, note = with_pending(floor, POOLED, 0, 228)
+        sized, note, _ = with_pending(floor, POOLED, 0, 228)
         # max(floor, S + pending): the pods on their way serve the same queue, so no +2 at every sync.
         assert sized.value == floor.value and "fresh pods' 30" in note
     few = evaluate(fresh, (), POOLED, Aggregation.SUM, ["chat-s0"])
