@@ -121,7 +121,13 @@ def test_the_latency_guard_asks_one_pod_over_the_ready_ones_never_over_those_sta
 
 def test_the_headroom_is_for_the_demand_never_for_the_floor_that_holds_pods_starting() -> None:
     spec = parse_trigger(
-        {"metric": "demand", "threshold": "4", "podNamePrefix": "vllm-", "window": "60", "sloTtftSeconds": "2"}
+        {
+            "metric": "demand",
+            "threshold": "4",
+            "podNamePrefix": "vllm-",
+            "window": "60",
+            "sloTtftSeconds": "2",
+        }
     )
     full_share = 1.6449 * math.sqrt(3 * 16 / 6) / 10  # the swings' noise; the allowance is spent: all of it
     over = demand_snapshot(60, ((1000.0, 60.0), (1000.0, 60.0)))
