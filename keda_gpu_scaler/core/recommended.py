@@ -19,8 +19,7 @@ class Recommended:
 
 # Sizing on the work arriving (tokens per second one replica serves: measure it with `calibrate`), a
 # high `requests` guard for pods far past their concurrency, and `pending` to wake a pool from zero.
-# The guard sits at vLLM's default batch limit (max_num_seqs: 256 on A100s and GPUs under 70 GiB, 1024
-# on larger ones; TGI admits 128 by default, so there the guard is never reached): what a pod holds
+# The guard sits at vLLM's default batch limit on GPUs under 70 GiB (max_num_seqs 256): what a pod holds
 # at its target depends on the mix (a chat pod about 50 in flight, a short-answer pod about 190), and at
 # 64 the guard sized short-answer pods at 2-3x their need (docs/BENCHMARKS.md).
 LLM_TRIGGERS = (
