@@ -30,7 +30,6 @@ from bench.simulator.llm_policies import (
 )
 from bench.simulator.llm_run import Realism, Slo, forked_workers, simulate_llm
 from bench.simulator.llm_traces import OUTPUT_MEAN, PROMPT_MEAN, Arrivals, LlmTrace, draw_arrivals
-from keda_gpu_scaler.core.recommended import GUARD
 
 JUDGED = (
     "demand-tokens+pending",
@@ -43,11 +42,11 @@ JUDGED = (
     "clairvoyant",
 )
 # The README's LLM ScaledObject: `demand` in tokens with inferencePool (its window, weight and measured
-# threshold) stating the user's SLO (the judge's targets and attainment), the `requests` guard at the
-# README's threshold per pod, and manifests/components/llm-hpa-behavior: scale-down window 120 s, then at most half the pods a
+# threshold) stating the user's SLO (the judge's targets and attainment), a `requests` guard at 64 per
+# pod, and manifests/components/llm-hpa-behavior: scale-down window 120 s, then at most half the pods a
 # minute.
 RECOMMENDED = "demand-tokens+pending"
-README_GUARD = float(dict(GUARD.metadata)["threshold"])
+README_GUARD = 64.0
 README_BEHAVIOR = Behavior(down_window=120.0, down_percent=50.0, down_period=60.0)
 # × every threshold or target of the policy (higher: fewer replicas), in steps of about √2 around its default: wide
 # enough that a recipe whose default target sits far from this model's pod (llm-d's 16 running requests

@@ -19,12 +19,9 @@ class Recommended:
 
 # Sizing on the work arriving (tokens per second one replica serves: measure it with `calibrate`), a
 # high `requests` guard for pods far past their concurrency, and `pending` to wake a pool from zero.
-# The guard sits at vLLM's default batch limit on GPUs under 70 GiB (max_num_seqs 256): what a pod holds
-# at its target depends on the mix (a chat pod about 50 in flight, a short-answer pod about 190), and at
-# 64 the guard sized short-answer pods at 2-3x their need (docs/BENCHMARKS.md).
 LLM_TRIGGERS = (
     Recommended("sizing", (("metric", "demand"), ("demandUnit", "tokens"), ("threshold", "15000"))),
-    Recommended("guard", (("metric", "requests"), ("threshold", "256"))),
+    Recommended("guard", (("metric", "requests"), ("threshold", "64"))),
     Recommended("wake", (("metric", "pending"), ("threshold", "1"))),
 )
 SIZING, GUARD, WAKE = LLM_TRIGGERS

@@ -139,7 +139,7 @@ EXAMPLES = [
     Said(
         LLM,
         (
-            "a vLLM Deployment and a ScaledObject with `demand` (sizing, tokens, 15000) and `requests` (guard, 256)",
+            "a vLLM Deployment and a ScaledObject with `demand` (sizing, tokens, 15000) and `requests` (guard, 64)",
             "a vLLM Deployment sized on `demand` with a `requests` guard",
         ),
         {"server": VLLM, "triggers": [said(SIZING), said(GUARD)], "minReplicaCount": 1},

@@ -224,7 +224,7 @@ def test_recommended_is_the_readmes_scaledobject_with_the_shipped_behaviour() ->
     # The user's latency target, as the judge states it: SLO holds 2 s, 50 ms and 0.95.
     assert (demand.metadata["sloTtftSeconds"], demand.metadata["sloTpotMs"]) == ("2", "50")
     assert demand.metadata["sloAttainment"] == "0.95"
-    assert isinstance(guard, ScalerTrigger) and (guard.metric, guard.threshold) == ("requests", 256.0)
+    assert isinstance(guard, ScalerTrigger) and (guard.metric, guard.threshold) == ("requests", 64.0)
     shipped = ROOT / "manifests/components/llm-hpa-behavior/behavior.yaml"
     behavior = yaml.safe_load(shipped.read_text())["spec"]["advanced"]["horizontalPodAutoscalerConfig"]
     down = behavior["behavior"]["scaleDown"]
