@@ -48,6 +48,9 @@ class SloReading:
     # The share of the SLO's allowance of misses the last half hour's windows used (1: all of it, or more);
     # None: too few requests yet to say.
     budget_used: float | None = None
+    # What the headroom multiplies (a sum over pods): the fresh pods' demand, the pool's pending requests
+    # and Ready pods without data at the threshold; never the floor of pods still starting.
+    headroom_base: float | None = None
 
 
 @dataclass(slots=True)
@@ -242,7 +245,7 @@ def _with_slo(
         # and counted they made it ask one more every sync until they were up (1 Ready pod → 9 replicas).
         ready = len(evaluation.pod_rows) + len(evaluation.missing_pods)
         total = guarded_value(total, ready, spec.threshold, reads, slo)
-    decision.slo = SloReading(slo, share, tuple(reads.values()), evaluation.value, used)
+    decision.slo = SloReading(slo, share, tuple(reads.values()), evaluation.value, used, demand)
     return _with_value(evaluation, spec, total / pods if per_pod else total)
 
 

@@ -70,6 +70,7 @@ async def test_a_first_token_slower_than_the_slo_raises_the_value_above_the_dema
     slo = explained["slo"]
     assert slo["target"]["ttftSeconds"] == 0.5 and slo["demand"] == pytest.approx(10)
     assert slo["headroom"].startswith("not measured"), slo
+    assert slo["headroomBase"] == pytest.approx(10)  # what a headroom would multiply: the pod's demand
     (read,) = slo["reads"]
     assert read["kind"] == "ttft" and read["quantile"] > 0.5 and read["requests"] == 300
     assert read["podsRead"] == 1 and read["podsWithout"] == [] and read["aboveHighestBound"] is False

@@ -140,3 +140,5 @@ def test_the_headroom_is_for_the_demand_never_for_the_floor_that_holds_pods_star
     decision = decide(spec, dataclasses.replace(over, targets=starting))
     assert decision.slo is not None and decision.slo.headroom == pytest.approx(full_share, rel=1e-3)
     assert decision.evaluation is not None and decision.evaluation.value == pytest.approx(20.0)
+    # /explain says what the headroom was for: the two Ready pods' 10/s, not the floor's 20.
+    assert decision.slo.headroom_base == pytest.approx(10.0)
