@@ -65,9 +65,6 @@ class Decision:
     aggregation_mismatch: bool = False  # metricType contradicts the trigger's aggregation (counted)
     tokens_per_request: float | None = None  # `demand` with a pool: measured now, to be remembered
     slo: SloReading | None = None  # `demand` with a latency target: what it read and added
-    # `demand` with `inferencePool`: the fresh pods' demand plus the pool's pending requests, summed over
-    # pods, before SPEC §4's floors; None: no pool (the fresh pods' demand is their rows' sum).
-    demand: float | None = None
 
 
 def decide(spec: TriggerSpec, snapshot: Snapshot) -> Decision:
@@ -122,7 +119,9 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
         # A target with pods that are not Ready yet is not at zero: evaluate() says UNAVAILABLE.
         assert targets is not None
         aggregation = aggregation_for(spec, targets.metric_type)[0]
-        return _add_pending(spec, snapshot, evaluate({}, (), spec, aggregation, targets.starting), decision)
+        return _add_pending(spec, snapshot, evaluate({}, (), spec, aggregation, targets.starting), decision)[
+            0
+        ]
     problems = "; ".join(view.problems[:5])
     if view.sources == 0:
         raise NoData(
@@ -160,9 +159,9 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
         evaluation = evaluate(reporting, target_pods - reporting.keys(), spec, aggregation, starting)
     except NoData as error:
         raise NoData(f"{error}{'; ' + problems if problems else ''}") from None
-    evaluation = _add_pending(spec, snapshot, evaluation, decision)
+    evaluation, demand = _add_pending(spec, snapshot, evaluation, decision)
     if spec.slo is not None:
-        evaluation = _with_slo(spec, spec.slo, snapshot, evaluation, decision)
+        evaluation = _with_slo(spec, spec.slo, snapshot, evaluation, demand, decision)
     # The workload's value (the pool's pending requests added, for demand) may still be beyond it.
     check_total(evaluation.value, evaluation.pod_rows)
     return evaluation
@@ -184,15 +183,16 @@ def _pod_rows(
 
 def _add_pending(
     spec: TriggerSpec, snapshot: Snapshot, evaluation: Evaluation, decision: Decision
-) -> Evaluation:
-    """`demand` with `inferencePool`: the pods' demand plus the pool's pending requests (SPEC §6).
+) -> tuple[Evaluation, float | None]:
+    """`demand` with `inferencePool`: the pods' demand plus the pool's pending requests (SPEC §6), and that
+    demand as a sum over pods before SPEC §4's floors (None where no pending part was added).
 
     The pool cannot be read (its replicas failing, none known): the pods' demand alone where it
     already says active (a lower bound, noted), else NoData: the unread queue may hold the requests
     that should wake the workload."""
     pool = snapshot.pool
     if spec.metric is not Metric.DEMAND or pool is None:
-        return evaluation
+        return evaluation, None
     if pool.unknown is not None:
         raise NoData(pool.unknown)  # even when the pods say active: a pool-name typo is no lower bound
     try:
@@ -204,19 +204,24 @@ def _add_pending(
             decision.notes += (
                 f"value is a lower bound: the pool's pending requests cannot be read: {error}",
             )
-            return evaluation
+            return evaluation, None
         raise
     growth = sum(pool.growth.get(row[0], 0.0) for row in pending.pod_rows)  # the replicas read now
     measured = measured_tokens_per_request(evaluation)
     decision.tokens_per_request = measured
     size = measured if measured is not None else pool.tokens_per_request
-    evaluation, note, decision.demand = with_pending(evaluation, spec, growth, pending.value, size)
+    evaluation, note, demand = with_pending(evaluation, spec, growth, pending.value, size)
     decision.notes += (note,)
-    return evaluation
+    return evaluation, demand
 
 
 def _with_slo(
-    spec: TriggerSpec, slo: SloTarget, snapshot: Snapshot, evaluation: Evaluation, decision: Decision
+    spec: TriggerSpec,
+    slo: SloTarget,
+    snapshot: Snapshot,
+    evaluation: Evaluation,
+    pooled: float | None,
+    decision: Decision,
 ) -> Evaluation:
     """The demand with the headroom the arrival rate's variability asks for, raised further while the
     fresh pods' measured latency quantile is over its target (latency.py); never lowered. Both as far as
@@ -235,16 +240,15 @@ def _with_slo(
     # without data at the target as SPEC §4 counts them. Never for the floor that holds pods still
     # starting: multiplied too, each sync asked for (1 + headroom) × the pods already asked for while
     # they started (3 Ready pods over target became 20 replicas in 90 s in the simulator).
-    demand = decision.demand
-    if demand is None:
-        demand = math.fsum(row[ROW_VALUE] for row in evaluation.pod_rows)
-    demand += len(evaluation.missing_pods) * spec.threshold
+    # `pooled`: the fresh pods' demand with the pool's pending requests (_add_pending), when it added them.
+    missing = len(evaluation.missing_pods)
+    fresh_demand = pooled if pooled is not None else math.fsum(row[ROW_VALUE] for row in evaluation.pod_rows)
+    demand = fresh_demand + missing * spec.threshold
     total = max(floored, demand * (1 + (share or 0.0)))
     if used is None or used >= 1:  # the guard acts once the allowance is spent (or while not measured)
         # One pod over the Ready ones, whose latency it read: pods still starting are not in that read,
         # and counted they made it ask one more every sync until they were up (1 Ready pod → 9 replicas).
-        ready = len(evaluation.pod_rows) + len(evaluation.missing_pods)
-        total = guarded_value(total, ready, spec.threshold, reads, slo)
+        total = guarded_value(total, len(evaluation.pod_rows) + missing, spec.threshold, reads, slo)
     decision.slo = SloReading(slo, share, tuple(reads.values()), evaluation.value, used, demand)
     return _with_value(evaluation, spec, total / pods if per_pod else total)
 
