@@ -1,7 +1,8 @@
 """Gateway layer: an inference gateway's page turned into the requests it holds for a pool (pure: no I/O).
 
-The counterpart of engines/ for SPEC §7: one module per gateway that holds requests while a pool has
-no endpoint (family names, label rules, `queue_table` and `read`), one registry line each. Fetching
+The counterpart of engines/ for SPEC §7. One gateway holds requests while a pool has no endpoint: the
+endpoint picker of llm-d's router and the Gateway API Inference Extension (epp.py: its families, label
+rules and queue; epp_flow.py: its flow-control signals), read through the functions here. Fetching
 pages, choosing replicas and turning a missing queue into a status are the caller's job.
 """
 
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Protocol
 
 from keda_gpu_scaler.pages import exposition
 from keda_gpu_scaler.pages.exposition import Sample
@@ -27,11 +27,9 @@ from keda_gpu_scaler.pages.gateways._common import (
 
 __all__ = [
     "DEFAULT_GATEWAY_METRICS_PORT",
-    "GATEWAYS",
     "GATEWAY_SAMPLE_NAMES",
     "MAX_QUEUE_SERIES",
     "OTHER",
-    "GatewayModule",
     "GatewayProblem",
     "NotAGatewayPage",
     "PoolQueue",
@@ -47,60 +45,26 @@ __all__ = [
 ]
 
 
-class GatewayModule(Protocol):
-    @property
-    def NAME(self) -> str: ...
-
-    @property
-    def SAMPLE_NAMES(self) -> frozenset[str]: ...
-
-    @property
-    def LEVEL_FAMILIES(self) -> tuple[str, ...]: ...
-
-    def queue_table(self, body: bytes, max_series: int) -> QueueTable: ...
-
-    def table_from_samples(self, samples: Sequence[Sample]) -> QueueTable: ...
-
-    def read(self, table: QueueTable, pool: str, namespace: str, model: str | None) -> QueueReading: ...
-
-
-# The one registry: a gateway is one module and one line here.
-GATEWAYS: tuple[GatewayModule, ...] = (epp,)
-# Every family the gateways read (what a Prometheus query asks for); a page's queue is read by queue_table.
-GATEWAY_SAMPLE_NAMES: frozenset[str] = frozenset().union(*(g.SAMPLE_NAMES for g in GATEWAYS))
+# Every family the endpoint picker's page is read for (what a Prometheus query asks for).
+GATEWAY_SAMPLE_NAMES: frozenset[str] = epp.SAMPLE_NAMES
 # An EPP at its caps prints 1,000 models × 10 fairness ids; far more is not a real page.
 MAX_QUEUE_SERIES = 100_000
 _LEVEL_TYPES = frozenset({"gauge", "untyped"})
 
 
-_BY_NAME: dict[str, GatewayModule] = {gateway.NAME: gateway for gateway in GATEWAYS}
-
-
 def queue_table(body: bytes, max_series: int = MAX_QUEUE_SERIES) -> QueueTable:
-    """A gateway page's queue, read by the first gateway that recognises the page (in GATEWAYS order).
-    NotAGatewayPage when none does."""
-    refused: NotAGatewayPage | None = None
-    for gateway in GATEWAYS:
-        try:
-            return gateway.queue_table(body, max_series)
-        except NotAGatewayPage as error:
-            refused = refused or error
-    assert refused is not None  # GATEWAYS is never empty
-    raise refused
+    """A gateway page's queue; NotAGatewayPage when it is not an endpoint picker's page."""
+    return epp.queue_table(body, max_series)
 
 
 def table_from_samples(samples: Sequence[Sample]) -> QueueTable:
-    """The queue of one replica's parsed series (a Prometheus answer's): read by the first gateway whose
-    families are among them, else by the first gateway (which says what is missing)."""
-    names = {sample.name for sample in samples}
-    chosen = next((g for g in GATEWAYS if names & g.SAMPLE_NAMES), GATEWAYS[0])
-    return chosen.table_from_samples(samples)
+    """The queue of one replica's parsed series (a Prometheus answer's)."""
+    return epp.table_from_samples(samples)
 
 
 def read_queue(table: QueueTable, pool: str, namespace: str, model: str | None) -> QueueReading:
-    """The requests a gateway replica's page says it holds for the pool (read by the gateway that read
-    the page)."""
-    return _BY_NAME[table.gateway].read(table, pool, namespace, model)
+    """The requests a gateway replica's page says it holds for the pool."""
+    return epp.read(table, pool, namespace, model)
 
 
 def since(previous: QueueTable | None, table: QueueTable) -> QueueTable:
@@ -121,6 +85,5 @@ def wrong_types(page: bytes) -> dict[str, str]:
 
     Comment lines are not read for samples, so a counter printed under the queue's name would otherwise
     be read as requests held now."""
-    levels = {name for gateway in GATEWAYS for name in gateway.LEVEL_FAMILIES}
-    declared = exposition.declared_types(page, levels)
+    declared = exposition.declared_types(page, set(epp.LEVEL_FAMILIES))
     return {name: kind for name, kind in declared.items() if kind not in _LEVEL_TYPES}
