@@ -150,7 +150,7 @@ class Snapshots:
         view = self._store.view(namespace, now, self._staleness(kind), kind)
         gpu, pods, target_pods = _chosen(view, spec, targets)
         tracks: tuple[tuple[str, Track], ...] = ()
-        if spec.metric is Metric.DEMAND:
+        if spec.metric is Metric.DEMAND or spec.slo is not None:  # rates, or a latency target's histograms
             read = self.demand_history.read
             tracks = tuple((p.pod, read(p, spec.engine, spec.model, spec.window, now)) for p in pods)
         return Snapshot(

@@ -17,6 +17,7 @@ from keda_gpu_scaler.core.latency import (
     guarded_value,
     headroom,
     latency_read,
+    overshoot,
     spent_headroom,
 )
 from keda_gpu_scaler.core.pending import pending_evaluation
@@ -160,7 +161,9 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
     except NoData as error:
         raise NoData(f"{error}{'; ' + problems if problems else ''}") from None
     evaluation, demand = _add_pending(spec, snapshot, evaluation, decision)
-    if spec.slo is not None:
+    if spec.metric is Metric.REQUESTS:
+        evaluation = _gated_by_pool(spec, snapshot, evaluation, decision)
+    elif spec.slo is not None:
         evaluation = _with_slo(spec, spec.slo, snapshot, evaluation, demand, decision)
     # The workload's value (the pool's pending requests added, for demand) may still be beyond it.
     check_total(evaluation.value, evaluation.pod_rows)
@@ -215,6 +218,66 @@ def _add_pending(
     return evaluation, demand
 
 
+def _gated_by_pool(
+    spec: TriggerSpec, snapshot: Snapshot, evaluation: Evaluation, decision: Decision
+) -> Evaluation:
+    """`requests` with `inferencePool`: the guard asks for replicas only while the pods are saturated —
+    the pool's endpoint pickers hold requests (flow control holds one only when no pod has room) or, with
+    a latency target, the pods' requests miss it once the last half hour's allowance of misses is spent;
+    else its value is 0, which asks for none and leaves the sizing to the other triggers.
+
+    Why: what a pod holds in flight at its latency target depends on the mix (about 50 for chat, 190 for
+    300-token answers), so a guard at 64 asked for 3× the pods short answers need while nothing waited.
+    Saturated, the same guard asks for pods sooner than the demand does (a day climbing faster than
+    nodes arrive), and missing the target it holds up a threshold set too high. Measured in
+    docs/BENCHMARKS.md. The pool's queue not readable: the guard acts as without the pool (noted), never
+    made quiet by an outage. Activity is unchanged: pods with requests in flight are serving."""
+    pool = snapshot.pool
+    if pool is None:
+        return evaluation
+    if pool.unknown is not None:
+        raise NoData(pool.unknown)  # a pool-name typo must not leave the guard quiet for good
+    try:
+        if pool.unreadable is not None:
+            raise NoData(pool.unreadable)
+        held = pending_evaluation(pool.replicas, spec, snapshot.namespace, pool.no_replica).evaluation
+    except NoData as error:
+        decision.notes += (
+            f"the guard acts whatever the pool holds: its pending requests cannot be read: {error}",
+        )
+        return evaluation
+    pool_name = f"InferencePool {spec.inference_pool}"
+    missed = spec.slo is not None and _latency_missed(spec.slo, snapshot, evaluation, decision)
+    if held.value > 0 or held.active or missed:
+        why = f"holds {held.value:g} requests" if held.value > 0 or held.active else "holds none"
+        why += ", and the requests miss the latency target" if missed else ""
+        decision.notes += (f"{pool_name} {why}: the pods are saturated, the guard acts",)
+        return evaluation
+    decision.notes += (
+        f"{pool_name} holds no request{' and the latency target holds' if spec.slo else ''}: the pods are"
+        f" not saturated, so the guard asks for no replica (value 0; the pods hold {evaluation.value:g} in"
+        " flight)",
+    )
+    return _with_value(evaluation, spec, 0.0)
+
+
+def _latency_missed(slo: SloTarget, snapshot: Snapshot, evaluation: Evaluation, decision: Decision) -> bool:
+    """Whether the fresh pods' measured quantile is over its target once the allowance is spent (or while
+    it is not measured): when the latency guard of `demand` acts too (_with_slo)."""
+    reads = _latency_reads(slo, snapshot, evaluation)
+    used = budget_used(slo, snapshot.recent_latency)
+    decision.slo = SloReading(slo, 0.0, tuple(reads.values()), evaluation.value, used)
+    ratio = overshoot(reads, slo)
+    return ratio is not None and ratio > 1 and (used is None or used >= 1)
+
+
+def _latency_reads(slo: SloTarget, snapshot: Snapshot, evaluation: Evaluation) -> dict[str, LatencyRead]:
+    """Each latency kind the SLO names, read over the fresh pods' histograms in the window."""
+    fresh = {row[0] for row in evaluation.pod_rows}
+    latency = {pod: track.latency for pod, track in snapshot.tracks if pod in fresh}
+    return {kind: latency_read(kind, latency, slo.attainment, t) for kind, t in slo.targets().items()}
+
+
 def _with_slo(
     spec: TriggerSpec,
     slo: SloTarget,
@@ -227,9 +290,7 @@ def _with_slo(
     fresh pods' measured latency quantile is over its target (latency.py); never lowered. Both as far as
     the SLO needs them: the headroom in proportion to the allowance of misses the last half hour used
     (at least HEADROOM_FLOOR of it), the guard once that allowance is spent."""
-    fresh = {row[0] for row in evaluation.pod_rows}
-    latency = {pod: track.latency for pod, track in snapshot.tracks if pod in fresh}
-    reads = {kind: latency_read(kind, latency, slo.attainment, t) for kind, t in slo.targets().items()}
+    reads = _latency_reads(slo, snapshot, evaluation)
     used = budget_used(slo, snapshot.recent_latency)
     share = spent_headroom(headroom(slo, snapshot.recent_demand), used)
     pods = evaluation.what_if.current_replicas

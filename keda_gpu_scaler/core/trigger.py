@@ -289,8 +289,8 @@ KEYS: tuple[MetadataKey, ...] = (
         parse_inference_pool,
         None,
         "required for pending",
-        "pending (and demand, optionally): the InferencePool whose endpoint picker's queue is read, in the"
-        " ScaledObject's namespace",
+        "pending (and demand or requests, optionally): the InferencePool whose endpoint picker's queue is"
+        " read, in the ScaledObject's namespace (with requests: the guard acts only while it holds requests)",
     ),
     MetadataKey(
         "gatewayMetricsPort",

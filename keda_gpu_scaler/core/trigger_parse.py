@@ -84,7 +84,9 @@ def _parse(items: list[tuple[str, str]]) -> TriggerSpec:
             raise ConfigError(f"metadata {spec_key.key} is required; allowed: {spec_key.help}")
         fields[spec_key.field] = spec_key.default
     settle_auto_threshold(fields, given)
-    fields["slo"] = take_slo(fields, given, demand=fields["metric"] is Metric.DEMAND)
+    # A latency target sizes `demand`; on the `requests` guard with a pool it also opens the guard.
+    guard = fields["metric"] is Metric.REQUESTS and "inference_pool" in given
+    fields["slo"] = take_slo(fields, given, allowed=fields["metric"] is Metric.DEMAND or guard)
     _check_metric_fit(fields, given)
     if fields["metric_name"] is None:
         fields["metric_name"] = DEFAULT_METRIC_NAMES[fields["metric"]]
@@ -127,18 +129,12 @@ def _check_metric_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
     if metric is Metric.DEMAND:
         _check_demand_fit(fields, given)
     else:
-        for name in _DEMAND_ONLY_KEYS:
-            if name in given:
-                raise ConfigError(
-                    f"metadata {given[name]}={quoted(_given_value(fields, name))} applies only to"
-                    f" metric=demand, not to metric={metric.value}; remove it"
-                )
-        for name in _GATEWAY_ONLY_KEYS:
-            if name in given:
-                raise ConfigError(
-                    f"metadata {given[name]} applies only to metric=pending and metric=demand (the inference"
-                    f" gateway's queue), not to metric={metric.value}"
-                )
+        _only_for(fields, given, _DEMAND_ONLY_KEYS, "metric=demand")
+        if metric is Metric.REQUESTS:
+            _check_gated_guard(fields, given)
+        else:
+            queue = "metric=pending, metric=demand and metric=requests (the inference gateway's queue)"
+            _only_for(fields, given, _GATEWAY_ONLY_KEYS, queue)
     wrong = _GPU_ONLY_KEYS if metric.inference else _INFERENCE_ONLY_KEYS
     for name in wrong:
         if name in given:
@@ -154,6 +150,16 @@ def _check_metric_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
         if fields["model"] is not None and not accepts_model(fields["engine"]):
             raise ConfigError(
                 f"metadata model={quoted(fields['model'])}: engine {fields['engine']} series carry no model label"
+            )
+
+
+def _only_for(fields: dict[str, Any], given: dict[str, str], names: tuple[str, ...], what: str) -> None:
+    """ConfigError naming the first of `names` given: it applies only to `what`."""
+    for name in names:
+        if name in given:
+            raise ConfigError(
+                f"metadata {given[name]}={quoted(_given_value(fields, name))} applies only to {what}, not"
+                f" to metric={fields['metric'].value}; remove it"
             )
 
 
@@ -189,6 +195,20 @@ def _check_demand_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
         raise ConfigError(
             f"metadata {given['gateway_metrics_port']} applies only with inferencePool (the pool whose"
             " endpoint picker's queue adds to demand)"
+        )
+
+
+def _check_gated_guard(fields: dict[str, Any], given: dict[str, str]) -> None:
+    """metric=requests with inferencePool (the guard acts while the pool holds requests): its pages read."""
+    if "gateway_metrics_port" in given and "inference_pool" not in given:
+        raise ConfigError(
+            f"metadata {given['gateway_metrics_port']} applies only with inferencePool (the pool whose"
+            " endpoint picker's queue says when the requests guard acts)"
+        )
+    if "inference_pool" in given and fields["source"] is Source.PROMETHEUS:
+        raise ConfigError(
+            f"metadata {given['inference_pool']} with metric=requests is read from the pool's endpoint"
+            " pickers' own pages: source='prometheus' is not available with it; allowed: scrape"
         )
 
 

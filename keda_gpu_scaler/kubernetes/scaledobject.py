@@ -115,7 +115,9 @@ def _fields_of(metadata: Mapping[str, Any]) -> tuple[tuple[str, Any], ...] | Non
     if all(name in fields for name in SLO_FIELDS):
         keys = {spec_key.field: spec_key.key for spec_key in KEYS}
         try:  # folded into one SloTarget, as parse_trigger does
-            fields["slo"] = take_slo(fields, keys, demand=fields.get("metric") is Metric.DEMAND)
+            guard = fields.get("metric") is Metric.REQUESTS and fields.get("inference_pool") is not None
+            allowed = fields.get("metric") is Metric.DEMAND or guard
+            fields["slo"] = take_slo(fields, keys, allowed=allowed)
         except ConfigError:
             return None
     else:  # some from the environment: left out of the comparison

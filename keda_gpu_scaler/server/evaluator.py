@@ -21,7 +21,7 @@ from keda_gpu_scaler.core.learned_target import (
 )
 from keda_gpu_scaler.core.scaling import ROW_VALUE, Evaluation
 from keda_gpu_scaler.core.snapshot import Snapshot
-from keda_gpu_scaler.core.trigger import TriggerSpec
+from keda_gpu_scaler.core.trigger import Metric, TriggerSpec
 from keda_gpu_scaler.pages.engines._common import TPOT, TTFT
 from keda_gpu_scaler.server.registry import Explanation, Followed, Subscription
 from keda_gpu_scaler.server.spec_targets import SPEC_UPDATE_INTERVAL
@@ -60,7 +60,8 @@ class Evaluator:
         snapshot = self.snapshots.take(followed.namespace, followed.name, spec, recent, latency)
         decision = decide(_at_current_target(followed, spec), snapshot)
         if decision.evaluation is not None and spec.slo is not None:
-            _remember_demand(subscription, spec, snapshot.now, decision.evaluation)
+            if spec.metric is Metric.DEMAND:  # its headroom's variability
+                _remember_demand(subscription, spec, snapshot.now, decision.evaluation)
             _remember_latency(subscription, spec, snapshot.now, decision)
         if spec.learned:
             self._learn(followed, subscription, spec, snapshot, decision)

@@ -156,8 +156,9 @@ class Subscriptions:
                     sources.extend(ExporterNode(node) for node in targets.nodes)
                 else:
                     sources.extend(self._pod_pages(followed, spec, targets))
-        if spec.metric is Metric.DEMAND and spec.inference_pool is not None:
-            # `demand` with `inferencePool` adds the requests the pool's endpoint pickers hold (SPEC §6).
+        if spec.inference_pool is not None and spec.metric in (Metric.DEMAND, Metric.REQUESTS):
+            # `demand` with `inferencePool` adds the requests the pool's endpoint pickers hold (SPEC §6);
+            # the `requests` guard acts while they hold any.
             sources.append(EppPool(namespace, spec.inference_pool, spec.gateway_metrics_port))
         self._wanted.want(_owner(followed, subscription), sources)
         self._note_unread(followed, sources)

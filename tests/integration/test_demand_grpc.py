@@ -388,3 +388,23 @@ async def test_a_model_named_in_the_wrong_case_is_invalid_argument(fleet) -> Non
     code, message = await failure(f.scaler, {**DEMAND, "model": "LLAMA"})
     assert code is grpc.StatusCode.INVALID_ARGUMENT, message
     assert "'LLAMA'" in message and "'llama'" in message, message
+
+
+async def test_the_requests_guard_with_a_pool_acts_only_while_the_pool_holds_requests(fleet) -> None:  # type: ignore[no-untyped-def]
+    f = await fleet(1, epps=1)
+    guard = {"metric": "requests", "threshold": "64", "podNamePrefix": "chat-", "inferencePool": "chat-pool"}
+    f.metadata = guard
+
+    async def guard_value() -> float:
+        request = pb.GetMetricsRequest(scaledObjectRef=ref(guard), metricName="inference-requests")
+        return (await f.scaler.stub.GetMetrics(request)).metricValues[0].metricValueFloat
+
+    # Short answers at their target: 190 in flight, nothing held at the gateway: the guard asks for none.
+    await f.show(1000, vllm_page(0, 190, 0), queue={})
+    assert await guard_value() == 0
+    assert (await f.scaler.stub.IsActive(ref(guard))).result is True  # the pod is serving
+    explained = await explain(f.scaler)
+    assert any("holds no request" in note and "190 in flight" in note for note in explained["notes"])
+    # Every pod saturated: the gateway holds 12 requests, and the guard reads the pod's 190 again.
+    await f.show(1005, vllm_page(0, 190, 0), queue={Queued("llama"): 12})
+    assert await guard_value() == 190

@@ -56,8 +56,8 @@ def test_model_port_and_any_positive_threshold() -> None:
         ({**PENDING, "metricsPort": "8000"}, ["metricsPort", "does not apply to metric=pending"]),
         ({**PENDING, "vendor": "nvidia"}, ["vendor", "does not apply to metric=pending"]),
         (
-            {"metric": "requests", "threshold": "8", "inferencePool": "chat-pool"},
-            ["inferencePool", "only to metric=pending", "requests"],
+            {"metric": "queue", "threshold": "8", "inferencePool": "chat-pool"},
+            ["inferencePool", "only to metric=pending", "queue"],
         ),
         (
             {"metric": "utilization", "threshold": "70", "gatewayMetricsPort": "9090"},
