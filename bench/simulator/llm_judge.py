@@ -28,6 +28,7 @@ from bench.simulator.llm_policies import (
     SloSignal,
     make_policy,
 )
+from bench.simulator.llm_product import POOL
 from bench.simulator.llm_run import Realism, Slo, forked_workers, simulate_llm
 from bench.simulator.llm_traces import OUTPUT_MEAN, PROMPT_MEAN, Arrivals, LlmTrace, draw_arrivals
 
@@ -88,7 +89,10 @@ def configured(job: Job) -> LlmPolicy:
             demand.metadata["threshold"] = f"{demand.threshold!r}"
         elif job.policy == AUTO:
             demand.learn(demand.threshold * (job.scale or 1.0))
-        policy.triggers.append(ScalerTrigger("requests", README_GUARD))
+        guard = ScalerTrigger("requests", README_GUARD)
+        # It acts while the pool holds requests or the requests miss the SLO.
+        guard.metadata |= {"inferencePool": POOL, **job.slo.metadata()}
+        policy.triggers.append(guard)
         policy.name = job.policy
         return policy
     policy = make_policy(job.policy, job.min_replicas, trace=job.trace, model=job.model)
