@@ -247,9 +247,10 @@ def _gated_by_pool(
         )
         return evaluation
     pool_name = f"InferencePool {spec.inference_pool}"
+    holding = held.value > 0 or held.active  # held now, or turned away since the last page
     missed = spec.slo is not None and _latency_missed(spec.slo, snapshot, evaluation, decision)
-    if held.value > 0 or held.active or missed:
-        why = f"holds {held.value:g} requests" if held.value > 0 or held.active else "holds none"
+    if holding or missed:
+        why = f"holds {held.value:g} requests" if holding else "holds none"
         why += ", and the requests miss the latency target" if missed else ""
         decision.notes += (f"{pool_name} {why}: the pods are saturated, the guard acts",)
         return evaluation
@@ -263,7 +264,8 @@ def _gated_by_pool(
 
 def _latency_missed(slo: SloTarget, snapshot: Snapshot, evaluation: Evaluation, decision: Decision) -> bool:
     """Whether the fresh pods' measured quantile is over its target once the allowance is spent (or while
-    it is not measured): when the latency guard of `demand` acts too (_with_slo)."""
+    it is not measured): when the latency guard of `demand` acts too (_with_slo). The reading goes on the
+    decision for /explain and the allowance's windows."""
     reads = _latency_reads(slo, snapshot, evaluation)
     used = budget_used(slo, snapshot.recent_latency)
     decision.slo = SloReading(slo, 0.0, tuple(reads.values()), evaluation.value, used)

@@ -148,6 +148,17 @@ class TriggerSpec:
 
 
 # The one table of keys: it drives parsing, the defaults, and docs/reference.md's metadata table.
+# The pod metrics that may also read an `inferencePool`: `demand` adds its pending requests (SPEC §6), the
+# `requests` guard acts while it holds any. (`pending` reads nothing else.)
+POOL_OPTIONAL = frozenset({Metric.DEMAND, Metric.REQUESTS})
+
+
+def states_slo(metric: Metric | None, with_pool: bool) -> bool:
+    """Whether a trigger may state a latency target: `demand` sizes for it, and the `requests` guard with
+    an `inferencePool` also acts while it is missed."""
+    return metric is Metric.DEMAND or (metric is Metric.REQUESTS and with_pool)
+
+
 KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "metric",

@@ -17,9 +17,11 @@ from keda_gpu_scaler.core.trigger import (
     KEDA_OWN_KEYS,
     KEYS,
     KEYS_BY_NAME,
+    POOL_OPTIONAL,
     Metric,
     Source,
     TriggerSpec,
+    states_slo,
 )
 from keda_gpu_scaler.core.value_parsers import settle_auto_threshold
 from keda_gpu_scaler.pages.engines import accepts_model, engine_supports, supports_tokens, unsupported_message
@@ -84,9 +86,7 @@ def _parse(items: list[tuple[str, str]]) -> TriggerSpec:
             raise ConfigError(f"metadata {spec_key.key} is required; allowed: {spec_key.help}")
         fields[spec_key.field] = spec_key.default
     settle_auto_threshold(fields, given)
-    # A latency target sizes `demand`; on the `requests` guard with a pool it also opens the guard.
-    guard = fields["metric"] is Metric.REQUESTS and "inference_pool" in given
-    fields["slo"] = take_slo(fields, given, allowed=fields["metric"] is Metric.DEMAND or guard)
+    fields["slo"] = take_slo(fields, given, allowed=states_slo(fields["metric"], "inference_pool" in given))
     _check_metric_fit(fields, given)
     if fields["metric_name"] is None:
         fields["metric_name"] = DEFAULT_METRIC_NAMES[fields["metric"]]
@@ -126,6 +126,11 @@ def _check_metric_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
     if metric.gateway:
         _check_gateway_fit(given)
         return
+    if "gateway_metrics_port" in given and "inference_pool" not in given and metric in POOL_OPTIONAL:
+        raise ConfigError(
+            f"metadata {given['gateway_metrics_port']} applies only with inferencePool (the pool whose"
+            f" endpoint picker's queue metric={metric.value} reads)"
+        )
     if metric is Metric.DEMAND:
         _check_demand_fit(fields, given)
     else:
@@ -191,20 +196,10 @@ def _check_demand_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
             "metadata source='prometheus' is not available for metric=demand: its rates are taken over the"
             " pods' own pages as they are read; allowed: scrape"
         )
-    if "gateway_metrics_port" in given and "inference_pool" not in given:
-        raise ConfigError(
-            f"metadata {given['gateway_metrics_port']} applies only with inferencePool (the pool whose"
-            " endpoint picker's queue adds to demand)"
-        )
 
 
 def _check_gated_guard(fields: dict[str, Any], given: dict[str, str]) -> None:
     """metric=requests with inferencePool (the guard acts while the pool holds requests): its pages read."""
-    if "gateway_metrics_port" in given and "inference_pool" not in given:
-        raise ConfigError(
-            f"metadata {given['gateway_metrics_port']} applies only with inferencePool (the pool whose"
-            " endpoint picker's queue says when the requests guard acts)"
-        )
     if "inference_pool" in given and fields["source"] is Source.PROMETHEUS:
         raise ConfigError(
             f"metadata {given['inference_pool']} with metric=requests is read from the pool's endpoint"

@@ -15,6 +15,7 @@ from keda_gpu_scaler.core.trigger import (
     KEYS,
     Metric,
     TriggerSpec,
+    states_slo,
 )
 from keda_gpu_scaler.core.value_parsers import AUTO_THRESHOLD
 
@@ -115,8 +116,7 @@ def _fields_of(metadata: Mapping[str, Any]) -> tuple[tuple[str, Any], ...] | Non
     if all(name in fields for name in SLO_FIELDS):
         keys = {spec_key.field: spec_key.key for spec_key in KEYS}
         try:  # folded into one SloTarget, as parse_trigger does
-            guard = fields.get("metric") is Metric.REQUESTS and fields.get("inference_pool") is not None
-            allowed = fields.get("metric") is Metric.DEMAND or guard
+            allowed = states_slo(fields.get("metric"), fields.get("inference_pool") is not None)
             fields["slo"] = take_slo(fields, keys, allowed=allowed)
         except ConfigError:
             return None

@@ -28,7 +28,7 @@ from keda_gpu_scaler.collect.wanted import (
 )
 from keda_gpu_scaler.core.errors import NoData
 from keda_gpu_scaler.core.snapshot import SourceKind, Targets
-from keda_gpu_scaler.core.trigger import Metric, TriggerSpec
+from keda_gpu_scaler.core.trigger import POOL_OPTIONAL, TriggerSpec
 from keda_gpu_scaler.server.registry import Followed, Subscription
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ class Subscriptions:
                     sources.extend(ExporterNode(node) for node in targets.nodes)
                 else:
                     sources.extend(self._pod_pages(followed, spec, targets))
-        if spec.inference_pool is not None and spec.metric in (Metric.DEMAND, Metric.REQUESTS):
+        if spec.inference_pool is not None and spec.metric in POOL_OPTIONAL:
             # `demand` with `inferencePool` adds the requests the pool's endpoint pickers hold (SPEC §6);
             # the `requests` guard acts while they hold any.
             sources.append(EppPool(namespace, spec.inference_pool, spec.gateway_metrics_port))
