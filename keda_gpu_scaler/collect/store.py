@@ -184,10 +184,13 @@ class Store:
                 recently_seen.setdefault(reading.pod, reason)
             return
         reason = source_problem(state, now, max_staleness)
-        problems.append(reason)
         # However long the outage lasts: forgetting these pods would shrink the value (made-up load drop).
         if state.pod is not None:
+            # One pod's own page: its problem is said only where that pod counts (recently_seen), never
+            # to the namespace's other workloads.
             recently_seen.setdefault(state.pod, reason)
+        else:
+            problems.append(reason)
         for last in (state.last_page, state.last_attributed):
             if last is not None:
                 for reading in last.by_namespace.get(namespace, ()):

@@ -129,7 +129,7 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
             f"no {snapshot.kind.value} source is configured or discovered for namespace {snapshot.namespace!r}"
         )
     if view.fresh_sources == 0:
-        raise NoData(f"no source has fresh data: {problems}")
+        raise NoData(f"no source has fresh data: {_with_own_pods(problems, snapshot)}")
     target_pods = snapshot.target_pods
     if targets is None and not target_pods:
         if view.fresh_sources < view.sources:
@@ -168,6 +168,15 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
     # The workload's value (the pool's pending requests added, for demand) may still be beyond it.
     check_total(evaluation.value, evaluation.pod_rows)
     return evaluation
+
+
+def _with_own_pods(problems: str, snapshot: Snapshot) -> str:
+    """The sources' problems and those of the target's own pod pages: another workload's pages are
+    not this trigger's to name."""
+    assert snapshot.view is not None
+    seen = snapshot.view.recently_seen
+    own = "; ".join(f"{pod}: {seen[pod]}" for pod in sorted(snapshot.target_pods & seen.keys())[:5])
+    return "; ".join(part for part in (problems, own) if part)
 
 
 def _pod_rows(

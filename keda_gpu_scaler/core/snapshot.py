@@ -53,7 +53,7 @@ class NamespaceView:
     sources: int
     # pod → reason, for pods last seen on a source that is now failing, stale or without pod labels
     recently_seen: dict[str, str] = field(default_factory=dict)
-    problems: tuple[str, ...] = ()  # one line per source without fresh data
+    problems: tuple[str, ...] = ()  # one line per source without fresh data that is not one pod's own page
 
     @property
     def fresh_sources(self) -> int:

@@ -906,11 +906,12 @@ async def test_a_pod_that_leaves_the_page_is_missing_until_its_target_goes() -> 
     assert prometheus.asked[-1] == "up"
     view = pod_view(store)
     assert [p.pod for p in view.readings] == ["vllm-0"]
-    assert list(view.recently_seen) == ["vllm-1"]  # a missing pod for the evaluator, not a vanished one
-    assert view.problems == (
-        "prometheus-inference:llm/vllm-1: its server does not answer Prometheus' scrapes"
-        " (up 0 for vllm/vllm-1:8000)",
-    )
+    # A missing pod for the evaluator, not a vanished one; its problem is its own (said where it counts).
+    assert view.recently_seen == {
+        "vllm-1": "prometheus-inference:llm/vllm-1: its server does not answer Prometheus' scrapes"
+        " (up 0 for vllm/vllm-1:8000)"
+    }
+    assert view.problems == ()
     (state,) = [s for s in store.sources() if s.source == pod_inference_source("llm", "vllm-1")]
     assert (state.kind, state.namespace, state.pod) == (SourceKind.PROMETHEUS_INFERENCE, "llm", "vllm-1")
     # However long it lasts.

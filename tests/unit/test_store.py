@@ -137,9 +137,10 @@ def walked_view(store: Store, namespace: str, now: float, max_staleness: float) 
                     recently_seen.setdefault(reading.pod, f"{state.source}: {ATTRIBUTION_LOST}")
             continue
         reason = source_problem(state, now, max_staleness)  # the store's wording: which sources is checked
-        problems.append(reason)
-        if state.pod is not None:
+        if state.pod is not None:  # one pod's own page: said only where that pod counts
             recently_seen.setdefault(state.pod, reason)
+        else:
+            problems.append(reason)
         for last in (page, state.last_attributed):
             if last is not None:
                 for reading in last.by_namespace.get(namespace, ()):
