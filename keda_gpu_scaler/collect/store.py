@@ -152,6 +152,7 @@ class Store:
         readings: list[Reading] = []
         recently_seen: dict[str, str] = {}
         problems: list[str] = []
+        pod_problems: dict[str, str] = {}
         fresh: list[str] = []
         # The sources naming pods of any namespace first, then the namespace's own, each in the order they
         # were added: their fresh pages' readings, and what the others leave (problems, pods).
@@ -162,9 +163,14 @@ class Store:
                 fresh.append(state.source)
                 readings.extend(page.by_namespace.get(namespace, ()))
             if _is_special(state, now, max_staleness):
-                self._special(state, namespace, now, max_staleness, recently_seen, problems)
+                self._special(state, namespace, now, max_staleness, recently_seen, problems, pod_problems)
         return NamespaceView(
-            tuple(readings), tuple(fresh), len(anywhere) + len(own), recently_seen, tuple(problems)
+            tuple(readings),
+            tuple(fresh),
+            len(anywhere) + len(own),
+            recently_seen,
+            tuple(problems),
+            pod_problems,
         )
 
     @staticmethod
@@ -175,6 +181,7 @@ class Store:
         max_staleness: float,
         recently_seen: dict[str, str],
         problems: list[str],
+        pod_problems: dict[str, str],
     ) -> None:
         """What a source that is not fresh, or fresh but showing no pods, says about a namespace."""
         if _fresh_page(state, now, max_staleness) is not None:
@@ -186,9 +193,8 @@ class Store:
         reason = source_problem(state, now, max_staleness)
         # However long the outage lasts: forgetting these pods would shrink the value (made-up load drop).
         if state.pod is not None:
-            # One pod's own page: its problem is said only where that pod counts (recently_seen), never
-            # to the namespace's other workloads.
             recently_seen.setdefault(state.pod, reason)
+            pod_problems.setdefault(state.pod, reason)
         else:
             problems.append(reason)
         for last in (state.last_page, state.last_attributed):

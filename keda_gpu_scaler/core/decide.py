@@ -7,6 +7,7 @@ import dataclasses
 import difflib
 import logging
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from keda_gpu_scaler.core.demand_values import demand_pod_values, measured_tokens_per_request, with_pending
@@ -123,13 +124,13 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
         return _add_pending(spec, snapshot, evaluate({}, (), spec, aggregation, targets.starting), decision)[
             0
         ]
-    problems = "; ".join(view.problems[:5])
+    problems = _problems(snapshot)
     if view.sources == 0:
         raise NoData(
             f"no {snapshot.kind.value} source is configured or discovered for namespace {snapshot.namespace!r}"
         )
     if view.fresh_sources == 0:
-        raise NoData(f"no source has fresh data: {_with_own_pods(problems, snapshot)}")
+        raise NoData(f"no source has fresh data: {problems}")
     target_pods = snapshot.target_pods
     if targets is None and not target_pods:
         if view.fresh_sources < view.sources:
@@ -151,7 +152,7 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
     reporting, without_value = _pod_rows(spec, snapshot, decision)
     if without_value:
         reasons = "; ".join(f"{pod}: {why}" for pod, why in sorted(without_value.items())[:5])
-        problems = f"{problems}; {reasons}" if problems else reasons
+        problems = "; ".join(part for part in (_problems(snapshot, without_value), reasons) if part)
     try:
         # A pod's value beyond what KEDA can carry is UNAVAILABLE naming it (never INTERNAL); each
         # within it, their sum is finite and checked below.
@@ -170,13 +171,16 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
     return evaluation
 
 
-def _with_own_pods(problems: str, snapshot: Snapshot) -> str:
-    """The sources' problems and those of the target's own pod pages: another workload's pages are
-    not this trigger's to name."""
+def _problems(snapshot: Snapshot, said: Collection[str] = ()) -> str:
+    """The problems of the sources this trigger reads: each source not tied to one pod, then the pod pages
+    it reads but those in `said`. With discovery those are the target's own pods' (another workload's
+    pages are not its to name); without it every pod page (nothing tells the workloads' apart)."""
     assert snapshot.view is not None
-    seen = snapshot.view.recently_seen
-    own = "; ".join(f"{pod}: {seen[pod]}" for pod in sorted(snapshot.target_pods & seen.keys())[:5])
-    return "; ".join(part for part in (problems, own) if part)
+    view = snapshot.view
+    pages = view.pod_problems
+    pods = pages.keys() if snapshot.targets is None else pages.keys() & snapshot.target_pods
+    own = [f"{pod}: {pages[pod]}" for pod in sorted(pods - set(said))]
+    return "; ".join([*view.problems, *own][:5])
 
 
 def _pod_rows(

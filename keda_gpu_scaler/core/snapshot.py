@@ -54,6 +54,8 @@ class NamespaceView:
     # pod → reason, for pods last seen on a source that is now failing, stale or without pod labels
     recently_seen: dict[str, str] = field(default_factory=dict)
     problems: tuple[str, ...] = ()  # one line per source without fresh data that is not one pod's own page
+    # pod → the problem of its own page (an inference server's), for the triggers that read that pod
+    pod_problems: dict[str, str] = field(default_factory=dict)
 
     @property
     def fresh_sources(self) -> int:

@@ -132,3 +132,55 @@ async def test_two_pages_of_one_pod_each_give_their_own_trigger_its_own_rate(tmp
         for server in servers:
             await server.stop()
         await kube.stop()
+
+
+async def test_another_workloads_failing_page_is_never_named_in_this_ones_answer(
+    make_exporter, make_scaler, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Two workloads in one namespace: the other's pod page failing is not this trigger's to name, whether
+    its own pods answer or not (its own pods' problems are named)."""
+    kube = FakeKube()
+    await kube.start()
+    try:
+        chat, code = await make_exporter(page(0)), await make_exporter(page(0))
+        code.status = 500
+        requests = {"metric": "requests", "threshold": "8"}
+        for name, server in (("chat", chat), ("code", code)):
+            kube.put(DEPLOYMENT, deployment(name, NS, {"app": name}, replicas=1))
+            trigger: dict[str, Any] = {"type": "external", "metadata": requests}
+            kube.put(SCALED_OBJECT, scaled_object(name, NS, {"name": name}, [trigger]))
+            kube.put(POD, pod(f"{name}-0", NS, {"app": name}, "node-a", ports=[("http", server.port)]))
+        scaler = await make_scaler(
+            kubernetes="on", kubeconfig=str(kube.kubeconfig(tmp_path)), discovery_interval=0.2
+        )
+
+        def ask(name: str) -> Any:
+            ref = pb.ScaledObjectRef(name=name, namespace=NS, scalerMetadata=requests)
+            return scaler.stub.GetMetrics(
+                pb.GetMetricsRequest(scaledObjectRef=ref, metricName="inference-requests")
+            )
+
+        async def code_failing_chat_answered() -> None:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await ask("code")  # followed too, so its page is read (and fails)
+            assert code.requests > 0
+            assert (await ask("chat")).metricValues[0].metricValueFloat == 0
+
+        await eventually(code_failing_chat_answered)
+        chat.status = 500
+
+        async def chat_unavailable_naming_only_its_own() -> None:
+            try:
+                await ask("chat")
+            except grpc.aio.AioRpcError as error:
+                details = error.details() or ""
+                assert error.code() is grpc.StatusCode.UNAVAILABLE and f"chat-0: {chat.url}" in details, (
+                    details
+                )
+                assert code.url not in details and "code-0" not in details, details
+                return
+            raise AssertionError("chat still answered")
+
+        await eventually(chat_unavailable_naming_only_its_own)
+    finally:
+        await kube.stop()

@@ -269,32 +269,3 @@ async def test_an_idle_pod_beside_a_broken_page_answers_its_value_but_not_whethe
         assert (await scaler.stub.IsActive(ref(REQUESTS))).result is False
 
     await eventually(idle)
-
-
-async def test_another_workloads_failing_page_is_never_named_in_this_ones_answer(  # type: ignore[no-untyped-def]
-    make_exporter, make_scaler
-) -> None:
-    """Two workloads in one namespace: the other's pod page failing is not this trigger's to name, whether
-    its own pods answer or not (its own pods' problems are named)."""
-    chat, code = await pod_pages(
-        make_exporter,
-        vllm_page("llama", [EngineLoad(3, 1, 0.2)]),
-        vllm_page("coder", [EngineLoad(2, 0, 0.1)]),
-    )
-    code.status = 500
-    scaler = await make_scaler(inference_urls=(("llm", "chat-0", chat.url), ("llm", "code-0", code.url)))
-
-    async def answered() -> None:
-        assert await value(scaler, REQUESTS) == 4
-
-    await eventually(answered)
-    chat.status = 500
-
-    async def unavailable() -> None:
-        assert await code_of(value(scaler, REQUESTS)) is grpc.StatusCode.UNAVAILABLE
-
-    await eventually(unavailable)
-    with pytest.raises(grpc.aio.AioRpcError) as raised:
-        await value(scaler, REQUESTS)
-    details = raised.value.details() or ""
-    assert f"chat-0: {chat.url}" in details and code.url not in details and "code-0" not in details, details

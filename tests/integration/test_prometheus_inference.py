@@ -225,7 +225,7 @@ async def test_a_stopped_server_leaves_the_page_and_is_a_missing_pod(
     await eventually(one, timeout=30)
     assert (
         inference_view(source, "stopping")
-        .problems[0]
+        .pod_problems["vllm-1"]
         .startswith(pod_inference_source("stopping", "vllm-1") + ": its server does not answer")
     )
 

@@ -106,11 +106,12 @@ def test_pages_read_through_the_unchanged_page_digest_read_as_read_whole_every_t
                     cached_store.view(namespace, now[0], 10.0),
                     simple_store.view(namespace, now[0], 10.0),
                 )
-                assert (kept.readings, kept.fresh, kept.recently_seen, kept.problems) == (
+                assert (kept.readings, kept.fresh, kept.recently_seen, kept.problems, kept.pod_problems) == (
                     read.readings,
                     read.fresh,
                     read.recently_seen,
                     read.problems,
+                    read.pod_problems,
                 )
 
     asyncio.run(scenario())

@@ -906,8 +906,9 @@ async def test_a_pod_that_leaves_the_page_is_missing_until_its_target_goes() -> 
     assert prometheus.asked[-1] == "up"
     view = pod_view(store)
     assert [p.pod for p in view.readings] == ["vllm-0"]
-    # A missing pod for the evaluator, not a vanished one; its problem is its own (said where it counts).
-    assert view.recently_seen == {
+    assert list(view.recently_seen) == ["vllm-1"]  # a missing pod for the evaluator, not a vanished one
+    # Its page's problem is its own: said to the triggers that read vllm-1, not to the whole namespace.
+    assert view.pod_problems == {
         "vllm-1": "prometheus-inference:llm/vllm-1: its server does not answer Prometheus' scrapes"
         " (up 0 for vllm/vllm-1:8000)"
     }

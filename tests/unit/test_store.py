@@ -125,6 +125,7 @@ def walked_view(store: Store, namespace: str, now: float, max_staleness: float) 
     fresh: list[str] = []
     recently_seen: dict[str, str] = {}
     problems: list[str] = []
+    pod_problems: dict[str, str] = {}
     counted = [state for state in states if state.namespace in (None, namespace)]
     for state in counted:
         page = state.last_page
@@ -137,15 +138,18 @@ def walked_view(store: Store, namespace: str, now: float, max_staleness: float) 
                     recently_seen.setdefault(reading.pod, f"{state.source}: {ATTRIBUTION_LOST}")
             continue
         reason = source_problem(state, now, max_staleness)  # the store's wording: which sources is checked
-        if state.pod is not None:  # one pod's own page: said only where that pod counts
+        if state.pod is not None:  # one pod's own page: said only to the triggers that read that pod
             recently_seen.setdefault(state.pod, reason)
+            pod_problems.setdefault(state.pod, reason)
         else:
             problems.append(reason)
         for last in (page, state.last_attributed):
             if last is not None:
                 for reading in last.by_namespace.get(namespace, ()):
                     recently_seen.setdefault(reading.pod, reason)
-    return NamespaceView(tuple(readings), tuple(fresh), len(counted), recently_seen, tuple(problems))
+    return NamespaceView(
+        tuple(readings), tuple(fresh), len(counted), recently_seen, tuple(problems), pod_problems
+    )
 
 
 SOURCES = ["http://a/metrics", "http://b/metrics", "http://c/metrics", "http://own-a/metrics"]
@@ -185,10 +189,18 @@ def test_a_view_always_reads_as_walking_every_source(operations: list[Any]) -> N
         for namespace in "ab":
             kept = store.view(namespace, now, 10)
             new = walked_view(store, namespace, now, 10)
-            assert (kept.readings, kept.fresh, kept.sources, kept.recently_seen, kept.problems) == (
+            assert (
+                kept.readings,
+                kept.fresh,
+                kept.sources,
+                kept.recently_seen,
+                kept.problems,
+                kept.pod_problems,
+            ) == (
                 new.readings,
                 new.fresh,
                 new.sources,
                 new.recently_seen,
                 new.problems,
+                new.pod_problems,
             )
