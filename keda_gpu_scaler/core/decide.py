@@ -124,7 +124,7 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
         return _add_pending(spec, snapshot, evaluate({}, (), spec, aggregation, targets.starting), decision)[
             0
         ]
-    problems = _problems(snapshot)
+    problems = _problems(spec, snapshot)
     if view.sources == 0:
         raise NoData(
             f"no {snapshot.kind.value} source is configured or discovered for namespace {snapshot.namespace!r}"
@@ -152,7 +152,7 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
     reporting, without_value = _pod_rows(spec, snapshot, decision)
     if without_value:
         reasons = "; ".join(f"{pod}: {why}" for pod, why in sorted(without_value.items())[:5])
-        problems = "; ".join(part for part in (_problems(snapshot, without_value), reasons) if part)
+        problems = "; ".join(part for part in (_problems(spec, snapshot, without_value), reasons) if part)
     try:
         # A pod's value beyond what KEDA can carry is UNAVAILABLE naming it (never INTERNAL); each
         # within it, their sum is finite and checked below.
@@ -171,14 +171,18 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
     return evaluation
 
 
-def _problems(snapshot: Snapshot, said: Collection[str] = ()) -> str:
+def _problems(spec: TriggerSpec, snapshot: Snapshot, said: Collection[str] = ()) -> str:
     """The problems of the sources this trigger reads: each source not tied to one pod, then the pod pages
-    it reads but those in `said`. With discovery those are the target's own pods' (another workload's
-    pages are not its to name); without it every pod page (nothing tells the workloads' apart)."""
+    it reads but those in `said`. With discovery those are the target's own pods'; without it those its
+    podNamePrefix names. Another workload's pages are not its to name, unless the prefix names no page
+    at all (then every page: the names may show a typo)."""
     assert snapshot.view is not None
     view = snapshot.view
     pages = view.pod_problems
-    pods = pages.keys() if snapshot.targets is None else pages.keys() & snapshot.target_pods
+    if snapshot.targets is not None:
+        pods = pages.keys() & snapshot.target_pods
+    else:
+        pods = {pod for pod in pages if pod.startswith(spec.pod_name_prefix or "")} or set(pages)
     own = [f"{pod}: {pages[pod]}" for pod in sorted(pods - set(said))]
     return "; ".join([*view.problems, *own][:5])
 

@@ -95,9 +95,15 @@ def vllm_page(
 
 
 def sglang_page(
-    model: str, dp_ranks: Sequence[EngineLoad | tuple[float, float, float]], *, tp_size: int = 1
+    model: str,
+    dp_ranks: Sequence[EngineLoad | tuple[float, float, float]],
+    *,
+    tp_size: int = 1,
+    totals: Sequence[EngineTotals] = (),
 ) -> str:
-    """An SGLang server's scheduler gauges: one scheduler per dp_rank, each repeated on its tp ranks.
+    """An SGLang server's scheduler gauges: one scheduler per dp_rank, each repeated on its tp ranks; with
+    `totals` (one per dp_rank) its tokenizer's request and token counters, once a request has finished
+    (one tokenizer per server: summed over the ranks; a labelled counter is printed once it moved).
 
     Printed as SGLang's multiprocess client library does: HELP "Multiprocess metric", labels sorted.
     """
@@ -121,6 +127,17 @@ def sglang_page(
             rows[SGLANG.waiting.name].append((label, load.waiting))
             rows["sglang:max_total_num_tokens"].append((label, float(max_tokens)))
     families = [(name, "gauge", "Multiprocess metric", values) for name, values in rows.items() if values]
+    finished = sum(total.finished for total in totals)
+    if finished > 0:
+        label = f'model_name="{pagetext.escape(model)}"'
+        counted = {
+            "sglang:num_requests_total": finished,
+            "sglang:prompt_tokens_total": sum(total.prompt_tokens for total in totals),
+            "sglang:generation_tokens_total": sum(total.generation_tokens for total in totals),
+        }
+        families += [
+            (name, "counter", "Multiprocess metric", [(label, value)]) for name, value in counted.items()
+        ]
     return _page(families)
 
 

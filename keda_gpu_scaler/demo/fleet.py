@@ -270,11 +270,11 @@ class DemoFleet:
         """The /metrics page inference pod ``pod``'s server prints now, in that engine's format."""
         info = self._inference_pod(pod)
         loads = self.inference_loads(pod)
-        if info.engine == "sglang":
-            return sglang_page(info.model, loads, tp_size=info.tp_size)
         totals = (
             self._served.totals(pod, self._elapsed(), lambda t: self._running_at(info, t)) if loads else []
         )
+        if info.engine == "sglang":
+            return sglang_page(info.model, loads, tp_size=info.tp_size, totals=totals)
         return vllm_page(info.model, loads, totals)
 
     def _running_at(self, info: InferencePod, t: float) -> list[float]:

@@ -807,13 +807,15 @@ def test_vllm_pages_count_finished_requests_as_the_batch_runs(clock: FakeClock) 
     assert finished_total(fleet.render_inference_page(pod)) == pytest.approx(after, abs=2)
 
 
-async def test_the_demo_scaler_answers_a_demand_trigger_with_the_arrival_rate() -> None:
+@pytest.mark.parametrize("workload", ["vllm-chat", "sglang-code"])
+async def test_the_demo_scaler_answers_a_demand_trigger_with_the_arrival_rate(workload: str) -> None:
+    """Both engines' pages print the counters `demand` reads (SGLang's once a request has finished)."""
     fleet = DemoFleet(seed=SEED, engine_start_s=0.0)
     await fleet.start()
     app = App(demo_settings(DEMO_SCALER, fleet))
     await app.start()
     try:
-        chat = next(w for w in fleet.inference_workloads if w.name == "vllm-chat")
+        chat = next(w for w in fleet.inference_workloads if w.name == workload)
         for pod in chat.pods:
             fleet.set_requests(pod, 20, 0)
         ref = pb.ScaledObjectRef(

@@ -269,3 +269,32 @@ async def test_an_idle_pod_beside_a_broken_page_answers_its_value_but_not_whethe
         assert (await scaler.stub.IsActive(ref(REQUESTS))).result is False
 
     await eventually(idle)
+
+
+async def test_without_discovery_another_prefixs_failing_page_is_not_named(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    """Without Kubernetes the prefix tells the workloads' pages apart: chat-* names its own pages' problems,
+    never code-0's."""
+    chat, code = await pod_pages(
+        make_exporter,
+        vllm_page("llama", [EngineLoad(3, 1, 0.2)]),
+        vllm_page("coder", [EngineLoad(2, 0, 0.1)]),
+    )
+    code.status = 500
+    scaler = await make_scaler(inference_urls=(("llm", "chat-0", chat.url), ("llm", "code-0", code.url)))
+
+    async def answered() -> None:
+        assert await value(scaler, REQUESTS) == 4
+
+    await eventually(answered)
+    chat.status = 500
+
+    async def unavailable() -> None:
+        assert await code_of(value(scaler, REQUESTS)) is grpc.StatusCode.UNAVAILABLE
+
+    await eventually(unavailable)
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await value(scaler, REQUESTS)
+    details = raised.value.details() or ""
+    assert f"chat-0: {chat.url}" in details and code.url not in details and "code-0" not in details, details
