@@ -129,6 +129,10 @@ class Snapshots:
             f"{MAX_WINDOW_SECONDS:g}"
         )
 
+    def now(self) -> float:
+        """The time a snapshot taken now is taken at (the clock every collection time is on)."""
+        return self._clock()
+
     def take(
         self,
         namespace: str,

@@ -254,6 +254,8 @@ def _gated_by_pool(
         return evaluation
     if pool.unknown is not None:
         raise NoData(pool.unknown)  # a pool-name typo must not leave the guard quiet for good
+    # Read whatever the pool says: the window's misses count in the allowance while the pool is unread too.
+    missed = spec.slo is not None and _latency_missed(spec.slo, snapshot, evaluation, decision)
     try:
         if pool.unreadable is not None:
             raise NoData(pool.unreadable)
@@ -265,18 +267,25 @@ def _gated_by_pool(
         return evaluation
     pool_name = f"InferencePool {spec.inference_pool}"
     holding = held.value > 0 or held.active  # held now, or turned away since the last page
-    missed = spec.slo is not None and _latency_missed(spec.slo, snapshot, evaluation, decision)
     if holding or missed:
         why = f"holds {held.value:g} requests" if holding else "holds none"
         why += ", and the requests miss the latency target" if missed else ""
         decision.notes += (f"{pool_name} {why}: the pods are saturated, the guard acts",)
         return evaluation
     decision.notes += (
-        f"{pool_name} holds no request{' and the latency target holds' if spec.slo else ''}: the pods are"
-        f" not saturated, so the guard asks for no replica (value 0; the pods hold {evaluation.value:g} in"
-        " flight)",
+        f"{pool_name} holds no request{_latency_said(decision)}: the pods are not saturated, so the guard"
+        f" asks for no replica (value 0; the pods hold {evaluation.value:g} in flight)",
     )
     return _with_value(evaluation, spec, 0.0)
+
+
+def _latency_said(decision: Decision) -> str:
+    """What the guard's note says of the latency target: held only where a quantile was read."""
+    if decision.slo is None:
+        return ""
+    if all(read.quantile is None for read in decision.slo.reads):
+        return " and no fresh pod's latency was read in the window"
+    return " and the latency target holds"
 
 
 def _latency_missed(slo: SloTarget, snapshot: Snapshot, evaluation: Evaluation, decision: Decision) -> bool:

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,6 +56,11 @@ class Evaluator:
         """The trigger's value now; raises NoData (UNAVAILABLE) when it cannot be known, ConfigError when
         the trigger can never be served. Discovery failing is raised before anything is recorded."""
         subscription = followed.triggers[spec]  # follow() made it before any evaluation
+        # Forgotten by age on every read, not only when a new one is kept: after an outage or a quiet
+        # hour (nothing kept meanwhile) the old ones are not "recent".
+        now = self.snapshots.now()
+        _forget_before(subscription.demand_sums, now - HEADROOM_SPAN)
+        _forget_before(subscription.latency_windows, now - BUDGET_SPAN)
         recent = tuple(total for at, total in subscription.demand_sums)
         latency = tuple((requests, missed) for at, requests, missed in subscription.latency_windows)
         snapshot = self.snapshots.take(followed.namespace, followed.name, spec, recent, latency)
@@ -159,29 +165,35 @@ def _mean(latency: Mapping[str, float], kind: str) -> float | None:
 
 
 def _remember_latency(subscription: Subscription, spec: TriggerSpec, now: float, decision: Decision) -> None:
-    """The window's requests and those over a target, once a window (windows that do not overlap count
-    each request once), those of the last BUDGET_SPAN seconds. Over both targets, the larger counts: the
-    two histograms cannot say which requests missed both."""
+    """The window's observations and those over a target, once a window (windows that do not overlap
+    count each request once). Over both targets, the kind that missed the larger share counts, as its own
+    pair: the two histograms cannot say which requests missed both, and they count different things
+    (a first token per request; on SGLang and older vLLM an observation per output token)."""
     windows = subscription.latency_windows
     slo = decision.slo
     if slo is None or (windows and now - windows[-1][0] < spec.window):
         return
-    counted = [(read.requests, read.missed) for read in slo.reads if read.missed is not None]
+    counted = [
+        (read.requests, read.missed) for read in slo.reads if read.missed is not None and read.requests
+    ]
     if not counted:
         return
-    windows.append((now, max(r for r, _ in counted), max(m for _, m in counted)))
-    while windows[0][0] < now - BUDGET_SPAN:
-        windows.popleft()
+    requests, missed = max(counted, key=lambda pair: pair[1] / pair[0])
+    windows.append((now, requests, missed))
 
 
 def _remember_demand(
     subscription: Subscription, spec: TriggerSpec, now: float, evaluation: Evaluation
 ) -> None:
     """The fresh pods' summed demand, for the SLO's headroom: at most four a window (a stream evaluates on
-    every page), the last DEMAND_SUMS_KEPT of them within HEADROOM_SPAN seconds."""
+    every page), the last DEMAND_SUMS_KEPT of them (read within HEADROOM_SPAN seconds)."""
     sums = subscription.demand_sums
     if sums and now - sums[-1][0] < spec.window / 4:
         return
     sums.append((now, math.fsum(row[ROW_VALUE] for row in evaluation.pod_rows)))
-    while sums[0][0] < now - HEADROOM_SPAN:
-        sums.popleft()
+
+
+def _forget_before(kept: deque[Any], since: float) -> None:
+    """Drop what was kept before `since` (each entry's first item is its time, oldest first)."""
+    while kept and kept[0][0] < since:
+        kept.popleft()
