@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from keda_gpu_scaler.collect.wanted import EppPage, EppPool, PageBindings, WantedSources
+from keda_gpu_scaler.collect.wanted import EppPage, EppPool, PageBindings, WantedSources, one_namespace
 
 PoolKey = tuple[str, str]
 """(namespace, InferencePool name)."""
@@ -63,7 +63,7 @@ class GatewayPages:
 
     def start(self, sink: GatewaySink) -> None:
         """Scrape the pages wanted from now on (and those wanted so far) through `sink`."""
-        self._bindings = PageBindings(sink.add_page, sink.remove)
+        self._bindings = PageBindings(sink.add_page, sink.remove, one_namespace)
         self._wanted.handle(EppPage, self._bindings.added, self._bindings.removed)
         self._wanted.handle(EppPool, self._pool_wanted, self._pool_unwanted)
 
@@ -124,16 +124,36 @@ class GatewayPages:
     def replicas(self, pool: EppPool) -> tuple[Replica, ...]:
         """The pool's replica pages (static first, then discovered, each by name); empty when none.
 
-        A URL named by two pools (a repeated --gateway-url) belongs to the first that wanted it: its
-        page is read for that pool only, and the other pool does not list it."""
-        found = [
+        A URL named by two pools of one namespace (a repeated --gateway-url) belongs to the first that
+        wanted it: its page is read for that pool only, and the other pool does not list it. One named by
+        pools of two namespaces is read for neither (wanted.one_namespace)."""
+        return tuple(r for r in self._named(pool) if self._bound_to(r.url) == (pool.namespace, pool.pool))
+
+    def problem(self, pool: EppPool) -> str | None:
+        """Why the pool has no replica page to read, where that is known: discovery's word, else the
+        addresses that another namespace's pool names too."""
+        if (problem := self._problems.get(pool)) is not None:
+            return problem
+        shared = {
+            r.url: sorted({claim.namespace for claim in self._bindings.claims(r.url)} - {pool.namespace})
+            for r in self._named(pool)
+            if self._bindings is not None and self._bound_to(r.url) is None
+        }
+        shared = {url: others for url, others in shared.items() if others}
+        if not shared:
+            return None
+        url, others = next(iter(shared.items()))
+        return (
+            f"the endpoint-picker address {url} of InferencePool {pool.namespace}/{pool.pool} is also named"
+            f" by a pool of namespace {', '.join(others)}: it is read for neither until one of them goes (a pod"
+            " IP reused while a watch catches up), so no namespace's token reaches another's pod"
+        )
+
+    def _named(self, pool: EppPool) -> list[Replica]:
+        return [
             *self._static.get((pool.namespace, pool.pool), {}).values(),
             *sorted(self._discovered.get(pool, {}).values(), key=_name),
         ]
-        return tuple(r for r in found if self._bound_to(r.url) == (pool.namespace, pool.pool))
-
-    def problem(self, pool: EppPool) -> str | None:
-        return self._problems.get(pool)
 
     def unknown_pool(self, pool: EppPool, discovering: bool) -> str | None:
         """Why no InferencePool of that name exists, naming those that do; None when it exists (with or

@@ -70,6 +70,14 @@ class EppPage:
     replica: str
 
 
+def one_namespace(claims: list[EppPage]) -> EppPage | None:
+    """Which pool a picker page at one URL is filed under: the first that named it, while every claim is of
+    one namespace. Pod IPs are reused across namespaces, and a watch that is relisting keeps its last pods:
+    when two namespaces' pools name one address it is read for neither until a claim goes — never with the
+    first namespace's token sent to what may now be another tenant's pod, read as its queue."""
+    return claims[0] if len({claim.namespace for claim in claims}) == 1 else None
+
+
 @dataclass(frozen=True, slots=True)
 class PrometheusQuery:
     """A namespace's series in Prometheus: `what` is gpu, inference or gateway (with its pool)."""
@@ -203,6 +211,10 @@ class PageBindings(Generic[P]):
         if not claims:
             del self._claims[source.url]
         self._settle(source.url)
+
+    def claims(self, url: str) -> tuple[P, ...]:
+        """Every wanted source that names `url` now."""
+        return tuple(self._claims.get(url, ()))
 
     def bound(self, url: str) -> P | None:
         """The source the page at `url` is filed under (None: it is not fetched)."""
