@@ -200,9 +200,14 @@ class MintedToken:
         # A picker refused the current token: replaced once the gap since the last mint has passed.
         self._refused = False
         self._refusal_logged = False
+        self._last_refusal = -float("inf")  # monotonic (the loop's clock)
         self._remint_gap = REMINT_SECONDS
         self._last_mint = -float("inf")  # monotonic
         self._wake = asyncio.Event()
+        # A picker page was read with this namespace's tokens since the last mint (the first read starts
+        # minting): a namespace no longer read gets no new token and no retry.
+        self._read_since_mint = True
+        self._read_again = asyncio.Event()
 
     @property
     def ref(self) -> str:
@@ -220,13 +225,22 @@ class MintedToken:
             )
             self._refusal_logged = True
         self._refused = True
+        self._last_refusal = asyncio.get_running_loop().time()
         self._wake.set()
 
     def accepted(self) -> None:
+        """A picker read its page with the token: the refusals are over once none came for a whole gap.
+        One picker refusing beside one accepting keeps the gap doubling (reset at every acceptance, it
+        was a TokenRequest every REMINT_SECONDS for ever)."""
+        if asyncio.get_running_loop().time() - self._last_refusal < self._remint_gap:
+            return
         self._refused = self._refusal_logged = False
         self._remint_gap = REMINT_SECONDS
 
     def read(self) -> str:
+        if not self._read_since_mint:
+            self._read_since_mint = True
+            self._read_again.set()
         now = self._clock()
         if self._token is not None and now < self._usable_until:
             return self._token
@@ -259,6 +273,7 @@ class MintedToken:
     async def _renew_forever(self) -> None:
         retry = FIRST_RETRY_SECONDS
         while True:
+            await self._until_read()
             life = await self.mint_once()
             if life is not None:
                 retry = FIRST_RETRY_SECONDS
@@ -267,6 +282,14 @@ class MintedToken:
             # Backoff, never longer than a tenth of a token's life (short-lived tokens retry sooner).
             await asyncio.sleep(retry)
             retry = min(retry * 2, MAX_RETRY_SECONDS, max(FIRST_RETRY_SECONDS, self._life / 10))
+
+    async def _until_read(self) -> None:
+        """Until a picker page is read with these tokens since the last mint: once a namespace's
+        ScaledObjects are forgotten (SPEC §2) its pool is no longer read, and it is minted no more tokens
+        (nor retried while minting fails) until it is read again."""
+        while not self._read_since_mint:
+            self._read_again.clear()
+            await self._read_again.wait()
 
     async def _until_renewal(self, seconds: float) -> None:
         """Wait `seconds`, or less when a picker refused the token: until the gap since the last mint has
@@ -290,6 +313,7 @@ class MintedToken:
     async def mint_once(self) -> float | None:
         """Ask for a new token; the seconds it lives, or None when minting failed (the reason kept)."""
         self._last_mint = asyncio.get_running_loop().time()
+        self._read_since_mint = False
         try:
             token, expires = _expiry(
                 await self._mint(self.namespace, self.name, self._seconds, self.audience)

@@ -5,6 +5,7 @@ namespace's pickers get that namespace's token only, and a refused token is repl
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -375,3 +376,52 @@ async def test_token_files_reach_each_namespaces_pickers_only_and_one_file_for_a
 
     await eventually(both_read)
     assert tenant_a.tokens() == {"operator-team-a"} and tenant_b.tokens() == {"operator-team-b"}
+
+
+async def test_a_namespace_no_longer_read_is_minted_no_more_tokens(
+    make_scaler: Any, kube: FakeKube, tmp_path: Path
+) -> None:
+    """SPEC §2: a ScaledObject KEDA stops calling is forgotten with all its state; its pool is no longer
+    read, and its namespace gets no new token (nor a retry) until a picker of it is read again."""
+    kube.tokens.accounts.add(ACCOUNT)
+    kube.tokens.lifetime = 2  # renewed every 1.6 s while read
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=epp_page("chat-pool", {Queued("llama"): 3}))
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        epp = MintedEpp(kube, "llm", port=runner.addresses[0][1])
+        put_pool(kube, epp)
+        scaler = await make_scaler(
+            kubernetes="on",
+            kubeconfig=str(kube.kubeconfig(tmp_path)),
+            discovery_interval=0.2,
+            gateway_interval=0.05,
+            gateway_token_serviceaccount=ACCOUNT,
+            gateway_token_plain_http=True,
+            interest_ttl=1.0,
+        )
+
+        async def minted_and_read() -> None:
+            assert (await scaler.stub.IsActive(ref(epp))).result is True
+
+        await eventually(minted_and_read)
+
+        async def forgotten() -> None:
+            assert len(scaler.app.registry) == 0
+
+        await eventually(forgotten, timeout=5)
+        await asyncio.sleep(2.0)  # the renewal the last reads asked for
+        before = len(kube.tokens.minted)
+        await asyncio.sleep(3.5)  # two renewals' time
+        assert len(kube.tokens.minted) == before
+        # Followed again: minted again (the first read may find the old token expired, then it is renewed).
+        await eventually(minted_and_read)
+        assert len(kube.tokens.minted) > before
+    finally:
+        await runner.cleanup()

@@ -3,10 +3,13 @@ test's choosing: what read() gives or says at each point of a token's life, and 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 import pytest
 
+from keda_gpu_scaler.collect import gateway_token
 from keda_gpu_scaler.collect.gateway_token import MintedToken, TokenUnavailable
 from keda_gpu_scaler.config.secretfile import SecretFileError
 from keda_gpu_scaler.core.errors import KubeError
@@ -107,3 +110,31 @@ async def test_a_failure_after_a_token_expired_never_brings_the_old_one_back() -
     assert "expires at" in unavailable(token) and "has not been renewed yet" in unavailable(token)
     assert await token.mint_once() is not None
     assert token.read() == "second" and token.minted == 2
+
+
+async def test_one_picker_refusing_beside_one_accepting_keeps_the_gap_doubling(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SECURITY.md: at most one TokenRequest 5 s after the last, the gap doubling while pickers keep
+    refusing; an acceptance by another picker of the same token does not start it again from 5 s."""
+    monkeypatch.setattr(gateway_token, "REMINT_SECONDS", 0.1)  # 5 s scaled down 50×
+    clock, times = Clock(), []
+
+    async def mint(namespace: str, name: str, seconds: int, audience: str) -> dict[str, Any]:
+        times.append(asyncio.get_running_loop().time())
+        return answer(f"t{len(times)}", "2027-01-15T08:10:00Z")
+
+    token = MintedToken("keda", "epp-metrics", mint, audience="keda-gpu-scaler-epp:llm", clock=clock)
+    token.start()
+    try:
+        end = asyncio.get_running_loop().time() + 3.2  # 32 gaps of 0.1 s; doubling, about 6 mints
+        while asyncio.get_running_loop().time() < end:
+            with contextlib.suppress(TokenUnavailable):  # the first mint may still be under way
+                token.read()
+            token.refused()  # epp-0 refuses every token
+            await asyncio.sleep(0.01)
+            token.accepted()  # epp-1 accepts it
+            await asyncio.sleep(0.01)
+    finally:
+        await token.stop()
+    assert 3 <= len(times) <= 8, times
