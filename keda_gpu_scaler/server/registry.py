@@ -341,6 +341,9 @@ class Registry:
         for spec in list(entry.triggers):
             self._drop(entry, spec)
         self._on_forget(entry)
+        # A spec stream waiting on this entry follows the ScaledObject again at once, so it sends what
+        # GetMetricSpec answers from now on (and ends at shutdown: wake_spec_streams no longer sees it).
+        entry.targets.wake()
 
     async def sweep(self) -> None:
         """Evict in the background too, so state goes away even when no new call arrives."""

@@ -210,6 +210,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                     self._telemetry.spec_updates.labels("open" if sent is None else "change").inc()
                     sent = response
                     yield response
+                    if self._closing:  # closed while the message was sent: no waiter was there to wake
+                        break
                 await targets.wait_for_change(seen, self._stream_recheck)
         finally:
             if counted is not None:

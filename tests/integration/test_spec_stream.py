@@ -194,3 +194,35 @@ async def test_shutdown_ends_spec_streams_with_ok(make_scaler) -> None:  # type:
     assert await stream.code() is grpc.StatusCode.OK
     await asyncio.wait_for(stopping, 10)
     assert open_spec_streams(scaler) == 0
+
+
+async def test_a_shutdown_while_a_message_is_being_sent_ends_the_stream_at_once(make_scaler) -> None:  # type: ignore[no-untyped-def]
+    """No waiter is there to wake while the stream is at its `yield` (gRPC sending the message): it must
+    still end at once, not a recheck (--scrape-interval) later."""
+    scaler = await make_scaler(scrape_interval=30.0, max_staleness=90.0)  # recheck = scrape interval
+    service = scaler.app.service
+    stream = service.StreamMetricSpec(ref(), None)  # the handler gRPC runs, driven directly
+    assert (await stream.__anext__()).metricSpecs[0].targetSizeFloat == 70.0  # suspended at its yield
+    service.close_streams()
+    with pytest.raises(StopAsyncIteration):
+        await asyncio.wait_for(stream.__anext__(), 2.0)
+
+
+async def test_shutdown_ends_with_ok_a_stream_whose_scaledobject_was_forgotten(make_scaler) -> None:  # type: ignore[no-untyped-def]
+    """Forgotten while its stream is open (the --max-scaledobjects fair share gave its room to another
+    namespace): the stream follows it again at once, and shutdown still ends it with OK."""
+    scaler = await make_scaler(
+        scrape_interval=30.0, max_staleness=90.0, max_scaledobjects=2, shutdown_grace=3.0
+    )
+    stream = scaler.stub.StreamMetricSpec(ref())
+    assert (await asyncio.wait_for(stream.read(), 10)).metricSpecs[0].targetSizeFloat == 70.0
+    other = pb.ScaledObjectRef(name="other", namespace="llm", scalerMetadata=METADATA)
+    await scaler.stub.GetMetricSpec(other)  # llm holds the cap of 2
+    await scaler.stub.GetMetricSpec(pb.ScaledObjectRef(name="x", namespace="b", scalerMetadata=METADATA))
+    assert scaler.app.registry.get("llm", "vllm") is None  # b below its share: llm's least recent went
+    stopping = asyncio.create_task(scaler.app.stop())
+    try:
+        assert await asyncio.wait_for(stream.read(), 10) is grpc.aio.EOF
+        assert await stream.code() is grpc.StatusCode.OK
+    finally:
+        await stopping
