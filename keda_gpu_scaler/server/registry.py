@@ -298,6 +298,19 @@ class Registry:
         self._remove(oldest)
         return True
 
+    def _evict_idle_for(self, namespace: str, share: int, now: float, idle: float) -> bool:
+        """Forget the least recently called ScaledObject not called for `idle` seconds that is the
+        newcomer's namespace's own or of a namespace above its share: a ScaledObject at zero is called only
+        every pollingInterval, which may exceed a minute, and a namespace's share is never taken by
+        another that holds its own (SPEC §2)."""
+        for entry in self._entries.values():  # least recently called first
+            if now - entry.last_call < idle:
+                return False
+            if entry.namespace == namespace or len(self._by_namespace[entry.namespace]) > share:
+                self._remove(entry)
+                return True
+        return False
+
     def _remove(self, entry: Followed) -> None:
         del self._entries[(entry.namespace, entry.name)]
         names = self._by_namespace[entry.namespace]
@@ -312,19 +325,20 @@ class Registry:
         First the least recently called ScaledObject gives way if KEDA has stopped calling it: KEDA calls
         every ScaledObject at least once per pollingInterval (30 s by default) and the HPA more often, so
         one not called for ROOM_AFTER_SECONDS is gone or was never KEDA's (a caller flooding the scaler
-        with made-up names delays a real new ScaledObject by a minute at most, not a TTL). Otherwise a
+        with made-up names delays a real new ScaledObject by a minute at most, not a TTL) — but only the
+        newcomer's namespace's own or one of a namespace above its share (_evict_idle_for). Otherwise a
         namespace holding less than its fair share takes room from the namespace holding the most (then
         above its share), whose least recently called ScaledObject goes: one namespace polling thousands
         cannot lock the others out. A namespace at or above its share is refused.
         """
         room_after = min(ROOM_AFTER_SECONDS, self._ttl)
-        if self._evict_oldest_if_idle(now, room_after):
-            return
         # The cap divided evenly among the namespaces followed, the newcomer's counted. (A namespace below
         # it implies one above it: the counts add up to the cap.)
         namespaces = len(self._by_namespace) + (namespace not in self._by_namespace)
         share = self._cap // namespaces
         held = len(self._by_namespace.get(namespace, ()))
+        if self._evict_idle_for(namespace, share, now, room_after):
+            return
         if held < share:
             largest = max(self._by_namespace, key=lambda other: len(self._by_namespace[other]))
             self._remove(self._entries[(largest, next(iter(self._by_namespace[largest])))])

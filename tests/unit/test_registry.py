@@ -306,3 +306,25 @@ def test_without_kubernetes_an_idle_trigger_goes_after_the_ttl_and_a_called_one_
         registry.prune()
     entry = registry.get("llm", "vllm")
     assert entry is not None and list(entry.triggers) == [named("new")]
+
+
+def test_an_idle_scaledobject_of_a_namespace_within_its_share_never_gives_way_to_another() -> None:
+    """SPEC §2: a ScaledObject at zero is called only every pollingInterval (perhaps over a minute): a
+    namespace above its share must not push out another namespace's only one for being idle."""
+    now = [1000.0]
+    forgotten: list[tuple[str, str]] = []
+    registry = Registry(
+        ttl=600.0, cap=4, clock=lambda: now[0], on_forget=lambda f: forgotten.append((f.namespace, f.name))
+    )
+    registry.follow("quiet", "wake-from-zero", SPEC)  # polled every 120 s
+    for index in range(3):
+        registry.follow("noisy", f"so-{index}", SPEC)
+    now[0] += 61.0
+    for index in range(3):
+        registry.follow("noisy", f"so-{index}", SPEC)
+    with pytest.raises(TooManyScaledObjects):
+        registry.follow("noisy", "so-3", SPEC)  # 3 of 4 held, its share is 2
+    assert forgotten == []
+    now[0] += 61.0  # the noisy namespace's own idle ones still give way to it
+    registry.follow("noisy", "so-4", SPEC)
+    assert forgotten == [("noisy", "so-0")]
