@@ -34,8 +34,9 @@ class _Pool:
 
     windows: dict[float, float]  # each window asked for → when it was last asked for
     replicas: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-    # demandUnit tokens: the weighted tokens per request the pool's pods measured last (None: never).
-    tokens_per_request: float | None = None
+    # demandUnit tokens: the weighted tokens per request the pool's pods measured last, per prefillWeight
+    # (two triggers weighing prompt tokens differently size the same requests differently).
+    sizes: dict[float, float] = field(default_factory=dict)
 
     def kept_window(self, now: float, forget_after: float) -> float:
         for window in [w for w, asked in self.windows.items() if now - asked > forget_after]:
@@ -76,14 +77,17 @@ class PendingHistory:
         pool = self._pools[key]
         return sum(growth_per_second(_over(pool.replicas.get(name, []), window)) for name in replicas)
 
-    def remember_size(self, key: PendingKey, tokens_per_request: float | None) -> float | None:
-        """demandUnit tokens: the pods' tokens per request now, else the last they measured (None: never)."""
+    def remember_size(
+        self, key: PendingKey, prefill_weight: float, tokens_per_request: float | None
+    ) -> float | None:
+        """demandUnit tokens: the pods' tokens per request at this prefillWeight now, else the last measured
+        at it (None: never)."""
         pool = self._pools.get(key)
         if pool is None:
             return tokens_per_request
         if tokens_per_request is not None:
-            pool.tokens_per_request = tokens_per_request
-        return pool.tokens_per_request
+            pool.sizes[prefill_weight] = tokens_per_request
+        return pool.sizes.get(prefill_weight)
 
     def on_page(self, kind: SourceKind, page: Page) -> None:
         """Store listener: a page was recorded."""

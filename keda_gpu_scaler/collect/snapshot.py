@@ -175,7 +175,8 @@ class Snapshots:
     def remember(self, namespace: str, spec: TriggerSpec, tokens_per_request: float) -> None:
         """`demandUnit: tokens`: the pods' tokens per request just measured, for when they measure none."""
         assert spec.inference_pool is not None
-        self.pending_history.remember_size((namespace, spec.inference_pool, spec.model), tokens_per_request)
+        key = (namespace, spec.inference_pool, spec.model)
+        self.pending_history.remember_size(key, spec.prefill_weight, tokens_per_request)
 
     def _pool(self, namespace: str, spec: TriggerSpec, now: float) -> PoolSnapshot:
         assert spec.inference_pool is not None
@@ -185,7 +186,7 @@ class Snapshots:
         demand = spec.metric is Metric.DEMAND
         if demand and unknown is None:
             self.pending_history.want(key, spec.window, now)
-        size = self.pending_history.remember_size(key, None) if demand else None
+        size = self.pending_history.remember_size(key, spec.prefill_weight, None) if demand else None
         try:
             replicas = tuple(self._replica_inputs(namespace, spec, now))
         except NoData as error:

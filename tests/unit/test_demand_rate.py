@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from keda_gpu_scaler.core.demand import (
@@ -115,3 +117,10 @@ def test_pending_adds_its_growth_and_what_clears_it_within_a_window() -> None:
     assert pending_demand(growth_per_second([(0, 60), (10, 30)]), 30, 60) == pytest.approx(0.5)
     # One reading: what clears it within the window; a pool at zero holding one request asks for > 0.
     assert pending_demand(growth_per_second([(5, 1)]), 1, 60) == pytest.approx(1 / 60)
+
+
+def test_counters_beyond_a_floats_range_are_no_rate_never_a_made_up_zero() -> None:
+    # Two pages whose summed counter overflowed: inf − inf is NaN, which max(0, …) would have made 0.
+    points = [DemandPoint(5.0, math.inf, 0.0), DemandPoint(10.0, math.inf, 0.0)]
+    rate = pod_demand(points)
+    assert isinstance(rate, Missing) and rate.kind is MissingKind.NO_RATE

@@ -44,3 +44,13 @@ def test_a_pool_nobody_asks_about_is_forgotten() -> None:
     assert history.growth(KEY, ["epp-0"], 30, 400) == 0
     history.on_page(SourceKind.GATEWAY, page(400, 400))
     assert history.growth(KEY, ["epp-0"], 30, 400) == pytest.approx(1)
+
+
+def test_a_remembered_request_size_is_kept_per_prefill_weight() -> None:
+    """Two triggers on one pool weighing prompt tokens differently (prefillWeight 0.25 and 4) size the same
+    requests at 450 and 4,200 tokens: neither is handed the other's."""
+    history = PendingHistory(forget_after=600)
+    history.want(KEY, 30.0, 0.0)
+    assert history.remember_size(KEY, 0.25, 450.0) == 450.0
+    assert history.remember_size(KEY, 4.0, None) is None  # never measured at its own weight
+    assert history.remember_size(KEY, 0.25, None) == 450.0
