@@ -229,9 +229,9 @@ FLAGS: tuple[Flag, ...] = (
         "--max-scaledobjects",
         "5000",
         "most ScaledObjects followed at once, each namespace with a fair share (the cap ÷ the namespaces"
-        " followed); at the cap, one not called for 60 s (or --interest-ttl, if shorter) gives way, else a"
-        " namespace below its share takes the least recently called of the largest namespace; a namespace at"
-        " or above its share is RESOURCE_EXHAUSTED",
+        " followed); at the cap, one not called for 60 s (or --interest-ttl, if shorter) of the caller's"
+        " namespace or of one above its share gives way, else a namespace below its share takes the least"
+        " recently called of the largest namespace; a namespace at or above its share is RESOURCE_EXHAUSTED",
         parse=_positive(int),
     ),
     Flag(
