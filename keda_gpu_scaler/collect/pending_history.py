@@ -53,11 +53,19 @@ class PendingHistory:
         # The newest queue of each replica page, by reference (the store holds it): a pool asked about for
         # the first time starts with one point, not none.
         self._newest: dict[tuple[str, str, str], tuple[float, ReplicaQueue]] = {}
+        # The replicas each page source's last page held: through Prometheus one page holds every replica
+        # of a pool, and one that leaves it (a rollout's old picker pod) is gone.
+        self._on_source: dict[str, set[tuple[str, str, str]]] = {}
         self._swept_at = float("-inf")
 
     def __len__(self) -> int:
         """How many pools are kept (for tests and the bound)."""
         return len(self._pools)
+
+    def replicas_kept(self) -> int:
+        """How many replica pages have points or a newest queue kept (for tests and the bound)."""
+        kept = {(key[0], key[1], name) for key, pool in self._pools.items() for name in pool.replicas}
+        return len(kept | self._newest.keys())
 
     def want(self, key: PendingKey, window: float, now: float) -> None:
         """Keep the pool's points over `window` from now on (each evaluation says so before it reads the
@@ -93,11 +101,15 @@ class PendingHistory:
         """Store listener: a page was recorded."""
         if kind not in _GATEWAY_KINDS:
             return
+        held: set[tuple[str, str, str]] = set()
         for queue in page.readings_of(ReplicaQueue):
+            held.add((queue.namespace, queue.pool, queue.replica))
             self._newest[(queue.namespace, queue.pool, queue.replica)] = (page.collected_at, queue)
             for key, pool in self._pools.items():
                 if key[:2] == (queue.namespace, queue.pool):
                     self._add(key, pool, page.collected_at, queue)
+        self._forget(self._on_source.get(page.source, set()) - held)
+        self._on_source[page.source] = held
         if page.collected_at - self._swept_at >= SWEEP_EVERY:
             self._sweep(page.collected_at)
 
@@ -105,11 +117,15 @@ class PendingHistory:
         """Store listener: a replica page is gone: its points go too."""
         if kind not in _GATEWAY_KINDS:
             return
-        for queue in page.readings_of(ReplicaQueue):
-            self._newest.pop((queue.namespace, queue.pool, queue.replica), None)
+        self._on_source.pop(page.source, None)
+        self._forget({(q.namespace, q.pool, q.replica) for q in page.readings_of(ReplicaQueue)})
+
+    def _forget(self, replicas: set[tuple[str, str, str]]) -> None:
+        for namespace, name, replica in replicas:
+            self._newest.pop((namespace, name, replica), None)
             for key, pool in self._pools.items():
-                if key[:2] == (queue.namespace, queue.pool):
-                    pool.replicas.pop(queue.replica, None)
+                if key[:2] == (namespace, name):
+                    pool.replicas.pop(replica, None)
 
     def _add(self, key: PendingKey, pool: _Pool, at: float, queue: ReplicaQueue) -> None:
         points = pool.replicas.setdefault(queue.replica, [])

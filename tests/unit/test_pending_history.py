@@ -54,3 +54,16 @@ def test_a_remembered_request_size_is_kept_per_prefill_weight() -> None:
     assert history.remember_size(KEY, 0.25, 450.0) == 450.0
     assert history.remember_size(KEY, 4.0, None) is None  # never measured at its own weight
     assert history.remember_size(KEY, 0.25, None) == 450.0
+
+
+def test_replicas_that_leave_a_pools_prometheus_page_are_forgotten() -> None:
+    """Through Prometheus one page holds every replica of a pool: 200 rollouts of its picker leave one."""
+    history = PendingHistory(forget_after=600)
+    at = 0.0
+    for rollout in range(200):
+        for _ in range(12):
+            history.want(KEY, 30, at)
+            queue = ReplicaQueue("llm", "chat-pool", f"epp-{rollout}", page_queue(epp_page("chat-pool", {})))
+            history.on_page(SourceKind.PROMETHEUS_GATEWAY, Page.from_readings("prometheus:llm", at, [queue]))
+            at += 5
+    assert history.replicas_kept() == 1
