@@ -120,9 +120,10 @@ class PrometheusClient:
         form = {
             "query": promql,
             "time": f"{at:.3f}",
-            # Thanos answers with part of the data when a store is down unless told not to; the others
-            # ignore the parameter. Part of the data would look like pods gone.
+            # Thanos and VictoriaMetrics' cluster answer with part of the data when a store is down unless
+            # told not to; the others ignore the parameters. Part of the data would look like pods gone.
             "partial_response": "false",
+            "deny_partial_response": "1",
         }
         async with self._in_flight:
             started = self._clock()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -71,6 +72,9 @@ def parse_vector(body: bytes) -> tuple[list[Element], list[str]]:
         raise PrometheusError(
             f"the answer is a {remote_text(repr(data.get('resultType')))}, not an instant vector"
         )
+    if data.get("isPartial") is True or document.get("isPartial") is True:
+        # VictoriaMetrics' cluster answers with what its reachable storage nodes hold: pods would look gone.
+        raise PrometheusError("the answer is partial (isPartial: a storage node did not answer)")
     if len(data["result"]) > MAX_ANSWER_ELEMENTS:
         raise too_many_elements()
     elements = [item if isinstance(item, Element) else _element(item) for item in data["result"]]
@@ -159,6 +163,8 @@ def samples_with_times(elements: Iterable[Element]) -> list[Sample]:
         name = labels.pop("__name__")
         at = times.get(frozenset(labels.items()))
         if at is not None:
+            if not math.isfinite(at):  # a timestamp() that is no time: the answer cannot be used
+                raise PrometheusError(f"the sample time of {remote_text(name)} is {at!r}, not a time")
             samples.append(Sample(name, labels, element.value, round(at * 1000)))
     return samples
 

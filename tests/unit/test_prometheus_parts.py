@@ -1063,3 +1063,22 @@ async def test_an_epp_replica_scraped_without_its_queue_is_lost_in_the_endpoint_
     (lost,) = state.last_page.by_namespace["llm"]
     assert isinstance(lost, ReplicaLost) and lost.replica == "epp-0"
     assert "no series of the endpoint picker's flow-control queue" in lost.reason, lost.reason
+
+
+def test_an_answer_marked_partial_is_refused() -> None:
+    """VictoriaMetrics' cluster answers with the reachable storage nodes' series, marked isPartial: part of
+    the data would look like pods gone."""
+    body = {"status": "success", "isPartial": True, "data": {"resultType": "vector", "result": []}}
+    with pytest.raises(PrometheusError, match="partial"):
+        parse_vector(json.dumps(body).encode())
+
+
+@pytest.mark.parametrize("when", [float("nan"), float("inf")])
+def test_a_sample_time_that_is_no_time_is_a_prometheus_error(when: float) -> None:
+    labels = {"namespace": "llm", "pod": "vllm-0"}
+    elements = [
+        Element({"__name__": "DCGM_FI_DEV_GPU_UTIL", **labels}, 40.0),
+        Element({**labels, TIMESTAMP_LABEL: "1"}, when),
+    ]
+    with pytest.raises(PrometheusError, match="not a time"):
+        samples_with_times(elements)
