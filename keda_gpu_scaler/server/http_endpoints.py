@@ -171,7 +171,7 @@ def select_trigger(
     matching = explained if metric is None else triggers_named(explained, metric)
     named = [i for i, e in enumerate(explained) if any(e is m for m in matching)]
     if index is not None:
-        if not index.isascii() or not index.isdigit() or int(index) >= len(explained):
+        if not index.isascii() or not index.isdigit() or len(index) > 4 or int(index) >= len(explained):
             return Refusal(
                 400,
                 f"trigger={index[:20]!r} is not a trigger of this ScaledObject: give a whole number from 0 to"
@@ -197,6 +197,8 @@ def select_trigger(
     return named[0]
 
 
+# What /explain takes: a misspelt parameter is an error, never the whole answer as if it were not given.
+EXPLAIN_PARAMETERS = frozenset({"namespace", "name", "metric", "metricName", "trigger"})
 # Explanations of a big namespace run to megabytes of JSON: built on a worker thread, not the event loop.
 _JSON_OFF_LOOP_PODS = 200
 
@@ -214,9 +216,22 @@ def http_app(
     bounds what /explain may cost (default: admission.py's limits)."""
     gate = admission or Admission()
 
+    rendering: asyncio.Future[bytes] | None = None
+
     async def metrics(_: web.Request) -> web.Response:
-        # Thousands of label sets take long to render: off the loop, so gRPC calls are not held up.
-        body = await asyncio.to_thread(generate_latest, telemetry.registry)
+        # Thousands of label sets take long to render: off the loop, so gRPC calls are not held up. One
+        # render at a time, shared by the scrapes that arrive meanwhile: each rendering thread competes
+        # with the event loop for the interpreter, and 16 at once held gRPC answers up for seconds.
+        nonlocal rendering
+        if rendering is None:
+            rendering = asyncio.ensure_future(asyncio.to_thread(generate_latest, telemetry.registry))
+
+            def rendered(_: asyncio.Future[bytes]) -> None:
+                nonlocal rendering
+                rendering = None
+
+            rendering.add_done_callback(rendered)
+        body = await asyncio.shield(rendering)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_: web.Request) -> web.Response:
@@ -258,7 +273,13 @@ def http_app(
                 status=404,
                 dumps=_dumps,
             )
-        selector = select_trigger(explained, request.query.get("metric"), request.query.get("trigger"))
+        unknown = sorted(set(request.query) - EXPLAIN_PARAMETERS)
+        if unknown:
+            allowed = ", ".join(sorted(EXPLAIN_PARAMETERS))
+            problem = f"{unknown[0][:40]!r} is not a parameter of /explain; give {allowed}"
+            return web.json_response({"error": problem}, status=400, dumps=_dumps)
+        metric = request.query.get("metric", request.query.get("metricName"))  # SPEC §7 names both
+        selector = select_trigger(explained, metric, request.query.get("trigger"))
         if isinstance(selector, Refusal):
             listed = [_trigger_choice(i, e) for i, e in enumerate(explained)]
             return web.json_response(

@@ -37,9 +37,14 @@ async def test_explain_picks_one_of_two_triggers_that_share_a_metric_name_by_its
         assert status == 200 and (one["index"], one["threshold"]) == (index, threshold)
         status, same = await get_explain(scaler, trigger=str(index))
         assert status == 200 and same["threshold"] == threshold
-    for bad in ("2", "-1", "one", "٠"):
+    for bad in ("2", "-1", "one", "٠", "9" * 5000):  # a number beyond int()'s digits too: 400, never 500
         status, answer = await get_explain(scaler, trigger=bad)
-        assert status == 400 and f"trigger={bad!r} is not a trigger" in answer["error"], answer
+        assert status == 400 and f"trigger={bad[:20]!r} is not a trigger" in answer["error"], answer
         assert "from 0 to 1" in answer["error"]
     status, answer = await get_explain(scaler, metric="memory", trigger="0")
     assert (status, answer["error"]) == (400, "trigger=0 has metricName 'gpu-utilization', not 'memory'")
+    # SPEC §7 names the choice metric= or metricName=; any other parameter is an error naming it.
+    status, one = await get_explain(scaler, metricName="gpu-utilization", trigger="1")
+    assert status == 200 and one["threshold"] == 80
+    status, answer = await get_explain(scaler, metrc="gpu-utilization")
+    assert status == 400 and answer["error"].startswith("'metrc' is not a parameter of /explain"), answer

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import aiohttp
 import grpc
@@ -570,3 +571,31 @@ async def test_metrics_series_stay_bounded_when_one_scaledobject_sends_ever_new_
     assert 0 < len(series) <= MAX_TRIGGERS_PER_SCALEDOBJECT
     newest = f"gpu-util-{MAX_TRIGGERS_PER_SCALEDOBJECT * 4 - 1}"
     assert any(newest in line for line in series)
+
+
+async def test_concurrent_scrapes_of_metrics_share_one_render(make_scaler, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Each render runs on a thread competing with the event loop for the interpreter: scrapes arriving
+    while one renders get that render's page, so a crowd of scrapers cannot hold gRPC answers up."""
+    from keda_gpu_scaler.server import http_endpoints
+
+    rendering, most = [0], [0]
+    real = http_endpoints.generate_latest
+
+    def counted(registry):  # type: ignore[no-untyped-def]
+        rendering[0] += 1
+        most[0] = max(most[0], rendering[0])
+        time.sleep(0.2)
+        rendering[0] -= 1
+        return real(registry)
+
+    monkeypatch.setattr(http_endpoints, "generate_latest", counted)
+    scaler = await make_scaler()
+    async with aiohttp.ClientSession() as session:
+
+        async def scrape() -> bytes:
+            async with session.get(f"{scaler.http}/metrics") as response:
+                assert response.status == 200
+                return await response.read()
+
+        pages = await asyncio.gather(*(scrape() for _ in range(8)))
+    assert most[0] == 1 and len(set(pages)) == 1
