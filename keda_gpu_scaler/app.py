@@ -10,6 +10,7 @@ import signal
 import ssl
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -288,6 +289,10 @@ class App:
                 self.grpc_port = self._server.add_secure_port(s.grpc_address, self.tls.credentials)
         except RuntimeError:
             await self.stop()
+            # gRPC says only that it could not bind: a certificate it cannot use fails the same way.
+            unusable = _unusable_key_pair(s.tls_cert_file, s.tls_key_file)
+            if unusable is not None:
+                raise SettingsError(unusable) from None
             raise SettingsError(
                 f"--grpc-address {s.grpc_address}: cannot listen there (the port is in use, e.g. by another"
                 " scaler, or the address is not this host's)"
@@ -428,3 +433,20 @@ async def run_until_signalled(
             extra.cancel()
             await asyncio.gather(extra, return_exceptions=True)
         await app.stop()
+
+
+def _unusable_key_pair(cert: Path | None, key: Path | None) -> str | None:
+    """Why --tls-cert-file and --tls-key-file cannot serve TLS (not PEM, or a key of another
+    certificate), naming both flags; None when they can, or when TLS is off."""
+    if cert is None or key is None:
+        return None
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (ssl.SSLError, ValueError) as error:
+        return (
+            f"--tls-cert-file {cert} and --tls-key-file {key}: not a PEM certificate and its private key"
+            f" ({error.__class__.__name__}: {str(error)[:120]})"
+        )
+    except OSError:
+        return None  # unreadable: the credentials' own read names the file
+    return None

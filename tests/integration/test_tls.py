@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import grpc
@@ -99,3 +101,23 @@ async def test_renewed_certificate_is_used_without_restart(
     response = await call(port, ca.cert_pem)
     assert response.metricSpecs[0].targetSizeFloat == 70
     assert scaler.app.tls is not None and scaler.app.tls.reloads == 1
+
+
+@pytest.mark.parametrize("case", ["not PEM", "a key of another certificate"])
+def test_a_certificate_tls_cannot_use_is_named_not_the_grpc_port(tmp_path: Path, case: str) -> None:
+    if case == "not PEM":
+        cert = key = tmp_path / "bad.pem"
+        cert.write_text("not a certificate\n")
+    else:
+        ca = CertificateAuthority()
+        cert, _ = write(tmp_path, "a", ca.issue("scaler", ["localhost"]))
+        _, key = write(tmp_path, "b", ca.issue("other", ["localhost"]))
+    flags = ["--tls-cert-file", str(cert), "--tls-key-file", str(key), "--kubernetes", "off"]
+    flags += ["--grpc-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0"]
+    done = subprocess.run(
+        [sys.executable, "-m", "keda_gpu_scaler", "serve", *flags], capture_output=True, text=True, timeout=60
+    )
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "--tls-cert-file" in last and "port is in use" not in last, done.stderr[
+        -500:
+    ]
