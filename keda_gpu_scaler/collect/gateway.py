@@ -132,22 +132,18 @@ class GatewayPages:
     def problem(self, pool: EppPool) -> str | None:
         """Why the pool has no replica page to read, where that is known: discovery's word, else the
         addresses that another namespace's pool names too."""
-        if (problem := self._problems.get(pool)) is not None:
+        if (problem := self._problems.get(pool)) is not None or self._bindings is None:
             return problem
-        shared = {
-            r.url: sorted({claim.namespace for claim in self._bindings.claims(r.url)} - {pool.namespace})
-            for r in self._named(pool)
-            if self._bindings is not None and self._bound_to(r.url) is None
-        }
-        shared = {url: others for url, others in shared.items() if others}
-        if not shared:
-            return None
-        url, others = next(iter(shared.items()))
-        return (
-            f"the endpoint-picker address {url} of InferencePool {pool.namespace}/{pool.pool} is also named"
-            f" by a pool of namespace {', '.join(others)}: it is read for neither until one of them goes (a pod"
-            " IP reused while a watch catches up), so no namespace's token reaches another's pod"
-        )
+        for replica in self._named(pool):
+            others = {claim.namespace for claim in self._bindings.claims(replica.url)} - {pool.namespace}
+            if others:
+                return (
+                    f"the endpoint-picker address {replica.url} of InferencePool {pool.namespace}/{pool.pool}"
+                    f" is also named by a pool of namespace {', '.join(sorted(others))}: it is read for neither"
+                    " until one of them goes (a pod IP reused while a watch catches up), so no namespace's"
+                    " token reaches another's pod"
+                )
+        return None
 
     def _named(self, pool: EppPool) -> list[Replica]:
         return [

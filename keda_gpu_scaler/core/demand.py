@@ -139,9 +139,9 @@ def pod_demand(
     finished, arrived = _arrivals(points)
     # Requests lost with a restart or turned away without a finish can make the sum dip below 0 where
     # nothing arrived; no demand is below none.
-    rate = max(0.0, arrived / span)
     if not math.isfinite(arrived):  # counters beyond a float's range: no rate, never max()'s made-up 0
         return Missing(MissingKind.NO_RATE, "its counters are beyond a float's range: no rate can be taken")
+    rate = max(0.0, arrived / span)
     if unit is DemandUnit.REQUESTS:
         return rate
     per_request = _request_size(points, finished, prefill_weight)

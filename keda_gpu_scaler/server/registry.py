@@ -284,29 +284,18 @@ class Registry:
         """Forget every ScaledObject not called for the TTL; returns how many were forgotten."""
         now = self._clock() if now is None else now
         evicted = 0
-        while self._evict_oldest_if_idle(now, self._ttl):
+        while self._evict_idle(now, self._ttl):
             evicted += 1
         return evicted
 
-    def _evict_oldest_if_idle(self, now: float, idle: float) -> bool:
-        """Forget the least recently called ScaledObject if it has not been called for `idle` seconds."""
-        if not self._entries:
-            return False
-        oldest = next(iter(self._entries.values()))
-        if now - oldest.last_call < idle:
-            return False
-        self._remove(oldest)
-        return True
-
-    def _evict_idle_for(self, namespace: str, share: int, now: float, idle: float) -> bool:
-        """Forget the least recently called ScaledObject not called for `idle` seconds that is the
-        newcomer's namespace's own or of a namespace above its share: a ScaledObject at zero is called only
-        every pollingInterval, which may exceed a minute, and a namespace's share is never taken by
-        another that holds its own (SPEC §2)."""
+    def _evict_idle(
+        self, now: float, idle: float, may_go: Callable[[Followed], bool] = lambda _: True
+    ) -> bool:
+        """Forget the least recently called ScaledObject not called for `idle` seconds that `may_go`."""
         for entry in self._entries.values():  # least recently called first
             if now - entry.last_call < idle:
                 return False
-            if entry.namespace == namespace or len(self._by_namespace[entry.namespace]) > share:
+            if may_go(entry):
                 self._remove(entry)
                 return True
         return False
@@ -326,7 +315,7 @@ class Registry:
         every ScaledObject at least once per pollingInterval (30 s by default) and the HPA more often, so
         one not called for ROOM_AFTER_SECONDS is gone or was never KEDA's (a caller flooding the scaler
         with made-up names delays a real new ScaledObject by a minute at most, not a TTL) — but only the
-        newcomer's namespace's own or one of a namespace above its share (_evict_idle_for). Otherwise a
+        newcomer's namespace's own or one of a namespace above its share. Otherwise a
         namespace holding less than its fair share takes room from the namespace holding the most (then
         above its share), whose least recently called ScaledObject goes: one namespace polling thousands
         cannot lock the others out. A namespace at or above its share is refused.
@@ -337,7 +326,14 @@ class Registry:
         namespaces = len(self._by_namespace) + (namespace not in self._by_namespace)
         share = self._cap // namespaces
         held = len(self._by_namespace.get(namespace, ()))
-        if self._evict_idle_for(namespace, share, now, room_after):
+        # An idle one of the newcomer's own namespace or of one above its share: a ScaledObject at zero is
+        # called only every pollingInterval, which may exceed a minute, and a namespace within its share
+        # keeps it (SPEC §2).
+        if self._evict_idle(
+            now,
+            room_after,
+            lambda e: e.namespace == namespace or len(self._by_namespace[e.namespace]) > share,
+        ):
             return
         if held < share:
             largest = max(self._by_namespace, key=lambda other: len(self._by_namespace[other]))
