@@ -120,6 +120,13 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
         # but for the requests the gateway holds for a `demand` trigger's pool.
         # A target with pods that are not Ready yet is not at zero: evaluate() says UNAVAILABLE.
         assert targets is not None
+        if targets.replicas and not targets.starting:
+            many = "replica" if targets.replicas == 1 else "replicas"
+            raise NoData(
+                f"the scale target asks for {targets.replicas} {many} (its /scale spec.replicas) but has no"
+                " pod: none was created or all were deleted (a ResourceQuota, an admission webhook or a"
+                " pod template error? see its ReplicaSet's events); never 0 while it has replicas"
+            )
         aggregation = aggregation_for(spec, targets.metric_type)[0]
         return _add_pending(spec, snapshot, evaluate({}, (), spec, aggregation, targets.starting), decision)[
             0

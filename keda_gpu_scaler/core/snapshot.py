@@ -88,6 +88,9 @@ class Targets:
     endpoints: Mapping[str, PodEndpoint] = field(default_factory=dict, compare=False, hash=False, repr=False)
     # The nodes those pods occupy (scheduled, not finished): where their GPU exporters are read.
     nodes: frozenset[str] = field(default=frozenset(), compare=False, hash=False, repr=False)
+    # With no pod at all: the scale target's spec.replicas, from a /scale read since its pods last went
+    # (None: not known, or it has pods). Replicas with no pod (a quota, a webhook) is not zero (SPEC §4).
+    replicas: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -32,6 +33,9 @@ class Followed:
     info: ScaledObjectInfo | None = None
     object_error: str | None = None
     selector: Selector | None = None  # the scale target's, from its /scale subresource
+    # The scale target's spec.replicas from its last /scale read, and when that read began (monotonic).
+    replicas: int | None = None
+    replicas_read_at: float = -math.inf
     scale_error: str | None = None
     # What its followed triggers select: the scale target's pods (wants_target), or other pods by their
     # podSelector metadata. Set by their subscriptions (select()); nothing selected, no pod watched.
@@ -94,6 +98,11 @@ class Followed:
         if self.selector is None:
             raise NoData(f"reading the pod selector of {self.info.target} (first look-up)")
         return self.selector
+
+    def replicas_since(self, emptied_at: float) -> int | None:
+        """The target's replicas from a /scale read that began after its pods last went; None: no such
+        read (the replicas counted may have gone with them, as at a scale to zero)."""
+        return self.replicas if self.replicas_read_at > emptied_at else None
 
     def metric_type(self, spec: TriggerSpec) -> str | None:
         """The trigger's metricType as the ScaledObject says (remembered per trigger); a doubt is logged once."""

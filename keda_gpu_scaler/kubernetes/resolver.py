@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -185,6 +186,8 @@ class KubeDiscovery:
         """The trigger's target pods now, with a GPU exporter found on their nodes where one is read."""
         tracked, selector, selection = self._selection(namespace, name, spec)
         targets = selection.targets(tracked.metric_type(spec))
+        if spec.pod_selector is None and not selection.has_pods:
+            targets = dataclasses.replace(targets, replicas=tracked.replicas_since(selection.emptied_at))
         # Inference metrics read the pods' own pages (SPEC §6): no GPU exporter is needed or scraped.
         if targets.pods and not spec.metric.inference:
             # Whether an exporter serves the target nodes only changes with them or with the exporters.
@@ -287,7 +290,12 @@ class KubeDiscovery:
 
     def _pod_handler(self, index: NamespaceIndex) -> Callable[[PodInfo | None, PodInfo | None], None]:
         def on_pod(old: PodInfo | None, new: PodInfo | None) -> None:
-            index.on_pod(old, new)
+            for emptied in index.on_pod(old, new):
+                # Its last pod went: read /scale now, so that a target left with replicas but no pod is
+                # told from one scaled to zero within a round trip (SPEC §4).
+                for user in emptied.users:
+                    if isinstance(user, Followed):
+                        user.wake.set()
             self.on_change(index.namespace)
 
         return on_pod
@@ -453,11 +461,17 @@ class KubeDiscovery:
     async def _read_scale(self, tracked: Followed) -> bool:
         assert self._api is not None and tracked.info is not None
         target = tracked.info.target
+        began = time.monotonic()
         try:
             plural = await self._kinds.plural(self._api, target)
             scale = await self._api.scale(
                 target.group, target.version, tracked.namespace, plural, target.name
             )
+            replicas = (scale.get("spec") or {}).get("replicas")
+            tracked.replicas = (
+                replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else None
+            )
+            tracked.replicas_read_at = began
             text = (scale.get("status") or {}).get("selector") or ""
             selector = parse_selector(text)
             if selector.empty:

@@ -7,6 +7,8 @@ matches now; resolve() then reads a set built once per change.
 
 from __future__ import annotations
 
+import math
+import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from types import MappingProxyType
@@ -64,8 +66,25 @@ class Selection:
         self._held: _Snapshot | None = None
         # False for a selection that started during a relist: it has no whole snapshot to answer from yet.
         self.complete = True
+        # When its last target or starting pod went (monotonic seconds): a /scale read that began before
+        # then may count replicas that have gone since (a scale to zero), so it cannot say that replicas
+        # are missing (SPEC §4). A selection that never had a pod has none that could have gone.
+        self.emptied_at = -math.inf
 
-    def update(self, old: PodInfo | None, new: PodInfo | None) -> None:
+    @property
+    def has_pods(self) -> bool:
+        return bool(self._targets or self._starting)
+
+    def update(self, old: PodInfo | None, new: PodInfo | None) -> bool:
+        """Take one pod event; True when it left the selection with no target or starting pod."""
+        had_pods = self.has_pods
+        self._apply(old, new)
+        if had_pods and not self.has_pods:
+            self.emptied_at = time.monotonic()
+            return True
+        return False
+
+    def _apply(self, old: PodInfo | None, new: PodInfo | None) -> None:
         name = (new or old).name  # type: ignore[union-attr]
         was = self._members.pop(name, None)
         if was is not None:
@@ -201,7 +220,8 @@ class NamespaceIndex:
         self._by_label.clear()
         self._scan.clear()
 
-    def on_pod(self, old: PodInfo | None, new: PodInfo | None) -> None:
+    def on_pod(self, old: PodInfo | None, new: PodInfo | None) -> list[Selection]:
+        """Take one pod event; the selections it left with no target or starting pod."""
         touched = set(self._scan)
         for pod in (old, new):
             if pod is not None:
@@ -209,5 +229,4 @@ class NamespaceIndex:
                     group = self._by_label.get(item)
                     if group:
                         touched.update(group)
-        for selection in touched:
-            selection.update(old, new)
+        return [selection for selection in touched if selection.update(old, new)]

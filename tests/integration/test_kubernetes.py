@@ -780,3 +780,37 @@ async def test_a_large_pod_list_is_decoded_off_the_loop(
         await api_client.close()
     assert len(listing["items"]) == OFF_LOOP_BYTES // 400
     assert threads and threading.main_thread().name not in threads
+
+
+async def test_a_target_with_replicas_but_no_pod_is_unavailable_never_zero(  # type: ignore[no-untyped-def]
+    cluster: Cluster, kube_scaler
+) -> None:
+    # SPEC §4: no Ready target pod while the target has replicas is UNAVAILABLE. A ResourceQuota or an
+    # admission webhook can keep a Deployment of 2 replicas without any pod: 0 would let KEDA scale it
+    # to zero, and the HPA read it as idle.
+    await cluster.gpu_node("node-a")
+    cluster.kube.put(DEPLOYMENT, deployment("vllm", NS, APP, replicas=2))
+    cluster.kube.put(SCALED_OBJECT, scaled_object("vllm", NS, {"name": "vllm"}, [external()]))
+    scaler = await kube_scaler()
+    await eventually(lambda: unavailable(scaler, "2 replicas", "no pod"))
+    # Scaled to zero (KEDA writes /scale): an answer again, 0 and inactive.
+    cluster.kube.put(DEPLOYMENT, deployment("vllm", NS, APP, replicas=0))
+    await eventually(lambda: _equals(value(scaler), 0))
+    assert (await scaler.stub.IsActive(ref())).result is False
+
+
+async def test_pods_gone_while_the_target_keeps_its_replicas_is_unavailable(  # type: ignore[no-untyped-def]
+    cluster: Cluster, kube_scaler
+) -> None:
+    await cluster.gpu_node("node-a")
+    cluster.kube.put(DEPLOYMENT, deployment("vllm", NS, APP, replicas=1))
+    cluster.kube.put(SCALED_OBJECT, scaled_object("vllm", NS, {"name": "vllm"}, [external()]))
+    cluster.run("vllm-0", "node-a", 40)
+    scaler = await kube_scaler()
+    await eventually(lambda: _equals(value(scaler), 40))
+    # Evicted, and its replacement refused (a quota): the Deployment still asks for 1.
+    cluster.remove("vllm-0")
+    await eventually(lambda: unavailable(scaler, "1 replica", "no pod"))
+    # Scaled to zero as KEDA does it: /scale first, then the pods go; a pod created again counts again.
+    cluster.kube.put(DEPLOYMENT, deployment("vllm", NS, APP, replicas=0))
+    await eventually(lambda: _equals(value(scaler), 0))
