@@ -52,6 +52,7 @@ from keda_gpu_scaler.pages.prometheus_answer import (
 )
 from keda_gpu_scaler.pages.promql import (
     Target,
+    down_exporters_query,
     fleet_query,
     gateway_query,
     gpu_queries,
@@ -457,6 +458,15 @@ class PrometheusCollector:
         if not await self._client.query(fleet_query(), at, "fleet"):
             raise PrometheusError(
                 "Prometheus holds no current series of any GPU exporter family: is it scraping the exporters?"
+            )
+        # Nor while an exporter is down: its node's pods are in no series (SPEC §4: zero pods is an answer
+        # only while every exporter answers). Pods seen before are missing pods; this covers a start.
+        if down := await self._client.query(down_exporters_query(), at, "exporters down"):
+            targets = sorted(f"{e.labels.get('job', '')}/{e.labels.get('instance', '')}" for e in down)
+            more = f" and {len(targets) - 3} more" if len(targets) > 3 else ""
+            raise PrometheusError(
+                f"no series name a pod of this namespace while a GPU exporter job's scrape target is down"
+                f" in Prometheus (up 0): {', '.join(targets[:3])}{more}; its pods cannot be told from none"
             )
         self._fleet_seen_until = at + self._interval
 

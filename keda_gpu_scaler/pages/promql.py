@@ -169,3 +169,11 @@ def liveness_query(targets: Collection[Target]) -> str:
 def fleet_query() -> str:
     """Whether Prometheus holds any current series of any GPU exporter family at all."""
     return f"group({selector([('__name__', '=~', any_of(SAMPLE_NAMES))])})"
+
+
+def down_exporters_query() -> str:
+    """The scrape targets Prometheus finds down (`up` 0) in the jobs that serve GPU exporter series: while
+    one is, a namespace with no series may have pods there (SPEC §4). Jobs, not targets: a down target's
+    own GPU series are gone, and its job's live targets name the job."""
+    gpu_jobs = f"group by (job) ({selector([('__name__', '=~', any_of(SAMPLE_NAMES))])})"
+    return f"(up == 0) and on (job) {gpu_jobs}"

@@ -38,7 +38,7 @@ from keda_gpu_scaler.collect.wanted import WantedSources
 from keda_gpu_scaler.config.settings import Settings
 from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc as pb_grpc
-from keda_gpu_scaler.pages.promql import namespace_query
+from keda_gpu_scaler.pages.promql import down_exporters_query, namespace_query
 from keda_gpu_scaler.telemetry import Telemetry
 
 pytestmark = pytest.mark.prometheus
@@ -262,9 +262,14 @@ async def test_default_source_prometheus_answers_triggers_without_source(
     assert 'keda_gpu_scaler_prometheus_queries_total{query="namespace",result="ok"}' in text
 
 
-async def test_few_queries_per_namespace(fleet: Fleet, proxy: PrometheusProxy) -> None:
+async def test_few_queries_per_namespace(
+    fleet: Fleet, proxy: PrometheusProxy, prometheus: PrometheusServer
+) -> None:
     """One query per namespace and collection, plus one for the rest of its NVIDIA GPUs' series; an empty
-    namespace also asks whether Prometheus has GPU series at all, at most once per interval."""
+    namespace also asks whether Prometheus has GPU series at all and whether an exporter target is down,
+    at most once per interval."""
+    # An exporter of an earlier test, stopped before its target was removed, may show down for a scrape.
+    await eventually(lambda: _none_down(prometheus), timeout=20)
     settings = Settings(prometheus_url=proxy.url, prometheus_timeout=5.0)
     store = Store()
     async with client_session() as session:
@@ -276,7 +281,7 @@ async def test_few_queries_per_namespace(fleet: Fleet, proxy: PrometheusProxy) -
             max_staleness=60.0,
             clock=time.monotonic,
         )
-        expected = {"llm": 2, "inference": 2, "chat": 1, "nothing-here": 2}
+        expected = {"llm": 2, "inference": 2, "chat": 1, "nothing-here": 3}
         for namespace, queries in expected.items():
             before = proxy.requests
             assert await collector.collect_once(namespace)
@@ -423,6 +428,34 @@ async def test_dead_exporter_pods_count_as_missing(
     # vllm-1's series go stale in Prometheus; its pod counts as missing, as the threshold (70): the
     # value cannot shrink to 50 because one exporter died.
     await _answers(scaler, "dead", trigger("vllm-"), 120.0)
+
+
+async def test_zero_pods_while_a_gpu_exporter_is_down_is_unavailable_after_a_restart(
+    prometheus: PrometheusServer, make_exporter: Any, make_scaler: Any, test_targets: Any
+) -> None:
+    # SPEC §4 without Kubernetes: zero target pods is an answer only while every exporter answers. A
+    # scaler started while the exporter of the namespace's only GPU node is down has never seen its pods:
+    # Prometheus' `up` 0 for a target of an exporter job says so (0 would let KEDA scale it to zero).
+    a = await make_exporter(_pods(GpuLine("elsewhere", "web-0", 10), host="node-a"))
+    b = await make_exporter(_pods(GpuLine("restarted", "vllm-0", 50), host="node-b"))
+    test_targets("operator", a, b)
+    await eventually(
+        lambda: _scraped(prometheus, 'DCGM_FI_DEV_GPU_UTIL{exported_namespace="restarted"}'), timeout=20
+    )
+    b.status = 503  # down: Prometheus' `up` is 0 for it and its series go stale
+    await eventually(lambda: _scraped(prometheus, f'up{{instance="{address_of(b)}"}} == 0'), timeout=20)
+    scaler = await make_scaler(prometheus_url=prometheus.url, **THROUGH_PROMETHEUS)
+    await _unavailable(scaler, "restarted", trigger("vllm-"), "down", address_of(b))
+    b.status = 200
+    await _answers(scaler, "restarted", trigger("vllm-"), 50.0)
+
+
+async def _scraped(prometheus: PrometheusServer, query: str) -> None:
+    assert prometheus.query(query), query
+
+
+async def _none_down(prometheus: PrometheusServer) -> None:
+    assert prometheus.query(down_exporters_query()) == []
 
 
 async def test_pods_gone_from_live_exporters_are_gone(

@@ -395,6 +395,11 @@ async def test_empty_namespace_is_zero_only_when_prometheus_has_gpu_series() -> 
     assert view.fresh_sources == 0
     assert "holds no current series of any GPU exporter family" in view.problems[0]
     prometheus.answers["fleet"] = [Element({}, 1)]
+    prometheus.answers["exporters down"] = [Element({"job": "dcgm", "instance": "node-b:9400"}, 0)]
+    assert not await collector(prometheus, store).collect_once("llm")  # node-b's pods may be there
+    view = store.view("llm", 1000.0, 4.0, SourceKind.PROMETHEUS)
+    assert "scrape target is down in Prometheus (up 0): dcgm/node-b:9400" in view.problems[0]
+    prometheus.answers["exporters down"] = []
     assert await collector(prometheus, store).collect_once("llm")
     view = store.view("llm", 1000.0, 4.0, SourceKind.PROMETHEUS)
     assert (view.fresh_sources, view.readings) == (1, ())
