@@ -135,12 +135,14 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         self, request: pb.GetMetricsRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> Any:
         async with self._answering("GetMetrics", request, context):
-            followed, spec = self._follow(request.scaledObjectRef)
+            ref = request.scaledObjectRef
+            spec = self._checked(ref)
             if request.metricName.lower() != spec.metric_name.lower():
                 raise UnknownMetric(
                     f"metric {quoted(request.metricName)} is not served by this trigger; it serves"
                     f" {spec.metric_name!r}"
                 )
+            followed = self._registry.follow(ref.namespace, ref.name, spec)
             evaluation = self._evaluator.evaluate(followed, spec)
             value = pb.MetricValue(
                 metricName=spec.metric_name,
@@ -180,8 +182,9 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         """Every stream's life: opened as the unary call on the same ref would answer (its errors), within
         --max-streams, counted while open; it ends when the client goes (cancelled) or at shutdown."""
         async with self._answering(slots.method, request, context):
-            _, spec = self._follow(request)
+            spec = self._checked(request)
             slots.check()
+            self._registry.follow(request.namespace, request.name, spec)
         with slots.held():
             async for message in messages(request, spec):
                 yield message
@@ -252,9 +255,15 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
 
     def _follow(self, ref: pb.ScaledObjectRef) -> tuple[Followed, TriggerSpec]:
         """The one path of every call: metadata → trigger, checked against this server, ScaledObject followed."""
+        spec = self._checked(ref)
+        return self._registry.follow(ref.namespace, ref.name, spec), spec
+
+    def _checked(self, ref: pb.ScaledObjectRef) -> TriggerSpec:
+        """The call's trigger, checked against this server. A call refused for any reason follows nothing:
+        following takes a --max-scaledobjects place, and at the cap it makes another ScaledObject go."""
         spec = parse_trigger(ref.scalerMetadata)
         self._evaluator.check(spec)
-        return self._registry.follow(ref.namespace, ref.name, spec), spec
+        return spec
 
 
 def _spec_response(spec: TriggerSpec, target: float) -> pb.GetMetricSpecResponse:
