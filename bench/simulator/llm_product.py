@@ -29,6 +29,7 @@ from keda_gpu_scaler.collect.wanted import PodPage
 from keda_gpu_scaler.config.settings import Settings
 from keda_gpu_scaler.core.snapshot import PodEndpoint, SourceKind, Targets
 from keda_gpu_scaler.core.trigger import TriggerSpec
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.demo.engines import EngineLoad, EngineTotals, vllm_page
 from keda_gpu_scaler.demo.epp import Queued, epp_page
 from keda_gpu_scaler.externalscaler import (
@@ -302,10 +303,10 @@ class SimulatedScaler:
     def target(self, ref: pb.ScaledObjectRef) -> float:
         """GetMetricSpec's target now: what an `external-push` trigger's HPA holds, since KEDA receives
         every change the product publishes on StreamMetricSpec, and GetMetricSpec answers the last one.
-        The ScaledObject counts one spec stream open, as KEDA v2.21 keeps one for it."""
+        The trigger counts one spec stream open, as KEDA v2.21 keeps one for each `external-push` trigger."""
         followed = self.app.registry.get(NAMESPACE, SCALED_OBJECT)
         if followed is not None:
-            followed.spec_streams = 1
+            followed.spec_streams[parse_trigger(ref.scalerMetadata)] = 1
         spec = _answer(self.app.service.GetMetricSpec(ref, cast(Any, _Context())))
         return float(spec.metricSpecs[0].targetSizeFloat)
 

@@ -128,7 +128,7 @@ class Evaluator:
                 targets.get(TTFT) or DEFAULT_TTFT_SECONDS,
             )
             subscription.learning_since = now
-        if followed.spec_streams == 0 and now - subscription.learning_since >= SPEC_UPDATE_INTERVAL:
+        if followed.spec_streams[spec] <= 0 and now - subscription.learning_since >= SPEC_UPDATE_INTERVAL:
             decision.notes += (NO_PUSH,)
             decision.to_log.append((NO_PUSH, logging.WARNING))
         evaluation = decision.evaluation

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -100,7 +100,9 @@ class Followed:
     # The notes logged so far (most recent last, at most MAX_NOTES_REMEMBERED) and how many were new.
     notes_logged: OrderedDict[str, None] = field(default_factory=OrderedDict)
     notes_new: int = 0
-    spec_streams: int = 0  # StreamMetricSpec streams open for it now
+    # StreamMetricSpec streams open for it now, per trigger: KEDA opens one per `external-push` trigger,
+    # carrying that trigger's specs only, so another trigger's stream pushes nothing of this one's.
+    spec_streams: Counter[TriggerSpec] = field(default_factory=Counter)
 
     @property
     def explanation(self) -> Explanation | None:

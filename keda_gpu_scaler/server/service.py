@@ -203,9 +203,9 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                     continue
                 if counted is not followed:
                     if counted is not None:
-                        counted.spec_streams -= 1
+                        _stream_closed(counted, spec)
                     counted = followed
-                    followed.spec_streams += 1
+                    followed.spec_streams[spec] += 1
                 targets = followed.targets
                 response = _spec_response(spec, targets.target(spec))
                 seen = targets.version
@@ -218,7 +218,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 await targets.wait_for_change(seen, self._stream_recheck)
         finally:
             if counted is not None:
-                counted.spec_streams -= 1
+                _stream_closed(counted, spec)
 
     async def _follow_for_stream(self, ref: pb.ScaledObjectRef, spec: TriggerSpec) -> Followed | None:
         """Follow the ScaledObject again (keeping it and its targets alive while a stream is open); None,
@@ -264,6 +264,13 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         spec = parse_trigger(ref.scalerMetadata)
         self._evaluator.check(spec)
         return spec
+
+
+def _stream_closed(followed: Followed, spec: TriggerSpec) -> None:
+    """One StreamMetricSpec stream of the trigger no longer counted open (no count kept at zero)."""
+    followed.spec_streams[spec] -= 1
+    if followed.spec_streams[spec] <= 0:
+        del followed.spec_streams[spec]
 
 
 def _spec_response(spec: TriggerSpec, target: float) -> pb.GetMetricSpecResponse:

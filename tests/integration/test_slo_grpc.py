@@ -3,6 +3,7 @@ with latency histograms, real gRPC calls, the scaler on a clock the test moves (
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import aiohttp
@@ -205,3 +206,30 @@ async def test_an_auto_target_without_a_spec_stream_is_warned_about_once(fleet, 
     warned = [r for r in caplog.records if NO_PUSH in r.getMessage()]
     assert len(warned) == 1, warned
     assert NO_PUSH in (await explain(f.scaler))["notes"]
+
+
+# The usual second trigger (SPEC §6/§7): a `requests` saturation guard, as `external-push`.
+GUARD = {"metric": "requests", "threshold": "50", "podNamePrefix": "chat-"}
+
+
+async def test_a_stream_of_another_trigger_does_not_silence_the_no_push_warning(fleet, caplog) -> None:  # type: ignore[no-untyped-def]
+    caplog.set_level(logging.WARNING, logger="keda_gpu_scaler.server.registry")
+    f = await fleet(1)
+    guard_stream = f.scaler.stub.StreamMetricSpec(
+        ref(GUARD)
+    )  # KEDA: StreamMetricSpec for the push trigger only
+    first = await asyncio.wait_for(guard_stream.read(), 10)
+    assert [s.metricName for s in first.metricSpecs] == [
+        "inference-requests"
+    ]  # the guard's specs, not AUTO's
+    f.metadata = AUTO  # the auto trigger, plain `external`: polled only, 90 s followed
+    await f.show(1000, page_with_latency(0))
+    await learning_more(f, [2, 4, 6])
+    await value(f.scaler, AUTO)
+    explanation = next(e for e in f.scaler.app.explanations("llm", "chat") if e.spec.learned)
+    guard_open = f.scaler.app.registry.get("llm", "chat").spec_streams
+    assert NO_PUSH in explanation.notes, (
+        f"no warning while only the guard's spec stream is open ({guard_open})"
+    )
+    assert len([r for r in caplog.records if NO_PUSH in r.getMessage()]) == 1
+    guard_stream.cancel()

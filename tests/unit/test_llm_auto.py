@@ -61,8 +61,9 @@ def test_the_hpa_of_an_auto_trigger_holds_the_target_the_product_publishes() -> 
     trigger.value(signals)
     assert (trigger.threshold, trigger.target_changes) == (start, [])
     followed = signals.cluster.scaler.app.registry.get(NAMESPACE, SCALED_OBJECT)
-    assert followed is not None and followed.spec_streams == 1  # no "no StreamMetricSpec stream" warning
+    assert followed is not None
     (spec,) = followed.triggers
+    assert followed.spec_streams[spec] == 1  # no "no StreamMetricSpec stream" warning
     followed.targets.set(spec, 1.5 * start)  # what the learner does when it moves the target
     signals.now = 30.0
     trigger.value(signals)
