@@ -82,6 +82,7 @@ class _Watcher:
     bookmarks: bool
     fields: str = ""
     queue: asyncio.Queue[dict[str, Any] | None] = field(default_factory=asyncio.Queue)
+    request: web.Request | None = None
 
     def wants(self, obj: dict[str, Any]) -> bool:
         meta = obj["metadata"]
@@ -212,6 +213,12 @@ class FakeKube:
         """End every open watch, as the API server does at timeoutSeconds or on restart."""
         for watcher in self.watchers:
             watcher.queue.put_nowait(None)
+
+    def drop_watches(self) -> None:
+        """Cut every open watch's connection mid-stream, as a load balancer's idle timeout does."""
+        for watcher in self.watchers:
+            if watcher.request is not None and watcher.request.transport is not None:
+                watcher.request.transport.abort()
 
     def deny(self, verb: str, resource: str, namespace: str | None = None) -> None:
         """RBAC: refuse verb on resource (e.g. 'pods', 'scaledobjects.keda.sh', 'deployments/scale.apps')."""
@@ -430,7 +437,7 @@ class FakeKube:
         since = query.get("resourceVersion", "")
         timeout = float(query.get("timeoutSeconds", "1800"))
         bookmarks = query.get("allowWatchBookmarks", "").lower() == "true"
-        watcher = _Watcher(kind, namespace, selector, bookmarks, fields)
+        watcher = _Watcher(kind, namespace, selector, bookmarks, fields, request=request)
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
 

@@ -289,6 +289,17 @@ OTHER_FAULTS: tuple[tuple[str, str, str], ...] = (
         "relist, then values follow again",
         "test_kubernetes.py::test_watch_410_gone_relists_and_recovers",
     ),
+    (
+        "every watch answered 410 Gone, even from a fresh list (a watch cache behind the lists)",
+        "relists back off from 0.8 s doubling up to 30 s (as client-go does), values those of the last"
+        " list meanwhile; no list storm",
+        "test_kubernetes.py::test_a_watch_410_gone_right_after_every_list_backs_off",
+    ),
+    (
+        "a healthy watch (an event or bookmark read, or open 5 s) drops, however often",
+        "a first failure: watched again after 0.2 s, not after a wait doubled by the drops before",
+        "test_kubernetes.py::test_a_healthy_watch_that_drops_reconnects_promptly_however_often_it_happened",
+    ),
 )
 
 

@@ -26,6 +26,15 @@ log = logging.getLogger(__name__)
 WATCH_TIMEOUT_SECONDS = 300.0
 FIRST_RETRY_SECONDS = 0.2
 MAX_BACKOFF_SECONDS = 30.0
+# A 410 Gone straight after a fresh list (a watch cache behind what the lists answer, e.g. an API server
+# replica just restarted) is retried after this, doubling up to MAX_BACKOFF_SECONDS, as client-go's
+# reflector does (0.8 s to 30 s): relisting at once would list the whole namespace thousands of times a
+# second for as long as it lasts.
+GONE_FIRST_RETRY_SECONDS = 0.8
+# A watch that was accepted and then received an event (a bookmark counts) or stayed open this long was
+# healthy: a failure after it is a first failure again (an idle cut by a load balancer), not one more in
+# a row, so it is retried after FIRST_RETRY_SECONDS rather than after an ever longer wait.
+HEALTHY_WATCH_SECONDS = 5.0
 # A relist hands its differences to the owner in slices this big, with a turn of the event loop in
 # between, so that listing thousands of pods never holds up the calls being answered.
 RELIST_SLICE = 200
@@ -41,12 +50,34 @@ def _resource_version(obj: Mapping[str, Any]) -> str | None:
     return str(version) if version else None
 
 
+class _Attempt:
+    """One turn of the list-then-watch loop: when it started, when its watch was accepted, what it read."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_open: Callable[[], None]) -> None:
+        self._loop = loop
+        self._on_open = on_open
+        self.started = loop.time()
+        self.opened: float | None = None
+        self.events = 0
+
+    def open(self) -> None:
+        self.opened = self._loop.time()
+        self._on_open()
+
+    def healthy(self) -> bool:
+        """The watch was accepted and then read an event (a bookmark counts) or stayed open a while."""
+        return self.opened is not None and (
+            self.events > 0 or self._loop.time() - self.opened >= HEALTHY_WATCH_SECONDS
+        )
+
+
 class _ListWatch(Generic[T]):
     """The list-then-watch loop shared by the informers; subclasses say what to list, watch and keep.
 
-    Lists, then watches from the list's resourceVersion with bookmarks; a 410 Gone relists; other
-    failures retry with a bounded backoff. While the last attempt failed, `error` says why, and readers
-    must not trust `items` (the API server may have moved on without us).
+    Lists, then watches from the list's resourceVersion with bookmarks; a 410 Gone relists (backing off
+    when it comes straight after a list); other failures retry with a bounded backoff, counted afresh
+    after a healthy watch. While the last attempt failed, `error` says why, and readers must not trust
+    `items` (the API server may have moved on without us).
     """
 
     def __init__(
@@ -110,29 +141,40 @@ class _ListWatch(Generic[T]):
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         version: str | None = None
-        failures = 0
+        failures = 0  # failed attempts in a row, with no healthy watch in between
+        gones = 0  # 410 Gone in a row, each straight after a fresh list
         while True:
-            started = loop.time()
-            events = 0
+            attempt = _Attempt(loop, on_open=lambda: self._set_error(None))
+            listed = version is None
             try:
                 if version is None:
                     version = await self._relist()
                 async with contextlib.aclosing(
-                    self._watch(
-                        version,
-                        WATCH_TIMEOUT_SECONDS * random.uniform(1.0, 2.0),
-                        lambda: self._set_error(None),
-                    )
+                    self._watch(version, WATCH_TIMEOUT_SECONDS * random.uniform(1.0, 2.0), attempt.open)
                 ) as stream:
                     async for event in stream:
-                        events += 1
+                        attempt.events += 1
                         version = self._apply(event) or version
             except Gone:
                 log.info("%s: resourceVersion %s is too old (410 Gone): listing again", self.what, version)
                 self._on_restart("gone")
                 version = None
+                if listed and not attempt.healthy():
+                    # Not even the version a list just gave can be watched: listing again at once would
+                    # list the whole lot again and again for as long as that lasts. Wait, longer each
+                    # time in a row (the cache stays as the last list left it: current, with no error).
+                    gones += 1
+                    delay = backoff_delay(gones, first=GONE_FIRST_RETRY_SECONDS, cap=MAX_BACKOFF_SECONDS)
+                    log.warning("%s: 410 Gone right after a list; listing again in %.1fs", self.what, delay)
+                    await asyncio.sleep(jittered(delay, 0.2))
+                else:  # the watch had moved on from its list (or was healthy): relist at once
+                    gones = 0
+                    if attempt.healthy():
+                        failures = 0
                 continue
             except KubeError as error:
+                if attempt.healthy():  # a healthy watch that dropped: a first failure, not one more in a row
+                    failures = gones = 0
                 failures += 1
                 self._set_error(self._describe(error))
                 self._on_restart("error")
@@ -143,6 +185,8 @@ class _ListWatch(Generic[T]):
             except Exception as error:
                 # Anything else (an object this code cannot read) must not end the watcher silently and
                 # leave a cache that looks current: report it (calls answer UNAVAILABLE) and list again.
+                if attempt.healthy():
+                    failures = gones = 0
                 failures += 1
                 self._set_error(f"unexpected error watching {self.what}: {error!r}")
                 self._on_restart("error")
@@ -152,13 +196,13 @@ class _ListWatch(Generic[T]):
                 await asyncio.sleep(jittered(delay, 0.2))
                 continue
             # The server ended the watch. Reconnect at once, unless it keeps ending watches straight away.
-            if events == 0 and loop.time() - started < 1.0:
+            if attempt.events == 0 and loop.time() - attempt.started < 1.0:
                 failures += 1
                 await asyncio.sleep(
                     backoff_delay(failures, first=FIRST_RETRY_SECONDS, cap=MAX_BACKOFF_SECONDS)
                 )
             else:
-                failures = 0
+                failures = gones = 0
 
     def _describe(self, error: KubeError) -> str:
         return str(error)
