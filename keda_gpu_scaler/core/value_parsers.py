@@ -164,14 +164,17 @@ def parse_threshold_start(key: str, raw: str) -> float:
     return number_between(key, raw, low, high, f"{low:g} <= {key} <= {high:g}, {why} threshold's range")
 
 
-def settle_auto_threshold(fields: dict[str, Any], given: Mapping[str, str]) -> None:
-    """`threshold: auto` targets thresholdStart until the learner moves it: only demand's can be learned."""
-    start_key = given.get("threshold_start")
+def settle_auto_threshold(
+    fields: dict[str, Any], given: Mapping[str, str], stated: Mapping[str, str]
+) -> None:
+    """`threshold: auto` targets thresholdStart until the learner moves it: only demand's can be learned.
+    `given`: the key each field came under; `stated`: that key with the value written, for the errors."""
     if fields["threshold"] != AUTO_THRESHOLD:
-        if start_key is not None:
+        if "threshold_start" in stated:
             raise ConfigError(
-                f"metadata {start_key} applies only with threshold: auto (a number is the target itself,"
-                " never learned); remove it or set threshold: auto"
+                f"metadata {stated['threshold_start']} applies only with threshold: auto, not beside"
+                f" {stated['threshold']} (a number is the target itself, never learned); remove it or set"
+                " threshold: auto"
             )
         return
     if fields["metric"] != "demand":
@@ -180,7 +183,7 @@ def settle_auto_threshold(fields: dict[str, Any], given: Mapping[str, str]) -> N
             " demand's target is the work one replica serves, which its latency can be learned against"
             " (percentages and request counts are limits you choose); allowed: a number"
         )
-    if start_key is None:
+    if "threshold_start" not in given:
         raise ConfigError(
             f"metadata thresholdStart is required with {given['threshold']}=auto; allowed: the first"
             f" target ({MIN_THRESHOLD_START:g} <= thresholdStart <= {MAX_THRESHOLD_START:g}), from which"
