@@ -46,6 +46,13 @@ def refuse_flag(name: str, raw: str, why: str) -> SettingsError:
     return SettingsError(f"{name}={raw[:100]!r} {why}")
 
 
+def refuse_option(name: str, raw: str, why: str) -> SettingsError:
+    """A one-shot command's option (`calibrate --window 0.3`): the value as typed, unquoted when it is
+    plain text, as the command line showed it."""
+    shown = raw if raw.isascii() and raw.isprintable() and " " not in raw and len(raw) <= 100 else quoted(raw)
+    return SettingsError(f"{name}={shown} {why}")
+
+
 def one_of(name: str, raw: str, allowed: Sequence[str], refuse: Refuse) -> str:
     if raw not in allowed:
         raise refuse(name, raw, f"is not allowed; use one of: {', '.join(allowed)}")
@@ -114,25 +121,25 @@ def _around_a_number(raw: str) -> str:
     return f": {what}{hint}"
 
 
-def parse_number(key: str, raw: str) -> float:
+def parse_number(key: str, raw: str, refuse: Refuse = refuse_metadata) -> float:
     if not _DECIMAL.fullmatch(raw):
         # A number with white space around it is refused too (KEDA passes the value as written), but the
         # message says what is there.
         why = _around_a_number(raw) if raw.strip() and _DECIMAL.fullmatch(raw.strip()) else ""
-        raise refuse_metadata(
-            key, raw, f"is not a number{why}; allowed: a finite decimal number like 70 or 0.5"
-        )
+        raise refuse(key, raw, f"is not a number{why}; allowed: a finite decimal number like 70 or 0.5")
     value = float(raw)
     if not math.isfinite(value):
-        raise refuse_metadata(key, raw, "must be a finite number")
+        raise refuse(key, raw, "is not finite; allowed: a finite decimal number like 70 or 0.5")
     return value
 
 
-def number_between(key: str, raw: str, low: float, high: float, allowed: str) -> float:
+def number_between(
+    key: str, raw: str, low: float, high: float, allowed: str, refuse: Refuse = refuse_metadata
+) -> float:
     """A finite number from `low` to `high`; out of range, an error saying `allowed` (which names both)."""
-    value = parse_number(key, raw)
+    value = parse_number(key, raw, refuse)
     if not low <= value <= high:
-        raise refuse_metadata(key, raw, f"is out of range; allowed: {allowed}")
+        raise refuse(key, raw, f"is out of range; allowed: {allowed}")
     return value
 
 
@@ -244,9 +251,10 @@ def parse_window(key: str, raw: str) -> float:
     return number_between(key, raw, low, high, f"seconds, {low:g} <= {key} <= {high:g}")
 
 
-def parse_prefill_weight(key: str, raw: str) -> float:
+def parse_prefill_weight(key: str, raw: str, refuse: Refuse = refuse_metadata) -> float:
     why = "(what one prompt token weighs against one generated token)"
-    return number_between(key, raw, 0.0, MAX_PREFILL_WEIGHT, f"0 <= {key} <= {MAX_PREFILL_WEIGHT:g} {why}")
+    allowed = f"0 <= {key} <= {MAX_PREFILL_WEIGHT:g} {why}"
+    return number_between(key, raw, 0.0, MAX_PREFILL_WEIGHT, allowed, refuse)
 
 
 def parse_port_number(key: str, raw: str) -> int:

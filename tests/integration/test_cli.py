@@ -422,3 +422,39 @@ async def test_explain_reads_the_pages_twice_to_show_a_rate() -> None:
         assert "read twice, 0.3 s apart, for a rate" in out
     finally:
         await runner.cleanup()
+
+
+async def test_explain_refuses_a_metadata_key_given_twice_naming_both_values() -> None:
+    # A ScaledObject's map cannot hold a key twice: the last one must not win silently.
+    code, _, err = await run_cli(
+        "explain",
+        "--exporter-url",
+        "http://127.0.0.1:9/metrics",
+        "--namespace",
+        "llm",
+        "podNamePrefix=vllm-",
+        "threshold=10",
+        "threshold=20",
+    )
+    assert code == 2, err
+    assert "'threshold' is given twice" in err and "'10'" in err and "'20'" in err, err
+
+
+@pytest.mark.parametrize("value", ["inf", "1e309", "nan", "0", "601"])
+async def test_explain_refuses_a_rate_interval_that_is_not_a_finite_bounded_number(value: str) -> None:
+    # inf was accepted, and explain slept for ever between a demand trigger's two reads.
+    code, _, err = await run_cli(
+        "explain",
+        "--inference-url",
+        "llm/chat-0=http://127.0.0.1:9/metrics",
+        "--namespace",
+        "llm",
+        "--rate-interval",
+        value,
+        "metric=demand",
+        "threshold=5",
+        "podNamePrefix=chat-",
+    )
+    assert code == 2, err
+    assert f"--rate-interval={value}" in err, err
+    assert "0 < --rate-interval <= 600" in err or "a finite decimal number" in err, err
