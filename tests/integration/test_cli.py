@@ -458,3 +458,26 @@ async def test_explain_refuses_a_rate_interval_that_is_not_a_finite_bounded_numb
     assert code == 2, err
     assert f"--rate-interval={value}" in err, err
     assert "0 < --rate-interval <= 600" in err or "a finite decimal number" in err, err
+
+
+async def test_explain_says_activity_is_unknown_where_isactive_cannot_tell(make_exporter) -> None:  # type: ignore[no-untyped-def]
+    from keda_gpu_scaler.demo.engines import EngineLoad, vllm_page
+
+    # vllm-0 idle and fresh, vllm-1's page unreadable: IsActive answers UNAVAILABLE (SPEC §4), and the
+    # table printed `active = false` there.
+    idle = await make_exporter(vllm_page("llama", [EngineLoad(0, 0, 0)]))
+    code, out, err = await run_cli(
+        "explain",
+        "--inference-url",
+        f"llm/vllm-0={idle.url}",
+        "--inference-url",
+        "llm/vllm-1=http://127.0.0.1:9/metrics",
+        "--namespace",
+        "llm",
+        "metric=requests",
+        "podNamePrefix=vllm-",
+        "threshold=10",
+    )
+    assert code == 0 and "(no fresh data)" in out, out + err  # the value is answered (GetMetrics)
+    assert "active = false" not in out, out
+    assert "active = unknown (IsActive answers UNAVAILABLE: " in out and "vllm-1" in out, out
