@@ -313,6 +313,26 @@ def _positive(kind: type[float] | type[int]) -> Parser:
     return parse
 
 
+# gRPC takes its keepalive settings in milliseconds, as a C int: at most 2^31 - 1 ms.
+MAX_GRPC_MILLISECONDS_SECONDS = (2**31 - 1) // 1000
+MIN_GRPC_MILLISECONDS_SECONDS = 0.001
+
+
+def _grpc_seconds(name: str, raw: Raw) -> float | None:
+    """Seconds that gRPC takes as a C int of milliseconds: a finite number from 1 ms to 2147483 s (24
+    days); beyond it, serve ended in an OverflowError."""
+    value: float | None = _positive(float)(name, raw)
+    low, high = MIN_GRPC_MILLISECONDS_SECONDS, MAX_GRPC_MILLISECONDS_SECONDS
+    if value is not None and not low <= value <= high:
+        raise refuse_flag(
+            name,
+            str(raw),
+            f"is out of range; allowed: seconds, {low:g} <= {name} <= {high} (gRPC takes it in milliseconds,"
+            " as a 32-bit integer)",
+        )
+    return value
+
+
 def _choice(*allowed: str) -> Parser:
     # The same check for a flag and its environment variable: a value outside the list is an error, never
     # silently something else (KEDA_GPU_SCALER_KUBERNETES=yes must not mean "off").
@@ -329,7 +349,8 @@ def _switch(name: str, raw: Raw) -> bool:
 def _address(name: str, raw: Raw) -> str:
     text = raw if isinstance(raw, str) else ""
     _, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
+    # ASCII digits only: "٦٠٠٠" passes isdigit() and int(), but no socket takes it.
+    if not sep or not port.isascii() or not port.isdigit() or int(port) > 65535:
         raise refuse_flag(name, text, "is not an address; allowed: HOST:PORT, e.g. 0.0.0.0:6000")
     return text
 

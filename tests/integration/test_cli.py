@@ -145,6 +145,8 @@ async def test_serve_help_lists_every_flag_and_its_environment_variable() -> Non
         (["--exporter-url", "node-a:9400"], "--exporter-url='node-a:9400' is not an http(s) URL"),
         (["--tls-cert-file", "/nonexistent.pem", "--tls-key-file", "/nonexistent.key"], "no such file"),
         (["--tls-cert-file", "/etc/hostname"], "must be given together"),
+        (["--keepalive-time", "3000000"], "--keepalive-time='3000000' is out of range"),
+        (["--grpc-address", "127.0.0.1:٦٠٠٠"], "--grpc-address='127.0.0.1:٦٠٠٠' is not an address"),
     ],
 )
 async def test_bad_flags_are_clear_errors(args: list[str], message: str) -> None:
