@@ -27,6 +27,7 @@ from keda_gpu_scaler.core.decide import decide
 from keda_gpu_scaler.core.demand import DEFAULT_PREFILL_WEIGHT, DemandPoint, DemandUnit, over_window
 from keda_gpu_scaler.core.snapshot import NamespaceView, Snapshot, SourceKind, Track
 from keda_gpu_scaler.core.trigger_parse import parse_trigger
+from keda_gpu_scaler.core.value_parsers import MIN_THRESHOLD
 from keda_gpu_scaler.pages.engines import Missing, PodSamples, pod_reading
 from keda_gpu_scaler.pages.exposition import ExpositionError, Sample, parse_exposition
 
@@ -156,6 +157,13 @@ class Calibration:
         return None if evaluation is None else evaluation.value
 
     @property
+    def measured(self) -> bool:
+        """A threshold can be suggested: the best step's rate is one a trigger takes (a rate of 0 is no
+        load having reached the pod, not a capacity)."""
+        best = self.best
+        return best is not None and best.requests is not None and suggested(best.requests) >= MIN_THRESHOLD
+
+    @property
     def saturated(self) -> bool:
         """Requests have waited (or the time per output token passed its target) on `sustain` pages in a
         row: the ramp is past what the pod serves."""
@@ -178,6 +186,11 @@ def step_line(step: Step, started: float) -> str:
     )
 
 
+def suggested(rate: float) -> float:
+    """The threshold suggested for a measured rate: 90 % of it, for headroom."""
+    return rate * 0.9
+
+
 def summary(calibration: Calibration) -> str:
     best = calibration.best
     if calibration.per_token_target is not None and not calibration.latency_seen:
@@ -189,6 +202,13 @@ def summary(calibration: Calibration) -> str:
         )
     if best is None or best.requests is None:
         return "no rate was measured while nothing waited (and within the latency target): start the ramp lower, or give it longer"
+    if not calibration.measured:
+        # Nothing finished: a rate of 0 is no capacity, and threshold 0 is refused anyway.
+        return (
+            f"no load reached the pod: {best.requests:.3g} requests/s finished while nothing waited, and no"
+            " threshold can be measured from that; point the load generator at this pod (its finished"
+            " counter must move) and run calibrate during the ramp"
+        )
     tokens = f" ({best.tokens:.0f} weighted tokens/s, demandUnit: tokens)" if best.tokens is not None else ""
     limit = "requests started waiting"
     if calibration.per_token_target is not None:
@@ -201,7 +221,7 @@ def summary(calibration: Calibration) -> str:
     within = " and within the latency target" if calibration.per_token_target is not None else ""
     return (
         f"highest arrival rate with nothing waiting{within}: {best.requests:.2f} requests/s{tokens}; {reached}.\n"
-        f'threshold for metric: demand: a little below it, e.g. "{best.requests * 0.9:.3g}" (90 %), lower'
+        f'threshold for metric: demand: a little below it, e.g. "{suggested(best.requests):.3g}" (90 %), lower'
         " for more latency headroom"
     )
 

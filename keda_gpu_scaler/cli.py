@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -48,6 +49,10 @@ def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
             metavar=None if flag.choices else flag.dest.split("_")[-1].upper(),
             help=f"{flag.help}{default_text}; env {flag.env}",
         )
+
+
+# explain's two reads of a page for a rate: at most the longest window apart (metric=demand's).
+MAX_RATE_INTERVAL = 600.0
 
 
 def add_demo_arguments(demo: argparse.ArgumentParser) -> None:
@@ -106,9 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--scrape-timeout", default="3", help="seconds per scrape (default: 3)")
     explain.add_argument(
         "--rate-interval",
-        type=float,
-        default=2.0,
-        help="seconds between the two reads of each page that a rate (metric=demand) needs (default: 2)",
+        default="2",
+        help="seconds between the two reads of each page that a rate (metric=demand) needs"
+        f" (0 < --rate-interval <= {MAX_RATE_INTERVAL:g}; default: 2)",
     )
     explain.add_argument("--json", action="store_true", help="print JSON instead of a table")
     explain.add_argument(
@@ -134,35 +139,53 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# calibrate's ranges: a read at most every 10 ms (a tight loop on the pod's page is no measurement), at
+# least every 5 minutes (two reads fit in the longest window); a day of ramp at most.
+CALIBRATE_INTERVAL = (0.01, 300.0)
+CALIBRATE_MAX_DURATION = 86400.0
+CALIBRATE_MAX_WAITING = 100000.0
+CALIBRATE_MAX_SUSTAIN = 100
+CALIBRATE_MAX_PER_TOKEN_MS = 60000.0
+CALIBRATE_MAX_SCRAPE_TIMEOUT = 300.0
+
+
 def add_calibrate_arguments(calibrate: argparse.ArgumentParser) -> None:
-    from keda_gpu_scaler.core.demand import DEFAULT_PREFILL_WEIGHT, DEFAULT_WINDOW_SECONDS
+    from keda_gpu_scaler.core.demand import DEFAULT_PREFILL_WEIGHT, DEFAULT_WINDOW_SECONDS, MAX_WINDOW_SECONDS
     from keda_gpu_scaler.pages.engines import ENGINE_CHOICES
 
+    # The numbers are read as text and checked in _calibrate: each refusal names its flag and value.
+    low, high = CALIBRATE_INTERVAL
     calibrate.add_argument(
         "url", help="the pod's inference-server metrics page, e.g. http://10.0.3.7:8000/metrics"
     )
-    calibrate.add_argument("--interval", type=float, default=5.0, help="seconds between reads of the page")
     calibrate.add_argument(
-        "--window", type=float, default=DEFAULT_WINDOW_SECONDS, help="seconds each rate is taken over"
-    )
-    calibrate.add_argument("--duration", type=float, default=1800.0, help="seconds to read at most")
-    calibrate.add_argument(
-        "--waiting-above", type=float, default=0.0, help='more requests waiting than this is "requests wait"'
+        "--interval", default="5", help=f"seconds between reads of the page ({low:g}-{high:g})"
     )
     calibrate.add_argument(
-        "--sustain", type=int, default=3, help="pages in a row with requests waiting that end the ramp"
+        "--window",
+        default=f"{DEFAULT_WINDOW_SECONDS:g}",
+        help=f"seconds each rate is taken over (two intervals at least, {MAX_WINDOW_SECONDS:g} at most)",
+    )
+    calibrate.add_argument(
+        "--duration", default="1800", help=f"seconds to read at most (at most {CALIBRATE_MAX_DURATION:g})"
+    )
+    calibrate.add_argument(
+        "--waiting-above", default="0", help='more requests waiting than this is "requests wait"'
+    )
+    calibrate.add_argument(
+        "--sustain",
+        default="3",
+        help=f"pages in a row with requests waiting that end the ramp (1-{CALIBRATE_MAX_SUSTAIN})",
     )
     calibrate.add_argument("--engine", choices=ENGINE_CHOICES, default="auto", help="how the page is read")
     calibrate.add_argument("--model", default=None, help="only series of this model")
     calibrate.add_argument(
         "--prefill-weight",
-        type=float,
-        default=DEFAULT_PREFILL_WEIGHT,
-        help="what a prompt token weighs against a generated one (demandUnit: tokens)",
+        default=f"{DEFAULT_PREFILL_WEIGHT:g}",
+        help="what a prompt token weighs against a generated one (demandUnit: tokens; 0-4)",
     )
     calibrate.add_argument(
         "--per-token-target",
-        type=float,
         default=None,
         metavar="MS",
         help="milliseconds per output token not to pass (the engine's inter-token latency histogram);"
@@ -313,9 +336,15 @@ def _explain(args: argparse.Namespace) -> int:
             "kubernetes": "off",
         }
     )
-    if not args.rate_interval > 0:
-        raise SettingsError(f"--rate-interval={args.rate_interval:g}: must be more than 0 seconds")
-    entries = asyncio.run(explain_once(settings, args.namespace, args.name, triggers, args.rate_interval))
+    rate_interval = _option_number(
+        "--rate-interval",
+        args.rate_interval,
+        0,
+        MAX_RATE_INTERVAL,
+        f"seconds, 0 < --rate-interval <= {MAX_RATE_INTERVAL:g}",
+        above=True,
+    )
+    entries = asyncio.run(explain_once(settings, args.namespace, args.name, triggers, rate_interval))
     if args.json:
         # As /explain answers: one trigger's entry, or the ScaledObject with every trigger's.
         shown: object = (
@@ -329,43 +358,130 @@ def _explain(args: argparse.Namespace) -> int:
     return 0 if all("error" not in entry for entry in entries) else 1
 
 
+def _option_number(
+    name: str, raw: str, low: float, high: float, allowed: str, *, above: bool = False
+) -> float:
+    """A one-shot command's number: finite, from `low` (or above it) to `high`; refused naming the flag,
+    the value and `allowed`."""
+    from keda_gpu_scaler.core.value_parsers import parse_number, refuse_option
+
+    value = parse_number(name, raw, refuse_option)
+    if not (low < value if above else low <= value) or not value <= high:
+        raise refuse_option(name, raw, f"is out of range; allowed: {allowed}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _CalibrateNumbers:
+    interval: float
+    window: float
+    duration: float
+    waiting_above: float
+    sustain: int
+    prefill_weight: float
+    per_token_target: float | None  # milliseconds
+    scrape_timeout: float
+
+
+def _calibrate_numbers(args: argparse.Namespace) -> _CalibrateNumbers:
+    """calibrate's flags, each checked before anything is read: one refusal per flag, naming it."""
+    from keda_gpu_scaler.core.demand import MAX_WINDOW_SECONDS
+    from keda_gpu_scaler.core.value_parsers import parse_prefill_weight, refuse_option
+
+    low, high = CALIBRATE_INTERVAL
+    interval = _option_number(
+        "--interval", args.interval, low, high, f"seconds, {low:g} <= --interval <= {high:g}"
+    )
+    window = _option_number(
+        "--window",
+        args.window,
+        2 * interval,
+        MAX_WINDOW_SECONDS,
+        f"seconds, at least two --interval ({2 * interval:g}) and at most {MAX_WINDOW_SECONDS:g}",
+    )
+    duration = _option_number(
+        "--duration",
+        args.duration,
+        0,
+        CALIBRATE_MAX_DURATION,
+        f"seconds, 0 < --duration <= {CALIBRATE_MAX_DURATION:g}",
+        above=True,
+    )
+    waiting_above = _option_number(
+        "--waiting-above",
+        args.waiting_above,
+        0,
+        CALIBRATE_MAX_WAITING,
+        f"requests, 0 <= --waiting-above <= {CALIBRATE_MAX_WAITING:g}",
+    )
+    sustain_raw: str = args.sustain
+    if not (
+        sustain_raw.isascii() and sustain_raw.isdigit() and 1 <= int(sustain_raw) <= CALIBRATE_MAX_SUSTAIN
+    ):
+        raise refuse_option(
+            "--sustain",
+            sustain_raw,
+            f"is not allowed; allowed: a whole number of pages, 1-{CALIBRATE_MAX_SUSTAIN}",
+        )
+    prefill_weight = parse_prefill_weight("--prefill-weight", args.prefill_weight, refuse_option)
+    per_token_target = (
+        None
+        if args.per_token_target is None
+        else _option_number(
+            "--per-token-target",
+            args.per_token_target,
+            0,
+            CALIBRATE_MAX_PER_TOKEN_MS,
+            f"milliseconds, 0 < --per-token-target <= {CALIBRATE_MAX_PER_TOKEN_MS:g}",
+            above=True,
+        )
+    )
+    scrape_timeout = _option_number(
+        "--scrape-timeout",
+        args.scrape_timeout,
+        0,
+        CALIBRATE_MAX_SCRAPE_TIMEOUT,
+        f"seconds, 0 < --scrape-timeout <= {CALIBRATE_MAX_SCRAPE_TIMEOUT:g}",
+        above=True,
+    )
+    return _CalibrateNumbers(
+        interval,
+        window,
+        duration,
+        waiting_above,
+        int(sustain_raw),
+        prefill_weight,
+        per_token_target,
+        scrape_timeout,
+    )
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     from keda_gpu_scaler import calibrate
     from keda_gpu_scaler.collect.http import client_session, exporter_fetcher
 
-    target = args.per_token_target
-    if (
-        args.interval <= 0
-        or args.window < 2 * args.interval
-        or args.duration <= 0
-        or args.sustain < 1
-        or (target is not None and not target > 0)
-    ):
-        raise SettingsError(
-            "calibrate needs --interval > 0, --window of at least two intervals, --duration > 0, --sustain >= 1"
-            " and --per-token-target > 0"
-        )
+    numbers = _calibrate_numbers(args)
     configure_logging("warning", "text")
     settings = build_settings({"scrape_timeout": args.scrape_timeout, "kubernetes": "off"})
     calibration = calibrate.Calibration(
-        window=args.window,
-        waiting_above=args.waiting_above,
-        sustain=args.sustain,
+        window=numbers.window,
+        waiting_above=numbers.waiting_above,
+        sustain=numbers.sustain,
         engine=args.engine,
         model=args.model,
-        prefill_weight=args.prefill_weight,
-        per_token_target=None if args.per_token_target is None else args.per_token_target / 1000,
+        prefill_weight=numbers.prefill_weight,
+        per_token_target=None if numbers.per_token_target is None else numbers.per_token_target / 1000,
     )
 
     async def measure() -> calibrate.Calibration:
         async with client_session() as session:
             fetcher = exporter_fetcher(session, settings)
             return await calibrate.run(
-                args.url, calibration, fetch=fetcher.get, interval=args.interval, duration=args.duration
+                args.url, calibration, fetch=fetcher.get, interval=numbers.interval, duration=numbers.duration
             )
 
     done = asyncio.run(measure())
-    return 0 if done.best is not None else 1
+    return 0 if done.measured else 1
 
 
 def _metadata(items: Sequence[str]) -> dict[str, str]:
@@ -374,5 +490,11 @@ def _metadata(items: Sequence[str]) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep:
             raise SettingsError(f"metadata {item!r} is not KEY=VALUE")
+        if key in metadata:
+            # A ScaledObject's map cannot hold a key twice: the last one winning silently is not what it runs.
+            raise SettingsError(
+                f"metadata key {key[:100]!r} is given twice, {metadata[key][:100]!r} and {value[:100]!r};"
+                " give it once"
+            )
         metadata[key] = value
     return metadata

@@ -175,7 +175,7 @@ def render_table(entry: Mapping[str, Any]) -> str:
     hpa = entry["hpa"]
     lines.append(
         f"  value = {entry['value']:.2f} ({entry['aggregation']} over {counted(hpa['currentReplicas'], 'pod')})"
-        f"   active = {str(entry['active']).lower()} (> {entry['activationThreshold']:g})"
+        f"   {_activity(entry)}"
     )
     lines.append(
         f"  HPA would ask for {counted(hpa['desiredReplicasAverageValue'], 'replica')} with metricType"
@@ -183,6 +183,15 @@ def render_table(entry: Mapping[str, Any]) -> str:
         " least 1)"
     )
     return "\n".join(lines)
+
+
+def _activity(entry: Mapping[str, Any]) -> str:
+    """`active = true|false (> activationThreshold)`, or that activity cannot be told and why (IsActive
+    answers UNAVAILABLE there, SPEC §4): never `false` for what is not seen."""
+    unknown = entry.get("activityUnknown")
+    if unknown:
+        return f"active = unknown (IsActive answers UNAVAILABLE: {unknown})"
+    return f"active = {str(entry['active']).lower()} (> {entry['activationThreshold']:g})"
 
 
 def counted(count: int, noun: str) -> str:
@@ -255,7 +264,7 @@ def _pending_lines(entry: Mapping[str, Any]) -> list[str]:
     hpa = entry["hpa"]
     lines.append(
         f"  value = {entry['value']:g} requests held for InferencePool {entry['inferencePool']}"
-        f"   active = {str(entry['active']).lower()} (> {entry['activationThreshold']:g})"
+        f"   {_activity(entry)}"
     )
     lines.append(
         f"  HPA would ask for {counted(hpa['desiredReplicasAverageValue'], 'replica')} with metricType"

@@ -14,6 +14,7 @@ from keda_gpu_scaler.core.value_parsers import (
     _choice,
     _exporter_selectors,
     _gateway_urls,
+    _grpc_seconds,
     _headers,
     _inference_urls,
     _path,
@@ -306,13 +307,13 @@ FLAGS: tuple[Flag, ...] = (
         "30",
         "seconds of silence on a gRPC connection after which the scaler pings the peer (KEDA sends no"
         " pings of its own)",
-        parse=_positive(float),
+        parse=_grpc_seconds,
     ),
     Flag(
         "--keepalive-timeout",
         "10",
         "seconds a pinged peer has to answer before its connection (and its StreamIsActive streams) is dropped",
-        parse=_positive(float),
+        parse=_grpc_seconds,
     ),
     Flag(
         "--explain",

@@ -248,7 +248,8 @@ KEYS: tuple[MetadataKey, ...] = (
         NvidiaField.AUTO,
         "`auto`",
         "`gpu_util` (DCGM_FI_DEV_GPU_UTIL), `gr_engine_active` (DCGM_FI_PROF_GR_ENGINE_ACTIVE × 100), or `auto`"
-        " (gr_engine_active for MIG instances, else gpu_util where present)",
+        " (gr_engine_active for MIG instances, else gpu_util where present); only for metric utilization with"
+        " vendor auto or nvidia",
     ),
     MetadataKey(
         "source",

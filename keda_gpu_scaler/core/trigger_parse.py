@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from enum import StrEnum
 from typing import Any
 
 from keda_gpu_scaler.core.demand import DemandUnit
@@ -21,10 +20,12 @@ from keda_gpu_scaler.core.trigger import (
     Metric,
     Source,
     TriggerSpec,
+    Vendor,
     states_slo,
 )
 from keda_gpu_scaler.core.value_parsers import settle_auto_threshold
 from keda_gpu_scaler.pages.engines import accepts_model, engine_supports, supports_tokens, unsupported_message
+from keda_gpu_scaler.pages.vendors import Family
 
 MAX_METADATA_KEYS = 64
 MAX_METADATA_VALUE_CHARS = 1024
@@ -68,6 +69,9 @@ def _parse(items: list[tuple[str, str]]) -> TriggerSpec:
     # Parsed on every call: a few µs, against a KEDA poll of each ScaledObject every 30 s (docs/BENCHMARKS.md,
     # "Caches": a cache of parsed maps saved about 1 % of the scaler's CPU there).
     fields: dict[str, Any] = {}
+    # Each field given: the key it came under, and that key with the value as written (for the errors).
+    given: dict[str, str] = {}
+    stated: dict[str, str] = {}
     for key, raw in sorted(items):
         # KEDA resolves `<key>FromEnv` from the target container's environment and forwards the value
         # under that same name: it means `<key>`.
@@ -76,22 +80,28 @@ def _parse(items: list[tuple[str, str]]) -> TriggerSpec:
             raise ConfigError(_unknown_key_message(key))
         spec_key = KEYS_BY_NAME[base]
         if spec_key.field in fields:
-            raise ConfigError(f"metadata {base} and {base}{FROM_ENV} are both given; give one of them")
+            raise ConfigError(
+                f"metadata {stated[spec_key.field]} and {key}={quoted(raw)} are both given; give one of them"
+            )
         fields[spec_key.field] = spec_key.parse(key, raw)
-    given = {name: key for name, key in ((KEYS_BY_NAME[k.removesuffix(FROM_ENV)].field, k) for k, _ in items)}
+        given[spec_key.field] = key
+        stated[spec_key.field] = f"{key}={quoted(raw)}"
     for spec_key in KEYS:
         if spec_key.field in fields:
             continue
         if spec_key.required:
             raise ConfigError(f"metadata {spec_key.key} is required; allowed: {spec_key.help}")
         fields[spec_key.field] = spec_key.default
-    settle_auto_threshold(fields, given)
+    settle_auto_threshold(fields, given, stated)
     fields["slo"] = take_slo(fields, given, allowed=states_slo(fields["metric"], "inference_pool" in given))
-    _check_metric_fit(fields, given)
+    _check_metric_fit(fields, stated)
     if fields["metric_name"] is None:
         fields["metric_name"] = DEFAULT_METRIC_NAMES[fields["metric"]]
     if fields["pod_selector"] is not None and fields["pod_name_prefix"] is not None:
-        raise ConfigError("metadata podSelector and podNamePrefix exclude each other; give one of them")
+        raise ConfigError(
+            f"metadata {stated['pod_selector']} and {stated['pod_name_prefix']} exclude each other; give one"
+            " of them"
+        )
     return TriggerSpec(**fields)
 
 
@@ -119,7 +129,8 @@ def _check_percent_threshold(metric: Metric, threshold: float) -> None:
 
 
 def _check_metric_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
-    """Keys that only make sense for one kind of metric, and what the chosen engine can serve."""
+    """Keys that only make sense for one kind of metric, and what the chosen engine can serve. `given`:
+    each field given, as its key with the value written (`vendor='amd'`), for the errors."""
     metric: Metric = fields["metric"]
     if metric.percent:
         _check_percent_threshold(metric, fields["threshold"])
@@ -149,6 +160,8 @@ def _check_metric_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
                 else "inference metrics (requests, queue, kv_cache, demand)"
             )
             raise ConfigError(f"metadata {given[name]} applies only to {kind}, not to metric={metric.value}")
+    if "nvidia_field" in given and not metric.inference:
+        _check_nvidia_field(fields, given)
     if metric.inference:
         if not engine_supports(fields["engine"], metric.value):
             raise ConfigError(f"metadata {unsupported_message(fields['engine'], metric.value)}")
@@ -158,25 +171,30 @@ def _check_metric_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
             )
 
 
+def _check_nvidia_field(fields: dict[str, Any], given: dict[str, str]) -> None:
+    """nvidiaField chooses NVIDIA's utilisation series: on memory, or where no NVIDIA series may count, it
+    would be read by nothing."""
+    if fields["metric"] is not Metric.UTILIZATION:
+        raise ConfigError(
+            f"metadata {given['nvidia_field']} applies only to metric=utilization (it chooses NVIDIA's"
+            f" utilisation series), not to metric={fields['metric'].value}; remove it"
+        )
+    vendor: Vendor = fields["vendor"]
+    if Family.NVIDIA not in vendor.families:
+        raise ConfigError(
+            f"metadata {given['nvidia_field']} applies only to NVIDIA's series, and {given['vendor']} admits"
+            " none; remove it or use vendor auto or nvidia"
+        )
+
+
 def _only_for(fields: dict[str, Any], given: dict[str, str], names: tuple[str, ...], what: str) -> None:
     """ConfigError naming the first of `names` given: it applies only to `what`."""
     for name in names:
         if name in given:
             raise ConfigError(
-                f"metadata {given[name]}={quoted(_given_value(fields, name))} applies only to {what}, not"
+                f"metadata {given[name]} applies only to {what}, not"
                 f" to metric={fields['metric'].value}; remove it"
             )
-
-
-def _given_value(fields: dict[str, Any], name: str) -> str:
-    value = fields[name]
-    return (
-        value.value
-        if isinstance(value, StrEnum)
-        else f"{value:g}"
-        if isinstance(value, float)
-        else str(value)
-    )
 
 
 def _check_demand_fit(fields: dict[str, Any], given: dict[str, str]) -> None:

@@ -46,6 +46,13 @@ def refuse_flag(name: str, raw: str, why: str) -> SettingsError:
     return SettingsError(f"{name}={raw[:100]!r} {why}")
 
 
+def refuse_option(name: str, raw: str, why: str) -> SettingsError:
+    """A one-shot command's option (`calibrate --window 0.3`): the value as typed, unquoted when it is
+    plain text, as the command line showed it."""
+    shown = raw if raw.isascii() and raw.isprintable() and " " not in raw and len(raw) <= 100 else quoted(raw)
+    return SettingsError(f"{name}={shown} {why}")
+
+
 def one_of(name: str, raw: str, allowed: Sequence[str], refuse: Refuse) -> str:
     if raw not in allowed:
         raise refuse(name, raw, f"is not allowed; use one of: {', '.join(allowed)}")
@@ -114,25 +121,25 @@ def _around_a_number(raw: str) -> str:
     return f": {what}{hint}"
 
 
-def parse_number(key: str, raw: str) -> float:
+def parse_number(key: str, raw: str, refuse: Refuse = refuse_metadata) -> float:
     if not _DECIMAL.fullmatch(raw):
         # A number with white space around it is refused too (KEDA passes the value as written), but the
         # message says what is there.
         why = _around_a_number(raw) if raw.strip() and _DECIMAL.fullmatch(raw.strip()) else ""
-        raise refuse_metadata(
-            key, raw, f"is not a number{why}; allowed: a finite decimal number like 70 or 0.5"
-        )
+        raise refuse(key, raw, f"is not a number{why}; allowed: a finite decimal number like 70 or 0.5")
     value = float(raw)
     if not math.isfinite(value):
-        raise refuse_metadata(key, raw, "must be a finite number")
+        raise refuse(key, raw, "is not finite; allowed: a finite decimal number like 70 or 0.5")
     return value
 
 
-def number_between(key: str, raw: str, low: float, high: float, allowed: str) -> float:
+def number_between(
+    key: str, raw: str, low: float, high: float, allowed: str, refuse: Refuse = refuse_metadata
+) -> float:
     """A finite number from `low` to `high`; out of range, an error saying `allowed` (which names both)."""
-    value = parse_number(key, raw)
+    value = parse_number(key, raw, refuse)
     if not low <= value <= high:
-        raise refuse_metadata(key, raw, f"is out of range; allowed: {allowed}")
+        raise refuse(key, raw, f"is out of range; allowed: {allowed}")
     return value
 
 
@@ -164,14 +171,17 @@ def parse_threshold_start(key: str, raw: str) -> float:
     return number_between(key, raw, low, high, f"{low:g} <= {key} <= {high:g}, {why} threshold's range")
 
 
-def settle_auto_threshold(fields: dict[str, Any], given: Mapping[str, str]) -> None:
-    """`threshold: auto` targets thresholdStart until the learner moves it: only demand's can be learned."""
-    start_key = given.get("threshold_start")
+def settle_auto_threshold(
+    fields: dict[str, Any], given: Mapping[str, str], stated: Mapping[str, str]
+) -> None:
+    """`threshold: auto` targets thresholdStart until the learner moves it: only demand's can be learned.
+    `given`: the key each field came under; `stated`: that key with the value written, for the errors."""
     if fields["threshold"] != AUTO_THRESHOLD:
-        if start_key is not None:
+        if "threshold_start" in stated:
             raise ConfigError(
-                f"metadata {start_key} applies only with threshold: auto (a number is the target itself,"
-                " never learned); remove it or set threshold: auto"
+                f"metadata {stated['threshold_start']} applies only with threshold: auto, not beside"
+                f" {stated['threshold']} (a number is the target itself, never learned); remove it or set"
+                " threshold: auto"
             )
         return
     if fields["metric"] != "demand":
@@ -180,7 +190,7 @@ def settle_auto_threshold(fields: dict[str, Any], given: Mapping[str, str]) -> N
             " demand's target is the work one replica serves, which its latency can be learned against"
             " (percentages and request counts are limits you choose); allowed: a number"
         )
-    if start_key is None:
+    if "threshold_start" not in given:
         raise ConfigError(
             f"metadata thresholdStart is required with {given['threshold']}=auto; allowed: the first"
             f" target ({MIN_THRESHOLD_START:g} <= thresholdStart <= {MAX_THRESHOLD_START:g}), from which"
@@ -241,9 +251,10 @@ def parse_window(key: str, raw: str) -> float:
     return number_between(key, raw, low, high, f"seconds, {low:g} <= {key} <= {high:g}")
 
 
-def parse_prefill_weight(key: str, raw: str) -> float:
+def parse_prefill_weight(key: str, raw: str, refuse: Refuse = refuse_metadata) -> float:
     why = "(what one prompt token weighs against one generated token)"
-    return number_between(key, raw, 0.0, MAX_PREFILL_WEIGHT, f"0 <= {key} <= {MAX_PREFILL_WEIGHT:g} {why}")
+    allowed = f"0 <= {key} <= {MAX_PREFILL_WEIGHT:g} {why}"
+    return number_between(key, raw, 0.0, MAX_PREFILL_WEIGHT, allowed, refuse)
 
 
 def parse_port_number(key: str, raw: str) -> int:
@@ -302,6 +313,26 @@ def _positive(kind: type[float] | type[int]) -> Parser:
     return parse
 
 
+# gRPC takes its keepalive settings in milliseconds, as a C int: at most 2^31 - 1 ms.
+MAX_GRPC_MILLISECONDS_SECONDS = (2**31 - 1) // 1000
+MIN_GRPC_MILLISECONDS_SECONDS = 0.001
+
+
+def _grpc_seconds(name: str, raw: Raw) -> float | None:
+    """Seconds that gRPC takes as a C int of milliseconds: a finite number from 1 ms to 2147483 s (24
+    days); beyond it, serve ended in an OverflowError."""
+    value: float | None = _positive(float)(name, raw)
+    low, high = MIN_GRPC_MILLISECONDS_SECONDS, MAX_GRPC_MILLISECONDS_SECONDS
+    if value is not None and not low <= value <= high:
+        raise refuse_flag(
+            name,
+            str(raw),
+            f"is out of range; allowed: seconds, {low:g} <= {name} <= {high} (gRPC takes it in milliseconds,"
+            " as a 32-bit integer)",
+        )
+    return value
+
+
 def _choice(*allowed: str) -> Parser:
     # The same check for a flag and its environment variable: a value outside the list is an error, never
     # silently something else (KEDA_GPU_SCALER_KUBERNETES=yes must not mean "off").
@@ -318,7 +349,8 @@ def _switch(name: str, raw: Raw) -> bool:
 def _address(name: str, raw: Raw) -> str:
     text = raw if isinstance(raw, str) else ""
     _, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
+    # ASCII digits only: "٦٠٠٠" passes isdigit() and int(), but no socket takes it.
+    if not sep or not port.isascii() or not port.isdigit() or int(port) > 65535:
         raise refuse_flag(name, text, "is not an address; allowed: HOST:PORT, e.g. 0.0.0.0:6000")
     return text
 

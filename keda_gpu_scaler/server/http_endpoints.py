@@ -7,6 +7,7 @@ import dataclasses
 import datetime
 import json
 import math
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -199,6 +200,25 @@ def select_trigger(
 
 # What /explain takes: a misspelt parameter is an error, never the whole answer as if it were not given.
 EXPLAIN_PARAMETERS = frozenset({"namespace", "name", "metric", "metricName", "trigger"})
+
+
+def query_conflict(query: Iterable[tuple[str, str]]) -> str | None:
+    """Why /explain's query chooses two things where it takes one, or None: a parameter given twice, or
+    metric= and metricName= (one choice, SPEC §7) that differ. Never one of them picked silently."""
+    seen: dict[str, str] = {}
+    for key, value in query:
+        if key in seen:
+            return f"{key[:40]!r} is given twice, {seen[key][:100]!r} and {value[:100]!r}: give it once"
+        seen[key] = value
+    metric, metric_name = seen.get("metric"), seen.get("metricName")
+    if metric is not None and metric_name is not None and metric != metric_name:
+        return (
+            f"metric={metric[:100]!r} and metricName={metric_name[:100]!r} differ: they are one choice of"
+            " trigger, give one of them"
+        )
+    return None
+
+
 # Explanations of a big namespace run to megabytes of JSON: built on a worker thread, not the event loop.
 _JSON_OFF_LOOP_PODS = 200
 
@@ -255,6 +275,9 @@ def http_app(
 
     async def explain_answer(request: web.Request) -> web.Response:
         assert explanations is not None
+        conflict = query_conflict(request.query.items())
+        if conflict is not None:
+            return web.json_response({"error": conflict}, status=400, dumps=_dumps)
         namespace = request.query.get("namespace", "")
         name = request.query.get("name", "")
         if not namespace or not name:

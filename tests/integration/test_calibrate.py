@@ -121,22 +121,77 @@ async def test_calibrate_with_a_latency_target_stops_where_the_time_per_token_pa
     assert "within the latency target" in lines[-1] and "passed 25 ms" in lines[-1]
 
 
-async def test_calibrate_command_on_an_idle_pod_says_the_ramp_never_reached_capacity(
+async def test_calibrate_command_on_a_pod_no_load_reached_suggests_no_threshold_and_fails(
     make_exporter, capsys: pytest.CaptureFixture[str]
 ) -> None:  # type: ignore[no-untyped-def]
-    server = await make_exporter(page(100, 0, 0, 1000, 200))
+    # Requests in flight but a finished counter that never moves: a rate of 0 is no capacity (threshold 0
+    # is refused by the scaler itself); it suggested "0" and exited 0.
+    server = await make_exporter(page(100, 4, 0, 1000, 200))
     # The command runs its own event loop: in a thread of its own, so that this test's loop serves the page.
     code = await asyncio.to_thread(
         main, ["calibrate", server.url, "--interval", "0.05", "--window", "0.1", "--duration", "0.4"]
     )
     out = capsys.readouterr().out
-    assert code == 0, out
-    assert "0.00 requests/s" in out and "lower bound" in out
+    assert code == 1, out
+    assert "no load reached the pod" in out and "threshold for metric: demand" not in out, out
+
+
+def test_calibrate_on_a_rate_too_small_to_be_a_threshold_suggests_none() -> None:
+    calibration = calibrate.Calibration(window=20)
+    for at, finished in ((0.0, 0.0), (10.0, 0.0), (20.0, 0.01)):  # 0.0005 requests/s: 90 % is below 0.001
+        assert not isinstance(calibration.observe(at, page(finished, 1, 0, 0, 0).encode()), str)
+    assert calibration.best is not None and not calibration.measured
+    assert "no load reached the pod" in calibrate.summary(calibration)
+
+
+def test_a_ramp_that_never_made_requests_wait_is_a_lower_bound_with_a_threshold() -> None:
+    calibration = calibrate.Calibration(window=20)
+    for at, finished in ((0.0, 0.0), (10.0, 20.0), (20.0, 40.0)):  # 2 requests/s, nothing waiting
+        assert not isinstance(calibration.observe(at, page(finished, 1, 0, 0, 0).encode()), str)
+    assert calibration.measured and not calibration.saturated
+    said = calibrate.summary(calibration)
+    assert "lower bound" in said and 'e.g. "1.8" (90 %)' in said, said
 
 
 def test_calibrate_refuses_a_window_shorter_than_two_reads(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["calibrate", "http://127.0.0.1:9/metrics", "--interval", "5", "--window", "6"]) == 2
-    assert "--window of at least two intervals" in capsys.readouterr().err
+    assert (
+        "--window=6 is out of range; allowed: seconds, at least two --interval (10)"
+        in capsys.readouterr().err
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "allowed"),
+    [
+        ("--interval", "nan", "a finite decimal number"),
+        ("--interval", "-3", "0.01 <= --interval <= 300"),
+        ("--interval", "0", "0.01 <= --interval <= 300"),
+        ("--window", "0.3", "at least two --interval (0.4)"),
+        ("--window", "inf", "finite"),
+        ("--duration", "nan", "a finite decimal number"),
+        ("--duration", "0", "0 < --duration <= 86400"),
+        ("--waiting-above", "nan", "a finite decimal number"),
+        ("--waiting-above", "-1", "0 <= --waiting-above"),
+        ("--sustain", "0", "1-100"),
+        ("--sustain", "x", "1-100"),
+        ("--prefill-weight", "-7", "0 <= --prefill-weight <= 4"),
+        ("--prefill-weight", "nan", "a finite decimal number"),
+        ("--per-token-target", "-5", "0 < --per-token-target <= 60000"),
+        ("--per-token-target", "1e309", "finite"),
+        ("--scrape-timeout", "1e300", "0 < --scrape-timeout <= 300"),
+    ],
+)
+def test_calibrate_refuses_a_bad_number_naming_its_flag_and_value_before_reading(
+    capsys: pytest.CaptureFixture[str], flag: str, value: str, allowed: str
+) -> None:
+    # NaN passed the comparisons (--interval nan read the page in a tight loop) and some flags were not
+    # checked at all; the one refusal named neither the flag that failed nor its value.
+    short = ["--interval", "0.2", "--window", "0.5", "--duration", "1"]
+    assert main(["calibrate", "http://127.0.0.1:9/metrics", *short, flag, value]) == 2
+    said = capsys.readouterr()
+    assert "reading http" not in said.out
+    assert f"{flag}={value} " in said.err and allowed in said.err, said.err
 
 
 def test_a_page_without_a_finished_counter_is_said_not_rated() -> None:

@@ -145,6 +145,8 @@ async def test_serve_help_lists_every_flag_and_its_environment_variable() -> Non
         (["--exporter-url", "node-a:9400"], "--exporter-url='node-a:9400' is not an http(s) URL"),
         (["--tls-cert-file", "/nonexistent.pem", "--tls-key-file", "/nonexistent.key"], "no such file"),
         (["--tls-cert-file", "/etc/hostname"], "must be given together"),
+        (["--keepalive-time", "3000000"], "--keepalive-time='3000000' is out of range"),
+        (["--grpc-address", "127.0.0.1:٦٠٠٠"], "--grpc-address='127.0.0.1:٦٠٠٠' is not an address"),
     ],
 )
 async def test_bad_flags_are_clear_errors(args: list[str], message: str) -> None:
@@ -422,3 +424,62 @@ async def test_explain_reads_the_pages_twice_to_show_a_rate() -> None:
         assert "read twice, 0.3 s apart, for a rate" in out
     finally:
         await runner.cleanup()
+
+
+async def test_explain_refuses_a_metadata_key_given_twice_naming_both_values() -> None:
+    # A ScaledObject's map cannot hold a key twice: the last one must not win silently.
+    code, _, err = await run_cli(
+        "explain",
+        "--exporter-url",
+        "http://127.0.0.1:9/metrics",
+        "--namespace",
+        "llm",
+        "podNamePrefix=vllm-",
+        "threshold=10",
+        "threshold=20",
+    )
+    assert code == 2, err
+    assert "'threshold' is given twice" in err and "'10'" in err and "'20'" in err, err
+
+
+@pytest.mark.parametrize("value", ["inf", "1e309", "nan", "0", "601"])
+async def test_explain_refuses_a_rate_interval_that_is_not_a_finite_bounded_number(value: str) -> None:
+    # inf was accepted, and explain slept for ever between a demand trigger's two reads.
+    code, _, err = await run_cli(
+        "explain",
+        "--inference-url",
+        "llm/chat-0=http://127.0.0.1:9/metrics",
+        "--namespace",
+        "llm",
+        "--rate-interval",
+        value,
+        "metric=demand",
+        "threshold=5",
+        "podNamePrefix=chat-",
+    )
+    assert code == 2, err
+    assert f"--rate-interval={value}" in err, err
+    assert "0 < --rate-interval <= 600" in err or "a finite decimal number" in err, err
+
+
+async def test_explain_says_activity_is_unknown_where_isactive_cannot_tell(make_exporter) -> None:  # type: ignore[no-untyped-def]
+    from keda_gpu_scaler.demo.engines import EngineLoad, vllm_page
+
+    # vllm-0 idle and fresh, vllm-1's page unreadable: IsActive answers UNAVAILABLE (SPEC §4), and the
+    # table printed `active = false` there.
+    idle = await make_exporter(vllm_page("llama", [EngineLoad(0, 0, 0)]))
+    code, out, err = await run_cli(
+        "explain",
+        "--inference-url",
+        f"llm/vllm-0={idle.url}",
+        "--inference-url",
+        "llm/vllm-1=http://127.0.0.1:9/metrics",
+        "--namespace",
+        "llm",
+        "metric=requests",
+        "podNamePrefix=vllm-",
+        "threshold=10",
+    )
+    assert code == 0 and "(no fresh data)" in out, out + err  # the value is answered (GetMetrics)
+    assert "active = false" not in out, out
+    assert "active = unknown (IsActive answers UNAVAILABLE: " in out and "vllm-1" in out, out

@@ -48,3 +48,46 @@ async def test_explain_picks_one_of_two_triggers_that_share_a_metric_name_by_its
     assert status == 200 and one["threshold"] == 80
     status, answer = await get_explain(scaler, metrc="gpu-utilization")
     assert status == 400 and answer["error"].startswith("'metrc' is not a parameter of /explain"), answer
+
+
+async def test_explain_refuses_a_query_that_chooses_twice_naming_the_parameter_and_values(  # type: ignore[no-untyped-def]
+    make_exporter, make_scaler
+) -> None:
+    # metric=A&metricName=B answered A, and a repeated parameter answered its first value: one of two
+    # choices picked silently.
+    import aiohttp
+
+    scaler = await make_scaler(await make_exporter(four_pods_at(90)))
+    memory = METADATA | {"metric": "memory", "threshold": "50"}
+
+    async def both_evaluated() -> None:
+        assert await value_of(scaler) == 360
+        await scaler.stub.GetMetrics(metrics_request(memory, "gpu-memory"))
+        status, whole = await get_explain(scaler)
+        assert status == 200 and len(whole["triggers"]) == 2
+
+    await eventually(both_evaluated)
+    base = [("namespace", "llm"), ("name", "vllm")]
+    cases = [
+        (
+            [("metric", "gpu-utilization"), ("metricName", "gpu-memory")],
+            ["metric='gpu-utilization'", "metricName='gpu-memory'"],
+        ),
+        (
+            [("metric", "gpu-utilization"), ("metric", "gpu-memory")],
+            ["'metric' is given twice", "'gpu-memory'"],
+        ),
+        ([("metricName", "gpu-memory"), ("metricName", "gpu-memory")], ["'metricName' is given twice"]),
+        ([("trigger", "0"), ("trigger", "1")], ["'trigger' is given twice", "'0' and '1'"]),
+        ([("namespace", "other")], ["'namespace' is given twice", "'llm' and 'other'"]),
+    ]
+    async with aiohttp.ClientSession() as session:
+        for extra, fragments in cases:
+            async with session.get(f"{scaler.http}/explain", params=[*base, *extra]) as response:
+                answer = await response.json()
+            assert response.status == 400, (extra, answer)
+            assert all(fragment in answer["error"] for fragment in fragments), answer
+        # The same trigger named both ways is one choice.
+        params = [*base, ("metric", "gpu-memory"), ("metricName", "gpu-memory")]
+        async with session.get(f"{scaler.http}/explain", params=params) as response:
+            assert response.status == 200 and (await response.json())["threshold"] == 50

@@ -22,6 +22,25 @@ def test_bad_durations_name_the_flag(flag: str) -> None:
         build_settings({flag: "-1"})
 
 
+@pytest.mark.parametrize("flag", ["keepalive_time", "keepalive_timeout"])
+@pytest.mark.parametrize("value", ["3000000", "1e306", "0.0001"])
+def test_a_keepalive_grpc_cannot_take_is_refused_naming_the_flag(flag: str, value: str) -> None:
+    # gRPC takes milliseconds as a C int: beyond 2147483 s serve ended in an OverflowError traceback.
+    with pytest.raises(SettingsError) as raised:
+        build_settings({flag: value})
+    name = f"--{flag.replace('_', '-')}"
+    assert f"{name}={value!r} is out of range" in str(raised.value)
+    assert f"0.001 <= {name} <= 2147483" in str(raised.value)
+    assert build_settings({flag: "2147483"}) is not None
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:٦٠٠٠", "[::1]:６０００", "0.0.0.0:6000²"])
+def test_a_port_in_other_than_ascii_digits_is_not_an_address(address: str) -> None:
+    # isdigit() takes them (int() some), but gRPC cannot parse them: it read as "port in use".
+    with pytest.raises(SettingsError, match="is not an address; allowed: HOST:PORT"):
+        build_settings({"grpc_address": address})
+
+
 def test_defaults_of_code_flags_and_environment_agree() -> None:
     # Settings() (what code and tests build) equals what an empty command line and environment give.
     from keda_gpu_scaler.config.settings import Settings, env_values

@@ -45,7 +45,6 @@ def test_every_key_parsed() -> None:
             "gpuAggregation": "max",
             "aggregation": "mean",
             "vendor": "amd",
-            "nvidiaField": "gr_engine_active",
             "source": "scrape",
             "metricName": "llm.gpu-mem",
         }
@@ -57,9 +56,61 @@ def test_every_key_parsed() -> None:
     assert spec.gpu_aggregation is GpuAggregation.MAX
     assert spec.aggregation is Aggregation.MEAN
     assert spec.vendor is Vendor.AMD
-    assert spec.nvidia_field is NvidiaField.GR_ENGINE_ACTIVE
     assert spec.source is Source.SCRAPE
     assert spec.metric_name == "llm.gpu-mem"
+    nvidia = parse_trigger({"threshold": "70", "vendor": "nvidia", "nvidiaField": "gr_engine_active"})
+    assert nvidia.nvidia_field is NvidiaField.GR_ENGINE_ACTIVE
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        ({"metric": "memory", "nvidiaField": "gr_engine_active"}, "metric=memory"),
+        ({"vendor": "amd", "nvidiaField": "gpu_util"}, "vendor='amd'"),
+        ({"vendor": "ack", "nvidiaField": "gr_engine_active"}, "vendor='ack'"),
+        ({"metric": "memory", "nvidiaField": "auto"}, "metric=memory"),
+    ],
+)
+def test_nvidia_field_where_no_nvidia_utilisation_is_read_is_refused(extra: dict[str, str], why: str) -> None:
+    # Read by nothing there: accepted, it would silently change nothing the user meant it to.
+    with pytest.raises(ConfigError) as raised:
+        parse_trigger({"threshold": "70", **extra})
+    assert f"nvidiaField={extra['nvidiaField']!r}" in str(raised.value)
+    assert why in str(raised.value)
+
+
+# (metadata, the key=value the refusal must show, what else it names)
+REFUSED_ACROSS_KEYS = [
+    ({"metric": "requests", "vendor": "nvidia"}, "vendor='nvidia'", "GPU metrics"),
+    ({"metric": "requests", "gpuAggregation": "max"}, "gpuAggregation='max'", "GPU metrics"),
+    ({"engine": "vllm"}, "engine='vllm'", "inference metrics"),
+    ({"metricsPort": "8123"}, "metricsPort='8123'", "inference metrics"),
+    ({"metric": "demand", "gatewayMetricsPort": "9091"}, "gatewayMetricsPort='9091'", "inferencePool"),
+    ({"metric": "demand", "prefillWeight": "2.5"}, "prefillWeight='2.5'", "demandUnit=tokens"),
+    ({"metric": "requests", "window": "030"}, "window='030'", "metric=demand"),
+    (
+        {"metric": "pending", "inferencePool": "pool", "podNamePrefix": "zz-"},
+        "podNamePrefix='zz-'",
+        "metric=pending",
+    ),
+    ({"metric": "demand", "thresholdStart": "12"}, "thresholdStart='12'", "threshold='70'"),
+    ({"thresholdFromEnv": "85"}, "thresholdFromEnv='85'", "threshold='70'"),
+    ({"podSelector": "app=x", "podNamePrefix": "x-"}, "podSelector='app=x'", "podNamePrefix='x-'"),
+    (
+        {"metric": "requests", "inferencePool": "pool", "source": "prometheus"},
+        "inferencePool='pool'",
+        "allowed: scrape",
+    ),
+]
+
+
+@pytest.mark.parametrize(("extra", "stated", "also"), REFUSED_ACROSS_KEYS)
+def test_a_key_refused_beside_another_is_named_with_its_value(
+    extra: dict[str, str], stated: str, also: str
+) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_trigger({"threshold": "70", "podNamePrefix": "vllm-", **extra})
+    assert stated in str(raised.value) and also in str(raised.value), raised.value
 
 
 def test_memory_metric_default_name() -> None:
