@@ -102,6 +102,7 @@ class App:
                 DiscoveryConfig(
                     kubeconfig=settings.kubeconfig,
                     exporter_selectors=settings.exporter_selectors,
+                    exporter_namespaces=settings.exporter_namespaces,
                     refresh_interval=settings.discovery_interval,
                     static_urls=frozenset(settings.exporter_urls),
                 ),

@@ -6,12 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from keda_gpu_scaler.core.selectors import DEFAULT_EXPORTER_SELECTORS
+from keda_gpu_scaler.core.selectors import DEFAULT_EXPORTER_NAMESPACES, DEFAULT_EXPORTER_SELECTORS
 from keda_gpu_scaler.core.value_parsers import (
     ENV_PREFIX,
     Parser,
     _address,
     _choice,
+    _exporter_namespaces,
     _exporter_selectors,
     _gateway_urls,
     _grpc_seconds,
@@ -104,6 +105,15 @@ FLAGS: tuple[Flag, ...] = (
         repeatable=True,
         parse=_exporter_selectors,
         field="exporter_selectors",
+    ),
+    Flag(
+        "--exporter-namespaces",
+        ",".join(DEFAULT_EXPORTER_NAMESPACES),
+        "with Kubernetes: the namespaces GPU exporter pods are read from, ','-separated (the defaults are"
+        " where the NVIDIA and AMD GPU operators and Alibaba ACK install them); a pod elsewhere matching"
+        " --exporter-selector is never read, so a tenant cannot pass a pod of theirs off as a node's exporter."
+        " * reads any namespace",
+        parse=_exporter_namespaces,
     ),
     Flag(
         "--discovery-interval",

@@ -45,6 +45,7 @@ class Settings:
     kubernetes: str = _default("--kubernetes")
     kubeconfig: str | None = _default("--kubeconfig")
     exporter_selectors: tuple[ExporterSelector, ...] = _default("--exporter-selector")
+    exporter_namespaces: frozenset[str] | None = _default("--exporter-namespaces")  # None: any
     discovery_interval: float = _default("--discovery-interval")
     scrape_interval: float = _default("--scrape-interval")
     # None in FLAGS: derived from --scrape-interval (see build_settings); these are the derived defaults.

@@ -197,6 +197,9 @@ def parse_exporter_selector(text: str) -> ExporterSelector:
 #   app.kubernetes.io/name=metrics-exporter plus daemonset-name=<DeviceConfig name>, port 5000. The name
 #   alone is too generic ("metrics-exporter" is a common chart name), so the daemonset-name key, which
 #   the AMD operator always sets, is required too.
+# Where those installers put them: the NVIDIA GPU Operator's documented namespace (and OpenShift's
+# OperatorHub one), the AMD GPU Operator's, and ACK's managed exporter's.
+DEFAULT_EXPORTER_NAMESPACES = ("gpu-operator", "nvidia-gpu-operator", "kube-amd-gpu", "arms-prom")
 DEFAULT_EXPORTER_SELECTORS = (
     "app=nvidia-dcgm-exporter:9400",
     "app.kubernetes.io/name=dcgm-exporter:9400",

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from keda_gpu_scaler.core.demand import MAX_PREFILL_WEIGHT, MAX_WINDOW_SECONDS, MIN_WINDOW_SECONDS
 from keda_gpu_scaler.core.errors import ConfigError, quoted
 from keda_gpu_scaler.core.learned_target import HIGHEST_FACTOR, LOWEST_FACTOR
-from keda_gpu_scaler.core.names import OBJECT_NAME_RULE, is_namespace, is_object_name
+from keda_gpu_scaler.core.names import NAMESPACE_RULE, OBJECT_NAME_RULE, is_namespace, is_object_name
 from keda_gpu_scaler.core.selectors import (
     DEFAULT_EXPORTER_SELECTORS,
     ExporterSelector,
@@ -440,6 +440,20 @@ def _gateway_urls(name: str, raw: Raw) -> tuple[tuple[str, str, str], ...]:
         twice = next(url for url in urls if urls.count(url) > 1)
         raise SettingsError(f"{name}: {twice[:100]!r} is given for two pools; one page serves one pool")
     return tuple(found)
+
+
+def _exporter_namespaces(name: str, raw: Raw) -> frozenset[str] | None:
+    """The namespaces GPU exporter pods are read from; None for `*` (any namespace: a tenant's pod labelled
+    like an exporter would then be read as its node's exporter)."""
+    names = _items(raw, ",")
+    if names == ["*"]:
+        return None
+    if not names:
+        raise refuse_flag(name, "", "is empty: give the namespaces the GPU exporters run in, or * for any")
+    for namespace in names:
+        if not is_namespace(namespace):
+            raise refuse_flag(name, namespace, f"is not a namespace name ({NAMESPACE_RULE}), nor * alone")
+    return frozenset(names)
 
 
 def _exporter_selectors(name: str, raw: Raw) -> tuple[ExporterSelector, ...]:

@@ -29,8 +29,13 @@ class ExporterDiscovery:
         static: bool,
         gauge: Gauge,
         wanted: WantedSources,
+        namespaces: frozenset[str] | None = None,
     ) -> None:
         self._selectors = selectors
+        # Where exporter pods are read from (None: any). The watch is cluster-wide, but a pod elsewhere
+        # is never an exporter: a tenant's pod labelled like one, on a node it shares with another tenant,
+        # would serve that tenant's GPU values (SPEC §3: where data comes from is the operator's choice).
+        self._namespaces = namespaces
         self._static = static  # --exporter-url given: exporters need not be found on the target nodes
         self._gauge = gauge
         self._wanted = wanted
@@ -114,6 +119,8 @@ class ExporterDiscovery:
         self._gauge.set(len({url for node in self._nodes for url in self._by_node.get(node, {}).values()}))
 
     def _exporter_pod(self, index: int, old: PodInfo | None, new: PodInfo | None) -> None:
+        if self._namespaces is not None and (old or new).namespace not in self._namespaces:  # type: ignore[union-attr]
+            return
         key = (index, (new or old).key)  # type: ignore[union-attr]
         exporter = self._selectors[index]
         if old is not None and new is not None and old.node == new.node and new.node is not None:
@@ -165,7 +172,8 @@ class ExporterDiscovery:
         if any(not i.synced for _, i in self._informers):
             raise NoData("listing the GPU exporter pods (first list)")
         selectors = ", ".join(repr(str(s)) for s, _ in self._informers)
+        where = "any namespace" if self._namespaces is None else ", ".join(sorted(self._namespaces))
         raise NoData(
             f"no GPU exporter pod runs on the target pods' nodes ({', '.join(sorted(nodes))}); exporters are"
-            f" found by --exporter-selector {selectors}"
+            f" found by --exporter-selector {selectors} in --exporter-namespaces {where}"
         )

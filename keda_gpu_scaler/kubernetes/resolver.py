@@ -18,6 +18,7 @@ from keda_gpu_scaler.collect.supervise import cancel_all, supervised
 from keda_gpu_scaler.collect.wanted import WantedSources
 from keda_gpu_scaler.core.errors import ConfigError, KubeError, NoData
 from keda_gpu_scaler.core.selectors import (
+    DEFAULT_EXPORTER_NAMESPACES,
     ExporterSelector,
     Selector,
     SelectorError,
@@ -54,6 +55,8 @@ class DiscoveryConfig:
     exporter_selectors: tuple[ExporterSelector, ...]
     refresh_interval: float  # seconds between re-reads of a ScaledObject and its /scale
     static_urls: frozenset[str] = frozenset()  # --exporter-url: never removed by discovery
+    # --exporter-namespaces: where exporter pods are read from; None: any namespace
+    exporter_namespaces: frozenset[str] | None = frozenset(DEFAULT_EXPORTER_NAMESPACES)
 
 
 class KubeDiscovery:
@@ -94,7 +97,11 @@ class KubeDiscovery:
             f"{PREFIX}_kubernetes_tracked_scaledobjects", "ScaledObjects discovery follows", registry=registry
         )
         self._exporters = ExporterDiscovery(
-            settings.exporter_selectors, bool(settings.static_urls), self.discovered_exporters, wanted
+            settings.exporter_selectors,
+            bool(settings.static_urls),
+            self.discovered_exporters,
+            wanted,
+            settings.exporter_namespaces,
         )
         self._gateway_book: GatewayBook | None = None
         self._gateways: GatewayDiscovery | None = None

@@ -870,3 +870,41 @@ async def test_pods_gone_while_the_target_keeps_its_replicas_is_unavailable(  # 
     # Scaled to zero as KEDA does it: /scale first, then the pods go; a pod created again counts again.
     cluster.kube.put(DEPLOYMENT, deployment("vllm", NS, APP, replicas=0))
     await eventually(lambda: _equals(value(scaler), 0))
+
+
+async def test_a_tenants_look_alike_exporter_pod_is_never_read(  # type: ignore[no-untyped-def]
+    cluster: Cluster, kube_scaler, make_exporter
+) -> None:
+    # SPEC §3: where data comes from is the operator's choice. A tenant's ordinary pod on a GPU node it
+    # shares with `llm`, labelled like the operator's exporter, serving idle GPUs for llm's pod vllm-0.
+    real = await cluster.gpu_node("node-a")
+    await cluster.gpu_node("node-b")
+    three_pods_on_two_nodes(cluster)
+    fake = await make_exporter(dcgm_page([GpuLine(NS, "vllm-0", 0, gpu=g) for g in (1, 2, 3)], host="fake"))
+    cluster.kube.put(
+        POD, pod("looks-like-dcgm", "evil", EXPORTER_LABELS, "node-a", ports=[("metrics", fake.port)])
+    )
+    scaler = await kube_scaler()
+    await eventually(lambda: _equals(value(scaler), 180))
+    # node-a's pages are scraped together: three more scrapes of its real exporter, none of the look-alike.
+    seen = real.requests
+    await eventually(lambda: _scraped_since(real, seen, 3))
+    assert (await value(scaler), fake.requests) == (180, 0)
+
+
+async def test_exporter_namespaces_star_reads_exporters_of_any_namespace(  # type: ignore[no-untyped-def]
+    cluster: Cluster, kube_scaler
+) -> None:
+    three_pods_on_two_nodes(cluster)
+    exporter = await cluster.make_exporter()
+    cluster.kube.put(
+        POD, pod("dcgm-a", "monitoring", EXPORTER_LABELS, "node-a", ports=[("metrics", exporter.port)])
+    )
+    cluster.exporters["node-a"] = exporter
+    cluster.run("vllm-2", "node-a", 70)  # all three on node-a
+    scaler = await kube_scaler(exporter_namespaces=None)
+    await eventually(lambda: _equals(value(scaler), 180))
+
+
+async def _scraped_since(exporter: ExporterServer, seen: int, more: int) -> None:
+    assert exporter.requests >= seen + more
