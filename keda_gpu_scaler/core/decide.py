@@ -328,8 +328,8 @@ def _with_slo(
     reads = _latency_reads(slo, snapshot, evaluation)
     used = budget_used(slo, snapshot.recent_latency)
     share = spent_headroom(headroom(slo, snapshot.recent_demand), used)
-    pods = evaluation.what_if.current_replicas
-    # guarded_value works on the workload's sum; a per-pod mean (metricType Value) is that sum ÷ pods.
+    pods = evaluation.what_if.ready_replicas
+    # guarded_value works on the workload's sum; a per-pod mean (metricType Value) is that sum ÷ Ready pods.
     per_pod = evaluation.aggregation is Aggregation.MEAN and pods > 0
     floored = evaluation.value * pods if per_pod else evaluation.value
     # The headroom is for the demand: the fresh pods' (and the pool's pending requests), Ready pods
@@ -353,11 +353,12 @@ def _with_value(evaluation: Evaluation, spec: TriggerSpec, value: float) -> Eval
     """The evaluation with another value, and the replicas the HPA would ask for at it."""
     if value == evaluation.value:
         return evaluation
-    current = evaluation.what_if.current_replicas
+    current, ready = evaluation.what_if.current_replicas, evaluation.what_if.ready_replicas
     what_if = WhatIf(
         current,
         desired_replicas_average_value(value, spec.threshold, current),
-        desired_replicas_value(value, spec.threshold, current),
+        desired_replicas_value(value, spec.threshold, current, ready),
+        ready,
     )
     return dataclasses.replace(evaluation, value=value, what_if=what_if)
 

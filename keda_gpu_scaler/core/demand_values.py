@@ -164,17 +164,19 @@ def with_pending(
         else:
             extra = spec.threshold
             weighed = ": no pod measures their tokens yet, so they ask for one replica's worth"
-    current = evaluation.what_if.current_replicas
+    current, ready = evaluation.what_if.current_replicas, evaluation.what_if.ready_replicas
     fresh = math.fsum(row[ROW_VALUE] for row in evaluation.pod_rows)
     sized = fresh + extra
-    # A per-pod mean (metricType Value) carries the workload's value per pod: the HPA multiplies it back.
-    if evaluation.aggregation is Aggregation.MEAN and current > 0:
-        sized /= current
+    # A per-pod mean (metricType Value) carries the workload's value per Ready pod: the HPA multiplies it
+    # back by its ready pods.
+    if evaluation.aggregation is Aggregation.MEAN and ready > 0:
+        sized /= ready
     value = max(evaluation.value, sized)
     what_if = WhatIf(
         current_replicas=current,
         average_value=desired_replicas_average_value(value, spec.threshold, current),
-        value=desired_replicas_value(value, spec.threshold, current),
+        value=desired_replicas_value(value, spec.threshold, current, ready),
+        ready_replicas=ready,
     )
     # Activity on S (the fresh pods' own sum, never the value missing pods were filled into) plus pending.
     active = evaluation.active or fresh + extra > spec.activation_threshold

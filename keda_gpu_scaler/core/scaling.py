@@ -80,7 +80,9 @@ class WhatIf:
 
     current_replicas: int
     average_value: int  # metricType AverageValue (KEDA's default): ceil(value / target)
-    value: int  # metricType Value: ceil(current × value / target)
+    value: int  # metricType Value: ceil(ready × value / target)
+    # The HPA's readyPodCount (Running and Ready: fresh and missing pods, not starting ones).
+    ready_replicas: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,18 +182,25 @@ def aggregate(values: Collection[float], aggregation: Aggregation) -> float:
 
 
 def hpa_desired_replicas(
-    value: float, target: float, current: int, *, average_value: bool, tolerance: float = HPA_TOLERANCE
+    value: float,
+    target: float,
+    current: int,
+    *,
+    average_value: bool,
+    tolerance: float = HPA_TOLERANCE,
+    ready: int | None = None,
 ) -> int:
     """The HPA's formula for an External metric: the one place it is written.
 
-    AverageValue (KEDA's default): ceil(value / target). Value: ceil(current × value / target). Replicas
-    stay as they are while the usage ratio is within `tolerance` of 1, and never go below 1 (only KEDA's
-    activation reaches zero).
+    AverageValue (KEDA's default): ceil(value / target). Value: ceil(ready × value / target), `ready`
+    the pods Running and Ready (its getReadyPodsCount; `current` when not given). Replicas stay as they
+    are while the usage ratio is within `tolerance` of 1, and never go below 1 (only KEDA's activation
+    reaches zero).
     """
     ratio = value / (target * current) if average_value and current > 0 else value / target
     if current > 0 and abs(ratio - 1) <= tolerance:
         return current
-    wanted = value / target if average_value else current * value / target
+    wanted = value / target if average_value else (current if ready is None else ready) * value / target
     return max(1, math.ceil(wanted))
 
 
@@ -199,8 +208,8 @@ def desired_replicas_average_value(value: float, target: float, current: int) ->
     return hpa_desired_replicas(value, target, current, average_value=True)
 
 
-def desired_replicas_value(value: float, target: float, current: int) -> int:
-    return hpa_desired_replicas(value, target, current, average_value=False)
+def desired_replicas_value(value: float, target: float, current: int, ready: int) -> int:
+    return hpa_desired_replicas(value, target, current, average_value=False, ready=ready)
 
 
 class Rule:
@@ -224,7 +233,9 @@ def evaluate(
     reporting: the Ready target pods with fresh data; missing: Ready target pods without; starting: the
     target's pods that exist but are not Ready yet (pulling an image, loading a model). With S the fresh
     pods' sum, nR their count, M missing, U starting, N = nR + M + U, T the threshold and u = S / (nR × T):
-    u > 1 → max(S, N × T); u ≤ 1 → S + (M + U) × T; `mean` divides by N. Activity is decided on the fresh
+    u > 1 → max(S, N × T); u ≤ 1 → S + (M + U) × T; `mean` divides by the Ready pods nR + M, which the
+    HPA multiplies a Value metric back by (its readyPodCount): divided by N, each starting pod made the
+    HPA ask for fewer replicas than exist, and the ReplicaSet removes unready pods first. Activity is decided on the fresh
     pods alone: a missing pod can neither wake a workload nor hold it awake.
 
     Raises NoData when fewer than half of the Ready target pods, or none, have fresh data, and when pods
@@ -282,7 +293,7 @@ def evaluate(
         value = fresh_sum + (len(missing) + len(starting)) * threshold
         fill, rule = threshold, Rule.HOLD
     if aggregation is Aggregation.MEAN:
-        value /= total
+        value /= ready
     return _result(value, active, spec, aggregation, pods, missing, starting, fill, rule, unknown)
 
 
@@ -302,11 +313,13 @@ def _result(
     rule: str,
     activity_unknown: str | None = None,
 ) -> Evaluation:
-    current = len(pods) + len(missing) + len(starting)
+    ready = len(pods) + len(missing)
+    current = ready + len(starting)
     what_if = WhatIf(
         current_replicas=current,
         average_value=desired_replicas_average_value(value, spec.threshold, current),
-        value=desired_replicas_value(value, spec.threshold, current),
+        value=desired_replicas_value(value, spec.threshold, current, ready),
+        ready_replicas=ready,
     )
     return Evaluation(
         value=value,

@@ -106,6 +106,7 @@ def _hpa_json(evaluation: Evaluation) -> dict[str, Any]:
     """The replica counts the HPA would compute from the value, for either metricType."""
     return {
         "currentReplicas": evaluation.what_if.current_replicas,
+        "readyReplicas": evaluation.what_if.ready_replicas,
         "desiredReplicasAverageValue": evaluation.what_if.average_value,
         "desiredReplicasValue": evaluation.what_if.value,
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -908,3 +909,40 @@ async def test_exporter_namespaces_star_reads_exporters_of_any_namespace(  # typ
 
 async def _scraped_since(exporter: ExporterServer, seen: int, more: int) -> None:
     assert exporter.requests >= seen + more
+
+
+async def test_metric_type_value_with_starting_pods_asks_as_many_replicas_as_average_value(  # type: ignore[no-untyped-def]
+    cluster: Cluster, kube_scaler
+) -> None:
+    # The HPA multiplies a Value metric by its ready pods (getReadyPodsCount: Running and Ready), so `mean`
+    # is over them: over every pod, the two loading their model diluted it and the HPA asked for 2 of 4
+    # replicas (the ReplicaSet removes unready pods first: the loading ones).
+    await cluster.gpu_node("node-a")
+    cluster.kube.put(DEPLOYMENT, deployment("vllm", NS, APP, replicas=4))
+    cluster.run("vllm-0", "node-a", 10)
+    cluster.run("vllm-1", "node-a", 10)
+    cluster.run("vllm-2", "node-a", 0, ready=False)
+    cluster.run("vllm-3", "node-a", 0, ready=False)
+    scaler = await kube_scaler()
+
+    async def answered(metric_type: str) -> tuple[float, dict[str, Any]]:
+        cluster.kube.put(
+            SCALED_OBJECT, scaled_object("vllm", NS, {"name": "vllm"}, [external(metric_type=metric_type)])
+        )
+
+        async def check() -> tuple[float, dict[str, Any]]:
+            got = await value(scaler)
+            explained = await explain(scaler)
+            assert explained.get("discovery", {}).get("metricType") == metric_type, explained
+            assert explained.get("startingPods") == ["vllm-2", "vllm-3"], explained
+            return got, explained
+
+        return await eventually(check)
+
+    summed, _ = await answered("AverageValue")
+    meaned, explained = await answered("Value")
+    assert summed == 10 + 10 + 2 * 70  # S + U × T: a starting pod never causes a scale-down
+    assert meaned == summed / 2  # per Ready pod
+    assert math.ceil(2 * meaned / 70) == math.ceil(summed / 70) == 3
+    # /explain's what-if multiplies by the Ready pods too.
+    assert explained["hpa"]["readyReplicas"] == 2 and explained["hpa"]["desiredReplicasValue"] == 3

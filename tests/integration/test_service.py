@@ -82,6 +82,7 @@ async def test_four_pods_at_90_give_360(make_exporter, make_scaler) -> None:  # 
     assert explanation["value"] == 360
     assert explanation["hpa"] == {
         "currentReplicas": 4,
+        "readyReplicas": 4,
         "desiredReplicasAverageValue": 6,
         "desiredReplicasValue": 21,
     }

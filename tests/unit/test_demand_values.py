@@ -117,9 +117,9 @@ def test_pending_sizes_on_top_of_the_fresh_pods_never_on_top_of_the_starting_pod
         assert sized.value == floor.value and "fresh pods' 30" in note
     few = evaluate(fresh, (), POOLED, Aggregation.SUM, ["chat-s0"])
     assert with_pending(few, POOLED, 0, 228)[0].value == pytest.approx(30 + 228 / 60)
-    # A per-pod mean: the same rule, per pod of N.
+    # A per-pod mean: the same rule, per Ready pod (the HPA multiplies a Value metric by its ready pods).
     mean = evaluate(fresh, (), POOLED, Aggregation.MEAN, ["chat-s0"])
-    assert with_pending(mean, POOLED, 0, 228)[0].value == pytest.approx((30 + 228 / 60) / 2)
+    assert with_pending(mean, POOLED, 0, 228)[0].value == pytest.approx(30 + 228 / 60)
 
 
 def tokens_pod(name: str, finished: float, flight: float, prompt: float, generated: float) -> PodSamples:

@@ -246,8 +246,11 @@ def test_doks_average_oscillates_back_to_one() -> None:
 
 def test_hpa_tolerance() -> None:
     assert desired_replicas_average_value(300, 70, 4) == 4  # ratio 1.07: within 10 %
-    assert desired_replicas_value(75, 70, 4) == 4
-    assert desired_replicas_value(90, 70, 4) == 6
+    assert desired_replicas_value(75, 70, 4, 4) == 4
+    assert desired_replicas_value(90, 70, 4, 4) == 6
+    # Value: the HPA multiplies by its ready pods (2 of the 4 still loading), the tolerance by the usage.
+    assert desired_replicas_value(90, 70, 4, 2) == 3
+    assert desired_replicas_value(75, 70, 4, 2) == 4
 
 
 def test_a_kept_evaluation_costs_the_collector_one_object_whatever_its_pods() -> None:
