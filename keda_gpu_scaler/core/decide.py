@@ -11,7 +11,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from keda_gpu_scaler.core.demand_values import demand_pod_values, measured_tokens_per_request, with_pending
-from keda_gpu_scaler.core.errors import ConfigError, NoData
+from keda_gpu_scaler.core.errors import ConfigError, NoData, quoted
 from keda_gpu_scaler.core.latency import (
     LatencyRead,
     budget_used,
@@ -122,6 +122,12 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
         assert targets is not None
         if targets.replicas and not targets.starting:
             many = "replica" if targets.replicas == 1 else "replicas"
+            if spec.pod_selector is not None:
+                raise NoData(
+                    f"podSelector {quoted(spec.pod_selector)} selects no pod while the scale target asks for"
+                    f" {targets.replicas} {many} (its /scale spec.replicas): a typo, or labels its pods do not"
+                    " carry? Never 0 while it has replicas"
+                )
             raise NoData(
                 f"the scale target asks for {targets.replicas} {many} (its /scale spec.replicas) but has no"
                 " pod: none was created or all were deleted (a ResourceQuota, an admission webhook or a"

@@ -193,7 +193,7 @@ class KubeDiscovery:
         """The trigger's target pods now, with a GPU exporter found on their nodes where one is read."""
         tracked, selector, selection = self._selection(namespace, name, spec)
         targets = selection.targets(tracked.metric_type(spec))
-        if spec.pod_selector is None and not selection.has_pods:
+        if not selection.has_pods:
             targets = dataclasses.replace(targets, replicas=tracked.replicas_since(selection.emptied_at))
         # Inference metrics read the pods' own pages (SPEC §6): no GPU exporter is needed or scraped.
         if targets.pods and not spec.metric.inference:

@@ -532,6 +532,30 @@ async def test_pod_selector_overrides_the_target_selector(cluster: Cluster, kube
     assert c.url in cluster.scraped(scaler)
 
 
+async def test_a_pod_selector_selecting_no_pod_while_the_target_has_replicas_is_unavailable(  # type: ignore[no-untyped-def]
+    cluster: Cluster, kube_scaler
+) -> None:
+    # A typo in podSelector picks no pod: 0 would read as scaled to zero while the target runs 3.
+    await cluster.gpu_node("node-a")
+    await cluster.gpu_node("node-b")
+    three_pods_on_two_nodes(cluster)
+    metadata = METADATA | {"podSelector": "app=vlm"}
+    cluster.kube.put(SCALED_OBJECT, scaled_object("vllm", NS, {"name": "vllm"}, [external(metadata)]))
+    scaler = await kube_scaler()
+
+    async def refused() -> None:
+        try:
+            answered = await value(scaler, metadata=metadata)
+        except grpc.aio.AioRpcError as error:
+            details = error.details() or ""
+            assert error.code() is grpc.StatusCode.UNAVAILABLE, details
+            assert "podSelector 'app=vlm' selects no pod" in details and "3 replicas" in details, details
+        else:
+            raise AssertionError(f"answered {answered}")
+
+    await eventually(refused)
+
+
 async def test_pod_name_prefix_is_rejected_with_kubernetes_on(cluster: Cluster, kube_scaler) -> None:  # type: ignore[no-untyped-def]
     scaler = await kube_scaler()
     metadata = METADATA | {"podNamePrefix": "vllm-"}
