@@ -21,6 +21,7 @@ from keda_gpu_scaler.core.value_parsers import (
     _path,
     _positive,
     _prometheus_url,
+    _scrape_interval,
     _serviceaccount,
     _switch,
     _text,
@@ -122,7 +123,12 @@ FLAGS: tuple[Flag, ...] = (
         " (followed ScaledObjects and pods are watched)",
         parse=_positive(float),
     ),
-    Flag("--scrape-interval", "5", "seconds between scrapes of each wanted exporter", parse=_positive(float)),
+    Flag(
+        "--scrape-interval",
+        "5",
+        "seconds between scrapes of each wanted exporter (0.1 to 300)",
+        parse=_scrape_interval,
+    ),
     Flag(
         "--max-staleness",
         None,

@@ -186,6 +186,14 @@ def build_settings(values: Mapping[str, str | list[str] | None]) -> Settings:
         parsed["max_staleness"] = 3 * parsed["scrape_interval"]
     if parsed["prometheus_max_staleness"] is None:
         parsed["prometheus_max_staleness"] = parsed["max_staleness"] + PROMETHEUS_STALENESS_MARGIN
+    for staleness in ("max_staleness", "prometheus_max_staleness"):
+        # Data older than this is never used: at or under the scrape interval, every page would be stale
+        # before the next one came, and every trigger UNAVAILABLE for ever.
+        if parsed[staleness] <= parsed["scrape_interval"]:
+            raise SettingsError(
+                f"--{staleness.replace('_', '-')}={parsed[staleness]:g} must exceed"
+                f" --scrape-interval={parsed['scrape_interval']:g}: data older than it is never used"
+            )
     if (parsed["tls_cert_file"] is None) != (parsed["tls_key_file"] is None):
         raise SettingsError("--tls-cert-file and --tls-key-file must be given together")
     if parsed["tls_client_ca_file"] is not None and parsed["tls_cert_file"] is None:

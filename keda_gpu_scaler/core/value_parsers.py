@@ -313,6 +313,23 @@ def _positive(kind: type[float] | type[int]) -> Parser:
     return parse
 
 
+# A scrape loop faster than MIN_SCRAPE_INTERVAL spins; slower than MAX_SCRAPE_INTERVAL, no `demand`
+# window (at most 600 s) holds two scrapes, so every `demand` trigger would be refused.
+MIN_SCRAPE_INTERVAL = 0.1
+MAX_SCRAPE_INTERVAL = 300.0
+
+
+def _scrape_interval(name: str, raw: Raw) -> float | None:
+    value: float | None = _positive(float)(name, raw)
+    if value is not None and not MIN_SCRAPE_INTERVAL <= value <= MAX_SCRAPE_INTERVAL:
+        raise refuse_flag(
+            name,
+            str(raw),
+            f"is out of range; allowed: seconds, {MIN_SCRAPE_INTERVAL:g} to {MAX_SCRAPE_INTERVAL:g}",
+        )
+    return value
+
+
 # gRPC takes its keepalive settings in milliseconds, as a C int: at most 2^31 - 1 ms.
 MAX_GRPC_MILLISECONDS_SECONDS = (2**31 - 1) // 1000
 MIN_GRPC_MILLISECONDS_SECONDS = 0.001

@@ -91,3 +91,27 @@ def test_inference_urls_name_the_pod_each_page_belongs_to() -> None:
     for bad in ("vllm-0=http://h/m", "llm/vllm-0", "LLM/x=http://h/m", "llm/x=ftp://h/m"):
         with pytest.raises(SettingsError, match="--inference-url"):
             build_settings({"inference_url": [bad]})
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"scrape_interval": "10", "max_staleness": "5"}, ["--max-staleness=5", "--scrape-interval=10"]),
+        (
+            {"scrape_interval": "10", "prometheus_max_staleness": "8"},
+            ["--prometheus-max-staleness=8", "--scrape-interval=10"],
+        ),
+        ({"scrape_interval": "700"}, ["--scrape-interval='700'", "0.1", "300"]),
+        ({"scrape_interval": "1e-300"}, ["--scrape-interval='1e-300'", "0.1", "300"]),
+    ],
+)
+def test_intervals_that_could_never_give_fresh_data_are_refused_naming_both_flags(
+    values: dict[str, str], named: list[str]
+) -> None:
+    # Data older than --max-staleness is never used: at or under the scrape interval every page is
+    # stale before the next one comes. Past 300 s no `demand` window (at most 600 s) holds two scrapes;
+    # under 0.1 s the scrape loop spins.
+    with pytest.raises(SettingsError) as raised:
+        build_settings(values)
+    for text in named:
+        assert text in str(raised.value), raised.value
