@@ -156,7 +156,18 @@ AUTO_THRESHOLD = "auto"
 
 
 def parse_threshold_or_auto(key: str, raw: str) -> float | str:
-    return AUTO_THRESHOLD if raw == AUTO_THRESHOLD else parse_threshold(key, raw)
+    if raw == AUTO_THRESHOLD:
+        return AUTO_THRESHOLD
+    if raw.strip().lower() == AUTO_THRESHOLD:
+        raise ConfigError(
+            f"metadata {key}={quoted(raw)}: write it `{AUTO_THRESHOLD}`, in lower case, without blanks"
+        )
+    try:
+        return parse_threshold(key, raw)
+    except ConfigError as error:
+        raise ConfigError(
+            f"{error}; or `{AUTO_THRESHOLD}` (metric: demand) to learn it from thresholdStart"
+        ) from None
 
 
 # The learned target moves within [LOWEST_FACTOR, HIGHEST_FACTOR] × thresholdStart: each must stay a

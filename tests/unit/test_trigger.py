@@ -263,3 +263,10 @@ def test_inference_metrics_take_any_positive_threshold_and_their_own_names() -> 
     assert (
         parse_trigger({"metric": "requests", "threshold": "8", "metricsPort": "08000"}).metrics_port == "8000"
     )
+
+
+@pytest.mark.parametrize("written", ["Auto", " auto", "AUTO "])
+def test_auto_written_otherwise_is_refused_saying_how_to_write_it(written: str) -> None:
+    metadata = {"metric": "demand", "threshold": written, "thresholdStart": "10", "podNamePrefix": "chat-"}
+    with pytest.raises(ConfigError, match="write it `auto`, in lower case"):
+        parse_trigger(metadata)

@@ -104,7 +104,7 @@ def test_a_learned_threshold_starts_at_threshold_start(unit: str) -> None:
             {**DEMAND, "threshold": "auto", "thresholdStart": "auto"},
             ["thresholdStart='auto'", "not a number"],
         ),
-        ({**DEMAND, "threshold": "Auto", "thresholdStart": "12"}, ["threshold='Auto'", "not a number"]),
+        ({**DEMAND, "threshold": "Auto", "thresholdStart": "12"}, ["threshold='Auto'", "write it `auto`"]),
         (
             {**DEMAND, "metric": "requests", "threshold": "auto", "thresholdStart": "12"},
             ["threshold=auto", "metric=requests", "only demand"],
