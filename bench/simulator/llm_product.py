@@ -163,7 +163,7 @@ class SimulatedKubernetes:
     def check(self, spec: TriggerSpec) -> None:
         """Every trigger names its pods by podNamePrefix here: nothing to refuse."""
 
-    def resolve(self, namespace: str, name: str, spec: TriggerSpec) -> Targets:
+    def resolve(self, namespace: str, name: str, spec: TriggerSpec, exporters: bool = True) -> Targets:
         return self.targets
 
     def forget(self, namespace: str, name: str) -> None:

@@ -30,8 +30,9 @@ class TargetResolver(Protocol):
     def check(self, spec: TriggerSpec) -> None:
         """Raise ConfigError for metadata this resolver cannot serve."""
 
-    def resolve(self, namespace: str, name: str, spec: TriggerSpec) -> Targets:
-        """The target pods now; raises NoData while unknown or when discovery is failing."""
+    def resolve(self, namespace: str, name: str, spec: TriggerSpec, exporters: bool = True) -> Targets:
+        """The target pods now; raises NoData while unknown or when discovery is failing (`exporters`:
+        also while no GPU exporter is found on their nodes)."""
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop everything kept for this ScaledObject (the registry evicted it)."""
@@ -148,7 +149,8 @@ class Snapshots:
         pool = self._pool(namespace, spec, now) if spec.inference_pool is not None else None
         if spec.metric.gateway:
             return Snapshot(namespace, now, kind, pool=pool)
-        targets = self._targets.resolve(namespace, name, spec) if self._targets is not None else None
+        scraped = kind is SourceKind.SCRAPE
+        targets = self._targets.resolve(namespace, name, spec, scraped) if self._targets is not None else None
         if targets is not None and not targets.pods:
             return Snapshot(namespace, now, kind, targets, pool=pool)
         view = self._store.view(namespace, now, self._staleness(kind), kind)

@@ -40,6 +40,8 @@ class ExporterDiscovery:
         self._gauge = gauge
         self._wanted = wanted
         self._informers: list[tuple[ExporterSelector, PodInformer]] = []
+        self._api: KubeApi | None = None
+        self._on_restart: Callable[[str], None] = lambda reason: None
         self._nodes: set[str] = set()  # the wanted nodes
         # node → {(exporter selector index, exporter pod key): URL}
         self._by_node: dict[str, dict[tuple[int, str], str]] = {}
@@ -51,6 +53,19 @@ class ExporterDiscovery:
     @property
     def running(self) -> bool:
         return bool(self._informers)
+
+    def connect(self, api: KubeApi, on_restart: Callable[[str], None]) -> None:
+        """The API to watch exporter pods through, from the first node a trigger scrapes on. Only then:
+        triggers read through Prometheus or inference pages need no exporter pod, and with --exporter-url
+        and namespaced RBAC (rbac.exporterDiscovery off) the cluster-wide watch is refused."""
+        self._api, self._on_restart = api, on_restart
+        if self._nodes:
+            self.started()
+
+    def started(self) -> None:
+        """Watch exporter pods from now on, if connected (a trigger scrapes exporters)."""
+        if not self.running and self._api is not None:
+            self.start(self._api, self._on_restart)
 
     def start(self, api: KubeApi, on_restart: Callable[[str], None]) -> None:
         if self._informers:
@@ -89,6 +104,7 @@ class ExporterDiscovery:
 
     def _node_wanted(self, source: ExporterNode) -> None:
         self._nodes.add(source.node)
+        self.started()
         self._want(source.node)
 
     def _node_unwanted(self, source: ExporterNode) -> None:
@@ -160,11 +176,11 @@ class ExporterDiscovery:
         `covered`: the answer of an earlier call for the same nodes and the same `version`, if known;
         returns the answer, for the caller to keep.
         """
+        if self._static:
+            return True  # --exporter-url: the pages are given, whatever discovery finds (or may not list)
         failing = [i.error for _, i in self._informers if i.error is not None]
         if failing and len(failing) == len(self._informers):
             raise NoData(f"cannot find the GPU exporters: {failing[0]}")
-        if self._static:
-            return True
         if covered is None:
             covered = any(node in self._by_node for node in nodes)
         if covered:

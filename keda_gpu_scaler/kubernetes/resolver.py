@@ -117,6 +117,7 @@ class KubeDiscovery:
         their endpoint picker pages from here, in namespaces of followed ScaledObjects only.
         """
         self._api = KubeApi(await connect(self._settings.kubeconfig))
+        self._exporters.connect(self._api, self._restarted)
         if gateways is not None:
             self._gateway_book = gateways
             self._gateways = GatewayDiscovery(self._api, gateways, on_restart=self._restarted)
@@ -189,14 +190,16 @@ class KubeDiscovery:
             return None
         return any(trigger.matches(spec) for trigger in tracked.info.triggers)
 
-    def resolve(self, namespace: str, name: str, spec: TriggerSpec) -> Targets:
-        """The trigger's target pods now, with a GPU exporter found on their nodes where one is read."""
+    def resolve(self, namespace: str, name: str, spec: TriggerSpec, exporters: bool = True) -> Targets:
+        """The trigger's target pods now, with a GPU exporter found on their nodes where one is read
+        (`exporters`: its GPU pages are scraped from the exporters, not read through Prometheus)."""
         tracked, selector, selection = self._selection(namespace, name, spec)
         targets = selection.targets(tracked.metric_type(spec))
         if not selection.has_pods:
             targets = dataclasses.replace(targets, replicas=tracked.replicas_since(selection.emptied_at))
         # Inference metrics read the pods' own pages (SPEC §6): no GPU exporter is needed or scraped.
-        if targets.pods and not spec.metric.inference:
+        if exporters and targets.pods and not spec.metric.inference:
+            self._exporters.started()  # again after every watch was dropped (all forgotten) and a call came
             # Whether an exporter serves the target nodes only changes with them or with the exporters.
             versions = (selection.version, self._exporters.version)
             known = True if tracked.covered.get(selector) == versions else None
@@ -265,8 +268,6 @@ class KubeDiscovery:
         )
         space.informer = informer
         informer.start()
-        if not self._exporters.running:
-            self._exporters.start(self._api, self._restarted)
         return informer
 
     def _unwatch_pods(self, space: WatchedNamespace) -> None:

@@ -970,3 +970,24 @@ async def test_metric_type_value_with_starting_pods_asks_as_many_replicas_as_ave
     assert math.ceil(2 * meaned / 70) == math.ceil(summed / 70) == 3
     # /explain's what-if multiplies by the Ready pods too.
     assert explained["hpa"]["readyReplicas"] == 2 and explained["hpa"]["desiredReplicasValue"] == 3
+
+
+async def test_exporter_urls_need_no_cluster_wide_pod_watch(  # type: ignore[no-untyped-def]
+    cluster: Cluster, make_scaler, tmp_path: Path
+) -> None:
+    # The chart's narrow RBAC (rbac.namespaces, rbac.exporterDiscovery: false) with flags.exporterUrl:
+    # pods of `llm` only; listing pods cluster-wide is refused. The exporters are given: triggers answer.
+    a = await cluster.gpu_node("node-a")
+    b = await cluster.gpu_node("node-b")
+    three_pods_on_two_nodes(cluster)
+    cluster.kube.deny("list", "pods", None)
+    cluster.kube.deny("watch", "pods", None)
+    scaler = await make_scaler(
+        a,
+        b,
+        kubernetes="on",
+        kubeconfig=str(cluster.kube.kubeconfig(tmp_path)),
+        exporter_selectors=(parse_exporter_selector("app=test-dcgm-exporter:metrics"),),
+        discovery_interval=0.2,
+    )
+    await eventually(lambda: _equals(value(scaler), 180), timeout=15)
