@@ -39,7 +39,7 @@ run: proto ## start the demo on loopback: the scaler, simulated GPU nodes, LLM s
 	$(PY) -m keda_gpu_scaler demo
 
 test: proto $(STAMP) ## install what is missing and run the whole test suite
-	bash scripts/ensure-system-deps.sh
+	bash scripts/ensure-system-deps.sh $(VENV)
 	$(PY) -m pytest -q -n auto --dist loadfile
 
 test-container: proto $(STAMP) ## build the image and run its tests in Docker (starts dockerd if none runs; see README)
@@ -55,7 +55,7 @@ $(VENV)/.bench-stamp: pyproject.toml $(STAMP)
 	touch $@
 
 bench: proto $(VENV)/.bench-stamp ## run the benchmarks (about 25 min) and rewrite docs/BENCHMARKS.md
-	bash scripts/ensure-system-deps.sh
+	bash scripts/ensure-system-deps.sh $(VENV)
 	$(PY) -m bench
 
 soak: proto $(VENV)/.bench-stamp ## fuzz 10,000 examples per property; 10 min of 1,000 streams; ScaledObject churn; hostile neighbours (docs/SOAK.md)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
@@ -128,3 +131,14 @@ def latest_trigger(explained: dict[str, Any]) -> dict[str, Any]:
         return explained
     latest: dict[str, Any] = max(explained["triggers"], key=lambda entry: entry["evaluatedAt"])
     return latest
+
+
+def kustomize_command(directory: Path) -> list[str] | None:
+    """How to build a kustomization here: a kustomize on PATH or in the virtualenv (make test builds one
+    there when the machine has neither it nor kubectl), else kubectl's built-in one; None: neither."""
+    beside = Path(sys.executable).with_name("kustomize")
+    standalone = shutil.which("kustomize") or (str(beside) if beside.exists() else None)
+    if standalone:
+        return [standalone, "build", str(directory)]
+    kubectl = shutil.which("kubectl")
+    return [kubectl, "kustomize", str(directory)] if kubectl else None

@@ -18,6 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from crd_schemas import SCHEMAS
+from support import kustomize_command
 
 from keda_gpu_scaler.config.flags import FLAGS
 from keda_gpu_scaler.config.settings import build_settings, env_values
@@ -202,12 +203,8 @@ def env(docs: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def kustomize(directory: Path) -> list[dict[str, Any]]:
-    standalone, kubectl = shutil.which("kustomize"), shutil.which("kubectl")
-    if standalone:
-        command = [standalone, "build", str(directory)]
-    elif kubectl:
-        command = [kubectl, "kustomize", str(directory)]
-    else:
+    command = kustomize_command(directory)
+    if command is None:
         pytest.skip("neither kustomize nor kubectl (with its built-in kustomize) is installed")
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr

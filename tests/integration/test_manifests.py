@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 from crd_schemas import SCHEMAS
+from support import kustomize_command
 
 from keda_gpu_scaler import __version__
 from keda_gpu_scaler.config.flags import FLAGS
@@ -73,13 +73,8 @@ def documents(text: str) -> list[dict[str, Any]]:
 
 
 def kustomize(directory: Path) -> list[dict[str, Any]]:
-    kubectl = shutil.which("kubectl")
-    standalone = shutil.which("kustomize")
-    if standalone:
-        command = [standalone, "build", str(directory)]
-    elif kubectl:
-        command = [kubectl, "kustomize", str(directory)]
-    else:
+    command = kustomize_command(directory)
+    if command is None:
         pytest.skip("neither kustomize nor kubectl (with its built-in kustomize) is installed")
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
