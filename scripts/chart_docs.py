@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from keda_gpu_scaler.config.flags import FLAGS, Flag  # noqa: E402
+from keda_gpu_scaler.core.value_parsers import NumberParser  # noqa: E402
 
 CHART = ROOT / "charts" / "keda-gpu-scaler"
 VALUES = CHART / "values.yaml"
@@ -78,7 +79,25 @@ def flag_schema(flag: Flag) -> dict[str, Any]:
         return {"enum": [*flag.choices, None]}
     if flag.repeatable:
         return {"type": ["array", "null"], "items": {"type": "string", "minLength": 1}}
+    if isinstance(flag.parse, NumberParser):
+        return number_schema(flag.parse)
     return {"type": ["string", "number", "null"]}
+
+
+def number_schema(parse: NumberParser) -> dict[str, Any]:
+    """What a number flag's parser takes (> 0, within its bounds), so that the chart refuses at install what
+    the scaler would refuse at start (in a crash loop)."""
+    integer = parse.kind is int
+    schema: dict[str, Any] = {"type": ["integer" if integer else "number", "null"]}
+    if parse.low is not None:
+        schema["minimum"] = parse.low
+    elif integer:
+        schema["minimum"] = 1
+    else:
+        schema["exclusiveMinimum"] = 0
+    if parse.high is not None:
+        schema["maximum"] = parse.high
+    return schema
 
 
 def schema_text(current: str) -> str:

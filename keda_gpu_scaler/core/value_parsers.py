@@ -309,19 +309,35 @@ def _text(name: str, raw: Raw) -> str | None:
     return raw if isinstance(raw, str) and raw else None
 
 
-def _positive(kind: type[float] | type[int]) -> Parser:
-    def parse(name: str, raw: Raw) -> float | None:
+@dataclass(frozen=True, slots=True)
+class NumberParser:
+    """The parser of a number flag: a finite number > 0 of `kind`, within [low, high] when they are given
+    (`allowed`, with {name} for the flag, says that range in the error). Its bounds are data, so that the
+    chart's values schema (scripts/chart_docs.py) refuses what the scaler would refuse at start."""
+
+    kind: type[float] | type[int]
+    low: float | None = None
+    high: float | None = None
+    allowed: str = ""
+
+    def __call__(self, name: str, raw: Raw) -> float | None:
         if not isinstance(raw, str) or not raw:
             return None
         try:
-            value = kind(raw)
+            value = self.kind(raw)
         except ValueError:
-            raise refuse_flag(name, raw, f"is not a{'n integer' if kind is int else ' number'}") from None
+            raise refuse_flag(
+                name, raw, f"is not a{'n integer' if self.kind is int else ' number'}"
+            ) from None
         if not value > 0 or value != value or value == float("inf"):
             raise refuse_flag(name, raw, "must be a finite number > 0")
+        if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
+            raise refuse_flag(name, raw, f"is out of range; allowed: {self.allowed.format(name=name)}")
         return value
 
-    return parse
+
+def _positive(kind: type[float] | type[int]) -> NumberParser:
+    return NumberParser(kind)
 
 
 # A scrape loop faster than MIN_SCRAPE_INTERVAL spins; slower than MAX_SCRAPE_INTERVAL, no `demand`
@@ -329,36 +345,26 @@ def _positive(kind: type[float] | type[int]) -> Parser:
 MIN_SCRAPE_INTERVAL = 0.1
 MAX_SCRAPE_INTERVAL = 300.0
 
-
-def _scrape_interval(name: str, raw: Raw) -> float | None:
-    value: float | None = _positive(float)(name, raw)
-    if value is not None and not MIN_SCRAPE_INTERVAL <= value <= MAX_SCRAPE_INTERVAL:
-        raise refuse_flag(
-            name,
-            str(raw),
-            f"is out of range; allowed: seconds, {MIN_SCRAPE_INTERVAL:g} to {MAX_SCRAPE_INTERVAL:g}",
-        )
-    return value
-
+_scrape_interval = NumberParser(
+    float,
+    MIN_SCRAPE_INTERVAL,
+    MAX_SCRAPE_INTERVAL,
+    f"seconds, {MIN_SCRAPE_INTERVAL:g} to {MAX_SCRAPE_INTERVAL:g}",
+)
 
 # gRPC takes its keepalive settings in milliseconds, as a C int: at most 2^31 - 1 ms.
 MAX_GRPC_MILLISECONDS_SECONDS = (2**31 - 1) // 1000
 MIN_GRPC_MILLISECONDS_SECONDS = 0.001
 
-
-def _grpc_seconds(name: str, raw: Raw) -> float | None:
-    """Seconds that gRPC takes as a C int of milliseconds: a finite number from 1 ms to 2147483 s (24
-    days); beyond it, serve ended in an OverflowError."""
-    value: float | None = _positive(float)(name, raw)
-    low, high = MIN_GRPC_MILLISECONDS_SECONDS, MAX_GRPC_MILLISECONDS_SECONDS
-    if value is not None and not low <= value <= high:
-        raise refuse_flag(
-            name,
-            str(raw),
-            f"is out of range; allowed: seconds, {low:g} <= {name} <= {high} (gRPC takes it in milliseconds,"
-            " as a 32-bit integer)",
-        )
-    return value
+# Seconds that gRPC takes as a C int of milliseconds: a finite number from 1 ms to 2147483 s (24 days);
+# beyond it, serve ended in an OverflowError.
+_grpc_seconds = NumberParser(
+    float,
+    MIN_GRPC_MILLISECONDS_SECONDS,
+    MAX_GRPC_MILLISECONDS_SECONDS,
+    f"seconds, {MIN_GRPC_MILLISECONDS_SECONDS:g} <= {{name}} <= {MAX_GRPC_MILLISECONDS_SECONDS} (gRPC takes it"
+    " in milliseconds, as a 32-bit integer)",
+)
 
 
 def _choice(*allowed: str) -> Parser:

@@ -23,6 +23,7 @@ from support import kustomize_command
 from keda_gpu_scaler.config.flags import FLAGS
 from keda_gpu_scaler.config.settings import build_settings, env_values
 from keda_gpu_scaler.core.selectors import DEFAULT_EXPORTER_SELECTORS
+from keda_gpu_scaler.core.value_parsers import NumberParser
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk (the dev extras) is not installed")
 
@@ -231,6 +232,7 @@ FLAG_SAMPLES: dict[str, Any] = {
     "exporterUrl": ["http://10.0.0.1:9400/metrics", "http://10.0.0.2:9400/metrics"],
     "inferenceUrl": ["llm/vllm-0=http://10.0.0.5:8000/metrics", "llm/vllm-1=http://10.0.0.6:8000/metrics"],
     "prometheusHeader": ["X-Scope-OrgID: team-a", "X-Other: b"],
+    "kubernetes": "on",  # the chart's default: off renders no RBAC (test_kubernetes_off_renders_no_rbac)
     "prometheusUrl": "http://prometheus.monitoring:9090",
     "prometheusUsername": "scaler",
     "scrapeInterval": 2.5,
@@ -249,6 +251,8 @@ def flag_sample(flag: Any) -> Any:
         return ["a", "b"]
     if flag.name.endswith("-file"):
         return f"/etc/keda-gpu-scaler/secrets/{name}"
+    if isinstance(flag.parse, NumberParser):
+        return 7
     return "7"
 
 
@@ -455,6 +459,61 @@ def test_schema_rejects_typos_and_bad_values(values: dict[str, Any]) -> None:
         render_files(values)
 
 
+# Values of the right type the scaler would still refuse at start (a crash loop): the generated schema
+# carries each number flag's parser's type and range (scripts/chart_docs.py).
+REFUSED_AT_START = {
+    "scrape-interval-0": {"scrapeInterval": 0},
+    "scrape-interval-under": {"scrapeInterval": 0.05},
+    "scrape-interval-over": {"scrapeInterval": 600},
+    "max-streams-text": {"maxStreams": "many"},
+    "max-streams-fraction": {"maxStreams": 1.5},
+    "max-streams-0": {"maxStreams": 0},
+    "scrape-timeout-negative": {"scrapeTimeout": -1},
+    "discovery-interval-0": {"discoveryInterval": 0},
+    "keepalive-time-over": {"keepaliveTime": 3000000},
+    "number-as-text": {"scrapeTimeout": "3"},
+}
+
+
+@pytest.mark.parametrize("flags", REFUSED_AT_START.values(), ids=REFUSED_AT_START.keys())
+def test_schema_refuses_flag_values_the_scaler_refuses_at_start(flags: dict[str, Any]) -> None:
+    with helm.Chart.load(str(CHART)) as chart, pytest.raises(helm.HelmValuesError):
+        chart.validate_schema({"flags": flags})
+
+
+def test_schema_takes_the_range_ends_the_scaler_takes() -> None:
+    flags = {"scrapeInterval": 0.1, "maxStaleness": 300, "keepaliveTime": 0.001, "maxStreams": 1}
+    settings = build_settings(env_values(env(render({"flags": flags}))))
+    assert (settings.scrape_interval, settings.keepalive_time, settings.max_streams) == (0.1, 0.001, 1)
+    flags = {"scrapeInterval": 300, "maxStaleness": 301, "keepaliveTime": 2147483, "maxStreams": 1e6}
+    settings = build_settings(env_values(env(render({"flags": flags}))))
+    assert (settings.scrape_interval, settings.keepalive_time, settings.max_streams) == (300, 2147483, 10**6)
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (
+            {"prometheusUrl": "http://prometheus.monitoring:9090"},
+            r"prom-auth.*needs flags\.prometheusUsername",
+        ),
+        ({"prometheusUsername": "scaler"}, r"prom-auth needs flags\.prometheusUrl"),
+    ],
+    ids=["no-username", "no-url"],
+)
+def test_a_prometheus_password_without_its_user_or_url_stops_the_render(
+    flags: dict[str, Any], words: str
+) -> None:
+    values = {"flags": flags, "prometheusPasswordSecret": {"name": "prom-auth"}}
+    with pytest.raises(helm.HelmError, match=rf"prometheusPasswordSecret\.name={words}"):
+        render_files(values)
+    # With both, the password reaches the scaler from the Secret.
+    flags = {"prometheusUrl": "http://prometheus.monitoring:9090", "prometheusUsername": "scaler"}
+    given = env(render({"flags": flags, "prometheusPasswordSecret": {"name": "prom-auth"}}))
+    given[f"{ENV_PREFIX}PROMETHEUS_PASSWORD"] = "from-the-secret"
+    assert build_settings(env_values(given)).prometheus_username == "scaler"
+
+
 def test_tls_needs_a_certificate_source() -> None:
     with pytest.raises(helm.HelmError, match=r"tls\.existingSecret"):
         render_files({"tls": {"enabled": True}})
@@ -638,6 +697,11 @@ def test_chart_tls_agrees_with_the_tls_overlay() -> None:
     assert tls_env == {e["name"]: e["value"] for e in overlay_c["env"] if "TLS" in e["name"]}
     volumes = find(chart, "Deployment")["spec"]["template"]["spec"]["volumes"]
     assert _by_name(volumes) == _by_name(find(overlay, "Deployment")["spec"]["template"]["spec"]["volumes"])
+    # The gRPC ports speak TLS: appProtocol https on both Services, in both.
+    for name in ("keda-gpu-scaler", "keda-gpu-scaler-headless"):
+        chart_ports = find(chart, "Service", name)["spec"]["ports"]
+        assert find(overlay, "Service", name)["spec"]["ports"] == chart_ports, name
+        assert _by_name(chart_ports)["grpc"]["appProtocol"] == "https", name
     for kind, name in (
         ("Certificate", "keda-gpu-scaler-server"),
         ("Certificate", "keda-gpu-scaler-client"),
@@ -768,11 +832,14 @@ def test_rbac_namespaced(everything: list[dict[str, Any]], base: list[dict[str, 
         ("", "pods", "list"),
         ("", "pods", "watch"),
     }
-    # Only a ClusterRole grants a non-resource URL: get /metrics, what the endpoint picker checks.
-    assert _grants(find(everything, "ClusterRole", "keda-gpu-scaler-gateway-metrics")) == {
+    # Only a ClusterRole grants a non-resource URL: get /metrics, what the endpoint picker checks of the
+    # scaler's own token. With gateway.metricsToken (as in everything) pickers never get that token.
+    assert not [d for d in everything if d["metadata"]["name"] == "keda-gpu-scaler-gateway-metrics"]
+    own_token = render({"rbac": {"namespaces": ["llm", "genai"]}, "serviceAccount": {"name": "gpu-scaler"}})
+    assert _grants(find(own_token, "ClusterRole", "keda-gpu-scaler-gateway-metrics")) == {
         ("(url)", "/metrics", "get")
     }
-    gateway_binding = find(everything, "ClusterRoleBinding", "keda-gpu-scaler-gateway-metrics")
+    gateway_binding = find(own_token, "ClusterRoleBinding", "keda-gpu-scaler-gateway-metrics")
     assert gateway_binding["roleRef"]["name"] == "keda-gpu-scaler-gateway-metrics"
     assert gateway_binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "gpu-scaler", "namespace": NAMESPACE}

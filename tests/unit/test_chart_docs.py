@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
@@ -12,7 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 import chart_docs
 
-from keda_gpu_scaler.config.flags import FLAGS
+from keda_gpu_scaler.config.flags import FLAGS, Flag
+from keda_gpu_scaler.core.value_parsers import NumberParser, SettingsError
 
 
 def test_value_names_map_back_to_the_environment_variable() -> None:
@@ -38,6 +40,33 @@ def test_flag_schema_follows_the_flag() -> None:
             assert schema["enum"] == [*flag.choices, None]
         elif flag.repeatable:
             assert schema["type"] == ["array", "null"]
+
+
+def _as_rendered(value: float) -> str:
+    """A number as the chart writes it into the environment: whole numbers without a decimal point."""
+    return str(int(value)) if value == int(value) else repr(value)
+
+
+NUMBER_FLAGS = [flag for flag in FLAGS if isinstance(flag.parse, NumberParser)]
+
+
+@pytest.mark.parametrize("flag", NUMBER_FLAGS, ids=lambda flag: flag.name)
+def test_number_flag_schema_takes_what_the_flag_takes(flag: Flag) -> None:
+    # The schema comes from the parser's own bounds: what it refuses, the chart refuses at install.
+    parse = flag.parse
+    assert isinstance(parse, NumberParser)
+    validator = jsonschema.Draft202012Validator(chart_docs.flag_schema(flag))
+    edges = [parse.low, parse.high] if parse.low is not None and parse.high is not None else [1, 10**9]
+    candidates = [0, -1, 1, 7, 1.5, 0.0001, *edges]
+    candidates += [edge * factor for edge in edges for factor in (0.999, 1.001)]
+    for value in candidates:
+        try:
+            parse(flag.name, _as_rendered(value))
+            taken = True
+        except SettingsError:
+            taken = False
+        assert validator.is_valid(value) == taken, (flag.name, value)
+    assert validator.is_valid(None) and not validator.is_valid("7")
 
 
 def test_documented_values_reads_comments_and_nesting() -> None:

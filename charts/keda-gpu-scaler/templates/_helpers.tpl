@@ -115,6 +115,30 @@ app=nvidia-dcgm-exporter:9400;app.kubernetes.io/name=dcgm-exporter:9400;app.kube
 {{- end }}
 {{- end }}
 
+{{/* "true" when flags.kubernetes is off: the scaler then makes no Kubernetes API call at all. */}}
+{{- define "keda-gpu-scaler.kubernetesOff" -}}
+{{- if eq (toString .Values.flags.kubernetes) "off" }}true{{ end }}
+{{- end }}
+
+{{/*
+"true" when the scaler's own service account token may go to endpoint pickers (over verified HTTPS only):
+not with gateway.metricsToken (pickers get that identity's token, never the scaler's), and without
+Kubernetes only to the pickers of flags.gatewayUrl.
+*/}}
+{{- define "keda-gpu-scaler.ownTokenToPickers" -}}
+{{- if and (not .Values.gateway.metricsToken.enabled) (or (not (include "keda-gpu-scaler.kubernetesOff" .)) .Values.flags.gatewayUrl) }}true{{ end }}
+{{- end }}
+
+{{/* "true" when the scaler's own identity needs `get` on /metrics: what pickers check of its token. */}}
+{{- define "keda-gpu-scaler.ownMetricsGrant" -}}
+{{- if and .Values.rbac.gateway (include "keda-gpu-scaler.ownTokenToPickers" .) }}true{{ end }}
+{{- end }}
+
+{{/* Mount the scaler's own token only where it is used: Kubernetes discovery, or pickers given it. */}}
+{{- define "keda-gpu-scaler.automountToken" -}}
+{{- if and .Values.serviceAccount.automountServiceAccountToken (or (not (include "keda-gpu-scaler.kubernetesOff" .)) (include "keda-gpu-scaler.ownTokenToPickers" .)) }}true{{ else }}false{{ end }}
+{{- end }}
+
 {{- define "keda-gpu-scaler.gatewayMetricsRule" -}}
 # What the endpoint picker's authorizer checks (a SubjectAccessReview) before serving its /metrics page
 # to the scaler's token; it also lets the scaler read the API server's /metrics (counters, no objects).
