@@ -1,7 +1,7 @@
 """The pages `metric: demand` takes rates over: per wanted pod page, one point per read over its window.
 
-A rate needs each page at two instants, and the store keeps only the last one. This module listens to
-the store (Store.page_listeners / removal_listeners) and keeps, for each pod page (pod, port and path: its
+A rate needs each page at two instants, and the store keeps only the last one. This module listens to the
+store (Store.page_listeners / removal_listeners) and keeps, for each pod page (pod, port and path: its
 URL, as the store names every reading's source) that a `demand` trigger asked about, a point per page
 read. A point is worked out once, as the page arrives, however many triggers, models and engine choices
 read it. Rates are taken per series, as Prometheus' `sum(rate())` takes them: every counter series (its
@@ -9,11 +9,13 @@ family, model and split labels: engine, finish reason, version) is taken against
 series that goes down restarted and counts from 0 where its new value could have been counted since a
 restart in the time since its last page (at most half its last value, or at most its own recent rate
 times that time), else the step back is a recount (a new baseline); one that appears starts a baseline
-(it adds nothing on its first page), one that vanishes leaves without a step. The steps add up into running totals per (role, model)
-that never go down, so any model's rate is read from the window's two ends. The in-flight gauges are read
-at those two ends, for the trigger's engine and model, from the pages kept by reference (the store held
-the same objects): their change is the pod's sum, so requests an engine held when it restarted (lost,
-never finished) read as less demand, at most what it held over one window, never as more.
+(it adds nothing on its first page), one that vanishes leaves without a step. The steps add up into
+running totals per (role, model) that never go down, so any model's rate is read from the window's two
+ends; a total whose series are gone is dropped once every point kept holds it at its last value (it moves
+no rate). The in-flight gauges are read at those two ends, for the trigger's engine and model, from the
+pages kept by reference (the store held the same objects): their change is the pod's sum, so requests an
+engine held when it restarted (lost, never finished) read as less demand, at most what it held over one
+window, never as more.
 
 It stays bounded: only pages a trigger asks about keep points, only the last window's (capped), one
 history per page and engine format (one in practice); a page's points go with its page source, or once no
@@ -125,6 +127,32 @@ class SeriesHistory:
         keep = over_window(self.points, self.window)
         if len(keep) < len(self.points) or len(self.points) > MAX_POINTS:
             self.points = list(keep)[-MAX_POINTS:]
+        self._forget_gone(values)
+
+    def _forget_gone(self, values: Mapping[tuple[str, ...], float]) -> None:
+        """Drops the totals whose series are all gone from the page and that every kept point holds at
+        their last value (or not at all): no rate between two kept points reads them (the same total at
+        both ends), so removed from every point and from the running totals they change no rate. Without
+        this, series churn (adapters loaded and unloaded, model names changing) would grow the totals, and
+        each point's copy of them, for as long as a trigger asks. A total only grows where its series is
+        on the page, so one gone stays put; its series coming back starts a baseline, from 0."""
+        oldest = self.points[0].totals
+        live = {(key[0], key[2]) for key in values}
+        gone = {
+            total
+            for total, value in self.running.items()
+            if total not in live and oldest.get(total, 0.0) == value  # totals never go down: all equal
+        }
+        if not gone:
+            return
+        for total in gone:
+            del self.running[total]
+        self.points = [
+            dataclasses.replace(point, totals={k: v for k, v in point.totals.items() if k not in gone})
+            if not gone.isdisjoint(point.totals)
+            else point
+            for point in self.points
+        ]
 
 
 def _by_role(counters: DemandCounters) -> dict[tuple[str, ...], float] | None:
