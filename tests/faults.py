@@ -333,6 +333,7 @@ TENANT_PROPERTIES: tuple[tuple[str, str, str], ...] = (
         "test_wire_numbers.py::test_a_threshold_beyond_what_keda_carries_is_invalid_argument,"
         " test_a_value_beyond_the_wire_is_unavailable_naming_the_pod_and_family,"
         " test_a_sum_that_is_not_finite_is_unavailable_naming_the_pod,"
+        " test_engines_whose_sum_is_beyond_a_float_are_unavailable_naming_the_pod_and_family,"
         " test_pods_each_within_the_wire_whose_sum_is_not_are_unavailable,"
         " test_an_endpoint_picker_queue_beyond_the_wire_is_unavailable_naming_the_replica",
     ),

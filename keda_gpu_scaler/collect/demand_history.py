@@ -1,18 +1,21 @@
 """The pages `metric: demand` takes rates over: per wanted pod page, one point per read over its window.
 
-A rate needs each page at two instants, and the store keeps only the last one. This module listens to
-the store (Store.page_listeners / removal_listeners) and keeps, for each pod page (pod, port and path: its
+A rate needs each page at two instants, and the store keeps only the last one. This module listens to the
+store (Store.page_listeners / removal_listeners) and keeps, for each pod page (pod, port and path: its
 URL, as the store names every reading's source) that a `demand` trigger asked about, a point per page
 read. A point is worked out once, as the page arrives, however many triggers, models and engine choices
 read it. Rates are taken per series, as Prometheus' `sum(rate())` takes them: every counter series (its
 family, model and split labels: engine, finish reason, version) is taken against its own last value; a
-series that goes down to half its value or less restarted and counts from 0, a smaller step back is a
-recount (a new baseline), one that appears starts a baseline (it adds nothing on its first page), one
-that vanishes leaves without a step. The steps add up into running totals per (role, model)
-that never go down, so any model's rate is read from the window's two ends. The in-flight gauges are read
-at those two ends, for the trigger's engine and model, from the pages kept by reference (the store held
-the same objects): their change is the pod's sum, so requests an engine held when it restarted (lost,
-never finished) read as less demand, at most what it held over one window, never as more.
+series that goes down restarted and counts from 0 where its new value could have been counted since a
+restart in the time since its last page (at most half its last value, or at most its own recent rate
+times that time), else the step back is a recount (a new baseline); one that appears starts a baseline
+(it adds nothing on its first page), one that vanishes leaves without a step. The steps add up into
+running totals per (role, model) that never go down, so any model's rate is read from the window's two
+ends; a total whose series are gone is dropped once every point kept holds it at its last value (it moves
+no rate). The in-flight gauges are read at those two ends, for the trigger's engine and model, from the
+pages kept by reference (the store held the same objects): their change is the pod's sum, so requests an
+engine held when it restarted (lost, never finished) read as less demand, at most what it held over one
+window, never as more.
 
 It stays bounded: only pages a trigger asks about keep points, only the last window's (capped), one
 history per page and engine format (one in practice); a page's points go with its page source, or once no
@@ -53,9 +56,14 @@ FINISHED, PROMPT, GENERATION = "finished", "prompt", "generation"
 # At most this many points per page whatever the window (600 s at a 1 s scrape interval): a bound on
 # memory that no configuration can lift.
 MAX_POINTS = 1024
-# A series that goes down to at most this fraction of its last value restarted (counted from 0, as
-# Prometheus does); one that steps back by less kept counting: a restart within one scrape interval cannot
-# count back up to more than half of what the series counted over its whole life before.
+# A series that goes down restarted (counted from 0, as Prometheus does) where its new value could have
+# been counted since a restart within the time since its last page: it is at most this fraction of its
+# last value, or at most what the series counts at its own recent rate over that time. Else it is a
+# recount (a new baseline): one copy of a series read instead of another, a large total a little lower.
+# The fraction stands where no rate is known yet (a restart within one scrape interval cannot count back
+# up to more than half of what the series counted over its whole life before); the rate is what tells a
+# young server's restart, or one across a page outage (rates are taken across one: counters keep
+# counting), from a recount: a recount lands near the last value, far above what the gap can count.
 RESTART_FRACTION = 0.5
 # How often histories nobody asks for any more are looked for (seconds of page time).
 SWEEP_EVERY = 30.0
@@ -80,6 +88,9 @@ class SeriesHistory:
     window: float
     points: list[PagePoint] = field(default_factory=list)
     last_values: Mapping[tuple[str, ...], float] = field(default_factory=dict)
+    # Each series' count per second over its last step (what it added over the time between the pages).
+    last_rates: Mapping[tuple[str, ...], float] = field(default_factory=dict)
+    values_at: float = float("-inf")  # when last_values were read
     running: dict[TotalKey, float] = field(default_factory=dict)
     last_at: float = float("-inf")
 
@@ -92,6 +103,8 @@ class SeriesHistory:
         if values is None:
             return  # no usable counters: the next page's steps are taken against the last usable one
         restarted = set()
+        gap = at - self.values_at
+        rates: dict[tuple[str, ...], float] = {}
         for key, value in values.items():
             total = (key[0], key[2])
             before = self.last_values.get(key)
@@ -99,18 +112,47 @@ class SeriesHistory:
             if before is None:
                 continue  # a series that appears starts a baseline
             if value >= before:
-                self.running[total] += value - before
-            elif value <= before * RESTART_FRACTION:
+                step = value - before
+            elif value <= before * RESTART_FRACTION or value <= self.last_rates.get(key, 0.0) * gap:
                 # A restarted server counts from 0: what it counted since arrived since.
-                self.running[total] += value
+                step = value
                 if key[0] == FINISHED:
                     restarted.add(key[2:])
-            # Else a small step back of a large total (a recount): a new baseline, never its whole count.
-        self.last_values = values  # a series that vanished leaves without a step
+            else:
+                step = 0.0  # a recount (see RESTART_FRACTION): a new baseline, never its whole count
+            self.running[total] += step
+            rates[key] = step / gap
+        self.last_values, self.last_rates, self.values_at = values, rates, at  # a vanished series: no step
         self.points.append(PagePoint(at, page, dict(self.running), frozenset(restarted)))
         keep = over_window(self.points, self.window)
         if len(keep) < len(self.points) or len(self.points) > MAX_POINTS:
             self.points = list(keep)[-MAX_POINTS:]
+        self._forget_gone(values)
+
+    def _forget_gone(self, values: Mapping[tuple[str, ...], float]) -> None:
+        """Drops the totals whose series are all gone from the page and that every kept point holds at
+        their last value (or not at all): no rate between two kept points reads them (the same total at
+        both ends), so removed from every point and from the running totals they change no rate. Without
+        this, series churn (adapters loaded and unloaded, model names changing) would grow the totals, and
+        each point's copy of them, for as long as a trigger asks. A total only grows where its series is
+        on the page, so one gone stays put; its series coming back starts a baseline, from 0."""
+        oldest = self.points[0].totals
+        live = {(key[0], key[2]) for key in values}
+        gone = {
+            total
+            for total, value in self.running.items()
+            if total not in live and oldest.get(total, 0.0) == value  # totals never go down: all equal
+        }
+        if not gone:
+            return
+        for total in gone:
+            del self.running[total]
+        self.points = [
+            dataclasses.replace(point, totals={k: v for k, v in point.totals.items() if k not in gone})
+            if not gone.isdisjoint(point.totals)
+            else point
+            for point in self.points
+        ]
 
 
 def _by_role(counters: DemandCounters) -> dict[tuple[str, ...], float] | None:

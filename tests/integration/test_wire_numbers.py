@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grpc
+import pytest
 from google.protobuf.descriptor import FieldDescriptor
 from support import eventually
 
@@ -62,6 +63,32 @@ async def test_a_sum_that_is_not_finite_is_unavailable_naming_the_pod(make_expor
     inf = await make_exporter(vllm_page("llama", [EngineLoad(1e308, 1e308, 0.5)]))
     scaler = await make_scaler(inference_urls=(("llm", "chat-0", inf.url),))
     await unavailable_naming(scaler, REQUESTS, "inference-requests", "pod chat-0 (vllm metrics) gives inf")
+
+
+# Two data-parallel engines each at a finite 1e308: their per-pod sum is beyond a float (math.fsum raises).
+TWO_ENGINES_AT_1E308 = (
+    'vllm:num_requests_running{engine="0",model_name="m"} 1e308\n'
+    'vllm:num_requests_running{engine="1",model_name="m"} 1e308\n'
+    'vllm:num_requests_waiting{engine="0",model_name="m"} 0\n'
+    'vllm:num_requests_waiting{engine="1",model_name="m"} 0\n'
+    'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 5\n'
+    'vllm:request_success_total{engine="1",finished_reason="stop",model_name="m"} 5\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "metric"),
+    [
+        (REQUESTS, "inference-requests"),
+        ({**REQUESTS, "metric": "demand", "window": "10"}, "inference-demand"),
+    ],
+)
+async def test_engines_whose_sum_is_beyond_a_float_are_unavailable_naming_the_pod_and_family(
+    make_exporter, make_scaler, metadata: dict[str, str], metric: str
+) -> None:  # type: ignore[no-untyped-def]
+    page = await make_exporter(TWO_ENGINES_AT_1E308)
+    scaler = await make_scaler(inference_urls=(("llm", "chat-0", page.url),))
+    await unavailable_naming(scaler, metadata, metric, "chat-0", "vllm:num_requests_running")
 
 
 async def test_pods_each_within_the_wire_whose_sum_is_not_are_unavailable(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]

@@ -76,6 +76,59 @@ def test_points_are_capped_whatever_the_window() -> None:
     assert read(history, 300, window=600).used <= demand_history.MAX_POINTS
 
 
+def models_page(finished: dict[str, float]) -> PodSamples:
+    """A vLLM page serving `finished`'s models (model → its finished requests), 3 in flight each."""
+    text = "".join(
+        f'vllm:num_requests_running{{model_name="{model}"}} 3\n'
+        f'vllm:num_requests_waiting{{model_name="{model}"}} 0\n'
+        f'vllm:request_success_total{{finished_reason="stop",model_name="{model}"}} {count}\n'
+        for model, count in finished.items()
+    )
+    return PodSamples("llm", "chat-0", tuple(parse_exposition(text, POD_PAGE_NAMES)), URL)
+
+
+def test_series_churn_keeps_only_the_totals_the_window_needs() -> None:
+    history = DemandHistory(forget_after=600)
+    # One model served at a time, its name changing every page (adapters loaded and unloaded).
+    for at in range(3000):
+        history.on_page(SourceKind.INFERENCE, page(at, models_page({f"adapter-{at}": at})))
+        history.read(vllm(0), "auto", None, 30, at)  # a demand trigger asks every time
+    (kept,) = history._pages.values()
+    (series,) = kept.by_format.values()
+    # The window's 31 points and the page's one model: a handful of totals, not one per name ever seen.
+    assert len(series.running) <= 3
+    assert sum(len(point.totals) for point in series.points) <= 3 * len(series.points)
+
+
+def test_dropping_the_totals_of_gone_series_changes_no_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    def finished(at: float) -> dict[str, float]:
+        # b serves 5/s throughout; a 10/s until 50 s, gone until 120 s, then back counting from 0; c
+        # appears for one page at 70 s.
+        served = {"b": 1000 + 5 * at}
+        if at < 50:
+            served["a"] = 5000 + 10 * at
+        if at >= 120:
+            served["a"] = 10 * (at - 120)
+        if at == 70:
+            served["c"] = 7
+        return served
+
+    def rates() -> list[tuple[float | MissingKind, ...]]:
+        history = DemandHistory(forget_after=600)
+        read: list[tuple[float | MissingKind, ...]] = []
+        for at in range(0, 200, 5):
+            history.on_page(SourceKind.INFERENCE, page(at, models_page(finished(at))))
+            for model in (None, "a", "b"):
+                track = history.read(vllm(0), "auto", model, 30, at)
+                rate = pod_demand(track.points, DemandUnit.REQUESTS)
+                read.append(rate if isinstance(rate, float) else rate.kind)
+        return read
+
+    dropped = rates()
+    monkeypatch.setattr(demand_history.SeriesHistory, "_forget_gone", lambda self, values: None)
+    assert dropped == pytest.approx(rates())
+
+
 def test_a_removed_page_source_takes_its_points() -> None:
     store, history = store_with_history()
     store.record_page(page(0, vllm(0)))

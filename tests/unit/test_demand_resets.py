@@ -143,3 +143,50 @@ def test_a_page_is_worked_out_once_whatever_the_models_and_engines_asked(
     # for it change neither.
     assert len(history) == 1
     assert len(reads) == 13
+
+
+def served(finished: float, in_flight: float = 10) -> PodSamples:
+    return samples(
+        vllm_engines({"0": finished}, in_flight).replace(
+            '"abort",model_name="m"} 1', '"abort",model_name="m"} 0'
+        )
+    )
+
+
+def test_a_restart_across_a_page_outage_to_more_than_half_the_old_count_counts_from_zero() -> None:
+    history = DemandHistory(forget_after=600)
+    # 10 requests/s, read every 5 s: the counter reaches 1000 at 100 s.
+    for at in range(40, 105, 5):
+        history.on_page(SourceKind.INFERENCE, Page.from_readings(URL, at, [served(10 * at)]))
+        history.read(samples(""), "auto", None, 30, at)
+    # The page cannot be read for 70 s (rates are taken across an outage: counters keep counting). The
+    # server restarted at 110 s and served 10/s since: at 170 s its counter reads 600, down from 1000.
+    history.on_page(SourceKind.INFERENCE, Page.from_readings(URL, 170, [served(600)]))
+    rate = pod_demand(history.read(samples(""), "auto", None, 30, 170).points, DemandUnit.REQUESTS)
+    # Counted from 0 (SPEC §6): 600 finished and 10 in flight into an empty server over 70 s. As a new
+    # baseline it read 0/s, a made-up 0.
+    assert rate == pytest.approx(610 / 70)
+
+
+def test_a_young_server_restarting_between_two_pages_counts_from_zero() -> None:
+    history = DemandHistory(forget_after=600)
+    # Started at 0 s serving 2 requests/s: 0 finished, then 10 at 5 s; it restarts at 5.5 s and has
+    # finished 9 by 10 s (10 -> 9, more than half of 10, but no more than 2/s counts in 5 s).
+    for at, finished in ((0, 0), (5, 10), (10, 9)):
+        history.on_page(SourceKind.INFERENCE, Page.from_readings(URL, at, [served(finished, 2)]))
+        history.read(samples(""), "auto", None, 10, at)
+    rate = pod_demand(history.read(samples(""), "auto", None, 10, 10).points, DemandUnit.REQUESTS)
+    # 10 + 9 finished, 2 in flight into the empty restarted server: 21 over 10 s. As a new baseline, 1/s.
+    assert rate == pytest.approx((10 + 9 + 2) / 10)
+
+
+def test_a_step_back_that_the_gap_could_not_have_counted_is_a_recount() -> None:
+    history = DemandHistory(forget_after=600)
+    # 10/s up to 1000 at 100 s, then 990 at 105 s: 990 is more than 10/s counts in 5 s, so a recount
+    # (one copy read instead of another), never 990 requests arriving.
+    for at in range(40, 105, 5):
+        history.on_page(SourceKind.INFERENCE, Page.from_readings(URL, at, [served(10 * at)]))
+        history.read(samples(""), "auto", None, 30, at)
+    history.on_page(SourceKind.INFERENCE, Page.from_readings(URL, 105, [served(990)]))
+    rate = pod_demand(history.read(samples(""), "auto", None, 30, 105).points, DemandUnit.REQUESTS)
+    assert rate == pytest.approx(250 / 30)

@@ -564,6 +564,24 @@ def test_an_unusable_sample_is_dropped_never_read_as_zero(bad: float) -> None:
     assert 'engine="1"' in missing.reason
 
 
+def test_engines_summing_beyond_a_float_are_missing_naming_the_family_never_an_exception() -> None:
+    # Each value is finite, so each is usable; their sum (or the mean's sum) is beyond a float's range.
+    page = [
+        s(name, 1e308, engine=engine, model_name=LLAMA)
+        for name in (VLLM.waiting.name, VLLM.running.name, VLLM.kv_cache.name)
+        for engine in ("0", "1")
+    ]
+    reading = pod_reading(page)
+    for value, family in (
+        (reading.waiting, VLLM.waiting.name),
+        (reading.running, VLLM.running.name),
+        (reading.kv_cache, VLLM.kv_cache.name),
+    ):
+        assert isinstance(value, Missing), value
+        assert (value.kind, value.family) == (MissingKind.NO_VALUE, family)
+        assert family in value.reason and "2 engines" in value.reason
+
+
 def test_kv_fraction_above_one_is_clamped_to_100() -> None:
     assert pod_reading([s(SGLANG.kv_cache.name, 1.02, model_name=LLAMA)]).kv_cache == 100
 

@@ -166,14 +166,25 @@ class Gauge:
 
     values: Mapping[tuple[str, ...], float]  # engine identity → value (copies already collapsed)
     missing: Missing | None
+    family: str = ""  # how reasons name the family (selector_text)
 
     def total(self) -> Value:
-        return self.missing if self.missing is not None else math.fsum(self.values.values())
-
-    def mean(self) -> Value:
         if self.missing is not None:
             return self.missing
-        return math.fsum(self.values.values()) / len(self.values)
+        try:
+            return math.fsum(self.values.values())
+        except OverflowError:
+            # Engines each printing a finite value near a float's limit (two 1e308) sum beyond it: no
+            # reading of the pod (UNAVAILABLE naming it and the family), never an exception (INTERNAL).
+            return Missing(
+                MissingKind.NO_VALUE,
+                f"{self.family} adds up to more than a float holds over the pod's {len(self.values)} engines",
+                self.family,
+            )
+
+    def mean(self) -> Value:
+        total = self.total()
+        return total if isinstance(total, Missing) else total / len(self.values)
 
 
 def gauge(
@@ -228,7 +239,7 @@ def gauge(
                 family,
             ),
         )
-    return Gauge({k: v for k, v in per_engine.items() if v is not None}, None)
+    return Gauge({k: v for k, v in per_engine.items() if v is not None}, None, family)
 
 
 def _largest_per_engine(
