@@ -317,6 +317,15 @@ TENANT_PROPERTIES: tuple[tuple[str, str, str], ...] = (
         "test_fair_collectors.py::test_a_healthy_tenants_page_is_fetched_while_300_replicas_of_another_hang",
     ),
     (
+        "One tenant's pods serve six 15 MB pages of 20,000 series (each page over 256 kB is joined, screened"
+        " and read in one of the two page worker threads: 1 s of parsing each)",
+        "each namespace (and the pages of none: GPU exporters) runs one job in the worker threads at a"
+        " time, the namespaces taken in turn: another tenant's GPU exporter page waits behind at most one"
+        " job of each other namespace, and its data stay fresh (before, one queue for all: stale)",
+        "test_fair_page_work.py::test_another_tenants_large_pages_never_make_the_gpu_exporter_stale,"
+        " test_control_without_the_hostile_tenant_the_exporter_stays_fresh",
+    ),
+    (
         "A shared pod IP (hostNetwork pods share their node's): tenant B names tenant A's port as its"
         " metricsPort",
         "a page is filed under the pod that declares that container port at that address; claimed for several"
