@@ -256,9 +256,12 @@ OTHER_FAULTS: tuple[tuple[str, str, str], ...] = (
     (
         "an endpoint picker replica's page fails or is stale (--gateway-url or discovered)",
         "a lower bound (the other replicas' sum, said in /explain) when that is already above"
-        " activationThreshold, else UNAVAILABLE naming the pool and the replica's failure; never 0",
+        " activationThreshold, else UNAVAILABLE naming the pool and the replica's failure; never 0. Stale"
+        " means older than 2 × --gateway-interval + --scrape-timeout: a slow replica answering within the"
+        " timeout never is",
         "test_gateway.py::test_a_failing_replica_leaves_a_lower_bound_or_unavailable_never_zero,"
-        " test_every_replica_failing_is_unavailable_naming_the_pool",
+        " test_every_replica_failing_is_unavailable_naming_the_pool,"
+        " test_a_replica_answering_within_the_scrape_timeout_is_never_stale",
     ),
     (
         "an endpoint picker with its flowControl feature gate off",
