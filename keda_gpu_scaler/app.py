@@ -73,9 +73,15 @@ def _split_address(address: str) -> tuple[str, int]:
 
 
 def gateway_max_staleness(settings: Settings) -> float:
-    """Endpoint-picker data older than three gateway intervals is not used (as exporters' at three scrape
-    intervals): a replica that stops answering is seen as missing within seconds."""
-    return 3 * settings.gateway_interval
+    """Endpoint-picker data older than 2 gateway intervals + --scrape-timeout is not used (5 s at the
+    defaults): a replica that stops answering is seen as missing within seconds, and one answering within
+    the timeout never is. Each page is stamped when its answer arrives and the next scrape starts at
+    most an interval later, so answers come at most an interval + the timeout apart; the second interval
+    is the margin for the wait for a fetch slot and the page's reading. (3 intervals, as before, were
+    passed by an answer that took over 2 of them, 2 s at the defaults, within the 3 s timeout: the
+    pending trigger flapped UNAVAILABLE though every scrape succeeded. Scraping at a fixed rate would not
+    do: a quick answer followed by a slow one still comes an interval + the timeout later.)"""
+    return 2 * settings.gateway_interval + settings.scrape_timeout
 
 
 class App:

@@ -256,9 +256,12 @@ OTHER_FAULTS: tuple[tuple[str, str, str], ...] = (
     (
         "an endpoint picker replica's page fails or is stale (--gateway-url or discovered)",
         "a lower bound (the other replicas' sum, said in /explain) when that is already above"
-        " activationThreshold, else UNAVAILABLE naming the pool and the replica's failure; never 0",
+        " activationThreshold, else UNAVAILABLE naming the pool and the replica's failure; never 0. Stale"
+        " means older than 2 × --gateway-interval + --scrape-timeout: a slow replica answering within the"
+        " timeout never is",
         "test_gateway.py::test_a_failing_replica_leaves_a_lower_bound_or_unavailable_never_zero,"
-        " test_every_replica_failing_is_unavailable_naming_the_pool",
+        " test_every_replica_failing_is_unavailable_naming_the_pool,"
+        " test_a_replica_answering_within_the_scrape_timeout_is_never_stale",
     ),
     (
         "an endpoint picker with its flowControl feature gate off",
@@ -315,6 +318,15 @@ TENANT_PROPERTIES: tuple[tuple[str, str, str], ...] = (
         " healthy tenant's page is fetched on schedule while the 300 hang (its wake is measured in"
         " docs/SOAK.md); at most --scrape-concurrency + 2 × namespaces fetches run at once",
         "test_fair_collectors.py::test_a_healthy_tenants_page_is_fetched_while_300_replicas_of_another_hang",
+    ),
+    (
+        "One tenant's pods serve six 15 MB pages of 20,000 series (each page over 256 kB is joined, screened"
+        " and read in one of the two page worker threads: 1 s of parsing each)",
+        "each namespace (and the pages of none: GPU exporters) runs one job in the worker threads at a"
+        " time, the namespaces taken in turn: another tenant's GPU exporter page waits behind at most one"
+        " job of each other namespace, and its data stay fresh (before, one queue for all: stale)",
+        "test_fair_page_work.py::test_another_tenants_large_pages_never_make_the_gpu_exporter_stale,"
+        " test_control_without_the_hostile_tenant_the_exporter_stays_fresh",
     ),
     (
         "A shared pod IP (hostNetwork pods share their node's): tenant B names tenant A's port as its"

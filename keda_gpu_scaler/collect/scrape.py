@@ -15,7 +15,7 @@ import xxhash
 
 from keda_gpu_scaler.collect.backoff import JITTER, MAX_BACKOFF_INTERVALS, backoff_delay, jittered
 from keda_gpu_scaler.collect.fairshare import FairSlots
-from keda_gpu_scaler.collect.http import FetchError, PageRefused, in_page_worker
+from keda_gpu_scaler.collect.http import PAGE_OWNER, FetchError, PageRefused, in_page_worker
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, WantedKeys
 from keda_gpu_scaler.collect.store import Page, Store
 from keda_gpu_scaler.collect.supervise import cancel_all, supervised
@@ -299,8 +299,12 @@ class ScrapeCollector:
     async def scrape_once(self, url: str) -> bool:
         """Scrape one exporter now; records the page or the failure in the store. True on success."""
         started = self._clock()
+        namespace = self._namespaces.get(url)
+        # The page's work in the worker threads (inflating, joining, screening, reading) takes its
+        # namespace's turn there, as the fetch does here: one tenant's pages cannot hold it from another's.
+        owner = PAGE_OWNER.set(namespace)
         try:
-            async with self.slots.slot(self._namespaces.get(url)):
+            async with self.slots.slot(namespace):
                 body = await self._fetcher.get(url)
             previous = self._last.get(url)
             reused = previous if self.reuse_unchanged_pages else None
@@ -340,6 +344,8 @@ class ScrapeCollector:
             else:
                 log.debug("scrape of %s failed again: %s", url, message)
             return False
+        finally:
+            PAGE_OWNER.reset(owner)
         self._refused.pop(url, None)
         if self._failing.pop(url, None) is not None:
             log.info("scrape of %s answers again", url)

@@ -194,7 +194,7 @@ FLAGS: tuple[Flag, ...] = (
         "--gateway-interval",
         "1",
         "seconds between scrapes of each wanted endpoint-picker page (the wake from zero follows within"
-        " this); their data is stale after 3 intervals",
+        " this); their data is stale after 2 intervals + --scrape-timeout",
         parse=_positive(float),
     ),
     Flag(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import aiohttp
@@ -168,6 +169,32 @@ async def test_every_replica_failing_is_unavailable_naming_the_pool(make_exporte
     bad.status = 503
     scaler = await make_scaler(gateway_urls=urls(bad))
     await unavailable_saying(scaler, "InferencePool llm/chat-pool", "503")
+
+
+async def test_a_replica_answering_within_the_scrape_timeout_is_never_stale(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    """Each page is stamped when its answer arrives, and the next scrape starts an interval later: a
+    replica answering in 2.6 s of the default 3 s timeout sends a page every 3.6 s, past the 3 intervals
+    its data were stale after, and the trigger flapped UNAVAILABLE though every scrape succeeded."""
+    epp = await make_exporter(epp_page("chat-pool", {Queued("llama"): 8}))
+    # The defaults' ratio at half their scale: interval 0.5 s, timeout 1.5 s; answers take 1.3 s.
+    epp.delay = 1.3
+    scaler = await make_scaler(gateway_urls=urls(epp), gateway_interval=0.5, scrape_timeout=1.5)
+    request = pb.GetMetricsRequest(scaledObjectRef=ref(), metricName="gateway-pending")
+    first = await eventually(lambda: scaler.stub.GetMetrics(request), timeout=15)
+    assert first.metricValues[0].metricValueFloat == 8
+    failed, calls, reasons = 0, 0, set()
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        calls += 1
+        code, message = await error_of(scaler.stub.GetMetrics(request))
+        if code is not grpc.StatusCode.OK:
+            failed += 1
+            reasons.add(message[:160])
+        await asyncio.sleep(0.05)
+    assert scaler.app.store.source(epp.url).last_error is None  # every scrape succeeded
+    assert failed == 0, f"{failed} of {calls} calls failed: {reasons}"
 
 
 async def test_flow_control_off_is_unavailable_telling_to_enable_it(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]

@@ -1,11 +1,17 @@
-"""FairSlots: each namespace's own slots, at most half the common pool each, freed slots handed in turn."""
+"""FairSlots: each namespace's own slots, at most half the common pool each, freed slots handed in turn;
+PageWorkers: one job per owner at a time, owners in turn."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
+import threading
+
+import pytest
 
 from keda_gpu_scaler.collect.fairshare import FairSlots
+from keda_gpu_scaler.collect.http import PageWorkers
 
 
 async def hold(slots: FairSlots, namespace: str, release: asyncio.Event, started: list[str]) -> None:
@@ -126,3 +132,45 @@ async def test_random_holds_and_cancellations_keep_the_bounds_and_leave_nothing_
         await asyncio.gather(*tasks, return_exceptions=True)
         assert slots.in_flight == 0 and slots.waiting == 0
     assert 0 < peak <= 4 + 1 * len(namespaces)
+
+
+# PageWorkers: the page worker threads, one job per owner at a time, owners taken in turn.
+
+
+def test_page_work_runs_one_job_per_owner_and_takes_the_owners_in_turn() -> None:
+    workers = PageWorkers(threads=2)
+    ran: list[str] = []
+    gate = threading.Event()
+
+    def job(name: str) -> str:
+        if name == "hostile-0":
+            gate.wait(5)
+        ran.append(name)
+        return name
+
+    hostile = [workers.submit("hostile", functools.partial(job, f"hostile-{i}")) for i in range(4)]
+    # The hostile namespace holds one thread (its first job blocks); the other thread serves the others,
+    # each in turn, at once, though the hostile jobs came first.
+    others = [
+        workers.submit(owner, functools.partial(job, f"{owner}-{i}"))
+        for i in range(2)
+        for owner in ("a", None)
+    ]
+    assert [future.result(5) for future in others] == ["a-0", "None-0", "a-1", "None-1"]
+    assert ran == ["a-0", "None-0", "a-1", "None-1"]
+    gate.set()
+    assert [future.result(5) for future in hostile] == [f"hostile-{i}" for i in range(4)]
+    assert ran[4:] == [f"hostile-{i}" for i in range(4)]
+
+
+def test_a_page_job_whose_caller_stopped_waiting_is_skipped_and_errors_reach_the_caller() -> None:
+    workers = PageWorkers(threads=1)
+    gate = threading.Event()
+    first = workers.submit("a", lambda: gate.wait(5))
+    skipped = workers.submit("b", lambda: pytest.fail("a cancelled job ran"))
+    assert skipped.cancel()
+    failing = workers.submit("b", lambda: 1 / 0)
+    gate.set()
+    assert first.result(5) is True
+    with pytest.raises(ZeroDivisionError):
+        failing.result(5)
