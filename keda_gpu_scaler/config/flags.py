@@ -132,7 +132,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "--max-staleness",
         None,
-        "seconds after which data is not used (default: 3 x scrape interval)",
+        "seconds after which data is not used (default: 3 x scrape interval, and at least 2 x scrape interval +"
+        " scrape timeout, so that a page answered within the timeout is never stale)",
         parse=_positive(float),
     ),
     Flag(

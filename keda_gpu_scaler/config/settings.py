@@ -183,7 +183,10 @@ def build_settings(values: Mapping[str, str | list[str] | None]) -> Settings:
         parsed[flag.settings_field] = flag.parse(flag.name, raw)
     parsed["prometheus_password"] = _text(PROMETHEUS_PASSWORD_ENV, values.get("prometheus_password"))
     if parsed["max_staleness"] is None:
-        parsed["max_staleness"] = 3 * parsed["scrape_interval"]
+        # A page answered within --scrape-timeout comes an interval plus that answer after the last one:
+        # at short intervals 3 intervals are less (0.5 s: 1.5 s against a 3 s timeout) and it flapped stale.
+        interval, timeout = parsed["scrape_interval"], parsed["scrape_timeout"]
+        parsed["max_staleness"] = max(3 * interval, 2 * interval + timeout)
     if parsed["prometheus_max_staleness"] is None:
         parsed["prometheus_max_staleness"] = parsed["max_staleness"] + PROMETHEUS_STALENESS_MARGIN
     for staleness in ("max_staleness", "prometheus_max_staleness"):

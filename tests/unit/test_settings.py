@@ -11,7 +11,12 @@ def test_staleness_defaults_follow_the_scrape_interval() -> None:
     default = build_settings({})
     assert (default.max_staleness, default.prometheus_max_staleness) == (15.0, 75.0)
     faster = build_settings({"scrape_interval": "2"})
-    assert (faster.max_staleness, faster.prometheus_max_staleness) == (6.0, 66.0)
+    assert (faster.max_staleness, faster.prometheus_max_staleness) == (
+        7.0,
+        67.0,
+    )  # 2 intervals + the 3 s timeout
+    slow = build_settings({"scrape_interval": "2", "scrape_timeout": "1"})
+    assert slow.max_staleness == 6.0
     explicit = build_settings({"max_staleness": "9", "prometheus_max_staleness": "120"})
     assert (explicit.max_staleness, explicit.prometheus_max_staleness) == (9.0, 120.0)
 
