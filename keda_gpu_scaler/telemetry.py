@@ -12,8 +12,9 @@ PREFIX = "keda_gpu_scaler"
 TRIGGER_LABELS = ("namespace", "scaledobject", "metric")
 # Triggers of one ScaledObject whose value and activity /metrics shows: a real ScaledObject has one or
 # two; 16 metric names on each of 300 ScaledObjects once made /metrics 822 KB. /metrics so holds at most
-# 2 × MAX_PUBLISHED_TRIGGERS × --max-scaledobjects labelled series (about 0.7 KB per ScaledObject); the
-# triggers beyond it are evaluated and explained as any other, and counted in unpublished_triggers.
+# 3 × MAX_PUBLISHED_TRIGGERS × --max-scaledobjects labelled series (value, activity and, with `threshold:
+# auto`, the learned target; about 0.7 KB per ScaledObject of two triggers); the triggers beyond it are
+# evaluated and explained as any other, and counted in unpublished_triggers.
 MAX_PUBLISHED_TRIGGERS = 4
 _RPC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 

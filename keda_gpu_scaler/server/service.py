@@ -186,8 +186,16 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
             slots.check()
             self._registry.follow(request.namespace, request.name, spec)
         with slots.held():
-            async for message in messages(request, spec):
-                yield message
+            try:
+                async for message in messages(request, spec):
+                    yield message
+            except ScalerError as error:
+                # What the data shows can never be answered (a model named in another case than the page's)
+                # ends the stream with the status the unary call gives, never gRPC's UNKNOWN.
+                await _abort(context, error)
+            except Exception:
+                log.exception("%s failed unexpectedly", slots.method)
+                await _abort(context, _Internal(slots.method))
 
     async def _spec_updates(
         self, ref: pb.ScaledObjectRef, spec: TriggerSpec

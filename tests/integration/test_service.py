@@ -12,6 +12,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support import GpuLine, dcgm_page, eventually
 
+from keda_gpu_scaler.demo.engines import EngineLoad, vllm_page
 from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 
 METADATA = {"podNamePrefix": "vllm-", "threshold": "70", "scalerAddress": "keda-gpu-scaler.keda:6000"}
@@ -600,3 +601,66 @@ async def test_concurrent_scrapes_of_metrics_share_one_render(make_scaler, monke
 
         pages = await asyncio.gather(*(scrape() for _ in range(8)))
     assert most[0] == 1 and len(set(pages)) == 1
+
+
+# The page serves "Llama"; the trigger asks for "llama": differs only by case, INVALID_ARGUMENT.
+CASE_META = {"metric": "requests", "threshold": "8", "podNamePrefix": "chat-", "model": "llama"}
+
+
+def case_ref() -> pb.ScaledObjectRef:
+    return pb.ScaledObjectRef(name="chat", namespace="llm", scalerMetadata=CASE_META)
+
+
+async def test_a_stream_whose_trigger_the_data_shows_wrong_ends_invalid_argument_as_is_active_answers(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    server = await make_exporter(vllm_page("Llama", [EngineLoad(12, 8, 0.5)]))
+    scaler = await make_scaler(inference_urls=(("llm", "chat-0", server.url),))
+
+    async def unary_is_invalid_argument() -> None:
+        try:
+            await scaler.stub.IsActive(case_ref())
+        except grpc.aio.AioRpcError as error:
+            assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error
+            return
+        raise AssertionError("IsActive answered")
+
+    await eventually(unary_is_invalid_argument)
+    stream = scaler.stub.StreamIsActive(case_ref())
+    try:
+        async for _ in stream:
+            pass
+    except grpc.aio.AioRpcError:
+        pass
+    code = await asyncio.wait_for(stream.code(), 5)
+    assert code is grpc.StatusCode.INVALID_ARGUMENT, (code, await stream.details())
+
+
+async def test_explain_naming_only_a_namespace_lists_that_namespace_only(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    exporter = await make_exporter(
+        dcgm_page([GpuLine("llm", "vllm-0", 50), GpuLine("team-b", "secret-0", 40, gpu=1)])
+    )
+    scaler = await make_scaler(exporter)
+    for namespace, name, prefix in (("llm", "vllm", "vllm-"), ("team-b", "secret-project", "secret-")):
+        request = pb.GetMetricsRequest(
+            scaledObjectRef=pb.ScaledObjectRef(
+                name=name, namespace=namespace, scalerMetadata={"podNamePrefix": prefix, "threshold": "70"}
+            ),
+            metricName="gpu-utilization",
+        )
+
+        async def answered(r: pb.GetMetricsRequest = request) -> None:
+            try:
+                await scaler.stub.GetMetrics(r)
+            except grpc.aio.AioRpcError as error:
+                raise AssertionError(error.details()) from None
+
+        await eventually(answered)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{scaler.http}/explain", params={"namespace": "llm"}) as response,
+    ):
+        body = await response.json()
+    assert response.status == 400
+    namespaces = {entry["namespace"] for entry in body["known"]}
+    assert namespaces <= {"llm"}, body["known"]
