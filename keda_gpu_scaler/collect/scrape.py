@@ -15,8 +15,9 @@ import xxhash
 
 from keda_gpu_scaler.collect.backoff import JITTER, MAX_BACKOFF_INTERVALS, backoff_delay, jittered
 from keda_gpu_scaler.collect.fairshare import FairSlots
-from keda_gpu_scaler.collect.http import PAGE_OWNER, FetchError, PageRefused, in_page_worker
+from keda_gpu_scaler.collect.http import FetchError, PageRefused
 from keda_gpu_scaler.collect.interest import SCRAPE_INTEREST, WantedKeys
+from keda_gpu_scaler.collect.page_workers import PAGE_OWNER, in_page_worker
 from keda_gpu_scaler.collect.store import Page, Store
 from keda_gpu_scaler.collect.supervise import cancel_all, supervised
 from keda_gpu_scaler.core.snapshot import Reading, SourceKind

@@ -23,7 +23,11 @@ from keda_gpu_scaler.core.trigger import (
     Vendor,
     states_slo,
 )
-from keda_gpu_scaler.core.value_parsers import settle_auto_threshold
+from keda_gpu_scaler.core.value_parsers import (
+    AUTO_THRESHOLD,
+    MAX_THRESHOLD_START,
+    MIN_THRESHOLD_START,
+)
 from keda_gpu_scaler.pages.engines import accepts_model, engine_supports, supports_tokens, unsupported_message
 from keda_gpu_scaler.pages.vendors import Family
 
@@ -246,3 +250,31 @@ def _unknown_key_message(key: str) -> str:
     close = difflib.get_close_matches(key, allowed, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     return f"metadata key {quoted(key)} is unknown{hint}; allowed keys: {', '.join(allowed)}"
+
+
+def settle_auto_threshold(
+    fields: dict[str, Any], given: Mapping[str, str], stated: Mapping[str, str]
+) -> None:
+    """`threshold: auto` targets thresholdStart until the learner moves it: only demand's can be learned.
+    `given`: the key each field came under; `stated`: that key with the value written, for the errors."""
+    if fields["threshold"] != AUTO_THRESHOLD:
+        if "threshold_start" in stated:
+            raise ConfigError(
+                f"metadata {stated['threshold_start']} applies only with threshold: auto, not beside"
+                f" {stated['threshold']} (a number is the target itself, never learned); remove it or set"
+                " threshold: auto"
+            )
+        return
+    if fields["metric"] != "demand":
+        raise ConfigError(
+            f"metadata {given['threshold']}=auto is not allowed for metric={fields['metric']}: only"
+            " demand's target is the work one replica serves, which its latency can be learned against"
+            " (percentages and request counts are limits you choose); allowed: a number"
+        )
+    if "threshold_start" not in given:
+        raise ConfigError(
+            f"metadata thresholdStart is required with {given['threshold']}=auto; allowed: the first"
+            f" target ({MIN_THRESHOLD_START:g} <= thresholdStart <= {MAX_THRESHOLD_START:g}), from which"
+            " the learned one moves"
+        )
+    fields["threshold"] = fields["threshold_start"]

@@ -1,14 +1,13 @@
 """The parsers of single values, of trigger metadata and of `serve` flags alike: each takes (name, raw) and
 returns the value, or raises its caller's error naming the key or flag, the value and what is allowed:
 ConfigError for metadata (INVALID_ARGUMENT), SettingsError for flags. The table of keys (trigger.KEYS) and
-the table of flags (settings.FLAGS) use them; settle_auto_threshold joins `threshold: auto` to its
-thresholdStart once all keys are read."""
+the table of flags (settings.FLAGS) use them."""
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -182,34 +181,6 @@ def parse_threshold_start(key: str, raw: str) -> float:
     return number_between(key, raw, low, high, f"{low:g} <= {key} <= {high:g}, {why} threshold's range")
 
 
-def settle_auto_threshold(
-    fields: dict[str, Any], given: Mapping[str, str], stated: Mapping[str, str]
-) -> None:
-    """`threshold: auto` targets thresholdStart until the learner moves it: only demand's can be learned.
-    `given`: the key each field came under; `stated`: that key with the value written, for the errors."""
-    if fields["threshold"] != AUTO_THRESHOLD:
-        if "threshold_start" in stated:
-            raise ConfigError(
-                f"metadata {stated['threshold_start']} applies only with threshold: auto, not beside"
-                f" {stated['threshold']} (a number is the target itself, never learned); remove it or set"
-                " threshold: auto"
-            )
-        return
-    if fields["metric"] != "demand":
-        raise ConfigError(
-            f"metadata {given['threshold']}=auto is not allowed for metric={fields['metric']}: only"
-            " demand's target is the work one replica serves, which its latency can be learned against"
-            " (percentages and request counts are limits you choose); allowed: a number"
-        )
-    if "threshold_start" not in given:
-        raise ConfigError(
-            f"metadata thresholdStart is required with {given['threshold']}=auto; allowed: the first"
-            f" target ({MIN_THRESHOLD_START:g} <= thresholdStart <= {MAX_THRESHOLD_START:g}), from which"
-            " the learned one moves"
-        )
-    fields["threshold"] = fields["threshold_start"]
-
-
 def parse_engine(key: str, raw: str) -> str:
     return one_of(key, raw, ENGINE_CHOICES, refuse_metadata)
 
@@ -345,12 +316,7 @@ def _positive(kind: type[float] | type[int]) -> NumberParser:
 MIN_SCRAPE_INTERVAL = 0.1
 MAX_SCRAPE_INTERVAL = 300.0
 
-_scrape_interval = NumberParser(
-    float,
-    MIN_SCRAPE_INTERVAL,
-    MAX_SCRAPE_INTERVAL,
-    f"seconds, {MIN_SCRAPE_INTERVAL:g} to {MAX_SCRAPE_INTERVAL:g}",
-)
+_scrape_interval = NumberParser(float, MIN_SCRAPE_INTERVAL, MAX_SCRAPE_INTERVAL, "seconds, 0.1 to 300")
 
 # gRPC takes its keepalive settings in milliseconds, as a C int: at most 2^31 - 1 ms.
 MAX_GRPC_MILLISECONDS_SECONDS = (2**31 - 1) // 1000

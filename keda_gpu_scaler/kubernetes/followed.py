@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from keda_gpu_scaler.core.errors import NoData
 from keda_gpu_scaler.core.selectors import Selector, pod_selector_metadata
@@ -98,6 +99,12 @@ class Followed:
         if self.selector is None:
             raise NoData(f"reading the pod selector of {self.info.target} (first look-up)")
         return self.selector
+
+    def read_replicas(self, scale: Mapping[str, Any], began: float) -> None:
+        """Keep spec.replicas of the target's /scale, read by a request that began at `began`."""
+        replicas = (scale.get("spec") or {}).get("replicas")
+        self.replicas = replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else None
+        self.replicas_read_at = began
 
     def replicas_since(self, emptied_at: float) -> int | None:
         """The target's replicas from a /scale read that began after its pods last went; None: no such

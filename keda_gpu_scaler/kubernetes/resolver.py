@@ -475,11 +475,7 @@ class KubeDiscovery:
             scale = await self._api.scale(
                 target.group, target.version, tracked.namespace, plural, target.name
             )
-            replicas = (scale.get("spec") or {}).get("replicas")
-            tracked.replicas = (
-                replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else None
-            )
-            tracked.replicas_read_at = began
+            tracked.read_replicas(scale, began)
             text = (scale.get("status") or {}).get("selector") or ""
             selector = parse_selector(text)
             if selector.empty:

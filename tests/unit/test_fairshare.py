@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from keda_gpu_scaler.collect.fairshare import FairSlots
-from keda_gpu_scaler.collect.http import PageWorkers
+from keda_gpu_scaler.collect.page_workers import PageWorkers
 
 
 async def hold(slots: FairSlots, namespace: str, release: asyncio.Event, started: list[str]) -> None:
