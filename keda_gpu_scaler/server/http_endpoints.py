@@ -292,6 +292,12 @@ def http_app(
             return web.json_response(
                 {"error": "give ?namespace=NS&name=SCALEDOBJECT", "known": known}, status=400, dumps=_dumps
             )
+        # A bad request is told so whatever it names (docs/operating.md: an unknown parameter is a 400).
+        unknown = sorted(set(request.query) - EXPLAIN_PARAMETERS)
+        if unknown:
+            allowed = ", ".join(sorted(EXPLAIN_PARAMETERS))
+            problem = f"{unknown[0][:40]!r} is not a parameter of /explain; give {allowed}"
+            return web.json_response({"error": problem}, status=400, dumps=_dumps)
         explained = explanations.explanations(namespace, name)
         if not explained:
             return web.json_response(
@@ -299,11 +305,6 @@ def http_app(
                 status=404,
                 dumps=_dumps,
             )
-        unknown = sorted(set(request.query) - EXPLAIN_PARAMETERS)
-        if unknown:
-            allowed = ", ".join(sorted(EXPLAIN_PARAMETERS))
-            problem = f"{unknown[0][:40]!r} is not a parameter of /explain; give {allowed}"
-            return web.json_response({"error": problem}, status=400, dumps=_dumps)
         metric = request.query.get("metric", request.query.get("metricName"))  # SPEC §7 names both
         selector = select_trigger(explained, metric, request.query.get("trigger"))
         if isinstance(selector, Refusal):

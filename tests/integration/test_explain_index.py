@@ -48,6 +48,9 @@ async def test_explain_picks_one_of_two_triggers_that_share_a_metric_name_by_its
     assert status == 200 and one["threshold"] == 80
     status, answer = await get_explain(scaler, metrc="gpu-utilization")
     assert status == 400 and answer["error"].startswith("'metrc' is not a parameter of /explain"), answer
+    # The same for a ScaledObject not (yet) evaluated: the request is wrong whatever it names.
+    status, answer = await get_explain(scaler, name="nope", metrc="gpu-utilization")
+    assert status == 400 and answer["error"].startswith("'metrc' is not a parameter of /explain"), answer
 
 
 async def test_explain_refuses_a_query_that_chooses_twice_naming_the_parameter_and_values(  # type: ignore[no-untyped-def]
