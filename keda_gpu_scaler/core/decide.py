@@ -122,16 +122,21 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
         assert targets is not None
         if targets.replicas and not targets.starting:
             many = "replica" if targets.replicas == 1 else "replicas"
-            if spec.pod_selector is not None:
-                raise NoData(
-                    f"podSelector {quoted(spec.pod_selector)} selects no pod while the scale target asks for"
-                    f" {targets.replicas} {many} (its /scale spec.replicas): a typo, or labels its pods do not"
-                    " carry? Never 0 while it has replicas"
+            what, why = (
+                (
+                    f"podSelector {quoted(spec.pod_selector)} selects",
+                    "a typo, or labels its pods do not carry?",
                 )
+                if spec.pod_selector is not None
+                else (
+                    "there is",
+                    "none was created or all were deleted: a ResourceQuota, an admission webhook"
+                    " or a pod template error? See its ReplicaSet's events",
+                )
+            )
             raise NoData(
-                f"the scale target asks for {targets.replicas} {many} (its /scale spec.replicas) but has no"
-                " pod: none was created or all were deleted (a ResourceQuota, an admission webhook or a"
-                " pod template error? see its ReplicaSet's events); never 0 while it has replicas"
+                f"{what} no pod while the scale target asks for {targets.replicas} {many} (its /scale"
+                f" spec.replicas): {why}; never 0 while it has replicas"
             )
         aggregation = aggregation_for(spec, targets.metric_type)[0]
         return _add_pending(spec, snapshot, evaluate({}, (), spec, aggregation, targets.starting), decision)[

@@ -114,12 +114,10 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         self, method: str, request: Any, context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[None]:
         """A call's answer, observed: its request checked first; a ScalerError ends the call with its status."""
-        try:
+        async with _ended_with_status(method, context):
             with self._observe(method):
                 _check_decoded(request)
                 yield
-        except ScalerError as error:
-            await _abort(context, error)
 
     async def GetMetricSpec(
         self, request: pb.ScaledObjectRef, context: grpc.aio.ServicerContext[Any, Any]
@@ -186,16 +184,11 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
             slots.check()
             self._registry.follow(request.namespace, request.name, spec)
         with slots.held():
-            try:
+            # What the data shows can never be answered (a model named in another case than the page's)
+            # ends the stream with the status the unary call gives, never gRPC's UNKNOWN.
+            async with _ended_with_status(slots.method, context):
                 async for message in messages(request, spec):
                     yield message
-            except ScalerError as error:
-                # What the data shows can never be answered (a model named in another case than the page's)
-                # ends the stream with the status the unary call gives, never gRPC's UNKNOWN.
-                await _abort(context, error)
-            except Exception:
-                log.exception("%s failed unexpectedly", slots.method)
-                await _abort(context, _Internal(slots.method))
 
     async def _spec_updates(
         self, ref: pb.ScaledObjectRef, spec: TriggerSpec
@@ -318,6 +311,18 @@ class _Internal(ScalerError):
 
     def __init__(self, method: str) -> None:
         super().__init__(f"{method} failed unexpectedly; the scaler's log has the details")
+
+
+@asynccontextmanager
+async def _ended_with_status(method: str, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[None]:
+    """A ScalerError ends the call with its status; anything else unexpected with INTERNAL (logged)."""
+    try:
+        yield
+    except ScalerError as error:
+        await _abort(context, error)
+    except Exception:
+        log.exception("%s failed unexpectedly", method)
+        await _abort(context, _Internal(method))
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: ScalerError) -> NoReturn:
