@@ -203,6 +203,17 @@ async def test_flow_control_off_is_unavailable_telling_to_enable_it(make_exporte
     await unavailable_saying(scaler, "flowControl", "feature gate")
 
 
+async def test_another_pools_idle_picker_is_unavailable_naming_it_never_an_empty_queue(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    # --gateway-url for chat-pool points at code-pool's picker (a copy-paste slip), idle with flow control
+    # on: no queue series yet, its saturation names code-pool. chat-pool's own picker may hold requests.
+    text = (FIXTURES / "llm_d_epp_flow_control_idle.prom").read_text().replace("chat-pool", "code-pool")
+    epp = await make_exporter(text)
+    scaler = await make_scaler(gateway_urls=urls(epp))
+    await unavailable_saying(scaler, "code-pool", "another pool's endpoint picker")
+
+
 async def test_a_page_that_is_not_an_epps_is_unavailable(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
     vllm = await make_exporter(
         '# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{model_name="l"} 3\n'
