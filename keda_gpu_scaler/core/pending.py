@@ -42,11 +42,11 @@ def pending_evaluation(
     """The requests the pool's EPP replicas hold, and notes for /explain; NoData when it cannot be known.
 
     Every replica read: their sum. Some cannot be read (failing, stale, a queue without a usable value,
-    flow control off): the sum over the others is a lower bound, returned only when it already says
-    active (> activationThreshold); else UNAVAILABLE, since the unread replicas may hold the requests —
-    an outage never turns into 0 or false. A lower bound of 0 is no value at all (`value_unknown`:
-    GetMetrics answers UNAVAILABLE) even where activity is known. `no_replica`: why there is no replica
-    at all (the message).
+    flow control off): the sum over the others is a lower bound, returned when above 0 (SPEC §7); a
+    lower bound of 0 is no value (`value_unknown`: GetMetrics answers UNAVAILABLE), since the unread
+    replicas may hold the requests. Activity is known where the replicas read say active; else it cannot
+    be told (`activity_unknown`: IsActive answers UNAVAILABLE) — an outage never turns into 0 or false.
+    Neither known: NoData. `no_replica`: why there is no replica at all (the message).
 
     Active also when some replica turned requests away for want of an endpoint since its previous page:
     those requests left the queue before any scrape may have seen them, and asked for the wake all the
@@ -98,17 +98,20 @@ def pending_evaluation(
             " (RejectedNoEndpoints, EvictedNoEndpoints) since its previous page: they asked for the wake"
             " as a queue above activationThreshold does, and were answered 503"
         )
-    value_unknown = None
+    value_unknown = activity_unknown = None
     if unread:
         reasons = "; ".join(f"{name}: {why}" for name, why in sorted(unread.items())[:5])
         if not rows:
             raise NoData(f"no endpoint-picker replica of {pool} can be read: {reasons}")
         if total <= spec.activation_threshold and turned_away == 0:
-            raise NoData(
+            # Whether the pool is idle cannot be told: the unread replicas may hold the requests.
+            activity_unknown = (
                 f"{len(rows)} of {len(replicas)} endpoint-picker replicas of {pool} hold {total:g} requests,"
                 f" not above activationThreshold {spec.activation_threshold:g}, and the others cannot be read"
                 f" (they may hold requests): {reasons}"
             )
+            if total <= 0:
+                raise NoData(activity_unknown)  # neither the value nor activity can be told
         if total > 0:
             notes.insert(
                 0,
@@ -127,7 +130,13 @@ def pending_evaluation(
     check_rows(rows)
     check_total(total, rows)
     evaluation = _evaluation(
-        total, spec, tuple(sorted(rows)), tuple(sorted(unread)), turned_away > 0, value_unknown
+        total,
+        spec,
+        tuple(sorted(rows)),
+        tuple(sorted(unread)),
+        turned_away > 0,
+        value_unknown,
+        activity_unknown,
     )
     return PendingResult(evaluation, tuple(notes), tuple(to_log))
 
@@ -172,6 +181,7 @@ def _evaluation(
     unread: tuple[str, ...],
     turned_away: bool,
     value_unknown: str | None,
+    activity_unknown: str | None,
 ) -> Evaluation:
     # The workload's replica count is not known here (it is usually 0): the what-if reads the value
     # alone, as the HPA does with metricType AverageValue.
@@ -185,4 +195,5 @@ def _evaluation(
         missing_pod_value=0.0,
         what_if=WhatIf(current_replicas=0, average_value=desired, value=desired),
         value_unknown=value_unknown,
+        activity_unknown=activity_unknown,
     )
