@@ -262,6 +262,11 @@ def _pending_lines(entry: Mapping[str, Any]) -> list[str]:
     for note in entry.get("notes", []):
         lines.append(f"  note: {note}")
     hpa = entry["hpa"]
+    if entry.get("valueUnknown"):
+        lines.append(
+            f"  value = unknown (GetMetrics answers UNAVAILABLE: {entry['valueUnknown']})   {_activity(entry)}"
+        )
+        return lines
     lines.append(
         f"  value = {entry['value']:g} requests held for InferencePool {entry['inferencePool']}"
         f"   {_activity(entry)}"

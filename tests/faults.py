@@ -255,11 +255,11 @@ OTHER_FAULTS: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "an endpoint picker replica's page fails or is stale (--gateway-url or discovered)",
-        "a lower bound (the other replicas' sum, said in /explain) when that is already above"
-        " activationThreshold, else UNAVAILABLE naming the pool and the replica's failure; never 0. Stale"
-        " means older than 2 × --gateway-interval + --scrape-timeout: a slow replica answering within the"
-        " timeout never is",
+        "GetMetrics: the others' sum when above 0 (a lower bound, in /explain), else UNAVAILABLE naming the"
+        " pool and the failure; IsActive: true where the others are active, else UNAVAILABLE; never 0 or false."
+        " Stale: older than 2 × --gateway-interval + --scrape-timeout (a replica answering in time never is)",
         "test_gateway.py::test_a_failing_replica_leaves_a_lower_bound_or_unavailable_never_zero,"
+        " test_a_lower_bound_at_or_below_the_activation_threshold_is_the_value_and_activity_is_unknown,"
         " test_every_replica_failing_is_unavailable_naming_the_pool,"
         " test_a_replica_answering_within_the_scrape_timeout_is_never_stale",
     ),
@@ -283,7 +283,7 @@ OTHER_FAULTS: tuple[tuple[str, str, str], ...] = (
     ),
     (
         "an endpoint picker read through Prometheus stops (up 0)",
-        "its replica counts as unread: a lower bound when the others are already active, else UNAVAILABLE;"
+        "its replica counts as unread: a lower bound when the others hold requests, else UNAVAILABLE;"
         " never 0",
         "test_prometheus_gateway.py::test_a_replica_prometheus_cannot_scrape_is_never_read_as_zero",
     ),

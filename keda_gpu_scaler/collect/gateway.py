@@ -9,14 +9,15 @@ wanted sources, which hands them to the gateway collector.
 
 Who feeds it:
 - Kubernetes discovery: for every pool in `pools()`, InferencePool → `endpointPickerRef` Service → its
-  Ready pods → `set_replicas(pool, {pod name: metrics URL})`, or `set_problem(pool, message)` when there
-  is no replica to read (the pool does not exist yet, its endpointPickerRef is not a Service, no Ready
-  EPP pod). Call again on every change; calls that change nothing cost nothing. `forget(pool)` when it
-  is no longer followed.
+  Ready pods → `set_replicas(pool, {pod name: metrics URL}, {pod name: why it cannot be reached})`, or
+  `set_problem(pool, message)` when there is no replica to read (the pool does not exist yet, its
+  endpointPickerRef is not a Service, no Ready EPP pod). Call again on every change; calls that change
+  nothing cost nothing. `forget(pool)` when it is no longer followed.
 - `--gateway-url NAMESPACE/POOL=URL` (no Kubernetes): `add_static()` once per flag at start-up; read
   while some trigger wants the pool, at whatever port.
 
-Who reads it: the `pending` evaluation (`replicas()`, `problem()`), which never adds or removes anything.
+Who reads it: the `pending` evaluation (`replicas()`, `unreachable()`, `problem()`), which never adds or
+removes anything.
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class GatewayPages:
         self._wanted = wanted
         self._static: dict[PoolKey, dict[str, Replica]] = {}
         self._discovered: dict[EppPool, dict[str, Replica]] = {}
+        # Ready replicas discovery cannot reach (pod name → why): replicas that cannot be read.
+        self._unreachable: dict[EppPool, dict[str, str]] = {}
         self._problems: dict[EppPool, str] = {}
         self._absent: set[EppPool] = set()  # pools discovery found not to exist (their problem says so)
         self._bindings: PageBindings[EppPage] | None = None
@@ -88,16 +91,22 @@ class GatewayPages:
 
     # -- the Kubernetes side and the static flag -----------------------------------------------------
 
-    def set_replicas(self, pool: EppPool, replicas: Mapping[str, str]) -> None:
+    def set_replicas(
+        self, pool: EppPool, replicas: Mapping[str, str], unreachable: Mapping[str, str] | None = None
+    ) -> None:
         self._problems.pop(pool, None)
         self._absent.discard(pool)
         if not self._wanted.wanted(pool):
-            replicas = {}  # a late word about a pool no longer wanted: nothing of it is kept
+            replicas = unreachable = {}  # a late word about a pool no longer wanted: nothing of it is kept
         new = {name: Replica(name, url, static=False) for name, url in replicas.items()}
         if new:
             self._discovered[pool] = new
         else:
             self._discovered.pop(pool, None)
+        if unreachable:
+            self._unreachable[pool] = dict(unreachable)
+        else:
+            self._unreachable.pop(pool, None)
         self._wanted.want(("discovered", pool), (_page(pool, r) for r in new.values()))
 
     def set_problem(self, pool: EppPool, message: str, *, absent: bool = False) -> None:
@@ -128,6 +137,11 @@ class GatewayPages:
         wanted it: its page is read for that pool only, and the other pool does not list it. One named by
         pools of two namespaces is read for neither (wanted.one_namespace)."""
         return tuple(r for r in self._named(pool) if self._bound_to(r.url) == (pool.namespace, pool.pool))
+
+    def unreachable(self, pool: EppPool) -> Mapping[str, str]:
+        """The pool's Ready replicas discovery cannot reach on their metrics port (pod name → why): each
+        is a replica that cannot be read, as one whose page fails."""
+        return self._unreachable.get(pool, {})
 
     def problem(self, pool: EppPool) -> str | None:
         """Why the pool has no replica page to read, where that is known: discovery's word, else the

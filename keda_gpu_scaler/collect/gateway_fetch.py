@@ -67,6 +67,9 @@ class GatewayToken(BearerToken):
         # The flag that names the limited token, for messages.
         self.flag = source.flag if dedicated and source is not None else TOKEN_FLAG
         self.namespace_of: Callable[[str], str | None] = lambda url: None
+        # The token each request in flight carries, by page URL (one fetch of a page at a time): a refusal
+        # is of that token, which may have been replaced while the request was under way.
+        self._carried: dict[str, str] = {}
 
     def namespace(self, url: str) -> str:
         namespace = self.namespace_of(url)
@@ -78,20 +81,27 @@ class GatewayToken(BearerToken):
     def header(self, url: str) -> str | None:
         if self.source is None or not self.sent(is_https(url)):
             return None
-        return f"Bearer {self.source.read(self.namespace(url))}"
+        token = self._carried[url] = self.source.read(self.namespace(url))
+        return f"Bearer {token}"
 
     def sent(self, https: bool) -> bool:
         """Whether a request over this scheme carries the token."""
         return self.source is not None and (https or self.plain_http)
 
     def answered(self, url: str, *, accepted: bool) -> None:
-        """Tell the token's source whether the picker at url took it (a refused minted one is replaced)."""
-        if self.source is None or not self.sent(is_https(url)):
+        """Tell the token's source whether the picker at url took the token its request carried (a
+        refused minted one is replaced, unless it already was)."""
+        token = self._carried.pop(url, None)
+        if self.source is None or token is None:
             return
         if accepted:
             self.source.accepted(self.namespace(url))
         else:
-            self.source.refused(self.namespace(url))
+            self.source.refused(self.namespace(url), token)
+
+    def done(self, url: str) -> None:
+        """The request to url ended (answered or not): what it carried is forgotten."""
+        self._carried.pop(url, None)
 
     def holder(self, url: str) -> str:
         """Who the picker is told the caller is, in a message."""
@@ -114,7 +124,7 @@ class _OwnToken:
     def identity(self, namespace: str) -> str:
         return "the scaler's service account token"
 
-    def refused(self, namespace: str) -> None:
+    def refused(self, namespace: str, token: str) -> None:
         pass  # the kubelet rotates it
 
     def accepted(self, namespace: str) -> None:
@@ -140,6 +150,12 @@ class GatewayFetcher:
         self._ca_file = ca_file
 
     async def get(self, url: str) -> bytes:
+        try:
+            return await self._get(url)
+        finally:
+            self._token.done(url)
+
+    async def _get(self, url: str) -> bytes:
         try:
             page = await self._inner.get(url)
         except HTTPStatusError as error:

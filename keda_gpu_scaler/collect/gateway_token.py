@@ -73,8 +73,8 @@ class TokenSource(Protocol):
         """Whose token it is, for messages ("the ServiceAccount ... of --flag ...")."""
         ...
 
-    def refused(self, namespace: str) -> None:
-        """A picker of `namespace` answered 401 or 403 to the token."""
+    def refused(self, namespace: str, token: str) -> None:
+        """A picker of `namespace` answered 401 or 403 to `token`, the one its request carried."""
         ...
 
     def accepted(self, namespace: str) -> None:
@@ -130,7 +130,7 @@ class FileToken:
         path = self.path / namespace if self.path.is_dir() else self.path
         return f"the token of {FILE_FLAG} {path}"
 
-    def refused(self, namespace: str) -> None:
+    def refused(self, namespace: str, token: str) -> None:
         pass  # the file is read again as soon as it changes: nothing to ask for
 
     def accepted(self, namespace: str) -> None:
@@ -216,7 +216,12 @@ class MintedToken:
     def identity(self) -> str:
         return f"the ServiceAccount {self.ref} ({SERVICEACCOUNT_FLAG}, audience {self.audience})"
 
-    def refused(self) -> None:
+    def refused(self, token: str) -> None:
+        """A picker answered 401 or 403 to `token`. A token already replaced says nothing of its
+        replacement: a request sent with it before the new one was minted, and answered after, asks for
+        nothing (one revocation costs one new token)."""
+        if token != self._token:
+            return
         if not self._refusal_logged:
             log.warning(
                 "an endpoint picker refused the token of ServiceAccount %s (audience %s): minting a new one",
@@ -392,8 +397,8 @@ class MintedTokens:
     def identity(self, namespace: str) -> str:
         return self._tokens(namespace).identity()
 
-    def refused(self, namespace: str) -> None:
-        self._tokens(namespace).refused()
+    def refused(self, namespace: str, token: str) -> None:
+        self._tokens(namespace).refused(token)
 
     def accepted(self, namespace: str) -> None:
         self._tokens(namespace).accepted()

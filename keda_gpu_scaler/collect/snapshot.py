@@ -222,6 +222,9 @@ class Snapshots:
             found.append(
                 ReplicaInput(replica.name, queues[0].table if queues else None, "no queue on its page")
             )
+        # Ready replicas whose metrics port cannot be reached: unread, never left out (SPEC §7).
+        unreachable = self._gateway_pages.unreachable(pool) if self._gateway_pages else {}
+        found.extend(ReplicaInput(name, None, why) for name, why in sorted(unreachable.items()))
         return found
 
     def _prometheus_replica_inputs(self, namespace: str, pool: str, now: float) -> list[ReplicaInput]:

@@ -234,9 +234,7 @@ def _add_pending(
     if pool.unknown is not None:
         raise NoData(pool.unknown)  # even when the pods say active: a pool-name typo is no lower bound
     try:
-        if pool.unreadable is not None:
-            raise NoData(pool.unreadable)
-        pending = pending_evaluation(pool.replicas, spec, snapshot.namespace, pool.no_replica).evaluation
+        pending = _held(spec, snapshot)
     except NoData as error:
         if evaluation.active:
             decision.notes += (
@@ -251,6 +249,21 @@ def _add_pending(
     evaluation, note, demand = with_pending(evaluation, spec, growth, pending.value, size)
     decision.notes += (note,)
     return evaluation, demand
+
+
+def _held(spec: TriggerSpec, snapshot: Snapshot) -> Evaluation:
+    """The pool's pending requests as another trigger (`demand`, the `requests` guard) reads them: only
+    where what they say is known whole. A lower bound whose activity cannot be told (some replica unread,
+    the others at or below activationThreshold) is NoData here: it could neither hold a workload awake
+    nor say it is idle."""
+    pool = snapshot.pool
+    assert pool is not None
+    if pool.unreadable is not None:
+        raise NoData(pool.unreadable)
+    held = pending_evaluation(pool.replicas, spec, snapshot.namespace, pool.no_replica).evaluation
+    if held.activity_unknown is not None:
+        raise NoData(held.activity_unknown)
+    return held
 
 
 def _gated_by_pool(
@@ -275,9 +288,7 @@ def _gated_by_pool(
     # Read whatever the pool says: the window's misses count in the allowance while the pool is unread too.
     missed = spec.slo is not None and _latency_missed(spec.slo, snapshot, evaluation, decision)
     try:
-        if pool.unreadable is not None:
-            raise NoData(pool.unreadable)
-        held = pending_evaluation(pool.replicas, spec, snapshot.namespace, pool.no_replica).evaluation
+        held = _held(spec, snapshot)
     except NoData as error:
         decision.notes += (
             f"the guard acts whatever the pool holds: its pending requests cannot be read: {error}",

@@ -42,9 +42,11 @@ def pending_evaluation(
     """The requests the pool's EPP replicas hold, and notes for /explain; NoData when it cannot be known.
 
     Every replica read: their sum. Some cannot be read (failing, stale, a queue without a usable value,
-    flow control off): the sum over the others is a lower bound, returned only when it already says
-    active (> activationThreshold); else UNAVAILABLE, since the unread replicas may hold the requests —
-    an outage never turns into 0 or false. `no_replica`: why there is no replica at all (the message).
+    flow control off): the sum over the others is a lower bound, returned when above 0 (SPEC §7); a
+    lower bound of 0 is no value (`value_unknown`: GetMetrics answers UNAVAILABLE), since the unread
+    replicas may hold the requests. Activity is known where the replicas read say active; else it cannot
+    be told (`activity_unknown`: IsActive answers UNAVAILABLE) — an outage never turns into 0 or false.
+    Neither known: NoData. `no_replica`: why there is no replica at all (the message).
 
     Active also when some replica turned requests away for want of an endpoint since its previous page:
     those requests left the queue before any scrape may have seen them, and asked for the wake all the
@@ -96,25 +98,46 @@ def pending_evaluation(
             " (RejectedNoEndpoints, EvictedNoEndpoints) since its previous page: they asked for the wake"
             " as a queue above activationThreshold does, and were answered 503"
         )
+    value_unknown = activity_unknown = None
     if unread:
         reasons = "; ".join(f"{name}: {why}" for name, why in sorted(unread.items())[:5])
         if not rows:
             raise NoData(f"no endpoint-picker replica of {pool} can be read: {reasons}")
         if total <= spec.activation_threshold and turned_away == 0:
-            raise NoData(
+            # Whether the pool is idle cannot be told: the unread replicas may hold the requests.
+            activity_unknown = (
                 f"{len(rows)} of {len(replicas)} endpoint-picker replicas of {pool} hold {total:g} requests,"
                 f" not above activationThreshold {spec.activation_threshold:g}, and the others cannot be read"
                 f" (they may hold requests): {reasons}"
             )
-        notes.insert(
-            0,
-            f"value is a lower bound: {len(unread)} of {len(replicas)} endpoint-picker replicas of {pool}"
-            f" cannot be read ({reasons})",
-        )
+            if total <= 0:
+                raise NoData(activity_unknown)  # neither the value nor activity can be told
+        if total > 0:
+            notes.insert(
+                0,
+                f"value is a lower bound: {len(unread)} of {len(replicas)} endpoint-picker replicas of {pool}"
+                f" cannot be read ({reasons})",
+            )
+        else:
+            # Active (requests were turned away), but a lower bound of 0 is no value: the HPA would size
+            # the pool on it while the unread replicas may hold many (SPEC §7).
+            value_unknown = (
+                f"{len(rows)} of {len(replicas)} endpoint-picker replicas of {pool} hold no request and the"
+                f" others cannot be read (they may hold requests): a lower bound of 0 is no value ({reasons})"
+            )
+            notes.insert(0, f"value unknown: {value_unknown}")
     # A replica's queue beyond what KEDA can carry (or a sum of them) is UNAVAILABLE naming it.
     check_rows(rows)
     check_total(total, rows)
-    evaluation = _evaluation(total, spec, tuple(sorted(rows)), tuple(sorted(unread)), turned_away > 0)
+    evaluation = _evaluation(
+        total,
+        spec,
+        tuple(sorted(rows)),
+        tuple(sorted(unread)),
+        turned_away > 0,
+        value_unknown,
+        activity_unknown,
+    )
     return PendingResult(evaluation, tuple(notes), tuple(to_log))
 
 
@@ -152,7 +175,13 @@ def _row(name: str, queue: PoolQueue) -> PodRow:
 
 
 def _evaluation(
-    value: float, spec: TriggerSpec, rows: tuple[PodRow, ...], unread: tuple[str, ...], turned_away: bool
+    value: float,
+    spec: TriggerSpec,
+    rows: tuple[PodRow, ...],
+    unread: tuple[str, ...],
+    turned_away: bool,
+    value_unknown: str | None,
+    activity_unknown: str | None,
 ) -> Evaluation:
     # The workload's replica count is not known here (it is usually 0): the what-if reads the value
     # alone, as the HPA does with metricType AverageValue.
@@ -165,4 +194,6 @@ def _evaluation(
         missing_pods=unread,
         missing_pod_value=0.0,
         what_if=WhatIf(current_replicas=0, average_value=desired, value=desired),
+        value_unknown=value_unknown,
+        activity_unknown=activity_unknown,
     )

@@ -99,6 +99,9 @@ class Evaluation:
     # Why activity cannot be told (the fresh pods idle while some pods are missing): IsActive answers
     # UNAVAILABLE with it, a stream keeps its last state; the value itself still answers GetMetrics.
     activity_unknown: str | None = None
+    # Why the value cannot be told while activity can (SPEC §7: no EPP replica read holds a request, one
+    # turned requests away, and another cannot be read): GetMetrics answers UNAVAILABLE with it.
+    value_unknown: str | None = None
 
     @property
     def pods(self) -> tuple[PodValue, ...]:

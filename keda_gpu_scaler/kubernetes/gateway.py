@@ -40,9 +40,14 @@ TlsProbe = Callable[[str, int], Awaitable[bool]]
 
 
 class GatewaySink(Protocol):
-    """Where each wanted pool's EPP pages go (the gateway source): its replicas, or why there are none."""
+    """Where each wanted pool's EPP pages go (the gateway source): its replicas, or why there are none.
 
-    def set_replicas(self, pool: EppPool, replicas: Mapping[str, str]) -> None: ...
+    `unreachable`: the Ready replicas whose metrics port cannot be reached (pod name → why): replicas
+    that cannot be read, never replicas left out (they may hold the requests)."""
+
+    def set_replicas(
+        self, pool: EppPool, replicas: Mapping[str, str], unreachable: Mapping[str, str] | None = None
+    ) -> None: ...
 
     def set_problem(self, pool: EppPool, message: str, *, absent: bool = False) -> None: ...
 
@@ -391,21 +396,24 @@ class GatewayDiscovery:
                 f" {len(pods.pods)} pod(s) match, none Ready with an IP)"
             )
         replicas: dict[str, str] = {}
-        unknown: list[str] = []
+        unreachable: dict[str, str] = {}
         for pod in ready:
             assert pod.ip is not None
             probe = self._scheme(pod.ip, port)
             if probe.https is None:
-                unknown.append(f"{pod.name}: {probe.error or 'connecting'}")
+                unreachable[pod.name] = probe.error or f"connecting to {pod.ip}:{port}"
             else:
                 replicas[pod.name] = epp_url(pod.ip, port, probe.https)
         if not replicas:
             # Not read before it is known whether it serves HTTPS: the token goes over verified TLS only.
+            unknown = "; ".join(f"{name}: {why}" for name, why in unreachable.items())
             return "problem", (
-                f"endpoint picker pods of {what} not reachable on metrics port {port} yet"
-                f" ({'; '.join(unknown)})"
+                f"endpoint picker pods of {what} not reachable on metrics port {port} yet ({unknown})"
             )
-        return "replicas", replicas
+        # A Ready replica that cannot be reached is handed on as one that cannot be read: left out, the
+        # pool would read as the others' queue alone, a made-up 0 while it may hold the requests.
+        reasons = {name: f"not reachable on metrics port {port}: {why}" for name, why in unreachable.items()}
+        return "replicas", (replicas, reasons)
 
     def _publish(self, entry: _Pool) -> None:
         for port in sorted(entry.ports):
@@ -416,8 +424,9 @@ class GatewayDiscovery:
             kind, value = state
             pool = EppPool(entry.namespace, entry.name, port)
             if kind == "replicas":
-                assert isinstance(value, dict)
-                log.info("InferencePool %s: endpoint picker pages %s", entry.ref, sorted(value.values()))
-                self._sink.set_replicas(pool, dict(value))
+                assert isinstance(value, tuple)
+                replicas, unreachable = value
+                log.info("InferencePool %s: endpoint picker pages %s", entry.ref, sorted(replicas.values()))
+                self._sink.set_replicas(pool, dict(replicas), dict(unreachable))
             else:
                 self._sink.set_problem(pool, str(value), absent=kind == "absent")

@@ -105,7 +105,9 @@ class Evaluator:
             labels = (followed.namespace, followed.name, spec.metric_name)
             # A ScaledObject shows a bounded number of triggers on /metrics (metrics.MAX_PUBLISHED_TRIGGERS).
             learned = subscription.learned.target if subscription.learned is not None else None
-            if self._telemetry.publish_trigger(labels, evaluation.value, evaluation.active, learned):
+            # A value that cannot be told is shown as NaN, never as the 0 it was computed from.
+            value = math.nan if evaluation.value_unknown is not None else evaluation.value
+            if self._telemetry.publish_trigger(labels, value, evaluation.active, learned):
                 subscription.metric_labels = labels
 
     def _learn(

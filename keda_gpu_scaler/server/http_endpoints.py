@@ -131,8 +131,11 @@ def _pending_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]:
     replicas: list[dict[str, Any]] = [_replica_json(p) for p in evaluation.pods]
     replicas += [{"replica": name, "fresh": False} for name in evaluation.missing_pods]
     return {
-        "value": evaluation.value,
+        # As GetMetrics answers: no value (UNAVAILABLE, valueUnknown says why) where it cannot be told.
+        "value": None if evaluation.value_unknown is not None else evaluation.value,
+        "valueUnknown": evaluation.value_unknown,
         "active": evaluation.active,
+        "activityUnknown": evaluation.activity_unknown,
         "activationThreshold": spec.activation_threshold,
         "threshold": spec.threshold,
         "inferencePool": spec.inference_pool,

@@ -142,6 +142,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 )
             followed = self._registry.follow(ref.namespace, ref.name, spec)
             evaluation = self._evaluator.evaluate(followed, spec)
+            if evaluation.value_unknown is not None:
+                raise NoData(evaluation.value_unknown)  # SPEC §7: never a made-up 0 for what is not seen
             value = pb.MetricValue(
                 metricName=spec.metric_name,
                 metricValue=round_half_up(evaluation.value),

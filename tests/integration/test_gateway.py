@@ -164,6 +164,32 @@ async def test_a_failing_replica_leaves_a_lower_bound_or_unavailable_never_zero(
     assert "chat-pool" in message
 
 
+async def test_a_lower_bound_at_or_below_the_activation_threshold_is_the_value_and_activity_is_unknown(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    """SPEC §7: GetMetrics returns the fresh replicas' sum when above 0 (a lower bound); at or below
+    activationThreshold the unread replica may hold what would wake the workload: IsActive is UNAVAILABLE,
+    never false, and /explain says both."""
+    from keda_gpu_scaler.explain import render_table
+
+    good = await make_exporter(epp_page("chat-pool", {Queued("llama"): 2}))
+    bad = await make_exporter(epp_page("chat-pool", {Queued("llama"): 9}))
+    bad.status = 500
+    metadata = {**PENDING, "activationThreshold": "5"}
+    scaler = await make_scaler(gateway_urls=urls(good, bad))
+
+    async def lower_bound() -> None:
+        assert await value(scaler, metadata) == 2
+
+    await eventually(lower_bound)
+    message = await unavailable_saying(scaler, "not above activationThreshold 5", "500", metadata=metadata)
+    assert "chat-pool" in message
+    entry = await explain(scaler)
+    assert entry["value"] == 2 and "not above activationThreshold" in entry["activityUnknown"], entry
+    assert any(note.startswith("value is a lower bound") for note in entry["notes"]), entry
+    assert "active = unknown (IsActive answers UNAVAILABLE" in render_table(entry)
+
+
 async def test_every_replica_failing_is_unavailable_naming_the_pool(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
     bad = await make_exporter(epp_page("chat-pool", {}))
     bad.status = 503
@@ -201,6 +227,17 @@ async def test_flow_control_off_is_unavailable_telling_to_enable_it(make_exporte
     epp = await make_exporter((FIXTURES / "llm_d_epp_flow_control_off.prom").read_text())
     scaler = await make_scaler(gateway_urls=urls(epp))
     await unavailable_saying(scaler, "flowControl", "feature gate")
+
+
+async def test_another_pools_idle_picker_is_unavailable_naming_it_never_an_empty_queue(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    # --gateway-url for chat-pool points at code-pool's picker (a copy-paste slip), idle with flow control
+    # on: no queue series yet, its saturation names code-pool. chat-pool's own picker may hold requests.
+    text = (FIXTURES / "llm_d_epp_flow_control_idle.prom").read_text().replace("chat-pool", "code-pool")
+    epp = await make_exporter(text)
+    scaler = await make_scaler(gateway_urls=urls(epp))
+    await unavailable_saying(scaler, "code-pool", "another pool's endpoint picker")
 
 
 async def test_a_page_that_is_not_an_epps_is_unavailable(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]

@@ -42,15 +42,19 @@ class Sink:
 
     def __init__(self) -> None:
         self.replicas: dict[tuple[str, str], dict[str, str]] = {}
+        self.unreachable: dict[tuple[str, str], dict[str, str]] = {}  # Ready replicas it cannot reach
         self.problems: dict[tuple[str, str], str] = {}
         self.absent: set[tuple[str, str]] = set()  # pools said not to exist (a typo, not "nothing pending")
         self.forgotten: list[tuple[str, str]] = []
         self.calls = 0
 
-    def set_replicas(self, pool: EppPool, replicas: Mapping[str, str]) -> None:
+    def set_replicas(
+        self, pool: EppPool, replicas: Mapping[str, str], unreachable: Mapping[str, str] | None = None
+    ) -> None:
         self.calls += 1
         self.problems.pop((pool.namespace, pool.pool), None)
         self.replicas[(pool.namespace, pool.pool)] = dict(replicas)
+        self.unreachable[(pool.namespace, pool.pool)] = dict(unreachable or {})
 
     def set_problem(self, pool: EppPool, message: str, *, absent: bool = False) -> None:
         self.calls += 1
@@ -152,6 +156,39 @@ async def test_no_ready_epp_pod_names_the_pool(
     await sink.has_replicas({"epp-0": "http://10.0.0.1:9090/metrics"})
     kube.delete(POD, NS, "epp-0")
     await sink.has_problem("no Ready endpoint picker pod", "InferencePool llm/chat-pool")
+
+
+async def test_a_ready_epp_pod_that_cannot_be_reached_is_handed_on_as_one_that_cannot_be_read(
+    kube: FakeKube, api: KubeApi
+) -> None:
+    async def refused_at_10_0_0_2(host: str, port: int) -> bool:
+        if host == "10.0.0.2":
+            raise ConnectionRefusedError(111, "Connection refused")
+        return False
+
+    sink = Sink()
+    discovery = GatewayDiscovery(api, sink, probe=refused_at_10_0_0_2)
+    try:
+        chat_pool(kube)
+        kube.put(POD, epp_pod("epp-0", "10.0.0.1"))
+        kube.put(POD, epp_pod("epp-1", "10.0.0.2"))
+        discovery.set_wanted([EppPool(NS, "chat-pool", 9090)])
+        await sink.has_replicas({"epp-0": "http://10.0.0.1:9090/metrics"})
+
+        async def unread() -> None:
+            why = sink.unreachable.get((NS, "chat-pool"), {}).get("epp-1", "")
+            assert "not reachable on metrics port 9090" in why, sink.unreachable
+            assert "Connection refused" in why, sink.unreachable
+
+        await eventually(unread)
+        kube.delete(POD, NS, "epp-1")  # gone: no longer a replica of the pool at all
+
+        async def gone() -> None:
+            assert sink.unreachable.get((NS, "chat-pool")) == {}, sink.unreachable
+
+        await eventually(gone)
+    finally:
+        await discovery.stop()
 
 
 async def test_a_pool_that_does_not_exist_yet_is_read_once_created_without_a_restart(

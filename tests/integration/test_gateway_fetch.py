@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from certs import CertificateAuthority, write
+from support import eventually
 
 from keda_gpu_scaler.collect.gateway_fetch import GatewayFetcher, gateway_fetcher
 from keda_gpu_scaler.collect.http import FetchError, client_session
@@ -164,3 +166,73 @@ async def test_401_over_https_says_whether_a_token_was_presented(
     assert "did not accept the scaler's service account token" in await failure(with_token, server.url)
     assert "has no service account token" in await failure(without, server.url)
     assert server.seen == [f"Bearer {TOKEN}", None]
+
+
+@dataclass
+class RecordingToken:
+    """A limited token source whose current token the test replaces; records what pickers said of which."""
+
+    flag: str = "--gateway-token-serviceaccount"
+    current: str = "first"
+    refusals: list[tuple[str, str]] = field(default_factory=list)  # (namespace, the token refused)
+
+    def read(self, namespace: str) -> str:
+        return self.current
+
+    def identity(self, namespace: str) -> str:
+        return "the recording token"
+
+    def refused(self, namespace: str, token: str) -> None:
+        self.refusals.append((namespace, token))
+
+    def accepted(self, namespace: str) -> None:
+        pass
+
+
+async def test_a_refusal_is_of_the_token_the_request_carried_even_once_replaced(
+    session: aiohttp.ClientSession,
+) -> None:
+    """A request sent with one token and answered 401 after the token was replaced (the replacement minted
+    meanwhile) refuses the token it carried, not its replacement: one revocation, one new token."""
+    replaced = asyncio.Event()
+    seen: list[str | None] = []
+
+    async def metrics(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization"))
+        await replaced.wait()  # the picker reviews the token while the scaler mints the next one
+        return web.Response(status=401)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/metrics"
+    source = RecordingToken()
+    fetch = gateway_fetcher(
+        session,
+        timeout=5,
+        max_bytes=1 << 20,
+        ca_file=None,
+        metrics_token=source,
+        plain_http=True,
+        namespace_of=lambda _: "llm",
+    )
+    try:
+        pending = asyncio.ensure_future(fetch.get(url))
+        await eventually(_said(seen))
+        source.current = "second"
+        replaced.set()
+        with pytest.raises(FetchError, match="HTTP 401"):
+            await pending
+        assert seen == ["Bearer first"]
+        assert source.refusals == [("llm", "first")]
+    finally:
+        await runner.cleanup()
+
+
+def _said(seen: list[str | None]) -> Callable[[], Awaitable[None]]:
+    async def check() -> None:
+        assert seen
+
+    return check

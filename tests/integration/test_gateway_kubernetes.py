@@ -134,6 +134,21 @@ async def test_no_ready_picker_pod_is_unavailable_naming_the_pool(
     await value_is(scaler, epp, 3)
 
 
+async def test_a_ready_picker_pod_that_cannot_be_reached_is_never_left_out(
+    scaler: Any, kube: FakeKube, epp: ExporterServer
+) -> None:
+    """SPEC §7: a Ready replica the scaler cannot reach (its metrics server hung, a NetworkPolicy) may hold
+    every request: the others' sum is a lower bound, and their empty queue is no 0 and no `false`."""
+    picker(kube)
+    # The second replica's address refuses connections on the metrics port (the loopback page is
+    # served on 127.0.0.1 only).
+    kube.put(POD, pod("chat-pool-epp-1", NS, EPP, "node-a", ip="127.0.0.2"))
+    await value_is(scaler, epp, 3)
+    epp.page = epp_page("chat-pool", {})
+    message = await unavailable_saying(scaler, epp, "chat-pool-epp-1", "cannot be read")
+    assert "not reachable on metrics port" in message
+
+
 @pytest.mark.parametrize(
     ("status", "words"),
     [

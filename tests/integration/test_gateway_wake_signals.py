@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
+from aiohttp import web
 from support import eventually
 from test_gateway import PENDING, error_of, explain, ref, urls, value
 
@@ -37,6 +38,51 @@ async def test_requests_turned_away_wake_the_workload_until_a_page_shows_no_more
     assert entry["gatewayReplicas"][0]["turnedAwaySincePreviousPage"] == 5
     assert any("turned 5 requests away" in note for note in entry["notes"])
     await eventually(inactive)  # the same counters on the next page: nothing new was turned away
+
+
+async def test_a_wake_with_an_unread_replica_is_active_and_its_lower_bound_of_0_is_no_value(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    """SPEC §7: one replica's queue is empty but it turns requests away (a wake: IsActive true), another
+    cannot be read and may hold many. GetMetrics is UNAVAILABLE, never the made-up 0 the HPA would size on,
+    and /explain says the same."""
+    from keda_gpu_scaler.explain import render_table
+
+    turned_away = [0]
+
+    async def metrics(_: web.Request) -> web.Response:
+        turned_away[0] += 1  # one more request turned away since every previous page
+        page = epp_page("chat-pool", {}) + (
+            "# TYPE llm_d_epp_flow_control_requests_total counter\n"
+            'llm_d_epp_flow_control_requests_total{inference_pool="chat-pool",outcome="RejectedNoEndpoints",'
+            f'priority="0"}} {turned_away[0]}\n'
+        )
+        return web.Response(text=page)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    fresh = f"http://127.0.0.1:{runner.addresses[0][1]}/metrics"
+    failing = await make_exporter(epp_page("chat-pool", {Queued("llama"): 30}))
+    failing.status = 500
+    try:
+        scaler = await make_scaler(gateway_urls=(("llm", "chat-pool", fresh), *urls(failing)))
+
+        async def woken() -> None:
+            assert (await scaler.stub.IsActive(ref())).result is True
+
+        await eventually(woken)
+        code, message = await error_of(value(scaler))
+        assert code is grpc.StatusCode.UNAVAILABLE, (code, message)
+        assert "hold no request" in message and "500" in message, message
+        entry = await explain(scaler)
+        assert entry["value"] is None and entry["active"] is True, entry
+        assert "hold no request" in entry["valueUnknown"], entry
+        assert "value = unknown (GetMetrics answers UNAVAILABLE" in render_table(entry)
+    finally:
+        await runner.cleanup()
 
 
 async def test_an_epp_restart_resets_its_counters_without_a_wake_or_an_error(

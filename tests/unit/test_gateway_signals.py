@@ -151,6 +151,64 @@ def test_growth_is_per_replica_page_and_a_lost_page_leaves_a_lower_bound_that_is
         pending_evaluation([ReplicaInput("epp-0", pages(BEFORE)[0]), replicas[1]], spec, "llm", "no replica")
 
 
+def test_a_wake_beside_an_unread_replica_is_active_and_a_lower_bound_of_0_is_no_value() -> None:
+    """SPEC §7: the sum over the fresh replicas is the value only when above 0; requests turned away make
+    the pool active all the same."""
+    (turned_away,) = pages(BEFORE, AFTER)[1:]
+    spec = parse_trigger(PENDING)
+    lost = ReplicaInput("epp-1", None, "HTTP 500 Internal Server Error")
+    result = pending_evaluation([ReplicaInput("epp-0", turned_away), lost], spec, "llm", "no replica")
+    evaluation = result.evaluation
+    assert evaluation.active and evaluation.activity_unknown is None
+    assert evaluation.value_unknown is not None and "epp-1: HTTP 500" in evaluation.value_unknown
+    assert "hold no request" in evaluation.value_unknown
+    assert not any(note.startswith("value is a lower bound") for note in result.notes), result.notes
+    # Every replica read: 0 is the value.
+    assert evaluate(turned_away).evaluation.value_unknown is None
+    # Requests held beside the wake: their sum is the lower bound.
+    held = pages(
+        BEFORE,
+        AFTER.replace("# TYPE llm_d_epp_ready_endpoints", _QUEUED + "# TYPE llm_d_epp_ready_endpoints"),
+    )[1]
+    result = pending_evaluation([ReplicaInput("epp-0", held), lost], spec, "llm", "no replica")
+    assert result.evaluation.value == 2 and result.evaluation.value_unknown is None
+    assert any("lower bound" in note for note in result.notes), result.notes
+
+
+def test_a_lower_bound_above_0_is_the_value_even_at_or_below_the_activation_threshold() -> None:
+    """SPEC §7: with a replica unread, the fresh replicas' sum is GetMetrics' answer when above 0; at or
+    below activationThreshold whether the pool is idle cannot be told (IsActive UNAVAILABLE, never false)."""
+    held = pages(
+        AFTER.replace("# TYPE llm_d_epp_ready_endpoints", _QUEUED + "# TYPE llm_d_epp_ready_endpoints")
+    )[0]
+    spec = parse_trigger({**PENDING, "activationThreshold": "5"})
+    lost = ReplicaInput("epp-1", None, "timed out after 3s")
+    result = pending_evaluation([ReplicaInput("epp-0", held), lost], spec, "llm", "no replica")
+    evaluation = result.evaluation
+    assert evaluation.value == 2 and evaluation.value_unknown is None
+    assert (
+        evaluation.activity_unknown is not None
+        and "not above activationThreshold 5" in evaluation.activity_unknown
+    )
+    assert "epp-1: timed out after 3s" in evaluation.activity_unknown
+    assert any(note.startswith("value is a lower bound") for note in result.notes), result.notes
+    # Above the activation threshold: active, as read.
+    result = pending_evaluation(
+        [ReplicaInput("epp-0", held), lost], parse_trigger(PENDING), "llm", "no replica"
+    )
+    assert result.evaluation.active and result.evaluation.activity_unknown is None
+    # A lower bound of 0 and no wake: neither the value nor activity can be told.
+    with pytest.raises(NoData, match="not above activationThreshold"):
+        pending_evaluation([ReplicaInput("epp-0", pages(BEFORE)[0]), lost], spec, "llm", "no replica")
+
+
+_QUEUED = (
+    "# TYPE llm_d_epp_flow_control_queue_size gauge\n"
+    'llm_d_epp_flow_control_queue_size{fairness_id="d",inference_pool="chat-pool",model_name="m",priority="0",'
+    'target_model_name="m"} 2\n'
+)
+
+
 def test_since_keeps_a_page_without_growth_as_it_is() -> None:
     table = fixture("llm_d_epp_no_endpoints_before.prom")
     assert since(table, table) is table

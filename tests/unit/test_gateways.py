@@ -115,6 +115,36 @@ def test_another_pools_epp_is_named_not_read_as_ours() -> None:
     assert "code-pool" in reading.reason
 
 
+IDLE_FIXTURES = ("llm_d_epp_flow_control_idle.prom", "gie_epp_flow_control_idle.prom")
+
+
+@pytest.mark.parametrize("fixture", IDLE_FIXTURES)
+def test_another_pools_idle_epp_is_named_not_read_as_an_empty_queue(fixture: str) -> None:
+    """Flow control on and nothing queued yet: no queue series tells the pool, but its saturation (and its
+    turned-away counters) do. Every one of them naming code-pool: code-pool's picker, never chat-pool's 0."""
+    text = (FIXTURES / fixture).read_text().replace("chat-pool", "code-pool")
+    reading = read_queue(page_queue(text), "chat-pool", "llm", None)
+    assert isinstance(reading, QueueMissing) and reading.kind is GatewayProblem.OTHER_POOL, reading
+    assert "code-pool" in reading.reason
+    turned_away = (
+        "# TYPE llm_d_epp_flow_control_requests_total counter\n"
+        'llm_d_epp_flow_control_requests_total{inference_pool="code-pool",outcome="RejectedNoEndpoints",'
+        'priority="0"} 2\n'
+    )
+    without_saturation = epp_page("code-pool", {}, flow_control=False) + turned_away
+    reading = read_queue(page_queue(without_saturation), "chat-pool", "llm", None)
+    assert isinstance(reading, QueueMissing) and reading.kind is GatewayProblem.OTHER_POOL, reading
+    # Ours by name (with or without its namespace), or naming no pool at all: an idle picker of ours.
+    for label in ("chat-pool", "llm/chat-pool"):
+        mine = (
+            (FIXTURES / fixture)
+            .read_text()
+            .replace('inference_pool="chat-pool"', f'inference_pool="{label}"')
+        )
+        reading = read_queue(page_queue(mine), "chat-pool", "llm", None)
+        assert isinstance(reading, PoolQueue) and reading.total == 0, reading
+
+
 def test_the_pool_label_may_carry_its_namespace() -> None:
     text = epp_page("llm/chat-pool", {Queued("llama"): 2})
     reading = read_queue(page_queue(text), "chat-pool", "llm", None)

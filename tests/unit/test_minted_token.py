@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from support import eventually
 
 from keda_gpu_scaler.collect import gateway_token
 from keda_gpu_scaler.collect.gateway_token import MintedToken, TokenUnavailable
@@ -130,11 +132,44 @@ async def test_one_picker_refusing_beside_one_accepting_keeps_the_gap_doubling(
         end = asyncio.get_running_loop().time() + 3.2  # 32 gaps of 0.1 s; doubling, about 6 mints
         while asyncio.get_running_loop().time() < end:
             with contextlib.suppress(TokenUnavailable):  # the first mint may still be under way
-                token.read()
-            token.refused()  # epp-0 refuses every token
+                token.refused(token.read())  # epp-0 refuses every token
             await asyncio.sleep(0.01)
             token.accepted()  # epp-1 accepts it
             await asyncio.sleep(0.01)
     finally:
         await token.stop()
     assert 3 <= len(times) <= 8, times
+
+
+async def test_a_refusal_of_a_token_already_replaced_asks_for_no_other(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One revocation, one new token: a picker's 401 to the old token that arrives after the replacement
+    was minted (its request was under way meanwhile) says nothing of the replacement."""
+    monkeypatch.setattr(gateway_token, "REMINT_SECONDS", 0.05)
+    minted_tokens: list[str] = []
+
+    async def mint(namespace: str, name: str, seconds: int, audience: str) -> dict[str, Any]:
+        minted_tokens.append(f"t{len(minted_tokens) + 1}")
+        return answer(minted_tokens[-1], "2027-01-15T08:10:00Z")
+
+    token = MintedToken("keda", "epp-metrics", mint, audience="keda-gpu-scaler-epp:llm", clock=Clock())
+
+    def minted_so_far(count: int) -> Callable[[], Awaitable[None]]:
+        async def check() -> None:
+            assert len(minted_tokens) == count and token.read() == minted_tokens[-1]
+
+        return check
+
+    token.start()
+    try:
+        await eventually(minted_so_far(1))
+        token.refused("t1")  # revoked: epp-0 refuses it
+        await eventually(minted_so_far(2))
+        token.refused("t1")  # epp-1's answer to a request sent with t1 before t2 was minted
+        await asyncio.sleep(0.5)  # ten re-mint gaps (0.05 s, doubled once)
+        assert minted_tokens == ["t1", "t2"]
+        token.refused("t2")  # the current token refused: replaced
+        await eventually(minted_so_far(3))
+    finally:
+        await token.stop()

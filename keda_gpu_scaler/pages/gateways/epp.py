@@ -395,10 +395,19 @@ def read(table: QueueTable, pool: str, namespace: str, model: str | None) -> Que
     turned_away = sum(count for name, count in table.grown if name in ours)
     saturation = tuple((stage, value) for name, stage, value in table.saturation if name in ours)
     if table.family is None:
-        if table.flow_control:
-            # Flow control runs and has never queued anything.
-            return PoolQueue(0.0, (), None, turned_away=turned_away, saturation=saturation)
-        return QueueMissing(GatewayProblem.FLOW_CONTROL_OFF, FLOW_CONTROL_OFF)
+        if not table.flow_control:
+            return QueueMissing(GatewayProblem.FLOW_CONTROL_OFF, FLOW_CONTROL_OFF)
+        # Flow control runs and has never queued anything, unless the pool its other series name is
+        # another: then it is that pool's idle picker, as a busy page's queue series would say.
+        named = {name for name, _, _ in table.saturation} | {name for name, _, _ in table.turned_away}
+        named.discard("")
+        if named and not named & set(ours):
+            return QueueMissing(
+                GatewayProblem.OTHER_POOL,
+                f"the endpoint picker's flow-control series name InferencePool {', '.join(sorted(named))},"
+                f" not {pool}: this is another pool's endpoint picker",
+            )
+        return PoolQueue(0.0, (), None, turned_away=turned_away, saturation=saturation)
     mine = [row for row in table.totals if row[0] in ours]
     bad = [row for row in table.unusable if row[0] in ours]
     if not mine and not bad:
