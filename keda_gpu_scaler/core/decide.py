@@ -139,9 +139,13 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
                 f" spec.replicas): {why}; never 0 while it has replicas"
             )
         aggregation = aggregation_for(spec, targets.metric_type)[0]
-        return _add_pending(spec, snapshot, evaluate({}, (), spec, aggregation, targets.starting), decision)[
-            0
-        ]
+        at_zero = evaluate({}, (), spec, aggregation, targets.starting)
+        at_zero = _add_pending(spec, snapshot, at_zero, decision)[0]
+        # The pool's pending requests alone make this value: beyond the wire, UNAVAILABLE as on every path.
+        check_total(
+            at_zero.value, at_zero.pod_rows, f"from InferencePool {spec.inference_pool}'s pending requests"
+        )
+        return at_zero
     problems = _problems(spec, snapshot)
     if view.sources == 0:
         raise NoData(

@@ -142,3 +142,25 @@ def test_the_headroom_is_for_the_demand_never_for_the_floor_that_holds_pods_star
     assert decision.evaluation is not None and decision.evaluation.value == pytest.approx(20.0)
     # /explain says what the headroom was for: the two Ready pods' 10/s, not the floor's 20.
     assert decision.slo.headroom_base == pytest.approx(10.0)
+
+
+def test_a_pending_part_beyond_the_wire_at_zero_replicas_is_unavailable_never_sent() -> None:
+    from keda_gpu_scaler.core.pending import ReplicaInput
+    from keda_gpu_scaler.core.snapshot import PoolSnapshot
+    from keda_gpu_scaler.demo.epp import Queued, epp_page
+    from keda_gpu_scaler.pages.gateways import page_queue
+
+    spec = parse_trigger(
+        {
+            "metric": "demand",
+            "threshold": "5",
+            "window": "30",
+            "inferencePool": "chat-pool",
+            "podSelector": "app=x",
+        }
+    )
+    table = page_queue(epp_page("chat-pool", {Queued("m"): 1e15}))
+    pool = PoolSnapshot((ReplicaInput("epp-0", table),), "no replica", growth={"epp-0": 1e16})
+    decision = decide(spec, Snapshot("llm", 0.0, SourceKind.INFERENCE, Targets(frozenset()), None, pool=pool))
+    assert isinstance(decision.error, NoData) and "KEDA cannot carry" in str(decision.error)
+    assert decision.evaluation is None
