@@ -220,7 +220,8 @@ def _pod_rows(
         return reporting, without_value
     if spec.metric.inference:
         return inference_pod_values(snapshot.pods, spec)
-    return pod_values(snapshot.gpu, spec), {}
+    gpu_without: dict[str, str] = {}
+    return pod_values(snapshot.gpu, spec, gpu_without), gpu_without
 
 
 def _add_pending(
