@@ -46,8 +46,11 @@ def demand_pod_values(
 
     A pod whose newest page gives no point (a NaN or negative counter, a family gone, an engine not
     started) is missing: never a made-up rate. A Ready pod with a page but no rate yet (one page within
-    the window) counts as the mean rate of the others; if none has a rate, NoData. An engine that never
-    exports a counter of finished requests (recognised by `auto`) is NoData naming it.
+    the window) counts as the mean rate of the others (SPEC §6); if none has a rate, NoData. Any other pod
+    without a rate is missing too (SPEC §4: a gap in data never scales down): with `demandUnit: tokens`,
+    one whose requests arrive but none finished within the window has pages enough, and counted as the
+    mean of an idle neighbour it read a busy pod as that neighbour's 50 tokens/s (2 replicas → 1). An
+    engine that never exports a counter of finished requests (recognised by `auto`) is NoData naming it.
 
     `demandUnit: tokens` with `inferencePool`: a pod taking requests of which none finished within the
     window (a burst of long requests) is sized at `tokens_per_request`, the last the pods measured, else
@@ -76,7 +79,10 @@ def demand_pod_values(
         if isinstance(rate, Missing):
             if rate.kind is MissingKind.NOT_EXPORTED:
                 raise NoData(f"pod {pod}: {rate.reason}")
-            without_rate[pod] = (rate.reason, track.engine, track.used)
+            if len(points) < 2 or points[-1].at <= points[0].at:  # one page: no rate yet
+                without_rate[pod] = (rate.reason, track.engine, track.used)
+            else:
+                problems[pod] = rate.reason
             continue
         span = points[-1].at - points[0].at
         rates[pod] = (rate, track.engine, track.used, span)
