@@ -9,7 +9,8 @@ family, model and split labels: engine, finish reason, version) is taken against
 series that goes down restarted and counts from 0 where its new value could have been counted since a
 restart in the time since its last page (at most half its last value, or at most its own recent rate
 times that time), else the step back is a recount (a new baseline); one that appears starts a baseline
-(it adds nothing on its first page), one that vanishes leaves without a step. The steps add up into
+(it adds nothing on its first page), one that vanishes leaves without a step (one missing from a few
+pages, as a NaN sample makes it, is stepped against its last value when it returns). The steps add up into
 running totals per (role, model) that never go down, so any model's rate is read from the window's two
 ends; a total whose series are gone is dropped once every point kept holds it at its last value (it moves
 no rate). The in-flight gauges are read at those two ends, for the trigger's engine and model, from the
@@ -91,11 +92,20 @@ class SeriesHistory:
     # Each series' count per second over its last step (what it added over the time between the pages).
     last_rates: Mapping[tuple[str, ...], float] = field(default_factory=dict)
     values_at: float = float("-inf")  # when last_values were read
+    # Series on an earlier page but not on the last ones (a NaN sample drops its role from a page): their
+    # last value, when it was read and their rate then, while a kept point is as old (see add()).
+    absent: dict[tuple[str, ...], tuple[float, float, float]] = field(default_factory=dict)
     running: dict[TotalKey, float] = field(default_factory=dict)
     last_at: float = float("-inf")
 
     def add(self, at: float, page: PodSamples, counters: DemandCounters) -> None:
-        """A page read: each series' step since its last value added to its (role, model) total."""
+        """A page read: each series' step since its last value added to its (role, model) total.
+
+        A series missing from a page (one NaN sample makes its whole role unusable there) keeps its last
+        value while the points kept reach back to when it was read: back, it is stepped against that value,
+        as Prometheus' rate() steps over a missing sample; taken as a new baseline, its increase meanwhile
+        was lost (0 → 1000 → NaN → 3000 read 1000). Absent longer, it left without a step and its return
+        starts a baseline: churn (adapters loaded and unloaded) keeps no more than a window's series."""
         if at <= self.last_at:
             return  # the same page again
         self.last_at = at
@@ -103,17 +113,22 @@ class SeriesHistory:
         if values is None:
             return  # no usable counters: the next page's steps are taken against the last usable one
         restarted = set()
-        gap = at - self.values_at
         rates: dict[tuple[str, ...], float] = {}
+        absent = self.absent
         for key, value in values.items():
             total = (key[0], key[2])
-            before = self.last_values.get(key)
             self.running.setdefault(total, 0.0)
-            if before is None:
+            before = self.last_values.get(key)
+            if before is not None:
+                gap, last_rate = at - self.values_at, self.last_rates.get(key, 0.0)
+            elif absent and (held := absent.pop(key, None)) is not None:
+                before, seen_at, last_rate = held
+                gap = at - seen_at
+            else:
                 continue  # a series that appears starts a baseline
             if value >= before:
                 step = value - before
-            elif value <= before * RESTART_FRACTION or value <= self.last_rates.get(key, 0.0) * gap:
+            elif value <= before * RESTART_FRACTION or value <= last_rate * gap:
                 # A restarted server counts from 0: what it counted since arrived since.
                 step = value
                 if key[0] == FINISHED:
@@ -122,11 +137,17 @@ class SeriesHistory:
                 step = 0.0  # a recount (see RESTART_FRACTION): a new baseline, never its whole count
             self.running[total] += step
             rates[key] = step / gap
-        self.last_values, self.last_rates, self.values_at = values, rates, at  # a vanished series: no step
+        if values.keys() != self.last_values.keys():
+            for key in self.last_values.keys() - values.keys():
+                absent[key] = (self.last_values[key], self.values_at, self.last_rates.get(key, 0.0))
+        self.last_values, self.last_rates, self.values_at = values, rates, at
         self.points.append(PagePoint(at, page, dict(self.running), frozenset(restarted)))
         keep = over_window(self.points, self.window)
         if len(keep) < len(self.points) or len(self.points) > MAX_POINTS:
             self.points = list(keep)[-MAX_POINTS:]
+        if absent:
+            oldest = self.points[0].at
+            self.absent = {key: held for key, held in absent.items() if held[1] >= oldest}
         self._forget_gone(values)
 
     def _forget_gone(self, values: Mapping[tuple[str, ...], float]) -> None:
@@ -135,7 +156,8 @@ class SeriesHistory:
         both ends), so removed from every point and from the running totals they change no rate. Without
         this, series churn (adapters loaded and unloaded, model names changing) would grow the totals, and
         each point's copy of them, for as long as a trigger asks. A total only grows where its series is
-        on the page, so one gone stays put; its series coming back starts a baseline, from 0."""
+        on the page, so one gone stays put; its series coming back adds its step (see add()) to the total
+        started again from 0, which every point kept before reads as 0: the same increase."""
         oldest = self.points[0].totals
         live = {(key[0], key[2]) for key in values}
         gone = {

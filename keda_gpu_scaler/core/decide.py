@@ -6,11 +6,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import logging
-import math
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from keda_gpu_scaler.core.demand_values import demand_pod_values, measured_tokens_per_request, with_pending
+from keda_gpu_scaler.core.demand_values import (
+    demand_pod_values,
+    fresh_demand,
+    measured_tokens_per_request,
+    with_pending,
+)
 from keda_gpu_scaler.core.errors import ConfigError, NoData, quoted
 from keda_gpu_scaler.core.latency import (
     LatencyRead,
@@ -23,7 +27,6 @@ from keda_gpu_scaler.core.latency import (
 )
 from keda_gpu_scaler.core.pending import pending_evaluation
 from keda_gpu_scaler.core.scaling import (
-    ROW_VALUE,
     Evaluation,
     PodRow,
     WhatIf,
@@ -139,9 +142,13 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
                 f" spec.replicas): {why}; never 0 while it has replicas"
             )
         aggregation = aggregation_for(spec, targets.metric_type)[0]
-        return _add_pending(spec, snapshot, evaluate({}, (), spec, aggregation, targets.starting), decision)[
-            0
-        ]
+        at_zero = evaluate({}, (), spec, aggregation, targets.starting)
+        at_zero = _add_pending(spec, snapshot, at_zero, decision)[0]
+        # The pool's pending requests alone make this value: beyond the wire, UNAVAILABLE as on every path.
+        check_total(
+            at_zero.value, at_zero.pod_rows, f"from InferencePool {spec.inference_pool}'s pending requests"
+        )
+        return at_zero
     problems = _problems(spec, snapshot)
     if view.sources == 0:
         raise NoData(
@@ -216,7 +223,8 @@ def _pod_rows(
         return reporting, without_value
     if spec.metric.inference:
         return inference_pod_values(snapshot.pods, spec)
-    return pod_values(snapshot.gpu, spec), {}
+    gpu_without: dict[str, str] = {}
+    return pod_values(snapshot.gpu, spec, gpu_without), gpu_without
 
 
 def _add_pending(
@@ -351,8 +359,9 @@ def _with_slo(
     used = budget_used(slo, snapshot.recent_latency)
     share = spent_headroom(headroom(slo, snapshot.recent_demand), used)
     pods = evaluation.what_if.ready_replicas
-    # guarded_value works on the workload's sum; a per-pod mean (metricType Value) is that sum ÷ Ready pods.
-    per_pod = evaluation.aggregation is Aggregation.MEAN and pods > 0
+    # guarded_value works on the workload's sum; a per-pod mean or maximum (metricType Value) is taken as
+    # that sum ÷ Ready pods, which the HPA multiplies back (a maximum was raised as a sum: max 4, 4 → 8).
+    per_pod = evaluation.aggregation is not Aggregation.SUM and pods > 0
     floored = evaluation.value * pods if per_pod else evaluation.value
     # The headroom is for the demand: the fresh pods' (and the pool's pending requests), Ready pods
     # without data at the target as SPEC §4 counts them. Never for the floor that holds pods still
@@ -360,8 +369,7 @@ def _with_slo(
     # they started (3 Ready pods over target became 20 replicas in 90 s in the simulator).
     # `pooled`: the fresh pods' demand with the pool's pending requests (_add_pending), when it added them.
     missing = len(evaluation.missing_pods)
-    fresh_demand = pooled if pooled is not None else math.fsum(row[ROW_VALUE] for row in evaluation.pod_rows)
-    demand = fresh_demand + missing * spec.threshold
+    demand = (pooled if pooled is not None else fresh_demand(evaluation)) + missing * spec.threshold
     total = max(floored, demand * (1 + (share or 0.0)))
     if used is None or used >= 1:  # the guard acts once the allowance is spent (or while not measured)
         # One pod over the Ready ones, whose latency it read: pods still starting are not in that read,

@@ -83,18 +83,34 @@ class _Timed(Protocol):
 TimedT = TypeVar("TimedT", bound=_Timed)
 
 
+# How far before the window's start its last page may be and still count, in steps between the window's
+# own pages (the scrape interval, give or take the jitter of page times).
+_STEP_SLACK = 1.5
+
+
 def over_window(points: Sequence[TimedT], window: float) -> Sequence[TimedT]:
-    """The points a rate over `window` reads: the newest, back to the newest point at least `window`
-    before it (so the span covers the window where the history is that long), else back to the oldest."""
+    """The points a rate over `window` reads: those within the window (newer than `window` before the
+    newest), and the point just before the window's start where it is close to it, so that the span
+    covers the window where the history is that long.
+
+    Close: no further before the start than about one scrape interval, the longest step between the
+    window's own points (with half again for jitter); with one point inside, within one window (a
+    scrape interval is never longer than the window: a shorter window is refused). A point further back
+    is from before a gap in the pages (an outage), when the load may have been another: reaching back to
+    it read a page outage from 20 s to 100 s and three pages since as the load over 90 s, a third of the
+    window's. Then the window's own points alone (one alone is no rate yet)."""
     if not points:
         return points
     boundary = points[-1].at - window
-    start = 0
-    for index in range(len(points) - 1, -1, -1):
-        if points[index].at <= boundary:
-            start = index
-            break
-    return points[start:]
+    inside = len(points)
+    while inside > 0 and points[inside - 1].at > boundary:
+        inside -= 1
+    if inside == 0:
+        return points  # the whole history is within the window
+    own = points[inside:]
+    steps = [after.at - before.at for before, after in itertools.pairwise(own)]
+    close = _STEP_SLACK * max(steps) if steps else window
+    return points[inside - 1 :] if boundary - points[inside - 1].at <= close else own
 
 
 def _increase(values: Sequence[float]) -> float:

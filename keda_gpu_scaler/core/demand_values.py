@@ -46,8 +46,11 @@ def demand_pod_values(
 
     A pod whose newest page gives no point (a NaN or negative counter, a family gone, an engine not
     started) is missing: never a made-up rate. A Ready pod with a page but no rate yet (one page within
-    the window) counts as the mean rate of the others; if none has a rate, NoData. An engine that never
-    exports a counter of finished requests (recognised by `auto`) is NoData naming it.
+    the window) counts as the mean rate of the others (SPEC §6); if none has a rate, NoData. Any other pod
+    without a rate is missing too (SPEC §4: a gap in data never scales down): with `demandUnit: tokens`,
+    one whose requests arrive but none finished within the window has pages enough, and counted as the
+    mean of an idle neighbour it read a busy pod as that neighbour's 50 tokens/s (2 replicas → 1). An
+    engine that never exports a counter of finished requests (recognised by `auto`) is NoData naming it.
 
     `demandUnit: tokens` with `inferencePool`: a pod taking requests of which none finished within the
     window (a burst of long requests) is sized at `tokens_per_request`, the last the pods measured, else
@@ -76,7 +79,10 @@ def demand_pod_values(
         if isinstance(rate, Missing):
             if rate.kind is MissingKind.NOT_EXPORTED:
                 raise NoData(f"pod {pod}: {rate.reason}")
-            without_rate[pod] = (rate.reason, track.engine, track.used)
+            if len(points) < 2 or points[-1].at <= points[0].at:  # one page: no rate yet
+                without_rate[pod] = (rate.reason, track.engine, track.used)
+            else:
+                problems[pod] = rate.reason
             continue
         span = points[-1].at - points[0].at
         rates[pod] = (rate, track.engine, track.used, span)
@@ -150,7 +156,10 @@ def with_pending(
     gateway pages' times. The pending part sizes on top of the FRESH pods' demand S, never on top of the
     floor SPEC §4 puts under missing and starting pods (those pods serve the same queue once up: adding
     the two asked for two more replicas at every sync): value = max(floor, S + pending), per pod for a
-    mean. With `demandUnit: tokens` pending requests are weighed at `tokens_per_request` (the pods' own,
+    mean; for a per-pod maximum, max(floor, the busiest fresh pod + each Ready pod's share of pending)
+    (adding the pods' sum made `aggregation: max` a sum beside a note saying max). The demand returned
+    is the fresh pods' as a sum (fresh_demand()) plus pending. With `demandUnit: tokens` pending requests
+    are weighed at `tokens_per_request` (the pods' own,
     else the last they measured; None when never: then they ask for exactly one replica's worth, the
     wake). The pending part counts toward activity as S does (SPEC §4: S plus pending), so a pool at zero
     holding requests wakes and asks for at least one replica.
@@ -166,11 +175,14 @@ def with_pending(
             weighed = ": no pod measures their tokens yet, so they ask for one replica's worth"
     current, ready = evaluation.what_if.current_replicas, evaluation.what_if.ready_replicas
     fresh = math.fsum(row[ROW_VALUE] for row in evaluation.pod_rows)
+    busiest = max((row[ROW_VALUE] for row in evaluation.pod_rows), default=0.0)
     sized = fresh + extra
     # A per-pod mean (metricType Value) carries the workload's value per Ready pod: the HPA multiplies it
-    # back by its ready pods.
+    # back by its ready pods. A per-pod maximum: the busiest pod, each Ready pod taking its share.
     if evaluation.aggregation is Aggregation.MEAN and ready > 0:
         sized /= ready
+    elif evaluation.aggregation is Aggregation.MAX:
+        sized = busiest + extra / ready if ready > 0 else extra
     value = max(evaluation.value, sized)
     what_if = WhatIf(
         current_replicas=current,
@@ -182,15 +194,29 @@ def with_pending(
     active = evaluation.active or fresh + extra > spec.activation_threshold
     # Requests held at the gateway say "active" whatever the missing pods hold; idle is still unknown.
     unknown = None if active else evaluation.activity_unknown
+    on_top = (
+        f"the busiest fresh pod's {busiest:g}, each of the {ready} Ready pods taking its share"
+        if evaluation.aggregation is Aggregation.MAX and ready > 0
+        else f"the fresh pods' {fresh:g}"
+    )
     note = (
         f"InferencePool {spec.inference_pool}: {held:g} pending requests add {extra:g}/s (their growth and"
-        f" what clears them within {spec.window:g}s){weighed}, on top of the fresh pods' {fresh:g}"
+        f" what clears them within {spec.window:g}s){weighed}, on top of {on_top}"
         f" (value: the larger of that and the missing-pod floor {evaluation.value:g})"
     )
     replaced = dataclasses.replace(
         evaluation, value=value, active=active, what_if=what_if, activity_unknown=unknown
     )
-    return replaced, note, fresh + extra
+    return replaced, note, fresh_demand(evaluation) + extra
+
+
+def fresh_demand(evaluation: Evaluation) -> float:
+    """The fresh pods' demand as a sum over them (what a latency target's headroom multiplies): their
+    sum; for a per-pod maximum, the busiest pod's for each (the sum that maximum stands for)."""
+    values = [row[ROW_VALUE] for row in evaluation.pod_rows]
+    if evaluation.aggregation is Aggregation.MAX:
+        return max(values, default=0.0) * len(values)
+    return math.fsum(values)
 
 
 def measured_tokens_per_request(evaluation: Evaluation) -> float | None:

@@ -109,8 +109,15 @@ class Evaluation:
         return tuple(PodValue.from_row(row) for row in self.pod_rows)
 
 
-def pod_values(readings: Iterable[GpuReading], spec: TriggerSpec) -> dict[str, PodRow]:
-    """One value per pod: the pod's GPUs of its preferred family, combined with gpuAggregation.
+def pod_values(
+    readings: Iterable[GpuReading], spec: TriggerSpec, without_value: dict[str, str] | None = None
+) -> dict[str, PodRow]:
+    """One value per pod: the pod's GPUs of its preferred family, combined with gpuAggregation; why a pod
+    read has none goes into `without_value` where given.
+
+    The family is chosen from the series the pod has, whether or not they carry this metric's value: a
+    pod with ACK series whose memory is not known has no value (a missing pod), never NVIDIA's device-level
+    series, which on a shared GPU are the whole GPU, every sharing pod's (SPEC §4: one family per pod).
 
     Rows, not PodValues: this runs for every target pod on every evaluation (100 pods a ScaledObject are
     common), and a frozen dataclass costs a few µs to build where a tuple costs a tenth of one."""
@@ -121,12 +128,11 @@ def pod_values(readings: Iterable[GpuReading], spec: TriggerSpec) -> dict[str, P
     for reading in readings:
         if reading.family not in allowed:
             continue
-        value = reading.memory if memory else utilization_for(reading, field)
-        if value is None:
-            continue
         gpus = by_pod.setdefault(reading.pod, {}).setdefault(reading.family, {})
-        # Keyed by GPU so the same GPU reported twice (e.g. by two scrapes of one page) counts once.
-        gpus[reading.gpu] = (reading.gpu, reading.host, value)
+        value = reading.memory if memory else utilization_for(reading, field)
+        if value is not None:
+            # Keyed by GPU so the same GPU reported twice (e.g. by two scrapes of one page) counts once.
+            gpus[reading.gpu] = (reading.gpu, reading.host, value)
     take_max = spec.gpu_aggregation is GpuAggregation.MAX
     result: dict[str, PodRow] = {}
     for pod, families in by_pod.items():
@@ -134,6 +140,10 @@ def pod_values(readings: Iterable[GpuReading], spec: TriggerSpec) -> dict[str, P
             next(iter(families)) if len(families) == 1 else next(f for f in FAMILY_PRIORITY if f in families)
         )
         chosen = families[family].values()
+        if not chosen:  # its family has no value for this metric: a missing pod
+            if without_value is not None:
+                without_value[pod] = f"its {family.value} series carry no {spec.metric.value} value"
+            continue
         values = [gpu[2] for gpu in chosen]
         combined = max(values) if take_max else sum(values) / len(values)
         result[pod] = pod_row(pod, family, combined, chosen)

@@ -34,14 +34,14 @@ def check_rows(rows: Iterable[tuple[Any, ...]]) -> None:
             raise NoData(_beyond(f"pod {pod} ({family} metrics) gives {value:g}"))
 
 
-def check_total(value: float, rows: Iterable[tuple[Any, ...]]) -> None:
+def check_total(value: float, rows: Iterable[tuple[Any, ...]], what: str = "summed over the pods") -> None:
     """Raise NoData when the workload's value (a sum of values the wire carries) is beyond the wire,
-    naming the pods that give the most."""
+    naming the pods that give the most; `what` says what made the value."""
     if carried(value):
         return
     largest = sorted(rows, key=lambda row: -abs(row[2]))[:3]
     named = ", ".join(f"pod {row[0]} ({row[1]} metrics) gives {row[2]:g}" for row in largest)
-    raise NoData(_beyond(f"the value {value:g} summed over the pods ({named})"))
+    raise NoData(_beyond(f"the value {value:g} {what}" + (f" ({named})" if named else "")))
 
 
 def _beyond(what: str) -> str:

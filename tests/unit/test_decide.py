@@ -142,3 +142,57 @@ def test_the_headroom_is_for_the_demand_never_for_the_floor_that_holds_pods_star
     assert decision.evaluation is not None and decision.evaluation.value == pytest.approx(20.0)
     # /explain says what the headroom was for: the two Ready pods' 10/s, not the floor's 20.
     assert decision.slo.headroom_base == pytest.approx(10.0)
+
+
+def test_a_pending_part_beyond_the_wire_at_zero_replicas_is_unavailable_never_sent() -> None:
+    from keda_gpu_scaler.core.pending import ReplicaInput
+    from keda_gpu_scaler.core.snapshot import PoolSnapshot
+    from keda_gpu_scaler.demo.epp import Queued, epp_page
+    from keda_gpu_scaler.pages.gateways import page_queue
+
+    spec = parse_trigger(
+        {
+            "metric": "demand",
+            "threshold": "5",
+            "window": "30",
+            "inferencePool": "chat-pool",
+            "podSelector": "app=x",
+        }
+    )
+    table = page_queue(epp_page("chat-pool", {Queued("m"): 1e15}))
+    pool = PoolSnapshot((ReplicaInput("epp-0", table),), "no replica", growth={"epp-0": 1e16})
+    decision = decide(spec, Snapshot("llm", 0.0, SourceKind.INFERENCE, Targets(frozenset()), None, pool=pool))
+    assert isinstance(decision.error, NoData) and "KEDA cannot carry" in str(decision.error)
+    assert decision.evaluation is None
+
+
+@pytest.mark.parametrize("added", ["pool", "slo"])
+def test_aggregation_max_on_demand_stays_a_per_pod_maximum_with_a_pool_or_a_latency_target(
+    added: str,
+) -> None:
+    from keda_gpu_scaler.core.pending import ReplicaInput
+    from keda_gpu_scaler.core.snapshot import PoolSnapshot
+    from keda_gpu_scaler.core.trigger import Aggregation
+    from keda_gpu_scaler.demo.epp import Queued, epp_page
+    from keda_gpu_scaler.pages.gateways import page_queue
+
+    # Two pods at 5/s each: a per-pod maximum is their mean, half their sum, whatever is added on top.
+    metadata = {"metric": "demand", "threshold": "5", "podNamePrefix": "vllm-", "window": "60"}
+    snapshot = demand_snapshot(0.0, ())
+    if added == "pool":
+        metadata["inferencePool"] = "chat-pool"
+        table = page_queue(epp_page("chat-pool", {Queued("m"): 30}))
+        pool = PoolSnapshot((ReplicaInput("epp-0", table),), "no replica", growth={"epp-0": 0.0})
+        snapshot = dataclasses.replace(snapshot, pool=pool)
+    else:
+        metadata["sloTtftSeconds"] = "2"
+    values = {}
+    for aggregation in ("sum", "mean", "max"):
+        decision = decide(parse_trigger(metadata | {"aggregation": aggregation}), snapshot)
+        assert decision.error is None and decision.evaluation is not None
+        values[aggregation] = decision.evaluation.value
+    assert values["sum"] > 10  # the pool's 30 requests, or the SLO's headroom, added something
+    assert values["max"] == pytest.approx(values["mean"]) and values["max"] == pytest.approx(
+        values["sum"] / 2
+    )
+    assert decision.evaluation.aggregation is Aggregation.MAX

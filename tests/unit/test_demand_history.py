@@ -197,3 +197,33 @@ def test_a_request_s_size_comes_from_the_per_request_histograms_while_finishes_l
     store.record_page(page(30, vllm_tokens(200, 100, 300_000, 40_000)))
     points = read(history, 30, window=30).points
     assert pod_demand(points, DemandUnit.TOKENS, 1.0) == pytest.approx(10 * 1200)
+
+
+def vllm_counters(finished: float, prompt: float | str, generated: float) -> PodSamples:
+    text = (
+        'vllm:num_requests_running{engine="0"} 0\nvllm:num_requests_waiting{engine="0"} 0\n'
+        f'vllm:request_success_total{{engine="0",finished_reason="stop"}} {finished}\n'
+        f'vllm:prompt_tokens_total{{engine="0"}} {prompt}\nvllm:generation_tokens_total{{engine="0"}} {generated}\n'
+    )
+    return PodSamples("llm", "chat-0", tuple(parse_exposition(text, POD_PAGE_NAMES)), URL)
+
+
+def test_a_series_missing_from_one_page_is_stepped_against_its_last_value_when_it_returns() -> None:
+    # One NaN prompt-token sample drops the role from that page; back, its series counts on from 1000:
+    # the 2000 tokens meanwhile are no new baseline's loss (SPEC §6: rates per series, as rate() takes them).
+    store, history = store_with_history()
+    for at, finished, prompt, generated in ((0, 0, 0, 0), (5, 10, 1000, 500), (10, 20, "NaN", 1000)):
+        store.record_page(page(at, vllm_counters(finished, prompt, generated)))
+        read(history, at, window=30)
+    store.record_page(page(15, vllm_counters(30, 3000, 1500)))
+    points = read(history, 15, window=30).points
+    assert [(p.at, p.prompt_tokens) for p in points] == [(0, 0.0), (15, 3000.0)]
+    # 30 requests of (3000 + 1500) / 30 = 150 tokens over 15 s.
+    assert pod_demand(points, DemandUnit.TOKENS) == pytest.approx(300.0)
+    # Absent for longer than the kept points reach, it leaves without a step; back, it starts a baseline.
+    store.record_page(page(20, vllm_counters(40, "NaN", 2000)))
+    store.record_page(page(60, vllm_counters(80, "NaN", 4000)))
+    store.record_page(page(65, vllm_counters(90, 9000, 4500)))
+    store.record_page(page(70, vllm_counters(100, 9500, 5000)))
+    points = read(history, 70, window=30).points
+    assert points[-1].prompt_tokens is not None and points[-1].prompt_tokens - points[0].prompt_tokens == 500

@@ -110,6 +110,21 @@ def test_over_window_reaches_back_to_the_window_s_start() -> None:
     assert list(over_window([], 60)) == []
 
 
+def test_over_window_after_an_outage_reads_the_window_s_own_pages_not_back_to_before_it() -> None:
+    # 1 request/s to 20 s, no page from 20 s to 100 s (the load rose to 10/s at 90 s), pages again.
+    before = [p(t, t, 0) for t in (0, 5, 10, 15, 20)]
+    after = [p(t, 90 + 10 * (t - 90), 0) for t in (100, 105, 110)]
+    window = over_window([*before, *after], 30)
+    assert [q.at for q in window] == [100, 105, 110]
+    assert pod_demand(window) == pytest.approx(10.0)  # not (290 - 20) / 90 = 3 across the outage
+    # A page just before the window's start (about one step of the window's own pages) still counts.
+    assert [q.at for q in over_window([*before, p(78, 78, 0), *after], 30)] == [78, 100, 105, 110]
+    # One page inside the window: the one before counts within one window of its start (a scrape
+    # interval is never longer than the window), else the page has no rate yet.
+    assert [q.at for q in over_window([p(0, 0, 0), p(10, 10, 0), p(30, 30, 0)], 10)] == [10, 30]
+    assert [q.at for q in over_window([*before, p(100, 100, 0)], 30)] == [100]
+
+
 def test_pending_adds_its_growth_and_what_clears_it_within_a_window() -> None:
     assert pending_demand(growth_per_second([]), 0, 60) == 0
     assert pending_demand(growth_per_second([(0, 0), (10, 30)]), 30, 60) == pytest.approx(3 + 0.5)

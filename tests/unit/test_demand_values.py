@@ -151,3 +151,30 @@ def test_only_a_pods_own_rate_counts_as_measured_never_an_assumed_one() -> None:
         "chat-1": False,
         "chat-2": False,
     }
+
+
+def test_a_pod_taking_requests_none_finished_without_a_pool_is_missing_never_the_mean_of_the_others() -> None:
+    # demandUnit tokens, no inferencePool: chat-1 has pages over the window and requests arriving (in
+    # flight 2 -> 8), none finished, so the size of its requests is not known. It is no pod with one page
+    # (SPEC §6's mean of the others): a gap in data, a missing pod (SPEC §4), which never scales down.
+    spec = parse_trigger(
+        {
+            "metric": "demand",
+            "threshold": "1000",
+            "podNamePrefix": "chat-",
+            "window": "60",
+            "demandUnit": "tokens",
+        }
+    )
+    first = [tokens_pod("chat-0", 0, 0, 0, 0), tokens_pod("chat-1", 5, 2, 0, 0)]
+    last = [tokens_pod("chat-0", 10, 0, 1000, 2000), tokens_pod("chat-1", 5, 8, 30_000, 10_000)]
+    history = history_of({0: first, 60: last})
+    rows, problems, notes = demand_pod_values(history, last, spec, 60)
+    assert set(rows) == {"chat-0"} and rows["chat-0"][2] == pytest.approx(50.0)
+    assert "no request finished" in problems["chat-1"] and not any("mean of the others" in n for n in notes)
+    evaluation = evaluate(rows, problems.keys(), spec, Aggregation.SUM)
+    assert evaluation.value == pytest.approx(50 + 1000) and evaluation.what_if.average_value == 2
+    # A pod with one page still counts as the mean of the others.
+    history = history_of({0: first[:1], 60: [*last[:1], tokens_pod("chat-2", 5, 0, 500, 50)]})
+    rows, problems, _ = demand_pod_values(history, [last[0], tokens_pod("chat-2", 5, 0, 500, 50)], spec, 60)
+    assert rows["chat-2"][2] == pytest.approx(50.0) and problems == {}

@@ -97,6 +97,21 @@ def test_ack_family_preferred_over_dcgm_series_of_the_same_pod() -> None:
     assert result.pods[0].family is Family.ACK
 
 
+def test_a_pod_with_ack_series_without_the_metric_s_value_is_missing_never_read_from_dcgm() -> None:
+    # Its ACK series carry no memory (no CONTAINER_MEM_ALLOCATED): the device-level DCGM_FI_* series are
+    # the whole shared GPU, every sharing pod's, so the pod has no value rather than another family's.
+    readings = [
+        reading("p-0", 40, family=Family.ACK),
+        reading("p-0", 95, family=Family.NVIDIA, memory=90.0),
+        reading("p-1", 20, family=Family.ACK, memory=30.0),
+        reading("p-1", 95, family=Family.NVIDIA, memory=90.0),
+    ]
+    values = pod_values(readings, spec(metric="memory"))
+    assert {pod: (row[1], row[2]) for pod, row in values.items()} == {"p-1": ("ack", 30.0)}
+    result = run(readings, missing=("p-0",), metric="memory")
+    assert result.missing_pods == ("p-0",) and result.value == pytest.approx(30.0 + 70.0)
+
+
 def test_vendor_filter() -> None:
     readings = [reading("p-0", 40, family=Family.AMD), reading("p-1", 95, family=Family.NVIDIA)]
     assert run(readings, vendor="amd").value == 40

@@ -57,8 +57,9 @@ class MissingKind(StrEnum):
     MODEL_CASE = "model_case"
     # The family's series are there, but an engine's samples are all NaN, ±Inf or negative.
     NO_VALUE = "no_value"
-    # `metric: demand`: a pod read once (or over no time) has no rate yet; it counts as the mean of the
-    # others (SPEC §6), unlike a missing pod.
+    # `metric: demand`: no rate. A pod read once (or over no time) has none yet: it counts as the mean of
+    # the others (SPEC §6). One read over time without a rate (with demandUnit tokens, none of its
+    # requests finished; counters beyond a float's range) is a missing pod.
     NO_RATE = "no_rate"
 
 
