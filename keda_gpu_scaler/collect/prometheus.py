@@ -31,6 +31,7 @@ from keda_gpu_scaler.collect.prometheus_sources import (
 from keda_gpu_scaler.collect.store import Page, Store
 from keda_gpu_scaler.collect.supervise import cancel_all
 from keda_gpu_scaler.collect.wanted import PrometheusQuery, WantedSources
+from keda_gpu_scaler.core.selectors import DEFAULT_EXPORTER_NAMESPACES
 from keda_gpu_scaler.core.snapshot import Reading, SourceKind
 from keda_gpu_scaler.pages.engines import PodSamples
 from keda_gpu_scaler.pages.exposition import Sample
@@ -94,8 +95,11 @@ class PrometheusCollector:
         max_staleness: float,
         clock: Callable[[], float],
         wall_clock: Callable[[], float] = time.time,
+        exporter_namespaces: frozenset[str] | None = frozenset(DEFAULT_EXPORTER_NAMESPACES),
     ) -> None:
         self._client = client
+        # --exporter-namespaces: the scrape targets whose series may name another namespace's pods.
+        self._exporter_namespaces = exporter_namespaces
         self._store = store
         self._wanted = wanted
         self._interval = interval
@@ -281,8 +285,9 @@ class PrometheusCollector:
         self._store.add_source(source, SourceKind.PROMETHEUS, namespace)
         known = self._targets.setdefault(namespace, {})
         try:
-            samples = await self._series(namespace_query(namespace), at, "namespace")
-            for query in gpu_queries(samples):
+            trusted = self._exporter_namespaces
+            samples = await self._series(namespace_query(namespace, trusted), at, "namespace")
+            for query in gpu_queries(samples, trusted):
                 more = await self._series(query, at, "gpus")
                 samples = merged(samples, more)
             by_target: dict[Target, list[Sample]] = {}

@@ -94,20 +94,38 @@ def test_regex_literal_is_not_a_pattern(value: str, other: str) -> None:
 
 
 def test_namespace_query_covers_every_pod_label_pair_and_family() -> None:
-    query = namespace_query('llm"} or up{x="')
+    query = namespace_query('llm"} or up{x="', None)
     for ns_key, pod_key in POD_LABELS:
-        assert f'{ns_key}="llm\\"}} or up{{x=\\"",{pod_key}!=""' in query
+        assert f'{ns_key}="llm\\"}} or up{{x=\\"",{pod_key}!=""}}' in query
     for name in SAMPLE_NAMES:
         assert f'timestamp({{__name__="{name}",' in query
     assert query.count("timestamp(") == len(SAMPLE_NAMES) * len(POD_LABELS)
+
+
+def test_only_exporter_namespaces_may_name_another_namespaces_pod() -> None:
+    """--exporter-namespaces: every pair but the target's own namespace/pod counts only from a scrape
+    target in those namespaces (a tenant's pod printing exporter-like series about another's pod never)."""
+    query = namespace_query("llm", frozenset({"gpu-operator", "arms-prom"}))
+    assert 'namespace="llm",pod!=""}' in query
+    for ns_key, pod_key in POD_LABELS:
+        if ns_key != "namespace":
+            assert f'{ns_key}="llm",{pod_key}!="",namespace=~"arms-prom|gpu-operator"}}' in query
+    nvidia = Sample(
+        "DCGM_FI_DEV_GPU_UTIL", {"UUID": "GPU-1", "exported_namespace": "a", "exported_pod": "p"}, 5, 0
+    )
+    (gpus,) = gpu_queries([nvidia], frozenset({"gpu-operator"}))
+    assert 'UUID=~"GPU-1",namespace=~"gpu-operator"}' in gpus
+    assert 'UUID=~"GPU-1",exported_pod="",PodName="",pod_name=""}' in gpus
+    (anywhere,) = gpu_queries([nvidia], None)  # `*`
+    assert 'UUID=~"GPU-1"}' in anywhere and "namespace=~" not in anywhere
 
 
 def test_gpu_queries_only_for_vendors_that_need_them() -> None:
     nvidia = Sample("DCGM_FI_DEV_GPU_UTIL", {"UUID": "GPU-1.2", "namespace": "a", "pod": "p"}, 5, 0)
     old = Sample("DCGM_FI_DEV_FB_USED", {"uuid": "GPU-3", "pod_namespace": "a", "pod_name": "p"}, 5, 0)
     amd = Sample("gpu_gfx_activity", {"gpu_id": "0", "namespace": "a", "pod": "q"}, 5, 0)
-    assert gpu_queries([amd]) == []
-    (query,) = gpu_queries([nvidia, old, amd])
+    assert gpu_queries([amd], None) == []
+    (query,) = gpu_queries([nvidia, old, amd], None)
     assert 'UUID=~"GPU-1\\\\.2"' in query and 'uuid=~"GPU-3"' in query
     assert "gpu_gfx_activity" not in query
 
