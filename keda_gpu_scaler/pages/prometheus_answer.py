@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Iterable
@@ -263,13 +264,46 @@ def replica_of(labels: dict[str, str]) -> str:
     return labels.get("pod") or labels.get("instance") or labels.get("job") or "(unnamed target)"
 
 
+# Labels Prometheus gives a series from its scrape target (Kubernetes service discovery, kube-prometheus'
+# ServiceMonitors and PodMonitors), never printed by an endpoint picker about its queue.
+SCRAPE_TARGET_LABELS = frozenset({"job", "instance", "endpoint", "service", "container", "namespace", "pod"})
+
+
 def gateway_replicas(samples: Iterable[Sample], namespace: str, at: float, window: float) -> FreshSeries:
-    """A gateway query's series by endpoint-picker replica of `namespace`."""
+    """A gateway query's series by endpoint-picker replica of `namespace`.
+
+    One replica's page read by two scrape jobs (a ServiceMonitor and a PodMonitor) is in Prometheus twice,
+    its series differing only by scrape-target labels: those copies count once (the largest, as
+    engines.gauge takes a pod's copies), or the replica's queue would count twice.
+    """
 
     def replica_in_namespace(labels: dict[str, str]) -> str | None:
         return replica_of(labels) if labels.get("namespace") == namespace else None
 
-    return fresh_series(samples, GATEWAY_SAMPLE_NAMES, replica_in_namespace, at, window)
+    found = fresh_series(samples, GATEWAY_SAMPLE_NAMES, replica_in_namespace, at, window)
+    by_pod = tuple((replica, _one_copy_each(series)) for replica, series in found.by_pod)
+    if by_pod == found.by_pod:
+        return found
+    times = [seconds(s) for _, series in by_pod for s in series]
+    return dataclasses.replace(found, by_pod=by_pod, oldest=min(times) if times else None)
+
+
+def _one_copy_each(series: tuple[Sample, ...]) -> tuple[Sample, ...]:
+    """One sample per series once the scrape-target labels are set aside: the largest value (then the
+    newest), so that the result does not depend on the answer's order. The order of `series` is kept."""
+    kept: dict[tuple[str, frozenset[tuple[str, str]]], Sample] = {}
+    for sample in series:
+        key = (sample.name, frozenset(i for i in sample.labels.items() if i[0] not in SCRAPE_TARGET_LABELS))
+        before = kept.get(key)
+        if before is None or (_rank(sample) > _rank(before)):
+            kept[key] = sample
+    chosen = {id(sample) for sample in kept.values()}
+    return tuple(sample for sample in series if id(sample) in chosen)
+
+
+def _rank(sample: Sample) -> tuple[float, int]:
+    value = sample.value if not math.isnan(sample.value) else -math.inf
+    return value, sample.timestamp_ms or 0
 
 
 @dataclass(frozen=True, slots=True)

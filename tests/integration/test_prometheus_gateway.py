@@ -101,6 +101,29 @@ async def test_pending_sums_the_pool_s_replicas_of_its_own_namespace(
     await value_is(scaler, 3, {**PENDING, "model": "llama"})
 
 
+async def test_a_replica_two_scrape_jobs_read_counts_once(
+    scaler: Any, make_exporter: Any, targets: Any, prometheus: PrometheusServer
+) -> None:
+    """A ServiceMonitor and a PodMonitor both scraping one EPP replica: its series are in Prometheus twice,
+    differing only by the scrape target's labels (job, service, endpoint). Its queue counts once."""
+    a = await make_exporter(epp_page("chat-pool", {Queued("llama", "team-a"): 3}))
+    b = await make_exporter(epp_page("chat-pool", {Queued("qwen"): 2}))
+    targets((a, "llm", "chat-pool-epp-0"), (b, "llm", "chat-pool-epp-1"))
+    service_monitor = {"namespace": "llm", "pod": "chat-pool-epp-0", "container": "epp"}
+    service_monitor |= {"service": "chat-pool-epp", "endpoint": "metrics"}
+    prometheus.set_targets("direct", "gateway-twice", [(address_of(a), service_monitor)])
+    try:
+
+        async def both_jobs() -> None:
+            found = prometheus.query('llm_d_epp_flow_control_queue_size{pod="chat-pool-epp-0"}')
+            assert {e["metric"]["job"] for e in found} == {"operator", "direct"}, found
+
+        await eventually(both_jobs, timeout=20)
+        await value_is(scaler, 5)  # 3 + 2, not 3 + 3 + 2
+    finally:
+        prometheus.set_targets("direct", "gateway-twice", [])
+
+
 async def test_no_series_for_the_pool_is_unavailable_naming_it(scaler: Any, targets: Any) -> None:
     targets()
     metadata = {**PENDING, "inferencePool": "idle-pool"}  # a pool no EPP in Prometheus ever served
