@@ -162,7 +162,10 @@ class PrometheusCollector:
         failures = 0
         while True:
             try:
-                ok = await collect(namespace)
+                # In the namespace's turn (fair between namespaces): the round takes its evaluation time
+                # once it has one, so time spent waiting for it never counts as the data's age.
+                async with self._client.slot(namespace):
+                    ok = await collect(namespace)
             except Exception:
                 # A bug must not end the namespace's collection for good: its data goes stale and
                 # the calls say UNAVAILABLE, the log says why, and the next round tries again.
@@ -190,7 +193,8 @@ class PrometheusCollector:
         self._store.remove_source(gateway_source(namespace, pool))
 
     def _times(self) -> tuple[float, float]:
-        """The evaluation time sent (whole milliseconds: exactly the one compared with later) and now."""
+        """The evaluation time sent (whole milliseconds: exactly the one compared with later) and now.
+        Taken when the round starts, in its namespace's slot (see _loop), never before waiting for one."""
         return round(self._wall() * 1000) / 1000, self._clock()
 
     async def _series(self, promql: str, at: float, purpose: str) -> list[Sample]:

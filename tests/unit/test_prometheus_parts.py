@@ -16,8 +16,9 @@ from support import eventually
 
 from keda_gpu_scaler.collect import prometheus as prometheus_module
 from keda_gpu_scaler.collect.backoff import MAX_BACKOFF_INTERVALS
+from keda_gpu_scaler.collect.fairshare import FairSlots
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector
-from keda_gpu_scaler.collect.prometheus_client import http_error
+from keda_gpu_scaler.collect.prometheus_client import QUERIES_IN_FLIGHT, http_error
 from keda_gpu_scaler.collect.prometheus_sources import (
     INFERENCE_SERIES,
     gateway_source,
@@ -261,6 +262,10 @@ class ScriptedPrometheus:
         self.failures: dict[str, PrometheusError] = {}
         self.asked: list[str] = []
         self.heard = asyncio.Event()  # set by the first query
+        self.slots = FairSlots(QUERIES_IN_FLIGHT)
+
+    def slot(self, namespace: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.slots.slot(namespace)
 
     async def query(self, promql: str, at: float, purpose: str) -> list[Element]:
         self.asked.append(purpose)
@@ -599,6 +604,41 @@ async def test_a_bug_in_one_collection_is_logged_and_the_loop_goes_on(
         await source.stop()
     assert any(r.exc_info and "a bug in the namespace loop" in str(r.exc_info[1]) for r in caplog.records)
     assert prometheus.asked[0] == "namespace"  # collected after the failure
+
+
+async def test_a_round_s_evaluation_time_is_taken_once_its_namespace_has_a_slot() -> None:
+    """Time spent waiting for a slot (other rounds of the namespace hold them) is not the data's age:
+    the round's page is as old as its samples when the round runs, not when it began to wait."""
+    prometheus, store = ScriptedPrometheus(), Store()
+    prometheus.slots = FairSlots(0, own=1)
+    prometheus.answers["namespace"] = elements_of(gpu("vllm-0", 40, age=0.5))
+    pages: list[float] = []
+    store.page_listeners.append(
+        lambda kind, page: pages.append(page.collected_at) if page.by_namespace else None
+    )
+    now = [1000.0]
+    wanted = WantedSources()
+    source = collector(prometheus, store, now)
+    source._wanted = wanted
+    wanted.want("trigger", [PrometheusQuery("gpu", "llm")])
+    try:
+        async with prometheus.slot("llm"):  # another round of the namespace, in flight
+            source.start()
+            await eventually(lambda: _waits_for_a_slot(prometheus))
+            now[0] = 1010.0
+        await eventually(lambda: _recorded(pages))
+    finally:
+        await source.stop()
+    # Its samples were 0.5 s old when the round ran, at 1010; it had waited since 1000.
+    assert pages[0] == 1009.5
+
+
+async def _waits_for_a_slot(prometheus: ScriptedPrometheus) -> None:
+    assert prometheus.slots.waiting == 1
+
+
+async def _recorded(pages: list[float]) -> None:
+    assert pages
 
 
 # ---- inference-server series (SPEC §6) ------------------------------------------------------------
