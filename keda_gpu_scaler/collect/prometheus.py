@@ -41,6 +41,7 @@ from keda_gpu_scaler.pages.prometheus_answer import (
     PrometheusError,
     ReplicaLost,
     Up,
+    down_pods,
     gateway_replicas,
     inference_pods,
     lost_pod,
@@ -350,6 +351,7 @@ class PrometheusCollector:
             samples = await self._series(inference_query(namespace), at, "inference")
             found = inference_pods(samples, namespace, at, self._window)
             ups = await self._ups_of_lost(namespace, seen, found, at)
+            down = down_pods(namespace, seen.keys(), found, up_series(samples), at, self._window)
         except PrometheusError as error:
             return self._failed(PrometheusQuery(INFERENCE_SERIES, namespace), source, error)
         self._answered(PrometheusQuery(INFERENCE_SERIES, namespace), samples, at)
@@ -378,6 +380,12 @@ class PrometheusCollector:
         stale = set(found.stale)
         for pod in lost:
             self._lost_pod(namespace, pod, seen, served_by, pod in stale, ups, at)
+        for pod, why in down.items():
+            self._missing_pod(namespace, pod, why)
+        for pod in sorted(missing - seen.keys() - down.keys()):
+            # Never read, and its target is no longer down (or no longer there): it counts no more.
+            missing.discard(pod)
+            self._store.remove_source(pod_inference_source(namespace, pod))
         return True
 
     def _lost_pod(
@@ -403,9 +411,15 @@ class PrometheusCollector:
                 "Prometheus source, namespace %s: pod %s is gone (no scrape target serves it)", namespace, pod
             )
             return
+        self._missing_pod(namespace, pod, reason)
+
+    def _missing_pod(self, namespace: str, pod: str, reason: str) -> None:
+        """The pod counts as missing (a failing source of its own) for as long as this is said each round."""
+        missing = self._inference_missing.setdefault(namespace, set())
         if pod not in missing:
             missing.add(pod)
             log.info("Prometheus source, namespace %s: pod %s counts as missing: %s", namespace, pod, reason)
+        source = pod_inference_source(namespace, pod)
         self._store.add_source(source, SourceKind.PROMETHEUS_INFERENCE, namespace, pod=pod)
         self._store.record_failure(source, reason)
 

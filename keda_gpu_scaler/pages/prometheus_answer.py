@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -376,6 +376,27 @@ def lost_pod(
         newest = max(relevant, key=lambda u: u.time)
         return f"Prometheus has not scraped {_target_text(newest.target)} for {at - newest.time:.0f}s"
     return None
+
+
+def down_pods(
+    namespace: str, seen: Collection[str], found: FreshSeries, ups: Iterable[Up], at: float, window: float
+) -> dict[str, str]:
+    """The pods of `namespace` never read (neither in `found` nor `seen`) whose scrape target Prometheus
+    finds down (`up` 0), each with why it counts as missing.
+
+    Without Kubernetes the target pods are those Prometheus names: a pod whose server was down since the
+    scaler started is named by its target only, and counts as a missing pod (SPEC §4: never a made-up 0
+    while a source fails), as the GPU path's "exporters down" check does for exporters.
+    """
+    fresh = {pod for pod, _ in found.by_pod}
+    down: dict[str, str] = {}
+    for up in ups:
+        if up.value >= 1 or at - up.time > window or up.pod is None or up.pod[0] != namespace:
+            continue
+        if up.pod[1] not in fresh and up.pod[1] not in seen:
+            why = f"its server does not answer Prometheus' scrapes (up 0 for {_target_text(up.target)})"
+            down.setdefault(up.pod[1], why)
+    return down
 
 
 def lost_target(target: Target, ups: Iterable[Up], at: float, window: float) -> str | None:

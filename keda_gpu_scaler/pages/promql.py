@@ -105,9 +105,14 @@ def inference_query(namespace: str) -> str:
     renamed on the way (honor_labels false, a federation). Family names may hold colons
     (`vllm:num_requests_waiting`): legal in metric names, and no RE2 metacharacter. A series that matches
     a branch but names another namespace in the pair read first (engines.pod_of) is the caller's to drop.
+
+    With them, Prometheus' own `up` of every scrape target naming a pod of `namespace` (Kubernetes service
+    discovery's `namespace`/`pod`): a pod whose server has failed every scrape since the scaler started
+    has no other series to name it, and must count as a missing pod, not as no pod (SPEC §4).
     """
     branches = [[(ns_key, "=", namespace), (pod_key, "!=", "")] for ns_key, pod_key in ENGINE_POD_LABELS]
-    return values_and_times(ENGINE_SAMPLE_NAMES, branches)
+    targets = values_and_times(["up"], [[("namespace", "=", namespace), ("pod", "!=", "")]])
+    return f"{values_and_times(ENGINE_SAMPLE_NAMES, branches)} or {targets}"
 
 
 def gateway_query(namespace: str, pool: str) -> str:

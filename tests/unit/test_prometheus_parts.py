@@ -655,7 +655,9 @@ def test_inference_query_names_every_engine_family_with_both_pod_label_pairs() -
     # Colons are legal in metric names and no RE2 metacharacter: the names go in as they are.
     assert 'timestamp({__name__="vllm:num_requests_waiting",namespace="' in query
     assert 'timestamp({__name__="sglang:num_queue_reqs",exported_namespace="' in query
-    assert query.count("timestamp(") == len(ENGINE_SAMPLE_NAMES) * 2
+    # And `up` of every target naming a pod of the namespace: a pod down since the start has no other series.
+    assert 'timestamp({__name__="up",namespace="' in query
+    assert query.count("timestamp(") == len(ENGINE_SAMPLE_NAMES) * 2 + 1
     assert query.endswith(f'"{TIMESTAMP_LABEL}", "1", "", "")')
 
 
