@@ -203,9 +203,23 @@ def fleet_query() -> str:
     return f"group({selector([('__name__', '=~', any_of(SAMPLE_NAMES))])})"
 
 
+# How far back a job counts as one that serves GPU series: every sample of the last few minutes, then
+# a look every few minutes over the hour (see down_exporters_query).
+GPU_JOBS_RECENT, GPU_JOBS_LOOKBACK, GPU_JOBS_STEP = "5m", "1h", "5m"
+
+
 def down_exporters_query() -> str:
     """The scrape targets Prometheus finds down (`up` 0) in the jobs that serve GPU exporter series: while
     one is, a namespace with no series may have pods there (SPEC §4). Jobs, not targets: a down target's
-    own GPU series are gone, and its job's live targets name the job."""
-    gpu_jobs = f"group by (job) ({selector([('__name__', '=~', any_of(SAMPLE_NAMES))])})"
-    return f"(up == 0) and on (job) {gpu_jobs}"
+    own GPU series are gone, and its job's live targets name the job.
+
+    A job whose every target is down has no current GPU series to name it, so the jobs that had any
+    lately count too: within the last 5 minutes by every sample (`last_over_time`), and within the hour
+    by a look every 5 minutes (a subquery: 13 instant looks at the GPU series). Reading every sample of
+    the hour instead (`last_over_time(...[1h])`) costs each series its hundreds of samples, a fleet's
+    millions, on each check; a job down since more than the hour before the scaler started is not seen.
+    """
+    gpu = selector([("__name__", "=~", any_of(SAMPLE_NAMES))])
+    recent = f"group by (job) (last_over_time({gpu}[{GPU_JOBS_RECENT}]))"
+    hour = f"max_over_time(group by (job) ({gpu})[{GPU_JOBS_LOOKBACK}:{GPU_JOBS_STEP}])"
+    return f"(up == 0) and on (job) ({recent} or {hour})"

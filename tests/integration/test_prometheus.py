@@ -492,6 +492,37 @@ async def test_zero_pods_while_a_gpu_exporter_is_down_is_unavailable_after_a_res
     await _answers(scaler, "restarted", trigger("vllm-"), 50.0)
 
 
+async def test_zero_pods_while_a_whole_exporter_job_is_down_is_unavailable_after_a_restart(
+    prometheus: PrometheusServer, make_exporter: Any, make_scaler: Any
+) -> None:
+    # As above, with every target of the exporter job down (one scrape job per exporter DaemonSet, its
+    # only node's exporter failing): no series of that job is current, yet it served GPU series.
+    elsewhere = await make_exporter(_pods(GpuLine("elsewhere", "web-0", 10), host="node-other"))
+    a = await make_exporter(_pods(GpuLine("whole-job", "vllm-0", 50), host="node-job"))
+    job = {"job": "whole-job-dcgm", **operator_labels("dcgm-whole-job")}
+    others = (address_of(elsewhere), operator_labels("dcgm-elsewhere"))
+    prometheus.set_targets("operator", "whole-job", [(address_of(a), job), others])
+    try:
+        await eventually(
+            lambda: _scraped(prometheus, 'DCGM_FI_DEV_GPU_UTIL{job="whole-job-dcgm"}'), timeout=20
+        )
+        a.status = 503
+        await eventually(lambda: _scraped(prometheus, 'up{job="whole-job-dcgm"} == 0'), timeout=20)
+        await eventually(
+            lambda: _absent(prometheus, 'DCGM_FI_DEV_GPU_UTIL{job="whole-job-dcgm"}'), timeout=20
+        )
+        scaler = await make_scaler(prometheus_url=prometheus.url, **THROUGH_PROMETHEUS)
+        await _unavailable(scaler, "whole-job", trigger("vllm-"), "down", address_of(a))
+        a.status = 200
+        await _answers(scaler, "whole-job", trigger("vllm-"), 50.0)
+    finally:
+        prometheus.set_targets("operator", "whole-job", [])
+
+
+async def _absent(prometheus: PrometheusServer, query: str) -> None:
+    assert not prometheus.query(query), query
+
+
 async def _scraped(prometheus: PrometheusServer, query: str) -> None:
     assert prometheus.query(query), query
 
