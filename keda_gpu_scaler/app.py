@@ -283,6 +283,7 @@ class App:
                 interval=s.scrape_interval,
                 max_staleness=s.prometheus_max_staleness,
                 clock=self.clock,
+                exporter_namespaces=s.exporter_namespaces,
             )
             self._prometheus.start()
 

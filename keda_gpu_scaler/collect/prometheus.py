@@ -31,6 +31,7 @@ from keda_gpu_scaler.collect.prometheus_sources import (
 from keda_gpu_scaler.collect.store import Page, Store
 from keda_gpu_scaler.collect.supervise import cancel_all
 from keda_gpu_scaler.collect.wanted import PrometheusQuery, WantedSources
+from keda_gpu_scaler.core.selectors import DEFAULT_EXPORTER_NAMESPACES
 from keda_gpu_scaler.core.snapshot import Reading, SourceKind
 from keda_gpu_scaler.pages.engines import PodSamples
 from keda_gpu_scaler.pages.exposition import Sample
@@ -40,6 +41,7 @@ from keda_gpu_scaler.pages.prometheus_answer import (
     PrometheusError,
     ReplicaLost,
     Up,
+    down_pods,
     gateway_replicas,
     inference_pods,
     lost_pod,
@@ -94,8 +96,11 @@ class PrometheusCollector:
         max_staleness: float,
         clock: Callable[[], float],
         wall_clock: Callable[[], float] = time.time,
+        exporter_namespaces: frozenset[str] | None = frozenset(DEFAULT_EXPORTER_NAMESPACES),
     ) -> None:
         self._client = client
+        # --exporter-namespaces: the scrape targets whose series may name another namespace's pods.
+        self._exporter_namespaces = exporter_namespaces
         self._store = store
         self._wanted = wanted
         self._interval = interval
@@ -158,7 +163,10 @@ class PrometheusCollector:
         failures = 0
         while True:
             try:
-                ok = await collect(namespace)
+                # In the namespace's turn (fair between namespaces): the round takes its evaluation time
+                # once it has one, so time spent waiting for it never counts as the data's age.
+                async with self._client.slot(namespace):
+                    ok = await collect(namespace)
             except Exception:
                 # A bug must not end the namespace's collection for good: its data goes stale and
                 # the calls say UNAVAILABLE, the log says why, and the next round tries again.
@@ -186,7 +194,8 @@ class PrometheusCollector:
         self._store.remove_source(gateway_source(namespace, pool))
 
     def _times(self) -> tuple[float, float]:
-        """The evaluation time sent (whole milliseconds: exactly the one compared with later) and now."""
+        """The evaluation time sent (whole milliseconds: exactly the one compared with later) and now.
+        Taken when the round starts, in its namespace's slot (see _loop), never before waiting for one."""
         return round(self._wall() * 1000) / 1000, self._clock()
 
     async def _series(self, promql: str, at: float, purpose: str) -> list[Sample]:
@@ -281,8 +290,9 @@ class PrometheusCollector:
         self._store.add_source(source, SourceKind.PROMETHEUS, namespace)
         known = self._targets.setdefault(namespace, {})
         try:
-            samples = await self._series(namespace_query(namespace), at, "namespace")
-            for query in gpu_queries(samples):
+            trusted = self._exporter_namespaces
+            samples = await self._series(namespace_query(namespace, trusted), at, "namespace")
+            for query in gpu_queries(samples, trusted):
                 more = await self._series(query, at, "gpus")
                 samples = merged(samples, more)
             by_target: dict[Target, list[Sample]] = {}
@@ -341,6 +351,7 @@ class PrometheusCollector:
             samples = await self._series(inference_query(namespace), at, "inference")
             found = inference_pods(samples, namespace, at, self._window)
             ups = await self._ups_of_lost(namespace, seen, found, at)
+            down = down_pods(namespace, seen.keys(), found, up_series(samples), at, self._window)
         except PrometheusError as error:
             return self._failed(PrometheusQuery(INFERENCE_SERIES, namespace), source, error)
         self._answered(PrometheusQuery(INFERENCE_SERIES, namespace), samples, at)
@@ -369,6 +380,12 @@ class PrometheusCollector:
         stale = set(found.stale)
         for pod in lost:
             self._lost_pod(namespace, pod, seen, served_by, pod in stale, ups, at)
+        for pod, why in down.items():
+            self._missing_pod(namespace, pod, why)
+        for pod in sorted(missing - seen.keys() - down.keys()):
+            # Never read, and its target is no longer down (or no longer there): it counts no more.
+            missing.discard(pod)
+            self._store.remove_source(pod_inference_source(namespace, pod))
         return True
 
     def _lost_pod(
@@ -394,9 +411,15 @@ class PrometheusCollector:
                 "Prometheus source, namespace %s: pod %s is gone (no scrape target serves it)", namespace, pod
             )
             return
+        self._missing_pod(namespace, pod, reason)
+
+    def _missing_pod(self, namespace: str, pod: str, reason: str) -> None:
+        """The pod counts as missing (a failing source of its own) for as long as this is said each round."""
+        missing = self._inference_missing.setdefault(namespace, set())
         if pod not in missing:
             missing.add(pod)
             log.info("Prometheus source, namespace %s: pod %s counts as missing: %s", namespace, pod, reason)
+        source = pod_inference_source(namespace, pod)
         self._store.add_source(source, SourceKind.PROMETHEUS_INFERENCE, namespace, pod=pod)
         self._store.record_failure(source, reason)
 

@@ -7,10 +7,12 @@ import base64
 import json
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from contextlib import AbstractAsyncContextManager
 
 import aiohttp
 
+from keda_gpu_scaler.collect.fairshare import FairSlots
 from keda_gpu_scaler.collect.http import USER_AGENT, FetchError, PageTooLarge, request
 from keda_gpu_scaler.config.secretfile import SecretFile
 from keda_gpu_scaler.config.settings import Settings, SettingsError
@@ -26,6 +28,8 @@ from keda_gpu_scaler.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
+# Collection rounds querying at once, shared fairly between namespaces (collect/fairshare.py): each also
+# has slots of its own, so one tenant's slow queries never hold another's back.
 QUERIES_IN_FLIGHT = 8
 
 
@@ -113,10 +117,17 @@ class PrometheusClient:
         self._credentials = Credentials(settings)
         self._telemetry = telemetry
         self._clock = clock
-        self._in_flight = asyncio.Semaphore(QUERIES_IN_FLIGHT)
+        self.slots = FairSlots(QUERIES_IN_FLIGHT)
+
+    def slot(self, namespace: Hashable) -> AbstractAsyncContextManager[None]:
+        """A turn for one namespace's collection round (its queries, one after the other): the rounds of
+        all namespaces share the client fairly, so one tenant's slow answers spend its own share only."""
+        return self.slots.slot(namespace)
 
     async def query(self, promql: str, at: float, purpose: str) -> list[Element]:
-        """Evaluate `promql` at wall-clock time `at` (seconds); `purpose` labels the query counter."""
+        """Evaluate `promql` at wall-clock time `at` (seconds); `purpose` labels the query counter.
+
+        The collector asks within a slot() of the namespace the query is for."""
         form = {
             "query": promql,
             "time": f"{at:.3f}",
@@ -125,18 +136,17 @@ class PrometheusClient:
             "partial_response": "false",
             "deny_partial_response": "1",
         }
-        async with self._in_flight:
-            started = self._clock()
-            try:
-                body = await self._post(form)
-                if len(body) > OFF_LOOP_BYTES:
-                    # Decoded in pieces off the loop: a 15 MiB answer took 0.7 s of the loop in one call.
-                    elements, warnings = await asyncio.to_thread(parse_vector, body)
-                else:
-                    elements, warnings = parse_vector(body)
-            except PrometheusError:
-                self._count(purpose, "error", started)
-                raise
+        started = self._clock()
+        try:
+            body = await self._post(form)
+            if len(body) > OFF_LOOP_BYTES:
+                # Decoded in pieces off the loop: a 15 MiB answer took 0.7 s of the loop in one call.
+                elements, warnings = await asyncio.to_thread(parse_vector, body)
+            else:
+                elements, warnings = parse_vector(body)
+        except PrometheusError:
+            self._count(purpose, "error", started)
+            raise
         self._count(purpose, "ok", started)
         if warnings:
             log.debug("Prometheus warnings for a %s query: %s", purpose, "; ".join(warnings[:5]))

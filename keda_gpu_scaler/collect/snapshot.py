@@ -154,7 +154,7 @@ class Snapshots:
         if targets is not None and not targets.pods:
             return Snapshot(namespace, now, kind, targets, pool=pool)
         view = self._store.view(namespace, now, self._staleness(kind), kind)
-        gpu, pods, target_pods = _chosen(view, spec, targets)
+        gpu, pods, target_pods = _chosen(view, spec, targets, kind is SourceKind.PROMETHEUS_INFERENCE)
         tracks: tuple[tuple[str, Track], ...] = ()
         if spec.metric is Metric.DEMAND or spec.slo is not None:  # rates, or a latency target's histograms
             read = self.demand_history.read
@@ -288,10 +288,15 @@ class Snapshots:
 
 
 def _chosen(
-    view: NamespaceView, spec: TriggerSpec, targets: Targets | None
+    view: NamespaceView, spec: TriggerSpec, targets: Targets | None, through_prometheus: bool = False
 ) -> tuple[tuple[GpuReading, ...], tuple[PodSamples, ...], frozenset[str]]:
     """The target pods' readings in the view (GPU readings, or one PodSamples per inference pod page) and
     every pod that counts as a target, read or not."""
+    if targets is not None and through_prometheus:
+        # Prometheus gives one PodSamples per pod (by its namespace/pod labels), with no page address:
+        # metricsPort and metricsPath choose nothing there.
+        pods = tuple(r for r in view.readings if isinstance(r, PodSamples) and r.pod in targets.pods)
+        return (), pods, targets.pods
     if targets is not None:
         # A pod may serve several pages (one per container): the trigger reads its own.
         own = {

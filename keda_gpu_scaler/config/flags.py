@@ -110,10 +110,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "--exporter-namespaces",
         ",".join(DEFAULT_EXPORTER_NAMESPACES),
-        "with Kubernetes: the namespaces GPU exporter pods are read from, ','-separated (the defaults are"
-        " where the NVIDIA and AMD GPU operators and Alibaba ACK install them); a pod elsewhere matching"
-        " --exporter-selector is never read, so a tenant cannot pass a pod of theirs off as a node's exporter."
-        " * reads any namespace",
+        "the namespaces GPU exporter pods are read from, ','-separated (the defaults are where the NVIDIA"
+        " and AMD GPU operators and Alibaba ACK install them); with Kubernetes a pod elsewhere matching"
+        " --exporter-selector is never read, and through Prometheus only series scraped from a target in"
+        " them may name another namespace's pod (exported_namespace/exported_pod and the like), so a tenant"
+        " cannot pass a pod of theirs off as a node's exporter. * reads any namespace",
         parse=_exporter_namespaces,
     ),
     Flag(

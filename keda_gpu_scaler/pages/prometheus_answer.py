@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -263,13 +264,46 @@ def replica_of(labels: dict[str, str]) -> str:
     return labels.get("pod") or labels.get("instance") or labels.get("job") or "(unnamed target)"
 
 
+# Labels Prometheus gives a series from its scrape target (Kubernetes service discovery, kube-prometheus'
+# ServiceMonitors and PodMonitors), never printed by an endpoint picker about its queue.
+SCRAPE_TARGET_LABELS = frozenset({"job", "instance", "endpoint", "service", "container", "namespace", "pod"})
+
+
 def gateway_replicas(samples: Iterable[Sample], namespace: str, at: float, window: float) -> FreshSeries:
-    """A gateway query's series by endpoint-picker replica of `namespace`."""
+    """A gateway query's series by endpoint-picker replica of `namespace`.
+
+    One replica's page read by two scrape jobs (a ServiceMonitor and a PodMonitor) is in Prometheus twice,
+    its series differing only by scrape-target labels: those copies count once (the largest, as
+    engines.gauge takes a pod's copies), or the replica's queue would count twice.
+    """
 
     def replica_in_namespace(labels: dict[str, str]) -> str | None:
         return replica_of(labels) if labels.get("namespace") == namespace else None
 
-    return fresh_series(samples, GATEWAY_SAMPLE_NAMES, replica_in_namespace, at, window)
+    found = fresh_series(samples, GATEWAY_SAMPLE_NAMES, replica_in_namespace, at, window)
+    by_pod = tuple((replica, _one_copy_each(series)) for replica, series in found.by_pod)
+    if by_pod == found.by_pod:
+        return found
+    times = [seconds(s) for _, series in by_pod for s in series]
+    return dataclasses.replace(found, by_pod=by_pod, oldest=min(times) if times else None)
+
+
+def _one_copy_each(series: tuple[Sample, ...]) -> tuple[Sample, ...]:
+    """One sample per series once the scrape-target labels are set aside: the largest value (then the
+    newest), so that the result does not depend on the answer's order. The order of `series` is kept."""
+    kept: dict[tuple[str, frozenset[tuple[str, str]]], Sample] = {}
+    for sample in series:
+        key = (sample.name, frozenset(i for i in sample.labels.items() if i[0] not in SCRAPE_TARGET_LABELS))
+        before = kept.get(key)
+        if before is None or (_rank(sample) > _rank(before)):
+            kept[key] = sample
+    chosen = {id(sample) for sample in kept.values()}
+    return tuple(sample for sample in series if id(sample) in chosen)
+
+
+def _rank(sample: Sample) -> tuple[float, int]:
+    value = sample.value if not math.isnan(sample.value) else -math.inf
+    return value, sample.timestamp_ms or 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,6 +376,27 @@ def lost_pod(
         newest = max(relevant, key=lambda u: u.time)
         return f"Prometheus has not scraped {_target_text(newest.target)} for {at - newest.time:.0f}s"
     return None
+
+
+def down_pods(
+    namespace: str, seen: Collection[str], found: FreshSeries, ups: Iterable[Up], at: float, window: float
+) -> dict[str, str]:
+    """The pods of `namespace` never read (neither in `found` nor `seen`) whose scrape target Prometheus
+    finds down (`up` 0), each with why it counts as missing.
+
+    Without Kubernetes the target pods are those Prometheus names: a pod whose server was down since the
+    scaler started is named by its target only, and counts as a missing pod (SPEC §4: never a made-up 0
+    while a source fails), as the GPU path's "exporters down" check does for exporters.
+    """
+    fresh = {pod for pod, _ in found.by_pod}
+    down: dict[str, str] = {}
+    for up in ups:
+        if up.value >= 1 or at - up.time > window or up.pod is None or up.pod[0] != namespace:
+            continue
+        if up.pod[1] not in fresh and up.pod[1] not in seen:
+            why = f"its server does not answer Prometheus' scrapes (up 0 for {_target_text(up.target)})"
+            down.setdefault(up.pod[1], why)
+    return down
 
 
 def lost_target(target: Target, ups: Iterable[Up], at: float, window: float) -> str | None:

@@ -75,10 +75,26 @@ def values_and_times(names: Collection[str], branches: Sequence[Sequence[Matcher
     return f'({values}) or label_replace({times}, "{TIMESTAMP_LABEL}", "1", "", "")'
 
 
-def namespace_query(namespace: str) -> str:
-    """The series of every pod-label pair naming a pod of `namespace` (a superset: the vendors decide)."""
-    branches = [[(ns_key, "=", namespace), (pod_key, "!=", "")] for ns_key, pod_key in POD_LABELS]
+def namespace_query(namespace: str, exporter_namespaces: Collection[str] | None) -> str:
+    """The series of every pod-label pair naming a pod of `namespace` (a superset: the vendors decide).
+
+    Only the plain `namespace`/`pod` pair is taken from any scrape target. The others (`exported_*`, dcgm's
+    `--use-old-namespace` pair, ACK's) are what a page printed about some other pod, so they count only
+    from targets in `exporter_namespaces` (--exporter-namespaces; None: any), as the scrape path reads
+    exporter pods there only: a tenant's own pod printing exporter-like series about another tenant's
+    pod (they arrive as `exported_*`) must not speak for it.
+    """
+    trusted = _exporter_targets(exporter_namespaces)
+    branches = [
+        [(ns_key, "=", namespace), (pod_key, "!=", ""), *([] if ns_key == "namespace" else trusted)]
+        for ns_key, pod_key in POD_LABELS
+    ]
     return values_and_times(SAMPLE_NAMES, branches)
+
+
+def _exporter_targets(exporter_namespaces: Collection[str] | None) -> list[Matcher]:
+    """The matcher for series scraped from a target in one of the exporters' namespaces (none: any)."""
+    return [] if exporter_namespaces is None else [("namespace", "=~", any_of(exporter_namespaces))]
 
 
 def inference_query(namespace: str) -> str:
@@ -89,9 +105,14 @@ def inference_query(namespace: str) -> str:
     renamed on the way (honor_labels false, a federation). Family names may hold colons
     (`vllm:num_requests_waiting`): legal in metric names, and no RE2 metacharacter. A series that matches
     a branch but names another namespace in the pair read first (engines.pod_of) is the caller's to drop.
+
+    With them, Prometheus' own `up` of every scrape target naming a pod of `namespace` (Kubernetes service
+    discovery's `namespace`/`pod`): a pod whose server has failed every scrape since the scaler started
+    has no other series to name it, and must count as a missing pod, not as no pod (SPEC §4).
     """
     branches = [[(ns_key, "=", namespace), (pod_key, "!=", "")] for ns_key, pod_key in ENGINE_POD_LABELS]
-    return values_and_times(ENGINE_SAMPLE_NAMES, branches)
+    targets = values_and_times(["up"], [[("namespace", "=", namespace), ("pod", "!=", "")]])
+    return f"{values_and_times(ENGINE_SAMPLE_NAMES, branches)} or {targets}"
 
 
 def gateway_query(namespace: str, pool: str) -> str:
@@ -132,14 +153,20 @@ def up_query(namespace: str, pods: Collection[str], targets: Collection[Target])
     return values_and_times(["up"], branches)
 
 
-def gpu_queries(samples: Iterable[Sample]) -> list[str]:
+def gpu_queries(samples: Iterable[Sample], exporter_namespaces: Collection[str] | None) -> list[str]:
     """For vendors that need them, all series of the GPUs the given samples are on (device-level, other pods).
 
     A namespace's own series are not enough there: dcgm-exporter's per-pod values on a shared GPU are told
     from copies of the device value only beside the GPU's device-level series, and a copy shared by pods
     of two namespaces must count for neither. With the whole GPU fetched, readings match direct scraping.
+    As in namespace_query, a series naming its pod by any pair but `namespace`/`pod` counts only from a
+    target in `exporter_namespaces`: a look-alike exporter printing a real GPU's ID cannot join it.
     """
     samples = list(samples)
+    trusted = _exporter_targets(exporter_namespaces)
+    # No pod named but by `namespace`/`pod` (or none at all: device-level series).
+    plain: list[Matcher] = [(pod_key, "=", "") for _, pod_key in POD_LABELS if pod_key != "pod"]
+    kinds = [trusted, plain] if trusted else [[]]
     queries = []
     for vendor in VENDORS:
         ids: dict[str, set[str]] = {label: set() for label in vendor.gpu_id_labels}
@@ -148,7 +175,12 @@ def gpu_queries(samples: Iterable[Sample]) -> list[str]:
                 for label in vendor.gpu_id_labels:
                     if value := sample.labels.get(label):
                         ids[label].add(value)
-        branches = [[(label, "=~", any_of(values))] for label, values in ids.items() if values]
+        branches = [
+            [(label, "=~", any_of(values)), *kind]
+            for label, values in ids.items()
+            if values
+            for kind in kinds
+        ]
         if branches:
             queries.append(values_and_times(vendor.sample_names, branches))
     return queries
@@ -171,9 +203,23 @@ def fleet_query() -> str:
     return f"group({selector([('__name__', '=~', any_of(SAMPLE_NAMES))])})"
 
 
+# How far back a job counts as one that serves GPU series: every sample of the last few minutes, then
+# a look every few minutes over the hour (see down_exporters_query).
+GPU_JOBS_RECENT, GPU_JOBS_LOOKBACK, GPU_JOBS_STEP = "5m", "1h", "5m"
+
+
 def down_exporters_query() -> str:
     """The scrape targets Prometheus finds down (`up` 0) in the jobs that serve GPU exporter series: while
     one is, a namespace with no series may have pods there (SPEC §4). Jobs, not targets: a down target's
-    own GPU series are gone, and its job's live targets name the job."""
-    gpu_jobs = f"group by (job) ({selector([('__name__', '=~', any_of(SAMPLE_NAMES))])})"
-    return f"(up == 0) and on (job) {gpu_jobs}"
+    own GPU series are gone, and its job's live targets name the job.
+
+    A job whose every target is down has no current GPU series to name it, so the jobs that had any
+    lately count too: within the last 5 minutes by every sample (`last_over_time`), and within the hour
+    by a look every 5 minutes (a subquery: 13 instant looks at the GPU series). Reading every sample of
+    the hour instead (`last_over_time(...[1h])`) costs each series its hundreds of samples, a fleet's
+    millions, on each check; a job down since more than the hour before the scaler started is not seen.
+    """
+    gpu = selector([("__name__", "=~", any_of(SAMPLE_NAMES))])
+    recent = f"group by (job) (last_over_time({gpu}[{GPU_JOBS_RECENT}]))"
+    hour = f"max_over_time(group by (job) ({gpu})[{GPU_JOBS_LOOKBACK}:{GPU_JOBS_STEP}])"
+    return f"(up == 0) and on (job) ({recent} or {hour})"

@@ -33,8 +33,11 @@ from keda_gpu_scaler.server.registry import Followed, Subscription
 
 log = logging.getLogger(__name__)
 
-# Source kinds read from the target's pods (or the exporters on their nodes): they need discovery's pods.
-_READS_PODS = frozenset({SourceKind.SCRAPE, SourceKind.INFERENCE})
+# Source kinds that read the target's pods (their pages, the exporters on their nodes, or their series in
+# Prometheus): they need discovery's pods. Only `pending` reads the pool's endpoint pickers instead.
+_READS_PODS = frozenset(
+    {SourceKind.SCRAPE, SourceKind.INFERENCE, SourceKind.PROMETHEUS, SourceKind.PROMETHEUS_INFERENCE}
+)
 
 
 class Discovery(Protocol):

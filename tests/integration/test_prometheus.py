@@ -291,6 +291,48 @@ async def test_few_queries_per_namespace(
         assert proxy.requests - before == 1  # the fleet check is not repeated within an interval
 
 
+async def test_a_tenants_look_alike_exporter_scraped_by_prometheus_is_never_read(
+    prometheus: PrometheusServer, make_exporter: Any, make_scaler: Any
+) -> None:
+    """A tenant's own pods, scraped by Prometheus (a PodMonitor of its namespace), print dcgm-exporter's
+    series naming another tenant's pods: they arrive as exported_namespace/exported_pod. One claims an
+    idle GPU of its own for the victim's pod; the other claims the victim's real GPU (its UUID) for a pod
+    of the victim's that has none. As with direct scraping, only exporters in --exporter-namespaces
+    (gpu-operator & co by default) speak for another namespace's pods; `*` reads any, as it does there."""
+    real = await make_exporter(dcgm_page([GpuLine("victim", "victim-0", 90)], host="victim-node"))
+    idle = await make_exporter(dcgm_page([GpuLine("victim", "victim-0", 0)], host="attacker-node"))
+    same_gpu = await make_exporter(dcgm_page([GpuLine("victim", "victim-1", 100)], host="victim-node"))
+    attacker = {"namespace": "attacker", "pod": "innocent-0", "container": "app"}
+    prometheus.set_targets(
+        "operator",
+        "lookalike",
+        [
+            (address_of(real), operator_labels("nvidia-dcgm-exporter-real")),
+            (address_of(idle), attacker),
+            (address_of(same_gpu), attacker | {"pod": "innocent-1"}),
+        ],
+    )
+    try:
+        await eventually(
+            lambda: _series_count(prometheus, 'DCGM_FI_DEV_GPU_UTIL{exported_namespace="victim"}', 3),
+            timeout=20,
+        )
+        operators = await make_scaler(prometheus_url=prometheus.url, **THROUGH_PROMETHEUS)
+        anywhere = await make_scaler(
+            prometheus_url=prometheus.url, exporter_namespaces=None, **THROUGH_PROMETHEUS
+        )
+        victim = trigger("victim-")
+        await _answers(operators, "victim", victim, 90.0)
+        # What the look-alikes would do: victim-0 at mean(90, 0), and victim-1 at 100.
+        await _answers(anywhere, "victim", victim, 145.0)
+    finally:
+        prometheus.set_targets("operator", "lookalike", [])
+
+
+async def _series_count(prometheus: PrometheusServer, promql: str, count: int) -> None:
+    assert len(prometheus.query(promql)) == count
+
+
 @pytest.mark.parametrize(
     "namespace",
     ['we"ird', "back\\slash", "new\nline", "dot.*star", "ünïcode", "close}brace", 'llm",pod!="'],
@@ -305,7 +347,7 @@ async def test_any_namespace_is_quoted_safely(
         client = PrometheusClient(session, settings, Telemetry(), time.monotonic)
         # Prometheus parses it and finds nothing: the value was one string, never PromQL (unquoted,
         # 'llm",pod!="' would find the fleet's llm series).
-        assert await client.query(namespace_query(namespace), time.time(), "namespace") == []
+        assert await client.query(namespace_query(namespace, None), time.time(), "namespace") == []
 
 
 async def _unavailable(scaler: Any, namespace: str, metadata: dict[str, str], *texts: str) -> str:
@@ -448,6 +490,37 @@ async def test_zero_pods_while_a_gpu_exporter_is_down_is_unavailable_after_a_res
     await _unavailable(scaler, "restarted", trigger("vllm-"), "down", address_of(b))
     b.status = 200
     await _answers(scaler, "restarted", trigger("vllm-"), 50.0)
+
+
+async def test_zero_pods_while_a_whole_exporter_job_is_down_is_unavailable_after_a_restart(
+    prometheus: PrometheusServer, make_exporter: Any, make_scaler: Any
+) -> None:
+    # As above, with every target of the exporter job down (one scrape job per exporter DaemonSet, its
+    # only node's exporter failing): no series of that job is current, yet it served GPU series.
+    elsewhere = await make_exporter(_pods(GpuLine("elsewhere", "web-0", 10), host="node-other"))
+    a = await make_exporter(_pods(GpuLine("whole-job", "vllm-0", 50), host="node-job"))
+    job = {"job": "whole-job-dcgm", **operator_labels("dcgm-whole-job")}
+    others = (address_of(elsewhere), operator_labels("dcgm-elsewhere"))
+    prometheus.set_targets("operator", "whole-job", [(address_of(a), job), others])
+    try:
+        await eventually(
+            lambda: _scraped(prometheus, 'DCGM_FI_DEV_GPU_UTIL{job="whole-job-dcgm"}'), timeout=20
+        )
+        a.status = 503
+        await eventually(lambda: _scraped(prometheus, 'up{job="whole-job-dcgm"} == 0'), timeout=20)
+        await eventually(
+            lambda: _absent(prometheus, 'DCGM_FI_DEV_GPU_UTIL{job="whole-job-dcgm"}'), timeout=20
+        )
+        scaler = await make_scaler(prometheus_url=prometheus.url, **THROUGH_PROMETHEUS)
+        await _unavailable(scaler, "whole-job", trigger("vllm-"), "down", address_of(a))
+        a.status = 200
+        await _answers(scaler, "whole-job", trigger("vllm-"), 50.0)
+    finally:
+        prometheus.set_targets("operator", "whole-job", [])
+
+
+async def _absent(prometheus: PrometheusServer, query: str) -> None:
+    assert not prometheus.query(query), query
 
 
 async def _scraped(prometheus: PrometheusServer, query: str) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
 import pytest
-from prometheus_support import PASSWORD, USERNAME, PrometheusServer, address_of
+from aiohttp import web
+from prometheus_support import PASSWORD, USERNAME, PrometheusServer, address_of, basic_auth
 from support import ExporterServer, eventually
 
 from keda_gpu_scaler.demo.epp import Queued, epp_page
@@ -101,6 +104,29 @@ async def test_pending_sums_the_pool_s_replicas_of_its_own_namespace(
     await value_is(scaler, 3, {**PENDING, "model": "llama"})
 
 
+async def test_a_replica_two_scrape_jobs_read_counts_once(
+    scaler: Any, make_exporter: Any, targets: Any, prometheus: PrometheusServer
+) -> None:
+    """A ServiceMonitor and a PodMonitor both scraping one EPP replica: its series are in Prometheus twice,
+    differing only by the scrape target's labels (job, service, endpoint). Its queue counts once."""
+    a = await make_exporter(epp_page("chat-pool", {Queued("llama", "team-a"): 3}))
+    b = await make_exporter(epp_page("chat-pool", {Queued("qwen"): 2}))
+    targets((a, "llm", "chat-pool-epp-0"), (b, "llm", "chat-pool-epp-1"))
+    service_monitor = {"namespace": "llm", "pod": "chat-pool-epp-0", "container": "epp"}
+    service_monitor |= {"service": "chat-pool-epp", "endpoint": "metrics"}
+    prometheus.set_targets("direct", "gateway-twice", [(address_of(a), service_monitor)])
+    try:
+
+        async def both_jobs() -> None:
+            found = prometheus.query('llm_d_epp_flow_control_queue_size{pod="chat-pool-epp-0"}')
+            assert {e["metric"]["job"] for e in found} == {"operator", "direct"}, found
+
+        await eventually(both_jobs, timeout=20)
+        await value_is(scaler, 5)  # 3 + 2, not 3 + 3 + 2
+    finally:
+        prometheus.set_targets("direct", "gateway-twice", [])
+
+
 async def test_no_series_for_the_pool_is_unavailable_naming_it(scaler: Any, targets: Any) -> None:
     targets()
     metadata = {**PENDING, "inferencePool": "idle-pool"}  # a pool no EPP in Prometheus ever served
@@ -152,3 +178,87 @@ async def test_requests_turned_away_between_two_answers_wake_the_workload(
         assert (await scaler.stub.IsActive(ref())).result is True
 
     await eventually(woken, timeout=20, interval=0.01)
+
+
+class HangingForOneNamespace:
+    """A Prometheus API in front of the real one that holds every query naming one namespace until the
+    test ends (a tenant whose answers are huge or slow to build), and forwards the others at once."""
+
+    def __init__(self, upstream: str, namespace: str) -> None:
+        self.upstream = upstream
+        self.namespace = namespace
+        self.hanging = 0
+        self.release = asyncio.Event()
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(headers={"Authorization": basic_auth()})
+
+        async def query(request: web.Request) -> web.Response:
+            form = dict(await request.post())
+            if f'"{self.namespace}"' in str(form.get("query", "")):
+                self.hanging += 1
+                await self.release.wait()
+                return web.Response(status=503)
+            assert self._session is not None
+            async with self._session.post(self.upstream + "/api/v1/query", data=form) as upstream:
+                body = await upstream.read()
+                return web.Response(status=upstream.status, body=body, content_type="application/json")
+
+        app = web.Application()
+        app.router.add_route("*", "/api/v1/query", query)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        self.release.set()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+
+@pytest.fixture
+async def hanging(prometheus: PrometheusServer) -> AsyncIterator[HangingForOneNamespace]:
+    server = HangingForOneNamespace(prometheus.url, "hostile")
+    await server.start()
+    yield server
+    await server.stop()
+
+
+async def test_a_tenants_hanging_queries_never_hold_another_tenants_back(
+    hanging: HangingForOneNamespace, make_scaler: Any, make_exporter: Any, targets: Any
+) -> None:
+    """Queries are shared fairly between namespaces, as page fetches are: while 12 pools of one tenant
+    have queries hanging (more than the client runs at once), another tenant's pool is read and a wake
+    there is seen."""
+    # `hanging` first: it is torn down after the scaler, whose queries it holds.
+    page = await make_exporter(epp_page("chat-pool", {Queued("llama"): 0}))
+    targets((page, "llm", "chat-pool-epp-0"))
+    scaler = await make_scaler(
+        prometheus_url=f"http://127.0.0.1:{hanging.port}",
+        prometheus_timeout=60.0,  # the hostile queries hang for the whole test
+        scrape_interval=INTERVAL,
+        max_staleness=MAX_STALENESS,
+        prometheus_max_staleness=MAX_STALENESS,
+    )
+    for index in range(12):
+        hostile = pb.ScaledObjectRef(
+            name=f"hostile-{index}",
+            namespace="hostile",
+            scalerMetadata={**PENDING, "inferencePool": f"p{index}"},
+        )
+        with pytest.raises(grpc.aio.AioRpcError):
+            await scaler.stub.IsActive(hostile)
+
+    async def hostile_hangs() -> None:
+        assert hanging.hanging >= 6  # its own slots and its half of the common ones
+
+    await eventually(hostile_hangs)
+    await value_is(scaler, 0)
+    page.page = epp_page("chat-pool", {Queued("llama"): 7})
+    await value_is(scaler, 7)

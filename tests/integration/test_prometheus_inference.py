@@ -400,3 +400,40 @@ async def test_a_stopped_server_is_a_missing_pod_until_prometheus_drops_its_targ
 
     await eventually(target_gone, timeout=30)
     await eventually(lambda: value_is(61.0), timeout=30)
+
+
+async def test_a_server_prometheus_cannot_scrape_since_the_start_is_a_missing_pod(
+    prometheus: PrometheusServer, make_exporter: Any, make_scaler: Any, targets: Any
+) -> None:
+    """Without Kubernetes, a pod whose server has failed Prometheus' scrapes (`up` 0) since before the
+    scaler started is named by its scrape target only: it is a missing pod, never a made-up 0 (SPEC §4),
+    beside a pod that answers too; once its target is gone (the pod was deleted), it no longer counts."""
+    broken = await make_exporter(page("vllm_v1.prom"))
+    broken.status = 500
+    working = await make_exporter(page("vllm_dp2.prom"))  # requests 61
+    targets((broken, pod_labels("down-at-start", "vllm-a")))
+
+    async def down() -> None:
+        assert [r["value"][1] for r in prometheus.query('up{namespace="down-at-start"}')] == ["0"]
+
+    await eventually(down, timeout=30)
+    scaler = await prometheus_scaler(make_scaler, prometheus)
+    metadata = {"metric": "requests", "threshold": "100", "podNamePrefix": "vllm-", "source": "prometheus"}
+    ref = pb.ScaledObjectRef(name="llm", namespace="down-at-start", scalerMetadata=metadata)
+
+    async def unavailable() -> None:
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            await scaler.stub.IsActive(ref)
+        assert raised.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert "vllm-a" in (raised.value.details() or ""), raised.value.details()
+
+    await eventually(unavailable, timeout=30)
+    # Beside a pod that answers: the one that cannot be read counts as the threshold (61 + 100).
+    targets((broken, pod_labels("down-at-start", "vllm-a")), (working, pod_labels("down-at-start", "vllm-b")))
+
+    async def value_is(expected: float) -> None:
+        assert (await requests_value(scaler, ref)).metricValueFloat == expected
+
+    await eventually(lambda: value_is(161.0), timeout=30)
+    targets((working, pod_labels("down-at-start", "vllm-b")))
+    await eventually(lambda: value_is(61.0), timeout=30)

@@ -16,8 +16,9 @@ from support import eventually
 
 from keda_gpu_scaler.collect import prometheus as prometheus_module
 from keda_gpu_scaler.collect.backoff import MAX_BACKOFF_INTERVALS
+from keda_gpu_scaler.collect.fairshare import FairSlots
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector
-from keda_gpu_scaler.collect.prometheus_client import http_error
+from keda_gpu_scaler.collect.prometheus_client import QUERIES_IN_FLIGHT, http_error
 from keda_gpu_scaler.collect.prometheus_sources import (
     INFERENCE_SERIES,
     gateway_source,
@@ -94,20 +95,38 @@ def test_regex_literal_is_not_a_pattern(value: str, other: str) -> None:
 
 
 def test_namespace_query_covers_every_pod_label_pair_and_family() -> None:
-    query = namespace_query('llm"} or up{x="')
+    query = namespace_query('llm"} or up{x="', None)
     for ns_key, pod_key in POD_LABELS:
-        assert f'{ns_key}="llm\\"}} or up{{x=\\"",{pod_key}!=""' in query
+        assert f'{ns_key}="llm\\"}} or up{{x=\\"",{pod_key}!=""}}' in query
     for name in SAMPLE_NAMES:
         assert f'timestamp({{__name__="{name}",' in query
     assert query.count("timestamp(") == len(SAMPLE_NAMES) * len(POD_LABELS)
+
+
+def test_only_exporter_namespaces_may_name_another_namespaces_pod() -> None:
+    """--exporter-namespaces: every pair but the target's own namespace/pod counts only from a scrape
+    target in those namespaces (a tenant's pod printing exporter-like series about another's pod never)."""
+    query = namespace_query("llm", frozenset({"gpu-operator", "arms-prom"}))
+    assert 'namespace="llm",pod!=""}' in query
+    for ns_key, pod_key in POD_LABELS:
+        if ns_key != "namespace":
+            assert f'{ns_key}="llm",{pod_key}!="",namespace=~"arms-prom|gpu-operator"}}' in query
+    nvidia = Sample(
+        "DCGM_FI_DEV_GPU_UTIL", {"UUID": "GPU-1", "exported_namespace": "a", "exported_pod": "p"}, 5, 0
+    )
+    (gpus,) = gpu_queries([nvidia], frozenset({"gpu-operator"}))
+    assert 'UUID=~"GPU-1",namespace=~"gpu-operator"}' in gpus
+    assert 'UUID=~"GPU-1",exported_pod="",PodName="",pod_name=""}' in gpus
+    (anywhere,) = gpu_queries([nvidia], None)  # `*`
+    assert 'UUID=~"GPU-1"}' in anywhere and "namespace=~" not in anywhere
 
 
 def test_gpu_queries_only_for_vendors_that_need_them() -> None:
     nvidia = Sample("DCGM_FI_DEV_GPU_UTIL", {"UUID": "GPU-1.2", "namespace": "a", "pod": "p"}, 5, 0)
     old = Sample("DCGM_FI_DEV_FB_USED", {"uuid": "GPU-3", "pod_namespace": "a", "pod_name": "p"}, 5, 0)
     amd = Sample("gpu_gfx_activity", {"gpu_id": "0", "namespace": "a", "pod": "q"}, 5, 0)
-    assert gpu_queries([amd]) == []
-    (query,) = gpu_queries([nvidia, old, amd])
+    assert gpu_queries([amd], None) == []
+    (query,) = gpu_queries([nvidia, old, amd], None)
     assert 'UUID=~"GPU-1\\\\.2"' in query and 'uuid=~"GPU-3"' in query
     assert "gpu_gfx_activity" not in query
 
@@ -243,6 +262,10 @@ class ScriptedPrometheus:
         self.failures: dict[str, PrometheusError] = {}
         self.asked: list[str] = []
         self.heard = asyncio.Event()  # set by the first query
+        self.slots = FairSlots(QUERIES_IN_FLIGHT)
+
+    def slot(self, namespace: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.slots.slot(namespace)
 
     async def query(self, promql: str, at: float, purpose: str) -> list[Element]:
         self.asked.append(purpose)
@@ -583,6 +606,41 @@ async def test_a_bug_in_one_collection_is_logged_and_the_loop_goes_on(
     assert prometheus.asked[0] == "namespace"  # collected after the failure
 
 
+async def test_a_round_s_evaluation_time_is_taken_once_its_namespace_has_a_slot() -> None:
+    """Time spent waiting for a slot (other rounds of the namespace hold them) is not the data's age:
+    the round's page is as old as its samples when the round runs, not when it began to wait."""
+    prometheus, store = ScriptedPrometheus(), Store()
+    prometheus.slots = FairSlots(0, own=1)
+    prometheus.answers["namespace"] = elements_of(gpu("vllm-0", 40, age=0.5))
+    pages: list[float] = []
+    store.page_listeners.append(
+        lambda kind, page: pages.append(page.collected_at) if page.by_namespace else None
+    )
+    now = [1000.0]
+    wanted = WantedSources()
+    source = collector(prometheus, store, now)
+    source._wanted = wanted
+    wanted.want("trigger", [PrometheusQuery("gpu", "llm")])
+    try:
+        async with prometheus.slot("llm"):  # another round of the namespace, in flight
+            source.start()
+            await eventually(lambda: _waits_for_a_slot(prometheus))
+            now[0] = 1010.0
+        await eventually(lambda: _recorded(pages))
+    finally:
+        await source.stop()
+    # Its samples were 0.5 s old when the round ran, at 1010; it had waited since 1000.
+    assert pages[0] == 1009.5
+
+
+async def _waits_for_a_slot(prometheus: ScriptedPrometheus) -> None:
+    assert prometheus.slots.waiting == 1
+
+
+async def _recorded(pages: list[float]) -> None:
+    assert pages
+
+
 # ---- inference-server series (SPEC §6) ------------------------------------------------------------
 
 
@@ -597,7 +655,9 @@ def test_inference_query_names_every_engine_family_with_both_pod_label_pairs() -
     # Colons are legal in metric names and no RE2 metacharacter: the names go in as they are.
     assert 'timestamp({__name__="vllm:num_requests_waiting",namespace="' in query
     assert 'timestamp({__name__="sglang:num_queue_reqs",exported_namespace="' in query
-    assert query.count("timestamp(") == len(ENGINE_SAMPLE_NAMES) * 2
+    # And `up` of every target naming a pod of the namespace: a pod down since the start has no other series.
+    assert 'timestamp({__name__="up",namespace="' in query
+    assert query.count("timestamp(") == len(ENGINE_SAMPLE_NAMES) * 2 + 1
     assert query.endswith(f'"{TIMESTAMP_LABEL}", "1", "", "")')
 
 
