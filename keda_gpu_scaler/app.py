@@ -35,7 +35,7 @@ from keda_gpu_scaler.core.trigger import Source
 from keda_gpu_scaler.kubernetes.api import ConnectError, KubeApi, connect
 from keda_gpu_scaler.kubernetes.resolver import DiscoveryConfig, KubeDiscovery
 from keda_gpu_scaler.server import http_endpoints
-from keda_gpu_scaler.server.evaluator import Evaluator
+from keda_gpu_scaler.server.evaluator import Evaluator, publish
 from keda_gpu_scaler.server.http_endpoints import http_app
 from keda_gpu_scaler.server.logs import quiet_non_http_clients
 from keda_gpu_scaler.server.registry import Explanation, Followed, Registry, Subscription
@@ -184,11 +184,17 @@ class App:
         self.subscriptions.subscribed(followed, subscription)
 
     def _dropped(self, followed: Followed, subscription: Subscription) -> None:
-        """A trigger is no longer followed: its series and pages go (what another trigger of the same
-        ScaledObject still publishes under the same labels stays)."""
+        """A trigger is no longer followed: its series and pages go. Where another trigger of the same
+        ScaledObject publishes under the same labels (two triggers may share a metric name), the series
+        shows that one's last evaluation again: the dropped trigger's value must not stay on it."""
         labels = subscription.metric_labels
-        if labels is not None and all(s.metric_labels != labels for s in followed.triggers.values()):
+        sharing = [
+            s for s in followed.triggers.values() if s is not subscription and s.metric_labels == labels
+        ]
+        if labels is not None and not sharing:
             self.telemetry.forget_labels((labels,))
+        elif labels is not None:
+            publish(self.telemetry, labels, sharing[0])
         self.subscriptions.dropped(followed, subscription)
 
     def explanation(self, namespace: str, name: str) -> Explanation | None:

@@ -101,14 +101,9 @@ class Evaluator:
         subscription.explanation = Explanation(
             spec, time.time(), evaluation, error, notes, targets, decision.slo, subscription.learned
         )
-        if evaluation is not None:
-            labels = (followed.namespace, followed.name, spec.metric_name)
-            # A ScaledObject shows a bounded number of triggers on /metrics (metrics.MAX_PUBLISHED_TRIGGERS).
-            learned = subscription.learned.target if subscription.learned is not None else None
-            # A value that cannot be told is shown as NaN, never as the 0 it was computed from.
-            value = math.nan if evaluation.value_unknown is not None else evaluation.value
-            if self._telemetry.publish_trigger(labels, value, evaluation.active, learned):
-                subscription.metric_labels = labels
+        labels = (followed.namespace, followed.name, spec.metric_name)
+        if publish(self._telemetry, labels, subscription):
+            subscription.metric_labels = labels
 
     def _learn(
         self,
@@ -199,3 +194,15 @@ def _forget_before(kept: deque[Any], since: float) -> None:
     """Drop what was kept before `since` (each entry's first item is its time, oldest first)."""
     while kept and kept[0][0] < since:
         kept.popleft()
+
+
+def publish(telemetry: Telemetry, labels: tuple[str, str, str], subscription: Subscription) -> bool:
+    """Show a trigger's last evaluation on /metrics under `labels`; False when it has none, or when its
+    ScaledObject already shows the most triggers it may (telemetry.MAX_PUBLISHED_TRIGGERS)."""
+    explanation = subscription.explanation
+    if explanation is None or (evaluation := explanation.evaluation) is None:
+        return False
+    learned = subscription.learned.target if subscription.learned is not None else None
+    # A value that cannot be told is shown as NaN, never as the 0 it was computed from.
+    value = math.nan if evaluation.value_unknown is not None else evaluation.value
+    return telemetry.publish_trigger(labels, value, evaluation.active, learned)

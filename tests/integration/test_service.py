@@ -664,3 +664,31 @@ async def test_explain_naming_only_a_namespace_lists_that_namespace_only(make_ex
     assert response.status == 400
     namespaces = {entry["namespace"] for entry in body["known"]}
     assert namespaces <= {"llm"}, body["known"]
+
+
+async def test_a_forgotten_trigger_sharing_a_metric_name_leaves_the_series_to_the_one_still_followed(  # type: ignore[no-untyped-def]
+    make_exporter, make_scaler
+) -> None:
+    """Two triggers of one ScaledObject may share a metric name (KEDA tells them apart as s0-/s1-), so
+    they share one /metrics series: once one is forgotten, the series shows the other's value again."""
+    exporter = await make_exporter(
+        dcgm_page([GpuLine("llm", "vllm-0", 90.0, gpu=0), GpuLine("llm", "vllm-0", 10.0, gpu=1)])
+    )
+    scaler = await make_scaler(exporter, interest_ttl=1.0)
+    mean, peak = dict(METADATA, gpuAggregation="mean"), dict(METADATA, gpuAggregation="max")
+    await eventually(lambda: value_of(scaler, mean))
+    assert await value_of(scaler, mean) == 50.0
+    assert await value_of(scaler, peak) == 90.0  # the last published under the shared labels
+    followed = scaler.app.registry.get("llm", "vllm")
+
+    async def only_the_mean_trigger_is_followed() -> None:
+        assert await value_of(scaler, mean) == 50.0  # KEDA calls only this one now
+        assert len(followed.triggers) == 1
+
+    await eventually(only_the_mean_trigger_is_followed, timeout=10)
+    async with aiohttp.ClientSession() as session, session.get(f"{scaler.http}/metrics") as response:
+        page = await response.text()
+    assert (
+        'keda_gpu_scaler_trigger_value{metric="gpu-utilization",namespace="llm",scaledobject="vllm"} 50.0'
+        in page
+    )
