@@ -29,7 +29,7 @@ from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.snapshot import Snapshots, TargetResolver
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.collect.supervise import supervised
-from keda_gpu_scaler.collect.wanted import ExporterPage, PageBindings, PodPage, WantedSources, owning_pod
+from keda_gpu_scaler.collect.wanted import ExporterPage, PodPage, WantedSources, pod_page_bindings
 from keda_gpu_scaler.config.settings import Settings, SettingsError, resolve_kubernetes
 from keda_gpu_scaler.core.trigger import Source
 from keda_gpu_scaler.kubernetes.api import ConnectError, KubeApi, connect
@@ -261,7 +261,7 @@ class App:
         # Inference-server pages: one source per pod.
         self._inference_collector = collector()
         pod_pages = InferencePages(self._inference_collector)
-        bindings = PageBindings(pod_pages.add_page, pod_pages.remove, owning_pod)
+        bindings = pod_page_bindings(pod_pages.add_page, pod_pages.remove, pod_ips=self.discovery is not None)
         self.wanted.handle(PodPage, bindings.added, bindings.removed)
         self.subscriptions.filed_under = bindings.bound
         # Endpoint-picker pages: few (one per EPP replica), scraped every --gateway-interval while a

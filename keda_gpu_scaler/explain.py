@@ -16,10 +16,9 @@ from keda_gpu_scaler.collect.scrape import ScrapeCollector, ScrapeLimits
 from keda_gpu_scaler.collect.wanted import (
     EppPage,
     ExporterPage,
-    PageBindings,
     PodPage,
     WantedSources,
-    owning_pod,
+    pod_page_bindings,
 )
 from keda_gpu_scaler.config.settings import Settings
 from keda_gpu_scaler.core.errors import ScalerError
@@ -83,7 +82,7 @@ async def explain_once(
         lambda page: collector.remove(page.url),
     )
     pages = InferencePages(collector)
-    bindings = PageBindings(pages.add_page, pages.remove, owning_pod)
+    bindings = pod_page_bindings(pages.add_page, pages.remove, pod_ips=app.discovery is not None)
     wanted.handle(PodPage, bindings.added, bindings.removed)
     app.gateway_pages.start(GatewayCollectorSink(collector))
     rate = any(spec.metric is Metric.DEMAND for spec in specs)

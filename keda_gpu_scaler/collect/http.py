@@ -31,6 +31,13 @@ INFLATE_INPUT_STEP = 64 * 1024
 # A real page is one gzip member (`cat a.gz b.gz` makes two). Each member costs a new decoder: a body of
 # thousands of empty 20-byte members is an attack, not a page.
 MAX_GZIP_MEMBERS = 64
+# A body read in more pieces than this, and more than one per PIECE_BYTES on average, is refused: each
+# piece (an HTTP chunk, or what one socket read brought) costs the event loop a parser call and a read
+# whatever its size, and a body of 1-byte chunks (6 bytes each on the wire) stays under --max-page-bytes
+# for the whole timeout while it keeps the loop busy. Real pages come in pieces of KiBs (Go's net/http
+# sends 2-4 KiB chunks); one exposition line per chunk still averages far above PIECE_BYTES.
+MAX_SMALL_PIECES = 1024
+PIECE_BYTES = 32
 # Idle kept connections are closed after this long at least (longer when pages are fetched less often):
 # one connection per source is reused from one scrape to the next.
 MIN_KEEPALIVE_SECONDS = 15.0
@@ -249,11 +256,23 @@ async def _read_limited(response: aiohttp.ClientResponse, max_bytes: int) -> byt
         return await content.readexactly(length) if length else b""
     pieces: list[bytes] = []
     size = 0
-    while chunk := await content.readany():
+    while True:
+        # Piece by piece as they came (readany() would join them): their number is what is bounded.
+        chunk, end_of_chunk = await content.readchunk()
+        if not chunk:
+            if end_of_chunk and not content.at_eof():
+                continue  # the end of an HTTP chunk already read
+            break  # (aiohttp's one empty body answers (b"", True) for ever once read)
         pieces.append(chunk)
         size += len(chunk)
         if size > max_bytes:
             raise too_large(max_bytes)
+        if len(pieces) > MAX_SMALL_PIECES and len(pieces) * PIECE_BYTES > size:
+            raise FetchError(
+                f"the body came in {len(pieces)} pieces for {size} bytes (HTTP chunks or reads of a few"
+                f" bytes each; more than {MAX_SMALL_PIECES} pieces are read only while they average"
+                f" {PIECE_BYTES} bytes or more): refused, a page comes in pieces of KiBs"
+            )
     if len(pieces) == 1:
         return pieces[0]
     if size <= JOIN_OFF_LOOP_BYTES:

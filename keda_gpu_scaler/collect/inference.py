@@ -11,6 +11,8 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from yarl import URL
+
 from keda_gpu_scaler.collect.scrape import PageReader, ScrapeCollector, refuse_unless_levels
 from keda_gpu_scaler.collect.wanted import PodPage
 from keda_gpu_scaler.core.snapshot import SourceKind
@@ -52,8 +54,11 @@ def metrics_port(ports: Sequence[tuple[str | None, int]], wanted: str | None) ->
 
 
 def pod_url(ip: str, port: int, path: str) -> str:
+    """The URL of a pod's page as the client sends it: yarl removes dot segments and decodes escaped
+    unreserved characters (`/x/../%6detrics` goes out as `/metrics`), and a page is claimed, fetched and
+    filed under that one spelling."""
     host = f"[{ip}]" if ":" in ip else ip
-    return f"http://{host}:{port}{path}"
+    return f"http://{host}:{port}{URL(f'http://{host}:{port}{path}').raw_path}"
 
 
 def page_of(endpoint: PodEndpoint, wanted_port: str | None, path: str) -> tuple[int, str] | None:

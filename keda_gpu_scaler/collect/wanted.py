@@ -15,6 +15,7 @@ import contextlib
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,10 +43,10 @@ class PodPage:
 
 
 def owning_pod(claims: list[PodPage]) -> PodPage | None:
-    """Which claim a page at one URL is filed under: the one pod named for it, else the one among several
-    that declares its port. Pod IPs are shared (hostNetwork pods share their node's) and reused (across
-    namespaces too): when none or several declare it, the page is read for nobody until a claim goes —
-    never for whoever named it last, which would let a tenant naming another's port read that load."""
+    """Which pod the pages at one address are filed under: the one pod named for them, else the one among
+    several that declares its port. Pod IPs are shared (hostNetwork pods share their node's) and reused
+    (across namespaces too): when none or several declare it, the address is read for nobody until a claim
+    goes — never for whoever named it last, which would let a tenant naming another's port read that load."""
     if len({(c.namespace, c.pod) for c in claims}) > 1:
         claims = [c for c in claims if c.declared]
     return claims[0] if len({(c.namespace, c.pod) for c in claims}) == 1 else None
@@ -179,11 +180,17 @@ class _Page(Protocol, Hashable):
 P = TypeVar("P", bound=_Page)
 
 
+def _itself(value: Hashable) -> Hashable:
+    return value
+
+
 class PageBindings(Generic[P]):
     """One fetch per URL although several wanted sources may name it (a pod IP reused, a repeated flag).
 
-    `choose` says which of the sources naming a URL its page is filed under (None: under none for now);
-    by default the first that named it, and when that one is no longer wanted, the next. Never under two:
+    The claims on the URLs of one `address` (by default each URL is an address of its own) are decided
+    together: `choose` says which of them wins (None: none for now); by default the first that named one,
+    and when that one is no longer wanted, the next. Each URL there is filed under its first claim of the
+    winner's `owner` (by default the winning claim itself), and the others under none. Never under two:
     one page is never read as two pods' or pools'.
     """
 
@@ -192,15 +199,22 @@ class PageBindings(Generic[P]):
         bind: Callable[[P], None],
         unbind: Callable[[str], None],
         choose: Callable[[list[P]], P | None] = lambda claims: claims[0],
+        *,
+        address: Callable[[str], Hashable] = _itself,
+        owner: Callable[[P], Hashable] = _itself,
     ) -> None:
         self._bind: Callable[[P], None] = bind
         self._unbind: Callable[[str], None] = unbind
         self._choose = choose
+        self._address = address
+        self._owner = owner
         self._claims: dict[str, list[P]] = {}
+        self._at: dict[Hashable, dict[str, None]] = {}  # each address's URLs with claims, in order
         self._bound: dict[str, P] = {}
 
     def added(self, source: P) -> None:
         self._claims.setdefault(source.url, []).append(source)
+        self._at.setdefault(self._address(source.url), {})[source.url] = None
         self._settle(source.url)
 
     def removed(self, source: P) -> None:
@@ -210,6 +224,11 @@ class PageBindings(Generic[P]):
         claims.remove(source)
         if not claims:
             del self._claims[source.url]
+            address = self._address(source.url)
+            urls = self._at[address]
+            del urls[source.url]
+            if not urls:
+                del self._at[address]
         self._settle(source.url)
 
     def claims(self, url: str) -> tuple[P, ...]:
@@ -220,16 +239,45 @@ class PageBindings(Generic[P]):
         """The source the page at `url` is filed under (None: it is not fetched)."""
         return self._bound.get(url)
 
-    def _settle(self, url: str) -> None:
-        claims = self._claims.get(url)
-        chosen = self._choose(claims) if claims else None
-        bound = self._bound.get(url)
-        if chosen == bound:
-            return
-        if bound is not None:
-            # Never left filed under the source that had it: its address may be another pod's now.
-            del self._bound[url]
-            self._unbind(url)
-        if chosen is not None:
-            self._bound[url] = chosen
-            self._bind(chosen)
+    def _settle(self, changed: str) -> None:
+        """Files every URL at the address of `changed` (which may have no claim left) anew."""
+        urls = self._at.get(self._address(changed), {})
+        claims = [claim for url in urls for claim in self._claims[url]]
+        winner = self._choose(claims) if claims else None
+        for url in [*urls, *([] if changed in urls else [changed])]:
+            chosen = None
+            if winner is not None:
+                owner = self._owner(winner)
+                chosen = next((c for c in self._claims.get(url, ()) if self._owner(c) == owner), None)
+            bound = self._bound.get(url)
+            if chosen == bound:
+                continue
+            if bound is not None:
+                # Never left filed under the source that had it: its address may be another pod's now.
+                del self._bound[url]
+                self._unbind(url)
+            if chosen is not None:
+                self._bound[url] = chosen
+                self._bind(chosen)
+
+
+def server_address(url: str) -> tuple[str, str]:
+    """Where a URL's server listens: its scheme, host and port."""
+    parts = urlsplit(url)
+    return parts.scheme, parts.netloc
+
+
+def _pod_of(page: PodPage) -> tuple[str, str]:
+    return page.namespace, page.pod
+
+
+def pod_page_bindings(
+    bind: Callable[[PodPage], None], unbind: Callable[[str], None], *, pod_ips: bool
+) -> PageBindings[PodPage]:
+    """The bindings of pod pages. At pod IPs (Kubernetes) every page at one address (IP and port) is filed
+    under the pod that owns the address, at whatever path it names: the server there answers any path it
+    likes (vLLM serves its page at every path starting with /metrics), so another pod naming another path
+    there would read the same page. The operator's --inference-url pages are each a page of its own."""
+    if pod_ips:
+        return PageBindings(bind, unbind, owning_pod, address=server_address, owner=_pod_of)
+    return PageBindings(bind, unbind, owning_pod)

@@ -213,12 +213,13 @@ def parse_metrics_port(key: str, raw: str) -> str:
     )
 
 
-_PATH = re.compile(r"/[A-Za-z0-9._~!$&'()*+,;=:@%/-]{0,255}")  # at most 256 characters
+# At most 256 characters; no '.'/'..' segment nor '%'-escape: the client sends `/x/../%6detrics` as `/metrics`.
+_PATH = re.compile(r"(?!.*/\.\.?(?:/|$))/[A-Za-z0-9._~!$&'()*+,;=:@/-]{0,255}")
 
 
 def parse_metrics_path(key: str, raw: str) -> str:
-    allowed = "a URL path; allowed: a path starting with '/', without query or fragment, e.g. /metrics"
-    return matching(key, raw, _PATH, allowed, refuse_metadata)
+    allowed = "a path starting with '/', without '.' or '..' segments, '%'-escapes, query or fragment"
+    return matching(key, raw, _PATH, f"a URL path; allowed: {allowed}, e.g. /metrics", refuse_metadata)
 
 
 def parse_inference_pool(key: str, raw: str) -> str:

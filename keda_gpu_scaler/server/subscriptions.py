@@ -191,8 +191,9 @@ class Subscriptions:
             if isinstance(page, PodPage) and self.filed_under(page.url) != page:
                 followed.log_once(
                     f"pod {page.pod}: {page.url} is not read for it: another pod at the same address (e.g."
-                    " hostNetwork pods sharing a node's IP) is named for that page too, and a page is read"
-                    " only for the one pod among them that declares its port as a container port"
+                    " hostNetwork pods sharing a node's IP) is named for a page at that port too, and the pages"
+                    " at an address are read only for the one pod among them that declares its port as a"
+                    " container port"
                 )
 
 

@@ -175,6 +175,26 @@ async def test_other_namespace_and_other_prefix_never_counted(make_exporter, mak
     await eventually(check)
 
 
+async def test_another_tenants_pod_labels_never_move_its_gpu_into_a_workload(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    # dcgm-exporter with --kubernetes-enable-pod-labels copies each pod's own labels onto its series, before
+    # its own namespace/pod: team-a labels its pod exported_namespace=llm, exported_pod=vllm-0.
+    page = dcgm_page([GpuLine("llm", "vllm-0", 90, gpu=0), GpuLine("team-a", "evil-0", 0, gpu=1)])
+    page = page.replace(
+        'namespace="team-a"', 'exported_namespace="llm",exported_pod="vllm-0",namespace="team-a"'
+    )
+    scaler = await make_scaler(await make_exporter(page))
+
+    async def check() -> None:
+        assert await value_of(scaler) == 90  # vllm-0's own GPU only, never averaged with team-a's idle one
+
+    await eventually(check)
+    _, explained = await get_explain(scaler)
+    shown = json.dumps(explained)
+    assert "GPU-gpu-node-a-0" in shown and "GPU-gpu-node-a-1" not in shown
+
+
 async def test_zero_matching_pods_is_zero_and_inactive(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
     scaler = await make_scaler(await make_exporter(dcgm_page([GpuLine("llm", "trainer-0", 99)])))
     # Wait until the exporter has been scraped (the zero must come from fresh data, not from no data).

@@ -341,3 +341,79 @@ async def test_a_gzip_page_cut_short_is_a_failed_source_not_a_lower_value() -> N
         assert state.last_page is None
     finally:
         server.close()
+
+
+# ---- a body in pieces of a few bytes: each piece costs the event loop a parser call and a read ----------
+
+
+async def test_a_body_of_endless_one_byte_chunks_is_refused_for_its_pieces_not_read_to_the_limit() -> None:
+    # 1-byte chunks cost 6 bytes on the wire each: the body stays under --max-page-bytes for the whole
+    # timeout while every chunk costs the loop as much as a 4 KiB one.
+    sent: list[int] = []
+    limit = 1 << 20
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            while sum(sent) <= 2 * limit:  # without a refusal, the page would end too large
+                writer.write(b"1\r\nx\r\n" * 10_000)
+                sent.append(10_000)
+                await writer.drain()
+            await reader.read()  # until the client closes
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/metrics"
+    try:
+        with pytest.raises(FetchError) as refused:
+            await page_fetcher(timeout=30.0, max_bytes=limit).get(url)
+        assert "pieces" in str(refused.value), refused.value
+        assert sum(sent) < limit, "refused long before the body reached the size limit"
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "size"),
+    [
+        # A server that sends each line as a chunk of its own (a streaming response per line).
+        (dcgm_page([GpuLine("llm", f"vllm-{i}", 50, gpu=i % 8) for i in range(3000)]).encode(), 0),
+        # 15 MiB in chunks of 4 KiB, as Go's net/http sends a page.
+        (b"DCGM_FI_DEV_GPU_UTIL 1\n" * (15 * (1 << 20) // 23), 4096),
+    ],
+    ids=["a chunk per line", "15 MiB in 4 KiB chunks"],
+)
+async def test_pages_in_chunks_of_real_servers_are_read(body: bytes, size: int) -> None:
+    if size:
+        framed = chunked(body, size)
+    else:
+        lines = body.splitlines(keepends=True)
+        framed = b"".join(b"%x\r\n%s\r\n" % (len(line), line) for line in lines) + b"0\r\n\r\n"
+
+    async def answer(_: bytes, __: int) -> bytes:
+        return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + framed
+
+    server, url, _ = await raw_server(answer)
+    try:
+        assert await page_fetcher(timeout=30.0, max_bytes=16 << 20).get(url) == body
+    finally:
+        server.close()
+
+
+async def test_answers_without_a_body_read_empty_every_time(session) -> None:  # type: ignore[no-untyped-def]
+    # aiohttp gives every answer without a body one shared empty stream, which after its first read says
+    # "end of a chunk" for ever: reading piece by piece must still end.
+    async def answer(_: bytes, __: int) -> bytes:
+        return b"HTTP/1.1 204 No Content\r\n\r\n"
+
+    server, url, _ = await raw_server(answer)
+    try:
+        for _ in range(3):
+            answered = await http.request(session, url, timeout=5.0, max_bytes=100)
+            assert (answered.status, answered.body) == (204, b"")
+    finally:
+        server.close()

@@ -143,6 +143,19 @@ BAD = [
         {"threshold": "8", "metric": "requests", "metricsPath": "metrics?x=1"},
         ["metricsPath", "starting with '/'"],
     ),
+    (
+        {"threshold": "8", "metric": "requests", "metricsPath": "/x/../metrics"},
+        ["metricsPath='/x/../metrics'", "'.' or '..' segments"],
+    ),
+    (
+        {"threshold": "8", "metric": "requests", "metricsPath": "/./metrics"},
+        ["metricsPath='/./metrics'", "'.' or '..' segments"],
+    ),
+    (
+        {"threshold": "8", "metric": "requests", "metricsPath": "/%6detrics"},
+        ["metricsPath='/%6detrics'", "'%'-escapes"],
+    ),
+    ({"threshold": "8", "metric": "requests", "metricsPath": "/metrics/.."}, ["metricsPath", "'.' or '..'"]),
     ({"threshold": "8", "metric": "requests", "engine": "vlm"}, ["engine", "'vlm'", "vllm"]),
     ({"threshold": "-3"}, ["threshold", "'-3'"]),
     ({"threshold": "nan"}, ["threshold", "'nan'", "finite"]),
@@ -270,3 +283,10 @@ def test_auto_written_otherwise_is_refused_saying_how_to_write_it(written: str) 
     metadata = {"metric": "demand", "threshold": written, "thresholdStart": "10", "podNamePrefix": "chat-"}
     with pytest.raises(ConfigError, match="write it `auto`, in lower case"):
         parse_trigger(metadata)
+
+
+@pytest.mark.parametrize(
+    "path", ["/metrics", "/prometheus/metrics", "/.well-known/metrics", "/m/metrics.txt", "/a..b"]
+)
+def test_a_metrics_path_with_dots_inside_its_segments_is_a_path_of_its_own(path: str) -> None:
+    assert parse_trigger({"metric": "requests", "threshold": "8", "metricsPath": path}).metrics_path == path

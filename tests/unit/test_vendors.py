@@ -21,12 +21,13 @@ from keda_gpu_scaler.pages.vendors import (
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 
 
-def read(page: str) -> list[GpuReading]:
-    return readings_from_samples(parse_exposition(page, SAMPLE_NAMES))
+def read(page: str, through_prometheus: bool = False) -> list[GpuReading]:
+    return readings_from_samples(parse_exposition(page, SAMPLE_NAMES), through_prometheus=through_prometheus)
 
 
 def read_fixture(name: str) -> list[GpuReading]:
-    return read((FIXTURES / name).read_text())
+    # prometheus_*.prom: series as Prometheus stores them (its /federate output), the others exporters' pages.
+    return read((FIXTURES / name).read_text(), through_prometheus=name.startswith("prometheus_"))
 
 
 def assert_readings(actual: list[GpuReading], expected: list[GpuReading]) -> None:
@@ -468,9 +469,14 @@ DCGM_CUSTOM_PROCESS_SM_UTIL{{NamespaceName="ns",PodName="p",ProcessId="1",UUID="
 ]
 
 
+# Inline pages as Prometheus stores the series (the exporter's own pod in `namespace`/`pod`).
+THROUGH_PROMETHEUS = {"pod-label-precedence-and-exporter-target-pod"}
+
+
 @pytest.mark.parametrize(("page", "expected"), INLINE_CASES)
-def test_inline_pages(page: str, expected: list[GpuReading]) -> None:
-    assert_readings(read(page), expected)
+def test_inline_pages(page: str, expected: list[GpuReading], request: pytest.FixtureRequest) -> None:
+    stored = request.node.callspec.id in THROUGH_PROMETHEUS
+    assert_readings(read(page, through_prometheus=stored), expected)
 
 
 def test_accepts_any_iterable_of_samples() -> None:
@@ -566,18 +572,26 @@ EXPORTER_TARGET = {
 }
 
 
-def through_prometheus(samples: list[Sample], honor_labels: bool) -> list[Sample]:
-    """The samples as Prometheus stores them with the exporter's target labels (its scrape rules)."""
+def through_prometheus(
+    samples: list[Sample], honor_labels: bool, target: dict[str, str] = EXPORTER_TARGET
+) -> list[Sample]:
+    """The samples as Prometheus stores them with the exporter's target labels (its scrape rules): with
+    honor_labels false a page's label that a target label takes is renamed `exported_<name>`, prefixed
+    again while that name is taken (scrape.go, resolveConflictingExposedLabels)."""
     stored = []
     for sample in samples:
         labels = {k: v for k, v in sample.labels.items() if v}  # an empty label is no label
-        for name, value in EXPORTER_TARGET.items():
-            if honor_labels:
+        if honor_labels:
+            for name, value in target.items():
                 labels.setdefault(name, value)
-            else:
-                if name in labels:
-                    labels[f"exported_{name}"] = labels[name]
-                labels[name] = value
+        else:
+            conflicting = sorted(((n, labels[n]) for n in target if n in labels), key=lambda kv: len(kv[0]))
+            labels.update(target)
+            for name, value in conflicting:
+                renamed = f"exported_{name}"
+                while renamed in labels:
+                    renamed = f"exported_{renamed}"
+                labels[renamed] = value
         stored.append(Sample(sample.name, labels, sample.value, sample.timestamp_ms))
     return stored
 
@@ -591,8 +605,8 @@ def test_exporter_target_labels_change_no_reading(fixture: str, honor_labels: bo
     samples = parse_exposition((FIXTURES / fixture).read_text(), SAMPLE_NAMES)
     if not honor_labels and any("exported_pod" in s.labels for s in samples):
         pytest.skip("a page already read through Prometheus: its exported_* labels would be renamed twice")
-    direct = readings_from_samples(samples)
-    stored = readings_from_samples(through_prometheus(samples, honor_labels))
+    direct = read_fixture(fixture)
+    stored = readings_from_samples(through_prometheus(samples, honor_labels), through_prometheus=True)
     workloads = [r for r in stored if r.namespace != EXPORTER_TARGET["namespace"]]
     assert workloads == direct
     if any(s.labels.get("pod_uid") for s in samples):
@@ -627,3 +641,52 @@ DCGM_FI_DEV_GPU_UTIL{{gpu="2",UUID="GPU-3",Hostname="n1",namespace="ns",pod="r"}
         ("q", "GPU-1"),
         ("r", "GPU-3"),
     ]
+
+
+def spoofed_page(pod_labels: str) -> str:
+    """A dcgm-exporter page with --kubernetes-enable-pod-labels: each series carries its pod's own
+    Kubernetes labels (which the pod's owner writes), then the exporter's container/namespace/pod."""
+    return f"""
+DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="GPU-0",Hostname="n1",app="chat",container="c",namespace="team-b",pod="chat-0"}} 90
+DCGM_FI_DEV_GPU_UTIL{{gpu="1",UUID="GPU-1",Hostname="n1",app="x",{pod_labels},container="c",namespace="team-a",pod="evil-0"}} 0
+"""
+
+
+# Pod labels of team-a's evil-0 that name team-b's chat-0 (or its namespace) in a pod-label pair.
+SPOOFS = {
+    "exported": 'exported_namespace="team-b",exported_pod="chat-0"',
+    "ack-camel-case": 'NamespaceName="team-b",PodName="chat-0"',
+    "old-namespace": 'pod_namespace="team-b",pod_name="chat-0"',
+    "namespace-only": 'exported_namespace="team-b"',
+}
+
+
+@pytest.mark.parametrize("pod_labels", SPOOFS.values(), ids=SPOOFS.keys())
+def test_a_pods_own_labels_naming_another_pod_count_its_gpu_for_neither(pod_labels: str) -> None:
+    page = spoofed_page(pod_labels)
+    if pod_labels == SPOOFS["namespace-only"]:
+        page = page.replace('pod="evil-0"', 'pod="chat-0"')  # its own pod's name is its owner's to choose
+    readings = read(page)
+    assert [(r.namespace, r.pod, r.gpu, r.utilization) for r in readings] == [
+        ("team-b", "chat-0", "GPU-0", 90)
+    ]
+    # The same series stored by Prometheus (honorLabels false: the exporter's own pair is renamed past
+    # the pod's labels, to exported_exported_*): the same readings.
+    stored = through_prometheus(parse_exposition(page, SAMPLE_NAMES), honor_labels=False)
+    readings = readings_from_samples(stored, through_prometheus=True)
+    assert [(r.namespace, r.pod, r.gpu, r.utilization) for r in readings] == [
+        ("team-b", "chat-0", "GPU-0", 90)
+    ]
+
+
+def test_with_use_old_namespace_a_pods_namespace_and_pod_labels_name_no_other_pod() -> None:
+    """--use-old-namespace: the exporter's pair is pod_namespace/pod_name, and a pod's own `namespace` and
+    `pod` labels stay on its series as copied."""
+    page = """
+DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0",Hostname="n1",pod_namespace="team-b",pod_name="chat-0"} 90
+DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-1",Hostname="n1",namespace="team-b",pod="chat-0",pod_namespace="team-a",pod_name="evil-0"} 0
+"""
+    assert [(r.namespace, r.pod, r.gpu) for r in read(page)] == [("team-b", "chat-0", "GPU-0")]
+    stored = through_prometheus(parse_exposition(page, SAMPLE_NAMES), honor_labels=False)
+    readings = readings_from_samples(stored, through_prometheus=True)
+    assert [(r.namespace, r.pod, r.gpu) for r in readings] == [("team-b", "chat-0", "GPU-0")]

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import asyncio
 
-from keda_gpu_scaler.collect.wanted import EppPool, PageBindings, PodPage, WantedSources, owning_pod
+from keda_gpu_scaler.collect.inference import pod_url
+from keda_gpu_scaler.collect.wanted import (
+    EppPool,
+    PageBindings,
+    PodPage,
+    WantedSources,
+    owning_pod,
+    pod_page_bindings,
+)
 
 URL = "http://10.0.0.7:8000/metrics"
 
@@ -118,3 +126,45 @@ def test_the_same_owner_rebinding_an_address_is_read_again_under_the_new_pod() -
     assert sink.calls == [f"add {URL} llm/chat-0", f"remove {URL}", f"add {URL} llm/chat-9"]
     wanted.release("a")
     assert sink.pages == {}
+
+
+def test_every_path_at_a_shared_address_is_read_only_for_the_pod_that_owns_it() -> None:
+    """The server at an address answers whatever path it likes (vLLM serves its page at every path starting
+    with /metrics): naming another path there never reads it for another pod."""
+    wanted, sink = WantedSources(), Sink()
+    bindings = pod_page_bindings(sink.bind, sink.unbind, pod_ips=True)
+    wanted.handle(PodPage, bindings.added, bindings.removed)
+    other_path, own_second = "http://10.0.0.7:8000/metrics/", "http://10.0.0.7:8000/engine_metrics"
+    wanted.want("team-a", [PodPage(URL, "team-a", "chat-0", declared=True)])
+    wanted.want("team-b", [PodPage(other_path, "team-b", "web-3", declared=False)])
+    assert sink.pages == {URL: ("team-a", "chat-0")} and bindings.bound(other_path) is None
+    # In the other order too.
+    wanted.release("team-a")
+    wanted.want("team-a", [PodPage(URL, "team-a", "chat-0", declared=True)])
+    assert sink.pages == {URL: ("team-a", "chat-0")}
+    # The owning pod reads every page it names there (one trigger per path).
+    wanted.want("team-a second", [PodPage(own_second, "team-a", "chat-0", declared=True)])
+    assert sink.pages == {URL: ("team-a", "chat-0"), own_second: ("team-a", "chat-0")}
+    wanted.release("team-a second")
+    assert sink.pages == {URL: ("team-a", "chat-0")}
+    # Another port of the shared IP is another address.
+    wanted.want("team-b", [PodPage("http://10.0.0.7:9000/metrics", "team-b", "web-3", declared=True)])
+    assert sink.pages == {URL: ("team-a", "chat-0"), "http://10.0.0.7:9000/metrics": ("team-b", "web-3")}
+
+
+def test_without_pod_ips_each_url_of_the_operator_is_its_own() -> None:
+    """--inference-url: two pages behind one address (a proxy) are read for the pods the operator named."""
+    wanted, sink = WantedSources(), Sink()
+    bindings = pod_page_bindings(sink.bind, sink.unbind, pod_ips=False)
+    wanted.handle(PodPage, bindings.added, bindings.removed)
+    first, second = "http://proxy:9000/a/metrics", "http://proxy:9000/b/metrics"
+    wanted.want("flags", [PodPage(first, "team-a", "chat-0"), PodPage(second, "team-b", "web-3")])
+    assert sink.pages == {first: ("team-a", "chat-0"), second: ("team-b", "web-3")}
+
+
+def test_a_pod_page_is_keyed_on_the_url_as_it_is_fetched() -> None:
+    """The HTTP client removes dot segments and decodes escaped letters before it sends a path: the claim on
+    a page is on the URL as it goes out, so another spelling is never another page."""
+    for path in ("/metrics", "/x/../metrics", "/./metrics", "/%6detrics"):
+        assert pod_url("10.0.0.7", 8000, path) == URL, path
+    assert pod_url("fd00::7", 8000, "/a/./b") == "http://[fd00::7]:8000/a/b"

@@ -29,15 +29,16 @@ SAMPLE_NAMES: frozenset[str] = frozenset(name for vendor in VENDORS for name in 
 _FAMILY_ORDER = {family: index for index, family in enumerate(Family)}
 
 
-def readings_from_samples(samples: Iterable[Sample]) -> list[GpuReading]:
+def readings_from_samples(samples: Iterable[Sample], *, through_prometheus: bool = False) -> list[GpuReading]:
     """Every vendor's readings for one page; only GPUs attributed to a pod, sorted for stable output.
 
     A page may hold several families (an ACK exporter prints DCGM_FI_* too): all are returned, each
-    labelled with its family; choosing one family per pod is the scaling code's job.
+    labelled with its family; choosing one family per pod is the scaling code's job. `through_prometheus`:
+    the series as Prometheus stores them, with the exporter's own pod as target labels (PodResolver).
     """
     # Page order is kept: where one series is printed twice, the last one wins (see _common.remember).
     page = [sample for sample in samples if sample.name in SAMPLE_NAMES]
-    resolver = PodResolver(page)
+    resolver = PodResolver(page, through_prometheus=through_prometheus)
     result: list[GpuReading] = []
     for vendor in VENDORS:
         mine = [sample for sample in page if sample.name in vendor.sample_names]

@@ -42,17 +42,17 @@ class GpuReading:
 PodKey = tuple[str, str]
 """(namespace, pod)."""
 
-# Label pairs naming a sample's pod, most specific first. `exported_*` first: when a page comes through
-# Prometheus with honorLabels false, `namespace`/`pod` are the scrape target (the exporter's own pod) and
-# the workload moved to `exported_*`. ACK's CamelCase per-process pair and dcgm-exporter's
-# `--use-old-namespace` pair come before `namespace`/`pod` for the same reason: where both exist, the
-# plain pair is the target's.
+# Label pairs naming a sample's pod. The plain pair last: through Prometheus (honorLabels false) it is the
+# scrape target (the exporter's own pod) and the workload's pair is `exported_*`; ACK's CamelCase
+# per-process pair and dcgm-exporter's `--use-old-namespace` pair sit beside a target pair the same way.
 POD_LABELS: tuple[tuple[str, str], ...] = (
     ("exported_namespace", "exported_pod"),
     ("NamespaceName", "PodName"),
     ("pod_namespace", "pod_name"),
     ("namespace", "pod"),
 )
+_NAMESPACE_KEYS = tuple(ns_key for ns_key, _ in POD_LABELS[1:-1])
+_POD_KEYS = tuple(pod_key for _, pod_key in POD_LABELS[1:-1])
 
 
 def target_pair(labels: Mapping[str, str]) -> PodKey | None:
@@ -68,26 +68,50 @@ def target_pair(labels: Mapping[str, str]) -> PodKey | None:
     return (namespace, pod) if namespace and pod else None
 
 
+def _other_names(labels: Mapping[str, str], plain: str, keys: tuple[str, ...]) -> set[str]:
+    """What a sample's labels other than `plain` call its namespace (or pod): `keys`, and `plain` renamed
+    by Prometheus, `exported_<plain>`, prefixed again while the name is taken (by a label of the page)."""
+    names = {value for key in keys if (value := labels.get(key))}
+    key = "exported_" + plain
+    while key in labels:
+        if value := labels[key]:
+            names.add(value)
+        key = "exported_" + key
+    return names
+
+
 class PodResolver:
     """Finds the pod a sample belongs to; knows the scrape targets' own pods so it never reports them.
 
-    Through Prometheus, a series that names no workload pod (an idle GPU, dcgm-exporter's device-level
-    series beside per-pod ones) still carries the exporter's own `namespace`/`pod` target labels. With
-    honorLabels false, those pairs are learnt from the samples that show both a workload (`exported_pod`)
-    and a target pair. With honorLabels true the workload's own pair wins and nothing shows both: a vendor
-    that can tell its exporter's series by their shape adds those pairs (with_targets). Either way they
-    are then read as "no pod" everywhere on the page.
+    A series whose labels name two different pods (or namespaces) is no pod's: dcgm-exporter with
+    --kubernetes-enable-pod-labels copies a pod's own Kubernetes labels onto its series, and whoever runs
+    the pod writes them (`exported_namespace`, `PodName`, ...), so such a series may be anyone's. On an
+    exporter's own page every pod-label pair counts. Through Prometheus (`through_prometheus`) the plain
+    `namespace`/`pod` pair beside another is the scrape target's, not a name of the pod: a series that
+    names no workload pod (an idle GPU, dcgm-exporter's device-level series beside per-pod ones) still
+    carries the exporter's own pair. With honorLabels false, those pairs are learnt from the samples that
+    show both a workload (`exported_pod`) and a target pair. With honorLabels true the workload's own pair
+    wins and nothing shows both: a vendor that can tell its exporter's series by their shape adds those
+    pairs (with_targets). Either way they are then read as "no pod" everywhere on the page.
     """
 
-    __slots__ = ("_targets",)
+    __slots__ = ("_targets", "_through_prometheus")
 
-    def __init__(self, samples: Iterable[Sample] = (), targets: Iterable[PodKey] = ()) -> None:
+    def __init__(
+        self,
+        samples: Iterable[Sample] = (),
+        targets: Iterable[PodKey] = (),
+        *,
+        through_prometheus: bool = False,
+    ) -> None:
         learnt: set[PodKey] = set(targets)
-        for sample in samples:
-            labels = sample.labels
-            if labels.get("exported_pod") and labels.get("pod") and labels.get("namespace"):
-                learnt.add((labels["namespace"], labels["pod"]))
+        if through_prometheus:
+            for sample in samples:
+                labels = sample.labels
+                if labels.get("exported_pod") and labels.get("pod") and labels.get("namespace"):
+                    learnt.add((labels["namespace"], labels["pod"]))
         self._targets = frozenset(learnt)
+        self._through_prometheus = through_prometheus
 
     @property
     def targets(self) -> frozenset[PodKey]:
@@ -97,17 +121,24 @@ class PodResolver:
     def with_targets(self, targets: Iterable[PodKey]) -> PodResolver:
         """This resolver, also reading these `namespace`/`pod` pairs as a scrape target's own pod."""
         more = frozenset(targets) - self._targets
-        return PodResolver(targets=self._targets | more) if more else self
+        if not more:
+            return self
+        return PodResolver(targets=self._targets | more, through_prometheus=self._through_prometheus)
 
     def pod_of(self, labels: Mapping[str, str]) -> PodKey | None:
-        for namespace_key, pod_key in POD_LABELS:
-            namespace = labels.get(namespace_key, "")
-            pod = labels.get(pod_key, "")
-            if namespace and pod:
-                if (namespace_key, pod_key) == ("namespace", "pod") and (namespace, pod) in self._targets:
-                    return None
-                return namespace, pod
-        return None
+        namespace, pod = labels.get("namespace", ""), labels.get("pod", "")
+        namespaces = _other_names(labels, "namespace", _NAMESPACE_KEYS)
+        pods = _other_names(labels, "pod", _POD_KEYS)
+        if not namespaces and not pods:
+            if not namespace or not pod or (namespace, pod) in self._targets:
+                return None
+            return namespace, pod
+        if not self._through_prometheus:
+            namespaces.update([namespace] if namespace else [])
+            pods.update([pod] if pod else [])
+        if len(namespaces) != 1 or len(pods) != 1:
+            return None  # two pods named, or a namespace without its pod
+        return namespaces.pop(), pods.pop()
 
 
 def finite_or_none(value: float) -> float | None:
