@@ -456,11 +456,8 @@ class PrometheusCollector:
             state = known[target] = _TargetSource(name, collected_at)
             self._store.add_source(name, SourceKind.PROMETHEUS, namespace)
         state.collected_at = collected_at
-        self._store.record_page(
-            Page.from_readings(
-                state.source, collected_at, readings_from_samples(used, through_prometheus=True)
-            )
-        )
+        readings = readings_from_samples(used, through_prometheus=True)
+        self._store.record_page(Page.from_readings(state.source, collected_at, readings))
 
     async def _alive(self, targets: Sequence[Target], at: float) -> set[Target]:
         """Which of these targets Prometheus still scrapes: any GPU series of theirs is fresh."""
