@@ -102,6 +102,8 @@ def configured(job: Job) -> LlmPolicy:
                 trigger.up, trigger.down = trigger.up * job.scale, trigger.down * job.scale
             else:
                 trigger.threshold *= job.scale
+                if isinstance(trigger, ProductTrigger):  # the ScaledObject's threshold is the HPA's target
+                    trigger.metadata["threshold"] = f"{trigger.threshold!r}"
     if job.down_window is not None:
         policy.behavior = dataclasses.replace(policy.behavior, down_window=job.down_window)
     policy.name = job.policy

@@ -24,12 +24,13 @@ from bench.simulator.llm_policies import (  # noqa: E402
     DemandTrigger,
     EppQueue,
     EppQueueGuard,
+    ProductTrigger,
     ScalerTrigger,
     SloSignal,
     make_policy,
 )
 from bench.simulator.llm_run import STEP, Realism, Slo, simulate_llm, slo_attainment  # noqa: E402
-from bench.simulator.llm_signals import Signals, Timing, View, random_timing  # noqa: E402
+from bench.simulator.llm_signals import Page, Signals, Timing, View, random_timing  # noqa: E402
 from bench.simulator.llm_traces import (  # noqa: E402
     LlmTrace,
     Segment,
@@ -259,3 +260,32 @@ def test_the_judge_searches_only_the_policies_named(
     argv = ["llm", "--trace", str(trace), "--policy", "llm-d-slo", "--slo-attainment", "0.9"]
     assert main(argv) == 0
     assert [r["policy"] for r in json.loads(capsys.readouterr().out)] == ["llm-d-slo", "recommended"]
+
+
+@pytest.mark.parametrize("policy", ["requests", "requests+pending", "demand-tokens+pending"])
+def test_a_searched_threshold_is_the_threshold_the_product_is_given(policy: str) -> None:
+    # A searched setting is one a user could write: the ScaledObject's threshold is the HPA's target.
+    trace = LlmTrace("t", "", (Segment(0, 1.0),), 60.0)
+    job = llm_judge.Job(trace, policy, 2.0, 120.0, 1, None, ServerModel(), SLO, Realism())
+    triggers = [t for t in llm_judge.configured(job).triggers if isinstance(t, ProductTrigger)]
+    assert triggers
+    for trigger in triggers:
+        assert float(trigger.metadata["threshold"]) == pytest.approx(trigger.threshold)
+
+
+def test_the_searched_requests_row_counts_a_starting_pod_at_its_searched_threshold() -> None:
+    # Two Ready pods at 20 in flight, one starting, threshold × 2 = 100: the product counts the starting
+    # pod at 100 (SPEC §4), 140 → ceil(140 / 100) = 2, as the user who writes threshold 100 gets.
+    pages = {"vllm-0": Page(20, 0, 0.1), "vllm-1": Page(20, 0, 0.1)}
+    trace = LlmTrace("t", "", (Segment(0, 1.0),), 60.0)
+    job = llm_judge.Job(trace, "requests", 2.0, 120.0, 1, None, ServerModel(), SLO, Realism())
+
+    def signals() -> Signals:
+        view = View(0.0, pages, tuple(pages), ("vllm-2",), 0, {})
+        seen = Signals(Timing())
+        seen.scrapes.append(view)
+        seen.direct, seen.ready, seen.starting = view, tuple(pages), ("vllm-2",)
+        return seen
+
+    assert make_policy("requests", requests_target=100.0).desired(signals(), 3) == 2
+    assert llm_judge.configured(job).desired(signals(), 3) == 2
