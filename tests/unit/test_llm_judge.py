@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.simulator import llm_judge  # noqa: E402
+from bench.simulator import llm_judge, llm_run  # noqa: E402
 from bench.simulator.__main__ import main  # noqa: E402
 from bench.simulator.llm_fleet import Fleet, Request, ServerModel  # noqa: E402
 from bench.simulator.llm_judge import choose, frontier  # noqa: E402
@@ -24,9 +24,11 @@ from bench.simulator.llm_policies import (  # noqa: E402
     DemandTrigger,
     EppQueue,
     EppQueueGuard,
+    LlmPolicy,
     ProductTrigger,
     ScalerTrigger,
     SloSignal,
+    Trigger,
     make_policy,
 )
 from bench.simulator.llm_run import STEP, Realism, Slo, simulate_llm, slo_attainment  # noqa: E402
@@ -289,3 +291,34 @@ def test_the_searched_requests_row_counts_a_starting_pod_at_its_searched_thresho
 
     assert make_policy("requests", requests_target=100.0).desired(signals(), 3) == 2
     assert llm_judge.configured(job).desired(signals(), 3) == 2
+
+
+def test_requests_running_at_the_end_with_a_late_first_token_are_misses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fleets: list[Fleet] = []
+
+    class Kept(Fleet):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            fleets.append(self)
+
+    class Zero(Trigger):
+        def value(self, signals: Signals) -> float | None:
+            return 0.0
+
+    monkeypatch.setattr(llm_run, "Fleet", Kept)
+    # One pod, held at 1, under 1.5 pods' worth for 2 minutes: a late backlog is still running at the end.
+    trace = LlmTrace("over", "", (Segment(0, 1.5 * POD_RATE),), 120.0)
+    policy = LlmPolicy("one", [Zero()], 1)
+    run = simulate_llm(trace, draw_arrivals(trace, 1), policy, 1e9, timing=Timing(), seed=1, slo=SLO)
+    fleet, end = fleets[0], 120.0
+    tally = fleet.tally
+    met = sum(1 for f, p in zip(tally.done_ttft, tally.done_tpot, strict=True) if f <= 2.0 and p <= 0.050)
+    pods = (*fleet.pods, *fleet.draining)
+    late_running = sum(1 for p in pods for r in p.active.values() if r.first_token - r.arrived > SLO.ttft)
+    waiting = [r.arrived for r in fleet.gateway] + [r.arrived for p in pods for r in p.queue]
+    late_waiting = sum(1 for t in waiting if end - t > SLO.ttft)
+    assert late_running > 0
+    judged = len(tally.done_ttft) + tally.dropped + late_waiting + late_running
+    assert run.slo_attainment == pytest.approx(met / judged)
