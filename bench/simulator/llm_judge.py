@@ -45,10 +45,11 @@ JUDGED = (
 # The README's LLM ScaledObject: `demand` in tokens with inferencePool (its window, weight and measured
 # threshold) stating the user's SLO (the judge's targets and attainment), a `requests` guard at 64 per
 # pod, and manifests/components/llm-hpa-behavior: scale-down window 120 s, then at most half the pods a
-# minute.
+# minute; at minReplicaCount 0, the README's cooldownPeriod.
 RECOMMENDED = "demand-tokens+pending"
 README_GUARD = 64.0
 README_BEHAVIOR = Behavior(down_window=120.0, down_percent=50.0, down_period=60.0)
+README_COOLDOWN = 600.0  # s: the README's scale-to-zero ScaledObject's cooldownPeriod (idle before 0)
 # × every threshold or target of the policy (higher: fewer replicas), in steps of about √2 around its default: wide
 # enough that a recipe whose default target sits far from this model's pod (llm-d's 16 running requests
 # against the 50 a pod holds at its latency target) can reach its own cheapest setting.
@@ -93,6 +94,7 @@ def configured(job: Job) -> LlmPolicy:
         # It acts while the pool holds requests or the requests miss the SLO.
         guard.metadata |= {"inferencePool": POOL, **job.slo.metadata()}
         policy.triggers.append(guard)
+        policy.cooldown = README_COOLDOWN
         policy.name = job.policy
         return policy
     policy = make_policy(job.policy, job.min_replicas, trace=job.trace, model=job.model)

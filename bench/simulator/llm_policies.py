@@ -300,6 +300,7 @@ class LlmPolicy:
     controller: SaturationController | None = None
     behavior: Behavior = field(default_factory=Behavior)
     polling: float = 30.0  # KEDA's pollingInterval
+    cooldown: float = 300.0  # KEDA's cooldownPeriod (its default): idle seconds before scaling to zero
     description: str = ""
     _was_active: bool = field(default=False, repr=False)
 

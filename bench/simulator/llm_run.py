@@ -164,7 +164,7 @@ def simulate_llm(
     disruptions = _disruptions(seed, trace.duration, realism, model)
     start = initial_replicas(trace, policy, unit)
     fleet = Fleet(model, start, 0.0, seed)
-    keda = Keda(policy.min_replicas, MAX_REPLICAS, polling=policy.polling)
+    keda = Keda(policy.min_replicas, MAX_REPLICAS, polling=policy.polling, cooldown=policy.cooldown)
     hpa = Hpa(behavior, keda.hpa_min, MAX_REPLICAS, 0.0, start)
     signals = Signals(timing)
     run = LlmRun(trace, policy, model.gateway_ttl)

@@ -322,3 +322,19 @@ def test_requests_running_at_the_end_with_a_late_first_token_are_misses(
     assert late_running > 0
     judged = len(tally.done_ttft) + tally.dropped + late_waiting + late_running
     assert run.slo_attainment == pytest.approx(met / judged)
+
+
+def test_recommended_at_zero_waits_the_readmes_cooldown_before_scaling_to_zero() -> None:
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    assert re.findall(r"cooldownPeriod: (\d+)", readme) == [f"{llm_judge.README_COOLDOWN:g}"]
+    # 4 minutes of traffic, then quiet: the README's scale-to-zero ScaledObject stays idle 600 s first.
+    trace = LlmTrace("stop", "", (Segment(0, 0.5 * POD_RATE), Segment(240, 0.0)), 1500.0)
+    job = llm_judge.Job(trace, "recommended", None, None, 1, None, ServerModel(), SLO, Realism())
+    policy = llm_judge.configured(job)
+    assert policy.min_replicas == 0
+    arrivals = draw_arrivals(trace, 1)
+    run = simulate_llm(trace, arrivals, policy, POD_RATE, timing=Timing(), seed=1, slo=SLO)
+    to_zero = next(at for at, _, after, _ in run.events if after == 0)
+    assert to_zero - arrivals.times[-1] >= 600.0
