@@ -4,8 +4,9 @@ For each policy, every setting of a small grid (its thresholds or targets scaled
 scale-down window) runs through the same arrivals, cold starts, loop phases and pod disruptions; the
 policy's answer is its cheapest setting that meets the SLO, or its highest-attainment one when none does.
 `recommended` is the README's configuration at the README's settings, not searched; `recommended-tuned` is
-it with its demand threshold searched (a hand-tuned threshold), and `recommended-auto` is it with
-`threshold: auto` from `thresholdStart` = F × its threshold (`--start-threshold-scale F`), not searched.
+it with its demand threshold searched (a hand-tuned threshold: × the simulator's calibrated threshold), and
+`recommended-auto` is it with `threshold: auto` from `thresholdStart` = F × the calibrated threshold
+(`--start-threshold-scale F`), not searched.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from bench.simulator.llm_policies import (
 from bench.simulator.llm_product import POOL
 from bench.simulator.llm_run import Realism, Slo, forked_workers, simulate_llm
 from bench.simulator.llm_traces import OUTPUT_MEAN, PROMPT_MEAN, Arrivals, LlmTrace, draw_arrivals
+from keda_gpu_scaler.core.recommended import SIZING
 
 JUDGED = (
     "demand-tokens+pending",
@@ -42,11 +44,11 @@ JUDGED = (
     "oracle",
     "clairvoyant",
 )
-# The README's LLM ScaledObject: `demand` in tokens with inferencePool (its window, weight and measured
-# threshold) stating the user's SLO (the judge's targets and attainment), a `requests` guard at 64 per
+# The README's LLM ScaledObject: `demand` in tokens with inferencePool (its window, weight and threshold) stating the user's SLO (the judge's targets and attainment), a `requests` guard at 64 per
 # pod, and manifests/components/llm-hpa-behavior: scale-down window 120 s, then at most half the pods a
 # minute; at minReplicaCount 0, the README's cooldownPeriod.
 RECOMMENDED = "demand-tokens+pending"
+README_THRESHOLD = float(dict(SIZING.metadata)["threshold"])  # weighted tokens/s (the calibration: 15,313)
 README_GUARD = 64.0
 README_BEHAVIOR = Behavior(down_window=120.0, down_percent=50.0, down_period=60.0)
 README_COOLDOWN = 600.0  # s: the README's scale-to-zero ScaledObject's cooldownPeriod (idle before 0)
@@ -85,11 +87,15 @@ def configured(job: Job) -> LlmPolicy:
         demand = policy.triggers[0]
         assert isinstance(demand, DemandTrigger)
         demand.metadata |= job.slo.metadata()
+        # `recommended` at the README's threshold; the tuned and learned ones from the calibration's.
         if job.policy == TUNED:
             demand.threshold *= job.scale or 1.0
-            demand.metadata["threshold"] = f"{demand.threshold!r}"
         elif job.policy == AUTO:
             demand.learn(demand.threshold * (job.scale or 1.0))
+        else:
+            demand.threshold = README_THRESHOLD
+        if job.policy != AUTO:
+            demand.metadata["threshold"] = f"{demand.threshold!r}"
         guard = ScalerTrigger("requests", README_GUARD)
         # It acts while the pool holds requests or the requests miss the SLO.
         guard.metadata |= {"inferencePool": POOL, **job.slo.metadata()}
@@ -185,7 +191,7 @@ def judge(
     start_scale: float = 1.0,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(one chosen row per policy and `recommended`, every row of the search); `start_scale`:
-    recommended-auto's thresholdStart ÷ the recommended threshold."""
+    recommended-auto's thresholdStart ÷ the calibrated threshold."""
     slo = dataclasses.replace(slo, attainment=goal)  # what `recommended` states, as a user would
     model, realism = model or ServerModel(), realism or Realism()
     work = jobs(trace, policies, seed, min_replicas, model, slo, realism, start_scale)

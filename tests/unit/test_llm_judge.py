@@ -29,6 +29,7 @@ from bench.simulator.llm_policies import (  # noqa: E402
     ScalerTrigger,
     SloSignal,
     Trigger,
+    demand_tokens_threshold,
     make_policy,
 )
 from bench.simulator.llm_run import STEP, Realism, Slo, simulate_llm, slo_attainment  # noqa: E402
@@ -40,6 +41,7 @@ from bench.simulator.llm_traces import (  # noqa: E402
     flash_crowd_trace,
     mix_churn_trace,
 )
+from keda_gpu_scaler.core.recommended import SIZING  # noqa: E402
 
 SLO = Slo(ttft=2.0, tpot=0.050)
 
@@ -338,3 +340,21 @@ def test_recommended_at_zero_waits_the_readmes_cooldown_before_scaling_to_zero()
     run = simulate_llm(trace, arrivals, policy, POD_RATE, timing=Timing(), seed=1, slo=SLO)
     to_zero = next(at for at, _, after, _ in run.events if after == 0)
     assert to_zero - arrivals.times[-1] >= 600.0
+
+
+def test_recommended_is_at_the_readmes_threshold_tuned_and_auto_at_the_calibrated_one() -> None:
+    trace = LlmTrace("t", "", (Segment(0, 1.0),), 60.0)
+
+    def demand(policy: str, scale: float | None) -> ProductTrigger:
+        job = llm_judge.Job(trace, policy, scale, None, 1, None, ServerModel(), SLO, Realism())
+        trigger = llm_judge.configured(job).triggers[0]
+        assert isinstance(trigger, DemandTrigger)
+        return trigger
+
+    readme = float(dict(SIZING.metadata)["threshold"])  # 15000, what the README is checked against
+    recommended = demand("recommended", None)
+    assert recommended.threshold == readme and float(recommended.metadata["threshold"]) == readme
+    calibrated = demand_tokens_threshold()
+    assert calibrated != readme
+    assert demand(llm_judge.TUNED, 1.2).threshold == pytest.approx(1.2 * calibrated)
+    assert float(demand(llm_judge.AUTO, 0.6).metadata["thresholdStart"]) == pytest.approx(0.6 * calibrated)
