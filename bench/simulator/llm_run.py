@@ -193,7 +193,9 @@ def simulate_llm(
                 run.quiet_gpu_seconds += gpus
         gateway_read, scraped = signals.tick(now, fleet)
         policy.tick(now, signals, fleet, scraped)
-        if gateway_read and policy.pushed(signals):
+        # KEDA acts on a push only at minReplicaCount 0 (it wakes from 0, restarts the cooldown to 0):
+        # above, the stream's answer changes nothing, so the product is not asked it every second.
+        if gateway_read and keda.min_replica_count == 0 and policy.pushed(signals):
             resize(keda.push(now, fleet.replicas), now)
         if due(now, keda.polling, timing.keda_phase):
             resize(keda.poll(now, policy.active(signals), fleet.replicas), now)
