@@ -24,6 +24,7 @@ from bench.simulator.llm_policies import (
     POD_RATE,
     DemandTrigger,
     LlmPolicy,
+    PendingTrigger,
     ProductTrigger,
     ScalerTrigger,
     SloSignal,
@@ -32,7 +33,7 @@ from bench.simulator.llm_policies import (
 from bench.simulator.llm_product import POOL
 from bench.simulator.llm_run import Realism, Slo, forked_workers, simulate_llm
 from bench.simulator.llm_traces import OUTPUT_MEAN, PROMPT_MEAN, Arrivals, LlmTrace, draw_arrivals
-from keda_gpu_scaler.core.recommended import SIZING
+from keda_gpu_scaler.core.recommended import SIZING, WAKE
 
 JUDGED = (
     "demand-tokens+pending",
@@ -44,12 +45,14 @@ JUDGED = (
     "oracle",
     "clairvoyant",
 )
-# The README's LLM ScaledObject: `demand` in tokens with inferencePool (its window, weight and threshold) stating the user's SLO (the judge's targets and attainment), a `requests` guard at 64 per
-# pod, and manifests/components/llm-hpa-behavior: scale-down window 120 s, then at most half the pods a
-# minute; at minReplicaCount 0, the README's cooldownPeriod.
+# The README's LLM ScaledObject: `demand` in tokens with inferencePool (its window, weight and threshold)
+# stating the user's SLO (the judge's targets and attainment), a `requests` guard at 64 per pod, a
+# `pending` wake at 1 on the pool, and manifests/components/llm-hpa-behavior: scale-down window 120 s,
+# then at most half the pods a minute; at minReplicaCount 0, the README's cooldownPeriod.
 RECOMMENDED = "demand-tokens+pending"
 README_THRESHOLD = float(dict(SIZING.metadata)["threshold"])  # weighted tokens/s (the calibration: 15,313)
 README_GUARD = 64.0
+README_WAKE = float(dict(WAKE.metadata)["threshold"])  # requests held at the gateway per replica
 README_BEHAVIOR = Behavior(down_window=120.0, down_percent=50.0, down_period=60.0)
 README_COOLDOWN = 600.0  # s: the README's scale-to-zero ScaledObject's cooldownPeriod (idle before 0)
 # × every threshold or target of the policy (higher: fewer replicas), in steps of about √2 around its default: wide
@@ -100,6 +103,11 @@ def configured(job: Job) -> LlmPolicy:
         # It acts while the pool holds requests or the requests miss the SLO.
         guard.metadata |= {"inferencePool": POOL, **job.slo.metadata()}
         policy.triggers.append(guard)
+        # The wake, `pending` on the pool: it pushes (StreamIsActive) and is one of the HPA's metrics too,
+        # which takes the largest of the three, as KEDA's HPA does.
+        wake = PendingTrigger(README_WAKE)
+        policy.push = wake
+        policy.triggers.append(wake)
         policy.cooldown = README_COOLDOWN
         policy.name = job.policy
         return policy

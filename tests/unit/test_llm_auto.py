@@ -27,7 +27,7 @@ from bench.simulator.llm_traces import LlmTrace, Segment  # noqa: E402
 def configured(policy: str, scale: float | None) -> tuple[DemandTrigger, ScalerTrigger]:
     trace = LlmTrace("t", "", (Segment(0, 1.0),), 60.0)
     job = llm_judge.Job(trace, policy, scale, None, 1, None, ServerModel(), Slo(), Realism())
-    demand, guard = llm_judge.configured(job).triggers
+    demand, guard, _ = llm_judge.configured(job).triggers  # and the wake, `pending`
     assert isinstance(demand, DemandTrigger) and isinstance(guard, ScalerTrigger)
     return demand, guard
 

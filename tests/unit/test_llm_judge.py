@@ -25,6 +25,7 @@ from bench.simulator.llm_policies import (  # noqa: E402
     EppQueue,
     EppQueueGuard,
     LlmPolicy,
+    PendingTrigger,
     ProductTrigger,
     ScalerTrigger,
     SloSignal,
@@ -41,7 +42,7 @@ from bench.simulator.llm_traces import (  # noqa: E402
     flash_crowd_trace,
     mix_churn_trace,
 )
-from keda_gpu_scaler.core.recommended import SIZING  # noqa: E402
+from keda_gpu_scaler.core.recommended import LLM_TRIGGERS, SIZING, WAKE  # noqa: E402
 
 SLO = Slo(ttft=2.0, tpot=0.050)
 
@@ -223,13 +224,18 @@ def test_recommended_is_the_readmes_scaledobject_with_the_shipped_behaviour() ->
         Realism(),
     )  # fmt: skip
     policy = llm_judge.configured(job)
-    demand, guard = policy.triggers
+    demand, guard, wake = policy.triggers
+    assert [t.metadata["metric"] for t in (demand, guard, wake)] == [t.metric for t in LLM_TRIGGERS]
     assert isinstance(demand, DemandTrigger) and demand.pending
     assert demand.metadata["demandUnit"] == "tokens"
     # The user's latency target, as the judge states it: SLO holds 2 s, 50 ms and 0.95.
     assert (demand.metadata["sloTtftSeconds"], demand.metadata["sloTpotMs"]) == ("2", "50")
     assert demand.metadata["sloAttainment"] == "0.95"
     assert isinstance(guard, ScalerTrigger) and (guard.metric, guard.threshold) == ("requests", 64.0)
+    # The wake is one of the HPA's metrics too (the HPA follows whichever asks for more), and it pushes.
+    assert isinstance(wake, PendingTrigger) and wake is policy.push
+    assert float(wake.metadata["threshold"]) == wake.threshold == float(dict(WAKE.metadata)["threshold"])
+    assert wake.metadata["inferencePool"] == demand.metadata["inferencePool"]
     shipped = ROOT / "manifests/components/llm-hpa-behavior/behavior.yaml"
     behavior = yaml.safe_load(shipped.read_text())["spec"]["advanced"]["horizontalPodAutoscalerConfig"]
     down = behavior["behavior"]["scaleDown"]
@@ -358,3 +364,17 @@ def test_recommended_is_at_the_readmes_threshold_tuned_and_auto_at_the_calibrate
     assert calibrated != readme
     assert demand(llm_judge.TUNED, 1.2).threshold == pytest.approx(1.2 * calibrated)
     assert float(demand(llm_judge.AUTO, 0.6).metadata["thresholdStart"]) == pytest.approx(0.6 * calibrated)
+
+
+def test_recommended_sizes_on_the_gateways_held_requests_when_they_ask_for_more() -> None:
+    # One pod read once (demand has no rate yet: UNAVAILABLE), 4 in flight, 5 requests held at the gateway:
+    # the guard asks for 1, the wake's `pending` for ceil(5 / 1) = 5, and the HPA takes the larger.
+    pages = {"vllm-0": Page(4, 0, 0.1)}
+    view = View(0.0, pages, tuple(pages), (), 5, {})
+    signals = Signals(Timing())
+    signals.scrapes.append(view)
+    signals.direct, signals.ready, signals.pending = view, tuple(pages), 5
+    signals.pending_history.append((0.0, 5))
+    trace = LlmTrace("t", "", (Segment(0, 1.0),), 60.0)
+    job = llm_judge.Job(trace, "recommended", None, None, 1, None, ServerModel(), SLO, Realism())
+    assert llm_judge.configured(job).desired(signals, 1) == 5
