@@ -321,7 +321,9 @@ takes the largest over a policy's triggers and never scales down while one fails
   threshold {AKS_THRESHOLD:g}), `queue` (threshold {QUEUE_THRESHOLD:g}), `requests` (running + waiting, target
   {REQUESTS_TARGET}), `prometheus-requests` (the same sum through Prometheus), `saturation-thresholds` (llm-d's
   retired saturation autoscaler): as last round. `requests+pending`, `requests+prometheus-wake` and
-  `requests+kv_cache` run only where they differ (the quiet-night runs; the KV trigger never binds).
+  `requests+kv_cache` run only where they differ (the quiet-night runs; the KV trigger never binds);
+  `requests+pending` wakes and sizes on the product's `metric: pending`, `requests+prometheus-wake` on the
+  EPP's queue through Prometheus.
 - `demand`: `metric: demand` (SPEC §6), λ per Ready pod = (Δ finished + Δ (running + waiting)) / window
   from this scaler's own scrapes, window {DEMAND_WINDOW:g} s, threshold {demand_threshold():g} req/s: what one
   replica serves at the latency target on the chat mix (the README's rule, the table below).
@@ -329,7 +331,8 @@ takes the largest over a policy's triggers and never scales down while one fails
   in-flight change at the window's tokens per finished request; threshold {demand_tokens_threshold():,.0f}
   weighted tokens/s (the same ramp).
 - `demand+pending`, `demand-tokens+pending` (minReplicaCount 0): with `inferencePool`, the EPP's pending
-  requests add their growth and pending / window; `StreamIsActive` on pending above 0.
+  requests add their growth and pending / window; `StreamIsActive` of a `metric: pending` trigger
+  (the product's IsActive) wakes them.
 - `llm-d-epp`: llm-d's KEDA recipe, `prometheus` triggers `sum(llm_d_epp_flow_control_queue_size)` at 1 and
   the EPP's running requests at {EPP_RUNNING_TARGET:g} per replica; pollingInterval 15 s; HPA scale-up
   {LLMD_BEHAVIOR.up_percent:g} % per {LLMD_BEHAVIOR.up_period:g} s (no Pods policy), no window, scale-down window {LLMD_BEHAVIOR.down_window:g} s.

@@ -61,7 +61,7 @@ def constants(ttls: tuple[float, ...]) -> str:
         ),
         (
             "KEDA",
-            "polling 30 s (llm-d's recipe 15 s), cooldown 300 s (to zero only), activation 0 ↔ 1; push wakes at once",
+            "polling 30 s (llm-d's recipe 15 s), cooldown 300 s (the judge's `recommended`: the README's 600 s; to zero only), activation 0 ↔ 1; push wakes at once",
             "keda.sh ScaledObject spec; llm-d guides/workload-autoscaling",
         ),
         (

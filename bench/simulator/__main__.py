@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=1.0,
         metavar="F",
-        help="recommended-auto's thresholdStart: F × the recommended threshold (default 1)",
+        help="recommended-auto's thresholdStart: F × the calibrated threshold (default 1)",
     )
     llm.add_argument(
         "--two-speed",

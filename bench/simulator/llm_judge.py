@@ -4,8 +4,9 @@ For each policy, every setting of a small grid (its thresholds or targets scaled
 scale-down window) runs through the same arrivals, cold starts, loop phases and pod disruptions; the
 policy's answer is its cheapest setting that meets the SLO, or its highest-attainment one when none does.
 `recommended` is the README's configuration at the README's settings, not searched; `recommended-tuned` is
-it with its demand threshold searched (a hand-tuned threshold), and `recommended-auto` is it with
-`threshold: auto` from `thresholdStart` = F × its threshold (`--start-threshold-scale F`), not searched.
+it with its demand threshold searched (a hand-tuned threshold: × the simulator's calibrated threshold), and
+`recommended-auto` is it with `threshold: auto` from `thresholdStart` = F × the calibrated threshold
+(`--start-threshold-scale F`), not searched.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from bench.simulator.llm_policies import (
     POD_RATE,
     DemandTrigger,
     LlmPolicy,
+    PendingTrigger,
     ProductTrigger,
     ScalerTrigger,
     SloSignal,
@@ -31,6 +33,7 @@ from bench.simulator.llm_policies import (
 from bench.simulator.llm_product import POOL
 from bench.simulator.llm_run import Realism, Slo, forked_workers, simulate_llm
 from bench.simulator.llm_traces import OUTPUT_MEAN, PROMPT_MEAN, Arrivals, LlmTrace, draw_arrivals
+from keda_gpu_scaler.core.recommended import SIZING, WAKE
 
 JUDGED = (
     "demand-tokens+pending",
@@ -42,13 +45,16 @@ JUDGED = (
     "oracle",
     "clairvoyant",
 )
-# The README's LLM ScaledObject: `demand` in tokens with inferencePool (its window, weight and measured
-# threshold) stating the user's SLO (the judge's targets and attainment), a `requests` guard at 64 per
-# pod, and manifests/components/llm-hpa-behavior: scale-down window 120 s, then at most half the pods a
-# minute.
+# The README's LLM ScaledObject: `demand` in tokens with inferencePool (its window, weight and threshold)
+# stating the user's SLO (the judge's targets and attainment), a `requests` guard at 64 per pod, a
+# `pending` wake at 1 on the pool, and manifests/components/llm-hpa-behavior: scale-down window 120 s,
+# then at most half the pods a minute; at minReplicaCount 0, the README's cooldownPeriod.
 RECOMMENDED = "demand-tokens+pending"
+README_THRESHOLD = float(dict(SIZING.metadata)["threshold"])  # weighted tokens/s (the calibration: 15,313)
 README_GUARD = 64.0
+README_WAKE = float(dict(WAKE.metadata)["threshold"])  # requests held at the gateway per replica
 README_BEHAVIOR = Behavior(down_window=120.0, down_percent=50.0, down_period=60.0)
+README_COOLDOWN = 600.0  # s: the README's scale-to-zero ScaledObject's cooldownPeriod (idle before 0)
 # × every threshold or target of the policy (higher: fewer replicas), in steps of about √2 around its default: wide
 # enough that a recipe whose default target sits far from this model's pod (llm-d's 16 running requests
 # against the 50 a pod holds at its latency target) can reach its own cheapest setting.
@@ -84,15 +90,25 @@ def configured(job: Job) -> LlmPolicy:
         demand = policy.triggers[0]
         assert isinstance(demand, DemandTrigger)
         demand.metadata |= job.slo.metadata()
+        # `recommended` at the README's threshold; the tuned and learned ones from the calibration's.
         if job.policy == TUNED:
             demand.threshold *= job.scale or 1.0
-            demand.metadata["threshold"] = f"{demand.threshold!r}"
         elif job.policy == AUTO:
             demand.learn(demand.threshold * (job.scale or 1.0))
+        else:
+            demand.threshold = README_THRESHOLD
+        if job.policy != AUTO:
+            demand.metadata["threshold"] = f"{demand.threshold!r}"
         guard = ScalerTrigger("requests", README_GUARD)
         # It acts while the pool holds requests or the requests miss the SLO.
         guard.metadata |= {"inferencePool": POOL, **job.slo.metadata()}
         policy.triggers.append(guard)
+        # The wake, `pending` on the pool: it pushes (StreamIsActive) and is one of the HPA's metrics too,
+        # which takes the largest of the three, as KEDA's HPA does.
+        wake = PendingTrigger(README_WAKE)
+        policy.push = wake
+        policy.triggers.append(wake)
+        policy.cooldown = README_COOLDOWN
         policy.name = job.policy
         return policy
     policy = make_policy(job.policy, job.min_replicas, trace=job.trace, model=job.model)
@@ -102,6 +118,8 @@ def configured(job: Job) -> LlmPolicy:
                 trigger.up, trigger.down = trigger.up * job.scale, trigger.down * job.scale
             else:
                 trigger.threshold *= job.scale
+                if isinstance(trigger, ProductTrigger):  # the ScaledObject's threshold is the HPA's target
+                    trigger.metadata["threshold"] = f"{trigger.threshold!r}"
     if job.down_window is not None:
         policy.behavior = dataclasses.replace(policy.behavior, down_window=job.down_window)
     policy.name = job.policy
@@ -181,7 +199,7 @@ def judge(
     start_scale: float = 1.0,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(one chosen row per policy and `recommended`, every row of the search); `start_scale`:
-    recommended-auto's thresholdStart ÷ the recommended threshold."""
+    recommended-auto's thresholdStart ÷ the calibrated threshold."""
     slo = dataclasses.replace(slo, attainment=goal)  # what `recommended` states, as a user would
     model, realism = model or ServerModel(), realism or Realism()
     work = jobs(trace, policies, seed, min_replicas, model, slo, realism, start_scale)

@@ -96,6 +96,15 @@ class ScalerTrigger(ProductTrigger):
         self.metric = metric
 
 
+class PendingTrigger(ProductTrigger):
+    """`metric: pending` (SPEC §7): the requests the pool's endpoint picker holds, as the product reads the
+    picker's page. It names no pods (the product refuses podNamePrefix on it)."""
+
+    def __init__(self, threshold: float) -> None:
+        super().__init__(threshold, {"metric": "pending", "inferencePool": POOL})
+        del self.metadata["podNamePrefix"]
+
+
 class DemandTrigger(ProductTrigger):
     """`metric: demand` (SPEC §6): Σ λ over the Ready pods, in requests or weighted tokens per second;
     with `inferencePool`, the gateway's pending requests add their growth and what clears them within
@@ -166,15 +175,16 @@ class PrometheusAverageUtilization(Trigger):
         return sum(values) / len(values) if values else 0.0
 
 
-class Pending(Trigger):
-    """The gateway's queue (`metric: pending`): read directly every second, or through Prometheus."""
+class PrometheusPending(Trigger):
+    """KEDA's prometheus trigger on the gateway's queue as Prometheus last scraped it: the one wake this
+    bench computes itself, since it is no trigger of this scaler (`requests+prometheus-wake`). The scaler's
+    own wake is `metric: pending`, asked of the product (PendingTrigger)."""
 
-    def __init__(self, threshold: float, through_prometheus: bool) -> None:
+    def __init__(self, threshold: float) -> None:
         self.threshold = threshold
-        self.through_prometheus = through_prometheus
 
     def value(self, signals: Signals) -> float | None:
-        return float(signals.prometheus.pending if self.through_prometheus else signals.pending)
+        return float(signals.prometheus.pending)
 
 
 # llm-d's autoscaling recipes (facts: /work/shared/reference/gateways.md): `llm-d-epp`, the base KEDA
@@ -296,10 +306,11 @@ class LlmPolicy:
     name: str
     triggers: list[Trigger]
     min_replicas: int = 1
-    push: Pending | None = None  # the trigger whose StreamIsActive wakes KEDA at once (external-push)
+    push: PendingTrigger | None = None  # the trigger whose StreamIsActive wakes KEDA at once (external-push)
     controller: SaturationController | None = None
     behavior: Behavior = field(default_factory=Behavior)
     polling: float = 30.0  # KEDA's pollingInterval
+    cooldown: float = 300.0  # KEDA's cooldownPeriod (its default): idle seconds before scaling to zero
     description: str = ""
     _was_active: bool = field(default=False, repr=False)
 
@@ -327,11 +338,12 @@ class LlmPolicy:
         return any(answered) if answered else None
 
     def pushed(self, signals: Signals) -> bool:
-        """StreamIsActive: true once on each inactive → active change of the pushing trigger."""
+        """StreamIsActive: true once on each inactive → active change of the pushing trigger, as the product
+        answers IsActive; while it cannot tell (UNAVAILABLE), the last known state holds, as its stream's."""
         if self.push is None:
             return False
-        value = self.push.value(signals)
-        now_active = value is not None and value > 0
+        active = self.push.active(signals)
+        now_active = self._was_active if active is None else active
         woke = now_active and not self._was_active
         self._was_active = now_active
         return woke
@@ -377,8 +389,8 @@ def make_policy(
         "prometheus-requests": ([PrometheusRequests(target)], 1),
         "requests+kv_cache": ([requests, ScalerTrigger("kv_cache", KV_THRESHOLD)], 1),
         "saturation-thresholds": ([], 1),
-        "requests+pending": ([requests, Pending(target, through_prometheus=False)], 0),
-        "requests+prometheus-wake": ([requests, Pending(target, through_prometheus=True)], 0),
+        "requests+pending": ([requests, PendingTrigger(target)], 0),
+        "requests+prometheus-wake": ([requests, PrometheusPending(target)], 0),
         "llm-d-epp": ([EppQueue(), PrometheusRequests(EPP_RUNNING_TARGET)], 1),
         "llm-d-queue-guard": ([EppQueueGuard(), PrometheusRequests(EPP_RUNNING_TARGET)], 1),
         "llm-d-slo": ([SloSignal()], 1),
@@ -408,10 +420,10 @@ def make_policy(
         policy.triggers = [SaturationDesired(policy.controller)]
     if name == "requests+pending":
         wake = triggers[1]
-        assert isinstance(wake, Pending)
+        assert isinstance(wake, PendingTrigger)
         policy.push = wake
     if name in ("demand+pending", "demand-tokens+pending"):
-        policy.push = Pending(1.0, through_prometheus=False)  # StreamIsActive: pending above 0 wakes it
+        policy.push = PendingTrigger(1.0)  # StreamIsActive: the product's IsActive on pending wakes it
     return policy
 
 

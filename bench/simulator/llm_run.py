@@ -53,7 +53,8 @@ STEADY = Realism(disruption_every=None)  # every run: random phases; pods that n
 
 def slo_attainment(ttfts: list[float], tpots: list[float], failed: int, slo: Slo) -> float:
     """The share of judged requests that met the SLO: completed ones (their TTFT and TPOT) plus `failed`
-    ones (dropped, or still waiting past the TTFT target at the end), which all missed. 1.0 when none."""
+    ones (dropped, still waiting past the TTFT target at the end, or running then with their first token
+    past it), which all missed. 1.0 when none."""
     met = sum(1 for ttft, tpot in zip(ttfts, tpots, strict=True) if ttft <= slo.ttft and tpot <= slo.tpot)
     judged = len(ttfts) + failed
     return met / judged if judged else 1.0
@@ -163,7 +164,7 @@ def simulate_llm(
     disruptions = _disruptions(seed, trace.duration, realism, model)
     start = initial_replicas(trace, policy, unit)
     fleet = Fleet(model, start, 0.0, seed)
-    keda = Keda(policy.min_replicas, MAX_REPLICAS, polling=policy.polling)
+    keda = Keda(policy.min_replicas, MAX_REPLICAS, polling=policy.polling, cooldown=policy.cooldown)
     hpa = Hpa(behavior, keda.hpa_min, MAX_REPLICAS, 0.0, start)
     signals = Signals(timing)
     run = LlmRun(trace, policy, model.gateway_ttl)
@@ -192,7 +193,9 @@ def simulate_llm(
                 run.quiet_gpu_seconds += gpus
         gateway_read, scraped = signals.tick(now, fleet)
         policy.tick(now, signals, fleet, scraped)
-        if gateway_read and policy.pushed(signals):
+        # KEDA acts on a push only at minReplicaCount 0 (it wakes from 0, restarts the cooldown to 0):
+        # above, the stream's answer changes nothing, so the product is not asked it every second.
+        if gateway_read and keda.min_replica_count == 0 and policy.pushed(signals):
             resize(keda.push(now, fleet.replicas), now)
         if due(now, keda.polling, timing.keda_phase):
             resize(keda.poll(now, policy.active(signals), fleet.replicas), now)
@@ -231,7 +234,13 @@ def simulate_llm(
     run.seconds_per_token = tally.decode_seconds / tally.decode_tokens if tally.decode_tokens else 0.0
     run.first_waits_after_quiet = [_wait(r) for r in watched.values()]
     if slo is not None:
-        late = sum(1 for t in still_waiting if end_time - t > slo.ttft)
+        # Running ones whose first token came (or comes) past the target missed it too.
+        late = sum(1 for t in still_waiting if end_time - t > slo.ttft) + sum(
+            1
+            for pod in (*fleet.pods, *fleet.draining)
+            for r in pod.active.values()
+            if r.first_token - r.arrived > slo.ttft
+        )
         run.slo_attainment = slo_attainment(tally.done_ttft, tally.done_tpot, tally.dropped + late, slo)
     return run
 

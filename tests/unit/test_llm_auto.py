@@ -17,7 +17,7 @@ from bench.simulator import llm_judge  # noqa: E402
 from bench.simulator.__main__ import TWO_SPEED, main  # noqa: E402
 from bench.simulator.llm_fleet import Fleet, ServerModel  # noqa: E402
 from bench.simulator.llm_judge import AUTO, TUNED  # noqa: E402
-from bench.simulator.llm_policies import DemandTrigger, ScalerTrigger  # noqa: E402
+from bench.simulator.llm_policies import DemandTrigger, ScalerTrigger, demand_tokens_threshold  # noqa: E402
 from bench.simulator.llm_product import NAMESPACE, SCALED_OBJECT  # noqa: E402
 from bench.simulator.llm_run import Realism, Slo  # noqa: E402
 from bench.simulator.llm_signals import Page, Signals, Timing, View  # noqa: E402
@@ -27,26 +27,27 @@ from bench.simulator.llm_traces import LlmTrace, Segment  # noqa: E402
 def configured(policy: str, scale: float | None) -> tuple[DemandTrigger, ScalerTrigger]:
     trace = LlmTrace("t", "", (Segment(0, 1.0),), 60.0)
     job = llm_judge.Job(trace, policy, scale, None, 1, None, ServerModel(), Slo(), Realism())
-    demand, guard = llm_judge.configured(job).triggers
+    demand, guard, _ = llm_judge.configured(job).triggers  # and the wake, `pending`
     assert isinstance(demand, DemandTrigger) and isinstance(guard, ScalerTrigger)
     return demand, guard
 
 
-def test_recommended_auto_is_recommended_with_threshold_auto_from_f_times_its_threshold() -> None:
+def test_recommended_auto_is_recommended_with_threshold_auto_from_f_times_the_calibrated_threshold() -> None:
     plain, plain_guard = configured("recommended", None)
     auto, guard = configured(AUTO, 0.6)
+    calibrated = demand_tokens_threshold()  # recommended itself sizes at the README's threshold
     assert auto.metadata["threshold"] == "auto"
-    assert float(auto.metadata["thresholdStart"]) == pytest.approx(0.6 * plain.threshold)
-    assert auto.threshold == pytest.approx(0.6 * plain.threshold)  # the HPA's first target
+    assert float(auto.metadata["thresholdStart"]) == pytest.approx(0.6 * calibrated)
+    assert auto.threshold == pytest.approx(0.6 * calibrated)  # the HPA's first target
     rest = {k: v for k, v in auto.metadata.items() if k not in ("threshold", "thresholdStart")}
     assert rest == {k: v for k, v in plain.metadata.items() if k != "threshold"}
     assert guard.metadata == plain_guard.metadata
 
 
 def test_recommended_tuned_scales_only_the_demand_threshold() -> None:
-    plain, _ = configured("recommended", None)
     tuned, guard = configured(TUNED, 1.4)
-    assert float(tuned.metadata["threshold"]) == pytest.approx(1.4 * plain.threshold) == tuned.threshold
+    calibrated = demand_tokens_threshold()
+    assert float(tuned.metadata["threshold"]) == pytest.approx(1.4 * calibrated) == tuned.threshold
     assert guard.threshold == llm_judge.README_GUARD
 
 
@@ -92,8 +93,7 @@ def test_the_judge_runs_recommended_auto_from_the_start_scale_given(
     assert main([*argv, "--start-threshold-scale", "1.6"]) == 0
     auto, recommended = json.loads(capsys.readouterr().out)
     assert (auto["policy"], recommended["policy"]) == (AUTO, "recommended")
-    plain, _ = configured("recommended", None)
-    assert auto["threshold_start"] == pytest.approx(1.6 * plain.threshold)
+    assert auto["threshold_start"] == pytest.approx(1.6 * demand_tokens_threshold())
     assert auto["setting"]["threshold_scale"] == 1.6
     assert {"learned_target", "target_changes", "target_changes_per_hour"} <= auto.keys()
 

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.simulator import llm_judge  # noqa: E402
+from bench.simulator import llm_judge, llm_run  # noqa: E402
 from bench.simulator.__main__ import main  # noqa: E402
 from bench.simulator.llm_fleet import Fleet, Request, ServerModel  # noqa: E402
 from bench.simulator.llm_judge import choose, frontier  # noqa: E402
@@ -24,12 +24,17 @@ from bench.simulator.llm_policies import (  # noqa: E402
     DemandTrigger,
     EppQueue,
     EppQueueGuard,
+    LlmPolicy,
+    PendingTrigger,
+    ProductTrigger,
     ScalerTrigger,
     SloSignal,
+    Trigger,
+    demand_tokens_threshold,
     make_policy,
 )
 from bench.simulator.llm_run import STEP, Realism, Slo, simulate_llm, slo_attainment  # noqa: E402
-from bench.simulator.llm_signals import Signals, Timing, View, random_timing  # noqa: E402
+from bench.simulator.llm_signals import Page, Signals, Timing, View, random_timing  # noqa: E402
 from bench.simulator.llm_traces import (  # noqa: E402
     LlmTrace,
     Segment,
@@ -37,6 +42,7 @@ from bench.simulator.llm_traces import (  # noqa: E402
     flash_crowd_trace,
     mix_churn_trace,
 )
+from keda_gpu_scaler.core.recommended import LLM_TRIGGERS, SIZING, WAKE  # noqa: E402
 
 SLO = Slo(ttft=2.0, tpot=0.050)
 
@@ -218,13 +224,18 @@ def test_recommended_is_the_readmes_scaledobject_with_the_shipped_behaviour() ->
         Realism(),
     )  # fmt: skip
     policy = llm_judge.configured(job)
-    demand, guard = policy.triggers
+    demand, guard, wake = policy.triggers
+    assert [t.metadata["metric"] for t in (demand, guard, wake)] == [t.metric for t in LLM_TRIGGERS]
     assert isinstance(demand, DemandTrigger) and demand.pending
     assert demand.metadata["demandUnit"] == "tokens"
     # The user's latency target, as the judge states it: SLO holds 2 s, 50 ms and 0.95.
     assert (demand.metadata["sloTtftSeconds"], demand.metadata["sloTpotMs"]) == ("2", "50")
     assert demand.metadata["sloAttainment"] == "0.95"
     assert isinstance(guard, ScalerTrigger) and (guard.metric, guard.threshold) == ("requests", 64.0)
+    # The wake is one of the HPA's metrics too (the HPA follows whichever asks for more), and it pushes.
+    assert isinstance(wake, PendingTrigger) and wake is policy.push
+    assert float(wake.metadata["threshold"]) == wake.threshold == float(dict(WAKE.metadata)["threshold"])
+    assert wake.metadata["inferencePool"] == demand.metadata["inferencePool"]
     shipped = ROOT / "manifests/components/llm-hpa-behavior/behavior.yaml"
     behavior = yaml.safe_load(shipped.read_text())["spec"]["advanced"]["horizontalPodAutoscalerConfig"]
     down = behavior["behavior"]["scaleDown"]
@@ -259,3 +270,111 @@ def test_the_judge_searches_only_the_policies_named(
     argv = ["llm", "--trace", str(trace), "--policy", "llm-d-slo", "--slo-attainment", "0.9"]
     assert main(argv) == 0
     assert [r["policy"] for r in json.loads(capsys.readouterr().out)] == ["llm-d-slo", "recommended"]
+
+
+@pytest.mark.parametrize("policy", ["requests", "requests+pending", "demand-tokens+pending"])
+def test_a_searched_threshold_is_the_threshold_the_product_is_given(policy: str) -> None:
+    # A searched setting is one a user could write: the ScaledObject's threshold is the HPA's target.
+    trace = LlmTrace("t", "", (Segment(0, 1.0),), 60.0)
+    job = llm_judge.Job(trace, policy, 2.0, 120.0, 1, None, ServerModel(), SLO, Realism())
+    triggers = [t for t in llm_judge.configured(job).triggers if isinstance(t, ProductTrigger)]
+    assert triggers
+    for trigger in triggers:
+        assert float(trigger.metadata["threshold"]) == pytest.approx(trigger.threshold)
+
+
+def test_the_searched_requests_row_counts_a_starting_pod_at_its_searched_threshold() -> None:
+    # Two Ready pods at 20 in flight, one starting, threshold × 2 = 100: the product counts the starting
+    # pod at 100 (SPEC §4), 140 → ceil(140 / 100) = 2, as the user who writes threshold 100 gets.
+    pages = {"vllm-0": Page(20, 0, 0.1), "vllm-1": Page(20, 0, 0.1)}
+    trace = LlmTrace("t", "", (Segment(0, 1.0),), 60.0)
+    job = llm_judge.Job(trace, "requests", 2.0, 120.0, 1, None, ServerModel(), SLO, Realism())
+
+    def signals() -> Signals:
+        view = View(0.0, pages, tuple(pages), ("vllm-2",), 0, {})
+        seen = Signals(Timing())
+        seen.scrapes.append(view)
+        seen.direct, seen.ready, seen.starting = view, tuple(pages), ("vllm-2",)
+        return seen
+
+    assert make_policy("requests", requests_target=100.0).desired(signals(), 3) == 2
+    assert llm_judge.configured(job).desired(signals(), 3) == 2
+
+
+def test_requests_running_at_the_end_with_a_late_first_token_are_misses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fleets: list[Fleet] = []
+
+    class Kept(Fleet):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            fleets.append(self)
+
+    class Zero(Trigger):
+        def value(self, signals: Signals) -> float | None:
+            return 0.0
+
+    monkeypatch.setattr(llm_run, "Fleet", Kept)
+    # One pod, held at 1, under 1.5 pods' worth for 2 minutes: a late backlog is still running at the end.
+    trace = LlmTrace("over", "", (Segment(0, 1.5 * POD_RATE),), 120.0)
+    policy = LlmPolicy("one", [Zero()], 1)
+    run = simulate_llm(trace, draw_arrivals(trace, 1), policy, 1e9, timing=Timing(), seed=1, slo=SLO)
+    fleet, end = fleets[0], 120.0
+    tally = fleet.tally
+    met = sum(1 for f, p in zip(tally.done_ttft, tally.done_tpot, strict=True) if f <= 2.0 and p <= 0.050)
+    pods = (*fleet.pods, *fleet.draining)
+    late_running = sum(1 for p in pods for r in p.active.values() if r.first_token - r.arrived > SLO.ttft)
+    waiting = [r.arrived for r in fleet.gateway] + [r.arrived for p in pods for r in p.queue]
+    late_waiting = sum(1 for t in waiting if end - t > SLO.ttft)
+    assert late_running > 0
+    judged = len(tally.done_ttft) + tally.dropped + late_waiting + late_running
+    assert run.slo_attainment == pytest.approx(met / judged)
+
+
+def test_recommended_at_zero_waits_the_readmes_cooldown_before_scaling_to_zero() -> None:
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    assert re.findall(r"cooldownPeriod: (\d+)", readme) == [f"{llm_judge.README_COOLDOWN:g}"]
+    # 4 minutes of traffic, then quiet: the README's scale-to-zero ScaledObject stays idle 600 s first.
+    trace = LlmTrace("stop", "", (Segment(0, 0.5 * POD_RATE), Segment(240, 0.0)), 1500.0)
+    job = llm_judge.Job(trace, "recommended", None, None, 1, None, ServerModel(), SLO, Realism())
+    policy = llm_judge.configured(job)
+    assert policy.min_replicas == 0
+    arrivals = draw_arrivals(trace, 1)
+    run = simulate_llm(trace, arrivals, policy, POD_RATE, timing=Timing(), seed=1, slo=SLO)
+    to_zero = next(at for at, _, after, _ in run.events if after == 0)
+    assert to_zero - arrivals.times[-1] >= 600.0
+
+
+def test_recommended_is_at_the_readmes_threshold_tuned_and_auto_at_the_calibrated_one() -> None:
+    trace = LlmTrace("t", "", (Segment(0, 1.0),), 60.0)
+
+    def demand(policy: str, scale: float | None) -> ProductTrigger:
+        job = llm_judge.Job(trace, policy, scale, None, 1, None, ServerModel(), SLO, Realism())
+        trigger = llm_judge.configured(job).triggers[0]
+        assert isinstance(trigger, DemandTrigger)
+        return trigger
+
+    readme = float(dict(SIZING.metadata)["threshold"])  # 15000, what the README is checked against
+    recommended = demand("recommended", None)
+    assert recommended.threshold == readme and float(recommended.metadata["threshold"]) == readme
+    calibrated = demand_tokens_threshold()
+    assert calibrated != readme
+    assert demand(llm_judge.TUNED, 1.2).threshold == pytest.approx(1.2 * calibrated)
+    assert float(demand(llm_judge.AUTO, 0.6).metadata["thresholdStart"]) == pytest.approx(0.6 * calibrated)
+
+
+def test_recommended_sizes_on_the_gateways_held_requests_when_they_ask_for_more() -> None:
+    # One pod read once (demand has no rate yet: UNAVAILABLE), 4 in flight, 5 requests held at the gateway:
+    # the guard asks for 1, the wake's `pending` for ceil(5 / 1) = 5, and the HPA takes the larger.
+    pages = {"vllm-0": Page(4, 0, 0.1)}
+    view = View(0.0, pages, tuple(pages), (), 5, {})
+    signals = Signals(Timing())
+    signals.scrapes.append(view)
+    signals.direct, signals.ready, signals.pending = view, tuple(pages), 5
+    signals.pending_history.append((0.0, 5))
+    trace = LlmTrace("t", "", (Segment(0, 1.0),), 60.0)
+    job = llm_judge.Job(trace, "recommended", None, None, 1, None, ServerModel(), SLO, Realism())
+    assert llm_judge.configured(job).desired(signals, 1) == 5

@@ -35,11 +35,13 @@ from bench.simulator.llm_policies import (  # noqa: E402
     POD_RATE,
     LlmPolicy,
     OracleTrigger,
+    PendingTrigger,
     ProductTrigger,
     Trigger,
     demand_threshold,
     make_policy,
 )
+from bench.simulator.llm_product import POOL  # noqa: E402
 from bench.simulator.llm_run import LlmRun, simulate_llm  # noqa: E402
 from bench.simulator.llm_signals import Page, Signals, Timing, View  # noqa: E402
 from bench.simulator.llm_study import extend, versus  # noqa: E402
@@ -462,3 +464,29 @@ def test_forked_workers_never_finalize_the_parents_garbage(tmp_path: Path) -> No
             gc.enable()
     # Finalized once, here, before the fork: never in a worker, where its threads would not exist.
     assert marks.read_text().split() == [str(os.getpid())]
+
+
+@pytest.mark.parametrize("policy", ["requests+pending", "demand+pending", "demand-tokens+pending"])
+def test_the_wake_is_the_products_pending_trigger_asked_through_its_servicer(policy: str) -> None:
+    made = make_policy(policy)
+    assert isinstance(made.push, PendingTrigger)
+    # `metric: pending` names the pool and no pods, as the README writes it (the product refuses a prefix).
+    assert made.push.metadata == {
+        "threshold": made.push.metadata["threshold"],
+        "metric": "pending",
+        "inferencePool": POOL,
+    }
+    assert all(isinstance(t, ProductTrigger) for t in made.triggers)  # requests+pending: both HPA metrics
+    signals = signals_with({"vllm-0": Page(80, 10, 0.9)})
+    signals.pending, signals.now = 3, 1.0
+    signals.pending_history.append((1.0, 3))
+    # The product reads the picker's page the simulated gateway showed: 3 requests held, active.
+    assert made.push.value(signals) == 3.0
+    assert made.push.active(signals) is True
+    assert made.pushed(signals) and not made.pushed(signals)  # once per inactive → active change
+
+
+def test_the_products_pending_wakes_a_pool_at_zero_within_a_gateway_read() -> None:
+    result = run(WAKE, "demand-tokens+pending", ttl=120.0)
+    woke = next(at for at, before, after, _ in result.events if before == 0 and after > 0)
+    assert 300.0 < woke <= 302.0  # the first request arrives just after 300 s; the page is read every second
