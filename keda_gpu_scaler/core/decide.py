@@ -158,8 +158,11 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
         raise NoData(f"no source has fresh data: {problems}")
     target_pods = snapshot.target_pods
     if targets is None and not target_pods:
-        if view.fresh_sources < view.sources:
-            # "Scaled to zero" is only an answer when every exporter could have named the pods.
+        prefix = spec.pod_name_prefix or ""
+        failing = view.problems or any(pod.startswith(prefix) for pod in view.pod_problems)
+        if view.fresh_sources < view.sources and failing:
+            # "Scaled to zero" is only an answer when every exporter could have named the pods: a failing
+            # page of another workload's pod (not named by the prefix) could not have named them.
             raise NoData(
                 f"no pod named {spec.pod_name_prefix or ''}* is in the data and not every exporter answers,"
                 f" so zero pods cannot be told from an outage: {problems}"

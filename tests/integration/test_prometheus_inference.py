@@ -437,3 +437,28 @@ async def test_a_server_prometheus_cannot_scrape_since_the_start_is_a_missing_po
     await eventually(lambda: value_is(161.0), timeout=30)
     targets((working, pod_labels("down-at-start", "vllm-b")))
     await eventually(lambda: value_is(61.0), timeout=30)
+
+
+async def test_a_down_pod_that_is_no_target_leaves_a_workload_at_zero_at_zero(
+    prometheus: PrometheusServer, make_exporter: Any, make_scaler: Any, targets: Any
+) -> None:
+    """Another pod of the namespace that Prometheus cannot scrape (a cache's exporter, a batch job) is not
+    one the trigger reads: a workload with no pod named by its podNamePrefix is scaled to zero, 0 and
+    inactive (SPEC §4), whatever that pod does."""
+    broken = await make_exporter(page("vllm_v1.prom"))
+    broken.status = 500
+    targets((broken, pod_labels("unrelated-down", "redis-0")))
+
+    async def down() -> None:
+        assert [r["value"][1] for r in prometheus.query('up{namespace="unrelated-down"}')] == ["0"]
+
+    await eventually(down, timeout=30)
+    scaler = await prometheus_scaler(make_scaler, prometheus)
+    metadata = {"metric": "requests", "threshold": "100", "podNamePrefix": "vllm-", "source": "prometheus"}
+    ref = pb.ScaledObjectRef(name="llm", namespace="unrelated-down", scalerMetadata=metadata)
+
+    async def at_zero() -> None:
+        assert (await requests_value(scaler, ref)).metricValueFloat == 0.0
+        assert (await scaler.stub.IsActive(ref)).result is False
+
+    await eventually(at_zero, timeout=30)
