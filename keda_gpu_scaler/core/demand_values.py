@@ -190,8 +190,10 @@ def with_pending(
         value=desired_replicas_value(value, spec.threshold, current, ready),
         ready_replicas=ready,
     )
-    # Activity on S (the fresh pods' own sum, never the value missing pods were filled into) plus pending.
-    active = evaluation.active or fresh + extra > spec.activation_threshold
+    # Activity on S (the fresh pods' own sum, never the value missing pods were filled into) plus pending;
+    # for a per-pod maximum on the busiest pod plus pending, as evaluate() decides it without a pool.
+    own = busiest if evaluation.aggregation is Aggregation.MAX else fresh
+    active = evaluation.active or own + extra > spec.activation_threshold
     # Requests held at the gateway say "active" whatever the missing pods hold; idle is still unknown.
     unknown = None if active else evaluation.activity_unknown
     on_top = (

@@ -178,3 +178,20 @@ def test_a_pod_taking_requests_none_finished_without_a_pool_is_missing_never_the
     history = history_of({0: first[:1], 60: [*last[:1], tokens_pod("chat-2", 5, 0, 500, 50)]})
     rows, problems, _ = demand_pod_values(history, [last[0], tokens_pod("chat-2", 5, 0, 500, 50)], spec, 60)
     assert rows["chat-2"][2] == pytest.approx(50.0) and problems == {}
+
+
+def test_an_empty_pool_leaves_a_per_pod_maximum_as_active_as_without_it() -> None:
+    """`aggregation: max`: activity is on the busiest pod (plus pending), as without a pool (SPEC §4)."""
+    from keda_gpu_scaler.core.scaling import evaluate, pod_row
+    from keda_gpu_scaler.core.trigger import Aggregation
+
+    base = {"metric": "demand", "threshold": "10", "podNamePrefix": "chat-", "window": "60"}
+    base |= {"aggregation": "max", "activationThreshold": "5"}
+    plain, pooled_spec = parse_trigger(base), parse_trigger({**base, "inferencePool": "p"})
+    rows = {name: pod_row(name, "vllm", 3.0, (), ()) for name in ("chat-0", "chat-1")}
+    alone = evaluate(rows, (), plain, Aggregation.MAX)
+    pooled, _, _ = with_pending(evaluate(rows, (), pooled_spec, Aggregation.MAX), pooled_spec, 0.0, 0.0)
+    assert (alone.value, alone.active) == (3.0, False)
+    assert (pooled.value, pooled.active) == (3.0, False)
+    woken, _, _ = with_pending(evaluate(rows, (), pooled_spec, Aggregation.MAX), pooled_spec, 0.0, 180.0)
+    assert woken.active is True  # the busiest pod's 3 plus the 3/s that clear 180 held within the window
