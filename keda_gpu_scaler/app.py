@@ -191,10 +191,11 @@ class App:
         sharing = [
             s for s in followed.triggers.values() if s is not subscription and s.metric_labels == labels
         ]
-        if labels is not None and not sharing:
+        if labels is not None:
+            # Gone first (its learned target too): what the other has no evaluation for stays unshown.
             self.telemetry.forget_labels((labels,))
-        elif labels is not None:
-            publish(self.telemetry, labels, sharing[0])
+            if sharing:
+                publish(self.telemetry, labels, sharing[0])
         self.subscriptions.dropped(followed, subscription)
 
     def explanation(self, namespace: str, name: str) -> Explanation | None:

@@ -712,3 +712,33 @@ async def test_a_forgotten_trigger_sharing_a_metric_name_leaves_the_series_to_th
         'keda_gpu_scaler_trigger_value{metric="gpu-utilization",namespace="llm",scaledobject="vllm"} 50.0'
         in page
     )
+
+
+async def test_a_forgotten_triggers_value_leaves_a_shared_series_the_other_cannot_fill(  # type: ignore[no-untyped-def]
+    make_exporter, make_scaler
+) -> None:
+    """The trigger still followed has no value (its exporter fails): the forgotten one's value goes all
+    the same, never shown as the shared series' value."""
+    first = await make_exporter(dcgm_page([GpuLine("llm", "a-0", 20.0)], host="node-a"))
+    second = await make_exporter(dcgm_page([GpuLine("llm", "b-0", 77.0)], host="node-b"))
+    scaler = await make_scaler(first, second, interest_ttl=1.0)
+    a, b = dict(METADATA, podNamePrefix="a-"), dict(METADATA, podNamePrefix="b-")
+    assert await eventually(lambda: value_of(scaler, a)) == 20.0
+    assert await value_of(scaler, b) == 77.0  # the last published under the shared labels
+    first.status = 500
+    followed = scaler.app.registry.get("llm", "vllm")
+
+    async def only_a_failing_trigger_is_followed() -> None:
+        try:
+            await value_of(scaler, a)  # KEDA calls only this one now
+        except grpc.aio.AioRpcError as error:
+            assert error.code() is grpc.StatusCode.UNAVAILABLE
+        else:
+            raise AssertionError("the failing exporter still answers")
+        assert len(followed.triggers) == 1
+
+    await eventually(only_a_failing_trigger_is_followed, timeout=10)
+    async with aiohttp.ClientSession() as session, session.get(f"{scaler.http}/metrics") as response:
+        page = await response.text()
+    shown = [line for line in page.splitlines() if line.startswith("keda_gpu_scaler_trigger_value{")]
+    assert not any(line.endswith(" 77.0") for line in shown), shown
