@@ -266,7 +266,8 @@ def _held(spec: TriggerSpec, snapshot: Snapshot) -> Evaluation:
     """The pool's pending requests as another trigger (`demand`, the `requests` guard) reads them: only
     where what they say is known whole. A lower bound whose activity cannot be told (some replica unread,
     the others at or below activationThreshold) is NoData here: it could neither hold a workload awake
-    nor say it is idle."""
+    nor say it is idle; so is a lower bound of 0 (requests turned away, a replica unread): counted as 0,
+    a workload at zero read inactive while the unread replica may hold its requests."""
     pool = snapshot.pool
     assert pool is not None
     if pool.unreadable is not None:
@@ -274,6 +275,8 @@ def _held(spec: TriggerSpec, snapshot: Snapshot) -> Evaluation:
     held = pending_evaluation(pool.replicas, spec, snapshot.namespace, pool.no_replica).evaluation
     if held.activity_unknown is not None:
         raise NoData(held.activity_unknown)
+    if held.value_unknown is not None:
+        raise NoData(held.value_unknown)
     return held
 
 

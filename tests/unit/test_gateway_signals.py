@@ -268,3 +268,20 @@ def test_the_never_shown_note_is_logged_once_per_scaledobject(caplog: pytest.Log
     with caplog.at_level(logging.INFO):
         assert followed.log_once(note, logging.INFO) and not followed.log_once(note, logging.INFO)
     assert sum("mistral" in record.message for record in caplog.records) == 1
+
+
+def test_demand_at_zero_beside_an_unread_replica_and_a_wake_is_unavailable_never_0() -> None:
+    """`demand` with `inferencePool` reads the pool as `pending` does: requests turned away beside an
+    unread replica are no known 0 (SPEC §7), so a workload at zero is never read idle."""
+    from keda_gpu_scaler.core.decide import decide
+    from keda_gpu_scaler.core.snapshot import PoolSnapshot, Snapshot, SourceKind, Targets
+
+    (turned_away,) = pages(BEFORE, AFTER)[1:]
+    lost = ReplicaInput("epp-1", None, "HTTP 500 Internal Server Error")
+    spec = parse_trigger(
+        {"metric": "demand", "threshold": "5", "inferencePool": "chat-pool", "podSelector": "a=b"}
+    )
+    pool = PoolSnapshot((ReplicaInput("epp-0", turned_away), lost), "no replica", growth={"epp-0": 0.0})
+    decision = decide(spec, Snapshot("llm", 0.0, SourceKind.INFERENCE, Targets(frozenset()), None, pool=pool))
+    assert isinstance(decision.error, NoData), decision.evaluation
+    assert "epp-1: HTTP 500" in str(decision.error)
