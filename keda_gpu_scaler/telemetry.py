@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -113,7 +114,7 @@ class Telemetry:
         self.scrape_duration.observe(seconds)
 
     def publish_trigger(
-        self, labels: tuple[str, str, str], value: float, active: bool, learned: float | None = None
+        self, labels: tuple[str, str, str], value: float, active: bool | None, learned: float | None = None
     ) -> bool:
         """Show a trigger's last value and activity (and its learned target, if any) under (namespace,
         scaledobject, metric); False (and nothing shown) when its ScaledObject already shows
@@ -125,7 +126,8 @@ class Telemetry:
                 return False
             shown.add(labels[2])
         self.trigger_value.labels(*labels).set(value)
-        self.trigger_active.labels(*labels).set(1 if active else 0)
+        # Activity that cannot be told (IsActive UNAVAILABLE) is NaN, never the 0 of "inactive".
+        self.trigger_active.labels(*labels).set(math.nan if active is None else 1 if active else 0)
         if learned is not None:
             self.learned_target.labels(*labels).set(learned)
         return True

@@ -205,4 +205,5 @@ def publish(telemetry: Telemetry, labels: tuple[str, str, str], subscription: Su
     learned = subscription.learned.target if subscription.learned is not None else None
     # A value that cannot be told is shown as NaN, never as the 0 it was computed from.
     value = math.nan if evaluation.value_unknown is not None else evaluation.value
-    return telemetry.publish_trigger(labels, value, evaluation.active, learned)
+    active = None if evaluation.activity_unknown is not None else evaluation.active
+    return telemetry.publish_trigger(labels, value, active, learned)

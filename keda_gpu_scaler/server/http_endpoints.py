@@ -88,7 +88,8 @@ def evaluation_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]
         return _pending_json(evaluation, spec)
     return {
         "value": evaluation.value,
-        "active": evaluation.active,
+        # As IsActive answers: no activity (UNAVAILABLE, activityUnknown says why) where it cannot be told.
+        "active": None if evaluation.activity_unknown is not None else evaluation.active,
         "activationThreshold": spec.activation_threshold,
         "threshold": spec.threshold,
         "aggregation": evaluation.aggregation.value,
@@ -134,7 +135,7 @@ def _pending_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]:
         # As GetMetrics answers: no value (UNAVAILABLE, valueUnknown says why) where it cannot be told.
         "value": None if evaluation.value_unknown is not None else evaluation.value,
         "valueUnknown": evaluation.value_unknown,
-        "active": evaluation.active,
+        "active": None if evaluation.activity_unknown is not None else evaluation.active,
         "activityUnknown": evaluation.activity_unknown,
         "activationThreshold": spec.activation_threshold,
         "threshold": spec.threshold,

@@ -186,8 +186,13 @@ async def test_a_lower_bound_at_or_below_the_activation_threshold_is_the_value_a
     assert "chat-pool" in message
     entry = await explain(scaler)
     assert entry["value"] == 2 and "not above activationThreshold" in entry["activityUnknown"], entry
+    assert entry["active"] is None, entry  # as IsActive answers: never the false it was computed as
     assert any(note.startswith("value is a lower bound") for note in entry["notes"]), entry
     assert "active = unknown (IsActive answers UNAVAILABLE" in render_table(entry)
+    async with aiohttp.ClientSession() as session, session.get(f"{scaler.http}/metrics") as response:
+        page = await response.text()
+    (active,) = [line for line in page.splitlines() if line.startswith("keda_gpu_scaler_trigger_active{")]
+    assert active.endswith(" NaN"), active
 
 
 async def test_every_replica_failing_is_unavailable_naming_the_pool(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
