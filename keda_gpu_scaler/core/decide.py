@@ -257,7 +257,9 @@ def _add_pending(
     measured = measured_tokens_per_request(evaluation)
     decision.tokens_per_request = measured
     size = measured if measured is not None else pool.tokens_per_request
-    evaluation, note, demand = with_pending(evaluation, spec, growth, pending.value, size)
+    # Requests turned away while the pool holds none wake it as they wake `pending` (SPEC §7).
+    woken = pending.active and pending.value <= 0
+    evaluation, note, demand = with_pending(evaluation, spec, growth, pending.value, size, woken)
     decision.notes += (note,)
     return evaluation, demand
 

@@ -148,6 +148,7 @@ def with_pending(
     growth: float,
     held: float,
     tokens_per_request: float | None = None,
+    woken: bool = False,
 ) -> tuple[Evaluation, str, float]:
     """The pods' demand with what the pool's pending requests add (SPEC §6 with `inferencePool`), a note,
     and that demand S + pending as a sum over pods (before any floor: what a latency target's headroom is for).
@@ -162,7 +163,8 @@ def with_pending(
     are weighed at `tokens_per_request` (the pods' own,
     else the last they measured; None when never: then they ask for exactly one replica's worth, the
     wake). The pending part counts toward activity as S does (SPEC §4: S plus pending), so a pool at zero
-    holding requests wakes and asks for at least one replica.
+    holding requests wakes and asks for at least one replica; so does `woken`, the pool turning requests
+    away since its last page (SPEC §7's wake) while it holds none.
     """
     extra = pending_demand(growth, held, spec.window)
     weighed = ""
@@ -193,7 +195,7 @@ def with_pending(
     # Activity on S (the fresh pods' own sum, never the value missing pods were filled into) plus pending;
     # for a per-pod maximum on the busiest pod plus pending, as evaluate() decides it without a pool.
     own = busiest if evaluation.aggregation is Aggregation.MAX else fresh
-    active = evaluation.active or own + extra > spec.activation_threshold
+    active = evaluation.active or own + extra > spec.activation_threshold or woken
     # Requests held at the gateway say "active" whatever the missing pods hold; idle is still unknown.
     unknown = None if active else evaluation.activity_unknown
     on_top = (

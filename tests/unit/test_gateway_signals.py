@@ -285,3 +285,19 @@ def test_demand_at_zero_beside_an_unread_replica_and_a_wake_is_unavailable_never
     decision = decide(spec, Snapshot("llm", 0.0, SourceKind.INFERENCE, Targets(frozenset()), None, pool=pool))
     assert isinstance(decision.error, NoData), decision.evaluation
     assert "epp-1: HTTP 500" in str(decision.error)
+
+
+def test_demand_at_zero_wakes_on_requests_turned_away_as_pending_does() -> None:
+    """Every replica read, none holding a request, one turning requests away: `pending` wakes (SPEC §7),
+    and so does `demand` reading the same pool (its pending part counts toward activity)."""
+    from keda_gpu_scaler.core.decide import decide
+    from keda_gpu_scaler.core.snapshot import PoolSnapshot, Snapshot, SourceKind, Targets
+
+    (turned_away,) = pages(BEFORE, AFTER)[1:]
+    spec = parse_trigger(
+        {"metric": "demand", "threshold": "5", "inferencePool": "chat-pool", "podSelector": "a=b"}
+    )
+    pool = PoolSnapshot((ReplicaInput("epp-0", turned_away),), "no replica", growth={"epp-0": 0.0})
+    decision = decide(spec, Snapshot("llm", 0.0, SourceKind.INFERENCE, Targets(frozenset()), None, pool=pool))
+    assert decision.evaluation is not None and decision.evaluation.active, decision
+    assert evaluate(turned_away).evaluation.active  # what `pending` answers on the same page
