@@ -80,7 +80,8 @@ FLAGS: tuple[Flag, ...] = (
         "--exporter-url",
         None,
         "a static exporter endpoint (dcgm-exporter, AMD device-metrics-exporter, ACK); repeatable"
-        " (environment: comma-separated)",
+        " (environment: comma-separated). Replaces the discovery of exporter pods: with Kubernetes,"
+        " --exporter-selector is then unused and no pod is listed outside the ScaledObjects' namespaces",
         repeatable=True,
         parse=_urls,
         field="exporter_urls",

@@ -36,7 +36,9 @@ class ExporterDiscovery:
         # is never an exporter: a tenant's pod labelled like one, on a node it shares with another tenant,
         # would serve that tenant's GPU values (SPEC §3: where data comes from is the operator's choice).
         self._namespaces = namespaces
-        self._static = static  # --exporter-url given: exporters need not be found on the target nodes
+        # --exporter-url given: it replaces the discovery of exporter pods. Their cluster-wide watch never
+        # starts (narrow RBAC, rbac.exporterDiscovery off, refuses it) and the given pages are scraped.
+        self._static = static
         self._gauge = gauge
         self._wanted = wanted
         self._informers: list[tuple[ExporterSelector, PodInformer]] = []
@@ -56,8 +58,8 @@ class ExporterDiscovery:
 
     def connect(self, api: KubeApi, on_restart: Callable[[str], None]) -> None:
         """The API to watch exporter pods through, from the first node a trigger scrapes on. Only then:
-        triggers read through Prometheus or inference pages need no exporter pod, and with --exporter-url
-        and namespaced RBAC (rbac.exporterDiscovery off) the cluster-wide watch is refused."""
+        triggers read through Prometheus or inference pages need no exporter pod. Never with --exporter-url,
+        which replaces discovery (and whose namespaced RBAC, rbac.exporterDiscovery off, refuses the watch)."""
         self._api, self._on_restart = api, on_restart
         if self._nodes:
             self.started()
@@ -68,7 +70,7 @@ class ExporterDiscovery:
             self.start(self._api, self._on_restart)
 
     def start(self, api: KubeApi, on_restart: Callable[[str], None]) -> None:
-        if self._informers:
+        if self._informers or self._static:
             return
         for index, exporter in enumerate(self._selectors):
 
@@ -177,7 +179,7 @@ class ExporterDiscovery:
         returns the answer, for the caller to keep.
         """
         if self._static:
-            return True  # --exporter-url: the pages are given, whatever discovery finds (or may not list)
+            return True  # --exporter-url: the pages are given, no exporter pod is looked for
         failing = [i.error for _, i in self._informers if i.error is not None]
         if failing and len(failing) == len(self._informers):
             raise NoData(f"cannot find the GPU exporters: {failing[0]}")

@@ -8,8 +8,9 @@ from keda_gpu_scaler.core.errors import KubeError
 from keda_gpu_scaler.kubernetes.api import KubeApi
 from keda_gpu_scaler.kubernetes.scaledobject import ScaleTarget
 
-# How long a kind → plural look-up is trusted before a miss triggers a new discovery request (a CRD
-# installed after the scaler started must become usable without a restart).
+# How long a kind → plural look-up is trusted before a miss, or a kind without /scale, triggers a new
+# discovery request (a CRD installed after the scaler started, or one that gains its /scale subresource in
+# an upgrade, must become usable without a restart).
 DISCOVERY_CACHE_SECONDS = 60.0
 
 
@@ -29,7 +30,8 @@ class ScaleKinds:
         key = (target.group, target.version)
         cached = self._by_group.get(key)
         now = self._clock()
-        if cached is None or (target.kind not in cached[1] and now - cached[0] > DISCOVERY_CACHE_SECONDS):
+        usable = cached is not None and cached[1].get(target.kind, ("", False))[1]
+        if cached is None or (not usable and now - cached[0] > DISCOVERY_CACHE_SECONDS):
             document = await api.api_resources(target.group, target.version)
             names = {r.get("name") for r in document.get("resources") or ()}
             kinds = {

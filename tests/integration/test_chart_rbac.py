@@ -4,6 +4,7 @@ token when it makes no Kubernetes API call)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +138,28 @@ def test_kubernetes_off_keeps_only_what_the_pickers_of_gateway_url_check() -> No
     # Minting needs the API server: refused at render, as the scaler would refuse it at start.
     with pytest.raises(helm.HelmError, match=r"gateway\.metricsToken\.mode=request needs Kubernetes"):
         render_files({"flags": flags, "gateway": {"metricsToken": {"enabled": True}}})
+
+
+# --- when the gateway rules may be dropped ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "charts/keda-gpu-scaler/values.yaml",
+        "charts/keda-gpu-scaler/README.md",
+        "docs/operating.md",
+        "docs/SECURITY.md",
+        "manifests/base/clusterrole/clusterrole.yaml",
+    ],
+)
+def test_the_gateway_rules_are_dropped_only_without_pending_or_an_inference_pool(path: str) -> None:
+    # A demand or requests trigger naming inferencePool reads the pool and its endpoint pickers too: without
+    # rbac.gateway it is UNAVAILABLE naming the RBAC denial, so "no trigger uses pending" is not enough.
+    text = " ".join(
+        line.strip().lstrip("#").replace("`", "")
+        for line in (MANIFESTS.parent / path).read_text().splitlines()
+    )
+    said = re.findall(r"no trigger uses pending(.{0,25})", " ".join(text.split()))
+    assert said, f"{path} no longer says when rbac.gateway may be off"
+    assert all(tail.startswith(" or names inferencePool") for tail in said), said

@@ -972,17 +972,15 @@ async def test_metric_type_value_with_starting_pods_asks_as_many_replicas_as_ave
     assert explained["hpa"]["readyReplicas"] == 2 and explained["hpa"]["desiredReplicasValue"] == 3
 
 
-async def test_exporter_urls_need_no_cluster_wide_pod_watch(  # type: ignore[no-untyped-def]
-    cluster: Cluster, make_scaler, tmp_path: Path
-) -> None:
-    # The chart's narrow RBAC (rbac.namespaces, rbac.exporterDiscovery: false) with flags.exporterUrl:
-    # pods of `llm` only; listing pods cluster-wide is refused. The exporters are given: triggers answer.
+async def narrow_rbac_with_exporter_urls(cluster: Cluster, make_scaler, tmp_path: Path) -> Any:  # type: ignore[no-untyped-def]
+    """The chart's narrow RBAC (rbac.namespaces, rbac.exporterDiscovery: false) with flags.exporterUrl: pods
+    of `llm` only; listing pods cluster-wide is refused. The exporters are given."""
     a = await cluster.gpu_node("node-a")
     b = await cluster.gpu_node("node-b")
     three_pods_on_two_nodes(cluster)
     cluster.kube.deny("list", "pods", None)
     cluster.kube.deny("watch", "pods", None)
-    scaler = await make_scaler(
+    return await make_scaler(
         a,
         b,
         kubernetes="on",
@@ -990,4 +988,24 @@ async def test_exporter_urls_need_no_cluster_wide_pod_watch(  # type: ignore[no-
         exporter_selectors=(parse_exporter_selector("app=test-dcgm-exporter:metrics"),),
         discovery_interval=0.2,
     )
+
+
+async def test_exporter_urls_need_no_cluster_wide_pod_watch(  # type: ignore[no-untyped-def]
+    cluster: Cluster, make_scaler, tmp_path: Path
+) -> None:
+    scaler = await narrow_rbac_with_exporter_urls(cluster, make_scaler, tmp_path)
     await eventually(lambda: _equals(value(scaler), 180), timeout=15)
+
+
+async def test_exporter_urls_replace_the_exporter_pod_watch(  # type: ignore[no-untyped-def]
+    cluster: Cluster, make_scaler, tmp_path: Path
+) -> None:
+    # --exporter-url replaces the discovery of exporter pods: the refused cluster-wide watch is never tried,
+    # so no warning repeats and watch_restarts_total{reason="error"} (the chart's KedaGpuScalerKubernetesErrors
+    # alert) stays at 0 in this documented setup.
+    scaler = await narrow_rbac_with_exporter_urls(cluster, make_scaler, tmp_path)
+    await eventually(lambda: _equals(value(scaler), 180), timeout=15)
+    await asyncio.sleep(0.5)  # room for a watch that was started to be refused
+    assert await value(scaler) == 180
+    restarts = scaler.app.discovery.watch_restarts.labels("error")._value.get()
+    assert (cluster.kube.count("/api/v1/pods"), restarts) == (0, 0)

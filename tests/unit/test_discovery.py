@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
 from keda_gpu_scaler.collect.wanted import ExporterNode, ExporterPage, WantedSources
 from keda_gpu_scaler.config.settings import SettingsError, build_settings, resolve_kubernetes
-from keda_gpu_scaler.core.errors import NoData
+from keda_gpu_scaler.core.errors import KubeError, NoData
 from keda_gpu_scaler.core.selectors import (
     DEFAULT_EXPORTER_SELECTORS,
     SelectorError,
@@ -18,9 +18,11 @@ from keda_gpu_scaler.core.selectors import (
     parse_selector,
 )
 from keda_gpu_scaler.core.trigger_parse import parse_trigger
+from keda_gpu_scaler.kubernetes.api import KubeApi
 from keda_gpu_scaler.kubernetes.exporters import ExporterDiscovery
+from keda_gpu_scaler.kubernetes.kinds import DISCOVERY_CACHE_SECONDS, ScaleKinds
 from keda_gpu_scaler.kubernetes.pods import PodInfo, exporter_url, pod_info
-from keda_gpu_scaler.kubernetes.scaledobject import metric_type_for, parse_scaled_object
+from keda_gpu_scaler.kubernetes.scaledobject import ScaleTarget, metric_type_for, parse_scaled_object
 from keda_gpu_scaler.kubernetes.targets import NamespaceIndex, Selection
 
 LABELS = {"app": "vllm", "tier": "gpu", "version": "3", "app.kubernetes.io/name": "dcgm-exporter"}
@@ -470,3 +472,23 @@ def test_an_exporter_pod_update_that_keeps_its_url_keeps_its_data() -> None:
     )
     discovery._exporter_pod(0, before, relabelled)  # a readiness flip and a label edit, same node and URL
     assert sink.removed == []  # the source (and its last page) stays
+
+
+async def test_a_kind_that_gains_its_scale_subresource_is_looked_up_again() -> None:
+    # A CRD upgraded to serve /scale becomes usable once the discovery cache has aged, without a restart.
+    now, resources = [0.0], [{"kind": "Widget", "name": "widgets"}]
+
+    class Api:
+        async def api_resources(self, group: str, version: str) -> dict[str, Any]:
+            return {"resources": list(resources)}
+
+    kinds, api = ScaleKinds(lambda: now[0]), cast(KubeApi, Api())
+    target = ScaleTarget("example.com/v1", "Widget", "w")
+    with pytest.raises(KubeError, match="no /scale subresource"):
+        await kinds.plural(api, target)
+    resources.append({"name": "widgets/scale"})
+    now[0] = DISCOVERY_CACHE_SECONDS / 2
+    with pytest.raises(KubeError, match="no /scale subresource"):
+        await kinds.plural(api, target)  # still trusted
+    now[0] = DISCOVERY_CACHE_SECONDS + 1
+    assert await kinds.plural(api, target) == "widgets"

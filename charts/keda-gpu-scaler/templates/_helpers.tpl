@@ -104,7 +104,7 @@ app=nvidia-dcgm-exporter:9400;app.kubernetes.io/name=dcgm-exporter:9400;app.kube
 
 {{- define "keda-gpu-scaler.gatewayRules" -}}
 {{- if .Values.rbac.gateway }}
-# Triggers with metric pending: the InferencePool (spec.endpointPickerRef) and that Service (spec.selector,
+# Triggers with metric pending or naming inferencePool: the InferencePool (spec.endpointPickerRef) and that Service (spec.selector,
 # to find the endpoint picker's pods), followed by name in list+watch caches in the ScaledObject's namespace.
 - apiGroups: ["inference.networking.k8s.io"]
   resources: ["inferencepools"]
