@@ -9,6 +9,7 @@ from typing import Any
 from keda_gpu_scaler.core.selectors import DEFAULT_EXPORTER_NAMESPACES, DEFAULT_EXPORTER_SELECTORS
 from keda_gpu_scaler.core.value_parsers import (
     ENV_PREFIX,
+    NumberParser,
     Parser,
     _address,
     _choice,
@@ -62,6 +63,11 @@ class Flag:
     def dest(self) -> str:
         return self.name.removeprefix("--").replace("-", "_")
 
+
+# The default staleness allows for a scrape's timeout (a page answered within it is never stale), so a
+# timeout of 1e9 s kept a hung exporter's last page in use for ever: at most MAX_SCRAPE_TIMEOUT.
+MAX_SCRAPE_TIMEOUT = 300.0
+_scrape_timeout = NumberParser(float, None, MAX_SCRAPE_TIMEOUT, "seconds, more than 0 and at most 300")
 
 FLAGS: tuple[Flag, ...] = (
     Flag(
@@ -146,7 +152,10 @@ FLAGS: tuple[Flag, ...] = (
         parse=_positive(float),
     ),
     Flag(
-        "--scrape-timeout", "3", "seconds an exporter may take to answer one scrape", parse=_positive(float)
+        "--scrape-timeout",
+        "3",
+        "seconds an exporter may take to answer one scrape (at most 300)",
+        parse=_scrape_timeout,
     ),
     Flag(
         "--max-page-bytes",

@@ -120,3 +120,13 @@ def test_intervals_that_could_never_give_fresh_data_are_refused_naming_both_flag
         build_settings(values)
     for text in named:
         assert text in str(raised.value), raised.value
+
+
+@pytest.mark.parametrize("value", ["1e9", "301"])
+def test_a_scrape_timeout_that_would_keep_a_hung_exporters_page_is_refused(value: str) -> None:
+    # The default staleness allows for the timeout: 1e9 s kept a hung exporter's last page in use for ever.
+    with pytest.raises(SettingsError) as raised:
+        build_settings({"scrape_timeout": value})
+    assert f"--scrape-timeout={value!r} is out of range" in str(raised.value)
+    assert "at most 300" in str(raised.value)
+    assert build_settings({"scrape_timeout": "300"}).scrape_timeout == 300.0
