@@ -141,7 +141,8 @@ def _pending_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]:
         "threshold": spec.threshold,
         "inferencePool": spec.inference_pool,
         "gatewayReplicas": replicas,
-        "hpa": _hpa_json(evaluation),
+        # No value, no replica count: the HPA is given none to compute one from.
+        "hpa": None if evaluation.value_unknown is not None else _hpa_json(evaluation),
     }
 
 

@@ -80,6 +80,7 @@ async def test_a_wake_with_an_unread_replica_is_active_and_its_lower_bound_of_0_
         entry = await explain(scaler)
         assert entry["value"] is None and entry["active"] is True, entry
         assert "hold no request" in entry["valueUnknown"], entry
+        assert entry["hpa"] is None, entry  # no value, so no replica count the HPA could compute
         assert "value = unknown (GetMetrics answers UNAVAILABLE" in render_table(entry)
     finally:
         await runner.cleanup()
