@@ -37,6 +37,7 @@ from keda_gpu_scaler.core.snapshot import SourceKind, Track
 from keda_gpu_scaler.pages.engines import (
     DemandCounters,
     Missing,
+    MissingKind,
     PodSamples,
     Value,
     counters_format,
@@ -320,7 +321,9 @@ class DemandHistory:
             # Requests restarted engines held were lost, neither finished nor in flight after: counted as
             # still in flight, so that their arrival is not taken back (a restart counts from empty).
             usable[1] = dataclasses.replace(usable[1], in_flight=usable[1].in_flight + lost)
-        return Track(usable, len(points), None, engine_name, _latency_increases(ends, model))
+        unvalued = (c for c in (counters.prompt_tokens, counters.generation_tokens) if isinstance(c, Missing))
+        tokens_problem = next((c for c in unvalued if c.kind is MissingKind.NO_VALUE), None)
+        return Track(usable, len(points), None, engine_name, _latency_increases(ends, model), tokens_problem)
 
     @staticmethod
     def _end(

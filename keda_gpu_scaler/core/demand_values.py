@@ -70,6 +70,9 @@ def demand_pod_values(
                 raise NoData(f"pod {pod}: {track.problem.reason}; metric demand cannot be served")
             problems[pod] = track.problem.reason
             continue
+        if spec.demand_unit is not DemandUnit.REQUESTS and track.tokens_problem is not None:
+            problems[pod] = track.tokens_problem.reason  # a NaN token counter: this pod's gap, a missing pod
+            continue
         points = track.points
         rate = pod_demand(points, spec.demand_unit, spec.prefill_weight)
         if isinstance(rate, Missing) and rate.kind is MissingKind.NO_RATE and spec.inference_pool:

@@ -106,6 +106,9 @@ class Track:
     # The latency histograms' increases over the window (role `KIND:le=BOUND`, `KIND:sum`, `KIND:count`
     # → increase, summed over the model's series): what latency.py reads; empty without two points.
     latency: Mapping[str, float] = field(default_factory=dict)
+    # The newest page prints token counters without a value (NaN): a `demandUnit: tokens` read of the pod
+    # is missing (its rate would miss that page's tokens), not an engine that prints none.
+    tokens_problem: Missing | None = None
 
 
 @dataclass(frozen=True, slots=True)

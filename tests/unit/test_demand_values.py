@@ -195,3 +195,35 @@ def test_an_empty_pool_leaves_a_per_pod_maximum_as_active_as_without_it() -> Non
     assert (pooled.value, pooled.active) == (3.0, False)
     woken, _, _ = with_pending(evaluate(rows, (), pooled_spec, Aggregation.MAX), pooled_spec, 0.0, 180.0)
     assert woken.active is True  # the busiest pod's 3 plus the 3/s that clear 180 held within the window
+
+
+def test_token_counters_without_a_value_on_a_page_make_one_missing_pod_not_an_engine_without_them() -> None:
+    """`demandUnit: tokens`: a NaN token counter on a pod's newest page is that pod's gap (a missing pod,
+    SPEC §4), never "no token counters on its page" for the whole trigger (which is for engines that
+    print none); a `demandUnit: requests` read of the same page does not need them."""
+
+    def page(name: str, finished: float, tokens: float | str) -> PodSamples:
+        return tokens_pod(name, finished, 0, tokens, tokens)  # type: ignore[arg-type]
+
+    spec = parse_trigger(
+        {
+            "metric": "demand",
+            "threshold": "10",
+            "podNamePrefix": "chat-",
+            "window": "60",
+            "demandUnit": "tokens",
+        }
+    )
+    history = history_of(
+        {
+            0: [page("chat-0", 0, 0), page("chat-1", 0, 0)],
+            30: [page("chat-0", 10, 1000), page("chat-1", 10, 1000)],
+            60: [page("chat-0", 20, "NaN"), page("chat-1", 20, 2000)],
+        }
+    )
+    newest = [page("chat-0", 20, "NaN"), page("chat-1", 20, 2000)]
+    rows, problems, _ = demand_pod_values(history, newest, spec, 60)
+    assert set(rows) == {"chat-1"} and set(problems) == {"chat-0"}, (rows, problems)
+    assert "no finite" in problems["chat-0"], problems
+    rows, problems, _ = demand_pod_values(history, newest, SPEC, 60)
+    assert set(rows) == {"chat-0", "chat-1"} and not problems, (rows, problems)
