@@ -188,14 +188,14 @@ class App:
         ScaledObject publishes under the same labels (two triggers may share a metric name), the series
         shows that one's last evaluation again: the dropped trigger's value must not stay on it."""
         labels = subscription.metric_labels
-        sharing = [
-            s for s in followed.triggers.values() if s is not subscription and s.metric_labels == labels
-        ]
         if labels is not None:
             # Gone first (its learned target too): what the other has no evaluation for stays unshown.
             self.telemetry.forget_labels((labels,))
-            if sharing:
-                publish(self.telemetry, labels, sharing[0])
+            sharing = (
+                s for s in followed.triggers.values() if s is not subscription and s.metric_labels == labels
+            )
+            if (other := next(sharing, None)) is not None:
+                publish(self.telemetry, labels, other)
         self.subscriptions.dropped(followed, subscription)
 
     def explanation(self, namespace: str, name: str) -> Explanation | None:
