@@ -5,6 +5,7 @@ queue-guard and SLO-aware recipes, the held-out traces, and the judge from the c
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -367,14 +368,19 @@ def test_recommended_is_at_the_readmes_threshold_tuned_and_auto_at_the_calibrate
 
 
 def test_recommended_sizes_on_the_gateways_held_requests_when_they_ask_for_more() -> None:
-    # One pod read once (demand has no rate yet: UNAVAILABLE), 4 in flight, 5 requests held at the gateway:
-    # the guard asks for 1, the wake's `pending` for ceil(5 / 1) = 5, and the HPA takes the larger.
+    # One pod read once (demand has no rate yet: UNAVAILABLE), 4 in flight, 130 requests held at the
+    # gateway: the guard asks for 1, the wake's `pending` for ceil(130 / 64) = 3, and the HPA takes the larger.
+    held = 130
     pages = {"vllm-0": Page(4, 0, 0.1)}
-    view = View(0.0, pages, tuple(pages), (), 5, {})
+    view = View(0.0, pages, tuple(pages), (), held, {})
     signals = Signals(Timing())
     signals.scrapes.append(view)
-    signals.direct, signals.ready, signals.pending = view, tuple(pages), 5
-    signals.pending_history.append((0.0, 5))
+    signals.direct, signals.ready, signals.pending = view, tuple(pages), held
+    signals.pending_history.append((0.0, held))
     trace = LlmTrace("t", "", (Segment(0, 1.0),), 60.0)
     job = llm_judge.Job(trace, "recommended", None, None, 1, None, ServerModel(), SLO, Realism())
-    assert llm_judge.configured(job).desired(signals, 1) == 5
+    assert (
+        llm_judge.configured(job).desired(signals, 1)
+        == math.ceil(held / float(dict(WAKE.metadata)["threshold"]))
+        == 3
+    )
