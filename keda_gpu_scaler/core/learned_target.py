@@ -1,7 +1,9 @@
 """`threshold: auto` (SPEC §6): what one replica serves at the latency target, learned from its pods' pages.
 
 Pure: no I/O and no clock (every time is passed in). Each pod's samples fall in load levels; a level met
-the target when its median time per output token and its median time to first token were within it. A
+the target when its median time per output token and its median time to first token were within it, and
+no larger share of its first tokens and output tokens came after their targets than the SLO allows (a
+median far inside a target still lets the slow twentieth through, which the SLO counts). A
 pod's capacity is read from what it was seen to do, never extrapolated: the highest load level that met
 the target, with a small margin to try the next level, and below the lowest level above it that failed.
 A pod seen failing at every level it ran at gets a step down from the lowest. A pod that met levels only
@@ -62,6 +64,9 @@ DEFAULT_TTFT_SECONDS = 2.0
 # A level's median of the windows' mean TTFT must stay within this share of the TTFT target: with
 # requests queueing, a mean at the target leaves far more than the SLO's few percent beyond it.
 TTFT_SHARE = 0.5
+# The share of a level's requests whose first token may come after the TTFT target unless the trigger's
+# SLO states its attainment: the SLO's own allowance (1 - 0.95).
+DEFAULT_ALLOWED_MISSES = 0.05
 # A pod whose highest level met is below SEEN_NEAR × the target was only handed light load (added for a
 # burst, then quiet): what it met says nothing about the target. Counted, such pods pulled the simulator's
 # flash-crowd targets 10–25 % low (pods at 3–9k tokens/s beside older pods reading 18k). Chosen on the
@@ -80,6 +85,12 @@ class Sample:
     latency: float  # its mean time per output token over the window, seconds
     observations: float  # how many tokens (or requests) that mean is over
     first_token: float | None = None  # its mean time to first token over the window, seconds
+    # Of its requests with a first token in the window (`first_token_requests`), how many took longer than
+    # the TTFT target (read from its histogram's buckets); None: the page prints no such histogram.
+    first_token_late: float | None = None
+    first_token_requests: float | None = None
+    # Of its `observations`, how many took longer than the time-per-output-token target; None: unknown.
+    per_token_late: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,10 +133,13 @@ class Learner:
         start: float,
         latency_target: float = DEFAULT_TPOT_SECONDS,
         first_token_target: float = DEFAULT_TTFT_SECONDS,
+        allowed_misses: float = DEFAULT_ALLOWED_MISSES,
     ) -> None:
         self.start = start
         self.latency_target = latency_target
+        self.first_token_target = first_token_target
         self.first_token_limit = TTFT_SHARE * first_token_target
+        self.allowed_misses = allowed_misses
         self.target = start
         self._samples: dict[str, deque[Sample]] = {}
         self._moved_at = -math.inf
@@ -135,8 +149,20 @@ class Learner:
 
     def observe(self, sample: Sample) -> None:
         """Keep one pod's window, unless it cannot say anything about capacity."""
-        numbers = (sample.time, sample.rate, sample.latency, sample.observations, sample.first_token or 1.0)
-        if not all(math.isfinite(n) for n in numbers) or sample.rate < 0 or sample.latency <= 0:
+        late = (
+            sample.first_token_late or 0.0,
+            sample.first_token_requests or 0.0,
+            sample.per_token_late or 0.0,
+        )
+        numbers = (
+            sample.time,
+            sample.rate,
+            sample.latency,
+            sample.observations,
+            sample.first_token or 1.0,
+            *late,
+        )
+        if not all(math.isfinite(n) for n in numbers) or min(sample.rate, *late) < 0 or sample.latency <= 0:
             self._dropped_invalid += 1
             return
         if sample.observations < MIN_OBSERVATIONS:
@@ -154,7 +180,12 @@ class Learner:
         self._forget_gone(now)
         fits = tuple(
             fit_pod(
-                pod, self._samples[pod], LEVEL_WIDTH * self.start, self.latency_target, self.first_token_limit
+                pod,
+                self._samples[pod],
+                LEVEL_WIDTH * self.start,
+                self.latency_target,
+                self.first_token_limit,
+                self.allowed_misses,
             )
             for pod in sorted(set(ready_pods))
             if pod in self._samples
@@ -241,10 +272,15 @@ def _left_out_said(fit: PodFit, target: float) -> PodFit:
 
 
 def fit_pod(
-    pod: str, samples: Sequence[Sample], level_width: float, latency_target: float, first_token_limit: float
+    pod: str,
+    samples: Sequence[Sample],
+    level_width: float,
+    latency_target: float,
+    first_token_limit: float,
+    allowed_misses: float = DEFAULT_ALLOWED_MISSES,
 ) -> PodFit:
     """A pod's capacity from the load levels it was seen at: never beyond what its levels show."""
-    levels = _levels(samples, level_width, latency_target, first_token_limit)
+    levels = _levels(samples, level_width, latency_target, first_token_limit, allowed_misses)
     if len(samples) < MIN_SAMPLES or not levels:
         note = (
             f"too few samples: {len(samples)}, {len(levels)} load levels with {MIN_LEVEL_SAMPLES} or more"
@@ -268,7 +304,11 @@ def fit_pod(
 
 
 def _levels(
-    samples: Sequence[Sample], level_width: float, latency_target: float, first_token_limit: float
+    samples: Sequence[Sample],
+    level_width: float,
+    latency_target: float,
+    first_token_limit: float,
+    allowed_misses: float,
 ) -> list[tuple[float, bool]]:
     """(median rate, met the targets) of each load level with MIN_LEVEL_SAMPLES samples, by rising rate."""
     by_level: dict[int, list[Sample]] = {}
@@ -279,8 +319,19 @@ def _levels(
         if len(level) < MIN_LEVEL_SAMPLES:
             continue
         first_tokens = [s.first_token for s in level if s.first_token is not None]
-        met = median(s.latency for s in level) <= latency_target and (
-            not first_tokens or median(first_tokens) <= first_token_limit
+        met = (
+            median(s.latency for s in level) <= latency_target
+            and (not first_tokens or median(first_tokens) <= first_token_limit)
+            and _late_share(level, "first_token_late", "first_token_requests") <= allowed_misses
+            and _late_share(level, "per_token_late", "observations") <= allowed_misses
         )
         levels.append((median(s.rate for s in level), met))
     return levels
+
+
+def _late_share(level: Sequence[Sample], late: str, observed: str) -> float:
+    """The share of a level's observations (`observed`: first tokens, or output tokens) that came after
+    their target (`late`); 0 when its pages print no such histogram: the medians alone then decide."""
+    counted = [(getattr(s, late), getattr(s, observed)) for s in level if getattr(s, late) is not None]
+    total = math.fsum(n or 0.0 for _, n in counted)
+    return math.fsum(k for k, _ in counted) / total if total > 0 else 0.0

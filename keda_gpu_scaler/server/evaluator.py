@@ -14,7 +14,9 @@ from typing import Any
 from keda_gpu_scaler.collect.snapshot import Snapshots
 from keda_gpu_scaler.core.decide import Decision, decide
 from keda_gpu_scaler.core.demand_values import is_measured
+from keda_gpu_scaler.core.latency import late_observations
 from keda_gpu_scaler.core.learned_target import (
+    DEFAULT_ALLOWED_MISSES,
     DEFAULT_TPOT_SECONDS,
     DEFAULT_TTFT_SECONDS,
     Learner,
@@ -123,6 +125,7 @@ class Evaluator:
                 spec.threshold_start,
                 targets.get(TPOT) or DEFAULT_TPOT_SECONDS,
                 targets.get(TTFT) or DEFAULT_TTFT_SECONDS,
+                1 - spec.slo.attainment if spec.slo is not None else DEFAULT_ALLOWED_MISSES,
             )
             subscription.learning_since = now
         if followed.spec_streams[spec] <= 0 and now - subscription.learning_since >= SPEC_UPDATE_INTERVAL:
@@ -136,11 +139,26 @@ class Evaluator:
         tracks = dict(snapshot.tracks)
         # Only a pod's own measured rate is a sample of what it served at its latency (never an assumed one).
         for row in filter(is_measured, evaluation.pod_rows):
-            latency = tracks[row[0]].latency if row[0] in tracks else {}
+            track = tracks.get(row[0])
+            latency = track.latency if track is not None else {}
             per_token = _mean(latency, TPOT)
             if per_token is not None:
                 tokens, first_token = latency[f"{TPOT}:count"], _mean(latency, TTFT)
-                sample = Sample(now, row[0], row[ROW_VALUE], per_token, tokens, first_token)
+                learner = subscription.learner
+                # A pod whose requests in flight fell over the window served a backlog: its late tokens
+                # waited for load that came before the window, so they say nothing of the rate it had.
+                points = track.points if track is not None else []
+                draining = len(points) >= 2 and points[-1].in_flight < points[0].in_flight
+                late = (
+                    (None, None, None)
+                    if draining
+                    else (
+                        late_observations(TTFT, latency, learner.first_token_target),
+                        latency.get(f"{TTFT}:count"),
+                        late_observations(TPOT, latency, learner.latency_target),
+                    )
+                )
+                sample = Sample(now, row[0], row[ROW_VALUE], per_token, tokens, first_token, *late)
                 subscription.learner.observe(sample)
         subscription.learned = subscription.learner.update(now, [row[0] for row in evaluation.pod_rows])
         followed.targets.set(spec, subscription.learned.target)

@@ -17,6 +17,7 @@ from keda_gpu_scaler.core.latency import (
     guarded_value,
     headroom,
     histogram_quantile,
+    late_observations,
     latency_read,
     spent_headroom,
 )
@@ -251,3 +252,13 @@ def test_budget_used_is_the_share_of_the_allowance_and_never_made_up() -> None:
     assert spent_headroom(0.4, 0.8) == pytest.approx(0.32)
     assert spent_headroom(0.4, 3.0) == pytest.approx(0.4)
     assert spent_headroom(0.4, None) == 0.4 and spent_headroom(None, 0.5) is None
+
+
+def test_late_observations_are_counted_only_where_a_finite_bucket_reaches_the_target() -> None:
+    increases = {"ttft:le=0.5": 80.0, "ttft:le=1": 90.0, "ttft:le=+Inf": 100.0, "ttft:count": 100.0}
+    assert late_observations("ttft", increases, 1.0) == pytest.approx(10.0)
+    assert late_observations("ttft", increases, 0.75) == pytest.approx(15.0)  # within its bucket
+    # Beyond every finite bound the histogram cannot tell late from on time: not all of them, not none.
+    assert late_observations("ttft", increases, 2.0) is None
+    assert late_observations("ttft", {"ttft:le=+Inf": 5.0, "ttft:count": 5.0}, 0.05) is None
+    assert late_observations("ttft", {**increases, **{k: 0.0 for k in increases}}, 1.0) is None

@@ -4,6 +4,7 @@ target's moves, and its bounded memory."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable
 
@@ -89,6 +90,61 @@ def test_target_from_the_samples(name: str, samples: list[Sample], expected: flo
 def test_a_window_without_first_tokens_is_judged_on_the_time_per_token_alone() -> None:
     samples = windows("a", [4, 8, 12, 14], knee_at(12.5), first_token=lambda rate: None)
     assert learned(samples).target == pytest.approx(13.0)
+
+
+def late_first_tokens(
+    late_share: Callable[[float], float], requests: float = 200.0
+) -> Callable[[Sample], Sample]:
+    """A window whose first tokens came after the TTFT target for `late_share(rate)` of its requests."""
+    return lambda s: dataclasses.replace(
+        s, first_token_late=late_share(s.rate) * requests, first_token_requests=requests
+    )
+
+
+@pytest.mark.parametrize(
+    ("late_above_13", "expected"),
+    [
+        # Medians well inside the targets everywhere, but at 14 a twentieth and more of the first tokens
+        # come late: that level missed what the SLO counts, so the pod serves between 12 and 14.
+        (0.08, 13.0),
+        # Within the SLO's allowance (5 %) of late first tokens: 14 met, and the pod is trusted above it.
+        (0.03, 14 * (1 + TRY_ABOVE)),
+    ],
+)
+def test_a_level_whose_late_first_tokens_pass_the_slos_allowance_missed(
+    late_above_13: float, expected: float
+) -> None:
+    late = late_first_tokens(lambda rate: late_above_13 if rate > 13 else 0.0)
+    samples = [late(s) for s in windows("a", [4, 8, 12, 14])]
+    assert learned(samples).target == pytest.approx(expected, rel=0.01)
+
+
+@pytest.mark.parametrize(("late_above_13", "expected"), [(0.08, 13.0), (0.03, 14 * (1 + TRY_ABOVE))])
+def test_a_level_whose_late_output_tokens_pass_the_slos_allowance_missed(
+    late_above_13: float, expected: float
+) -> None:
+    # The median time per output token is within 50 ms at every level, but at 14 a share of the tokens
+    # (of the window's 500) took longer: over the 5 % allowance that level missed.
+    samples = [
+        dataclasses.replace(s, per_token_late=(late_above_13 if s.rate > 13 else 0.0) * s.observations)
+        for s in windows("a", [4, 8, 12, 14])
+    ]
+    assert learned(samples).target == pytest.approx(expected, rel=0.01)
+
+
+def test_a_learner_takes_its_allowance_of_late_first_tokens_from_the_slo() -> None:
+    late = late_first_tokens(lambda rate: 0.03 if rate > 13 else 0.0)
+    learner = Learner(START, TARGET_TPOT, TARGET_TTFT, allowed_misses=0.01)  # sloAttainment 0.99
+    for sample in windows("a", [4, 8, 12, 14]):
+        learner.observe(late(sample))
+    assert learner.update(400.0, ["a"]).target == pytest.approx(13.0)
+
+
+def test_late_first_tokens_that_are_not_a_count_leave_the_window_out() -> None:
+    learner = Learner(START, TARGET_TPOT, TARGET_TTFT)
+    for bad in (math.nan, -1.0, math.inf):
+        learner.observe(Sample(0.0, "a", 5.0, 0.02, 300, 0.1, bad, 100.0))
+    assert learner.update(400.0, ["a"]).dropped_invalid == 3
 
 
 def test_odd_windows_outliers_and_bad_numbers_do_not_decide_a_level() -> None:
