@@ -287,19 +287,21 @@ def fit_pod(
             f" (at least {MIN_SAMPLES} samples and one such level are needed)"
         )
         return PodFit(pod, len(samples), len(levels), None, None, None, note)
-    met = [rate for rate, ok in levels if ok]
+    met = [rate for rate, missed in levels if missed is None]
     if not met:
-        failed = levels[0][0]
-        note = f"every level seen missed the latency target: {STEP_DOWN:.0%} below the lowest"
+        failed, why = levels[0]
+        note = f"every level seen missed the latency target: {STEP_DOWN:.0%} below the lowest ({why})"
         return PodFit(pod, len(samples), len(levels), None, failed, failed * (1 - STEP_DOWN), note)
     best = max(met)
-    failed_above = [rate for rate, ok in levels if not ok and rate > best]
+    failed_above = [(rate, missed) for rate, missed in levels if missed is not None and rate > best]
     if not failed_above:
         note = f"no level above the highest that met failed: {TRY_ABOVE:.0%} above it"
         return PodFit(pod, len(samples), len(levels), best, None, best * (1 + TRY_ABOVE), note)
-    failed = min(failed_above)
+    failed, why = min(failed_above)
     capacity = min(best * (1 + TRY_ABOVE), (best + failed) / 2)
-    note = "between the highest level that met the latency target and the lowest above it that failed"
+    note = (
+        f"between the highest level that met the latency target and the lowest above it that failed ({why})"
+    )
     return PodFit(pod, len(samples), len(levels), best, failed, capacity, note)
 
 
@@ -309,8 +311,9 @@ def _levels(
     latency_target: float,
     first_token_limit: float,
     allowed_misses: float,
-) -> list[tuple[float, bool]]:
-    """(median rate, met the targets) of each load level with MIN_LEVEL_SAMPLES samples, by rising rate."""
+) -> list[tuple[float, str | None]]:
+    """(median rate, why it missed the targets or None) of each load level with MIN_LEVEL_SAMPLES samples,
+    by rising rate."""
     by_level: dict[int, list[Sample]] = {}
     for sample in samples:
         by_level.setdefault(math.floor(sample.rate / level_width), []).append(sample)
@@ -318,15 +321,29 @@ def _levels(
     for _, level in sorted(by_level.items()):
         if len(level) < MIN_LEVEL_SAMPLES:
             continue
-        first_tokens = [s.first_token for s in level if s.first_token is not None]
-        met = (
-            median(s.latency for s in level) <= latency_target
-            and (not first_tokens or median(first_tokens) <= first_token_limit)
-            and _late_share(level, "first_token_late", "first_token_requests") <= allowed_misses
-            and _late_share(level, "per_token_late", "observations") <= allowed_misses
+        levels.append(
+            (median(s.rate for s in level), _missed(level, latency_target, first_token_limit, allowed_misses))
         )
-        levels.append((median(s.rate for s in level), met))
     return levels
+
+
+def _missed(
+    level: Sequence[Sample], latency_target: float, first_token_limit: float, allowed: float
+) -> str | None:
+    """Why a level missed the targets (for /explain), or None when it met them."""
+    per_token = median(s.latency for s in level)
+    if per_token > latency_target:
+        return f"its median time per output token {per_token * 1000:.3g} ms is over {latency_target * 1000:.3g} ms"
+    first_tokens = [s.first_token for s in level if s.first_token is not None]
+    if first_tokens and (first_token := median(first_tokens)) > first_token_limit:
+        return f"its median time to first token {first_token:.3g} s is over {first_token_limit:.3g} s"
+    for what, late, observed in (
+        ("first tokens", "first_token_late", "first_token_requests"),
+        ("output tokens", "per_token_late", "observations"),
+    ):
+        if (share := _late_share(level, late, observed)) > allowed:
+            return f"{share:.1%} of its {what} came after the target, over the {allowed:.1%} the SLO allows"
+    return None
 
 
 def _late_share(level: Sequence[Sample], late: str, observed: str) -> float:

@@ -116,7 +116,13 @@ def test_a_level_whose_late_first_tokens_pass_the_slos_allowance_missed(
 ) -> None:
     late = late_first_tokens(lambda rate: late_above_13 if rate > 13 else 0.0)
     samples = [late(s) for s in windows("a", [4, 8, 12, 14])]
-    assert learned(samples).target == pytest.approx(expected, rel=0.01)
+    learner = learned(samples)
+    assert learner.target == pytest.approx(expected, rel=0.01)
+    (fit,) = learner.update(400.0, ["a"]).fits
+    # /explain says why the level failed.
+    assert ("8.0% of its first tokens came after the target, over the 5.0% the SLO allows" in fit.note) == (
+        late_above_13 > 0.05
+    ), fit.note
 
 
 @pytest.mark.parametrize(("late_above_13", "expected"), [(0.08, 13.0), (0.03, 14 * (1 + TRY_ABOVE))])
