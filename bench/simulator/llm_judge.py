@@ -47,7 +47,7 @@ JUDGED = (
 )
 # The README's LLM ScaledObject: `demand` in tokens with inferencePool (its window, weight and threshold)
 # stating the user's SLO (the judge's targets and attainment), a `requests` guard at 64 per pod, a
-# `pending` wake at 1 on the pool, and manifests/components/llm-hpa-behavior: scale-down window 120 s,
+# `pending` wake (`core.recommended.WAKE`, 64) on the pool, and manifests/components/llm-hpa-behavior: scale-down window 120 s,
 # then at most half the pods a minute; at minReplicaCount 0, the README's cooldownPeriod.
 RECOMMENDED = "demand-tokens+pending"
 README_THRESHOLD = float(dict(SIZING.metadata)["threshold"])  # weighted tokens/s (the calibration: 15,313)

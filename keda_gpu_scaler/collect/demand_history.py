@@ -116,9 +116,9 @@ class SeriesHistory:
         restarted = set()
         rates: dict[tuple[str, ...], float] = {}
         absent = self.absent
+        steps: dict[tuple[str, ...], tuple[float, float, bool]] = {}  # key → (step, gap, restarted)
         for key, value in values.items():
-            total = (key[0], key[2])
-            self.running.setdefault(total, 0.0)
+            self.running.setdefault((key[0], key[2]), 0.0)
             before = self.last_values.get(key)
             if before is not None:
                 gap, last_rate = at - self.values_at, self.last_rates.get(key, 0.0)
@@ -128,15 +128,22 @@ class SeriesHistory:
             else:
                 continue  # a series that appears starts a baseline
             if value >= before:
-                step = value - before
+                steps[key] = (value - before, gap, False)
             elif value <= before * RESTART_FRACTION or value <= last_rate * gap:
                 # A restarted server counts from 0: what it counted since arrived since.
-                step = value
-                if key[0] == FINISHED:
-                    restarted.add(key[2:])
+                steps[key] = (value, gap, True)
             else:
-                step = 0.0  # a recount (see RESTART_FRACTION): a new baseline, never its whole count
-            self.running[total] += step
+                steps[key] = (0.0, gap, False)  # a recount (see RESTART_FRACTION): a new baseline
+        # A histogram restarts whole: a bucket that had counted little before a restart can be back above
+        # its last value and read as growth while its _count restarted, and the difference would read as
+        # observations in the buckets above it (late first tokens that never were).
+        restarted_histograms = {_histogram_of(key) for key, (_, _, again) in steps.items() if again} - {None}
+        for key, (step, gap, again) in steps.items():
+            if not again and restarted_histograms and _histogram_of(key) in restarted_histograms:
+                step, again = values[key], True
+            if again and key[0] == FINISHED:
+                restarted.add(key[2:])
+            self.running[(key[0], key[2])] += step
             rates[key] = step / gap
         if values.keys() != self.last_values.keys():
             for key in self.last_values.keys() - values.keys():
@@ -176,6 +183,17 @@ class SeriesHistory:
             else point
             for point in self.points
         ]
+
+
+def _histogram_of(key: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The histogram a series belongs to (its name, model and split values), or None for a counter: the
+    latency roles `KIND:le=…`, `KIND:sum`, `KIND:count`, and the size roles `prompt_sum`, `prompt_count`…"""
+    role = key[0]
+    if ":" in role:
+        return (role.split(":", 1)[0], *key[2:])
+    if role in SIZE_ROLES:
+        return (role.rsplit("_", 1)[0], *key[2:])
+    return None
 
 
 def _by_role(counters: DemandCounters) -> dict[tuple[str, ...], float] | None:

@@ -230,6 +230,30 @@ async def test_late_first_tokens_of_a_backlog_served_do_not_fail_the_rate_it_was
     assert fit["capacity"] == pytest.approx(expected), fit
 
 
+async def test_a_restarted_pods_histogram_invents_no_late_first_tokens(fleet) -> None:  # type: ignore[no-untyped-def]
+    # Before a restart the pod had served 1000 requests, 900 of them with a first token after 1 s (an
+    # overloaded pod that then crashed); after it, every first token comes within 0.25 s. Its `le="1"`
+    # bucket (100 before) is back above 100 in the first window while `_count` restarted: taken as
+    # growth, the difference read as 100 late first tokens and failed the 16/s level.
+    f = await fleet(1)
+    f.metadata = {**AUTO, "sloTtftSeconds": "1", "sloAttainment": "0.95"}
+    await f.show(1000, page_with_latency(1000, tokens=10000, per_token=0.02, late=900))
+    finished = tokens = seconds = first_tokens = 0.0
+    at = f.clock.now
+    for i, rate in enumerate([16, 14, 8, 4] * 4):
+        at += 30
+        finished += rate * 30 + (3 if i == 0 else 0)  # 16.1/s: the first window in the 16/s level too
+        tokens += rate * 30 * 10
+        seconds += rate * 30 * 10 * 0.02
+        first_tokens += rate * 30 * 0.2
+        page = page_with_latency(
+            finished, tokens=tokens, per_token=seconds / tokens, first_token_seconds=first_tokens
+        )
+        await f.show(at, page)
+    (fit,) = (await explain(f.scaler))["learnedTarget"]["fits"]
+    assert fit["capacity"] == pytest.approx(16 * 1.15), fit["note"]
+
+
 async def test_a_pod_without_data_counts_at_the_learned_target_the_hpa_divides_by(fleet) -> None:  # type: ignore[no-untyped-def]
     f = await fleet(2)
     f.metadata = AUTO

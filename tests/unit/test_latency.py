@@ -148,6 +148,27 @@ def test_the_history_keeps_each_bucket_per_series_across_a_restart() -> None:
     assert history.read(pod(vllm_text(0, pages[0])), "auto", "other", 60, 15).latency == {}
 
 
+def test_a_histogram_restarts_whole_when_its_count_restarts() -> None:
+    # Mostly late before the restart (10 of 100 within 1 s); after it, 40 requests, all within 0.1 s. The
+    # `le="1"` bucket (10 → 40) alone looks like growth; with its histogram's count restarted, it restarted
+    # too: +40, not +30 (which would read as 10 requests over 1 s that never were).
+    store = Store()
+    history = DemandHistory(forget_after=600)
+    store.page_listeners.append(history.on_page)
+    store.add_source(URL, SourceKind.INFERENCE, "llm", "chat-0")
+    pages = [{"0.1": 5, "1": 10, "+Inf": 100}, {"0.1": 40, "1": 40, "+Inf": 40}]
+    store.record_page(Page.from_readings(URL, 0, [pod(vllm_text(100, pages[0]))]))
+    history.read(pod(vllm_text(100, pages[0])), "auto", None, 60, 0)
+    store.record_page(Page.from_readings(URL, 5, [pod(vllm_text(40, pages[1]))]))
+    track = history.read(pod(vllm_text(40, pages[1])), "auto", "m", 60, 5)
+    assert {k: v for k, v in track.latency.items() if "le=" in k} == {
+        "ttft:le=0.1": 40,
+        "ttft:le=1": 40,
+        "ttft:le=+Inf": 40,
+    }
+    assert late_observations("ttft", track.latency, 1.0) == 0
+
+
 @pytest.mark.parametrize(
     ("buckets", "q", "answer"),
     [
