@@ -103,8 +103,9 @@ def latency_read(
     kind: str, pods: Mapping[str, Mapping[str, float]], q: float, target: float | None = None
 ) -> LatencyRead:
     """The `kind` latency of the pods' requests in the window: `pods` maps each pod to its history's
-    increases (Track.latency); the buckets are summed over pods before the quantile is taken."""
-    buckets: dict[float, float] = {}
+    increases (Track.latency); the buckets are summed over pods before the quantile is taken (pods whose
+    bounds differ, two engine builds in a rolling update, on common bounds: see _on_common_bounds)."""
+    per_pod: list[dict[float, float]] = []
     seconds = requests = 0.0
     read: list[str] = []
     without: list[str] = []
@@ -115,14 +116,20 @@ def latency_read(
         read.append(pod)
         seconds += increases.get(f"{kind}:sum", 0.0)
         requests += increases[f"{kind}:count"]
-        for role, increase in increases.items():
-            if (
-                role.startswith(f"{kind}{_LE}")
+        per_pod.append(
+            {
+                bound: increase
+                for role, increase in increases.items()
+                if role.startswith(f"{kind}{_LE}")
                 and (bound := _bound(role[len(kind) + len(_LE) :])) is not None
-            ):
-                buckets[bound] = buckets.get(bound, 0.0) + increase
+            }
+        )
+    buckets = _on_common_bounds(per_pod)
     found = histogram_quantile(buckets, q) if requests > 0 else None
-    missed = count_above(buckets, target) if requests > 0 and target is not None else None
+    # Beyond every finite bound the histograms cannot tell a miss from a request within the target.
+    finite = [bound for bound in buckets if math.isfinite(bound)]
+    reaches = target is not None and bool(finite) and max(finite) >= target
+    missed = count_above(buckets, target) if requests > 0 and target is not None and reaches else None
     return LatencyRead(
         kind,
         q,
@@ -135,6 +142,35 @@ def latency_read(
         found is not None and found[1],
         missed,
     )
+
+
+def _on_common_bounds(pods: Sequence[Mapping[float, float]]) -> dict[float, float]:
+    """The pods' cumulative bucket counts summed on common bounds: every pod's finite bounds up to the
+    lowest highest finite bound among them, each pod's count at a bound it does not print interpolated
+    within its own bucket (as histogram_quantile interpolates), and +Inf. Summed bound by bound instead,
+    a bound only some pods print would count only theirs: too few below it, made-up misses above."""
+    if len(pods) == 1:
+        return dict(pods[0])
+    highest = [max((b for b in pod if math.isfinite(b)), default=None) for pod in pods]
+    if any(h is None for h in highest):
+        return {math.inf: math.fsum(pod.get(math.inf, 0.0) for pod in pods)}
+    ceiling = min(h for h in highest if h is not None)
+    bounds = sorted({b for pod in pods for b in pod if b <= ceiling} | {math.inf})
+    return {bound: math.fsum(_count_at(pod, bound) for pod in pods) for bound in bounds}
+
+
+def _count_at(buckets: Mapping[float, float], bound: float) -> float:
+    """A pod's cumulative count at `bound` (at most its highest finite bound, or +Inf), linear within
+    the bucket it falls in."""
+    lower, below = 0.0, 0.0
+    for upper in sorted(buckets):
+        count = max(below, buckets[upper])  # increases of a pod restarted in the window may dip
+        if upper >= bound:
+            if upper == bound or not math.isfinite(upper):
+                return count
+            return below + (count - below) * (bound - lower) / (upper - lower)
+        lower, below = upper, count
+    return below
 
 
 def late_observations(kind: str, increases: Mapping[str, float], target: float) -> float | None:

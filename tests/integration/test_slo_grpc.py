@@ -254,6 +254,37 @@ async def test_a_restarted_pods_histogram_invents_no_late_first_tokens(fleet) ->
     assert fit["capacity"] == pytest.approx(16 * 1.15), fit["note"]
 
 
+def ttft_page(finished: float, bounds: dict[str, float]) -> str:
+    """A vLLM page whose TTFT histogram has `bounds` (le → the share of `finished` at or below it)."""
+    name = "vllm:time_to_first_token_seconds"
+    return vllm_page(finished, 0, 0) + "\n".join(
+        [
+            f"# TYPE {name} histogram",
+            *(f'{name}_bucket{{engine="0",{MODEL},le="{le}"}} {finished * s}' for le, s in bounds.items()),
+            f'{name}_sum{{engine="0",{MODEL}}} {finished * 1.0}',
+            f'{name}_count{{engine="0",{MODEL}}} {finished}',
+            "",
+        ]
+    )
+
+
+async def test_pods_of_two_engine_builds_with_other_buckets_add_no_pod_when_none_missed(fleet) -> None:  # type: ignore[no-untyped-def]
+    # A rolling update: the old build's TTFT buckets (every first token within (1, 2.5] s) and the new
+    # one's (every first token within 1 s). None of the 600 first tokens missed 2.5 s; read bound by
+    # bound, 2.5 s counted the old pod's only and the guard asked for one pod more (30 for 20).
+    old = {"0.5": 0, "1": 0, "2.5": 1, "5": 1, "+Inf": 1}
+    new = {"0.5": 0.5, "1": 1, "2": 1, "4": 1, "+Inf": 1}
+    slo = {**DEMAND, "sloTtftSeconds": "2.5"}
+    f = await fleet(2)
+    f.metadata = slo
+    await f.show(1000, ttft_page(0, old), ttft_page(0, new))
+    await f.show(1030, ttft_page(300, old), ttft_page(300, new))  # 10/s each, against a threshold of 10
+    found = await value(f.scaler, slo)
+    (read,) = (await explain(f.scaler))["slo"]["reads"]
+    assert found == pytest.approx(20), (found, read)
+    assert not read["aboveHighestBound"] and read["quantile"] <= 2.5, read
+
+
 async def test_a_pod_without_data_counts_at_the_learned_target_the_hpa_divides_by(fleet) -> None:  # type: ignore[no-untyped-def]
     f = await fleet(2)
     f.metadata = AUTO

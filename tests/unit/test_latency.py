@@ -283,3 +283,32 @@ def test_late_observations_are_counted_only_where_a_finite_bucket_reaches_the_ta
     assert late_observations("ttft", increases, 2.0) is None
     assert late_observations("ttft", {"ttft:le=+Inf": 5.0, "ttft:count": 5.0}, 0.05) is None
     assert late_observations("ttft", {**increases, **{k: 0.0 for k in increases}}, 1.0) is None
+
+
+def ttft_increases(buckets: dict[str, float], mean: float) -> dict[str, float]:
+    """One pod's Track.latency for TTFT: each bucket's increase (le → cumulative count), _sum and _count."""
+    return {
+        **{f"ttft:le={le}": n for le, n in buckets.items()},
+        "ttft:count": buckets["+Inf"],
+        "ttft:sum": buckets["+Inf"] * mean,
+    }
+
+
+def test_pods_with_different_bucket_bounds_are_read_on_common_bounds() -> None:
+    # A rolling update between two engine builds, each with its own TTFT buckets; every one of the 200
+    # first tokens came within 2.5 s: pod a's within (1, 2.5], pod b's within 1 s. Summed bound by bound,
+    # 2.5 s counted pod a's only (100 "over 2.5 s") and the quantile fell in the +Inf bucket.
+    a = ttft_increases({"0.5": 0, "1": 0, "2.5": 100, "5": 100, "+Inf": 100}, 1.5)
+    b = ttft_increases({"0.5": 50, "1": 100, "2": 100, "4": 100, "+Inf": 100}, 0.5)
+    read = latency_read("ttft", {"a": a, "b": b}, 0.95, 2.5)
+    assert read.requests == 200 and read.missed == 0
+    assert not read.above_highest_bound and read.quantile is not None and 2.0 < read.quantile <= 2.5
+    # Beyond the lower of the two highest finite bounds (4 s) nothing is known: no count of misses.
+    assert latency_read("ttft", {"a": a, "b": b}, 0.95, 4.5).missed is None
+
+
+def test_a_target_beyond_every_finite_bound_has_no_count_of_misses() -> None:
+    # Buckets ending at 2.5 s and a 5 s target: the 10 requests over 2.5 s may or may not be over 5 s.
+    pod = ttft_increases({"0.5": 80, "1": 85, "2.5": 90, "+Inf": 100}, 0.3)
+    assert latency_read("ttft", {"p": pod}, 0.95, 5.0).missed is None
+    assert latency_read("ttft", {"p": pod}, 0.95, 2.5).missed == pytest.approx(10)
