@@ -206,8 +206,11 @@ class SimulatedCollector:
 
 class Refused(Exception):
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(f"{code.name}: {details}")
+        super().__init__(code, details)  # both args: a worker's error unpickles in the judge's parent
         self.code = code
+
+    def __str__(self) -> str:
+        return f"{self.code.name}: {self.args[1]}"
 
 
 class _Context:

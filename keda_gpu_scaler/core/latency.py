@@ -149,8 +149,8 @@ def _on_common_bounds(pods: Sequence[Mapping[float, float]]) -> dict[float, floa
     lowest highest finite bound among them, each pod's count at a bound it does not print interpolated
     within its own bucket (as histogram_quantile interpolates), and +Inf. Summed bound by bound instead,
     a bound only some pods print would count only theirs: too few below it, made-up misses above."""
-    if len(pods) == 1:
-        return dict(pods[0])
+    if len(pods) <= 1:
+        return dict(pods[0]) if pods else {}
     highest = [max((b for b in pod if math.isfinite(b)), default=None) for pod in pods]
     if any(h is None for h in highest):
         return {math.inf: math.fsum(pod.get(math.inf, 0.0) for pod in pods)}

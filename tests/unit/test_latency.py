@@ -312,3 +312,10 @@ def test_a_target_beyond_every_finite_bound_has_no_count_of_misses() -> None:
     pod = ttft_increases({"0.5": 80, "1": 85, "2.5": 90, "+Inf": 100}, 0.3)
     assert latency_read("ttft", {"p": pod}, 0.95, 5.0).missed is None
     assert latency_read("ttft", {"p": pod}, 0.95, 2.5).missed == pytest.approx(10)
+
+
+def test_a_read_of_no_pod_is_no_latency() -> None:
+    read = latency_read("ttft", {}, 0.95, 2.0)
+    assert (read.quantile, read.requests, read.missed, read.pods_read) == (None, 0.0, None, 0)
+    without = latency_read("ttft", {"a": {"requests": 3.0}}, 0.95, 2.0)
+    assert (without.quantile, without.missed, without.pods_without) == (None, None, ("a",))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -192,17 +193,27 @@ def test_the_held_out_traces_have_a_crowd_longer_than_a_cold_start_and_a_mix_cha
     assert mix_churn_trace(1) == churn and mix_churn_trace(2) != churn
 
 
-def test_the_judge_prints_each_policy_at_its_chosen_setting_and_the_recommended_one(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(llm_judge, "SCALES", (1.0,))
-    monkeypatch.setattr(llm_judge, "DOWN_WINDOWS", (60.0, 300.0))
+# The judge's CLI with its search cut to two settings, in a process of its own with a time limit: its
+# worker pool is forked (a fork of this test process would inherit what earlier tests left in it), and a
+# worker's error that did not unpickle once killed the pool's result thread: the run waited for ever.
+_SMALL_JUDGE = (
+    "import sys; from bench.simulator import llm_judge; llm_judge.SCALES = (1.0,);"
+    " llm_judge.DOWN_WINDOWS = (60.0, 300.0); from bench.simulator.__main__ import main;"
+    " sys.exit(main(sys.argv[1:]))"
+)
+
+
+def test_the_judge_prints_each_policy_at_its_chosen_setting_and_the_recommended_one(tmp_path: Path) -> None:
     trace = tmp_path / "short.csv"
     trace.write_text("seconds,requests_per_second\n0,10\n300,20\n")
     argv = ["llm", "--json", "--trace", str(trace), "--min-replicas", "1", "--seed", "2"]
-    code = main([*argv, "--slo-ttft", "2", "--slo-tpot-ms", "50", "--slo-attainment", "0.95"])
-    assert code == 0
-    rows = json.loads(capsys.readouterr().out)
+    slo = ["--slo-ttft", "2", "--slo-tpot-ms", "50", "--slo-attainment", "0.95"]
+    done = subprocess.run(
+        [sys.executable, "-c", _SMALL_JUDGE, *argv, *slo],
+        cwd=ROOT, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
     assert [r["policy"] for r in rows] == [*llm_judge.JUDGED, "recommended"]
     for r in rows:
         assert {"gpu_seconds", "ttft_p95_seconds", "setting", "slo_attainment", "meets_slo"} <= r.keys()
