@@ -175,15 +175,8 @@ def _count_at(buckets: Mapping[float, float], bound: float) -> float:
 
 def late_observations(kind: str, increases: Mapping[str, float], target: float) -> float | None:
     """How many of one pod's `kind` observations in the window (Track.latency's increases) took longer
-    than `target`; None when no finite bucket bound reaches the target (beyond it the histogram cannot
-    tell late from on time) or nothing was observed."""
-    bounds = [
-        bound
-        for role in increases
-        if role.startswith(f"{kind}{_LE}") and (bound := _bound(role[len(kind) + len(_LE) :])) is not None
-    ]
-    if not any(math.isfinite(bound) and bound >= target for bound in bounds):
-        return None
+    than `target`: latency_read's count of misses, None where no finite bucket bound reaches the target
+    or nothing was observed."""
     return latency_read(kind, {"pod": increases}, 0.5, target).missed
 
 

@@ -158,8 +158,7 @@ class Evaluator:
                         late_observations(TPOT, latency, learner.latency_target),
                     )
                 )
-                sample = Sample(now, row[0], row[ROW_VALUE], per_token, tokens, first_token, *late)
-                subscription.learner.observe(sample)
+                learner.observe(Sample(now, row[0], row[ROW_VALUE], per_token, tokens, first_token, *late))
         subscription.learned = subscription.learner.update(now, [row[0] for row in evaluation.pod_rows])
         followed.targets.set(spec, subscription.learned.target)
 

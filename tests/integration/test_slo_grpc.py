@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import aiohttp
 import pytest
@@ -163,20 +164,45 @@ async def test_a_learned_target_moves_from_threshold_start_to_the_capacity_at_th
 
 
 async def learning_more(f, rates: list[float], late_share: float = 0.0, queued: float = 1.5) -> None:  # type: ignore[no-untyped-def]
-    """learning()'s pod over more windows (its totals count from its first, empty page); above 14/s,
-    `late_share` of its first tokens come after every finite bucket; above 12/s its mean first token is
-    `queued` seconds."""
+    """learning()'s pod over more windows: 10 ms + 2.5 ms per request/s per token; above 12/s its mean
+    first token is `queued` seconds, and above 14/s `late_share` of its first tokens come after every
+    finite bucket."""
+    await serve_windows(
+        f,
+        rates,
+        per_token=lambda rate: 0.010 + 0.0025 * rate,
+        first_token=lambda rate: 0.2 if rate <= 12 else queued,
+        late_share=lambda rate: late_share if rate > 14 else 0.0,
+    )
+
+
+async def serve_windows(  # type: ignore[no-untyped-def]
+    f,
+    rates: list[float],
+    per_token: Callable[[float], float] = lambda rate: 0.02,
+    first_token: Callable[[float], float] = lambda rate: 0.2,
+    late_share: Callable[[float], float] = lambda rate: 0.0,
+    waiting: Callable[[float], float] = lambda rate: 0.0,
+) -> None:
+    """The fleet's pod over one 30 s window per rate, 10 output tokens a request, its page's totals
+    counting from its last page before: seconds per output token, mean first token, the share of first
+    tokens after every finite bucket, and requests waiting at the window's end, each at the rate."""
     finished = tokens = seconds = first_tokens = late = 0.0
     at = f.clock.now
     for rate in rates:
         at += 30
         finished += rate * 30
         tokens += rate * 30 * 10
-        seconds += rate * 30 * 10 * (0.010 + 0.0025 * rate)
-        first_tokens += rate * 30 * (0.2 if rate <= 12 else queued)
-        late += rate * 30 * (late_share if rate > 14 else 0.0)
+        seconds += rate * 30 * 10 * per_token(rate)
+        first_tokens += rate * 30 * first_token(rate)
+        late += rate * 30 * late_share(rate)
         page = page_with_latency(
-            finished, tokens=tokens, per_token=seconds / tokens, first_token_seconds=first_tokens, late=late
+            finished,
+            tokens=tokens,
+            per_token=seconds / tokens,
+            first_token_seconds=first_tokens,
+            late=late,
+            waiting=waiting(rate),
         )
         await f.show(at, page)
 
@@ -208,24 +234,12 @@ async def test_late_first_tokens_of_a_backlog_served_do_not_fail_the_rate_it_was
     f = await fleet(1)
     f.metadata = {**AUTO, "sloTtftSeconds": "1", "sloAttainment": "0.95"}
     await f.show(1000, page_with_latency(0))
-    finished = tokens = seconds = first_tokens = late = 0.0
-    at = f.clock.now
-    for rate in [16, 14, 8, 4] * 4:
-        at += 30
-        finished += rate * 30
-        tokens += rate * 30 * 10
-        seconds += rate * 30 * 10 * 0.02
-        first_tokens += rate * 30 * 0.2
-        late += rate * 30 * (0.2 if rate == 16 else 0.0)
-        page = page_with_latency(
-            finished,
-            tokens=tokens,
-            per_token=seconds / tokens,
-            first_token_seconds=first_tokens,
-            late=late,
-            waiting=backlog if rate == 4 else 0,
-        )
-        await f.show(at, page)
+    await serve_windows(
+        f,
+        [16, 14, 8, 4] * 4,
+        late_share=lambda rate: 0.2 if rate == 16 else 0.0,
+        waiting=lambda rate: backlog if rate == 4 else 0,
+    )
     (fit,) = (await explain(f.scaler))["learnedTarget"]["fits"]
     assert fit["capacity"] == pytest.approx(expected), fit
 
@@ -238,18 +252,7 @@ async def test_a_restarted_pods_histogram_invents_no_late_first_tokens(fleet) ->
     f = await fleet(1)
     f.metadata = {**AUTO, "sloTtftSeconds": "1", "sloAttainment": "0.95"}
     await f.show(1000, page_with_latency(1000, tokens=10000, per_token=0.02, late=900))
-    finished = tokens = seconds = first_tokens = 0.0
-    at = f.clock.now
-    for i, rate in enumerate([16, 14, 8, 4] * 4):
-        at += 30
-        finished += rate * 30 + (3 if i == 0 else 0)  # 16.1/s: the first window in the 16/s level too
-        tokens += rate * 30 * 10
-        seconds += rate * 30 * 10 * 0.02
-        first_tokens += rate * 30 * 0.2
-        page = page_with_latency(
-            finished, tokens=tokens, per_token=seconds / tokens, first_token_seconds=first_tokens
-        )
-        await f.show(at, page)
+    await serve_windows(f, [16.1, 14, 8, 4] + [16, 14, 8, 4] * 3)  # 16.1/s: in the 16/s level too
     (fit,) = (await explain(f.scaler))["learnedTarget"]["fits"]
     assert fit["capacity"] == pytest.approx(16 * 1.15), fit["note"]
 
