@@ -40,6 +40,7 @@ from keda_gpu_scaler.core.slo import SloTarget
 from keda_gpu_scaler.core.snapshot import Snapshot
 from keda_gpu_scaler.core.trigger import Aggregation, Metric, TriggerSpec
 from keda_gpu_scaler.core.wire import check_rows, check_total
+from keda_gpu_scaler.pages.engines._common import ITL, TPOT
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,10 +346,17 @@ def _latency_missed(slo: SloTarget, snapshot: Snapshot, evaluation: Evaluation, 
 
 
 def _latency_reads(slo: SloTarget, snapshot: Snapshot, evaluation: Evaluation) -> dict[str, LatencyRead]:
-    """Each latency kind the SLO names, read over the fresh pods' histograms in the window."""
+    """Each latency kind the SLO names, read over the fresh pods' histograms in the window. The time per
+    output token is read apart as requests' means (TPOT) and as gaps between tokens (ITL), each where a
+    pod prints it; with neither printed, the TPOT read says which pods print none."""
     fresh = {row[0] for row in evaluation.pod_rows}
     latency = {pod: track.latency for pod, track in snapshot.tracks if pod in fresh}
-    return {kind: latency_read(kind, latency, slo.attainment, t) for kind, t in slo.targets().items()}
+    reads = {kind: latency_read(kind, latency, slo.attainment, t) for kind, t in slo.targets().items()}
+    if ITL in reads and not reads[ITL].pods_read:
+        del reads[ITL]
+    elif ITL in reads and not reads[TPOT].pods_read:
+        del reads[TPOT]
+    return reads
 
 
 def _with_slo(

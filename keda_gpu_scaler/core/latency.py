@@ -28,7 +28,7 @@ _LE = ":le="
 class LatencyRead:
     """One latency kind over a window, all pods' requests together (seconds)."""
 
-    kind: str  # slo.TTFT or slo.TPOT
+    kind: str  # TTFT, TPOT (requests' means) or ITL (gaps between tokens)
     q: float  # the quantile asked for (the SLO's attainment)
     quantile: float | None  # None: no request in the window
     mean: float | None  # Δsum / Δcount; None: no request in the window

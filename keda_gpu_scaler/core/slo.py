@@ -11,7 +11,7 @@ from typing import Any
 
 from keda_gpu_scaler.core.errors import ConfigError, quoted
 from keda_gpu_scaler.core.value_parsers import MetadataKey, number_between, parse_number
-from keda_gpu_scaler.pages.engines._common import TPOT, TTFT
+from keda_gpu_scaler.pages.engines._common import ITL, TPOT, TTFT
 
 MAX_TTFT_SECONDS = 600.0
 MAX_TPOT_MS = 10_000.0
@@ -30,8 +30,10 @@ class SloTarget:
     attainment: float = DEFAULT_ATTAINMENT
 
     def targets(self) -> dict[str, float]:
-        """Each target given, in seconds (the histograms' unit), by latency kind."""
-        targets = {TTFT: self.ttft_seconds, TPOT: None if self.tpot_ms is None else self.tpot_ms / 1000}
+        """Each target given, in seconds (the histograms' unit), by latency kind: the per-output-token
+        target for a request's mean (TPOT) and for every gap between tokens (ITL) alike."""
+        per_token = None if self.tpot_ms is None else self.tpot_ms / 1000
+        targets = {TTFT: self.ttft_seconds, TPOT: per_token, ITL: per_token}
         return {kind: seconds for kind, seconds in targets.items() if seconds is not None}
 
 

@@ -25,7 +25,7 @@ from keda_gpu_scaler.core.learned_target import (
 from keda_gpu_scaler.core.scaling import ROW_VALUE, Evaluation
 from keda_gpu_scaler.core.snapshot import Snapshot
 from keda_gpu_scaler.core.trigger import Metric, TriggerSpec
-from keda_gpu_scaler.pages.engines._common import TPOT, TTFT
+from keda_gpu_scaler.pages.engines._common import ITL, TPOT, TTFT
 from keda_gpu_scaler.server.registry import Explanation, Followed, Subscription
 from keda_gpu_scaler.server.spec_targets import SPEC_UPDATE_INTERVAL
 from keda_gpu_scaler.telemetry import Telemetry
@@ -141,9 +141,12 @@ class Evaluator:
         for row in filter(is_measured, evaluation.pod_rows):
             track = tracks.get(row[0])
             latency = track.latency if track is not None else {}
-            per_token = _mean(latency, TPOT)
+            # A request's mean where the pod prints it, else the gaps between its tokens (a pod prints one
+            # kind, and the learner judges each pod's levels on its own samples: the two are never summed).
+            kind = TPOT if f"{TPOT}:count" in latency else ITL
+            per_token = _mean(latency, kind)
             if per_token is not None:
-                tokens, first_token = latency[f"{TPOT}:count"], _mean(latency, TTFT)
+                tokens, first_token = latency[f"{kind}:count"], _mean(latency, TTFT)
                 learner = subscription.learner
                 # A pod whose requests in flight fell over the window served a backlog: its late tokens
                 # waited for load that came before the window, so they say nothing of the rate it had.
@@ -155,7 +158,7 @@ class Evaluator:
                     else (
                         late_observations(TTFT, latency, learner.first_token_target),
                         latency.get(f"{TTFT}:count"),
-                        late_observations(TPOT, latency, learner.latency_target),
+                        late_observations(kind, latency, learner.latency_target),
                     )
                 )
                 learner.observe(Sample(now, row[0], row[ROW_VALUE], per_token, tokens, first_token, *late))

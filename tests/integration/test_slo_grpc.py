@@ -288,6 +288,44 @@ async def test_pods_of_two_engine_builds_with_other_buckets_add_no_pod_when_none
     assert not read["aboveHighestBound"] and read["quantile"] <= 2.5, read
 
 
+def per_output_token_page(finished: float, name: str, observed: float, within_25ms: float) -> str:
+    """A vLLM page with one time-per-output-token histogram `name`: `observed` observations, of which
+    `within_25ms` took at most 25 ms and the others 50–100 ms (running totals)."""
+    return vllm_page(finished, 0, 0) + "\n".join(
+        [
+            f"# TYPE {name} histogram",
+            f'{name}_bucket{{engine="0",{MODEL},le="0.025"}} {within_25ms}',
+            f'{name}_bucket{{engine="0",{MODEL},le="0.05"}} {within_25ms}',
+            f'{name}_bucket{{engine="0",{MODEL},le="0.1"}} {observed}',
+            f'{name}_bucket{{engine="0",{MODEL},le="+Inf"}} {observed}',
+            f'{name}_sum{{engine="0",{MODEL}}} {within_25ms * 0.02 + (observed - within_25ms) * 0.08}',
+            f'{name}_count{{engine="0",{MODEL}}} {observed}',
+            "",
+        ]
+    )
+
+
+async def test_per_token_gaps_and_per_request_means_are_never_summed_into_one_read(fleet) -> None:  # type: ignore[no-untyped-def]
+    # A rolling update: the old build prints every gap between tokens (10,000 in the window, all within
+    # 25 ms), the new one each request's mean (100 requests, every one over the 50 ms target). Summed,
+    # they read as a 24 ms quantile with 1 % missed, and the guard added nothing for requests that all
+    # missed.
+    slo = {**DEMAND, "sloTpotMs": "50"}
+    gaps, means = "vllm:inter_token_latency_seconds", "vllm:request_time_per_output_token_seconds"
+    f = await fleet(2)
+    f.metadata = slo
+    await f.show(1000, per_output_token_page(0, gaps, 0, 0), per_output_token_page(0, means, 0, 0))
+    await f.show(
+        1030, per_output_token_page(300, gaps, 10_000, 10_000), per_output_token_page(300, means, 100, 0)
+    )
+    found = await value(f.scaler, slo)  # 10/s each against a threshold of 10: 20, and one pod more
+    reads = {read["kind"]: read for read in (await explain(f.scaler))["slo"]["reads"]}
+    assert found == pytest.approx(30), (found, reads)
+    assert reads["tpot"]["requests"] == 100 and reads["tpot"]["quantile"] > 0.05, reads
+    assert reads["itl"]["requests"] == 10_000 and reads["itl"]["quantile"] <= 0.025, reads
+    assert reads["tpot"]["podsRead"] == reads["itl"]["podsRead"] == 1, reads
+
+
 async def test_a_pod_without_data_counts_at_the_learned_target_the_hpa_divides_by(fleet) -> None:  # type: ignore[no-untyped-def]
     f = await fleet(2)
     f.metadata = AUTO

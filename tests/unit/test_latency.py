@@ -73,11 +73,13 @@ def test_vllm_time_per_output_token_is_read_per_request_where_it_prints_that() -
 
     page = vllm_text(4, {"+Inf": 4}) + histogram("vllm:inter_token_latency_seconds", 800, 1000)
     _, per_token = pod_counters(pod(page).samples)
-    assert per_token.latency[("tpot:count", "m", "engine=0")] == 1000  # an older vLLM: the gaps
+    assert per_token.latency[("itl:count", "m", "engine=0")] == 1000  # an older vLLM: the gaps, as such
+    assert not any(key[0].startswith("tpot") for key in per_token.latency)
     page += histogram("vllm:request_time_per_output_token_seconds", 4, 4)
     _, per_request = pod_counters(pod(page).samples)
     assert per_request.latency[("tpot:le=0.05", "m", "engine=0")] == 4
     assert per_request.latency[("tpot:count", "m", "engine=0")] == 4
+    assert not any(key[0].startswith("itl") for key in per_request.latency)
 
 
 def test_a_read_without_latency_leaves_the_histograms_and_reads_everything_else_alike() -> None:
@@ -105,8 +107,8 @@ def test_sglang_both_spellings_count_once_and_tgi_has_its_per_token_mean() -> No
         for prefix, n in (("sglang:", 9), ("sglang_", 4))
     )
     _, counters = pod_counters(pod(sglang).samples)
-    assert counters.latency[("tpot:le=0.05", "q", "dp_rank=")] == 9
-    assert counters.latency[("tpot:count", "q", "dp_rank=")] == 10
+    assert counters.latency[("itl:le=0.05", "q", "dp_rank=")] == 9
+    assert counters.latency[("itl:count", "q", "dp_rank=")] == 10
     tgi = (
         "tgi_queue_size 0\ntgi_batch_current_size 0\ntgi_request_success 3\n"
         'tgi_request_mean_time_per_token_duration_bucket{le="0.02"} 2\n'

@@ -31,8 +31,8 @@ def test_slo_metadata_parses(extra: dict[str, str], slo: SloTarget | None) -> No
 
 
 def test_targets_are_in_seconds() -> None:
-    assert SloTarget(2.0, 50.0).targets() == {"ttft": 2.0, "tpot": 0.05}
-    assert SloTarget(None, 50.0).targets() == {"tpot": 0.05}
+    assert SloTarget(2.0, 50.0).targets() == {"ttft": 2.0, "tpot": 0.05, "itl": 0.05}
+    assert SloTarget(None, 50.0).targets() == {"tpot": 0.05, "itl": 0.05}
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,11 @@ from dataclasses import replace
 from keda_gpu_scaler.pages import exposition
 from keda_gpu_scaler.pages.engines._common import (
     AUTO,
+    ITL,
     LATENCY_KINDS,
     MODEL_LABELS,
     POD_LABELS,
+    TPOT,
     DemandCounters,
     Engine,
     Families,
@@ -32,7 +34,13 @@ from keda_gpu_scaler.pages.engines._common import (
     latency_names,
     pod_of,
 )
-from keda_gpu_scaler.pages.engines.formats import ENGINES, EngineFormat, read, read_counters
+from keda_gpu_scaler.pages.engines.formats import (
+    ENGINES,
+    PER_TOKEN_HISTOGRAMS,
+    EngineFormat,
+    read,
+    read_counters,
+)
 from keda_gpu_scaler.pages.exposition import Sample
 
 __all__ = [
@@ -82,9 +90,15 @@ ENGINE_SAMPLE_NAMES: frozenset[str] = frozenset(name for fmt in ENGINES for name
 DEMAND_SAMPLE_NAMES: frozenset[str] = frozenset(name for fmt in ENGINES for name in fmt.counter_names)
 """The counters `metric: demand` reads besides the gauges: pod pages are parsed with these too."""
 
-LATENCY_FAMILIES: dict[str, tuple[str, ...]] = {
-    kind: tuple(name for fmt in ENGINES for name in fmt.latency.get(kind, ())) for kind in LATENCY_KINDS
-}
+
+def _printed_as(kind: str) -> tuple[str, ...]:
+    """The histograms engines print one latency kind in (an ITL is a per-token TPOT histogram)."""
+    listed = TPOT if kind == ITL else kind
+    names = (name for fmt in ENGINES for name in fmt.latency.get(listed, ()))
+    return tuple(name for name in names if (name in PER_TOKEN_HISTOGRAMS) == (kind == ITL))
+
+
+LATENCY_FAMILIES: dict[str, tuple[str, ...]] = {kind: _printed_as(kind) for kind in LATENCY_KINDS}
 """Per latency kind, the histograms engines print it in (their base names): for messages."""
 
 _DEMAND_WITHOUT_LATENCY = DEMAND_SAMPLE_NAMES - latency_names(LATENCY_FAMILIES)

@@ -442,9 +442,12 @@ def histogram_sizes(
     return sizes
 
 
-# The latency kinds a trigger's SLO targets (slo.py) and the engines' histograms name.
-TTFT, TPOT = "ttft", "tpot"
-LATENCY_KINDS = (TTFT, TPOT)
+# The latency kinds the engines' histograms carry: the time to first token, and the time per output
+# token twice over, as each request's mean (TPOT: one observation per request) or as every gap between
+# tokens (ITL: one observation per token). The SLO's per-output-token target (slo.py) applies to both,
+# but they count different things: their buckets are never summed together.
+TTFT, TPOT, ITL = "ttft", "tpot", "itl"
+LATENCY_KINDS = (TTFT, TPOT, ITL)
 
 LatencyFamilies = Mapping[str, tuple[str, ...]]
 """An engine's latency histograms: kind (slo.TTFT, slo.TPOT) → its base names, preferred first (a newer
@@ -460,15 +463,21 @@ _HISTOGRAM_PARTS = ("bucket", "sum", "count")
 
 
 def latency_series(
-    page: Families, families: LatencyFamilies, split_labels: tuple[str, ...], model: str | None
+    page: Families,
+    families: LatencyFamilies,
+    split_labels: tuple[str, ...],
+    model: str | None,
+    per_token: frozenset[str] = frozenset(),
 ) -> Series:
     """The latency histograms' series, keyed (role, model, split label values): role `KIND:le=BOUND` for
-    a bucket, `KIND:sum`, `KIND:count`. A kind whose histogram is absent or unusable has no series."""
+    a bucket, `KIND:sum`, `KIND:count`. A kind whose histogram is absent or unusable has no series. The
+    TPOT histogram read is keyed ITL when it is one of `per_token` (an observation per token)."""
     series: dict[tuple[str, ...], float] = {}
-    for kind, bases in families.items():
+    for family_kind, bases in families.items():
         base = next((b for b in bases if f"{b}_count" in page), None)
         if base is None:
             continue
+        kind = ITL if family_kind == TPOT and base in per_token else family_kind
         parts: dict[tuple[str, ...], float] = {}
         for part in _HISTOGRAM_PARTS:
             bucket = part == "bucket"

@@ -195,11 +195,23 @@ def read_counters(fmt: EngineFormat, page: Families, model: str | None) -> Deman
         sizes={}
         if fmt.request_sizes is None
         else histogram_sizes(page, *fmt.request_sizes, fmt.engine_labels, model),
-        latency=latency_series(page, fmt.latency, fmt.engine_labels, model),
+        latency=latency_series(page, fmt.latency, fmt.engine_labels, model, PER_TOKEN_HISTOGRAMS),
     )
 
 
 # --- the formats ------------------------------------------------------------------------------------
+
+# The time-per-output-token histograms that observe every gap between tokens, not a request's mean: read
+# as their own kind (ITL), never summed with a per-request one (two builds of one engine in a rolling
+# update print one each).
+PER_TOKEN_HISTOGRAMS = frozenset(
+    {
+        "vllm:inter_token_latency_seconds",
+        "vllm:time_per_output_token_seconds",
+        "sglang:inter_token_latency_seconds",
+        "sglang_inter_token_latency_seconds",
+    }
+)
 
 # vllm/v1/metrics/loggers.py: gauges labelled model_name and engine (one series per data-parallel engine).
 # Never read: newer releases break vllm:num_requests_waiting down by reason; adding it would count the
