@@ -20,11 +20,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from keda_gpu_scaler.collect.demand_history import demand_point
+from keda_gpu_scaler.collect.demand_history import DemandHistory
 from keda_gpu_scaler.collect.http import FetchError
 from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
+from keda_gpu_scaler.collect.store import Page
 from keda_gpu_scaler.core.decide import decide
-from keda_gpu_scaler.core.demand import DEFAULT_PREFILL_WEIGHT, DemandPoint, DemandUnit, over_window
+from keda_gpu_scaler.core.demand import DEFAULT_PREFILL_WEIGHT, DemandUnit
 from keda_gpu_scaler.core.snapshot import NamespaceView, Snapshot, SourceKind, Track
 from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.core.value_parsers import MIN_THRESHOLD
@@ -61,23 +62,34 @@ _LATENCY_NAMES = frozenset(f"{base}{end}" for base in LATENCY_FAMILIES for end i
 _PAGE_NAMES = POD_PAGE_NAMES | _LATENCY_NAMES
 
 
-def latency_totals(samples: list[Sample]) -> tuple[float, float] | None:
-    """(seconds, observations) of the first per-token latency histogram on a page, summed over its series."""
+LatencyTotals = dict[tuple[str, ...], tuple[float, float]]
+"""Per series of a latency histogram (its label values): (seconds, observations) so far."""
+
+
+def latency_totals(samples: list[Sample]) -> LatencyTotals | None:
+    """(seconds, observations) per series of the first per-token latency histogram on a page."""
     for base in LATENCY_FAMILIES:
-        sums = [s.value for s in samples if s.name == f"{base}_sum"]
-        counts = [s.value for s in samples if s.name == f"{base}_count"]
+        sums = {_series(s): s.value for s in samples if s.name == f"{base}_sum"}
+        counts = {_series(s): s.value for s in samples if s.name == f"{base}_count"}
         if sums and counts:
-            return math.fsum(sums), math.fsum(counts)
+            return {key: (sums[key], counts[key]) for key in sums.keys() & counts.keys()}
     return None
 
 
-def mean_per_token(totals: list[tuple[float, float]]) -> float | None:
-    """Mean seconds per observation between the first totals and the last (a drop: counted from 0)."""
+def _series(sample: Sample) -> tuple[str, ...]:
+    return tuple(sorted(f"{name}={value}" for name, value in sample.labels.items()))
+
+
+def mean_per_token(totals: list[LatencyTotals]) -> float | None:
+    """Mean seconds per observation between the first totals and the last, each series on its own (SPEC
+    §6: one that drops counts from 0, one that appears counts from 0, one engine's restart is not the pod's)."""
     seconds = observations = 0.0
-    for (s0, c0), (s1, c1) in itertools.pairwise(totals):
-        restarted = c1 < c0 or s1 < s0
-        seconds += s1 if restarted else s1 - s0
-        observations += c1 if restarted else c1 - c0
+    for before, after in itertools.pairwise(totals):
+        for key, (s1, c1) in after.items():
+            s0, c0 = before.get(key, (0.0, 0.0))
+            restarted = c1 < c0 or s1 < s0
+            seconds += s1 if restarted else s1 - s0
+            observations += c1 if restarted else c1 - c0
     if observations <= 0 or not math.isfinite(seconds / observations):
         return None
     return seconds / observations
@@ -86,7 +98,7 @@ def mean_per_token(totals: list[tuple[float, float]]) -> float | None:
 # A `demand` trigger on the one calibrated pod: its value is that pod's own rate (any threshold: one pod
 # reporting, none missing, is its own sum).
 _ONE_POD_DEMAND = parse_trigger({"metric": "demand", "threshold": "1"})
-_POD = "calibrated"
+_POD, _SOURCE = "calibrated", "calibrate"
 _PODS, _VIEW = frozenset({_POD}), NamespaceView((), (_POD,), 1)  # its page, fresh
 
 
@@ -101,11 +113,13 @@ class Calibration:
     model: str | None = None
     prefill_weight: float = DEFAULT_PREFILL_WEIGHT
     per_token_target: float | None = None  # seconds per output token not to pass (None: waiting alone)
-    points: list[DemandPoint] = field(default_factory=list)
     best: Step | None = None  # the step with the highest rate while nothing waited in its window
     waited_in_a_row: int = 0
+    # The pod's counters kept per series, as the server keeps them (SPEC §6: rates per series).
+    history: DemandHistory = field(default_factory=lambda: DemandHistory(forget_after=math.inf))
+    track: Track = field(default_factory=lambda: Track([]))  # the pod over the window, as last read
     _waiting: list[tuple[float, float]] = field(default_factory=list)
-    _latency: list[tuple[float, tuple[float, float]]] = field(default_factory=list)
+    _latency: list[tuple[float, LatencyTotals]] = field(default_factory=list)
     latency_seen: bool = False  # some page carried a per-token latency histogram (LATENCY_FAMILIES)
 
     def observe(self, at: float, page: bytes) -> Step | str:
@@ -114,14 +128,15 @@ class Calibration:
             samples = parse_exposition(page, _PAGE_NAMES)
         except ExpositionError as error:
             return f"not a metrics page: {error}"
-        engine, point = demand_point(PodSamples("", "", tuple(samples)), (self.engine, self.model), at)
-        if isinstance(point, Missing):
-            return f"{engine}: {point.reason}"
+        pod = PodSamples("", _POD, tuple(samples), _SOURCE)
+        self.history.on_page(SourceKind.INFERENCE, Page.from_readings(_SOURCE, at, [pod]))
+        track = self.history.read(pod, self.engine, self.model, self.window, at)
+        if track.problem is not None:
+            return f"{track.engine}: {track.problem.reason}"
+        self.track = track
         waiting = _waiting_of(samples, self.engine, self.model)
-        self.points.append(point)
-        self.points = list(over_window(self.points, self.window))
         self._waiting.append((at, waiting))
-        start = self.points[0].at
+        start = track.points[0].at
         self._waiting = [(t, w) for t, w in self._waiting if t >= start]
         totals = latency_totals(samples)
         if totals is not None:
@@ -130,7 +145,8 @@ class Calibration:
         self._latency = [(t, v) for t, v in self._latency if t >= start]
         per_token = mean_per_token([v for _, v in self._latency])
         requests = self._decided(DemandUnit.REQUESTS, at)
-        step = Step(at, requests, self._decided(DemandUnit.TOKENS, at), point.in_flight, waiting, per_token)
+        in_flight = track.points[-1].in_flight
+        step = Step(at, requests, self._decided(DemandUnit.TOKENS, at), in_flight, waiting, per_token)
         slow = self.per_token_target is not None and (per_token is None or per_token > self.per_token_target)
         over = waiting > self.waiting_above or (slow and per_token is not None)
         self.waited_in_a_row = self.waited_in_a_row + 1 if over else 0
@@ -149,9 +165,8 @@ class Calibration:
         spec = dataclasses.replace(
             _ONE_POD_DEMAND, window=self.window, demand_unit=unit, prefill_weight=self.prefill_weight
         )
-        track = Track(list(self.points), len(self.points))
         snapshot = Snapshot(
-            "", at, SourceKind.INFERENCE, view=_VIEW, target_pods=_PODS, tracks=((_POD, track),)
+            "", at, SourceKind.INFERENCE, view=_VIEW, target_pods=_PODS, tracks=((_POD, self.track),)
         )
         evaluation = decide(spec, snapshot).evaluation
         return None if evaluation is None else evaluation.value
@@ -171,7 +186,7 @@ class Calibration:
 
 
 def _waiting_of(samples: list[Sample], engine: str, model: str | None) -> float:
-    # demand_point() read the same page whole: the waiting gauge is there (Triton's pending count too).
+    # The history read the same page whole: the waiting gauge is there (Triton's pending count too).
     reading = pod_reading(samples, engine, model)
     return 0.0 if isinstance(reading.waiting, Missing) else reading.waiting
 

@@ -103,6 +103,15 @@ class Followed:
     # StreamMetricSpec streams open for it now, per trigger: KEDA opens one per `external-push` trigger,
     # carrying that trigger's specs only, so another trigger's stream pushes nothing of this one's.
     spec_streams: Counter[TriggerSpec] = field(default_factory=Counter)
+    # StreamIsActive streams open for it now, per trigger.
+    activity_streams: Counter[TriggerSpec] = field(default_factory=Counter)
+
+    def streamed(self, spec: TriggerSpec | None = None) -> bool:
+        """Whether a stream (of `spec`, or of any trigger) is open for it: KEDA is following it, however
+        long since its last unary call (a stream follows again only at its recheck)."""
+        if spec is None:
+            return bool(self.spec_streams) or bool(self.activity_streams)
+        return self.spec_streams[spec] > 0 or self.activity_streams[spec] > 0
 
     @property
     def explanation(self) -> Explanation | None:
@@ -264,7 +273,7 @@ class Registry:
         now = self._clock() if now is None else now
         for entry in list(self._entries.values()):
             for spec, subscription in list(entry.triggers.items()):
-                if now - subscription.last_call >= self._ttl:
+                if now - subscription.last_call >= self._ttl and not entry.streamed(spec):
                     self._drop(entry, spec)
             self._prune(entry, now)
 
@@ -293,11 +302,12 @@ class Registry:
     def _evict_idle(
         self, now: float, idle: float, may_go: Callable[[Followed], bool] = lambda _: True
     ) -> bool:
-        """Forget the least recently called ScaledObject not called for `idle` seconds that `may_go`."""
+        """Forget the least recently called ScaledObject not called for `idle` seconds that `may_go`; one
+        with a stream open is not idle."""
         for entry in self._entries.values():  # least recently called first
             if now - entry.last_call < idle:
                 return False
-            if may_go(entry):
+            if may_go(entry) and not entry.streamed():
                 self._remove(entry)
                 return True
         return False

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NoReturn, TypeVar
@@ -198,17 +199,12 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         """The specs GetMetricSpec answers, at once, then each published change of the target: never an
         empty list, never the same specs twice in a row."""
         sent: pb.GetMetricSpecResponse | None = None
-        counted: Followed | None = None  # where this stream is counted open (a learned target's push)
-        try:
+        with _CountedOpen(spec, lambda followed: followed.spec_streams) as counted:
             while not self._closing:
                 followed = await self._follow_for_stream(ref, spec)
                 if followed is None:
                     continue
-                if counted is not followed:
-                    if counted is not None:
-                        _stream_closed(counted, spec)
-                    counted = followed
-                    followed.spec_streams[spec] += 1
+                counted.at(followed)
                 targets = followed.targets
                 response = _spec_response(spec, targets.target(spec))
                 seen = targets.version
@@ -219,9 +215,6 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                     if self._closing:  # closed while the message was sent: no waiter was there to wake
                         break
                 await targets.wait_for_change(seen, self._stream_recheck)
-        finally:
-            if counted is not None:
-                _stream_closed(counted, spec)
 
     async def _follow_for_stream(self, ref: pb.ScaledObjectRef, spec: TriggerSpec) -> Followed | None:
         """Follow the ScaledObject again (keeping it and its targets alive while a stream is open); None,
@@ -241,20 +234,23 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         While data is missing the last known state is kept: an outage is not a transition.
         """
         was_active = False
-        while not self._closing:
-            seen = self._store.version(ref.namespace)
-            try:
-                # Following on every round keeps the ScaledObject's state alive while its stream is open.
-                followed = self._registry.follow(ref.namespace, ref.name, spec)
-                evaluation = self._evaluator.evaluate(followed, spec)
-                active = was_active if evaluation.activity_unknown is not None else evaluation.active
-            except (NoData, ResourceExhausted):
-                active = was_active
-            if active and not was_active:
-                yield None
-            was_active = active
-            # Data also ages without any change, so re-check at least every recheck interval.
-            await self._store.wait_for_change(ref.namespace, seen, self._stream_recheck)
+        with _CountedOpen(spec, lambda followed: followed.activity_streams) as counted:
+            while not self._closing:
+                seen = self._store.version(ref.namespace)
+                try:
+                    # Following on every round keeps the ScaledObject's state fresh while its stream is
+                    # open (and counted open, it is not idle between rounds).
+                    followed = self._registry.follow(ref.namespace, ref.name, spec)
+                    counted.at(followed)
+                    evaluation = self._evaluator.evaluate(followed, spec)
+                    active = was_active if evaluation.activity_unknown is not None else evaluation.active
+                except (NoData, ResourceExhausted):
+                    active = was_active
+                if active and not was_active:
+                    yield None
+                was_active = active
+                # Data also ages without any change, so re-check at least every recheck interval.
+                await self._store.wait_for_change(ref.namespace, seen, self._stream_recheck)
 
     def _follow(self, ref: pb.ScaledObjectRef) -> tuple[Followed, TriggerSpec]:
         """The one path of every call: metadata → trigger, checked against this server, ScaledObject followed."""
@@ -269,11 +265,34 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         return spec
 
 
-def _stream_closed(followed: Followed, spec: TriggerSpec) -> None:
-    """One StreamMetricSpec stream of the trigger no longer counted open (no count kept at zero)."""
-    followed.spec_streams[spec] -= 1
-    if followed.spec_streams[spec] <= 0:
-        del followed.spec_streams[spec]
+class _CountedOpen:
+    """Where one stream of a trigger is counted open: on the Followed it last followed (a ScaledObject
+    forgotten and followed again is a new one), until the stream ends. No count is kept at zero."""
+
+    def __init__(self, spec: TriggerSpec, counts: Callable[[Followed], Counter[TriggerSpec]]) -> None:
+        self._spec = spec
+        self._counts = counts
+        self._followed: Followed | None = None
+
+    def at(self, followed: Followed) -> None:
+        if followed is not self._followed:
+            self._release()
+            self._followed = followed
+            self._counts(followed)[self._spec] += 1
+
+    def _release(self) -> None:
+        if self._followed is not None:
+            counts = self._counts(self._followed)
+            counts[self._spec] -= 1
+            if counts[self._spec] <= 0:
+                del counts[self._spec]
+            self._followed = None
+
+    def __enter__(self) -> _CountedOpen:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._release()
 
 
 def _spec_response(spec: TriggerSpec, target: float) -> pb.GetMetricSpecResponse:

@@ -226,3 +226,57 @@ async def test_shutdown_ends_with_ok_a_stream_whose_scaledobject_was_forgotten(m
         assert await stream.code() is grpc.StatusCode.OK
     finally:
         await stopping
+
+
+async def test_an_open_spec_stream_keeps_its_scaledobject_and_target_past_the_interest_ttl(
+    make_scaler,
+) -> None:  # type: ignore[no-untyped-def]
+    """A stream follows its ScaledObject again only at its recheck (--scrape-interval, here 3 s); with an
+    --interest-ttl of 1 s the sweep forgot it between rounds: its learned target was lost and the stream
+    sent the start threshold again within seconds of the move."""
+    scaler = await make_scaler(scrape_interval=3.0, max_staleness=9.0, interest_ttl=1.0)
+    stream = scaler.stub.StreamMetricSpec(ref())
+    assert (await asyncio.wait_for(stream.read(), 10)).metricSpecs[0].targetSizeFloat == 70.0
+    targets_of(scaler).set(SPEC, 80.5)  # a learned target's first move: published at once
+    assert (await asyncio.wait_for(stream.read(), 10)).metricSpecs[0].targetSizeFloat == 80.5
+    with pytest.raises(asyncio.TimeoutError):  # nothing more: not forgotten, nothing sent again
+        await asyncio.wait_for(stream.read(), 2.5)
+    assert (await scaler.stub.GetMetricSpec(ref())).metricSpecs[0].targetSizeFloat == 80.5
+    stream.cancel()
+    await eventually(lambda: _gone_after_ttl(scaler))  # closed, it is idle again: the TTL ends it
+
+
+async def _gone_after_ttl(scaler) -> None:  # type: ignore[no-untyped-def]
+    assert scaler.app.registry.get("llm", "vllm") is None
+
+
+@pytest.mark.parametrize("method", ["StreamMetricSpec", "StreamIsActive"])
+async def test_a_scaledobject_with_an_open_stream_is_not_idle_at_the_cap(make_scaler, method: str) -> None:  # type: ignore[no-untyped-def]
+    """At the cap, a ScaledObject not called for a minute makes room; one whose stream is open (following
+    it again only every --scrape-interval, 90 s here) is called, not idle: the newcomer is refused."""
+    clock = Clock()
+    scaler = await make_scaler(clock=clock, scrape_interval=90.0, max_staleness=270.0, max_scaledobjects=1)
+    stream = getattr(scaler.stub, method)(ref())
+    if method == "StreamMetricSpec":
+        await asyncio.wait_for(stream.read(), 10)  # sent once counted open
+    else:
+
+        async def opened() -> None:  # counted open in the same turn of the loop as the slot is taken
+            assert scaler.app.service.open_streams == 1
+
+        await eventually(opened)
+    followed = scaler.app.registry.get("llm", "vllm")
+    assert followed is not None
+    clock.now += 61
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await scaler.stub.GetMetricSpec(ref("other"))
+    assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert scaler.app.registry.get("llm", "vllm") is followed
+    stream.cancel()
+    await eventually(lambda: _closed(followed))
+    await scaler.stub.GetMetricSpec(ref("other"))  # its stream closed, it is idle: room is made
+    assert scaler.app.registry.get("llm", "vllm") is None
+
+
+async def _closed(followed) -> None:  # type: ignore[no-untyped-def]
+    assert not followed.streamed()
