@@ -114,6 +114,8 @@ def latency_read(
             without.append(pod)
             continue
         read.append(pod)
+        if increases[f"{kind}:count"] <= 0:
+            continue  # no request in the window: its buckets (another build's bounds) must not cut the others'
         seconds += increases.get(f"{kind}:sum", 0.0)
         requests += increases[f"{kind}:count"]
         per_pod.append(
@@ -181,13 +183,16 @@ def late_observations(kind: str, increases: Mapping[str, float], target: float) 
 
 
 def overshoot(reads: Mapping[str, LatencyRead], slo: SloTarget | None) -> float | None:
-    """The largest measured quantile ÷ its target over the SLO's targets with a read; None: none."""
+    """The largest measured quantile ÷ its target over the SLO's targets with a read; None: none. A
+    quantile in the +Inf bucket is at least the highest finite bound: below the target, that says nothing."""
     if slo is None:
         return None
     ratios = [
         read.quantile / target
         for kind, target in slo.targets().items()
-        if (read := reads.get(kind)) is not None and read.quantile is not None
+        if (read := reads.get(kind)) is not None
+        and read.quantile is not None
+        and not (read.above_highest_bound and read.quantile < target)
     ]
     return max(ratios, default=None)
 

@@ -182,30 +182,36 @@ def _mean(latency: Mapping[str, float], kind: str) -> float | None:
 
 
 def _remember_latency(subscription: Subscription, spec: TriggerSpec, now: float, decision: Decision) -> None:
-    """The window's observations and those over a target, once a window (windows that do not overlap
-    count each request once). Over both targets, the kind that missed the larger share counts, as its own
-    pair: the two histograms cannot say which requests missed both, and they count different things
-    (a first token per request; on SGLang and older vLLM an observation per output token)."""
+    """The window's requests and those over a target, once a window (windows that do not overlap count
+    each request once). Over the targets, the kind that missed the larger share counts: the histograms
+    cannot say which requests missed both. Its share is weighed by the window's requests: where that kind
+    counts gaps between tokens (ITL, an observation per token), by a per-request read's count, so that a
+    window's thousands of gaps do not outweigh another window's hundreds of requests."""
     windows = subscription.latency_windows
     slo = decision.slo
     if slo is None or (windows and now - windows[-1][0] < spec.window):
         return
-    counted = [
-        (read.requests, read.missed) for read in slo.reads if read.missed is not None and read.requests
-    ]
+    counted = [read for read in slo.reads if read.missed is not None and read.requests]
     if not counted:
         return
-    requests, missed = max(counted, key=lambda pair: pair[1] / pair[0])
-    windows.append((now, requests, missed))
+    worst = max(counted, key=lambda read: (read.missed or 0.0) / read.requests)
+    share = (worst.missed or 0.0) / worst.requests
+    per_request = [read.requests for read in slo.reads if read.kind != ITL and read.requests]
+    requests = max(per_request) if worst.kind == ITL and per_request else worst.requests
+    windows.append((now, requests, share * requests))
 
 
 def _remember_demand(
     subscription: Subscription, spec: TriggerSpec, now: float, evaluation: Evaluation
 ) -> None:
     """The fresh pods' summed demand, for the SLO's headroom: at most four a window (a stream evaluates on
-    every page), the last DEMAND_SUMS_KEPT of them (read within HEADROOM_SPAN seconds)."""
+    every page), the last DEMAND_SUMS_KEPT of them (read within HEADROOM_SPAN seconds). Only sums of
+    measured rates: a pod without its own rate yet (a new pod, counted as the others' mean) would add a
+    step up and back to arrivals that never changed, read as variability."""
     sums = subscription.demand_sums
     if sums and now - sums[-1][0] < spec.window / 4:
+        return
+    if not all(map(is_measured, evaluation.pod_rows)):
         return
     sums.append((now, math.fsum(row[ROW_VALUE] for row in evaluation.pod_rows)))
 

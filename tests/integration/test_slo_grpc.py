@@ -288,6 +288,23 @@ async def test_pods_of_two_engine_builds_with_other_buckets_add_no_pod_when_none
     assert not read["aboveHighestBound"] and read["quantile"] <= 2.5, read
 
 
+async def test_an_idle_pod_of_another_build_does_not_silence_the_guard(fleet) -> None:  # type: ignore[no-untyped-def]
+    # A rolling update: the new build's pod (buckets to 2 s) is Ready but served nothing in the window;
+    # the old one's 600 first tokens all took 5-10 s against a 2.5 s target. Cut at the idle pod's 2 s,
+    # the p95 read as 2 s, under the target, and the guard added no pod.
+    old = {"0.5": 0, "1": 0, "2.5": 0, "5": 0, "10": 1, "+Inf": 1}
+    new = {"0.25": 1, "0.5": 1, "1": 1, "2": 1, "+Inf": 1}
+    slo = {**DEMAND, "sloTtftSeconds": "2.5"}
+    f = await fleet(2)
+    f.metadata = slo
+    await f.show(1000, ttft_page(0, old), ttft_page(0, new))
+    await f.show(1060, ttft_page(600, old), ttft_page(0, new))
+    found = await value(f.scaler, slo)  # 10/s over two Ready pods against 10, and one pod more
+    (read,) = (await explain(f.scaler))["slo"]["reads"]
+    assert read["quantile"] > 2.5 and read["podsRead"] == 2, read
+    assert found == pytest.approx(30), (found, read)
+
+
 def per_output_token_page(finished: float, name: str, observed: float, within_25ms: float) -> str:
     """A vLLM page with one time-per-output-token histogram `name`: `observed` observations, of which
     `within_25ms` took at most 25 ms and the others 50–100 ms (running totals)."""

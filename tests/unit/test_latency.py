@@ -19,6 +19,7 @@ from keda_gpu_scaler.core.latency import (
     histogram_quantile,
     late_observations,
     latency_read,
+    overshoot,
     spent_headroom,
 )
 from keda_gpu_scaler.core.slo import SloTarget
@@ -321,3 +322,25 @@ def test_a_read_of_no_pod_is_no_latency() -> None:
     assert (read.quantile, read.requests, read.missed, read.pods_read) == (None, 0.0, None, 0)
     without = latency_read("ttft", {"a": {"requests": 3.0}}, 0.95, 2.0)
     assert (without.quantile, without.missed, without.pods_without) == (None, None, ("a",))
+
+
+def test_a_pod_without_a_request_in_the_window_does_not_cut_the_others_buckets() -> None:
+    # A rolling update: the old build's buckets reach 10 s and its 300 first tokens all took 5-10 s; the
+    # new build's reach 2 s and it served nothing in the window. Cut at the new build's 2 s, the p95 read
+    # as 2 s (in +Inf) against a 2.5 s target: under it, and nothing missed.
+    busy = {"ttft:le=0.5": 0.0, "ttft:le=1.0": 0.0, "ttft:le=2.5": 0.0, "ttft:le=5.0": 0.0}
+    busy |= {"ttft:le=10.0": 300.0, "ttft:le=+Inf": 300.0, "ttft:count": 300.0, "ttft:sum": 2250.0}
+    idle = {"ttft:le=0.25": 0.0, "ttft:le=0.5": 0.0, "ttft:le=1.0": 0.0, "ttft:le=2.0": 0.0}
+    idle |= {"ttft:le=+Inf": 0.0, "ttft:count": 0.0, "ttft:sum": 0.0}
+    both = latency_read("ttft", {"old-0": busy, "new-0": idle}, 0.95, 2.5)
+    assert both.quantile == pytest.approx(9.75) and both.missed == pytest.approx(300), both
+    assert both.pods_read == 2 and not both.above_highest_bound
+
+
+def test_a_quantile_beyond_every_bound_below_the_target_is_no_overshoot() -> None:
+    # Every bucket below the 2.5 s target, the quantile in +Inf: at least 2 s, maybe far over 2.5 s.
+    read = latency_read("ttft", {"a": {"ttft:le=2.0": 0.0, "ttft:le=+Inf": 100.0, "ttft:count": 100.0}}, 0.95)
+    assert read.above_highest_bound and read.quantile == 2.0
+    slo = SloTarget(2.5, None)
+    assert overshoot({"ttft": read}, slo) is None
+    assert overshoot({"ttft": read}, SloTarget(1.0, None)) == pytest.approx(2.0)  # over a lower one: known

@@ -119,14 +119,85 @@ def test_a_window_counts_the_kind_that_missed_the_larger_share_as_its_own_pair()
         | {"sloTpotMs": "100"}
     )
     latency = ttft(300.0, 60.0)
-    latency |= {"tpot:le=0.05": 30000.0, "tpot:le=0.1": 30000.0, "tpot:le=+Inf": 30000.0}
-    latency |= {"tpot:count": 30000.0, "tpot:sum": 600.0}  # 100 tokens a request, all fast
+    latency |= itl(30000.0, 0.0)  # 100 tokens a request, all fast
     decision = decide(spec, snap(60.0, latency))
     subscription = Subscription(spec, 0.0)
     _remember_latency(subscription, spec, 60.0, decision)
     assert list(subscription.latency_windows) == [(60.0, 600.0, 120.0)]
     assert spec.slo is not None
     assert budget_used(spec.slo, [(600.0, 120.0)]) == pytest.approx(4.0)
+
+
+def itl(tokens: float, over_100ms: float) -> dict[str, float]:
+    """Per pod: `tokens` gaps between tokens (SGLang, older vLLM), `over_100ms` of them in (0.1, 0.25] s."""
+    fast = tokens - over_100ms
+    buckets = {"itl:le=0.05": fast, "itl:le=0.1": fast, "itl:le=0.25": tokens, "itl:le=+Inf": tokens}
+    return buckets | {"itl:count": tokens, "itl:sum": tokens * 0.02}
+
+
+def test_a_window_whose_gaps_between_tokens_missed_most_is_weighed_by_its_requests() -> None:
+    """Windows of first tokens (a request each) and of gaps between tokens (one per token) are one
+    allowance: a window whose larger share was of its 60,000 gaps counts as its 600 requests. Counted as
+    60,000, it outweighed a window in which a fifth of 600 requests missed: 120 + 120 of 60,600 read as
+    8 % of the allowance used, where first tokens alone had used it twice over, and the guard waited."""
+    spec = parse_trigger(
+        {"metric": "demand", "threshold": "5", "podNamePrefix": "vllm-", "window": "60"}
+        | {"sloTtftSeconds": "2", "sloTpotMs": "100"}
+    )
+    clock = [60.0]
+    phases = {
+        60.0: ttft(300.0, 60.0) | itl(30_000.0, 0.0),  # a fifth of the first tokens late
+        120.0: ttft(300.0, 0.0) | itl(30_000.0, 60.0),  # 0.2 % of the gaps late
+        180.0: ttft(300.0, 60.0) | itl(30_000.0, 0.0),  # the first tokens' p95 over 2 s again
+    }
+    evaluator, followed, snapshots = run(
+        clock, lambda recent, windows: snap(clock[0], phases[clock[0]], recent_latency=windows), spec
+    )
+    for at in phases:
+        clock[0] = at
+        found = evaluator.evaluate(followed, spec).value
+    windows = snapshots.asked[-1][1]
+    assert [pair for window in windows for pair in window] == pytest.approx([600.0, 120.0, 600.0, 1.2]), windows
+    # Spent: the guard acts on the p95 over 2 s (two Ready pods at 5/s against 5: one pod more).
+    assert found == pytest.approx(15.0), windows
+
+
+def test_a_pod_without_a_rate_of_its_own_adds_no_variability_to_the_arrivals() -> None:
+    """10 requests/s arrive throughout: two pods at 5/s, then a third is Ready without a rate yet (it
+    counts as the others' mean, 5/s), then the three share the 10/s. Kept, that 15 read as noise and
+    sized 42 % headroom for arrivals that never changed."""
+    third = 10 / 3
+    phases: dict[float, dict[str, float | None]] = {
+        0.0: {"vllm-0": 5.0, "vllm-1": 5.0},
+        20.0: {"vllm-0": 5.0, "vllm-1": 5.0},
+        40.0: {"vllm-0": 5.0, "vllm-1": 5.0, "vllm-2": None},
+        60.0: {"vllm-0": third, "vllm-1": third, "vllm-2": third},
+        80.0: {"vllm-0": third, "vllm-1": third, "vllm-2": third},
+    }
+    clock = [0.0]
+
+    def fleet(recent: tuple[float, ...], _: Any) -> Snapshot:
+        now, rates = clock[0], phases[clock[0]]
+        page = 'vllm:num_requests_running{engine="0",model_name="m"} 0\n'
+        page += 'vllm:num_requests_waiting{engine="0",model_name="m"} 0\n'
+        samples = tuple(parse_exposition(page, POD_PAGE_NAMES))
+        pods = tuple(PodSamples("llm", pod, samples, f"http://{pod}") for pod in rates)
+        view = NamespaceView((), tuple(p.source for p in pods), len(pods))
+        tracks = tuple(
+            (pod, Track([DemandPoint(now, 0.0, 0.0)] if rate is None else
+                        [DemandPoint(now - 60.0, 0.0, 0.0), DemandPoint(now, rate * 60.0, 0.0)], engine="vllm"))
+            for pod, rate in rates.items()
+        )  # fmt: skip
+        return Snapshot(
+            "llm", now, SourceKind.INFERENCE, None, view, (), pods, frozenset(rates), tracks, None, recent
+        )  # fmt: skip
+
+    evaluator, followed, snapshots = run(clock, fleet, DEMAND)
+    for at in phases:
+        clock[0] = at
+        found = evaluator.evaluate(followed, DEMAND).value
+    assert snapshots.asked[-1][0] == pytest.approx((10.0, 10.0, 10.0)), snapshots.asked[-1][0]
+    assert found == pytest.approx(10.0)
 
 
 def test_windows_older_than_the_allowances_span_are_not_read_after_a_quiet_hour() -> None:
