@@ -157,7 +157,9 @@ def test_a_window_whose_gaps_between_tokens_missed_most_is_weighed_by_its_reques
         clock[0] = at
         found = evaluator.evaluate(followed, spec).value
     windows = snapshots.asked[-1][1]
-    assert [pair for window in windows for pair in window] == pytest.approx([600.0, 120.0, 600.0, 1.2]), windows
+    assert [pair for window in windows for pair in window] == pytest.approx([600.0, 120.0, 600.0, 1.2]), (
+        windows
+    )
     # Spent: the guard acts on the p95 over 2 s (two Ready pods at 5/s against 5: one pod more).
     assert found == pytest.approx(15.0), windows
 
