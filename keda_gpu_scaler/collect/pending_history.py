@@ -13,8 +13,9 @@ for `forget_after` seconds is dropped.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 from keda_gpu_scaler.collect.demand_history import MAX_POINTS, SWEEP_EVERY
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
@@ -35,13 +36,28 @@ class _Pool:
     windows: dict[float, float]  # each window asked for → when it was last asked for
     replicas: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     # demandUnit tokens: the weighted tokens per request the pool's pods measured last, per prefillWeight
-    # (two triggers weighing prompt tokens differently size the same requests differently).
-    sizes: dict[float, float] = field(default_factory=dict)
+    # (two triggers weighing prompt tokens differently size the same requests differently), and when it
+    # was last asked for: forgotten as windows are, so made-up weights cannot grow it while a pool is read.
+    sizes: dict[float, tuple[float, float]] = field(default_factory=dict)
 
     def kept_window(self, now: float, forget_after: float) -> float:
         for window in [w for w, asked in self.windows.items() if now - asked > forget_after]:
             del self.windows[window]
+        for weight in [w for w, (_, asked) in self.sizes.items() if now - asked > forget_after]:
+            del self.sizes[weight]
+        _keep_newest(self.windows, lambda asked: asked)
+        _keep_newest(self.sizes, lambda size: size[1])
         return max(self.windows, default=0.0)
+
+
+# The windows and prefillWeights a pool keeps, most recently asked for first: more than the triggers one
+# pool is really read by, far fewer than a caller sending new metadata on every call would make.
+MAX_ASKED = 64
+
+
+def _keep_newest(asked: dict[float, Any], when: Callable[[Any], float]) -> None:
+    while len(asked) > MAX_ASKED:
+        del asked[min(asked, key=lambda key: when(asked[key]))]
 
 
 class PendingHistory:
@@ -77,6 +93,7 @@ class PendingHistory:
                 if (namespace, name) == key[:2]:
                     self._add(key, pool, at, queue)
         pool.windows[window] = now
+        _keep_newest(pool.windows, lambda asked: asked)
 
     def growth(self, key: PendingKey, replicas: Collection[str], window: float, now: float) -> float:
         """The pool's pending requests' growth per second over `window` (page times), summed over the
@@ -86,16 +103,21 @@ class PendingHistory:
         return sum(growth_per_second(_over(pool.replicas.get(name, []), window)) for name in replicas)
 
     def remember_size(
-        self, key: PendingKey, prefill_weight: float, tokens_per_request: float | None
+        self, key: PendingKey, prefill_weight: float, tokens_per_request: float | None, now: float
     ) -> float | None:
         """demandUnit tokens: the pods' tokens per request at this prefillWeight now, else the last measured
         at it (None: never)."""
         pool = self._pools.get(key)
         if pool is None:
             return tokens_per_request
-        if tokens_per_request is not None:
-            pool.sizes[prefill_weight] = tokens_per_request
-        return pool.sizes.get(prefill_weight)
+        if tokens_per_request is None:
+            kept = pool.sizes.get(prefill_weight)
+            if kept is None:
+                return None
+            tokens_per_request = kept[0]
+        pool.sizes[prefill_weight] = (tokens_per_request, now)
+        _keep_newest(pool.sizes, lambda size: size[1])
+        return tokens_per_request
 
     def on_page(self, kind: SourceKind, page: Page) -> None:
         """Store listener: a page was recorded."""

@@ -178,7 +178,7 @@ class Snapshots:
         """`demandUnit: tokens`: the pods' tokens per request just measured, for when they measure none."""
         assert spec.inference_pool is not None
         key = (namespace, spec.inference_pool, spec.model)
-        self.pending_history.remember_size(key, spec.prefill_weight, tokens_per_request)
+        self.pending_history.remember_size(key, spec.prefill_weight, tokens_per_request, self.now())
 
     def _pool(self, namespace: str, spec: TriggerSpec, now: float) -> PoolSnapshot:
         assert spec.inference_pool is not None
@@ -188,7 +188,7 @@ class Snapshots:
         demand = spec.metric is Metric.DEMAND
         if demand and unknown is None:
             self.pending_history.want(key, spec.window, now)
-        size = self.pending_history.remember_size(key, spec.prefill_weight, None) if demand else None
+        size = self.pending_history.remember_size(key, spec.prefill_weight, None, now) if demand else None
         try:
             replicas = tuple(self._replica_inputs(namespace, spec, now))
         except NoData as error:

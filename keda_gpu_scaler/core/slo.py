@@ -96,25 +96,25 @@ SLO_KEYS: tuple[MetadataKey, ...] = (
 SLO_FIELDS = tuple(key.field for key in SLO_KEYS)
 
 
-def take_slo(fields: dict[str, Any], given: dict[str, str], allowed: bool) -> SloTarget | None:
+def take_slo(fields: dict[str, Any], stated: dict[str, str], allowed: bool) -> SloTarget | None:
     """The SLO the parsed `fields` state (their SLO entries removed), or None; ConfigError naming the key
-    and the value where one is given where it is not `allowed` (a metric other than demand, or requests
-    with inferencePool), or the attainment without a target."""
+    and the value as written (`stated`: field → `key='value'`) where one is given where it is not
+    `allowed` (a metric other than demand, or requests with inferencePool), or the attainment without a
+    target."""
     ttft, tpot, attainment = (fields.pop(name) for name in SLO_FIELDS)
     values = zip(SLO_FIELDS, (ttft, tpot, attainment), strict=True)
-    stated = [(given[name], value) for name, value in values if value is not None]
-    if not stated:
+    given = [stated[name] for name, value in values if value is not None]
+    if not given:
         return None
     if not allowed:
-        key, value = stated[0]
         raise ConfigError(
-            f"metadata {key}={quoted(f'{value:g}')} applies only to metric=demand and to metric=requests with"
+            f"metadata {given[0]} applies only to metric=demand and to metric=requests with"
             f" inferencePool (the latency of the inference servers' requests), not to"
             f" metric={fields['metric'].value} without them; remove it"
         )
     if ttft is None and tpot is None:
         raise ConfigError(
-            f"metadata {given['slo_attainment']}={quoted(f'{attainment:g}')} needs a target to attain;"
-            " allowed: with sloTtftSeconds or sloTpotMs"
+            f"metadata {stated['slo_attainment']} needs a target to attain; allowed: with sloTtftSeconds or"
+            " sloTpotMs"
         )
     return SloTarget(ttft, tpot, DEFAULT_ATTAINMENT if attainment is None else attainment)

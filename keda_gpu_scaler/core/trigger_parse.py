@@ -97,7 +97,7 @@ def _parse(items: list[tuple[str, str]]) -> TriggerSpec:
             raise ConfigError(f"metadata {spec_key.key} is required; allowed: {spec_key.help}")
         fields[spec_key.field] = spec_key.default
     settle_auto_threshold(fields, given, stated)
-    fields["slo"] = take_slo(fields, given, allowed=states_slo(fields["metric"], "inference_pool" in given))
+    fields["slo"] = take_slo(fields, stated, allowed=states_slo(fields["metric"], "inference_pool" in given))
     _check_metric_fit(fields, stated)
     if fields["metric_name"] is None:
         fields["metric_name"] = DEFAULT_METRIC_NAMES[fields["metric"]]
@@ -114,12 +114,11 @@ def _parse(items: list[tuple[str, str]]) -> TriggerSpec:
 MIN_PERCENT_THRESHOLD = 1.0
 
 
-def _check_percent_threshold(metric: Metric, threshold: float) -> None:
+def _check_percent_threshold(metric: Metric, threshold: float, stated: str) -> None:
+    """`stated`: the key with the value as written (never the float reformatted: 100.00001 is not 100)."""
     allowed = f"allowed: a percentage with {MIN_PERCENT_THRESHOLD:g} <= threshold <= 100"
     if threshold > 100:
-        raise ConfigError(
-            f"metadata threshold={threshold:g} is out of range for metric={metric.value}; {allowed}"
-        )
+        raise ConfigError(f"metadata {stated} is out of range for metric={metric.value}; {allowed}")
     if threshold < MIN_PERCENT_THRESHOLD:
         as_percent = threshold * 100
         hint = (
@@ -127,9 +126,7 @@ def _check_percent_threshold(metric: Metric, threshold: float) -> None:
             if as_percent >= MIN_PERCENT_THRESHOLD
             else ""
         )
-        raise ConfigError(
-            f"metadata threshold={threshold:g} is out of range for metric={metric.value}; {allowed}{hint}"
-        )
+        raise ConfigError(f"metadata {stated} is out of range for metric={metric.value}; {allowed}{hint}")
 
 
 def _check_metric_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
@@ -137,7 +134,7 @@ def _check_metric_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
     each field given, as its key with the value written (`vendor='amd'`), for the errors."""
     metric: Metric = fields["metric"]
     if metric.percent:
-        _check_percent_threshold(metric, fields["threshold"])
+        _check_percent_threshold(metric, fields["threshold"], given.get("threshold", "threshold"))
     if metric.gateway:
         _check_gateway_fit(given)
         return

@@ -224,11 +224,14 @@ def _forget_before(kept: deque[Any], since: float) -> None:
 
 def publish(telemetry: Telemetry, labels: tuple[str, str, str], subscription: Subscription) -> bool:
     """Show a trigger's last evaluation on /metrics under `labels`; False when it has none, or when its
-    ScaledObject already shows the most triggers it may (telemetry.MAX_PUBLISHED_TRIGGERS)."""
+    ScaledObject already shows the most triggers it may (telemetry.MAX_PUBLISHED_TRIGGERS). A trigger
+    shown before whose last evaluation failed (UNAVAILABLE) shows NaN, not its last value and activity."""
     explanation = subscription.explanation
-    if explanation is None or (evaluation := explanation.evaluation) is None:
-        return False
     learned = subscription.learned.target if subscription.learned is not None else None
+    if explanation is None or (evaluation := explanation.evaluation) is None:
+        if explanation is None or subscription.metric_labels is None:
+            return False
+        return telemetry.publish_trigger(labels, math.nan, None, learned)
     # A value that cannot be told is shown as NaN, never as the 0 it was computed from.
     value = math.nan if evaluation.value_unknown is not None else evaluation.value
     active = None if evaluation.activity_unknown is not None else evaluation.active

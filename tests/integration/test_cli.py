@@ -184,7 +184,7 @@ async def test_explain_reports_bad_metadata_and_dead_exporters(make_exporter) ->
         "explain", "--exporter-url", "http://127.0.0.1:9/metrics", "--namespace", "llm", "threshold=700"
     )
     assert code == 1
-    assert "threshold=700 is out of range" in out
+    assert "threshold='700' is out of range" in out
 
 
 @pytest.mark.parametrize(

@@ -742,3 +742,41 @@ async def test_a_forgotten_triggers_value_leaves_a_shared_series_the_other_canno
         page = await response.text()
     shown = [line for line in page.splitlines() if line.startswith("keda_gpu_scaler_trigger_value{")]
     assert not any(line.endswith(" 77.0") for line in shown), shown
+
+
+async def test_metrics_show_nan_not_the_last_answer_once_the_trigger_is_unavailable(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    """SPEC §4: missing data is never 0 or `false`. An evaluation that failed outright (the only
+    exporter answering 500: IsActive UNAVAILABLE) left /metrics at the last answer: inactive, value 0."""
+    exporter = await make_exporter(dcgm_page([GpuLine("llm", "vllm-0", 0)]))
+    scaler = await make_scaler(exporter)
+
+    async def series() -> dict[str, str]:
+        async with aiohttp.ClientSession() as session, session.get(f"{scaler.http}/metrics") as response:
+            page = await response.text()
+        names = ("trigger_active", "trigger_value")
+        return {
+            n: line.rsplit(" ", 1)[1]
+            for line in page.splitlines()
+            for n in names
+            if line.startswith(f"keda_gpu_scaler_{n}{{")
+        }
+
+    async def inactive() -> None:
+        assert (await scaler.stub.IsActive(ref())).result is False
+
+    await eventually(inactive)
+    assert await series() == {"trigger_active": "0.0", "trigger_value": "0.0"}
+    exporter.status = 500
+
+    async def unavailable() -> None:
+        try:
+            answer = await scaler.stub.IsActive(ref())
+        except grpc.aio.AioRpcError as error:
+            assert error.code() is grpc.StatusCode.UNAVAILABLE
+        else:
+            raise AssertionError(f"IsActive still answers {answer.result}")
+
+    await eventually(unavailable)
+    assert await series() == {"trigger_active": "NaN", "trigger_value": "NaN"}

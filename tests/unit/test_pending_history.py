@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
-from keda_gpu_scaler.collect.pending_history import PendingHistory
+from keda_gpu_scaler.collect.pending_history import MAX_ASKED, PendingHistory
 from keda_gpu_scaler.collect.store import Page
 from keda_gpu_scaler.core.snapshot import SourceKind
 from keda_gpu_scaler.demo.epp import Queued, epp_page
@@ -51,9 +51,32 @@ def test_a_remembered_request_size_is_kept_per_prefill_weight() -> None:
     requests at 450 and 4,200 tokens: neither is handed the other's."""
     history = PendingHistory(forget_after=600)
     history.want(KEY, 30.0, 0.0)
-    assert history.remember_size(KEY, 0.25, 450.0) == 450.0
-    assert history.remember_size(KEY, 4.0, None) is None  # never measured at its own weight
-    assert history.remember_size(KEY, 0.25, None) == 450.0
+    assert history.remember_size(KEY, 0.25, 450.0, 0.0) == 450.0
+    assert history.remember_size(KEY, 4.0, None, 0.0) is None  # never measured at its own weight
+    assert history.remember_size(KEY, 0.25, None, 0.0) == 450.0
+
+
+def test_made_up_windows_and_prefill_weights_do_not_grow_a_pool_without_bound() -> None:
+    """A caller sending a new prefillWeight (or window) on every call: each was kept for as long as the
+    pool was read (1,000 weights, 1,000 sizes). The most recently asked MAX_ASKED stay, and one not asked
+    for `forget_after` goes."""
+    history = PendingHistory(forget_after=600)
+    history.want(KEY, 30.0, 0.0)
+    history.remember_size(KEY, 1.0, 450.0, 0.0)
+    for i in range(1000):
+        at = float(i)
+        history.want(KEY, 30.0, at)
+        history.remember_size(KEY, 1.0, None, at)  # the real trigger, asked for all along
+        history.want(KEY, 10.0 + i / 1000, at)
+        history.remember_size(KEY, 1.0 + (i + 1) / 10_000, 500.0, at)
+    history.on_page(SourceKind.GATEWAY, page(1000.0, 0))
+    pool = history._pools[KEY]
+    assert len(pool.sizes) <= MAX_ASKED and len(pool.windows) <= MAX_ASKED
+    assert history.remember_size(KEY, 1.0, None, 1000.0) == 450.0 and 30.0 in pool.windows
+    history.want(KEY, 30.0, 1700.0)  # 700 s later: the made-up ones have not been asked for since 999
+    assert history.remember_size(KEY, 1.0, None, 1700.0) == 450.0
+    history.on_page(SourceKind.GATEWAY, page(1700.0, 0))
+    assert set(pool.windows) == {30.0} and set(pool.sizes) == {1.0}
 
 
 def test_replicas_that_leave_a_pools_prometheus_page_are_forgotten() -> None:

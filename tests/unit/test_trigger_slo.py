@@ -71,3 +71,19 @@ def test_bad_slo_metadata_names_key_value_and_range(metadata: dict[str, str], wo
         parse_trigger(metadata)
     for word in words:
         assert word in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("metadata", "written"),
+    [
+        ({"threshold": "100.00001", "podNamePrefix": "vllm-"}, "threshold='100.00001'"),
+        ({"threshold": "0.9999999", "podNamePrefix": "vllm-"}, "threshold='0.9999999'"),
+        ({"threshold": "70", "sloTtftSeconds": "1.00000001"}, "sloTtftSeconds='1.00000001'"),
+        ({"metric": "demand", "threshold": "5", "sloAttainment": "0.9500001"}, "sloAttainment='0.9500001'"),
+    ],
+)
+def test_an_error_names_the_value_as_written_not_rounded(metadata: dict[str, str], written: str) -> None:
+    # Reformatted (:g), 100.00001 read "threshold=100 is out of range ... threshold <= 100".
+    with pytest.raises(ConfigError) as refused:
+        parse_trigger(metadata)
+    assert f"metadata {written} " in str(refused.value), refused.value
