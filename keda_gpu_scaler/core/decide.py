@@ -246,7 +246,9 @@ def _add_pending(
     if pool.unknown is not None:
         raise NoData(pool.unknown)  # even when the pods say active: a pool-name typo is no lower bound
     try:
-        pending = _held(spec, snapshot)
+        # Held requests are counted, not compared with activationThreshold: for `demand` it is a rate,
+        # decided below on what they add (a count against a rate made a made-up `false`, or held a wake).
+        pending = _held(dataclasses.replace(spec, activation_threshold=0.0), snapshot)
     except NoData as error:
         if evaluation.active:
             decision.notes += (
@@ -262,7 +264,29 @@ def _add_pending(
     woken = pending.active and pending.value <= 0
     evaluation, note, demand = with_pending(evaluation, spec, growth, pending.value, size, woken)
     decision.notes += (note,)
+    if pending.missing_pods:
+        evaluation = _unread_replicas(spec, evaluation, pending.missing_pods, decision)
     return evaluation, demand
+
+
+def _unread_replicas(
+    spec: TriggerSpec, evaluation: Evaluation, unread: Collection[str], decision: Decision
+) -> Evaluation:
+    """Some endpoint-picker replicas cannot be read: the pending part is a lower bound. Active on it is
+    active; not active, whether the pool is idle cannot be told (they may hold requests): activity
+    unknown, and with a value of 0 nothing is known at all (SPEC §7: never a made-up `false`)."""
+    replicas = ", ".join(sorted(unread)[:5])
+    decision.notes += (f"value is a lower bound: endpoint-picker replicas {replicas} cannot be read",)
+    if evaluation.active:
+        return evaluation
+    unknown = (
+        f"the pods' demand and the requests the readable endpoint-picker replicas of InferencePool"
+        f" {spec.inference_pool} hold come to {evaluation.value:g}, not above activationThreshold"
+        f" {spec.activation_threshold:g}, and {replicas} cannot be read (they may hold requests)"
+    )
+    if evaluation.value <= 0:
+        raise NoData(unknown)
+    return dataclasses.replace(evaluation, activity_unknown=unknown)
 
 
 def _held(spec: TriggerSpec, snapshot: Snapshot) -> Evaluation:

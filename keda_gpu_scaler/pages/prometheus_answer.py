@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from keda_gpu_scaler.pages.engines import ENGINE_SAMPLE_NAMES, PodKey, pod_of
 from keda_gpu_scaler.pages.exposition import Sample
-from keda_gpu_scaler.pages.gateways import GATEWAY_SAMPLE_NAMES
+from keda_gpu_scaler.pages.gateways import GATEWAY_SAMPLE_NAMES, SCRAPE_TARGET_LABELS
 from keda_gpu_scaler.pages.jsonpieces import OFF_LOOP_BYTES, TooManyItems, loads_in_pieces
 from keda_gpu_scaler.pages.promql import TIMESTAMP_LABEL, Target
 
@@ -262,11 +262,6 @@ def inference_pods(samples: Iterable[Sample], namespace: str, at: float, window:
 def replica_of(labels: dict[str, str]) -> str:
     """The EPP replica a series came from: its pod (Kubernetes service discovery), else its target."""
     return labels.get("pod") or labels.get("instance") or labels.get("job") or "(unnamed target)"
-
-
-# Labels Prometheus gives a series from its scrape target (Kubernetes service discovery, kube-prometheus'
-# ServiceMonitors and PodMonitors), never printed by an endpoint picker about its queue.
-SCRAPE_TARGET_LABELS = frozenset({"job", "instance", "endpoint", "service", "container", "namespace", "pod"})
 
 
 def gateway_replicas(samples: Iterable[Sample], namespace: str, at: float, window: float) -> FreshSeries:

@@ -17,6 +17,7 @@ from keda_gpu_scaler.pages.gateways import epp, epp_flow
 from keda_gpu_scaler.pages.gateways._common import (
     DEFAULT_GATEWAY_METRICS_PORT,
     OTHER,
+    SCRAPE_TARGET_LABELS,
     GatewayProblem,
     NotAGatewayPage,
     PoolQueue,
@@ -30,6 +31,7 @@ __all__ = [
     "GATEWAY_SAMPLE_NAMES",
     "MAX_QUEUE_SERIES",
     "OTHER",
+    "SCRAPE_TARGET_LABELS",
     "GatewayProblem",
     "NotAGatewayPage",
     "PoolQueue",

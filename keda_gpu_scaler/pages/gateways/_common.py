@@ -69,3 +69,9 @@ class PoolQueue:
 
 
 QueueReading = PoolQueue | QueueMissing
+
+
+# Labels Prometheus gives a series from its scrape target (Kubernetes service discovery, kube-prometheus'
+# ServiceMonitors and PodMonitors), never printed by an endpoint picker about its queue: two scrape jobs'
+# copies of one series differ only in them.
+SCRAPE_TARGET_LABELS = frozenset({"job", "instance", "endpoint", "service", "container", "namespace", "pod"})

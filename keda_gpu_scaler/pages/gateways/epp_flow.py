@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 
 from keda_gpu_scaler.pages.exposition import Sample
+from keda_gpu_scaler.pages.gateways._common import SCRAPE_TARGET_LABELS
 
 # llm-d-router docs/metrics.md: a counter labelled outcome, priority, inference_pool; the Inference
 # Extension's EPPs printed it under their own prefix. A page with both counts once, the current preferred.
@@ -53,13 +54,19 @@ def _preferred(samples: Sequence[Sample], current: str, old: str) -> list[Sample
 def turned_away(samples: Sequence[Sample]) -> tuple[Counter, ...]:
     """The page's counters of requests turned away for want of an endpoint, one per series.
 
-    A value that cannot be a counter (NaN, infinite, negative) is left out: it can tell no growth."""
+    A value that cannot be a counter (NaN, infinite, negative) is left out: it can tell no growth. A series
+    is keyed without the labels a Prometheus scrape target adds: read through Prometheus, the copy kept of
+    a replica scraped by two jobs may be either job's, and it is the same counter."""
     found = {
-        (s.labels.get(POOL_LABEL, ""), series_text(s.labels), s.value)
+        (s.labels.get(POOL_LABEL, ""), series_text(_printed(s.labels)), s.value)
         for s in _preferred(samples, REQUESTS_TOTAL, REQUESTS_TOTAL_OLD)
         if s.labels.get("outcome") in NO_ENDPOINT_OUTCOMES and 0 <= s.value < math.inf
     }
     return tuple(sorted(found))
+
+
+def _printed(labels: dict[str, str]) -> dict[str, str]:
+    return {name: value for name, value in labels.items() if name not in SCRAPE_TARGET_LABELS}
 
 
 def saturation(samples: Sequence[Sample]) -> tuple[Saturation, ...]:
