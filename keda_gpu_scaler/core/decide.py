@@ -70,6 +70,9 @@ class Decision:
     to_log: list[tuple[str, int]] = field(default_factory=list)  # (note, level): once per ScaledObject
     aggregation_mismatch: bool = False  # metricType contradicts the trigger's aggregation (counted)
     tokens_per_request: float | None = None  # `demand` with a pool: measured now, to be remembered
+    # `demand` with a pool: the requests its endpoint pickers hold now (flow control holds one only when
+    # no pod has room: the pods are saturated); None where the pool was not read whole.
+    pool_held: float | None = None
     slo: SloReading | None = None  # `demand` with a latency target: what it read and added
 
 
@@ -257,6 +260,7 @@ def _add_pending(
             return evaluation, None
         raise
     growth = sum(pool.growth.get(row[0], 0.0) for row in pending.pod_rows)  # the replicas read now
+    decision.pool_held = None if pending.missing_pods else pending.value
     measured = measured_tokens_per_request(evaluation)
     decision.tokens_per_request = measured
     size = measured if measured is not None else pool.tokens_per_request

@@ -91,6 +91,9 @@ class Sample:
     first_token_requests: float | None = None
     # Of its `observations`, how many took longer than the time-per-output-token target; None: unknown.
     per_token_late: float | None = None
+    # The pool's endpoint pickers held requests at the window's end: no pod had room (flow control holds
+    # a request only then), so the pod was at or past what it serves, whatever its own latency says.
+    pool_held: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,6 +346,8 @@ def _missed(
     ):
         if (share := _late_share(level, late, observed)) > allowed:
             return f"{share:.1%} of its {what} came after the target, over the {allowed:.1%} the SLO allows"
+    if 2 * sum(s.pool_held for s in level) > len(level):
+        return "the pool's endpoint pickers held requests in most of its windows: no pod had room"
     return None
 
 

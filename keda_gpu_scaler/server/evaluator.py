@@ -161,7 +161,9 @@ class Evaluator:
                         late_observations(kind, latency, learner.latency_target),
                     )
                 )
-                learner.observe(Sample(now, row[0], row[ROW_VALUE], per_token, tokens, first_token, *late))
+                held = decision.pool_held is not None and decision.pool_held > 0
+                sample = Sample(now, row[0], row[ROW_VALUE], per_token, tokens, first_token, *late, held)
+                learner.observe(sample)
         subscription.learned = subscription.learner.update(now, [row[0] for row in evaluation.pod_rows])
         followed.targets.set(spec, subscription.learned.target)
 

@@ -146,6 +146,24 @@ def test_a_learner_takes_its_allowance_of_late_first_tokens_from_the_slo() -> No
     assert learner.update(400.0, ["a"]).target == pytest.approx(13.0)
 
 
+@pytest.mark.parametrize(("held_windows", "expected"), [(3, 13.0), (2, 14 * (1 + TRY_ABOVE))])
+def test_a_level_at_which_the_pool_held_requests_in_most_windows_missed(
+    held_windows: int, expected: float
+) -> None:
+    # Every latency the pod's page shows is inside the targets at 14, but the pool's endpoint pickers held
+    # requests at the end of most of that level's windows: no pod had room, the pod was saturated there.
+    # Requests then wait at the gateway, which no pod page counts.
+    samples = windows("a", [4, 8, 12, 14])
+    at_14 = [i for i, s in enumerate(samples) if s.rate == 14]
+    for i in at_14[:held_windows]:
+        samples[i] = dataclasses.replace(samples[i], pool_held=True)
+    learner = learned(samples)
+    assert learner.target == pytest.approx(expected, rel=0.01)
+    if held_windows == 3:
+        (fit,) = learner.update(400.0, ["a"]).fits
+        assert "held requests in most of its windows" in fit.note, fit.note
+
+
 def test_late_first_tokens_that_are_not_a_count_leave_the_window_out() -> None:
     learner = Learner(START, TARGET_TPOT, TARGET_TTFT)
     for bad in (math.nan, -1.0, math.inf):
