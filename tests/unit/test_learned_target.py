@@ -212,6 +212,20 @@ def test_a_step_under_ten_percent_is_ignored() -> None:
     assert "less than the 10% a move needs" in learner.update(400.0, ["a"]).reason
 
 
+def test_a_small_move_down_from_a_target_the_pods_failed_at_is_taken() -> None:
+    # Started at 10: the pod met 8.8 and failed at 9.6, below the target. Its capacity, 9.2, is only 8 %
+    # under 10: held by the 10 % step, the target stayed above the load the pod fails at.
+    learner = learned(windows("a", [6, 7.5, 8.8, 9.6], knee_at(9.2)))
+    answer = learner.update(400.0, ["a"])
+    assert learner.target == pytest.approx(9.2) and answer.moved_at == 400.0, answer.reason
+
+
+def test_a_small_move_down_with_no_failure_at_the_target_is_ignored() -> None:
+    learner = learned(windows("a", [6, 7.5, 8.3]))  # every level met: 8.3 + 15 %, 4.5 % under the start
+    assert learner.target == START
+    assert "less than the 10% a move needs" in learner.update(400.0, ["a"]).reason
+
+
 def test_at_most_one_move_per_ten_minutes() -> None:
     learner = learned(windows("a", [4, 8, 12, 14], knee_at(12.5)), now=400.0)
     assert learner.target == pytest.approx(13.0)
