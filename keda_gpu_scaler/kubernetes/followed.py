@@ -14,7 +14,12 @@ from keda_gpu_scaler.core.errors import NoData
 from keda_gpu_scaler.core.selectors import Selector, pod_selector_metadata
 from keda_gpu_scaler.core.trigger import TriggerSpec
 from keda_gpu_scaler.kubernetes.informer import ObjectInformer, PodInformer
-from keda_gpu_scaler.kubernetes.scaledobject import EXTERNAL_TRIGGER_TYPES, ScaledObjectInfo, metric_type_for
+from keda_gpu_scaler.kubernetes.scaledobject import (
+    EXTERNAL_TRIGGER_TYPES,
+    ScaledObjectInfo,
+    ScaleTarget,
+    metric_type_for,
+)
 from keda_gpu_scaler.kubernetes.targets import NamespaceIndex, Selection
 
 # Under discovery's own name: its log lines read as they did before this part had a module of its own.
@@ -34,6 +39,7 @@ class Followed:
     info: ScaledObjectInfo | None = None
     object_error: str | None = None
     selector: Selector | None = None  # the scale target's, from its /scale subresource
+    selector_of: ScaleTarget | None = None  # the scale target that selector was read from
     # The scale target's spec.replicas from its last /scale read, and when that read began (monotonic).
     replicas: int | None = None
     replicas_read_at: float = -math.inf
@@ -45,6 +51,8 @@ class Followed:
     task: asyncio.Task[None] | None = None
     notes_logged: set[str] = field(default_factory=set)
     blip: str | None = None  # the re-read failing while the last one read stays in use
+    # The last /scale re-read failed (its selector stays in use): the target's replicas are not known now.
+    scale_unread: str | None = None
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # the ScaledObject changed: read /scale now
     # True once the ScaledObject was read and has an external trigger: only then are its namespace's
     # ScaledObjects watched, and its pods when a trigger selects some (a caller naming objects that do
@@ -105,11 +113,35 @@ class Followed:
         replicas = (scale.get("spec") or {}).get("replicas")
         self.replicas = replicas if isinstance(replicas, int) and not isinstance(replicas, bool) else None
         self.replicas_read_at = began
+        self.scale_unread = None
+
+    def read_selector(self, selector: Selector, target: ScaleTarget) -> bool:
+        """Keep the pod selector read from `target`'s /scale; True when it changed (registered anew)."""
+        self.selector_of = target
+        if selector == self.selector:
+            return False
+        self.selector = selector
+        return True
+
+    def scale_blip(self, note: str) -> None:
+        """A /scale re-read failed while its last selector stays in use: its replicas are not known now."""
+        self.note(note)
+        self.scale_unread = note
 
     def replicas_since(self, emptied_at: float) -> int | None:
         """The target's replicas from a /scale read that began after its pods last went; None: no such
-        read (the replicas counted may have gone with them, as at a scale to zero)."""
-        return self.replicas if self.replicas_read_at > emptied_at else None
+        read yet (the replicas counted may have gone with them, as at a scale to zero). NoData while its
+        /scale cannot be read: with no pod, at zero cannot be told from pods that cannot start (SPEC §4)."""
+        if self.replicas_read_at > emptied_at:
+            return self.replicas
+        if self.scale_unread is not None:
+            raise NoData(f"the scale target has no pod and {self.scale_unread}")
+        return None
+
+    def another_target(self) -> None:
+        """The ScaledObject names another scale target: what the old one's /scale said goes with it."""
+        self.selector = self.selector_of = None
+        self.replicas, self.replicas_read_at, self.scale_unread = None, -math.inf, None
 
     def metric_type(self, spec: TriggerSpec) -> str | None:
         """The trigger's metricType as the ScaledObject says (remembered per trigger); a doubt is logged once."""

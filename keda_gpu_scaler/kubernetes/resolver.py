@@ -430,8 +430,8 @@ class KubeDiscovery:
             tracked.metric_types.clear()
             # Its subscriptions look again: a trigger edited away is no longer collected for.
             self.on_change(tracked.namespace)
-            if tracked.info is not None and info.target != tracked.info.target:
-                tracked.selector = None  # another scale target: its selector is read anew
+            if tracked.selector_of is not None and info.target != tracked.selector_of:
+                tracked.another_target()  # edited, or deleted and created again: read anew
                 self._register(tracked)
         tracked.info = info
         tracked.object_error = None
@@ -475,9 +475,10 @@ class KubeDiscovery:
             scale = await self._api.scale(
                 target.group, target.version, tracked.namespace, plural, target.name
             )
+            if tracked.info is None or tracked.info.target != target:
+                return False  # the ScaledObject changed its target meanwhile: this answer is another's
             tracked.read_replicas(scale, began)
-            text = (scale.get("status") or {}).get("selector") or ""
-            selector = parse_selector(text)
+            selector = parse_selector((scale.get("status") or {}).get("selector") or "")
             if selector.empty:
                 raise KubeError(
                     "its /scale subresource has no status.selector; give podSelector in the trigger metadata"
@@ -485,8 +486,7 @@ class KubeDiscovery:
             if tracked.scale_error is not None:
                 tracked.scale_error = None
                 self.on_change(tracked.namespace)  # resolvable again: subscriptions look again
-            if selector != tracked.selector:
-                tracked.selector = selector
+            if tracked.read_selector(selector, target):
                 self._register(tracked)
             tracked.note(None)
             return True
@@ -494,7 +494,7 @@ class KubeDiscovery:
             message = f"cannot read the pod selector of {target} for ScaledObject {tracked.ref}: {error}"
             if isinstance(error, KubeError) and error.status != 404 and tracked.selector is not None:
                 # A blip: the last selector read stays in use, for the targets and for exporter discovery.
-                tracked.note(f"{message}; the last one read stays in use")
+                tracked.scale_blip(f"{message}; the last one read stays in use")
                 return False
             tracked.scale_error = message
             return False
