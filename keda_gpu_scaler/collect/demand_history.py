@@ -275,11 +275,12 @@ def _lost(points: Sequence[PagePoint], engine: str, model: str | None) -> float:
 
 def _of_series(sample: Sample, series: tuple[str, ...]) -> bool:
     """Whether a gauge sample is of the engine a counter series (model, "label=value"...) counts: its
-    model, and each of the series' labels that the gauge carries too (vLLM's `engine`, Triton's `version`)."""
+    model, and each of the series' labels that the gauge carries too (vLLM's `engine`, Triton's `version`);
+    a label the gauge prints empty is one it does not carry (SGLang's gauges print `priority=""`)."""
     if model_of(sample.labels) != series[0]:
         return False
     pairs = (pair.split("=", 1) for pair in series[1:])
-    return all(sample.labels.get(label, value) == value for label, value in pairs)
+    return all((sample.labels.get(label) or value) == value for label, value in pairs)
 
 
 def _sum(series: Series) -> float:

@@ -191,3 +191,19 @@ def test_a_step_back_that_the_gap_could_not_have_counted_is_a_recount() -> None:
     history.on_page(SourceKind.INFERENCE, Page.from_readings(URL, 105, [served(990)]))
     rate = pod_demand(history.read(samples(""), "auto", None, 30, 105).points, DemandUnit.REQUESTS)
     assert rate == pytest.approx(250 / 30)
+
+
+def sglang_priorities(t: float) -> str:
+    """SGLang with --enable-priority-scheduling: its tokenizer counts each priority's requests apart
+    (priority 0 at 6/s, priority 1 at 4/s); its scheduler's gauges print the total under priority=""."""
+    gauges = 'dp_rank="0",model_name="m",pp_rank="0",priority="",tp_rank="0"'
+    lines = [f"sglang:num_running_reqs{{{gauges}}} 10", f"sglang:num_queue_reqs{{{gauges}}} 0"]
+    for priority, rate in (("0", 6), ("1", 4)):
+        labels = f'engine_type="unified",model_name="m",priority="{priority}"'
+        lines.append(f"sglang:num_requests_total{{{labels}}} {PAST + rate * t}")
+    return "\n".join(lines) + "\n"
+
+
+def test_sglang_requests_of_every_priority_are_counted() -> None:
+    # Taken as copies of one value, the larger priority's series alone read 6/s for a pod taking 10.
+    assert rate_at_the_end(sglang_priorities) == pytest.approx(TRUTH)

@@ -108,8 +108,8 @@ def test_sglang_both_spellings_count_once_and_tgi_has_its_per_token_mean() -> No
         for prefix, n in (("sglang:", 9), ("sglang_", 4))
     )
     _, counters = pod_counters(pod(sglang).samples)
-    assert counters.latency[("itl:le=0.05", "q", "dp_rank=")] == 9
-    assert counters.latency[("itl:count", "q", "dp_rank=")] == 10
+    assert counters.latency[("itl:le=0.05", "q", "dp_rank=", "priority=")] == 9
+    assert counters.latency[("itl:count", "q", "dp_rank=", "priority=")] == 10
     tgi = (
         "tgi_queue_size 0\ntgi_batch_current_size 0\ntgi_request_success 3\n"
         'tgi_request_mean_time_per_token_duration_bucket{le="0.02"} 2\n'

@@ -74,6 +74,9 @@ class EngineFormat:
     kv_cache: Level = NOT_PRINTED  # a fraction 0–1, read as a percentage
     # Labels telling a pod's engines apart (see gauge); series differing in anything else are copies.
     engine_labels: tuple[str, ...] = ()
+    # Labels that split an engine's requests into disjoint sets on its counters and histograms (summed),
+    # which its gauges print empty (their total): SGLang's per-request `priority`.
+    request_labels: tuple[str, ...] = ()
     metrics: frozenset[InferenceMetric] = frozenset(InferenceMetric)
     # Whether its series carry a model label (`model_name`/`model`), i.e. whether `model` can select any.
     has_model_label: bool = True
@@ -194,8 +197,10 @@ def read_counters(fmt: EngineFormat, page: Families, model: str | None) -> Deman
         generation_tokens=tokens(fmt.generation_tokens),
         sizes={}
         if fmt.request_sizes is None
-        else histogram_sizes(page, *fmt.request_sizes, fmt.engine_labels, model),
-        latency=latency_series(page, fmt.latency, fmt.engine_labels, model, PER_TOKEN_HISTOGRAMS),
+        else histogram_sizes(page, *fmt.request_sizes, fmt.engine_labels + fmt.request_labels, model),
+        latency=latency_series(
+            page, fmt.latency, fmt.engine_labels + fmt.request_labels, model, PER_TOKEN_HISTOGRAMS
+        ),
     )
 
 
@@ -251,6 +256,7 @@ VLLM = EngineFormat(
 # dp_rank (and moe_ep_rank, engine_type). Each family also in the spelling of sgl-router's /engine_metrics
 # and of a Prometheus 3 that escapes names with underscores: read where the `sglang:` one is absent.
 _SGLANG_LAZY = "SGLang prints it, with --enable-metrics, once a request has finished"
+_SGLANG_SPLIT = ("dp_rank", "priority")  # its counters' separate series: ranks, and request priorities
 
 
 def _sglang(name: str) -> tuple[str, str]:
@@ -265,13 +271,15 @@ SGLANG = EngineFormat(
     # dp_rank: data-parallel ranks are separate schedulers, each with its own queue. tp_rank, pp_rank
     # (and moe_ep_rank) are ranks of one scheduler repeating its value: copies, counted once.
     engine_labels=("dp_rank",),
+    # With --enable-priority-scheduling the tokenizer's counters and histograms count each priority apart.
+    request_labels=("priority",),
     # TokenizerMetricsCollector (v0.4 on): every finished request, whatever its finish reason, and its
     # tokens. num_aborted_requests_total is not added: an aborted request that ran is in the total too.
     # A labelled counter is printed only once it moved.
-    finished=(CounterFamily(_sglang("num_requests_total"), ("dp_rank",), absent_hint=_SGLANG_LAZY),),
-    prompt_tokens=CounterFamily(_sglang("prompt_tokens_total"), ("dp_rank",), absent_hint=_SGLANG_LAZY),
+    finished=(CounterFamily(_sglang("num_requests_total"), _SGLANG_SPLIT, absent_hint=_SGLANG_LAZY),),
+    prompt_tokens=CounterFamily(_sglang("prompt_tokens_total"), _SGLANG_SPLIT, absent_hint=_SGLANG_LAZY),
     generation_tokens=CounterFamily(
-        _sglang("generation_tokens_total"), ("dp_rank",), absent_hint=_SGLANG_LAZY
+        _sglang("generation_tokens_total"), _SGLANG_SPLIT, absent_hint=_SGLANG_LAZY
     ),
     # The time between output tokens: inter_token_latency, or a request's mean where a release lacks it.
     # (Not the request's mean first, as vLLM's: some releases observe e2e latency ÷ tokens there, with
