@@ -30,6 +30,7 @@ from keda_gpu_scaler.core.snapshot import NamespaceView, Snapshot, SourceKind, T
 from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.core.value_parsers import MIN_THRESHOLD
 from keda_gpu_scaler.pages.engines import Missing, PodSamples, pod_reading
+from keda_gpu_scaler.pages.engines._common import model_of
 from keda_gpu_scaler.pages.exposition import ExpositionError, Sample, parse_exposition
 
 
@@ -66,8 +67,11 @@ LatencyTotals = dict[tuple[str, ...], tuple[float, float]]
 """Per series of a latency histogram (its label values): (seconds, observations) so far."""
 
 
-def latency_totals(samples: list[Sample]) -> LatencyTotals | None:
-    """(seconds, observations) per series of the first per-token latency histogram on a page."""
+def latency_totals(samples: list[Sample], model: str | None = None) -> LatencyTotals | None:
+    """(seconds, observations) per series of the first per-token latency histogram on a page, of `model`
+    where one is given (a page serving two models times each apart)."""
+    if model is not None:
+        samples = [s for s in samples if model_of(s.labels) == model]
     for base in LATENCY_FAMILIES:
         sums = {_series(s): s.value for s in samples if s.name == f"{base}_sum"}
         counts = {_series(s): s.value for s in samples if s.name == f"{base}_count"}
@@ -138,7 +142,7 @@ class Calibration:
         self._waiting.append((at, waiting))
         start = track.points[0].at
         self._waiting = [(t, w) for t, w in self._waiting if t >= start]
-        totals = latency_totals(samples)
+        totals = latency_totals(samples, self.model)
         if totals is not None:
             self.latency_seen = True
             self._latency.append((at, totals))

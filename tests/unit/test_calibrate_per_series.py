@@ -44,3 +44,25 @@ def test_one_engine_restarting_reads_as_that_engine_only() -> None:
     assert per_token == pytest.approx([0.02] * len(per_token)), per_token
     assert calibration.best is not None and calibration.best.requests is not None
     assert calibration.best.requests <= 10.5
+
+
+def test_the_time_per_token_is_the_calibrated_models_own() -> None:
+    """A page serving two models: `--model` times its own tokens, not the other model's (80 ms) too."""
+
+    def two_models(t: float) -> bytes:
+        lines = []
+        for model, per_token in (("m", 0.02), ("other", 0.08)):
+            labels = f'engine="0",model_name="{model}"'
+            lines += [
+                f"vllm:num_requests_running{{{labels}}} 4",
+                f"vllm:num_requests_waiting{{{labels}}} 0",
+                f'vllm:request_success_total{{{labels},finished_reason="stop"}} {5 * t}',
+                f"vllm:inter_token_latency_seconds_sum{{{labels}}} {per_token * 500 * t}",
+                f"vllm:inter_token_latency_seconds_count{{{labels}}} {500 * t}",
+            ]
+        return ("\n".join(lines) + "\n").encode()
+
+    calibration = calibrate.Calibration(window=20, model="m")
+    steps = [calibration.observe(float(at), two_models(at)) for at in range(0, 30, 5)]
+    per_token = [s.per_token for s in steps if isinstance(s, calibrate.Step) and s.per_token is not None]
+    assert per_token and per_token == pytest.approx([0.02] * len(per_token)), per_token
