@@ -17,7 +17,15 @@ from keda_gpu_scaler.collect.wanted import EppPool
 from keda_gpu_scaler.core.demand import MAX_WINDOW_SECONDS, MIN_WINDOW_SECONDS
 from keda_gpu_scaler.core.errors import ConfigError, NoData
 from keda_gpu_scaler.core.pending import ReplicaInput
-from keda_gpu_scaler.core.snapshot import NamespaceView, PoolSnapshot, Snapshot, SourceKind, Targets, Track
+from keda_gpu_scaler.core.snapshot import (
+    OWN_PAGE,
+    NamespaceView,
+    PoolSnapshot,
+    Snapshot,
+    SourceKind,
+    Targets,
+    Track,
+)
 from keda_gpu_scaler.core.trigger import Metric, Source, TriggerSpec
 from keda_gpu_scaler.pages.engines import PodSamples
 from keda_gpu_scaler.pages.prometheus_answer import ReplicaLost
@@ -313,7 +321,11 @@ def _chosen(
     pods = tuple(r for r in view.readings if isinstance(r, PodSamples) and r.pod.startswith(prefix))
     gpu = _gpu(view, spec, lambda pod: pod.startswith(prefix))
     target_pods = {r.pod for r in pods} | {r.pod for r in gpu}
-    target_pods.update(pod for pod in view.recently_seen if pod.startswith(prefix))
+    # Only where the trigger read them: a pod seen on another vendor's failing exporter is not its target.
+    kinds = (OWN_PAGE,) if spec.metric.inference else spec.vendor.families
+    target_pods.update(
+        pod for pod in view.recently_seen if pod.startswith(prefix) and view.read_as(pod, kinds)
+    )
     return gpu, pods, frozenset(target_pods)
 
 

@@ -7,9 +7,10 @@ import contextlib
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from keda_gpu_scaler.core.snapshot import NamespaceView, Reading, SourceKind
+from keda_gpu_scaler.core.snapshot import OWN_PAGE, NamespaceView, Reading, SourceKind
+from keda_gpu_scaler.pages.vendors import GpuReading
 
 # Without Kubernetes, the pods last seen on an exporter that is now failing or stale, or whose page lost
 # its pod labels, still count as target pods (as missing ones) for as long as that lasts, so one dead
@@ -151,6 +152,7 @@ class Store:
     ) -> NamespaceView:
         readings: list[Reading] = []
         recently_seen: dict[str, str] = {}
+        seen_as: dict[str, set[Any]] = {}
         problems: list[str] = []
         pod_problems: dict[str, str] = {}
         fresh: list[str] = []
@@ -164,6 +166,7 @@ class Store:
                 readings.extend(page.by_namespace.get(namespace, ()))
             if _is_special(state, now, max_staleness):
                 self._special(state, namespace, now, max_staleness, recently_seen, problems, pod_problems)
+                _seen_as(state, namespace, seen_as)
         return NamespaceView(
             tuple(readings),
             tuple(fresh),
@@ -171,6 +174,7 @@ class Store:
             recently_seen,
             tuple(problems),
             pod_problems,
+            {pod: frozenset(kinds) for pod, kinds in seen_as.items() if pod in recently_seen},
         )
 
     @staticmethod
@@ -244,3 +248,13 @@ def _fresh_page(state: SourceState, now: float, max_staleness: float) -> Page | 
 def _is_special(state: SourceState, now: float, max_staleness: float) -> bool:
     """Not fresh, or fresh but still showing the pods of an earlier page (see Store._special)."""
     return _fresh_page(state, now, max_staleness) is None or state.last_attributed is not None
+
+
+def _seen_as(state: SourceState, namespace: str, seen_as: dict[str, set[Any]]) -> None:
+    """What a source's pods were read as on its last pages (GPU families; OWN_PAGE for a pod's own)."""
+    if state.pod is not None:
+        seen_as.setdefault(state.pod, set()).add(OWN_PAGE)
+    for last in (state.last_page, state.last_attributed):
+        for reading in last.by_namespace.get(namespace, ()) if last is not None else ():
+            kind = reading.family if isinstance(reading, GpuReading) else OWN_PAGE
+            seen_as.setdefault(reading.pod, set()).add(kind)

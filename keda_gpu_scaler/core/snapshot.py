@@ -6,10 +6,10 @@ only reads them, so they live here, below everything that builds them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 from keda_gpu_scaler.core.demand import DemandPoint
 from keda_gpu_scaler.core.pending import ReplicaInput
@@ -56,10 +56,22 @@ class NamespaceView:
     problems: tuple[str, ...] = ()  # one line per source without fresh data that is not one pod's own page
     # pod → the problem of its own page (an inference server's), for the triggers that read that pod
     pod_problems: dict[str, str] = field(default_factory=dict)
+    # pod → what a recently seen pod was read as: its GPU families, or OWN_PAGE for its own page (a
+    # trigger counts it missing only where it read it: a vendor's families, or the pods' own pages).
+    seen_as: dict[str, frozenset[Any]] = field(default_factory=dict)
+
+    def read_as(self, pod: str, kinds: Collection[Any]) -> bool:
+        """Whether recently seen `pod` was read as one of `kinds` (not known: counted, never forgotten)."""
+        seen = self.seen_as.get(pod)
+        return not seen or any(kind in seen for kind in kinds)
 
     @property
     def fresh_sources(self) -> int:
         return len(self.fresh)
+
+
+# What a pod's own page (an inference server's) is read as, beside the GPU families of exporters' pages.
+OWN_PAGE = "own page"
 
 
 @dataclass(frozen=True, slots=True)
