@@ -163,3 +163,18 @@ def test_the_gateway_rules_are_dropped_only_without_pending_or_an_inference_pool
     said = re.findall(r"no trigger uses pending(.{0,25})", " ".join(text.split()))
     assert said, f"{path} no longer says when rbac.gateway may be off"
     assert all(tail.startswith(" or names inferencePool") for tail in said), said
+
+
+def test_the_token_components_objects_are_in_keda_whatever_the_build_sets(tmp_path: Path) -> None:
+    """Added to the TLS overlay (no namespace transformer: its objects name keda themselves), the component's
+    ServiceAccount, Role and RoleBinding had no namespace and landed in kubectl's current one, while the
+    scaler mints tokens of keda/keda-gpu-scaler-epp-metrics: every TokenRequest refused."""
+    docs = kustomize_with(
+        tmp_path, [MANIFESTS / "overlays" / "tls"], [MANIFESTS / "components" / "gateway-metrics-token"]
+    )
+    (container,) = find(docs, "Deployment", "keda-gpu-scaler")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    namespace, name = env["KEDA_GPU_SCALER_GATEWAY_TOKEN_SERVICEACCOUNT"].split("/")
+    assert find(docs, "ServiceAccount", name)["metadata"].get("namespace") == namespace
+    for kind in ("Role", "RoleBinding"):
+        assert find(docs, kind, "keda-gpu-scaler-epp-metrics-token")["metadata"].get("namespace") == namespace
