@@ -57,12 +57,8 @@ MAX_RATE_INTERVAL = 600.0
 
 def add_demo_arguments(demo: argparse.ArgumentParser) -> None:
     """The demo's flags (the table of them in docs/reference.md is made from these)."""
-    demo.add_argument(
-        "--grpc-address", default="127.0.0.1:6000", help="the scaler's gRPC address, KEDA's side"
-    )
-    demo.add_argument(
-        "--http-address", default="127.0.0.1:8080", help="the scaler's HTTP address: /metrics, /explain"
-    )
+    demo.add_argument("--grpc-address", default="127.0.0.1:6000", help="its gRPC address, KEDA's side")
+    demo.add_argument("--http-address", default="127.0.0.1:8080", help="its HTTP address: /metrics, /explain")
     demo.add_argument(
         "--control-port",
         type=int,
@@ -302,6 +298,10 @@ def _demo(args: argparse.Namespace) -> int:
             " package installed with pip, or from a checkout with `make run`"
         ) from None
 
+    if not 0 <= args.control_port <= 65535:
+        raise SettingsError(
+            f"--control-port={args.control_port} is out of range; allowed: 0 to 65535 (0: any)"
+        )
     configure_logging("info", "text")
     settings = build_settings(
         {

@@ -205,9 +205,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "--gateway-interval",
         "1",
-        "seconds between scrapes of each wanted endpoint-picker page (the wake from zero follows within"
-        " this); their data is stale after 2 intervals + --scrape-timeout",
-        parse=_positive(float),
+        "seconds between scrapes of each wanted endpoint-picker page, 0.1 to 300 (the wake from zero follows"
+        " within this); their data is stale after 2 intervals + --scrape-timeout",
+        parse=_scrape_interval,
     ),
     Flag(
         "--gateway-ca-file",

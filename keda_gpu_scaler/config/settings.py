@@ -189,6 +189,8 @@ def build_settings(values: Mapping[str, str | list[str] | None]) -> Settings:
         parsed["max_staleness"] = max(3 * interval, 2 * interval + timeout)
     if parsed["prometheus_max_staleness"] is None:
         parsed["prometheus_max_staleness"] = parsed["max_staleness"] + PROMETHEUS_STALENESS_MARGIN
+    elif parsed["prometheus_url"] is None:  # given, for a source that is not there (as its siblings)
+        raise SettingsError("--prometheus-max-staleness needs --prometheus-url")
     for staleness in ("max_staleness", "prometheus_max_staleness"):
         # Data older than this is never used: at or under the scrape interval, every page would be stale
         # before the next one came, and every trigger UNAVAILABLE for ever.

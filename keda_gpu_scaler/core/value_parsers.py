@@ -399,7 +399,7 @@ def _items(raw: Raw, separator: str) -> list[str]:
 def _urls(name: str, raw: Raw) -> tuple[str, ...]:
     urls = _items(raw, ",")
     for url in urls:
-        if not url.startswith(("http://", "https://")):
+        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
             raise refuse_flag(name, url, "is not an http(s) URL")
     return tuple(dict.fromkeys(urls))
 
@@ -412,7 +412,7 @@ def _pages(name: str, raw: Raw, what: str, form: str) -> list[tuple[str, str, st
         if not sep or "/" not in ref:
             raise refuse_flag(name, part, f"is not {form}")
         namespace, object_name = _namespaced(name, part, ref, what)
-        if not url.startswith(("http://", "https://")):
+        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
             raise SettingsError(f"{name}={part[:100]!r}: {url[:100]!r} is not an http(s) URL")
         found.append((namespace, object_name, url))
     return found

@@ -286,10 +286,19 @@ def http_app(
             return web.json_response({"error": conflict}, status=400, dumps=_dumps)
         namespace = request.query.get("namespace", "")
         name = request.query.get("name", "")
+        # A bad request is told so whatever it names (docs/operating.md: an unknown parameter is a 400).
+        unknown = sorted(set(request.query) - EXPLAIN_PARAMETERS)
+        if unknown:
+            allowed = ", ".join(sorted(EXPLAIN_PARAMETERS))
+            problem = f"{unknown[0][:40]!r} is not a parameter of /explain; give {allowed}"
+            return web.json_response({"error": problem}, status=400, dumps=_dumps)
         if not namespace or not name:
-            # A request naming a namespace is shown that namespace's ScaledObjects only (docs/SECURITY.md:
-            # only a bare /explain lists every one).
-            followed = [key for key in explanations.explained() if not namespace or key[0] == namespace]
+            # Only a bare /explain lists every ScaledObject (docs/SECURITY.md); a request naming a
+            # namespace is shown that namespace's, and any other request none.
+            bare = not request.query
+            followed = [
+                key for key in explanations.explained() if bare or (namespace and key[0] == namespace)
+            ]
             wait = gate.charge(explain_cost(len(followed)))
             if wait is not None:
                 return _too_many(wait)
@@ -297,12 +306,6 @@ def http_app(
             return web.json_response(
                 {"error": "give ?namespace=NS&name=SCALEDOBJECT", "known": known}, status=400, dumps=_dumps
             )
-        # A bad request is told so whatever it names (docs/operating.md: an unknown parameter is a 400).
-        unknown = sorted(set(request.query) - EXPLAIN_PARAMETERS)
-        if unknown:
-            allowed = ", ".join(sorted(EXPLAIN_PARAMETERS))
-            problem = f"{unknown[0][:40]!r} is not a parameter of /explain; give {allowed}"
-            return web.json_response({"error": problem}, status=400, dumps=_dumps)
         explained = explanations.explanations(namespace, name)
         if not explained:
             return web.json_response(

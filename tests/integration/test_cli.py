@@ -483,3 +483,13 @@ async def test_explain_says_activity_is_unknown_where_isactive_cannot_tell(make_
     assert code == 0 and "(no fresh data)" in out, out + err  # the value is answered (GetMetrics)
     assert "active = false" not in out, out
     assert "active = unknown (IsActive answers UNAVAILABLE: " in out and "vllm-1" in out, out
+
+
+@pytest.mark.parametrize("port", ["70000", "-1"])
+async def test_demo_control_port_out_of_range_is_one_line_naming_the_flag(port: str) -> None:
+    # bind() raised OverflowError: a traceback, where every other address problem is one line.
+    code, _, err = await run_cli(
+        "demo", "--control-port", port, "--grpc-address", "127.0.0.1:0", "--http-address", "127.0.0.1:0"
+    )
+    assert code == 2 and "Traceback" not in err, err[-500:]
+    assert f"--control-port={port} is out of range; allowed: 0 to 65535" in err, err

@@ -676,14 +676,22 @@ async def test_explain_naming_only_a_namespace_lists_that_namespace_only(make_ex
                 raise AssertionError(error.details()) from None
 
         await eventually(answered)
-    async with (
-        aiohttp.ClientSession() as session,
-        session.get(f"{scaler.http}/explain", params={"namespace": "llm"}) as response,
-    ):
-        body = await response.json()
-    assert response.status == 400
-    namespaces = {entry["namespace"] for entry in body["known"]}
-    assert namespaces <= {"llm"}, body["known"]
+    async with aiohttp.ClientSession() as session:
+
+        async def explained(params: dict[str, str]) -> dict:  # type: ignore[type-arg]
+            async with session.get(f"{scaler.http}/explain", params=params) as response:
+                assert response.status == 400
+                return await response.json()  # type: ignore[no-any-return]
+
+        body = await explained({"namespace": "llm"})
+        assert {entry["namespace"] for entry in body["known"]} <= {"llm"}, body["known"]
+        # Only a bare /explain lists every namespace's: a request naming none lists none.
+        for params in ({"name": "vllm"}, {"namespace": "", "name": "vllm"}):
+            assert (await explained(params))["known"] == [], params
+        # An unknown parameter is named, whatever else is missing (it listed every namespace's before).
+        body = await explained({"namespace": "llm", "nmae": "vllm"})
+        assert "'nmae' is not a parameter of /explain" in body["error"] and "known" not in body, body
+        assert {entry["namespace"] for entry in (await explained({}))["known"]} == {"llm", "team-b"}
 
 
 async def test_a_forgotten_trigger_sharing_a_metric_name_leaves_the_series_to_the_one_still_followed(  # type: ignore[no-untyped-def]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from keda_gpu_scaler.config.settings import SettingsError, build_settings
+from keda_gpu_scaler.config.settings import SettingsError, build_settings, env_values
+
+PROM = "http://prometheus:9090"
 
 
 def test_staleness_defaults_follow_the_scrape_interval() -> None:
@@ -17,7 +19,9 @@ def test_staleness_defaults_follow_the_scrape_interval() -> None:
     )  # 2 intervals + the 3 s timeout
     slow = build_settings({"scrape_interval": "2", "scrape_timeout": "1"})
     assert slow.max_staleness == 6.0
-    explicit = build_settings({"max_staleness": "9", "prometheus_max_staleness": "120"})
+    explicit = build_settings(
+        {"max_staleness": "9", "prometheus_max_staleness": "120", "prometheus_url": PROM}
+    )
     assert (explicit.max_staleness, explicit.prometheus_max_staleness) == (9.0, 120.0)
 
 
@@ -103,7 +107,7 @@ def test_inference_urls_name_the_pod_each_page_belongs_to() -> None:
     [
         ({"scrape_interval": "10", "max_staleness": "5"}, ["--max-staleness=5", "--scrape-interval=10"]),
         (
-            {"scrape_interval": "10", "prometheus_max_staleness": "8"},
+            {"scrape_interval": "10", "prometheus_max_staleness": "8", "prometheus_url": PROM},
             ["--prometheus-max-staleness=8", "--scrape-interval=10"],
         ),
         ({"scrape_interval": "700"}, ["--scrape-interval='700'", "0.1", "300"]),
@@ -130,3 +134,37 @@ def test_a_scrape_timeout_that_would_keep_a_hung_exporters_page_is_refused(value
     assert f"--scrape-timeout={value!r} is out of range" in str(raised.value)
     assert "at most 300" in str(raised.value)
     assert build_settings({"scrape_timeout": "300"}).scrape_timeout == 300.0
+
+
+@pytest.mark.parametrize(
+    ("values", "flag"),
+    [
+        ({"exporter_url": ["http:///metrics"]}, "--exporter-url"),
+        ({"exporter_url": ["http://"]}, "--exporter-url"),
+        ({"inference_url": ["llm/vllm-0=http://"]}, "--inference-url"),
+        ({"gateway_url": ["llm/chat=https:///metrics"]}, "--gateway-url"),
+    ],
+)
+def test_a_page_url_without_a_host_is_refused_naming_the_flag(
+    values: dict[str, list[str]], flag: str
+) -> None:
+    # Accepted, every scrape of it failed at run time (--prometheus-url already refused one).
+    with pytest.raises(SettingsError, match=f"{flag}.*is not an http\\(s\\) URL"):
+        build_settings(values)
+
+
+def test_prometheus_max_staleness_needs_prometheus_url_as_its_siblings() -> None:
+    with pytest.raises(SettingsError, match="--prometheus-max-staleness needs --prometheus-url"):
+        build_settings({"prometheus_max_staleness": "120"})
+    with pytest.raises(SettingsError, match="--prometheus-max-staleness needs --prometheus-url"):
+        build_settings(env_values({"KEDA_GPU_SCALER_PROMETHEUS_MAX_STALENESS": "120"}))
+    assert build_settings({"prometheus_url": "http://prometheus:9090", "prometheus_max_staleness": "120"})
+
+
+@pytest.mark.parametrize("value", ["1e-6", "0.001", "301"])
+def test_a_gateway_interval_is_refused_where_the_scrape_loop_would_spin(value: str) -> None:
+    # 1e-6 fetched one endpoint picker's page about 6,000 times a second.
+    with pytest.raises(
+        SettingsError, match=f"--gateway-interval={value!r} is out of range; allowed: .*0.1 to 300"
+    ):
+        build_settings({"gateway_interval": value})
