@@ -57,8 +57,8 @@ MAX_RATE_INTERVAL = 600.0
 
 def add_demo_arguments(demo: argparse.ArgumentParser) -> None:
     """The demo's flags (the table of them in docs/reference.md is made from these)."""
-    demo.add_argument("--grpc-address", default="127.0.0.1:6000", help="its gRPC address, KEDA's side")
-    demo.add_argument("--http-address", default="127.0.0.1:8080", help="its HTTP address: /metrics, /explain")
+    demo.add_argument("--grpc-address", default="127.0.0.1:6000", help="gRPC address (KEDA's side)")
+    demo.add_argument("--http-address", default="127.0.0.1:8080", help="HTTP address: /metrics, /explain")
     demo.add_argument(
         "--control-port",
         type=int,
