@@ -493,7 +493,7 @@ def _headers(name: str, raw: Raw) -> tuple[tuple[str, str], ...]:
         header, sep, value = line.partition(":")
         header, value = header.strip(), value.strip()
         if not sep or not _HEADER_NAME.fullmatch(header):
-            # The value is not echoed: it may be a secret.
-            raise SettingsError(f"{name} {header[:40]!r}…: not `Name: value`")
+            # The value is not echoed: it may be a secret (without a ':', all after the first word is).
+            raise SettingsError(f"{name} {(header.split() or [''])[0][:40]!r}…: not `Name: value`")
         headers.append((header, value))
     return tuple(headers)

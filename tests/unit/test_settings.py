@@ -168,3 +168,13 @@ def test_a_gateway_interval_is_refused_where_the_scrape_loop_would_spin(value: s
         SettingsError, match=f"--gateway-interval={value!r} is out of range; allowed: .*0.1 to 300"
     ):
         build_settings({"gateway_interval": value})
+
+
+@pytest.mark.parametrize(
+    "line", ["X-Api-Key s3cr3t-api-key-0123", "Authorization Bearer s3cr3t-api-key-0123"]
+)
+def test_a_prometheus_header_without_a_colon_is_refused_without_echoing_its_secret(line: str) -> None:
+    # Quoted whole up to 40 characters, the error (and the log it goes to) carried the key's start.
+    with pytest.raises(SettingsError, match="not `Name: value`") as refused:
+        build_settings({"prometheus_url": PROM, "prometheus_header": [line]})
+    assert "s3cr3t" not in str(refused.value), refused.value
