@@ -165,8 +165,9 @@ class Store:
                 fresh.append(state.source)
                 readings.extend(page.by_namespace.get(namespace, ()))
             if _is_special(state, now, max_staleness):
-                self._special(state, namespace, now, max_staleness, recently_seen, problems, pod_problems)
-                _seen_as(state, namespace, seen_as)
+                self._special(
+                    state, namespace, now, max_staleness, recently_seen, seen_as, problems, pod_problems
+                )
         return NamespaceView(
             tuple(readings),
             tuple(fresh),
@@ -174,7 +175,7 @@ class Store:
             recently_seen,
             tuple(problems),
             pod_problems,
-            {pod: frozenset(kinds) for pod, kinds in seen_as.items() if pod in recently_seen},
+            {pod: frozenset(kinds) for pod, kinds in seen_as.items()},
         )
 
     @staticmethod
@@ -184,27 +185,36 @@ class Store:
         now: float,
         max_staleness: float,
         recently_seen: dict[str, str],
+        seen_as: dict[str, set[Any]],
         problems: list[str],
         pod_problems: dict[str, str],
     ) -> None:
-        """What a source that is not fresh, or fresh but showing no pods, says about a namespace."""
+        """What a source that is not fresh, or fresh but showing no pods, says about a namespace: its pods
+        recently seen, why, and what they were read as (GPU families; OWN_PAGE for a pod's own page)."""
+
+        def seen(reading: Reading, why: str) -> None:
+            recently_seen.setdefault(reading.pod, why)
+            kind = reading.family if isinstance(reading, GpuReading) else OWN_PAGE
+            seen_as.setdefault(reading.pod, set()).add(kind)
+
         if _fresh_page(state, now, max_staleness) is not None:
             assert state.last_attributed is not None
             reason = f"{state.source}: {ATTRIBUTION_LOST}"
             for reading in state.last_attributed.by_namespace.get(namespace, ()):
-                recently_seen.setdefault(reading.pod, reason)
+                seen(reading, reason)
             return
         reason = source_problem(state, now, max_staleness)
         # However long the outage lasts: forgetting these pods would shrink the value (made-up load drop).
         if state.pod is not None:
             recently_seen.setdefault(state.pod, reason)
+            seen_as.setdefault(state.pod, set()).add(OWN_PAGE)
             pod_problems.setdefault(state.pod, reason)
         else:
             problems.append(reason)
         for last in (state.last_page, state.last_attributed):
             if last is not None:
                 for reading in last.by_namespace.get(namespace, ()):
-                    recently_seen.setdefault(reading.pod, reason)
+                    seen(reading, reason)
 
     async def wait_for_change(self, namespace: str, seen_version: int, timeout: float) -> None:
         """Return once the namespace's data moved past seen_version, or after timeout (data also ages)."""
@@ -248,13 +258,3 @@ def _fresh_page(state: SourceState, now: float, max_staleness: float) -> Page | 
 def _is_special(state: SourceState, now: float, max_staleness: float) -> bool:
     """Not fresh, or fresh but still showing the pods of an earlier page (see Store._special)."""
     return _fresh_page(state, now, max_staleness) is None or state.last_attributed is not None
-
-
-def _seen_as(state: SourceState, namespace: str, seen_as: dict[str, set[Any]]) -> None:
-    """What a source's pods were read as on its last pages (GPU families; OWN_PAGE for a pod's own)."""
-    if state.pod is not None:
-        seen_as.setdefault(state.pod, set()).add(OWN_PAGE)
-    for last in (state.last_page, state.last_attributed):
-        for reading in last.by_namespace.get(namespace, ()) if last is not None else ():
-            kind = reading.family if isinstance(reading, GpuReading) else OWN_PAGE
-            seen_as.setdefault(reading.pod, set()).add(kind)

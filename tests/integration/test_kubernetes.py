@@ -880,15 +880,21 @@ async def test_a_target_with_replicas_but_no_pod_is_unavailable_never_zero(  # t
     assert (await scaler.stub.IsActive(ref())).result is False
 
 
-async def test_pods_gone_while_the_target_keeps_its_replicas_is_unavailable(  # type: ignore[no-untyped-def]
-    cluster: Cluster, kube_scaler
-) -> None:
+async def serving_one_pod(cluster: Cluster, kube_scaler: Any) -> Any:
+    """A Deployment of 1 replica whose pod vllm-0 reads 40, its ScaledObject answered: the scaler."""
     await cluster.gpu_node("node-a")
     cluster.kube.put(DEPLOYMENT, deployment("vllm", NS, APP, replicas=1))
     cluster.kube.put(SCALED_OBJECT, scaled_object("vllm", NS, {"name": "vllm"}, [external()]))
     cluster.run("vllm-0", "node-a", 40)
     scaler = await kube_scaler()
     await eventually(lambda: _equals(value(scaler), 40))
+    return scaler
+
+
+async def test_pods_gone_while_the_target_keeps_its_replicas_is_unavailable(  # type: ignore[no-untyped-def]
+    cluster: Cluster, kube_scaler
+) -> None:
+    scaler = await serving_one_pod(cluster, kube_scaler)
     # Evicted, and its replacement refused (a quota): the Deployment still asks for 1.
     cluster.remove("vllm-0")
     await eventually(lambda: unavailable(scaler, "1 replica", "no pod"))

@@ -4,28 +4,23 @@ pods. Kubernetes is the fake API server (tests/fake_kube.py) speaking the real w
 
 from __future__ import annotations
 
-import grpc
-import pytest
 from fake_kube import DEPLOYMENT, SCALED_OBJECT, STATEFULSET, FakeKube, deployment, scaled_object
 from support import eventually
-from test_kubernetes import APP, NS, _equals, cluster, external, kube_scaler, ref, value
-
-from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
+from test_kubernetes import (
+    APP,
+    NS,
+    _equals,
+    cluster,
+    external,
+    kube_scaler,
+    serving_one_pod,
+    unavailable,
+    value,
+)
 
 __all__ = ["cluster", "kube_scaler"]  # fixtures shared with test_kubernetes
 
 OTHER = {"app": "other"}
-
-
-async def unavailable(scaler) -> None:  # type: ignore[no-untyped-def]
-    try:
-        answer = await scaler.stub.GetMetrics(
-            pb.GetMetricsRequest(scaledObjectRef=ref(), metricName="gpu-utilization")
-        )
-    except grpc.aio.AioRpcError as error:
-        assert error.code() is grpc.StatusCode.UNAVAILABLE, error
-    else:
-        raise AssertionError(f"answered {answer.metricValues[0].metricValueFloat}")
 
 
 async def test_no_pod_while_the_scale_target_cannot_be_read_is_not_zero(
@@ -33,12 +28,7 @@ async def test_no_pod_while_the_scale_target_cannot_be_read_is_not_zero(
 ) -> None:  # type: ignore[no-untyped-def]
     """The Deployment asks for 1 replica; its pod is evicted (the new one refused by a quota) while its
     /scale cannot be read (an RBAC roll-out): 0 and inactive were answered for as long as that lasted."""
-    await cluster.gpu_node("node-a")
-    cluster.kube.put(DEPLOYMENT, deployment("vllm", NS, APP, replicas=1))
-    cluster.kube.put(SCALED_OBJECT, scaled_object("vllm", NS, {"name": "vllm"}, [external()]))
-    cluster.run("vllm-0", "node-a", 40)
-    scaler = await kube_scaler()
-    await eventually(lambda: _equals(value(scaler), 40))
+    scaler = await serving_one_pod(cluster, kube_scaler)
     scale = f"/apis/apps/v1/namespaces/{NS}/deployments/vllm/scale"
     kube.deny("get", "deployments/scale.apps", NS)
     cluster.remove("vllm-0")
@@ -49,10 +39,7 @@ async def test_no_pod_while_the_scale_target_cannot_be_read_is_not_zero(
 
     await eventually(refused_twice_since)
     for _ in range(3):
-        await unavailable(scaler)
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await scaler.stub.IsActive(ref())
-        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        await unavailable(scaler, "no pod")  # GetMetrics and IsActive alike
 
 
 async def test_a_scaledobject_created_again_for_another_target_never_reads_the_old_ones_pods(  # type: ignore[no-untyped-def]

@@ -256,7 +256,9 @@ VLLM = EngineFormat(
 # dp_rank (and moe_ep_rank, engine_type). Each family also in the spelling of sgl-router's /engine_metrics
 # and of a Prometheus 3 that escapes names with underscores: read where the `sglang:` one is absent.
 _SGLANG_LAZY = "SGLang prints it, with --enable-metrics, once a request has finished"
-_SGLANG_SPLIT = ("dp_rank", "priority")  # its counters' separate series: ranks, and request priorities
+# Its separate engines (data-parallel ranks), and the requests its tokenizer counts apart (priorities).
+_SGLANG_ENGINES, _SGLANG_REQUESTS = ("dp_rank",), ("priority",)
+_SGLANG_SPLIT = _SGLANG_ENGINES + _SGLANG_REQUESTS  # its counters' separate series
 
 
 def _sglang(name: str) -> tuple[str, str]:
@@ -270,9 +272,9 @@ SGLANG = EngineFormat(
     Level(_sglang("token_usage")),  # fraction of the KV pool's tokens in use
     # dp_rank: data-parallel ranks are separate schedulers, each with its own queue. tp_rank, pp_rank
     # (and moe_ep_rank) are ranks of one scheduler repeating its value: copies, counted once.
-    engine_labels=("dp_rank",),
+    engine_labels=_SGLANG_ENGINES,
     # With --enable-priority-scheduling the tokenizer's counters and histograms count each priority apart.
-    request_labels=("priority",),
+    request_labels=_SGLANG_REQUESTS,
     # TokenizerMetricsCollector (v0.4 on): every finished request, whatever its finish reason, and its
     # tokens. num_aborted_requests_total is not added: an aborted request that ran is in the total too.
     # A labelled counter is printed only once it moved.
