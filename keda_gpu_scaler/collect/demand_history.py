@@ -296,6 +296,9 @@ def _sizes(totals: Mapping[tuple[str, ...], float], model: str | None) -> tuple[
     return parts[0], parts[1], parts[2], parts[3]
 
 
+_UNREAD_COUNTERS = Missing(MissingKind.NO_VALUE, "a counter on its newest page has no value (NaN)")
+
+
 class DemandHistory:
     """Per wanted pod page, the points of its last window (see the module docstring)."""
 
@@ -332,9 +335,20 @@ class DemandHistory:
             series.add(newest_at, newest, format_counters(newest.samples, index, None))
         series.window = max(series.window, window)
         points = over_window(series.points, window)
-        ends = [points[0], points[-1]] if len(points) > 1 else list(points)
-        read = [self._end(p, engine, model, counters, flight if p.page is newest else None) for p in ends]
-        usable = [end for end in read if end is not None]
+        if not points or points[-1].at < newest_at:
+            # The newest page added no point (a NaN in a counter of any of its models): a rate would end
+            # at an older page, however old.
+            return Track([], problem=_UNREAD_COUNTERS, engine=engine_name)
+        last = self._end(points[-1], engine, model, counters, flight)
+        # The rate starts at the window's oldest page whose in-flight count can be read (a NaN there
+        # shortens the span: a pod with pages enough is never one without a rate of its own).
+        starts = ((p, self._end(p, engine, model, counters, None)) for p in points[:-1])
+        first = next(((p, end) for p, end in starts if end is not None), None)
+        if first is None and len(points) > 1:
+            unread = Missing(MissingKind.NO_VALUE, f"no in-flight count on its {len(points) - 1} earlier pages")
+            return Track([], problem=unread, engine=engine_name)
+        ends = [points[-1]] if first is None else [first[0], points[-1]]
+        usable = [end for end in ([last] if first is None else [first[1], last]) if end is not None]
         lost = _lost(points, engine, model)
         if len(usable) == 2 and lost:
             # Requests restarted engines held were lost, neither finished nor in flight after: counted as

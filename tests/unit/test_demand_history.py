@@ -16,7 +16,7 @@ from keda_gpu_scaler.pages.exposition import parse_exposition
 URL = "http://10.0.0.1:8000/metrics"
 
 
-def vllm(finished: float | str, running: float = 0) -> PodSamples:
+def vllm(finished: float | str, running: float | str = 0) -> PodSamples:
     text = (
         f'vllm:num_requests_running{{engine="0"}} {running}\n'
         'vllm:num_requests_waiting{engine="0"} 0\n'
@@ -227,3 +227,37 @@ def test_a_series_missing_from_one_page_is_stepped_against_its_last_value_when_i
     store.record_page(page(70, vllm_counters(100, 9500, 5000)))
     points = read(history, 70, window=30).points
     assert points[-1].prompt_tokens is not None and points[-1].prompt_tokens - points[0].prompt_tokens == 500
+
+
+def test_a_nan_on_the_window_s_first_page_shortens_the_span_never_drops_the_rate() -> None:
+    # 10 requests/s; the 30 s page (the first of the window read at 60 s) has a NaN in-flight count. The
+    # pod had six good pages in the window: its rate is its own, not "one page so far" (the mean of others).
+    history = DemandHistory(forget_after=600)
+    for at in range(0, 65, 5):
+        samples = vllm(10 * at, "NaN" if at == 30 else 5)
+        history.on_page(SourceKind.INFERENCE, page(at, samples))
+        track = history.read(samples, "auto", None, 30, at)
+    assert track.problem is None and [p.at for p in track.points] == [35, 60]
+    assert pod_demand(track.points, DemandUnit.REQUESTS) == pytest.approx(10)
+
+
+def triton(m_finished: float, n_finished: float | str) -> PodSamples:
+    text = (
+        'nv_inference_pending_request_count{model="m",version="1"} 0\n'
+        'nv_inference_pending_request_count{model="n",version="1"} 0\n'
+        f'nv_inference_request_success{{model="m",version="1"}} {m_finished}\n'
+        f'nv_inference_request_success{{model="n",version="1"}} {n_finished}\n'
+    )
+    return PodSamples("llm", "triton-0", tuple(parse_exposition(text, POD_PAGE_NAMES)), URL)
+
+
+def test_a_nan_on_another_model_s_counter_never_leaves_an_old_rate() -> None:
+    # Model m takes 10/s until 30 s, 2/s after; from 30 s on model n's counter is NaN, so no page adds a
+    # point. The rate of m was taken between the last points before 30 s, ten minutes old.
+    history = DemandHistory(forget_after=6000)
+    for at in range(0, 605, 5):
+        m = 10 * at if at <= 30 else 300 + 2 * (at - 30)
+        samples = triton(m, "NaN" if at > 30 else 5 * at)
+        history.on_page(SourceKind.INFERENCE, page(at, samples))
+        track = history.read(samples, "triton", "m", 30, at)
+    assert track.points == [] and track.problem is not None and track.problem.kind is MissingKind.NO_VALUE
