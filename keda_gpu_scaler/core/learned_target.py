@@ -37,7 +37,9 @@ REVERSAL_STEP = 0.20
 # so the fleet settles on one target, and its pods are seen at it, before the next.
 MIN_MOVE_INTERVAL = 600.0
 # A window's mean latency over fewer observations (tokens, or requests) than this says nothing about
-# load: an idle or nearly idle pod's mean is one request's luck.
+# load: an idle or nearly idle pod's mean is one request's luck. A level's first-token reads likewise
+# count from this many first tokens (requests) over its windows: a window of one 300-token request
+# holds 300 token gaps but one first token.
 MIN_OBSERVATIONS = 20.0
 # A pod's capacity is read only from MIN_SAMPLES samples at least; load levels are LEVEL_WIDTH ×
 # thresholdStart wide, and a level says something only from MIN_LEVEL_SAMPLES samples (one odd window,
@@ -348,7 +350,8 @@ def _missed(
     if per_token > latency_target:
         return f"its median time per output token {per_token * 1000:.3g} ms is over {latency_target * 1000:.3g} ms"
     first_tokens = [s.first_token for s in level if s.first_token is not None]
-    if first_tokens and (first_token := median(first_tokens)) > first_token_limit:
+    requests = math.fsum(s.first_token_requests or 0.0 for s in level if s.first_token is not None)
+    if requests >= MIN_OBSERVATIONS and (first_token := median(first_tokens)) > first_token_limit:
         return f"its median time to first token {first_token:.3g} s is over {first_token_limit:.3g} s"
     for what, late, observed in (
         ("first tokens", "first_token_late", "first_token_requests"),
@@ -363,7 +366,8 @@ def _missed(
 
 def _late_share(level: Sequence[Sample], late: str, observed: str) -> float:
     """The share of a level's observations (`observed`: first tokens, or output tokens) that came after
-    their target (`late`); 0 when its pages print no such histogram: the medians alone then decide."""
+    their target (`late`); 0 when its pages print no such histogram or its windows hold fewer than
+    MIN_OBSERVATIONS of them (a dozen requests' luck): the medians alone then decide."""
     counted = [(getattr(s, late), getattr(s, observed)) for s in level if getattr(s, late) is not None]
     total = math.fsum(n or 0.0 for _, n in counted)
-    return math.fsum(k for k, _ in counted) / total if total > 0 else 0.0
+    return math.fsum(k for k, _ in counted) / total if total >= MIN_OBSERVATIONS else 0.0

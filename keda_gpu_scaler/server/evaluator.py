@@ -153,13 +153,9 @@ class Evaluator:
                 points = track.points if track is not None else []
                 draining = len(points) >= 2 and points[-1].in_flight < points[0].in_flight
                 late = (
-                    (None, None, None)
-                    if draining
-                    else (
-                        late_observations(TTFT, latency, learner.first_token_target),
-                        latency.get(f"{TTFT}:count"),
-                        late_observations(kind, latency, learner.latency_target),
-                    )
+                    None if draining else late_observations(TTFT, latency, learner.first_token_target),
+                    latency.get(f"{TTFT}:count"),
+                    None if draining else late_observations(kind, latency, learner.latency_target),
                 )
                 held = decision.pool_held is not None and decision.pool_held > 0
                 sample = Sample(now, row[0], row[ROW_VALUE], per_token, tokens, first_token, *late, held)

@@ -44,10 +44,18 @@ def windows(
     start_time: float = 0.0,
     observations: float = 500.0,
 ) -> list[Sample]:
-    """`repeats` windows of the pod at each rate, 30 s apart."""
+    """`repeats` windows of the pod at each rate, 30 s apart (a first token for each request)."""
     rates = [float(rate) for rate in rates for _ in range(repeats)]
     return [
-        Sample(start_time + 30.0 * i, pod, rate, per_token(rate), observations, first_token(rate))
+        Sample(
+            start_time + 30.0 * i,
+            pod,
+            rate,
+            per_token(rate),
+            observations,
+            first_token(rate),
+            first_token_requests=30.0 * rate,
+        )
         for i, rate in enumerate(rates)
     ]
 
@@ -291,3 +299,30 @@ def test_a_pod_seen_only_at_light_load_says_nothing_about_the_target() -> None:
     new_fit = {fit.pod: fit for fit in answer.fits}["new"]
     assert new_fit.capacity == pytest.approx(4 * (1 + TRY_ABOVE))  # what it read, shown
     assert new_fit.note.startswith("left out: it met only 4")
+
+
+QUIET_BESIDE = windows("busy", [4, 8, 12, 14], knee_at(12.5))  # alone: met 12, failed 14 → 13
+
+
+@pytest.mark.parametrize(
+    ("why", "late_first_tokens"),
+    [("a slow first token in each window's mean", None), ("4 of its 12 first tokens late", 4)],
+)
+def test_a_nearly_idle_pod_s_first_tokens_are_one_request_s_luck(why: str, late_first_tokens: int | None) -> None:
+    # One request of 300 output tokens per 30 s window: 300 token gaps, but one first token. Read as a
+    # level that failed, its 0.03/s "capacity" halved a two-pod pool's target (13 → 6.5).
+    quiet = [
+        Sample(
+            30.0 * i,
+            "quiet",
+            1 / 30,
+            0.02,
+            300.0,
+            0.3 if late_first_tokens else 1.2,
+            None if late_first_tokens is None else float(i % 3 == 0),
+            1.0,
+            0.0,
+        )
+        for i in range(12)
+    ]
+    assert learned(QUIET_BESIDE + quiet, ready=["busy", "quiet"]).target == pytest.approx(13.0), why
