@@ -143,21 +143,43 @@ class GatewayPages:
         is a replica that cannot be read, as one whose page fails."""
         return self._unreachable.get(pool, {})
 
+    def read_elsewhere(self, pool: EppPool) -> Mapping[str, str]:
+        """The pool's replicas whose page is not read for it (name → why): its address is filed under
+        another pool, or under none while two namespaces name it. Each is a replica that cannot be read,
+        never one left out: it may hold the pool's every queued request (SPEC §7)."""
+        if self._bindings is None:
+            return {}
+        return {
+            replica.name: self._why_elsewhere(pool, replica)
+            for replica in self._named(pool)
+            if self._bound_to(replica.url) != (pool.namespace, pool.pool)
+        }
+
     def problem(self, pool: EppPool) -> str | None:
         """Why the pool has no replica page to read, where that is known: discovery's word, else the
         addresses that another namespace's pool names too."""
         if (problem := self._problems.get(pool)) is not None or self._bindings is None:
             return problem
-        for replica in self._named(pool):
-            others = {claim.namespace for claim in self._bindings.claims(replica.url)} - {pool.namespace}
-            if others:
-                return (
-                    f"the endpoint-picker address {replica.url} of InferencePool {pool.namespace}/{pool.pool}"
-                    f" is also named by a pool of namespace {', '.join(sorted(others))}: it is read for neither"
-                    " until one of them goes (a pod IP reused while a watch catches up), so no namespace's"
-                    " token reaches another's pod"
-                )
-        return None
+        shared = (self._why_elsewhere(pool, r) for r in self._named(pool) if self._other_namespaces(pool, r))
+        return next(shared, None)
+
+    def _other_namespaces(self, pool: EppPool, replica: Replica) -> set[str]:
+        assert self._bindings is not None
+        return {claim.namespace for claim in self._bindings.claims(replica.url)} - {pool.namespace}
+
+    def _why_elsewhere(self, pool: EppPool, replica: Replica) -> str:
+        others = self._other_namespaces(pool, replica)
+        where = f"the endpoint-picker address {replica.url} of InferencePool {pool.namespace}/{pool.pool}"
+        if others:
+            return (
+                f"{where} is also named by a pool of namespace {', '.join(sorted(others))}: it is read for"
+                " neither until one of them goes (a pod IP reused while a watch catches up), so no namespace's"
+                " token reaches another's pod"
+            )
+        owner = self._bound_to(replica.url)
+        if owner is None:
+            return f"{where} is not read yet"
+        return f"{where} is read for InferencePool {owner[0]}/{owner[1]}, which names it too"
 
     def _named(self, pool: EppPool) -> list[Replica]:
         return [

@@ -230,9 +230,11 @@ class Snapshots:
             found.append(
                 ReplicaInput(replica.name, queues[0].table if queues else None, "no queue on its page")
             )
-        # Ready replicas whose metrics port cannot be reached: unread, never left out (SPEC §7).
-        unreachable = self._gateway_pages.unreachable(pool) if self._gateway_pages else {}
-        found.extend(ReplicaInput(name, None, why) for name, why in sorted(unreachable.items()))
+        # Ready replicas whose metrics port cannot be reached, or whose page is read for another pool or
+        # for none: unread, never left out (SPEC §7).
+        if self._gateway_pages is not None:
+            unread = {**self._gateway_pages.unreachable(pool), **self._gateway_pages.read_elsewhere(pool)}
+            found.extend(ReplicaInput(name, None, why) for name, why in sorted(unread.items()))
         return found
 
     def _prometheus_replica_inputs(self, namespace: str, pool: str, now: float) -> list[ReplicaInput]:

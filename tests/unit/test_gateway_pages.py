@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from keda_gpu_scaler.collect.gateway import GatewayPages
+from keda_gpu_scaler.collect.gateway_source import gateway_reader
+from keda_gpu_scaler.collect.scrape import read_page
+from keda_gpu_scaler.collect.snapshot import Snapshots
+from keda_gpu_scaler.collect.store import Page, Store
 from keda_gpu_scaler.collect.wanted import EppPage, EppPool, WantedSources
+from keda_gpu_scaler.core.decide import decide
+from keda_gpu_scaler.core.errors import NoData
+from keda_gpu_scaler.core.trigger_parse import parse_trigger
+from keda_gpu_scaler.demo.epp import epp_page
 
 CHAT = EppPool("llm", "chat", 9090)
 
@@ -110,3 +118,34 @@ def test_a_late_word_about_a_pool_no_longer_wanted_keeps_nothing() -> None:
     wanted.release("triggers")
     pages.set_replicas(CHAT, {"epp-a": "http://10.0.0.1:9090/metrics"})
     assert sink.pages == {} and pages.replicas(CHAT) == ()
+
+
+def test_a_replica_read_for_another_pool_or_for_none_is_unread_never_left_out() -> None:
+    # Pool llm/chat has two replicas; epp-1's address is named by a pool of another namespace too (read for
+    # neither), then by another pool of its own namespace (read for that one). It may hold every request
+    # the pool queues: the pool reads it as a replica that cannot be read, never as one it does not have.
+    victim, tenant, other = CHAT, EppPool("tenant", "chat", 9090), EppPool("llm", "code", 9090)
+    pages, _, _ = make(victim, tenant, other)
+    epp0, epp1 = "http://10.0.0.1:9090/metrics", "http://10.0.0.2:9090/metrics"
+    pages.set_replicas(victim, {"epp-0": epp0, "epp-1": epp1})
+    pages.set_replicas(tenant, {"old-epp": epp1})
+    assert [r.name for r in pages.replicas(victim)] == ["epp-0"]
+    assert "also named by a pool of namespace tenant" in pages.read_elsewhere(victim)["epp-1"]
+    pages.set_replicas(tenant, {})
+    pages.set_replicas(victim, {"epp-0": epp0})
+    pages.set_replicas(other, {"epp-c": epp1})
+    pages.set_replicas(victim, {"epp-0": epp0, "epp-1": epp1})
+    assert pages.read_elsewhere(victim) == {
+        "epp-1": f"the endpoint-picker address {epp1} of InferencePool llm/chat is read for InferencePool"
+        " llm/code, which names it too"
+    }
+    assert pages.read_elsewhere(other) == {}
+
+    store = Store()
+    reader = gateway_reader("llm", "chat", "epp-0")
+    store.record_page(Page(epp0, 1000.0, read_page(epp_page("chat", {}).encode(), reader)))
+    snapshots = Snapshots(store=store, max_staleness=5.0, clock=lambda: 1000.0, gateway_pages=pages)
+    spec = parse_trigger({"metric": "pending", "threshold": "4", "inferencePool": "chat"})
+    decision = decide(spec, snapshots.take("llm", "chat", spec))
+    # epp-0 holds nothing: without epp-1 that read 0 and inactive.
+    assert isinstance(decision.error, NoData) and "epp-1" in str(decision.error), decision
