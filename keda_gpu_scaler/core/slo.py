@@ -11,6 +11,7 @@ from typing import Any
 
 from keda_gpu_scaler.core.errors import ConfigError, quoted
 from keda_gpu_scaler.core.value_parsers import MetadataKey, number_between, parse_number
+from keda_gpu_scaler.pages.engines import Engine, measured_latencies
 from keda_gpu_scaler.pages.engines._common import ITL, TPOT, TTFT
 
 MAX_TTFT_SECONDS = 600.0
@@ -64,6 +65,10 @@ def parse_attainment(key: str, raw: str) -> float:
     )
 
 
+def _engines_without(kind: str) -> str:
+    return ", ".join(engine.value for engine in Engine if kind not in (measured_latencies(engine) or ()))
+
+
 SLO_KEYS: tuple[MetadataKey, ...] = (
     MetadataKey(
         "sloTtftSeconds",
@@ -72,7 +77,8 @@ SLO_KEYS: tuple[MetadataKey, ...] = (
         None,
         "none",
         f"demand: the time to the first token (seconds, 0 < value <= {MAX_TTFT_SECONDS:g}) that"
-        " `sloAttainment` of requests must meet, read from the pods' own histograms",
+        " `sloAttainment` of requests must meet, read from the pods' own histograms (refused with an"
+        f" `engine` that prints none: {_engines_without(TTFT)})",
     ),
     MetadataKey(
         "sloTpotMs",
@@ -81,7 +87,8 @@ SLO_KEYS: tuple[MetadataKey, ...] = (
         None,
         "none",
         f"demand: the time per output token (milliseconds, 0 < value <= {MAX_TPOT_MS:g}) that"
-        " `sloAttainment` of requests must meet, read from the pods' own histograms",
+        " `sloAttainment` of requests must meet, read from the pods' own histograms (refused with an"
+        f" `engine` that prints none: {_engines_without(TPOT)})",
     ),
     MetadataKey(
         "sloAttainment",

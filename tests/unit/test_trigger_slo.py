@@ -87,3 +87,24 @@ def test_an_error_names_the_value_as_written_not_rounded(metadata: dict[str, str
     with pytest.raises(ConfigError) as refused:
         parse_trigger(metadata)
     assert f"metadata {written} " in str(refused.value), refused.value
+
+
+@pytest.mark.parametrize(
+    ("engine", "key", "allowed"),
+    [
+        ("triton", "sloTtftSeconds", "no latency target"),
+        ("triton", "sloTpotMs", "no latency target"),
+        ("tgi", "sloTtftSeconds", "sloTpotMs"),
+    ],
+)
+def test_a_latency_target_the_named_engine_prints_no_histogram_of_is_refused(
+    engine: str, key: str, allowed: str
+) -> None:
+    # Triton prints no latency histogram, TGI none of the first token: the guard could never act.
+    with pytest.raises(ConfigError) as refused:
+        parse_trigger({"metric": "demand", "threshold": "10", "engine": engine, key: "2"})
+    assert f"{key}='2'" in str(refused.value) and f"with {engine} state {allowed}" in str(refused.value)
+
+
+def test_a_latency_target_the_named_engine_prints_is_taken() -> None:
+    assert parse_trigger({"metric": "demand", "threshold": "10", "engine": "tgi", "sloTpotMs": "50"}).slo

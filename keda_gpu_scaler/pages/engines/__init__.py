@@ -160,6 +160,13 @@ def supports_tokens(engine: Engine | str) -> bool:
     return named is None or any(fmt.tokens for fmt in _BY_ENGINE[named])
 
 
+def measured_latencies(engine: Engine | str) -> frozenset[str] | None:
+    """The latency kinds (TTFT, TPOT) a named engine prints histograms of; None under `auto` (what the
+    page turns out to be is only known when it is read)."""
+    named = _engine(engine)
+    return None if named is None else frozenset(kind for fmt in _BY_ENGINE[named] for kind in fmt.latency)
+
+
 def unsupported_message(engine: Engine | str, metric: InferenceMetric | str) -> str:
     """The INVALID_ARGUMENT text for a metric the named engine does not export."""
     allowed = ", ".join(supported_metrics(engine))
