@@ -317,11 +317,11 @@ def per_operation() -> str:
     pages = [dcgm_page(8, seed=1, pods=pods, hostname="node-1", values_seed=v).encode() for v in range(2)]
     reader = scrape.GPU_EXPORTER_PAGES
 
-    first = scrape._digest_and_read(pages[0], None, reader)
+    first = scrape.digest_and_read(pages[0], None, reader)
     previous = (first[0], Page("u", 0.0, first[1]))
 
     def same_page_again() -> object:
-        return scrape._digest_and_read(pages[0], previous, reader)
+        return scrape.digest_and_read(pages[0], previous, reader)
 
     rows.append(
         (

@@ -340,8 +340,9 @@ takes the largest over a policy's triggers and never scales down while one fails
   p90 TPOT ÷ 100 ms) through recording rules, clamped at 2, 45 s average, × ready ÷ replicas; up above 0.55,
   down below 0.40): in the SLO judge only (`bench/simulator/llm_policies.py`).
 - `oracle`: the replicas the true arrival rate and mix need at the same operating point (each mix's
-  capacity from the ramp), through the same HPA; `clairvoyant`: the same, one mean cold start
-  ({ServerModel().cold_start:g} s) ahead (the larger of now and then).
+  capacity from the ramp), through the same HPA; `clairvoyant`: the most that any moment from now to one
+  mean cold start on a warm node ({ServerModel().cold_start:g} s) on needs (the SLO judge also searches
+  {ServerModel().longest_start:g} s, a start on a node provisioned first).
 - Ours and the two limits use the behaviour chosen below (scale-down window {DEMAND_BEHAVIOR.down_window:g} s,
   up max(4 pods, 100 %) per 15 s); the others the HPA's defaults."""
 

@@ -31,7 +31,7 @@ PROFILE_RULES = (
     ("HTTP client (collect/http.py over aiohttp: request, answer, body)", "collect/http.py"),
     ("parsing the page (exposition.py)", "parse_exposition"),
     ("per-GPU readings (vendors/)", "readings_from_samples"),
-    ("unchanged-page digest (XXH3)", "_digest_and_read"),
+    ("unchanged-page digest (XXH3)", "digest_and_read"),
     ("store and scrape metrics", "record_page"),
     ("store and scrape metrics", "scrape_done"),
 )

@@ -14,7 +14,7 @@ from typing import Any
 
 # name → what the cache keeps (the table in docs/BENCHMARKS.md, "Caches")
 SWITCHES: dict[str, str] = {
-    "unchanged-page digest": "a page's readings when its next page is the same bytes (`scrape._digest_and_read`)",
+    "unchanged-page digest": "a page's readings when its next page is the same bytes (`scrape.digest_and_read`)",
 }
 # Process settings of `serve` (app.run_until_signalled), switched the same way.
 POLICIES: dict[str, str] = {
@@ -25,12 +25,12 @@ POLICIES: dict[str, str] = {
 def _unchanged_page_digest() -> list[tuple[Any, str, Any]]:
     from keda_gpu_scaler.collect import scrape
 
-    read = scrape._digest_and_read
+    read = scrape.digest_and_read
 
     def whole(body: bytes, previous: Any, reader: Any, digest: bytes | None = None) -> Any:
         return read(body, None, reader, digest)
 
-    return [(scrape, "_digest_and_read", whole)]
+    return [(scrape, "digest_and_read", whole)]
 
 
 def _no_freeze() -> list[tuple[Any, str, Any]]:

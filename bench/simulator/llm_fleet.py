@@ -42,8 +42,13 @@ class ServerModel:
 
     @property
     def cold_start(self) -> float:
-        """The mean cold start on a warm node (what `clairvoyant` looks ahead by)."""
+        """The mean cold start on a warm node (what `clairvoyant` looks ahead by, unless searched)."""
         return sum(self.warm_start) / 2
+
+    @property
+    def longest_start(self) -> float:
+        """The longest a pod takes to be Ready: its start on a node that must be provisioned first."""
+        return self.warm_start[1] + self.node_start[1]
 
     def itl(self, batch: int) -> float:
         return self.itl_alpha + self.itl_beta * batch

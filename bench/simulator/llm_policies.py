@@ -124,7 +124,8 @@ class DemandTrigger(ProductTrigger):
 
 class OracleTrigger(Trigger):
     """A limit, not a product: the replicas the true arrival rate and mix need at the same operating point
-    (each mix's calibrated capacity), now or, `ahead` seconds on, whichever is more."""
+    (each mix's calibrated capacity), the most that any moment from now to `ahead` seconds on needs (a
+    pod asked for now is Ready within that time)."""
 
     threshold = 1.0
 
@@ -140,8 +141,9 @@ class OracleTrigger(Trigger):
         return segment.rate / capacity(segment.prompt_mean, segment.output_mean, self.model)
 
     def value(self, signals: Signals) -> float | None:
-        now = signals.now
-        return max(self.needed(now), self.needed(now + self.ahead)) if self.ahead else self.needed(now)
+        now, end = signals.now, signals.now + self.ahead
+        changes = (s.start for s in self.trace.segments if now < s.start <= end)
+        return max(self.needed(t) for t in (now, *changes))
 
 
 class EppQueue(Trigger):
@@ -201,11 +203,15 @@ SLO_UP, SLO_DOWN = 0.55, 0.40
 
 
 class EppQueueGuard(EppQueue):
-    """The EPP's queue less what the starting pods will take (EPP_RUNNING_TARGET each), never below 0."""
+    """The EPP's queue less what the starting pods will take (each the recipe's running target, whatever
+    the search sets it to), never below 0."""
+
+    def __init__(self, running: PrometheusRequests) -> None:
+        self.running = running
 
     def value(self, signals: Signals) -> float | None:
         view = signals.prometheus
-        return max(0.0, view.pending - len(view.starting) * EPP_RUNNING_TARGET)
+        return max(0.0, view.pending - len(view.starting) * self.running.threshold)
 
 
 class SloSignal(Trigger):
@@ -369,10 +375,12 @@ def make_policy(
     weight: float | None = None,
     behavior: Behavior | None = None,
     model: ServerModel | None = None,
+    lookahead: float | None = None,
 ) -> LlmPolicy:
     """The named policy. `requests_target` overrides the requests and pending targets (default
     REQUESTS_TARGET); `window`, `threshold`, `weight` and `behavior` the demand policies' (defaults: the
-    chosen ones); `trace` is what `oracle` and `clairvoyant` know."""
+    chosen ones); `trace` is what `oracle` and `clairvoyant` know, `lookahead` how far on the clairvoyant
+    looks (default: a mean cold start on a warm node)."""
     if name not in POLICY_NAMES:
         raise ValueError(f"policy {name!r} is not one of {', '.join(POLICY_NAMES)}")
     target = float(REQUESTS_TARGET if requests_target is None else requests_target)
@@ -392,7 +400,7 @@ def make_policy(
         "requests+pending": ([requests, PendingTrigger(target)], 0),
         "requests+prometheus-wake": ([requests, PrometheusPending(target)], 0),
         "llm-d-epp": ([EppQueue(), PrometheusRequests(EPP_RUNNING_TARGET)], 1),
-        "llm-d-queue-guard": ([EppQueueGuard(), PrometheusRequests(EPP_RUNNING_TARGET)], 1),
+        "llm-d-queue-guard": ([EppQueueGuard(running := PrometheusRequests(EPP_RUNNING_TARGET)), running], 1),
         "llm-d-slo": ([SloSignal()], 1),
     }
     if name in ("demand", "demand+pending"):
@@ -406,6 +414,7 @@ def make_policy(
     elif name in ("oracle", "clairvoyant"):
         assert trace is not None
         ahead = (model or ServerModel()).cold_start if name == "clairvoyant" else 0.0
+        ahead = ahead if lookahead is None else lookahead
         builders[name] = ([OracleTrigger(trace, ahead, model)], 1)
     triggers, default_min = builders[name]
     policy = LlmPolicy(name, triggers, default_min if min_replicas is None else min_replicas)

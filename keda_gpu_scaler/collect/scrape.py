@@ -140,7 +140,7 @@ ByNamespace = dict[str, tuple[Reading, ...]]
 _DIGEST_SEED = secrets.randbits(64)
 
 
-def _digest_and_read(
+def digest_and_read(
     body: bytes,
     previous: tuple[bytes, Page] | None,
     reader: PageReader,
@@ -325,9 +325,9 @@ class ScrapeCollector:
                 # The garbage collector is not paused around the read: freezing what is alive afterwards
                 # would keep the cyclic garbage of every call made meanwhile for good. Collections cost
                 # pauses, not memory.
-                digest, by_namespace = await in_page_worker(_digest_and_read, body, reused, reader, digest)
+                digest, by_namespace = await in_page_worker(digest_and_read, body, reused, reader, digest)
             else:
-                digest, by_namespace = _digest_and_read(body, reused, reader)
+                digest, by_namespace = digest_and_read(body, reused, reader)
             # The page had the wanted families (else NotOurPage) but named no pod: see Page.unattributed.
             page = Page(url, self._clock(), by_namespace, unattributed=not by_namespace)
             self._last[url] = (digest, page)

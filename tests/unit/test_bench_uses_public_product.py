@@ -39,6 +39,37 @@ def test_bench_uses_no_private_name_of_the_package() -> None:
     assert offending_lines(PRIVATE) == []
 
 
+def private_attributes(source: str) -> list[str]:
+    """`module._name` where `module` is a module of the package imported by name (`from keda_gpu_scaler.x
+    import scrape`, `import keda_gpu_scaler.x as y`), which the line pattern above cannot see."""
+    tree = ast.parse(source)
+    modules = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("keda_gpu_scaler"):
+            modules |= {alias.asname or alias.name for alias in node.names if alias.name.islower()}
+        elif isinstance(node, ast.Import):
+            modules |= {a.asname for a in node.names if a.asname and a.name.startswith("keda_gpu_scaler")}
+    return [
+        f"{node.value.id}.{node.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in modules
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+    ]
+
+
+def test_bench_reaches_no_private_name_through_a_module_of_the_package() -> None:
+    assert private_attributes("from keda_gpu_scaler.collect import scrape\nscrape._read(1)") == ["scrape._read"]
+    found = {
+        f"{path.relative_to(BENCH.parent)}: {name}"
+        for path in sorted(BENCH.rglob("*.py"))
+        for name in private_attributes(path.read_text())
+    }
+    assert found == set()
+
+
 def test_calibrate_turns_what_it_reads_into_values_through_the_one_decision() -> None:
     # calibrate's figure is what a `demand` threshold is compared with: decide() makes it, as in the server.
     source = (BENCH.parent / "keda_gpu_scaler" / "calibrate.py").read_text()

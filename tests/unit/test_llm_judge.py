@@ -29,6 +29,7 @@ from bench.simulator.llm_policies import (  # noqa: E402
     LlmPolicy,
     PendingTrigger,
     ProductTrigger,
+    PrometheusRequests,
     ScalerTrigger,
     SloSignal,
     Trigger,
@@ -158,8 +159,31 @@ def signals_seen_by_prometheus(pending: int, ready: int, starting: int) -> Signa
 def test_the_queue_guard_discounts_what_starting_pods_will_serve() -> None:
     signals = signals_seen_by_prometheus(pending=40, ready=2, starting=2)
     assert EppQueue().value(signals) == 40
-    assert EppQueueGuard().value(signals) == 40 - 2 * 16
-    assert EppQueueGuard().value(signals_seen_by_prometheus(10, 2, 2)) == 0
+    assert EppQueueGuard(PrometheusRequests(16)).value(signals) == 40 - 2 * 16
+    assert EppQueueGuard(PrometheusRequests(16)).value(signals_seen_by_prometheus(10, 2, 2)) == 0
+
+
+def test_the_searched_queue_guard_discounts_a_starting_pod_at_the_searched_running_target() -> None:
+    # × 2: the recipe's running target is 32 a pod, so two starting pods will take 64 of 60 held (it
+    # discounted 16 each: 28 left asked for 14 more replicas, the very re-ask the recipe exists to stop).
+    trace = LlmTrace("t", "", (Segment(0, 10.0),), 600.0)
+    job = llm_judge.Job(trace, "llm-d-queue-guard", 2.0, 300.0, 1, 1, ServerModel(), SLO, Realism())
+    triggers = llm_judge.configured(job).triggers
+    guard = next(t for t in triggers if isinstance(t, EppQueueGuard))
+    assert guard.value(signals_seen_by_prometheus(pending=60, ready=1, starting=2)) == 0
+
+
+def test_the_clairvoyant_asks_for_the_most_any_moment_a_new_pod_may_take_to_start_needs() -> None:
+    # A 100 s surge 120 s on: seen from a point 385 s on it was missed; and the judge searches the
+    # lookahead between a start on a warm node and one on a node provisioned first.
+    trace = LlmTrace("t", "", (Segment(0, 10.0), Segment(120, 60.0), Segment(220, 10.0)), 3600.0)
+    model = ServerModel()
+    seen = Signals(Timing())
+    far = make_policy("clairvoyant", trace=trace, lookahead=model.longest_start).triggers[0]
+    near = make_policy("clairvoyant", trace=trace).triggers[0]
+    assert far.value(seen) == pytest.approx(6 * near.value(seen))
+    jobs = llm_judge.jobs(trace, ["clairvoyant"], 1, 1, model, SLO, Realism())
+    assert {job.lookahead for job in jobs if job.policy == "clairvoyant"} == {75.0, 385.0}
 
 
 def test_the_slo_signal_is_clamped_smoothed_and_credits_warming_pods() -> None:
