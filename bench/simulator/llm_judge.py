@@ -117,7 +117,9 @@ def configured(job: Job) -> LlmPolicy:
         policy.cooldown = README_COOLDOWN
         policy.name = job.policy
         return policy
-    policy = make_policy(job.policy, job.min_replicas, trace=job.trace, model=job.model, lookahead=job.lookahead)
+    policy = make_policy(
+        job.policy, job.min_replicas, trace=job.trace, model=job.model, lookahead=job.lookahead
+    )
     if job.scale is not None:
         for trigger in policy.triggers:
             if isinstance(trigger, SloSignal):

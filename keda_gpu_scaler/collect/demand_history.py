@@ -345,7 +345,9 @@ class DemandHistory:
         starts = ((p, self._end(p, engine, model, counters, None)) for p in points[:-1])
         first = next(((p, end) for p, end in starts if end is not None), None)
         if first is None and len(points) > 1:
-            unread = Missing(MissingKind.NO_VALUE, f"no in-flight count on its {len(points) - 1} earlier pages")
+            unread = Missing(
+                MissingKind.NO_VALUE, f"no in-flight count on its {len(points) - 1} earlier pages"
+            )
             return Track([], problem=unread, engine=engine_name)
         ends = [points[-1]] if first is None else [first[0], points[-1]]
         usable = [end for end in ([last] if first is None else [first[1], last]) if end is not None]

@@ -230,9 +230,15 @@ def _check_slo_measured(fields: dict[str, Any], stated: dict[str, str]) -> None:
     slo, measured = fields["slo"], measured_latencies(fields["engine"])
     if slo is None or measured is None:
         return
-    for field, kind, value in (("slo_ttft_seconds", TTFT, slo.ttft_seconds), ("slo_tpot_ms", TPOT, slo.tpot_ms)):
+    for field, kind, value in (
+        ("slo_ttft_seconds", TTFT, slo.ttft_seconds),
+        ("slo_tpot_ms", TPOT, slo.tpot_ms),
+    ):
         if value is not None and kind not in measured:
-            can = " and ".join(stated_key for stated_key, k in _SLO_KEYS if k in measured) or "no latency target"
+            can = (
+                " and ".join(stated_key for stated_key, k in _SLO_KEYS if k in measured)
+                or "no latency target"
+            )
             raise ConfigError(
                 f"metadata {stated[field]}: engine {fields['engine']} prints no histogram of this latency, so"
                 f" it could never be read; with {fields['engine']} state {can}"

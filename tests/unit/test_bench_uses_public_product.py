@@ -61,7 +61,9 @@ def private_attributes(source: str) -> list[str]:
 
 
 def test_bench_reaches_no_private_name_through_a_module_of_the_package() -> None:
-    assert private_attributes("from keda_gpu_scaler.collect import scrape\nscrape._read(1)") == ["scrape._read"]
+    assert private_attributes("from keda_gpu_scaler.collect import scrape\nscrape._read(1)") == [
+        "scrape._read"
+    ]
     found = {
         f"{path.relative_to(BENCH.parent)}: {name}"
         for path in sorted(BENCH.rglob("*.py"))

@@ -308,7 +308,9 @@ QUIET_BESIDE = windows("busy", [4, 8, 12, 14], knee_at(12.5))  # alone: met 12, 
     ("why", "late_first_tokens"),
     [("a slow first token in each window's mean", None), ("4 of its 12 first tokens late", 4)],
 )
-def test_a_nearly_idle_pod_s_first_tokens_are_one_request_s_luck(why: str, late_first_tokens: int | None) -> None:
+def test_a_nearly_idle_pod_s_first_tokens_are_one_request_s_luck(
+    why: str, late_first_tokens: int | None
+) -> None:
     # One request of 300 output tokens per 30 s window: 300 token gaps, but one first token. Read as a
     # level that failed, its 0.03/s "capacity" halved a two-pod pool's target (13 → 6.5).
     quiet = [
