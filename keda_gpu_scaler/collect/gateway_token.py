@@ -337,6 +337,8 @@ class MintedToken:
             return None
         if self._failure is not None or self._token is None:
             log.info("minted a token of ServiceAccount %s for %s (%.0fs)", self.ref, self.audience, life)
+        # A refusal of the token just replaced (one came while this mint was under way) is answered by it.
+        self._refused = False
         self._token, self._expires, self._life, self._failure = token, expires, life, None
         self._usable_until = expires - min(EXPIRY_MARGIN_SECONDS, life * EXPIRY_MARGIN_SHARE)
         self.minted += 1

@@ -173,3 +173,36 @@ async def test_a_refusal_of_a_token_already_replaced_asks_for_no_other(
         await eventually(minted_so_far(3))
     finally:
         await token.stop()
+
+
+async def test_a_refusal_while_the_renewal_is_minted_is_answered_by_that_renewal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A picker refuses the current token while its replacement is being minted: the replacement answers
+    the refusal. It stayed noted, and a third token was minted one gap later."""
+    monkeypatch.setattr(gateway_token, "REMINT_SECONDS", 0.05)
+    minted_tokens: list[str] = []
+    slow = asyncio.Event()
+
+    async def mint(namespace: str, name: str, seconds: int, audience: str) -> dict[str, Any]:
+        minted_tokens.append(f"t{len(minted_tokens) + 1}")
+        if len(minted_tokens) == 2:
+            await slow.wait()  # the renewal is slow to come
+        return answer(minted_tokens[-1], "2027-01-15T08:10:00Z")
+
+    token = MintedToken("keda", "epp-metrics", mint, audience="keda-gpu-scaler-epp:llm", clock=Clock())
+    token.start()
+    try:
+        await eventually(lambda: _count(minted_tokens, 1))
+        token.refused(token.read())  # revoked: a new one is asked for
+        await eventually(lambda: _count(minted_tokens, 2))
+        token.refused(token.read())  # another picker refuses t1 while t2 is under way
+        slow.set()
+        await asyncio.sleep(0.5)  # ten re-mint gaps
+        assert minted_tokens == ["t1", "t2"] and token.read() == "t2"
+    finally:
+        await token.stop()
+
+
+async def _count(tokens: list[str], count: int) -> None:
+    assert len(tokens) == count
