@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from keda_gpu_scaler.collect.backoff import MAX_BACKOFF_INTERVALS, backoff_delay, jittered
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
+from keda_gpu_scaler.collect.prometheus_exporters import live_targets, unattributed_targets
 from keda_gpu_scaler.collect.prometheus_sources import (
     EPP_SERIES,
     GATEWAY_SERIES,
@@ -37,6 +38,7 @@ from keda_gpu_scaler.pages.engines import PodSamples
 from keda_gpu_scaler.pages.exposition import Sample
 from keda_gpu_scaler.pages.gateways import NotAGatewayPage, QueueTable, since, table_from_samples
 from keda_gpu_scaler.pages.prometheus_answer import (
+    ATTRIBUTION_LOST,
     FreshSeries,
     PrometheusError,
     ReplicaLost,
@@ -59,7 +61,6 @@ from keda_gpu_scaler.pages.promql import (
     gateway_query,
     gpu_queries,
     inference_query,
-    liveness_query,
     namespace_query,
     up_query,
 )
@@ -82,8 +83,9 @@ class PrometheusCollector:
 
     Pages are kept per scrape target (job, instance), not per namespace, so that the store treats each
     exporter behind Prometheus as it treats one scraped directly: a target whose series go stale makes its
-    pods count as missing (one dead exporter cannot shrink the value), while a target still scraped that
-    no longer names a pod means the pod is gone. A per-namespace source records whether Prometheus answers.
+    pods count as missing (one dead exporter cannot shrink the value), as do those of a target still
+    scraped that names no pod at all (an attribution outage), while one that names other pods now means
+    the pod is gone (prometheus_exporters). A per-namespace source records whether Prometheus answers.
     """
 
     def __init__(
@@ -299,7 +301,8 @@ class PrometheusCollector:
             for sample in samples:
                 by_target.setdefault(target_of(sample.labels), []).append(sample)
             lost = [target for target in known if target not in by_target]
-            alive = await self._alive(lost, at) if lost else set()
+            alive = await live_targets(self._client, lost, at, self._window) if lost else set()
+            silent = await unattributed_targets(self._client, namespace, alive, at) if alive else set()
             down = [target for target in lost if target not in alive]
             ups = up_series(await self._series(up_query(namespace, (), down), at, "up")) if down else []
             if not by_target and not known:
@@ -313,10 +316,16 @@ class PrometheusCollector:
             self._record_target(namespace, target, series, at, now)
         for target in lost:
             state = known[target]
-            # Still scraped with fresh GPU series, none naming a pod of the namespace: those pods are gone.
-            # Otherwise Prometheus' `up` decides: down or without GPU series, the exporter is a failing
-            # source for as long as that lasts; no target any more, and its pods are gone with it.
-            why = None if target in alive else lost_target(target, ups, at, self._window)
+            # Still scraped, its GPU series naming pods but none of the namespace: those pods are gone;
+            # naming none at all, an attribution outage. Otherwise Prometheus' `up` decides: down or without
+            # GPU series, a failing source for as long as that lasts; no target any more, its pods gone.
+            why = (
+                ATTRIBUTION_LOST
+                if target in silent
+                else None
+                if target in alive
+                else lost_target(target, ups, at, self._window)
+            )
             if why is None:
                 self._store.remove_source(state.source)
                 del known[target]
@@ -458,18 +467,6 @@ class PrometheusCollector:
         state.collected_at = collected_at
         readings = readings_from_samples(used, through_prometheus=True)
         self._store.record_page(Page.from_readings(state.source, collected_at, readings))
-
-    async def _alive(self, targets: Sequence[Target], at: float) -> set[Target]:
-        """Which of these targets Prometheus still scrapes: any GPU series of theirs is fresh."""
-        # Series without job/instance cannot be asked about; Prometheus' staleness is trusted for them.
-        alive = {t for t in targets if t == ("", "")}
-        asked = [t for t in targets if t != ("", "")]
-        if asked:
-            for element in await self._client.query(liveness_query(asked), at, "liveness"):
-                target = target_of(element.labels)
-                if target in asked and at - element.value <= self._window:
-                    alive.add(target)
-        return alive
 
     async def _check_fleet(self, at: float) -> None:
         """A namespace without any series is 0 only when Prometheus holds GPU series at all.

@@ -14,6 +14,7 @@ from keda_gpu_scaler.pages.exposition import Sample
 from keda_gpu_scaler.pages.gateways import GATEWAY_SAMPLE_NAMES, SCRAPE_TARGET_LABELS
 from keda_gpu_scaler.pages.jsonpieces import OFF_LOOP_BYTES, TooManyItems, loads_in_pieces
 from keda_gpu_scaler.pages.promql import TIMESTAMP_LABEL, Target
+from keda_gpu_scaler.pages.vendors import PodResolver
 
 # Text from the other side (an error message, a header, a malformed element) is quoted at most this long:
 # enough to say what went wrong, never a whole page in a log line or an RPC status.
@@ -392,6 +393,22 @@ def down_pods(
             why = f"its server does not answer Prometheus' scrapes (up 0 for {_target_text(up.target)})"
             down.setdefault(up.pod[1], why)
     return down
+
+
+# Why an exporter still scraped whose GPU series name no pod any more counts as failing (SPEC §4).
+ATTRIBUTION_LOST = (
+    "its GPU series in Prometheus name no pod any more (dcgm-exporter prints them without pod labels when"
+    " the kubelet's pod-resources socket fails): an attribution outage"
+)
+
+
+def unattributed(targets: Iterable[Target], groups: Iterable[Element], ups: Iterable[Up]) -> set[Target]:
+    """Of `targets`, the exporters whose fresh GPU series (`groups`: an attribution_query answer) name no
+    pod but their own, the pod their `up` series' target labels name: an attribution outage. Their pods
+    count as missing for as long as it lasts, as when the page is scraped directly (SPEC §4)."""
+    resolver = PodResolver(targets=(up.pod for up in ups if up.pod is not None), through_prometheus=True)
+    named = {target_of(group.labels) for group in groups if resolver.pod_of(group.labels) is not None}
+    return {target for target in targets if target not in named}
 
 
 def lost_target(target: Target, ups: Iterable[Up], at: float, window: float) -> str | None:

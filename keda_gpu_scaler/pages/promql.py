@@ -198,6 +198,17 @@ def liveness_query(targets: Collection[Target]) -> str:
     return f"max by (job, instance) ({times})"
 
 
+def attribution_query(targets: Collection[Target]) -> str:
+    """The pod-label pairs on the fresh GPU series of each target (exporter): whether its page names pods."""
+    keys = ", ".join(sorted({key for pair in POD_LABELS for key in pair}))
+    matchers: list[Matcher] = [
+        ("__name__", "=~", any_of(SAMPLE_NAMES)),
+        ("job", "=~", any_of(job for job, _ in targets)),
+        ("instance", "=~", any_of(instance for _, instance in targets)),
+    ]
+    return f"group by (job, instance, {keys}) ({selector(matchers)})"
+
+
 def fleet_query() -> str:
     """Whether Prometheus holds any current series of any GPU exporter family at all."""
     return f"group({selector([('__name__', '=~', any_of(SAMPLE_NAMES))])})"

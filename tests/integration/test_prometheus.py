@@ -550,10 +550,25 @@ async def test_pods_gone_from_live_exporters_are_gone(
     scaler = await make_scaler(prometheus_url=prometheus.url, **THROUGH_PROMETHEUS)
     await _answers(scaler, "gone", trigger("vllm-"), 100.0)
     # vllm-2 ends on node a (which still runs vllm-0), vllm-1 on node b (whose exporter goes on printing
-    # its idle GPUs): both pods are gone, not missing.
+    # its GPUs, one for another workload's pod): both pods are gone, not missing.
     a.page = _pods(GpuLine("gone", "vllm-0", 50, gpu=0), GpuLine("", "", 0, gpu=1), host="node-a")
-    b.page = _pods(GpuLine("", "", 0, gpu=0), GpuLine("", "", 0, gpu=1), host="node-b")
+    b.page = _pods(GpuLine("batch", "train-0", 90, gpu=0), GpuLine("", "", 0, gpu=1), host="node-b")
     await _answers(scaler, "gone", trigger("vllm-"), 50.0)
+
+
+async def test_through_prometheus_an_attribution_outage_keeps_the_pod_missing(
+    prometheus: PrometheusServer, make_exporter: Any, make_scaler: Any, test_targets: Any
+) -> None:
+    # SPEC §4: node b's exporter goes on answering with its GPU series, naming no pod at all (dcgm-exporter
+    # lost the kubelet's socket): vllm-1 stays a missing pod (the threshold, 70), as when scraped directly.
+    # It was forgotten: 50, where 120 is right.
+    a = await make_exporter(_pods(GpuLine("lost", "vllm-0", 50), host="node-a"))
+    b = await make_exporter(_pods(GpuLine("lost", "vllm-1", 30), host="node-b"))
+    test_targets("operator", a, b)
+    scaler = await make_scaler(prometheus_url=prometheus.url, **THROUGH_PROMETHEUS)
+    await _answers(scaler, "lost", trigger("vllm-"), 80.0)
+    b.page = _pods(GpuLine("", "", 30), host="node-b")
+    await _answers(scaler, "lost", trigger("vllm-"), 120.0)
 
 
 async def test_basic_auth_wrong_password_names_http_401(

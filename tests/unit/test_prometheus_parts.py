@@ -355,25 +355,36 @@ async def node_b_vanishes(
     return source
 
 
-@pytest.mark.parametrize(("alive", "sources_left"), [(True, 2), (False, 3)])
-async def test_target_naming_no_pod_any_more(alive: bool, sources_left: int) -> None:
+@pytest.mark.parametrize(
+    ("case", "sources_left"),
+    [("names another pod", 2), ("names no pod", 3), ("down", 3)],
+)
+async def test_target_naming_no_pod_any_more(case: str, sources_left: int) -> None:
     prometheus, store, now = ScriptedPrometheus(), Store(), [1000.0]
     source = await node_b_vanishes(prometheus, store, now)
-    newest = WALL - (0.5 if alive else 60)
-    prometheus.answers["liveness"] = [Element({"job": "dcgm", "instance": "node-b:9400"}, newest)]
-    prometheus.answers["up"] = up_elements("node-b:9400", 0, age=0.5)
+    newest = WALL - (60 if case == "down" else 0.5)
+    node_b = {"job": "dcgm", "instance": "node-b:9400"}
+    prometheus.answers["liveness"] = [Element(node_b, newest)]
+    # Its GPU series as they stand: another workload's pod, or (an attribution outage) the exporter's own
+    # pod only, the one its `up` series names.
+    other = {"namespace": "batch", "pod": "train-0"} if case == "names another pod" else {}
+    prometheus.answers["attribution"] = [Element({**node_b, "namespace": "gpu", "pod": "dcgm-b", **other}, 1)]
+    prometheus.answers["up"] = [
+        Element({**e.labels, "namespace": "gpu", "pod": "dcgm-b"}, e.value)
+        for e in up_elements("node-b:9400", 0 if case == "down" else 1, age=0.5)
+    ]
     now[0] = 1001.0
     assert await source.collect_once("llm")
-    assert prometheus.asked[-1] == ("liveness" if alive else "up")
     view = store.view("llm", 1001.0, 4.0, SourceKind.PROMETHEUS)
     assert view.sources == sources_left
-    if alive:  # still scraped: the pod is gone
+    if case == "names another pod":  # still scraped, naming pods but not it: the pod is gone
         assert view.recently_seen == {}
-    else:  # down: once its last data is stale, the pod is missing, and the problem says why
-        assert [r.pod for r in view.readings] == ["vllm-0", "vllm-1"]  # its last data is 1.5 s old
-        later = store.view("llm", 1005.0, 4.0, SourceKind.PROMETHEUS)
-        assert "vllm-1" in later.recently_seen
-        assert "up 0 for dcgm/node-b:9400" in later.recently_seen["vllm-1"]
+        return
+    # Down, or naming no pod at all: once its last data is stale, the pod is missing, and the problem says why
+    assert [r.pod for r in view.readings] == ["vllm-0", "vllm-1"]  # its last data is 1.5 s old
+    later = store.view("llm", 1005.0, 4.0, SourceKind.PROMETHEUS)
+    why = "up 0 for dcgm/node-b:9400" if case == "down" else "an attribution outage"
+    assert why in later.recently_seen["vllm-1"], later.recently_seen
 
 
 def up_elements(instance: str, value: float, age: float) -> list[Element]:

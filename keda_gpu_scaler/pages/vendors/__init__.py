@@ -18,6 +18,7 @@ __all__ = [
     "Family",
     "GpuReading",
     "NvidiaField",
+    "PodResolver",
     "Vendor",
     "readings_from_samples",
     "utilization_for",
