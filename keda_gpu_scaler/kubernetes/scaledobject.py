@@ -112,11 +112,16 @@ def _fields_of(metadata: Mapping[str, Any]) -> tuple[tuple[str, Any], ...] | Non
             return None  # neither given nor from the environment: KEDA's call fails too
         fields[spec_key.field] = spec_key.default
     if fields.get("threshold") == AUTO_THRESHOLD:
-        fields["threshold"] = fields.get("threshold_start")  # as parse_trigger settles it
+        # As parse_trigger settles it; with thresholdStart from the environment, the target is not known here.
+        if "threshold_start" in fields:
+            fields["threshold"] = fields["threshold_start"]
+        else:
+            del fields["threshold"]
     if all(name in fields for name in SLO_FIELDS):
         keys = {spec_key.field: spec_key.key for spec_key in KEYS}
-        try:  # folded into one SloTarget, as parse_trigger does
-            allowed = states_slo(fields.get("metric"), fields.get("inference_pool") is not None)
+        try:  # folded into one SloTarget, as parse_trigger does (allowed when what decides it is not known)
+            unknown = bool(skipped & {"metric", "inference_pool"})
+            allowed = unknown or states_slo(fields.get("metric"), fields.get("inference_pool") is not None)
             fields["slo"] = take_slo(fields, keys, allowed=allowed)
         except ConfigError:
             return None

@@ -492,3 +492,40 @@ async def test_a_kind_that_gains_its_scale_subresource_is_looked_up_again() -> N
         await kinds.plural(api, target)  # still trusted
     now[0] = DISCOVERY_CACHE_SECONDS + 1
     assert await kinds.plural(api, target) == "widgets"
+
+
+GPU_TRIGGER = {"type": "external", "metadata": {"metric": "utilization", "threshold": "70"}}
+
+
+@pytest.mark.parametrize(
+    ("written", "resolved"),
+    [
+        # thresholdStart from the environment: the learned target's start is not known from the object.
+        (
+            {"metric": "demand", "threshold": "auto", "thresholdStartFromEnv": "START"},
+            {"metric": "demand", "threshold": "auto", "thresholdStartFromEnv": "10"},
+        ),
+        # the pool from the environment: a latency target on `requests` is allowed only with one.
+        (
+            {"metric": "requests", "threshold": "5", "sloTtftSeconds": "1", "inferencePoolFromEnv": "POOL"},
+            {"metric": "requests", "threshold": "5", "sloTtftSeconds": "1", "inferencePoolFromEnv": "chat"},
+        ),
+        # the metric from the environment, beside a latency target (the read of the object raised KeyError).
+        (
+            {"metricFromEnv": "METRIC", "threshold": "20", "sloTtftSeconds": "1"},
+            {"metricFromEnv": "demand", "threshold": "20", "sloTtftSeconds": "1"},
+        ),
+    ],
+)
+def test_a_trigger_with_a_key_from_the_environment_that_another_depends_on_is_its_own(
+    written: dict[str, str], resolved: dict[str, str]
+) -> None:
+    # Matched to no trigger, it took the wrong metricType (sum under Value: N times the replicas) and was
+    # taken for edited away, its pages released.
+    learned = {"type": "external-push", "metricType": "Value", "metadata": written}
+    info = parse_scaled_object(
+        {"spec": {"scaleTargetRef": {"name": "chat"}, "triggers": [GPU_TRIGGER, learned]}}
+    )
+    call = parse_trigger(resolved)
+    assert [t.matches(call) for t in info.triggers] == [False, True]
+    assert metric_type_for(info, call) == ("Value", None)
