@@ -201,9 +201,9 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         sent: pb.GetMetricSpecResponse | None = None
         with _CountedOpen(spec, lambda followed: followed.spec_streams) as counted:
             while not self._closing:
-                followed = await self._follow_for_stream(ref, spec)
-                if followed is None:
-                    continue
+                # Forgotten, and no room to follow it again (the cap's share went to another namespace):
+                # the stream ends with RESOURCE_EXHAUSTED, its --max-streams place freed for one followed.
+                followed = self._registry.follow(ref.namespace, ref.name, spec)
                 counted.at(followed)
                 targets = followed.targets
                 response = _spec_response(spec, targets.target(spec))
@@ -214,18 +214,9 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                     yield response
                     if self._closing:  # closed while the message was sent: no waiter was there to wake
                         break
+                    if self._registry.get(ref.namespace, ref.name) is not followed:
+                        continue  # forgotten meanwhile: its targets' wakes (a move, shutdown) are over
                 await targets.wait_for_change(seen, self._stream_recheck)
-
-    async def _follow_for_stream(self, ref: pb.ScaledObjectRef, spec: TriggerSpec) -> Followed | None:
-        """Follow the ScaledObject again (keeping it and its targets alive while a stream is open); None,
-        after a wait, when it was forgotten and there is no room to follow it again now."""
-        try:
-            return self._registry.follow(ref.namespace, ref.name, spec)
-        except ResourceExhausted:
-            # Forgotten, and no room to follow it again now: what was sent stands.
-            namespace = ref.namespace
-            await self._store.wait_for_change(namespace, self._store.version(namespace), self._stream_recheck)
-            return None
 
     async def _activations(self, ref: pb.ScaledObjectRef, spec: TriggerSpec) -> AsyncIterator[None]:
         """Yield once per inactive→active transition (and at once if active when opened). Never false.
@@ -237,14 +228,16 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         with _CountedOpen(spec, lambda followed: followed.activity_streams) as counted:
             while not self._closing:
                 seen = self._store.version(ref.namespace)
+                # Following on every round keeps the ScaledObject's state fresh while its stream is open
+                # (and counted open, it is not idle between rounds). Forgotten, with no room to follow it
+                # again, the stream ends with RESOURCE_EXHAUSTED: a stream of a ScaledObject no longer
+                # collected would hold a --max-streams place another namespace's wake needs.
+                followed = self._registry.follow(ref.namespace, ref.name, spec)
+                counted.at(followed)
                 try:
-                    # Following on every round keeps the ScaledObject's state fresh while its stream is
-                    # open (and counted open, it is not idle between rounds).
-                    followed = self._registry.follow(ref.namespace, ref.name, spec)
-                    counted.at(followed)
                     evaluation = self._evaluator.evaluate(followed, spec)
                     active = was_active if evaluation.activity_unknown is not None else evaluation.active
-                except (NoData, ResourceExhausted):
+                except NoData:
                     active = was_active
                 if active and not was_active:
                     yield None

@@ -788,3 +788,29 @@ async def test_metrics_show_nan_not_the_last_answer_once_the_trigger_is_unavaila
 
     await eventually(unavailable)
     assert await series() == {"trigger_active": "NaN", "trigger_value": "NaN"}
+
+
+async def test_a_stream_of_a_scaledobject_the_fair_share_forgot_ends_and_frees_its_place(make_scaler) -> None:  # type: ignore[no-untyped-def]
+    # Namespace busy fills --max-scaledobjects, each ScaledObject with its StreamIsActive; team-b comes and
+    # one of busy's gives way. Its stream kept its --max-streams place for a ScaledObject no longer
+    # collected, and team-b's push wake was refused RESOURCE_EXHAUSTED for as long as it stayed open.
+    scaler = await make_scaler(max_scaledobjects=2, max_streams=2)
+    busy = {name: scaler.stub.StreamIsActive(ref(name=name, namespace="busy")) for name in ("one", "two")}
+
+    async def open_streams(count: int) -> None:
+        assert scaler.app.service.open_streams == count
+
+    await eventually(lambda: open_streams(2))
+    await scaler.stub.GetMetricSpec(ref(name="wake", namespace="team-b"))
+    (evicted,) = [name for name in busy if scaler.app.registry.get("busy", name) is None]
+    with pytest.raises(grpc.aio.AioRpcError) as ended:
+        await asyncio.wait_for(busy[evicted].read(), 10)
+    assert ended.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    await eventually(lambda: open_streams(1))
+    wake = scaler.stub.StreamIsActive(ref(name="wake", namespace="team-b"))
+    try:
+        await eventually(lambda: open_streams(2))  # opened, not refused
+    finally:
+        wake.cancel()
+        for stream in busy.values():
+            stream.cancel()
