@@ -170,6 +170,15 @@ def test_a_gateway_interval_is_refused_where_the_scrape_loop_would_spin(value: s
         build_settings({"gateway_interval": value})
 
 
+@pytest.mark.parametrize("value", ["1e-6", "0.001", "3601"])
+def test_a_discovery_interval_is_refused_where_its_loop_would_spin_against_the_api_server(value: str) -> None:
+    # 1e-6 read one ScaledObject's /scale 2,347 times a second from the API server.
+    with pytest.raises(
+        SettingsError, match=f"--discovery-interval={value!r} is out of range; allowed: seconds, 0.1 to 3600"
+    ):
+        build_settings({"discovery_interval": value})
+
+
 @pytest.mark.parametrize(
     "line", ["X-Api-Key s3cr3t-api-key-0123", "Authorization Bearer s3cr3t-api-key-0123"]
 )
