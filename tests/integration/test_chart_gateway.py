@@ -3,6 +3,7 @@ and the optional tenant NetworkPolicy keeping the gateway's own ports open."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -169,11 +170,13 @@ def test_the_tenant_policy_keeps_the_gateways_ports_open() -> None:
     assert "9002" in values and "isolates" in values
 
 
-def test_chart_and_kustomize_component_give_the_same_identity_and_mount() -> None:
-    from test_chart import MANIFESTS, kustomize
+def test_chart_and_kustomize_component_give_the_same_identity_and_mount(tmp_path: Path) -> None:
+    from test_chart import MANIFESTS, kustomize_with
 
     chart = _token({"enabled": True, "plainHTTP": True})
-    component = kustomize(MANIFESTS / "examples" / "vllm-wake-from-zero" / "scaler")
+    component = kustomize_with(
+        tmp_path, [MANIFESTS / "base"], [MANIFESTS / "components" / "gateway-metrics-token"]
+    )
     for kind, name in (
         ("ServiceAccount", TOKEN_SA),
         ("ClusterRole", TOKEN_SA),

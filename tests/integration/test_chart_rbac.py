@@ -86,7 +86,6 @@ def test_the_kustomize_token_component_drops_the_scalers_metrics_grant(tmp_path:
     assert METRICS_GRANT in bound_grants(base, SCALER)
     for docs in (
         kustomize_with(tmp_path, [MANIFESTS / "base"], [MANIFESTS / "components" / "gateway-metrics-token"]),
-        kustomize(MANIFESTS / "examples" / "vllm-wake-from-zero" / "scaler"),
     ):
         own = bound_grants(docs, SCALER)
         # What the base grants, less /metrics, plus minting the pickers' identity's tokens.
