@@ -716,6 +716,19 @@ def test_chart_tls_agrees_with_the_tls_overlay() -> None:
         assert chart_spec == overlay_spec, name
 
 
+def test_tls_without_mtls_gives_keda_the_ca_that_signed_the_server_certificate() -> None:
+    # KEDA speaks TLS to an external scaler only with a caCert (or enableTLS, against the system CAs): the
+    # chart's private CA reached KEDA only under mTLS, and its NOTES printed triggers without a reference.
+    values = {"tls": {"enabled": True, "mtls": {"enabled": False}, "certManager": {"enabled": True}}}
+    docs = render(values)
+    assert [d for d in docs if d["kind"] == "Certificate" and d["metadata"]["name"].endswith("-client")] == []
+    refs = find(docs, "ClusterTriggerAuthentication", "keda-gpu-scaler-tls")["spec"]["secretTargetRef"]
+    server = find(docs, "Certificate", "keda-gpu-scaler-server")["spec"]["secretName"]
+    assert refs == [{"parameter": "caCert", "name": server, "key": "ca.crt"}]
+    notes = render_files(values)[f"{CHART.name}/templates/NOTES.txt"]
+    assert notes.count("name: keda-gpu-scaler-tls") == notes.count("scalerAddress:") > 0
+
+
 def test_network_policy_chart_and_component_agree(tmp_path: Path) -> None:
     chart = find(render({"networkPolicy": {"enabled": True}}), "NetworkPolicy")
     docs = kustomize_with(tmp_path, [MANIFESTS / "base"], [MANIFESTS / "components" / "network-policy"])

@@ -160,3 +160,8 @@ Kubernetes only to the pickers of flags.gatewayUrl.
 {{- define "keda-gpu-scaler.gatewayTokenSecret" -}}
 {{ .Values.gateway.metricsToken.existingSecret }}
 {{- end }}
+
+{{/* The ClusterTriggerAuthentication KEDA reaches the scaler over TLS with: -mtls with a client certificate, -tls with the CA only. */}}
+{{- define "keda-gpu-scaler.triggerAuthName" -}}
+{{- printf "%s-%s" (include "keda-gpu-scaler.fullname" .) (ternary "mtls" "tls" .Values.tls.mtls.enabled) }}
+{{- end }}
