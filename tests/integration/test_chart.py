@@ -493,6 +493,23 @@ def test_schema_takes_the_range_ends_the_scaler_takes() -> None:
 @pytest.mark.parametrize(
     ("flags", "words"),
     [
+        ({"maxStaleness": 5}, r"flags\.maxStaleness=5 must exceed flags\.scrapeInterval \(5\)"),
+        ({"scrapeInterval": 10, "maxStaleness": 8}, r"flags\.maxStaleness=8 must exceed"),
+        ({"defaultSource": "prometheus"}, r"flags\.defaultSource=prometheus needs flags\.prometheusUrl"),
+        ({"prometheusMaxStaleness": 120}, r"flags\.prometheusMaxStaleness needs flags\.prometheusUrl"),
+    ],
+)
+def test_flags_the_scaler_refuses_together_stop_the_render(flags: dict[str, Any], words: str) -> None:
+    # The scaler refuses these at start (config/settings.py): installed, every replica crash-looped.
+    with pytest.raises(helm.HelmError, match=words):
+        render_files({"flags": flags})
+    (interval,) = [flag for flag in FLAGS if flag.name == "--scrape-interval"]
+    assert interval.default == "5"  # the chart's template assumes it
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
         (
             {"prometheusUrl": "http://prometheus.monitoring:9090"},
             r"prom-auth.*needs flags\.prometheusUsername",
