@@ -281,8 +281,11 @@ def _unread_replicas(
     unknown, and with a value of 0 nothing is known at all (SPEC §7: never a made-up `false`)."""
     replicas = ", ".join(sorted(unread)[:5])
     decision.notes += (f"value is a lower bound: endpoint-picker replicas {replicas} cannot be read",)
-    if evaluation.active:
+    if evaluation.active and evaluation.value > 0:
         return evaluation
+    if evaluation.active:  # woken by requests turned away: a wake, but a lower bound of 0 is no value
+        why = f"a lower bound of 0: endpoint-picker replicas {replicas} of InferencePool {spec.inference_pool} cannot be read"
+        return dataclasses.replace(evaluation, value_unknown=why)
     unknown = (
         f"the pods' demand and the requests the readable endpoint-picker replicas of InferencePool"
         f" {spec.inference_pool} hold come to {evaluation.value:g}, not above activationThreshold"
@@ -297,8 +300,8 @@ def _held(spec: TriggerSpec, snapshot: Snapshot) -> Evaluation:
     """The pool's pending requests as another trigger (`demand`, the `requests` guard) reads them: only
     where what they say is known whole. A lower bound whose activity cannot be told (some replica unread,
     the others at or below activationThreshold) is NoData here: it could neither hold a workload awake
-    nor say it is idle; so is a lower bound of 0 (requests turned away, a replica unread): counted as 0,
-    a workload at zero read inactive while the unread replica may hold its requests."""
+    nor say it is idle; so is an inactive lower bound of 0 (a replica unread): counted as 0, a workload
+    at zero read inactive while the unread replica may hold its requests."""
     pool = snapshot.pool
     assert pool is not None
     if pool.unreadable is not None:
@@ -306,8 +309,9 @@ def _held(spec: TriggerSpec, snapshot: Snapshot) -> Evaluation:
     held = pending_evaluation(pool.replicas, spec, snapshot.namespace, pool.no_replica).evaluation
     if held.activity_unknown is not None:
         raise NoData(held.activity_unknown)
-    if held.value_unknown is not None:
+    if held.value_unknown is not None and not held.active:
         raise NoData(held.value_unknown)
+    # Active on a lower bound of 0 (requests turned away on a replica read, another unread): a wake.
     return held
 
 

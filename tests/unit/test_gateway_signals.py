@@ -270,9 +270,10 @@ def test_the_never_shown_note_is_logged_once_per_scaledobject(caplog: pytest.Log
     assert sum("mistral" in record.message for record in caplog.records) == 1
 
 
-def test_demand_at_zero_beside_an_unread_replica_and_a_wake_is_unavailable_never_0() -> None:
-    """`demand` with `inferencePool` reads the pool as `pending` does: requests turned away beside an
-    unread replica are no known 0 (SPEC §7), so a workload at zero is never read idle."""
+def test_demand_at_zero_wakes_on_requests_turned_away_beside_an_unread_replica() -> None:
+    """`demand` with `inferencePool` reads the pool as `pending` does: requests turned away are a wake
+    (SPEC §7) whatever another replica holds. It was UNAVAILABLE, and a workload at zero stayed there
+    while `pending` on the same replicas woke it."""
     from keda_gpu_scaler.core.decide import decide
     from keda_gpu_scaler.core.snapshot import PoolSnapshot, Snapshot, SourceKind, Targets
 
@@ -283,8 +284,9 @@ def test_demand_at_zero_beside_an_unread_replica_and_a_wake_is_unavailable_never
     )
     pool = PoolSnapshot((ReplicaInput("epp-0", turned_away), lost), "no replica", growth={"epp-0": 0.0})
     decision = decide(spec, Snapshot("llm", 0.0, SourceKind.INFERENCE, Targets(frozenset()), None, pool=pool))
-    assert isinstance(decision.error, NoData), decision.evaluation
-    assert "epp-1: HTTP 500" in str(decision.error)
+    assert decision.evaluation is not None and decision.evaluation.active, decision.error
+    assert decision.evaluation.activity_unknown is None  # IsActive: true
+    assert "epp-1" in (decision.evaluation.value_unknown or "")  # GetMetrics: a lower bound of 0, no value
 
 
 def test_demand_at_zero_wakes_on_requests_turned_away_as_pending_does() -> None:
