@@ -353,9 +353,9 @@ TENANT_PROPERTIES: tuple[tuple[str, str, str], ...] = (
         "A caller sends new metadata on every call (a new podNamePrefix each time), or many metric names"
         " per ScaledObject",
         "a ScaledObject remembers its 64 latest notes and logs at most 32 new ones while followed (one line"
-        " then says the rest are in /explain); /metrics shows the value and activity of at most 4 triggers"
-        " per ScaledObject (the rest counted in keda_gpu_scaler_triggers_unpublished_total): at most"
-        " 8 × --max-scaledobjects labelled series",
+        " then says the rest are in /explain); /metrics shows the value, activity and learned target of at"
+        " most 4 triggers per ScaledObject (the rest counted in keda_gpu_scaler_triggers_unpublished_total):"
+        " at most 12 × --max-scaledobjects labelled series",
         "test_growth_bounds.py::test_a_new_pod_name_prefix_on_every_call_keeps_notes_and_log_bounded,"
         " test_a_scaledobject_shows_a_bounded_number_of_triggers_on_metrics",
     ),

@@ -4,7 +4,6 @@ clock, no logging; the caller records the Decision, logs what it asks to and sho
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -448,8 +447,11 @@ def _prefix_matching_nothing(spec: TriggerSpec, pods: list[str]) -> str:
     workload at zero beside a near-namesake, and a typo must not read as 0 (KEDA would scale to zero)."""
     prefix = spec.pod_name_prefix or ""
     what = "inference-server" if spec.metric.inference else "GPU"
-    heads = {pod[: len(prefix)]: pod for pod in reversed(pods)}  # each prefix-long head → its first pod
-    close = [heads[head] for head in difflib.get_close_matches(prefix, heads, n=3, cutoff=0.8)]
+    # Close: a pod's name begins with the prefix but for one letter (two, for prefixes over 4 letters)
+    # dropped, added or changed. A similarity ratio let short ones through: `vlm-` for vllm-0 read 0.
+    edits = 1 if len(prefix) <= 4 else 2
+    lengths = range(max(1, len(prefix) - edits), len(prefix) + edits + 1)
+    close = [pod for pod in pods if any(_edits(prefix, pod[:n]) <= edits for n in lengths)][:3]
     if close:
         raise NoData(
             f"metadata podNamePrefix {prefix!r} matches none of the namespace's {what} pods, but is close to"
@@ -457,6 +459,16 @@ def _prefix_matching_nothing(spec: TriggerSpec, pods: list[str]) -> str:
             " its prefix is not that close to another's: rename it, or use Kubernetes discovery)"
         )
     return f"podNamePrefix {prefix!r} matches none of the namespace's {what} pods: {_listed(pods)}"
+
+
+def _edits(a: str, b: str) -> int:
+    """The letters to drop, add or change to make `a` into `b` (Levenshtein distance)."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        previous, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (x != y))
+    return row[-1]
 
 
 def _listed(names: list[str], limit: int = 10) -> str:

@@ -76,6 +76,21 @@ async def test_a_gpu_workload_whose_namespace_has_no_page_is_at_zero(make_export
     assert at_zero == (grpc.StatusCode.OK, "", 0)
 
 
+@pytest.mark.parametrize(
+    ("typo", "pod"), [("vlm-", "vllm-0"), ("tgl-", "tgi-0"), ("vllm-chta-", "vllm-chat-0")]
+)
+async def test_a_short_prefix_one_letter_off_is_a_typo_not_a_workload_at_zero(
+    make_exporter, make_scaler, typo: str, pod: str
+) -> None:  # type: ignore[no-untyped-def]
+    # `vlm-` for vllm-0..3 at 90 % each read 0 (a similarity ratio let short prefixes through).
+    lines = [GpuLine("llm", f"{pod[:-1]}{i}", 90, gpu=i) for i in range(4)]
+    scaler = await make_scaler(await make_exporter(dcgm_page(lines)))
+    code, message, _ = await settled(scaler, {"podNamePrefix": typo, "threshold": "70"}, "gpu-utilization")
+    assert code is grpc.StatusCode.UNAVAILABLE and pod in message, message
+    far = await settled(scaler, {"podNamePrefix": "sglang-", "threshold": "70"}, "gpu-utilization")
+    assert far == (grpc.StatusCode.OK, "", 0)
+
+
 @pytest.mark.parametrize("metric", sorted(NAMES))
 async def test_a_model_named_in_the_wrong_case_is_invalid_for_every_metric(
     make_exporter, make_scaler, metric: str
