@@ -271,6 +271,8 @@ async def run(
             out(step_line(step, started) if isinstance(step, Step) else f"{clock() - started:7.0f}s {step}")
             if calibration.saturated:
                 break
+        if clock() - started + interval > duration:
+            break  # the next read would come after --duration
         await sleep(interval)
     out(summary(calibration))
     return calibration

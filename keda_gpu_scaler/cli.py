@@ -22,6 +22,7 @@ from keda_gpu_scaler.config.settings import (
     env_values,
     resolve_kubernetes,
 )
+from keda_gpu_scaler.core.names import is_http_url
 from keda_gpu_scaler.core.recommended import llm_summary
 from keda_gpu_scaler.server.logs import configure_logging
 
@@ -444,16 +445,12 @@ def _calibrate_numbers(args: argparse.Namespace) -> _CalibrateNumbers:
         f"seconds, 0 < --scrape-timeout <= {CALIBRATE_MAX_SCRAPE_TIMEOUT:g}",
         above=True,
     )
-    return _CalibrateNumbers(
-        interval,
-        window,
-        duration,
-        waiting_above,
-        int(sustain_raw),
-        prefill_weight,
-        per_token_target,
-        scrape_timeout,
-    )
+    if not is_http_url(args.url):  # checked before the first read, as every flag
+        raise SettingsError(
+            f"URL {args.url[:100]!r} is not an http(s) URL, e.g. http://10.0.3.7:8000/metrics"
+        )
+    numbers = (interval, window, duration, waiting_above, int(sustain_raw), prefill_weight, per_token_target)
+    return _CalibrateNumbers(*numbers, scrape_timeout)
 
 
 def _calibrate(args: argparse.Namespace) -> int:

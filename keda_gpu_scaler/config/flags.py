@@ -20,7 +20,6 @@ from keda_gpu_scaler.core.value_parsers import (
     _headers,
     _inference_urls,
     _path,
-    _positive,
     _prometheus_url,
     _scrape_interval,
     _serviceaccount,
@@ -145,14 +144,14 @@ FLAGS: tuple[Flag, ...] = (
         None,
         "seconds after which data is not used (default: 3 x scrape interval, and at least 2 x scrape interval +"
         " scrape timeout, so that a page answered within the timeout is never stale)",
-        parse=_positive(float),
+        parse=NumberParser(float),
     ),
     Flag(
         "--prometheus-max-staleness",
         None,
         "seconds after which data read from Prometheus is not used; it must exceed Prometheus' own scrape"
         " interval plus --scrape-interval (default: --max-staleness + 60)",
-        parse=_positive(float),
+        parse=NumberParser(float),
     ),
     Flag(
         "--scrape-timeout",
@@ -164,14 +163,14 @@ FLAGS: tuple[Flag, ...] = (
         "--max-page-bytes",
         "16777216",
         "largest exporter page or Prometheus answer accepted, in bytes",
-        parse=_positive(int),
+        parse=NumberParser(int),
     ),
     Flag(
         "--scrape-concurrency",
         "64",
         "scrapes in flight at once per kind of page, shared fairly between namespaces: each namespace also has"
         " 2 of its own that no other can take, and uses at most half of these while another namespace wants one",
-        parse=_positive(int),
+        parse=NumberParser(int),
     ),
     Flag(
         "--exporter-bearer-token-file",
@@ -255,7 +254,7 @@ FLAGS: tuple[Flag, ...] = (
         "--interest-ttl",
         "600",
         "seconds a ScaledObject is remembered (and its sources collected) after the last call about it",
-        parse=_positive(float),
+        parse=NumberParser(float),
     ),
     Flag(
         "--max-scaledobjects",
@@ -264,7 +263,7 @@ FLAGS: tuple[Flag, ...] = (
         " followed); at the cap, one not called for 60 s (or --interest-ttl, if shorter) of the caller's"
         " namespace or of one above its share gives way, else a namespace below its share takes the least"
         " recently called of the largest namespace; a namespace at or above its share is RESOURCE_EXHAUSTED",
-        parse=_positive(int),
+        parse=NumberParser(int),
     ),
     Flag(
         "--prometheus-url",
@@ -280,7 +279,7 @@ FLAGS: tuple[Flag, ...] = (
         " given and no --exporter-url, else scrape",
         choices=("auto", "scrape", "prometheus"),
     ),
-    Flag("--prometheus-timeout", "5", "seconds one Prometheus query may take", parse=_positive(float)),
+    Flag("--prometheus-timeout", "5", "seconds one Prometheus query may take", parse=NumberParser(float)),
     Flag(
         "--prometheus-bearer-token-file",
         None,
@@ -331,7 +330,7 @@ FLAGS: tuple[Flag, ...] = (
         "10000",
         "most streams of each streaming RPC (StreamIsActive, StreamMetricSpec) open at once (more:"
         " RESOURCE_EXHAUSTED)",
-        parse=_positive(int),
+        parse=NumberParser(int),
     ),
     Flag(
         "--keepalive-time",
@@ -358,7 +357,7 @@ FLAGS: tuple[Flag, ...] = (
         "--shutdown-grace",
         "10",
         "seconds in-flight calls may take to finish on SIGTERM",
-        parse=_positive(float),
+        parse=NumberParser(float),
     ),
     Flag("--log-level", "info", "log level", choices=("debug", "info", "warning", "error")),
     Flag("--log-format", "text", "log format", choices=("text", "json")),

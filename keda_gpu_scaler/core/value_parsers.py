@@ -17,7 +17,13 @@ from urllib.parse import urlsplit
 from keda_gpu_scaler.core.demand import MAX_PREFILL_WEIGHT, MAX_WINDOW_SECONDS, MIN_WINDOW_SECONDS
 from keda_gpu_scaler.core.errors import ConfigError, quoted
 from keda_gpu_scaler.core.learned_target import HIGHEST_FACTOR, LOWEST_FACTOR
-from keda_gpu_scaler.core.names import NAMESPACE_RULE, OBJECT_NAME_RULE, is_namespace, is_object_name
+from keda_gpu_scaler.core.names import (
+    NAMESPACE_RULE,
+    OBJECT_NAME_RULE,
+    is_http_url,
+    is_namespace,
+    is_object_name,
+)
 from keda_gpu_scaler.core.selectors import (
     DEFAULT_EXPORTER_SELECTORS,
     ExporterSelector,
@@ -308,10 +314,6 @@ class NumberParser:
         return value
 
 
-def _positive(kind: type[float] | type[int]) -> NumberParser:
-    return NumberParser(kind)
-
-
 # A scrape loop faster than MIN_SCRAPE_INTERVAL spins; slower than MAX_SCRAPE_INTERVAL, no `demand`
 # window (at most 600 s) holds two scrapes, so every `demand` trigger would be refused.
 MIN_SCRAPE_INTERVAL = 0.1
@@ -399,7 +401,7 @@ def _items(raw: Raw, separator: str) -> list[str]:
 def _urls(name: str, raw: Raw) -> tuple[str, ...]:
     urls = _items(raw, ",")
     for url in urls:
-        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+        if not is_http_url(url):
             raise refuse_flag(name, url, "is not an http(s) URL")
     return tuple(dict.fromkeys(urls))
 
@@ -412,7 +414,7 @@ def _pages(name: str, raw: Raw, what: str, form: str) -> list[tuple[str, str, st
         if not sep or "/" not in ref:
             raise refuse_flag(name, part, f"is not {form}")
         namespace, object_name = _namespaced(name, part, ref, what)
-        if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+        if not is_http_url(url):
             raise SettingsError(f"{name}={part[:100]!r}: {url[:100]!r} is not an http(s) URL")
         found.append((namespace, object_name, url))
     return found
@@ -465,12 +467,11 @@ def _exporter_selectors(name: str, raw: Raw) -> tuple[ExporterSelector, ...]:
 
 
 def _prometheus_url(name: str, raw: Raw) -> str | None:
-    url = _text(name, raw)
-    if url is None:
+    if (url := _text(name, raw)) is None:
         return None
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if not is_http_url(url):
         raise refuse_flag(name, url, "is not an http(s) URL")
+    parts = urlsplit(url)
     if parts.username or parts.password:
         raise SettingsError(
             f"{name}: no credentials in the URL; use --prometheus-username with"

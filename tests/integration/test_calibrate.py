@@ -194,6 +194,17 @@ def test_calibrate_refuses_a_bad_number_naming_its_flag_and_value_before_reading
     assert f"{flag}={value} " in said.err and allowed in said.err, said.err
 
 
+@pytest.mark.parametrize("url", ["10.0.3.7:8000/metrics", "http://[fd00::7:8000/metrics", "ftp://h/m"])
+def test_calibrate_refuses_a_url_it_could_never_read_before_reading(
+    capsys: pytest.CaptureFixture[str], url: str
+) -> None:
+    # Without http:// it read "page not read" at every interval for the whole --duration, then advised
+    # a longer ramp.
+    assert main(["calibrate", url, "--interval", "0.2", "--window", "0.5", "--duration", "1"]) == 2
+    said = capsys.readouterr()
+    assert "reading http" not in said.out and f"URL {url!r} is not an http(s) URL" in said.err, said.err
+
+
 def test_a_page_without_a_finished_counter_is_said_not_rated() -> None:
     calibration = calibrate.Calibration(window=20)
     why = calibration.observe(0, b"llamacpp:requests_processing 1\nllamacpp:requests_deferred 0\n")
@@ -210,3 +221,24 @@ def test_a_latency_target_on_a_page_without_a_latency_histogram_names_the_missin
     said = calibrate.summary(calibration)
     assert "vllm:inter_token_latency_seconds" in said and "--per-token-target" in said, said
     assert "start the ramp lower" not in said, said
+
+
+async def test_calibrate_ends_at_its_duration_not_an_interval_after() -> None:
+    # --duration 1 --interval 20: one read at 0 s, then it slept 20 s before it saw the duration over.
+    now, reads = 0.0, []
+
+    async def fetch(url: str) -> bytes:
+        reads.append(now)
+        return b'vllm:num_requests_running{engine="0"} 1\n'
+
+    async def sleep(seconds: float) -> None:
+        nonlocal now
+        now += seconds
+
+    for duration, expected in ((1, [0.0]), (60, [0.0, 20.0, 40.0, 60.0])):
+        now, reads = 0.0, []
+        await calibrate.run(
+            "http://pod/metrics", calibrate.Calibration(window=40), fetch=fetch, interval=20,
+            duration=duration, out=lambda _: None, clock=lambda: now, sleep=sleep,
+        )  # fmt: skip
+        assert (reads, now) == (expected, expected[-1])

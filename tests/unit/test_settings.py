@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from keda_gpu_scaler.config.settings import SettingsError, build_settings, env_values
@@ -187,3 +189,25 @@ def test_a_prometheus_header_without_a_colon_is_refused_without_echoing_its_secr
     with pytest.raises(SettingsError, match="not `Name: value`") as refused:
         build_settings({"prometheus_url": PROM, "prometheus_header": [line]})
     assert "s3cr3t" not in str(refused.value), refused.value
+
+
+@pytest.mark.parametrize(
+    ("values", "shown"),
+    [
+        ({"exporter_url": ["http://[fd00::7:9400/metrics"]}, "--exporter-url='http://[fd00::7:9400/metrics'"),
+        (
+            {"exporter_url": ["http://127.0.0.1:99999/metrics"]},
+            "--exporter-url='http://127.0.0.1:99999/metrics'",
+        ),
+        ({"inference_url": ["llm/chat-0=http://[::1/metrics"]}, "'http://[::1/metrics'"),
+        ({"gateway_url": ["llm/pool=http://[::1:9090/metrics"]}, "'http://[::1:9090/metrics'"),
+        ({"prometheus_url": "http://[::1:9090"}, "--prometheus-url='http://[::1:9090'"),
+    ],
+)
+def test_a_url_with_an_unclosed_bracket_or_a_port_out_of_range_is_refused_naming_it(
+    values: dict[str, Any], shown: str
+) -> None:
+    # An unclosed IPv6 bracket ended serve and explain in a traceback; port 99999 failed at every read.
+    with pytest.raises(SettingsError, match="is not an http\\(s\\) URL") as refused:
+        build_settings(values)
+    assert shown in str(refused.value)
