@@ -235,10 +235,13 @@ async def test_calibrate_ends_at_its_duration_not_an_interval_after() -> None:
         nonlocal now
         now += seconds
 
+    def clock() -> float:
+        return now
+
     for duration, expected in ((1, [0.0]), (60, [0.0, 20.0, 40.0, 60.0])):
         now, reads = 0.0, []
         await calibrate.run(
             "http://pod/metrics", calibrate.Calibration(window=40), fetch=fetch, interval=20,
-            duration=duration, out=lambda _: None, clock=lambda: now, sleep=sleep,
+            duration=duration, out=lambda _: None, clock=clock, sleep=sleep,
         )  # fmt: skip
         assert (reads, now) == (expected, expected[-1])
