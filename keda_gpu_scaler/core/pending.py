@@ -82,10 +82,11 @@ def pending_evaluation(
         if queue.other_counted:
             notes.append(
                 f"replica {replica.name}: requests its EPP reports as model {OTHER!r} (past its cardinality"
-                f" cap) are counted for model {spec.model!r}: any model may be among them"
+                f" cap) or with no model label are counted for model {spec.model!r}: any model may be among"
+                " them"
             )
     pool = f"InferencePool {namespace}/{spec.inference_pool}"
-    if spec.model is not None and shown and spec.model not in shown:
+    if spec.model is not None and shown and spec.model not in shown and "" not in shown:
         notes.append(_unknown_model(spec.model, shown, pool))
         # Logged once per ScaledObject: the line does not change as the pool shows other models.
         to_log.append(

@@ -292,3 +292,19 @@ def test_a_page_at_the_caps_with_as_many_other_lines_is_not_refused_for_its_size
     assert scrape._screen(body, reader, None)[1] is None
     (reading,) = read_page(body, reader)["llm"]
     assert sum(total for _, _, total in reading.table.totals) == 10_000
+
+
+def test_a_queue_printed_without_model_labels_counts_for_every_model() -> None:
+    # Older Inference Extension pickers label their queue by fairness id and priority only: which model
+    # the held requests are for is unknown, so they count for any `model` (as `other` does). `model:
+    # llama` read them as 0 and inactive, saying nothing was queued for it: a missed wake.
+    from keda_gpu_scaler.core.pending import ReplicaInput, pending_evaluation
+    from keda_gpu_scaler.core.trigger_parse import parse_trigger
+
+    page = 'inference_extension_flow_control_queue_size{fairness_id="default",priority="0"} 7\n'
+    spec = parse_trigger(
+        {"metric": "pending", "threshold": "1", "inferencePool": "chat-pool", "model": "llama"}
+    )
+    found = pending_evaluation([ReplicaInput("epp-0", page_queue(page))], spec, "llm", "none")
+    assert (found.evaluation.value, found.evaluation.active) == (7.0, True)
+    assert any("no model label" in note for note in found.notes), found.notes

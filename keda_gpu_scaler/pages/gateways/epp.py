@@ -417,14 +417,16 @@ def read(table: QueueTable, pool: str, namespace: str, model: str | None) -> Que
             f"{table.family} names InferencePool {others}, not {pool}: this is another pool's endpoint picker",
         )
     for _, name, series in bad:
-        if model is None or name in (model, OTHER):
+        if model is None or name in (model, OTHER, ""):
             return QueueMissing(
                 GatewayProblem.NO_VALUE, f"{series}: a queue size must be a finite count >= 0"
             )
     by_model: dict[str, float] = {}
     other_counted = False
     for _, name, count in mine:
-        folded = name == OTHER
+        # Past the picker's cardinality cap (`other`), or printed with no model label (older pickers):
+        # any model may be among them, so they count for every model.
+        folded = name in (OTHER, "")
         if model is not None and name != model and not folded:
             continue
         if folded and model is not None and model != OTHER and count > 0:
