@@ -277,7 +277,7 @@ KEYS: tuple[MetadataKey, ...] = (
         None,
         "all models",
         "inference metrics: only series whose `model_name`/`model` label equals this; pending: only requests"
-        " whose `target_model_name` (where empty `model_name`) equals this (`other` counts for every model)",
+        " whose `target_model_name` (where empty `model_name`) equals this (`other`, and a queue without model labels, count for every model)",
     ),
     MetadataKey(
         "metricsPort",
