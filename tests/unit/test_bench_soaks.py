@@ -121,5 +121,7 @@ async def test_the_gzip_pods_serve_a_plain_page_until_armed_then_6_mb_of_empty_m
                 assert response.headers["Content-Encoding"] == "gzip"
     finally:
         await stop()
-    assert len(body) > 5_900_000 and gzip.decompress(body) == b""
-    assert counts["gzip"] == 2
+    # Empty members one after another (gzip.decompress walks 300,000 members in 86 s: checked as a whole).
+    member = gzip.compress(b"", mtime=0)
+    assert len(body) > 5_900_000 and body == member * (len(body) // len(member))
+    assert gzip.decompress(member) == b"" and counts["gzip"] == 2
