@@ -464,12 +464,18 @@ async def test_series_with_frozen_timestamps_are_not_used(
     assert "max staleness 3s" in result
 
 
+async def _two_nodes(namespace: str, make_exporter: Any, test_targets: Any) -> tuple[Any, Any]:
+    """vllm-0 at 50 on node a, vllm-1 at 30 on node b, each exporter a target Prometheus scrapes."""
+    a = await make_exporter(_pods(GpuLine(namespace, "vllm-0", 50), host="node-a"))
+    b = await make_exporter(_pods(GpuLine(namespace, "vllm-1", 30), host="node-b"))
+    test_targets("operator", a, b)
+    return a, b
+
+
 async def test_dead_exporter_pods_count_as_missing(
     prometheus: PrometheusServer, make_exporter: Any, make_scaler: Any, test_targets: Any
 ) -> None:
-    a = await make_exporter(_pods(GpuLine("dead", "vllm-0", 50), host="node-a"))
-    b = await make_exporter(_pods(GpuLine("dead", "vllm-1", 30), host="node-b"))
-    test_targets("operator", a, b)
+    _, b = await _two_nodes("dead", make_exporter, test_targets)
     scaler = await make_scaler(prometheus_url=prometheus.url, **THROUGH_PROMETHEUS)
     await _answers(scaler, "dead", trigger("vllm-"), 80.0)
     await b.stop()
@@ -562,9 +568,7 @@ async def test_through_prometheus_an_attribution_outage_keeps_the_pod_missing(
     # SPEC §4: node b's exporter goes on answering with its GPU series, naming no pod at all (dcgm-exporter
     # lost the kubelet's socket): vllm-1 stays a missing pod (the threshold, 70), as when scraped directly.
     # It was forgotten: 50, where 120 is right.
-    a = await make_exporter(_pods(GpuLine("lost", "vllm-0", 50), host="node-a"))
-    b = await make_exporter(_pods(GpuLine("lost", "vllm-1", 30), host="node-b"))
-    test_targets("operator", a, b)
+    _, b = await _two_nodes("lost", make_exporter, test_targets)
     scaler = await make_scaler(prometheus_url=prometheus.url, **THROUGH_PROMETHEUS)
     await _answers(scaler, "lost", trigger("vllm-"), 80.0)
     b.page = _pods(GpuLine("", "", 30), host="node-b")

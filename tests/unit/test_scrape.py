@@ -344,7 +344,8 @@ def test_a_page_far_larger_than_a_real_nodes_is_read_and_a_hostile_one_is_refuse
         scrape.read_page(hostile.encode(), GPU_EXPORTER_PAGES)
 
 
-async def test_a_large_page_is_parsed_in_a_worker_thread(serve, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def parsing_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The name of the thread each page is parsed in, from now on."""
     threads: list[str] = []
     real = scrape.read_page
 
@@ -353,6 +354,11 @@ async def test_a_large_page_is_parsed_in_a_worker_thread(serve, monkeypatch) -> 
         return real(body, reader)
 
     monkeypatch.setattr(scrape, "read_page", recording)
+    return threads
+
+
+async def test_a_large_page_is_parsed_in_a_worker_thread(serve, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    threads = parsing_threads(monkeypatch)
     big = PAGE + "# padding\n" * (scrape.PARSE_OFF_LOOP_BYTES // 10 + 1)
     server = await serve({"/metrics": text(PAGE), "/big": text(big)})
     rig = Rig()
@@ -367,14 +373,7 @@ async def test_a_large_page_is_parsed_in_a_worker_thread(serve, monkeypatch) -> 
 async def test_a_page_of_many_short_series_is_parsed_in_a_worker_thread(serve, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # 6,000 short lines of a wanted family in under 256 kB: about 80 ms of parsing, which on the loop held
     # every tenant's RPCs (a dozen such pods of one tenant: over a second).
-    threads: list[str] = []
-    real = scrape.read_page
-
-    def recording(body, reader):  # type: ignore[no-untyped-def]
-        threads.append(threading.current_thread().name)
-        return real(body, reader)
-
-    monkeypatch.setattr(scrape, "read_page", recording)
+    threads = parsing_threads(monkeypatch)
     short = PAGE + "".join(f'DCGM_FI_DEV_GPU_UTIL{{gpu="{i}"}} 1\n' for i in range(2, 6_000))
     assert len(short) < 256 * 1024
     server = await serve({"/metrics": text(short)})
