@@ -202,6 +202,36 @@ def test_a_pod_without_a_rate_of_its_own_adds_no_variability_to_the_arrivals() -
     assert found == pytest.approx(10.0)
 
 
+def test_a_pod_missing_for_one_evaluation_adds_no_variability_to_the_arrivals() -> None:
+    """15 requests/s arrive throughout, 5/s a pod; at 40 s one pod's page is not fresh (a missing pod). Its
+    rate left that sum (10), read as noise: 35 % headroom for ten minutes on a steady rate."""
+    pods = ("vllm-0", "vllm-1", "vllm-2")
+    fresh_at = {0.0: pods, 20.0: pods, 40.0: pods[:2], 60.0: pods, 80.0: pods}
+    clock = [0.0]
+
+    def fleet(recent: tuple[float, ...], _: Any) -> Snapshot:
+        now, fresh = clock[0], fresh_at[clock[0]]
+        page = 'vllm:num_requests_running{engine="0",model_name="m"} 0\n'
+        page += 'vllm:num_requests_waiting{engine="0",model_name="m"} 0\n'
+        samples = tuple(parse_exposition(page, POD_PAGE_NAMES))
+        read = tuple(PodSamples("llm", pod, samples, f"http://{pod}") for pod in fresh)
+        view = NamespaceView((), tuple(p.source for p in read), len(pods))
+        tracks = tuple(
+            (pod, Track([DemandPoint(now - 60.0, 0.0, 0.0), DemandPoint(now, 5.0 * 60.0, 0.0)], engine="vllm"))
+            for pod in fresh
+        )  # fmt: skip
+        return Snapshot(
+            "llm", now, SourceKind.INFERENCE, None, view, (), read, frozenset(pods), tracks, None, recent
+        )  # fmt: skip
+
+    evaluator, followed, snapshots = run(clock, fleet, DEMAND)
+    for at in fresh_at:
+        clock[0] = at
+        found = evaluator.evaluate(followed, DEMAND).value
+    assert snapshots.asked[-1][0] == pytest.approx((15.0, 15.0, 15.0)), snapshots.asked[-1][0]
+    assert found == pytest.approx(15.0)
+
+
 def test_windows_older_than_the_allowances_span_are_not_read_after_a_quiet_hour() -> None:
     clock, latency = [0.0], {"now": ttft(500.0, 0.0)}  # calm: 1,000 requests, none missed
     evaluator, followed, snapshots = run(
