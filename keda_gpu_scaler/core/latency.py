@@ -184,11 +184,14 @@ def late_observations(kind: str, increases: Mapping[str, float], target: float) 
 
 def overshoot(reads: Mapping[str, LatencyRead], slo: SloTarget | None) -> float | None:
     """The largest measured quantile ÷ its target over the SLO's targets with a read; None: none. A
-    quantile in the +Inf bucket is at least the highest finite bound: below the target, that says nothing."""
+    quantile in the +Inf bucket is beyond the highest finite bound: below the target, that says nothing; at
+    the target, it is over it (read as 1 exactly, the guard did not act while every such request missed)."""
     if slo is None:
         return None
     ratios = [
-        read.quantile / target
+        math.nextafter(read.quantile / target, math.inf)
+        if read.above_highest_bound
+        else read.quantile / target
         for kind, target in slo.targets().items()
         if (read := reads.get(kind)) is not None
         and read.quantile is not None

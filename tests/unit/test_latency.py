@@ -344,3 +344,13 @@ def test_a_quantile_beyond_every_bound_below_the_target_is_no_overshoot() -> Non
     slo = SloTarget(2.5, None)
     assert overshoot({"ttft": read}, slo) is None
     assert overshoot({"ttft": read}, SloTarget(1.0, None)) == pytest.approx(2.0)  # over a lower one: known
+
+
+def test_a_quantile_beyond_a_highest_bound_equal_to_the_target_is_over_it() -> None:
+    # The target is the highest finite bound (an older build's 10 s) and the p95 falls in +Inf: every such
+    # request took longer than the target. Read as exactly 1, the guard waited for ever.
+    buckets = {"ttft:le=5.0": 0.0, "ttft:le=10.0": 0.0, "ttft:le=+Inf": 100.0, "ttft:count": 100.0}
+    read = latency_read("ttft", {"a": buckets}, 0.95)
+    ratio = overshoot({"ttft": read}, SloTarget(10.0, None))
+    assert read.above_highest_bound and ratio is not None and ratio > 1
+    assert guarded_value(10.0, 2, 5.0, {"ttft": read}, SloTarget(10.0, None)) == 15.0
