@@ -172,6 +172,9 @@ def render_table(entry: Mapping[str, Any]) -> str:
     else:
         lines.extend(_gpu_lines(entry))
     hpa = entry["hpa"]
+    if hpa is None:  # GetMetrics answers UNAVAILABLE: no value, so no replica count either
+        lines.append(f"  value unknown: {entry.get('valueUnknown')}   {_activity(entry)}")
+        return "\n".join(lines)
     lines.append(
         f"  value = {entry['value']:.2f} ({entry['aggregation']} over {counted(hpa['currentReplicas'], 'pod')})"
         f"   {_activity(entry)}"

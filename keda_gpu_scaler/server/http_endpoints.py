@@ -86,9 +86,12 @@ def _pod_json(pod: PodValue) -> dict[str, Any]:
 def evaluation_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]:
     if spec.metric.gateway:
         return _pending_json(evaluation, spec)
+    unknown = evaluation.value_unknown
     return {
-        "value": evaluation.value,
-        # As IsActive answers: no activity (UNAVAILABLE, activityUnknown says why) where it cannot be told.
+        # As GetMetrics and IsActive answer: no value, no activity (UNAVAILABLE: valueUnknown and
+        # activityUnknown say why) where it cannot be told.
+        "value": None if unknown is not None else evaluation.value,
+        "valueUnknown": unknown,
         "active": None if evaluation.activity_unknown is not None else evaluation.active,
         "activationThreshold": spec.activation_threshold,
         "threshold": spec.threshold,
@@ -99,7 +102,7 @@ def evaluation_json(evaluation: Evaluation, spec: TriggerSpec) -> dict[str, Any]
         "missingPodValue": evaluation.missing_pod_value,
         "rule": evaluation.rule,
         "activityUnknown": evaluation.activity_unknown,
-        "hpa": _hpa_json(evaluation),
+        "hpa": None if unknown is not None else _hpa_json(evaluation),
     }
 
 

@@ -287,6 +287,15 @@ def test_demand_at_zero_wakes_on_requests_turned_away_beside_an_unread_replica()
     assert decision.evaluation is not None and decision.evaluation.active, decision.error
     assert decision.evaluation.activity_unknown is None  # IsActive: true
     assert "epp-1" in (decision.evaluation.value_unknown or "")  # GetMetrics: a lower bound of 0, no value
+    # /explain and the explain command say so: no value, no replica count (they showed 0 and its HPA).
+    from keda_gpu_scaler.explain import render_table
+    from keda_gpu_scaler.server.http_endpoints import evaluation_json
+
+    shown = evaluation_json(decision.evaluation, spec)
+    assert shown["value"] is None and shown["hpa"] is None and shown["active"] is True
+    assert "value unknown: a lower bound of 0" in render_table(
+        {"namespace": "llm", "scaledObject": "chat", **shown}
+    )
 
 
 def test_demand_at_zero_wakes_on_requests_turned_away_as_pending_does() -> None:
