@@ -339,18 +339,22 @@ class DemandHistory:
             # The newest page added no point (a NaN in a counter of any of its models): a rate would end
             # at an older page, however old.
             return Track([], problem=_UNREAD_COUNTERS, engine=engine_name)
-        last = self._end(points[-1], engine, model, counters, flight)
         # The rate starts at the window's oldest page whose in-flight count can be read (a NaN there
         # shortens the span: a pod with pages enough is never one without a rate of its own).
-        starts = ((p, self._end(p, engine, model, counters, None)) for p in points[:-1])
-        first = next(((p, end) for p, end in starts if end is not None), None)
+        ends_at = ((p, self._end(p, engine, model, counters, None)) for p in points[:-1])
+        first = next(((p, end) for p, end in ends_at if end is not None), None)
         if first is None and len(points) > 1:
             unread = Missing(
                 MissingKind.NO_VALUE, f"no in-flight count on its {len(points) - 1} earlier pages"
             )
             return Track([], problem=unread, engine=engine_name)
-        ends = [points[-1]] if first is None else [first[0], points[-1]]
-        usable = [end for end in ([last] if first is None else [first[1], last]) if end is not None]
+        # The newest page's in-flight count was read above (`flight`): its end is never None.
+        pairs = [
+            *([first] if first else []),
+            (points[-1], self._end(points[-1], engine, model, counters, flight)),
+        ]
+        ends = [point for point, _ in pairs]
+        usable = [end for _, end in pairs if end is not None]
         lost = _lost(points, engine, model)
         if len(usable) == 2 and lost:
             # Requests restarted engines held were lost, neither finished nor in flight after: counted as

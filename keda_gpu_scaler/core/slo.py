@@ -125,3 +125,23 @@ def take_slo(fields: dict[str, Any], stated: dict[str, str], allowed: bool) -> S
             " sloTpotMs"
         )
     return SloTarget(ttft, tpot, DEFAULT_ATTAINMENT if attainment is None else attainment)
+
+
+# The latency kind each target is read from (the pods' histograms).
+_KIND_OF = {"slo_ttft_seconds": TTFT, "slo_tpot_ms": TPOT}
+
+
+def check_measured(slo: SloTarget | None, engine: str, stated: dict[str, str]) -> None:
+    """ConfigError for a latency target the named engine prints no histogram of: it could never be read,
+    nor guarded. `stated`: field → `key='value'` as written."""
+    measured = measured_latencies(engine)
+    if slo is None or measured is None:
+        return
+    given = {"slo_ttft_seconds": slo.ttft_seconds, "slo_tpot_ms": slo.tpot_ms}
+    can = " and ".join(k.key for k in SLO_KEYS if _KIND_OF.get(k.field) in measured) or "no latency target"
+    for field, kind in _KIND_OF.items():
+        if given[field] is not None and kind not in measured:
+            raise ConfigError(
+                f"metadata {stated[field]}: engine {engine} prints no histogram of this latency, so it could"
+                f" never be read; with {engine} state {can}"
+            )

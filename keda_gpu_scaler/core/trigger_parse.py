@@ -9,7 +9,7 @@ from typing import Any
 
 from keda_gpu_scaler.core.demand import DemandUnit
 from keda_gpu_scaler.core.errors import ConfigError, quoted
-from keda_gpu_scaler.core.slo import take_slo
+from keda_gpu_scaler.core.slo import check_measured, take_slo
 from keda_gpu_scaler.core.trigger import (
     DEFAULT_METRIC_NAMES,
     FROM_ENV,
@@ -28,14 +28,7 @@ from keda_gpu_scaler.core.value_parsers import (
     MAX_THRESHOLD_START,
     MIN_THRESHOLD_START,
 )
-from keda_gpu_scaler.pages.engines import (
-    accepts_model,
-    engine_supports,
-    measured_latencies,
-    supports_tokens,
-    unsupported_message,
-)
-from keda_gpu_scaler.pages.engines._common import TPOT, TTFT
+from keda_gpu_scaler.pages.engines import accepts_model, engine_supports, supports_tokens, unsupported_message
 from keda_gpu_scaler.pages.vendors import Family
 
 MAX_METADATA_KEYS = 64
@@ -105,7 +98,7 @@ def _parse(items: list[tuple[str, str]]) -> TriggerSpec:
         fields[spec_key.field] = spec_key.default
     settle_auto_threshold(fields, given, stated)
     fields["slo"] = take_slo(fields, stated, allowed=states_slo(fields["metric"], "inference_pool" in given))
-    _check_slo_measured(fields, stated)
+    check_measured(fields["slo"], fields["engine"], stated)
     _check_metric_fit(fields, stated)
     if fields["metric_name"] is None:
         fields["metric_name"] = DEFAULT_METRIC_NAMES[fields["metric"]]
@@ -223,29 +216,6 @@ def _check_demand_fit(fields: dict[str, Any], given: dict[str, str]) -> None:
             "metadata source='prometheus' is not available for metric=demand: its rates are taken over the"
             " pods' own pages as they are read; allowed: scrape"
         )
-
-
-def _check_slo_measured(fields: dict[str, Any], stated: dict[str, str]) -> None:
-    """A latency target the named engine prints no histogram of could never be read, nor guarded."""
-    slo, measured = fields["slo"], measured_latencies(fields["engine"])
-    if slo is None or measured is None:
-        return
-    for field, kind, value in (
-        ("slo_ttft_seconds", TTFT, slo.ttft_seconds),
-        ("slo_tpot_ms", TPOT, slo.tpot_ms),
-    ):
-        if value is not None and kind not in measured:
-            can = (
-                " and ".join(stated_key for stated_key, k in _SLO_KEYS if k in measured)
-                or "no latency target"
-            )
-            raise ConfigError(
-                f"metadata {stated[field]}: engine {fields['engine']} prints no histogram of this latency, so"
-                f" it could never be read; with {fields['engine']} state {can}"
-            )
-
-
-_SLO_KEYS = (("sloTtftSeconds", TTFT), ("sloTpotMs", TPOT))
 
 
 def _check_gated_guard(fields: dict[str, Any], given: dict[str, str]) -> None:

@@ -164,6 +164,26 @@ def test_a_window_whose_gaps_between_tokens_missed_most_is_weighed_by_its_reques
     assert found == pytest.approx(15.0), windows
 
 
+def rated_pods(
+    now: float, rates: dict[str, float | None], targets: tuple[str, ...], recent: tuple[float, ...]
+) -> Snapshot:
+    """The target pods, those in `rates` read, each at its own rate over the last minute (None: one page
+    so far, no rate yet); the others missing."""
+    page = 'vllm:num_requests_running{engine="0",model_name="m"} 0\n'
+    page += 'vllm:num_requests_waiting{engine="0",model_name="m"} 0\n'
+    samples = tuple(parse_exposition(page, POD_PAGE_NAMES))
+    pods = tuple(PodSamples("llm", pod, samples, f"http://{pod}") for pod in rates)
+    view = NamespaceView((), tuple(p.source for p in pods), len(targets))
+    tracks = tuple(
+        (pod, Track([DemandPoint(now, 0.0, 0.0)] if rate is None else
+                    [DemandPoint(now - 60.0, 0.0, 0.0), DemandPoint(now, rate * 60.0, 0.0)], engine="vllm"))
+        for pod, rate in rates.items()
+    )  # fmt: skip
+    return Snapshot(
+        "llm", now, SourceKind.INFERENCE, None, view, (), pods, frozenset(targets), tracks, None, recent
+    )  # fmt: skip
+
+
 def test_a_pod_without_a_rate_of_its_own_adds_no_variability_to_the_arrivals() -> None:
     """10 requests/s arrive throughout: two pods at 5/s, then a third is Ready without a rate yet (it
     counts as the others' mean, 5/s), then the three share the 10/s. Kept, that 15 read as noise and
@@ -179,20 +199,7 @@ def test_a_pod_without_a_rate_of_its_own_adds_no_variability_to_the_arrivals() -
     clock = [0.0]
 
     def fleet(recent: tuple[float, ...], _: Any) -> Snapshot:
-        now, rates = clock[0], phases[clock[0]]
-        page = 'vllm:num_requests_running{engine="0",model_name="m"} 0\n'
-        page += 'vllm:num_requests_waiting{engine="0",model_name="m"} 0\n'
-        samples = tuple(parse_exposition(page, POD_PAGE_NAMES))
-        pods = tuple(PodSamples("llm", pod, samples, f"http://{pod}") for pod in rates)
-        view = NamespaceView((), tuple(p.source for p in pods), len(pods))
-        tracks = tuple(
-            (pod, Track([DemandPoint(now, 0.0, 0.0)] if rate is None else
-                        [DemandPoint(now - 60.0, 0.0, 0.0), DemandPoint(now, rate * 60.0, 0.0)], engine="vllm"))
-            for pod, rate in rates.items()
-        )  # fmt: skip
-        return Snapshot(
-            "llm", now, SourceKind.INFERENCE, None, view, (), pods, frozenset(rates), tracks, None, recent
-        )  # fmt: skip
+        return rated_pods(clock[0], phases[clock[0]], tuple(phases[clock[0]]), recent)
 
     evaluator, followed, snapshots = run(clock, fleet, DEMAND)
     for at in phases:
@@ -210,19 +217,7 @@ def test_a_pod_missing_for_one_evaluation_adds_no_variability_to_the_arrivals() 
     clock = [0.0]
 
     def fleet(recent: tuple[float, ...], _: Any) -> Snapshot:
-        now, fresh = clock[0], fresh_at[clock[0]]
-        page = 'vllm:num_requests_running{engine="0",model_name="m"} 0\n'
-        page += 'vllm:num_requests_waiting{engine="0",model_name="m"} 0\n'
-        samples = tuple(parse_exposition(page, POD_PAGE_NAMES))
-        read = tuple(PodSamples("llm", pod, samples, f"http://{pod}") for pod in fresh)
-        view = NamespaceView((), tuple(p.source for p in read), len(pods))
-        tracks = tuple(
-            (pod, Track([DemandPoint(now - 60.0, 0.0, 0.0), DemandPoint(now, 5.0 * 60.0, 0.0)], engine="vllm"))
-            for pod in fresh
-        )  # fmt: skip
-        return Snapshot(
-            "llm", now, SourceKind.INFERENCE, None, view, (), read, frozenset(pods), tracks, None, recent
-        )  # fmt: skip
+        return rated_pods(clock[0], dict.fromkeys(fresh_at[clock[0]], 5.0), pods, recent)
 
     evaluator, followed, snapshots = run(clock, fleet, DEMAND)
     for at in fresh_at:
