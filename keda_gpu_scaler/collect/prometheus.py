@@ -357,8 +357,9 @@ class PrometheusCollector:
         self._store.add_source(source, SourceKind.PROMETHEUS_INFERENCE, namespace)
         seen = self._inference_pods.setdefault(namespace, {})
         try:
-            samples = await self._series(inference_query(namespace), at, "inference")
-            found = inference_pods(samples, namespace, at, self._window)
+            trusted = self._exporter_namespaces
+            samples = await self._series(inference_query(namespace, trusted), at, "inference")
+            found = inference_pods(samples, namespace, at, self._window, trusted)
             ups = await self._ups_of_lost(namespace, seen, found, at)
             down = down_pods(namespace, seen.keys(), found, up_series(samples), at, self._window)
         except PrometheusError as error:

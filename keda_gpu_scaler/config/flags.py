@@ -122,8 +122,9 @@ FLAGS: tuple[Flag, ...] = (
         "the namespaces GPU exporter pods are read from, ','-separated (the defaults are where the NVIDIA"
         " and AMD GPU operators and Alibaba ACK install them); with Kubernetes a pod elsewhere matching"
         " --exporter-selector is never read, and through Prometheus only series scraped from a target in"
-        " them may name another namespace's pod (exported_namespace/exported_pod and the like), so a tenant"
-        " cannot pass a pod of theirs off as a node's exporter. * reads any namespace",
+        " them (or in the pod's own namespace, for inference servers' series) may name another namespace's pod"
+        " (exported_namespace/exported_pod and the like): add a metrics proxy's namespace here. So a tenant"
+        " cannot pass a pod of theirs off as a node's exporter or another tenant's server. * reads any namespace",
         parse=_exporter_namespaces,
     ),
     Flag(

@@ -248,14 +248,27 @@ def fresh_series(
     )
 
 
-def inference_pods(samples: Iterable[Sample], namespace: str, at: float, window: float) -> FreshSeries:
+def inference_pods(
+    samples: Iterable[Sample],
+    namespace: str,
+    at: float,
+    window: float,
+    exporter_namespaces: Collection[str] | None,
+) -> FreshSeries:
     """An inference query's series by pod of `namespace`: the pod comes from engines.pod_of
     (`exported_namespace`/`exported_pod` first, then `namespace`/`pod`); series naming no pod, or a pod
-    of another namespace, are left out."""
+    of another namespace, are left out, and so are `exported_*` pairs scraped from a target outside
+    `namespace` and `exporter_namespaces` (None: any), as promql.inference_query asks."""
+    speaking = None if exporter_namespaces is None else {namespace, *exporter_namespaces}
 
     def pod_in_namespace(labels: dict[str, str]) -> str | None:
         key = pod_of(labels)
-        return key[1] if key is not None and key[0] == namespace else None
+        if key is None or key[0] != namespace:
+            return None
+        exported = labels.get("exported_namespace") and labels.get("exported_pod")
+        if exported and speaking is not None and labels.get("namespace", "") not in speaking:
+            return None
+        return key[1]
 
     return fresh_series(samples, ENGINE_SAMPLE_NAMES, pod_in_namespace, at, window)
 

@@ -97,20 +97,28 @@ def _exporter_targets(exporter_namespaces: Collection[str] | None) -> list[Match
     return [] if exporter_namespaces is None else [("namespace", "=~", any_of(exporter_namespaces))]
 
 
-def inference_query(namespace: str) -> str:
+def inference_query(namespace: str, exporter_namespaces: Collection[str] | None) -> str:
     """The inference servers' series (SPEC §6) of the pods of `namespace`, with their sample times.
 
     Two label pairs name the pod: `namespace`/`pod` as Prometheus' Kubernetes service discovery attaches
     them to a scraped pod, and `exported_namespace`/`exported_pod` where the workload's own labels were
-    renamed on the way (honor_labels false, a federation). Family names may hold colons
-    (`vllm:num_requests_waiting`): legal in metric names, and no RE2 metacharacter. A series that matches
-    a branch but names another namespace in the pair read first (engines.pod_of) is the caller's to drop.
+    renamed on the way (honor_labels false, a federation, a metrics proxy). The `exported_*` pair is what a
+    page printed about itself: it counts only from targets in `namespace` itself or in
+    `exporter_namespaces` (--exporter-namespaces; None: any), or a tenant's own pod printing vLLM series
+    labelled with another tenant's pods would add load to that tenant's trigger. Family names may hold
+    colons (`vllm:num_requests_waiting`): legal in metric names, and no RE2 metacharacter. A series that
+    matches a branch but names another namespace in the pair read first (engines.pod_of) is the caller's
+    to drop.
 
     With them, Prometheus' own `up` of every scrape target naming a pod of `namespace` (Kubernetes service
     discovery's `namespace`/`pod`): a pod whose server has failed every scrape since the scaler started
     has no other series to name it, and must count as a missing pod, not as no pod (SPEC §4).
     """
-    branches = [[(ns_key, "=", namespace), (pod_key, "!=", "")] for ns_key, pod_key in ENGINE_POD_LABELS]
+    speaking = _exporter_targets(None if exporter_namespaces is None else {namespace, *exporter_namespaces})
+    branches = [
+        [(ns_key, "=", namespace), (pod_key, "!=", ""), *([] if ns_key == "namespace" else speaking)]
+        for ns_key, pod_key in ENGINE_POD_LABELS
+    ]
     targets = values_and_times(["up"], [[("namespace", "=", namespace), ("pod", "!=", "")]])
     return f"{values_and_times(ENGINE_SAMPLE_NAMES, branches)} or {targets}"
 

@@ -27,6 +27,7 @@ from keda_gpu_scaler.collect.prometheus_sources import inference_source, pod_inf
 from keda_gpu_scaler.collect.store import Store
 from keda_gpu_scaler.collect.wanted import WantedSources
 from keda_gpu_scaler.config.settings import Settings
+from keda_gpu_scaler.core.selectors import DEFAULT_EXPORTER_NAMESPACES
 from keda_gpu_scaler.core.snapshot import SourceKind
 from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 from keda_gpu_scaler.pages.engines import InferenceMetric, PodSamples, pod_reading, value_for
@@ -108,6 +109,8 @@ async def source(prometheus: PrometheusServer) -> AsyncIterator[tuple[Prometheus
                 interval=INTERVAL,
                 max_staleness=MAX_STALENESS,
                 clock=time.monotonic,
+                # The metrics proxy's namespace: its series speak for other namespaces' pods.
+                exporter_namespaces=frozenset({*DEFAULT_EXPORTER_NAMESPACES, "gateway"}),
             ),
             store,
         )
@@ -137,6 +140,31 @@ def requests(pod: PodSamples) -> float:
 
 def values(pod: PodSamples) -> dict[tuple[str, str], float]:
     return {(s.name, s.labels.get("engine", "")): s.value for s in pod.samples}
+
+
+async def test_a_tenants_own_pod_cannot_speak_for_another_namespaces_pods(
+    source: tuple[PrometheusCollector, Store], make_exporter: Any, targets: Any, prometheus: PrometheusServer
+) -> None:
+    """A tenant's own pod (scraped with honor_labels false) printing vLLM series labelled with another
+    namespace's pods: they arrive as exported_namespace/exported_pod, which count only from that namespace
+    itself or --exporter-namespaces. Read, they added 1,000 requests to llm's real pod and made up a pod."""
+    own = await make_exporter(page("vllm_v1.prom"))  # running 12 + waiting 3
+    spoof = "".join(
+        f'vllm:num_requests_{kind}{{namespace="llm",pod="{pod}",engine="9",model_name="m"}} 500\n'
+        for pod in ("vllm-b", "vllm-z")
+        for kind in ("running", "waiting")
+    )
+    attacker = await make_exporter(spoof)
+    targets((own, pod_labels("llm", "vllm-b")), (attacker, pod_labels("attacker", "evil-0")))
+
+    async def both_scraped() -> dict[str, PodSamples]:
+        assert prometheus.query('vllm:num_requests_running{exported_namespace="llm",namespace="attacker"}')
+        pods = await pods_of(source, "llm")
+        assert "vllm-b" in pods
+        return pods
+
+    pods = await eventually(both_scraped, timeout=30)
+    assert sorted(pods) == ["vllm-b"] and requests(pods["vllm-b"]) == 15
 
 
 async def test_each_pods_series_by_its_kubernetes_labels(

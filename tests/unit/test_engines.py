@@ -774,7 +774,9 @@ def readings_by_pod(
     return {
         (namespace, pod): pod_reading(series, engine, model)
         for namespace in namespaces
-        for pod, series in inference_pods(samples, namespace, at=0.0, window=math.inf).by_pod
+        for pod, series in inference_pods(
+            samples, namespace, at=0.0, window=math.inf, exporter_namespaces=None
+        ).by_pod
     }
 
 

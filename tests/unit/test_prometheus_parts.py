@@ -656,7 +656,7 @@ async def _recorded(pages: list[float]) -> None:
 
 
 def test_inference_query_names_every_engine_family_with_both_pod_label_pairs() -> None:
-    query = inference_query('llm"} or up{x="')
+    query = inference_query('llm"} or up{x="', None)
     quoted = 'llm\\"} or up{x=\\"'
     assert f'{{__name__=~"{any_of(ENGINE_SAMPLE_NAMES)}",namespace="{quoted}",pod!=""}}' in query
     assert (
@@ -673,7 +673,7 @@ def test_inference_query_names_every_engine_family_with_both_pod_label_pairs() -
 
 
 def test_inference_query_asks_for_every_spelling_and_the_newer_engines() -> None:
-    query = inference_query("llm")
+    query = inference_query("llm", None)
     for name in (
         "sglang:num_queue_reqs",
         "sglang_num_queue_reqs",  # as sgl-router prints it and an escaping Prometheus 3 stores it
@@ -720,7 +720,7 @@ def test_sglang_through_prometheus_reads_as_its_own_page_in_either_spelling(
     underscore = own.replace("sglang:", "sglang_")
     stored = {":": own, "_": underscore, "b": own + underscore}[spelling]
     ((_, series),) = inference_pods(
-        as_prometheus_answers(stored, "sglang-0", age=0.5), "llm", WALL, 2.0
+        as_prometheus_answers(stored, "sglang-0", age=0.5), "llm", WALL, 2.0, None
     ).by_pod
     expected = pod_reading(parse_exposition(own, ENGINE_SAMPLE_NAMES))
     assert expected.engine is Engine.SGLANG
@@ -740,7 +740,9 @@ def test_llamacpp_and_trtllm_serve_through_prometheus_read_their_gauges(
     samples = as_prometheus_answers(llama, "llama-0", age=0.5) + as_prometheus_answers(
         serve, "serve-0", age=0.5
     )
-    pods = {pod: pod_reading(series) for pod, series in inference_pods(samples, "llm", WALL, 2.0).by_pod}
+    pods = {
+        pod: pod_reading(series) for pod, series in inference_pods(samples, "llm", WALL, 2.0, None).by_pod
+    }
     assert {pod: (r.engine, r.running, r.waiting) for pod, r in pods.items()} == {
         "llama-0": (Engine.LLAMACPP, running, waiting),
         "serve-0": (Engine.TRTLLM, running, waiting),
@@ -788,7 +790,7 @@ def test_inference_series_grouped_by_pod() -> None:
         Sample("vllm:num_requests_running", {"namespace": "llm", "pod": ""}, 7, round(WALL * 1000)),
         Sample("DCGM_FI_DEV_GPU_UTIL", {"namespace": "llm", "pod": "vllm-0"}, 7, round(WALL * 1000)),
     ]
-    found = inference_pods(samples, "llm", WALL, 2.0)
+    found = inference_pods(samples, "llm", WALL, 2.0, None)
     assert [pod for pod, _ in found.by_pod] == ["fed-0", "vllm-0", "vllm-1"]
     _, vllm_0 = found.by_pod[1]
     assert [s.name for s in vllm_0] == [
@@ -800,7 +802,7 @@ def test_inference_series_grouped_by_pod() -> None:
     assert found.oldest == WALL - 1.5
     assert found.stale == ()
     # Prometheus' order is not kept: the same series give an equal page (the store wakes nobody).
-    assert inference_pods(list(reversed(samples)), "llm", WALL, 2.0) == found
+    assert inference_pods(list(reversed(samples)), "llm", WALL, 2.0, None) == found
 
 
 def test_stale_inference_series_and_pods_are_left_out() -> None:
@@ -811,12 +813,12 @@ def test_stale_inference_series_and_pods_are_left_out() -> None:
         *vllm("vllm-2", 3, 0, age=0.5),
         *vllm("vllm-2", 4, 4, age=10.0, engine="1"),
     ]
-    found = inference_pods(samples, "llm", WALL, 2.0)
+    found = inference_pods(samples, "llm", WALL, 2.0, None)
     assert [pod for pod, _ in found.by_pod] == ["vllm-0", "vllm-2"]
     assert {s.labels["engine"] for s in found.by_pod[1][1]} == {"0"}
     assert found.stale == ("vllm-1",)
     assert found.oldest == WALL - 0.5
-    assert inference_pods([], "llm", WALL, 2.0).oldest is None
+    assert inference_pods([], "llm", WALL, 2.0, None).oldest is None
 
 
 def inference_view(store: Store, now: float) -> Any:
@@ -913,11 +915,11 @@ def up(pod: str, value: float, age: float = 0.5, **labels: str) -> list[Sample]:
 
 def test_up_series_and_the_targets_that_served_each_pod() -> None:
     samples = [*vllm("vllm-0", 1, 0, age=0.5), *vllm("vllm-1", 1, 0, age=30.0), *up("vllm-0", 1)]
-    assert inference_pods(samples, "llm", WALL, 2.0).targets == {
+    assert inference_pods(samples, "llm", WALL, 2.0, None).targets == {
         "vllm-0": frozenset({("vllm", "vllm-0:8000")}),
         "vllm-1": frozenset({("vllm", "vllm-1:8000")}),  # stale series name their target too
     }
-    assert inference_pods(samples, "other", WALL, 2.0).targets == {}
+    assert inference_pods(samples, "other", WALL, 2.0, None).targets == {}
     assert up_series(samples) == [Up(("vllm", "vllm-0:8000"), 1, WALL - 0.5, ("llm", "vllm-0"))]
 
 
