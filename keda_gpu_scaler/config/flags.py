@@ -330,7 +330,8 @@ FLAGS: tuple[Flag, ...] = (
         "--max-streams",
         "10000",
         "most streams of each streaming RPC (StreamIsActive, StreamMetricSpec) open at once (more:"
-        " RESOURCE_EXHAUSTED)",
+        " RESOURCE_EXHAUSTED); at the limit each namespace has a fair share, and one below it takes the newest"
+        " stream of the namespace holding the most",
         parse=NumberParser(int),
     ),
     Flag(

@@ -178,29 +178,31 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         slots: _StreamSlots,
         request: pb.ScaledObjectRef,
         context: grpc.aio.ServicerContext[Any, Any],
-        messages: Callable[[pb.ScaledObjectRef, TriggerSpec], AsyncIterator[Message]],
+        messages: Callable[[pb.ScaledObjectRef, TriggerSpec, _Slot], AsyncIterator[Message]],
     ) -> AsyncIterator[Message]:
         """Every stream's life: opened as the unary call on the same ref would answer (its errors), within
         --max-streams, counted while open; it ends when the client goes (cancelled) or at shutdown."""
         async with self._answering(slots.method, request, context):
             spec = self._checked(request)
-            slots.check()
+            ending = slots.room_for(request.namespace)  # refused: nothing followed, no stream ended
             self._registry.follow(request.namespace, request.name, spec)
-        with slots.held():
+            slot = slots.take(request.namespace, ending)
+        with slots.held(slot):
             # What the data shows can never be answered (a model named in another case than the page's)
             # ends the stream with the status the unary call gives, never gRPC's UNKNOWN.
             async with _ended_with_status(slots.method, context):
-                async for message in messages(request, spec):
+                async for message in messages(request, spec, slot):
                     yield message
 
     async def _spec_updates(
-        self, ref: pb.ScaledObjectRef, spec: TriggerSpec
+        self, ref: pb.ScaledObjectRef, spec: TriggerSpec, slot: _Slot
     ) -> AsyncIterator[pb.GetMetricSpecResponse]:
         """The specs GetMetricSpec answers, at once, then each published change of the target: never an
         empty list, never the same specs twice in a row."""
         sent: pb.GetMetricSpecResponse | None = None
         with _CountedOpen(spec, lambda followed: followed.spec_streams) as counted:
             while not self._closing:
+                slot.check()  # its place taken by another namespace's fair share: it ends
                 # Forgotten, and no room to follow it again (the cap's share went to another namespace):
                 # the stream ends with RESOURCE_EXHAUSTED, its --max-streams place freed for one followed.
                 followed = self._registry.follow(ref.namespace, ref.name, spec)
@@ -218,7 +220,9 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                         continue  # forgotten meanwhile: its targets' wakes (a move, shutdown) are over
                 await targets.wait_for_change(seen, self._stream_recheck)
 
-    async def _activations(self, ref: pb.ScaledObjectRef, spec: TriggerSpec) -> AsyncIterator[None]:
+    async def _activations(
+        self, ref: pb.ScaledObjectRef, spec: TriggerSpec, slot: _Slot
+    ) -> AsyncIterator[None]:
         """Yield once per inactive→active transition (and at once if active when opened). Never false.
 
         Every `true` restarts KEDA's cooldown, so repeating it while active would delay scale-to-zero.
@@ -227,6 +231,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         was_active = False
         with _CountedOpen(spec, lambda followed: followed.activity_streams) as counted:
             while not self._closing:
+                slot.check()  # its place taken by another namespace's fair share: it ends
                 seen = self._store.version(ref.namespace)
                 # Following on every round keeps the ScaledObject's state fresh while its stream is open
                 # (and counted open, it is not idle between rounds). Forgotten, with no room to follow it
@@ -294,29 +299,78 @@ def _spec_response(spec: TriggerSpec, target: float) -> pb.GetMetricSpecResponse
 
 
 class _StreamSlots:
-    """The open streams of one RPC: at most --max-streams at once, shown on /metrics while open."""
+    """The open streams of one RPC: at most --max-streams at once, shown on /metrics while open. At the
+    limit each namespace has a fair share, as of --max-scaledobjects (SPEC §2): KEDA opens a stream per
+    external-push trigger, and one namespace's triggers must not lock another's wake out."""
 
     def __init__(self, method: str, limit: int, gauge: Gauge) -> None:
         self.method = method
-        self.open = 0
         self._limit = limit
         self._gauge = gauge
+        self._by_namespace: dict[str, list[_Slot]] = {}
 
-    def check(self) -> None:
-        if self.open >= self._limit:
-            raise TooManyStreams(
-                f"{self.open} {self.method} streams are open, the limit (--max-streams) is {self._limit}"
-            )
+    @property
+    def open(self) -> int:
+        return sum(map(len, self._by_namespace.values()))
+
+    def room_for(self, namespace: str) -> _Slot | None:
+        """Within the limit: None. At it, for a namespace below its share (the limit divided among the
+        namespaces with streams, its own counted): the newest stream of the namespace holding the most,
+        to end; at or above its share, TooManyStreams."""
+        if self.open < self._limit:
+            return None
+        namespaces = len(self._by_namespace) + (namespace not in self._by_namespace)
+        share = self._limit // namespaces
+        held = len(self._by_namespace.get(namespace, ()))
+        if held < share:
+            largest = max(self._by_namespace, key=lambda other: len(self._by_namespace[other]))
+            return self._by_namespace[largest][-1]
+        raise TooManyStreams(
+            f"{self.open} {self.method} streams are open, the limit (--max-streams) is {self._limit};"
+            f" namespace {namespace} holds {held}, at or above its fair share of {share}"
+        )
+
+    def take(self, namespace: str, ending: _Slot | None) -> _Slot:
+        """A place for a stream of `namespace`, `ending` (room_for's answer) ended to make it."""
+        if ending is not None:
+            ending.end(f"namespace {namespace} took its fair share of --max-streams ({self._limit})")
+            self._remove(ending)
+        slot = _Slot(self.method, namespace)
+        self._by_namespace.setdefault(namespace, []).append(slot)
+        self._gauge.inc()
+        return slot
 
     @contextmanager
-    def held(self) -> Iterator[None]:
-        self.open += 1
-        self._gauge.inc()
+    def held(self, slot: _Slot) -> Iterator[None]:
         try:
             yield
         finally:
-            self.open -= 1
-            self._gauge.dec()
+            if slot.ended is None:
+                self._remove(slot)
+
+    def _remove(self, slot: _Slot) -> None:
+        slots = self._by_namespace[slot.namespace]
+        slots.remove(slot)
+        if not slots:
+            del self._by_namespace[slot.namespace]
+        self._gauge.dec()
+
+
+class _Slot:
+    """One open stream's place; ended (with why) when another namespace took it: the stream then ends
+    with RESOURCE_EXHAUSTED at its next round, and KEDA opens it again once there is room."""
+
+    def __init__(self, method: str, namespace: str) -> None:
+        self.method = method
+        self.namespace = namespace
+        self.ended: str | None = None
+
+    def end(self, why: str) -> None:
+        self.ended = why
+
+    def check(self) -> None:
+        if self.ended is not None:
+            raise TooManyStreams(f"this {self.method} stream ended: {self.ended}")
 
 
 class _Internal(ScalerError):

@@ -814,3 +814,56 @@ async def test_a_stream_of_a_scaledobject_the_fair_share_forgot_ends_and_frees_i
         wake.cancel()
         for stream in busy.values():
             stream.cancel()
+
+
+async def test_at_max_streams_a_namespace_below_its_share_takes_a_place_from_the_one_holding_most(
+    make_scaler,
+) -> None:  # type: ignore[no-untyped-def]
+    # KEDA opens a StreamIsActive per external-push trigger: busy's one ScaledObject with four such
+    # triggers held every --max-streams place, and team-b's push wake was refused RESOURCE_EXHAUSTED.
+    scaler = await make_scaler(max_scaledobjects=10, max_streams=4)
+    busy = [scaler.stub.StreamIsActive(ref(name="one", namespace="busy")) for _ in range(4)]
+    endings = [asyncio.ensure_future(_end_of(stream)) for stream in busy]
+
+    async def open_streams(count: int) -> None:
+        assert scaler.app.service.open_streams == count
+
+    async def ended(count: int) -> list[grpc.aio.AioRpcError]:
+        done = [ending.result() for ending in endings if ending.done()]
+        assert len(done) == count, done
+        return done
+
+    await eventually(lambda: open_streams(4))
+    wake = scaler.stub.StreamIsActive(ref(name="wake", namespace="team-b"))
+    second = None
+    try:
+        # One of busy's ends RESOURCE_EXHAUSTED naming the share; team-b's stays open.
+        (first,) = await eventually(lambda: ended(1), timeout=15)
+        assert first.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "fair share of --max-streams" in (first.details() or "")
+        await eventually(lambda: open_streams(4))
+        assert not wake.done()
+        # busy, holding 3 of a share of 2, gets no more: its next stream is refused and none ends.
+        refused_call = scaler.stub.StreamIsActive(ref(name="one", namespace="busy"))
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await refused_call.read()
+        assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "at or above its fair share of 2" in (refused.value.details() or "")
+        # team-b, below its share, takes a second place from busy.
+        second = scaler.stub.StreamIsActive(ref(name="wake", namespace="team-b"))
+        await eventually(lambda: ended(2), timeout=15)
+        assert not second.done() and not wake.done()
+    finally:
+        for call in (wake, second, *busy):
+            if call is not None:
+                call.cancel()
+
+
+async def _end_of(stream) -> grpc.aio.AioRpcError:  # type: ignore[no-untyped-def]
+    """The error that ends `stream` (read until it ends)."""
+    try:
+        while await stream.read() is not grpc.aio.EOF:
+            pass
+    except grpc.aio.AioRpcError as error:
+        return error
+    raise AssertionError("the stream ended OK")
