@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from keda_gpu_scaler.collect.backoff import MAX_BACKOFF_INTERVALS, backoff_delay, jittered
 from keda_gpu_scaler.collect.gateway_source import ReplicaQueue
+from keda_gpu_scaler.collect.page_workers import PAGE_OWNER, worked_for_answer
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
 from keda_gpu_scaler.collect.prometheus_exporters import live_targets, unattributed_targets
 from keda_gpu_scaler.collect.prometheus_sources import (
@@ -36,7 +37,7 @@ from keda_gpu_scaler.core.selectors import DEFAULT_EXPORTER_NAMESPACES
 from keda_gpu_scaler.core.snapshot import Reading, SourceKind
 from keda_gpu_scaler.pages.engines import PodSamples
 from keda_gpu_scaler.pages.exposition import Sample
-from keda_gpu_scaler.pages.gateways import NotAGatewayPage, QueueTable, since, table_from_samples
+from keda_gpu_scaler.pages.gateways import NotAGatewayPage, QueueTable, since
 from keda_gpu_scaler.pages.prometheus_answer import (
     ATTRIBUTION_LOST,
     FreshSeries,
@@ -49,9 +50,9 @@ from keda_gpu_scaler.pages.prometheus_answer import (
     lost_pod,
     lost_target,
     merged,
+    replica_tables,
     samples_with_times,
-    seconds,
-    target_of,
+    target_pages,
     up_series,
 )
 from keda_gpu_scaler.pages.promql import (
@@ -64,7 +65,7 @@ from keda_gpu_scaler.pages.promql import (
     namespace_query,
     up_query,
 )
-from keda_gpu_scaler.pages.vendors import readings_from_samples
+from keda_gpu_scaler.pages.vendors import GpuReading
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +164,7 @@ class PrometheusCollector:
     async def _loop(self, namespace: str, collect: Callable[[str], Awaitable[bool]], what: str) -> None:
         """Collect now and every interval (backing off while it fails) until cancelled."""
         failures = 0
+        PAGE_OWNER.set(namespace)  # this task's: its answers are worked through in the namespace's turn
         while True:
             try:
                 # In the namespace's turn (fair between namespaces): the round takes its evaluation time
@@ -201,7 +203,8 @@ class PrometheusCollector:
         return round(self._wall() * 1000) / 1000, self._clock()
 
     async def _series(self, promql: str, at: float, purpose: str) -> list[Sample]:
-        return samples_with_times(await self._client.query(promql, at, purpose))
+        answer = await self._client.query(promql, at, purpose)
+        return await worked_for_answer(len(answer), samples_with_times, answer)
 
     async def collect_gateway_once(self, namespace: str, pool: str) -> bool:
         """Query one InferencePool's endpoint-picker series now and store them. True when Prometheus answered.
@@ -220,7 +223,10 @@ class PrometheusCollector:
         seen = self._gateway_replicas.setdefault((namespace, pool), {})
         try:
             samples = await self._series(gateway_query(namespace, pool), at, "gateway")
-            found = gateway_replicas(samples, namespace, at, self._window)
+            found = await worked_for_answer(
+                len(samples), gateway_replicas, samples, namespace, at, self._window
+            )
+            tables = await worked_for_answer(len(samples), replica_tables, found.by_pod)
             ups = await self._ups_of_lost(namespace, seen, found, at)
         except PrometheusError as error:
             return self._failed(query, source, error)
@@ -236,22 +242,19 @@ class PrometheusCollector:
                 missing.append(ReplicaLost(namespace, name, why))
         queues: list[Reading] = []
         previous = self._gateway_previous.get((namespace, pool), {})
-        tables: dict[str, QueueTable] = {}
-        for name, series in found.by_pod:
+        kept: dict[str, QueueTable] = {}
+        for name, read in tables.items():
             seen[name] = found.targets.get(name, frozenset())
-            # Summed here, once per answer, as the scrape path does: not on every evaluation.
-            try:
-                table = since(previous.get(name), table_from_samples(series))
-            except NotAGatewayPage as error:
-                queues.append(ReplicaLost(namespace, name, str(error)))
+            if isinstance(read, NotAGatewayPage):
+                queues.append(ReplicaLost(namespace, name, str(read)))
             else:
-                tables[name] = table
-                queues.append(ReplicaQueue(namespace, pool, name, table))
+                kept[name] = since(previous.get(name), read)
+                queues.append(ReplicaQueue(namespace, pool, name, kept[name]))
         # A replica missing from this answer but not gone keeps its last queue as the baseline: what it
         # turned away meanwhile shows as growth when its series are back.
         self._gateway_previous[(namespace, pool)] = {
             **{n: t for n, t in previous.items() if n in seen},
-            **tables,
+            **kept,
         }
         collected_at = _collected_at(now, at, found.oldest)
         by_namespace: dict[str, tuple[Reading, ...]] = {namespace: (*queues, *missing)}
@@ -294,12 +297,10 @@ class PrometheusCollector:
         try:
             trusted = self._exporter_namespaces
             samples = await self._series(namespace_query(namespace, trusted), at, "namespace")
-            for query in gpu_queries(samples, trusted):
+            for query in await worked_for_answer(len(samples), gpu_queries, samples, trusted):
                 more = await self._series(query, at, "gpus")
-                samples = merged(samples, more)
-            by_target: dict[Target, list[Sample]] = {}
-            for sample in samples:
-                by_target.setdefault(target_of(sample.labels), []).append(sample)
+                samples = await worked_for_answer(len(samples) + len(more), merged, samples, more)
+            by_target = await worked_for_answer(len(samples), target_pages, samples, at, self._window)
             lost = [target for target in known if target not in by_target]
             alive = await live_targets(self._client, lost, at, self._window) if lost else set()
             silent = await unattributed_targets(self._client, namespace, alive, at) if alive else set()
@@ -312,8 +313,8 @@ class PrometheusCollector:
             return self._failed(PrometheusQuery(GPU_SERIES, namespace), source, error)
         self._answered(PrometheusQuery(GPU_SERIES, namespace), samples, at)
 
-        for target, series in by_target.items():
-            self._record_target(namespace, target, series, at, now)
+        for target, (as_of, readings) in by_target.items():
+            self._record_target(namespace, target, now - max(0.0, at - as_of), readings)
         for target in lost:
             state = known[target]
             # Still scraped, its GPU series naming pods but none of the namespace: those pods are gone;
@@ -359,9 +360,12 @@ class PrometheusCollector:
         try:
             trusted = self._exporter_namespaces
             samples = await self._series(inference_query(namespace, trusted), at, "inference")
-            found = inference_pods(samples, namespace, at, self._window, trusted)
+            found = await worked_for_answer(
+                len(samples), inference_pods, samples, namespace, at, self._window, trusted
+            )
             ups = await self._ups_of_lost(namespace, seen, found, at)
-            down = down_pods(namespace, seen.keys(), found, up_series(samples), at, self._window)
+            own_ups = await worked_for_answer(len(samples), up_series, samples)
+            down = down_pods(namespace, seen.keys(), found, own_ups, at, self._window)
         except PrometheusError as error:
             return self._failed(PrometheusQuery(INFERENCE_SERIES, namespace), source, error)
         self._answered(PrometheusQuery(INFERENCE_SERIES, namespace), samples, at)
@@ -444,16 +448,8 @@ class PrometheusCollector:
             )
 
     def _record_target(
-        self, namespace: str, target: Target, series: list[Sample], at: float, now: float
+        self, namespace: str, target: Target, collected_at: float, readings: list[GpuReading]
     ) -> None:
-        fresh = [s for s in series if at - seconds(s) <= self._window]
-        # A target whose every series is stale keeps a page as old as its newest sample, so that its pods
-        # count as missing (and the error says how old the data is) instead of vanishing.
-        used = fresh or series
-        times = [seconds(s) for s in used]
-        # The page is as old as its oldest sample: none of its readings is used once stale.
-        as_of = min(times) if fresh else max(times)
-        collected_at = now - max(0.0, at - as_of)
         known = self._targets[namespace]
         state = known.get(target)
         if state is None:
@@ -466,7 +462,6 @@ class PrometheusCollector:
             state = known[target] = _TargetSource(name, collected_at)
             self._store.add_source(name, SourceKind.PROMETHEUS, namespace)
         state.collected_at = collected_at
-        readings = readings_from_samples(used, through_prometheus=True)
         self._store.record_page(Page.from_readings(state.source, collected_at, readings))
 
     async def _check_fleet(self, at: float) -> None:

@@ -5,16 +5,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from keda_gpu_scaler.pages.engines import ENGINE_SAMPLE_NAMES, PodKey, pod_of
 from keda_gpu_scaler.pages.exposition import Sample
-from keda_gpu_scaler.pages.gateways import GATEWAY_SAMPLE_NAMES, SCRAPE_TARGET_LABELS
+from keda_gpu_scaler.pages.gateways import (
+    GATEWAY_SAMPLE_NAMES,
+    SCRAPE_TARGET_LABELS,
+    NotAGatewayPage,
+    QueueTable,
+    table_from_samples,
+)
 from keda_gpu_scaler.pages.jsonpieces import OFF_LOOP_BYTES, TooManyItems, loads_in_pieces
 from keda_gpu_scaler.pages.promql import TIMESTAMP_LABEL, Target
-from keda_gpu_scaler.pages.vendors import PodResolver
+from keda_gpu_scaler.pages.vendors import GpuReading, PodResolver, readings_from_samples
 
 # Text from the other side (an error message, a header, a malformed element) is quoted at most this long:
 # enough to say what went wrong, never a whole page in a log line or an RPC status.
@@ -188,6 +194,26 @@ def target_of(labels: dict[str, str]) -> Target:
     return labels.get("job", ""), labels.get("instance", "")
 
 
+def target_pages(
+    samples: Iterable[Sample], at: float, window: float
+) -> dict[Target, tuple[float, list[GpuReading]]]:
+    """A GPU answer's series by scrape target, each as a page: (the time it is as of, its readings).
+
+    The page is as old as its oldest series at most `window` old: none of its readings is used once
+    stale. A target whose every series is stale keeps a page as old as its newest, so that its pods count
+    as missing (and the error says how old the data is) instead of vanishing."""
+    by_target: dict[Target, list[Sample]] = {}
+    for sample in samples:
+        by_target.setdefault(target_of(sample.labels), []).append(sample)
+    pages = {}
+    for target, series in by_target.items():
+        fresh = [s for s in series if at - seconds(s) <= window]
+        times = [seconds(s) for s in fresh or series]
+        as_of = min(times) if fresh else max(times)
+        pages[target] = (as_of, readings_from_samples(fresh or series, through_prometheus=True))
+    return pages
+
+
 def seconds(sample: Sample) -> float:
     """A stamped sample's time in seconds."""
     return (sample.timestamp_ms or 0) / 1000
@@ -271,6 +297,18 @@ def inference_pods(
         return key[1]
 
     return fresh_series(samples, ENGINE_SAMPLE_NAMES, pod_in_namespace, at, window)
+
+
+def replica_tables(by_pod: Iterable[tuple[str, Sequence[Sample]]]) -> dict[str, QueueTable | NotAGatewayPage]:
+    """Each endpoint-picker replica's queue from its series (gateway_replicas' by_pod), or why its series
+    are no picker's page."""
+    tables: dict[str, QueueTable | NotAGatewayPage] = {}
+    for name, series in by_pod:
+        try:
+            tables[name] = table_from_samples(series)
+        except NotAGatewayPage as error:
+            tables[name] = error
+    return tables
 
 
 def replica_of(labels: dict[str, str]) -> str:

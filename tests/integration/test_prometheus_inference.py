@@ -21,6 +21,7 @@ from prometheus_support import (
 from support import ExporterServer, eventually
 
 from keda_gpu_scaler.collect.http import client_session
+from keda_gpu_scaler.collect.page_workers import OFF_LOOP_SERIES
 from keda_gpu_scaler.collect.prometheus import PrometheusCollector
 from keda_gpu_scaler.collect.prometheus_client import PrometheusClient
 from keda_gpu_scaler.collect.prometheus_sources import inference_source, pod_inference_source
@@ -490,3 +491,42 @@ async def test_a_down_pod_that_is_no_target_leaves_a_workload_at_zero_at_zero(
         assert (await scaler.stub.IsActive(ref)).result is False
 
     await eventually(at_zero, timeout=30)
+
+
+async def test_a_large_answer_is_worked_through_off_the_event_loop(
+    source: tuple[PrometheusCollector, Store],
+    make_exporter: Any,
+    targets: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tenant's pods choose how many series an answer holds: stamped and grouped on the loop, 19,000 of
+    them held every tenant's RPCs 0.3 s a collection round. Past OFF_LOOP_SERIES it runs in a page worker,
+    as a scraped page over 16 kB is read."""
+    import threading
+
+    from keda_gpu_scaler.collect import prometheus as collector_module
+
+    threads: dict[str, set[str]] = {}  # where each ran on a large answer
+
+    def recorded(name: str, real: Any) -> Any:
+        def recording(*args: Any) -> Any:
+            if len(args[0]) > OFF_LOOP_SERIES:
+                threads.setdefault(name, set()).add(threading.current_thread().name)
+            return real(*args)
+
+        return recording
+
+    for name in ("samples_with_times", "inference_pods", "up_series"):
+        monkeypatch.setattr(collector_module, name, recorded(name, getattr(collector_module, name)))
+    many = 2000
+    lines = [f'vllm:num_requests_waiting{{engine="0",model_name="m{i}"}} 1\n' for i in range(many)]
+    page_of_many = "".join(lines) + 'vllm:num_requests_running{engine="0",model_name="m0"} 1\n'
+    targets((await make_exporter(page_of_many), pod_labels("many", "vllm-0")))
+
+    async def read() -> None:
+        pods = await pods_of(source, "many")
+        assert "vllm-0" in pods and requests(pods["vllm-0"]) == many + 1
+
+    await eventually(read, timeout=30)
+    assert set(threads) == {"samples_with_times", "inference_pods", "up_series"}
+    assert threading.main_thread().name not in set().union(*threads.values()), threads
