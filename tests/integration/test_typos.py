@@ -91,6 +91,17 @@ async def test_a_short_prefix_one_letter_off_is_a_typo_not_a_workload_at_zero(
     assert far == (grpc.StatusCode.OK, "", 0)
 
 
+@pytest.mark.parametrize("prefix", ["x", "db"])
+async def test_a_prefix_of_one_or_two_letters_unlike_every_pod_is_a_workload_at_zero(
+    make_exporter, make_scaler, prefix: str
+) -> None:  # type: ignore[no-untyped-def]
+    # Any one letter is one change from any other: `x` (and `db`, by its `d`) was "close to deepseek-0".
+    lines = [GpuLine("llm", name, 90, gpu=i) for i, name in enumerate(("deepseek-0", "vllm-0"))]
+    scaler = await make_scaler(await make_exporter(dcgm_page(lines)))
+    answer = await settled(scaler, {"podNamePrefix": prefix, "threshold": "70"}, "gpu-utilization")
+    assert answer == (grpc.StatusCode.OK, "", 0)
+
+
 @pytest.mark.parametrize("metric", sorted(NAMES))
 async def test_a_model_named_in_the_wrong_case_is_invalid_for_every_metric(
     make_exporter, make_scaler, metric: str
