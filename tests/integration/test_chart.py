@@ -497,6 +497,8 @@ def test_schema_takes_the_range_ends_the_scaler_takes() -> None:
         ({"scrapeInterval": 10, "maxStaleness": 8}, r"flags\.maxStaleness=8 must exceed"),
         ({"defaultSource": "prometheus"}, r"flags\.defaultSource=prometheus needs flags\.prometheusUrl"),
         ({"prometheusMaxStaleness": 120}, r"flags\.prometheusMaxStaleness needs flags\.prometheusUrl"),
+        ({"prometheusTimeout": 10}, r"flags\.prometheusTimeout needs flags\.prometheusUrl"),
+        ({"prometheusHeader": ["X-Scope-OrgID: a"]}, r"flags\.prometheusHeader needs flags\.prometheusUrl"),
     ],
 )
 def test_flags_the_scaler_refuses_together_stop_the_render(flags: dict[str, Any], words: str) -> None:
