@@ -224,6 +224,12 @@ class Store:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout)
 
+    def wake(self, namespace: str) -> None:
+        """Wake the namespace's waiters now, its data unchanged (a stream that must end at once)."""
+        event = self._changed.pop(namespace, None)
+        if event is not None:
+            event.set()
+
     def close(self) -> None:
         """Wake every waiter now and from now on (shutdown: streams must end at once)."""
         self._closed = True

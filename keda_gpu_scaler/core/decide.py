@@ -453,10 +453,11 @@ def _prefix_matching_nothing(spec: TriggerSpec, pods: list[str]) -> str:
     what = "inference-server" if spec.metric.inference else "GPU"
     # Close: a pod's name begins with the prefix but for one letter (two, for prefixes over 4 letters)
     # dropped, added or changed. A similarity ratio let short ones through: `vlm-` for vllm-0 read 0.
-    # Heads as long as the prefix at least, and prefixes of 3 letters or more: any one letter is one
-    # change from any other, and `db` was "close to deepseek-0" (its `d`), a workload at zero UNAVAILABLE.
+    # Prefixes and heads of 3 letters or more: any one letter is one change from any other, and `db` was
+    # "close to deepseek-0" (its `d`), a workload at zero UNAVAILABLE.
     edits = 1 if len(prefix) <= 4 else 2
-    lengths = range(len(prefix), len(prefix) + edits + 1) if len(prefix) >= MIN_TYPO_PREFIX else range(0)
+    shortest = max(MIN_TYPO_PREFIX, len(prefix) - edits)
+    lengths = range(shortest, len(prefix) + edits + 1) if len(prefix) >= MIN_TYPO_PREFIX else range(0)
     close = [pod for pod in pods if any(_edits(prefix, pod[:n]) <= edits for n in lengths)][:3]
     if close:
         raise NoData(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -208,6 +209,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                 followed = self._registry.follow(ref.namespace, ref.name, spec)
                 counted.at(followed)
                 targets = followed.targets
+                slot.wake = targets.wake
                 response = _spec_response(spec, targets.target(spec))
                 seen = targets.version
                 if response != sent:
@@ -229,6 +231,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         While data is missing the last known state is kept: an outage is not a transition.
         """
         was_active = False
+        slot.wake = functools.partial(self._store.wake, ref.namespace)
         with _CountedOpen(spec, lambda followed: followed.activity_streams) as counted:
             while not self._closing:
                 slot.check()  # its place taken by another namespace's fair share: it ends
@@ -364,9 +367,12 @@ class _Slot:
         self.method = method
         self.namespace = namespace
         self.ended: str | None = None
+        self.wake: Callable[[], None] | None = None  # what the stream waits on, to end it at once
 
     def end(self, why: str) -> None:
         self.ended = why
+        if self.wake is not None:
+            self.wake()
 
     def check(self) -> None:
         if self.ended is not None:

@@ -490,6 +490,12 @@ def test_schema_takes_the_range_ends_the_scaler_takes() -> None:
     assert (settings.scrape_interval, settings.keepalive_time, settings.max_streams) == (300, 2147483, 10**6)
 
 
+@pytest.mark.parametrize("flags", [{"prometheusUrl": ""}, {"prometheusHeader": []}])
+def test_an_empty_prometheus_flag_without_a_url_renders(flags: dict[str, Any]) -> None:
+    # `--set flags.prometheusUrl=` switches it off; an empty header list is no header: the scaler starts.
+    render_files({"flags": flags})
+
+
 @pytest.mark.parametrize(
     ("flags", "words"),
     [

@@ -867,3 +867,24 @@ async def _end_of(stream) -> grpc.aio.AioRpcError:  # type: ignore[no-untyped-de
     except grpc.aio.AioRpcError as error:
         return error
     raise AssertionError("the stream ended OK")
+
+
+async def test_a_stream_whose_place_was_taken_ends_at_once_not_at_its_next_round(make_scaler) -> None:  # type: ignore[no-untyped-def]
+    # Ended only at its next round (one --scrape-interval, up to 300 s), the victim stayed open beyond
+    # --max-streams while the count said the limit held.
+    scaler = await make_scaler(max_streams=2, scrape_interval=30.0, max_staleness=90.0)
+    busy = [scaler.stub.StreamIsActive(ref(name="one", namespace="busy")) for _ in range(2)]
+
+    async def open_streams(count: int) -> None:
+        assert scaler.app.service.open_streams == count
+
+    await eventually(lambda: open_streams(2))
+    wake = scaler.stub.StreamIsActive(ref(name="wake", namespace="team-b"))
+    try:
+        reads = [asyncio.ensure_future(_end_of(stream)) for stream in busy]
+        done, _ = await asyncio.wait(reads, timeout=10.0, return_when=asyncio.FIRST_COMPLETED)
+        assert done, "no stream of busy ended within 10 s (the scrape interval is 30 s)"
+        assert next(iter(done)).result().code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    finally:
+        for call in (wake, *busy):
+            call.cancel()

@@ -77,7 +77,14 @@ async def test_a_gpu_workload_whose_namespace_has_no_page_is_at_zero(make_export
 
 
 @pytest.mark.parametrize(
-    ("typo", "pod"), [("vlm-", "vllm-0"), ("tgl-", "tgi-0"), ("vllm-chta-", "vllm-chat-0")]
+    ("typo", "pod"),
+    [
+        ("vlm-", "vllm-0"),
+        ("tgl-", "tgi-0"),
+        ("vllm-chta-", "vllm-chat-0"),
+        ("tggi", "tgi-0"),
+        ("xtgi", "tgi-0"),
+    ],
 )
 async def test_a_short_prefix_one_letter_off_is_a_typo_not_a_workload_at_zero(
     make_exporter, make_scaler, typo: str, pod: str
