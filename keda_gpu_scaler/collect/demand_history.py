@@ -41,7 +41,7 @@ from keda_gpu_scaler.pages.engines import (
     PodSamples,
     Value,
     counters_format,
-    format_counters,
+    counters_of,
     in_flight,
     pod_counters,
     pod_reading,
@@ -332,7 +332,7 @@ class DemandHistory:
         series = history.by_format.get(index)
         if series is None:
             series = history.by_format[index] = SeriesHistory(window)
-            series.add(newest_at, newest, format_counters(newest.samples, index, None))
+            series.add(newest_at, newest, counters_of(newest, index))
         series.window = max(series.window, window)
         points = over_window(series.points, window)
         if not points or points[-1].at < newest_at:
@@ -402,7 +402,7 @@ class DemandHistory:
                 continue
             history.newest = (page.collected_at, reading)
             for index, series in history.by_format.items():
-                series.add(page.collected_at, reading, format_counters(reading.samples, index, None))
+                series.add(page.collected_at, reading, counters_of(reading, index))
         if page.collected_at - self._swept_at >= SWEEP_EVERY:
             self._sweep(page.collected_at)
 

@@ -16,7 +16,13 @@ from yarl import URL
 from keda_gpu_scaler.collect.scrape import PageReader, ScrapeCollector, refuse_unless_levels
 from keda_gpu_scaler.collect.wanted import PodPage
 from keda_gpu_scaler.core.snapshot import SourceKind
-from keda_gpu_scaler.pages.engines import DEMAND_SAMPLE_NAMES, ENGINE_SAMPLE_NAMES, PodSamples, wrong_types
+from keda_gpu_scaler.pages.engines import (
+    DEMAND_SAMPLE_NAMES,
+    ENGINE_SAMPLE_NAMES,
+    PodSamples,
+    page_counters,
+    wrong_types,
+)
 from keda_gpu_scaler.pages.exposition import Sample
 
 if TYPE_CHECKING:
@@ -34,7 +40,8 @@ def pod_page_reader(
     """Reads a pod's own page at `url`: every kept sample is that pod's, whatever its labels say."""
 
     def read(samples: Sequence[Sample]) -> list[PodSamples]:
-        return [PodSamples(namespace, pod, tuple(samples), url)]
+        kept = tuple(samples)
+        return [PodSamples(namespace, pod, kept, url, page_counters(kept))]
 
     return read
 

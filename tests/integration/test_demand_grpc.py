@@ -408,3 +408,40 @@ async def test_the_requests_guard_with_a_pool_acts_only_while_the_pool_holds_req
     # Every pod saturated: the gateway holds 12 requests, and the guard reads the pod's 190 again.
     await f.show(1005, vllm_page(0, 190, 0), queue={Queued("llama"): 12})
     assert await guard_value() == 190
+
+
+def with_many_models(page: str, models: int) -> str:
+    """The page plus `models` idle adapters' counters (a large page: many series, the same demand)."""
+    idle = [
+        f'vllm:request_success_total{{engine="0",finished_reason="stop",model_name="lora-{i}"}} 7'
+        for i in range(models)
+    ]
+    return page + "\n".join(idle) + "\n"
+
+
+async def test_a_large_pages_counters_are_worked_out_off_the_event_loop_to_the_same_demand(
+    fleet, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    # Read on the loop at every page, a tenant's 20,000 counter series held every tenant's RPCs 60 ms a
+    # scrape: a large page's counters are worked out where it is read (a page worker).
+    import threading
+
+    from keda_gpu_scaler.collect import demand_history
+    from keda_gpu_scaler.pages import engines
+
+    where: set[str] = set()
+    real = engines.format_counters
+
+    def recording(samples, index, model):  # type: ignore[no-untyped-def]
+        samples = tuple(samples)
+        if len(samples) > 500:  # engines.COUNTERS_WITH_PAGE_SERIES
+            where.add(threading.current_thread().name)
+        return real(samples, index, model)
+
+    monkeypatch.setattr(engines, "format_counters", recording)
+    monkeypatch.setattr(demand_history, "format_counters", recording, raising=False)
+    f = await fleet(2)
+    await f.show(1000, with_many_models(vllm_page(100, 10, 0), 2000), vllm_page(50, 4, 0))
+    await f.show(1030, with_many_models(vllm_page(400, 10, 0), 2000), vllm_page(140, 10, 6))
+    assert await value(f.scaler) == pytest.approx(13.4)  # as test_demand_is_finished_plus_piled_up…
+    assert where and threading.main_thread().name not in where, where

@@ -131,8 +131,8 @@ def test_a_page_is_worked_out_once_whatever_the_models_and_engines_asked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     reads: list[int] = []
-    original = demand_history.format_counters
-    monkeypatch.setattr(demand_history, "format_counters", lambda *args: reads.append(1) or original(*args))
+    original = demand_history.counters_of
+    monkeypatch.setattr(demand_history, "counters_of", lambda *args: reads.append(1) or original(*args))
     history = DemandHistory(forget_after=600)
     variants = [(engine, model) for engine in ("auto", "vllm") for model in (None, "m", *"abcdef")]
     for at in range(0, 65, 5):

@@ -340,6 +340,9 @@ class PodSamples:
     samples: tuple[Sample, ...]
     # The page's address (its URL: pod, port and path): one pod may serve several pages, one per container.
     source: str = ""
+    # (format index, its demand counters) worked out with the page, off the event loop, for a large page
+    # (engines.page_counters); None: worked out when wanted (what they are is the samples' alone).
+    counters: tuple[int, DemandCounters] | None = field(default=None, compare=False)
 
 
 # --- demand (SPEC §6, `metric: demand`): counters of finished requests and of tokens -----------------
