@@ -28,6 +28,7 @@ from keda_gpu_scaler.core.snapshot import (
 )
 from keda_gpu_scaler.core.trigger import Metric, Source, TriggerSpec
 from keda_gpu_scaler.pages.engines import PodSamples
+from keda_gpu_scaler.pages.gateways import DEFAULT_GATEWAY_METRICS_PORT
 from keda_gpu_scaler.pages.prometheus_answer import ReplicaLost
 from keda_gpu_scaler.pages.vendors import GpuReading
 
@@ -110,6 +111,7 @@ class Snapshots:
                 " allowed: scrape"
             )
         self._check_window(spec)
+        self._check_pod_page_keys(spec)
         if spec.metric.gateway:
             return  # the pool's endpoint pickers are read (or their series), never the target's pods
         if self._targets is not None:
@@ -124,6 +126,31 @@ class Snapshots:
             raise ConfigError(
                 "metadata podNamePrefix is required when the server runs without Kubernetes;"
                 " allowed: the common name prefix of the target's pods, e.g. 'vllm-qwen-'"
+            )
+
+    def _check_pod_page_keys(self, spec: TriggerSpec) -> None:
+        """Where pods' pages are found: with Kubernetes only, and never through Prometheus. Elsewhere the
+        keys would be read by nothing (the pages are --inference-url's and --gateway-url's), so a typo'd
+        port would go unnoticed."""
+        given = [
+            f"{key}={value}"
+            for key, value, default in (
+                ("metricsPort", spec.metrics_port, None),
+                ("metricsPath", spec.metrics_path, "/metrics"),
+                ("gatewayMetricsPort", spec.gateway_metrics_port, DEFAULT_GATEWAY_METRICS_PORT),
+            )
+            if value != default
+        ]
+        if given and self._targets is None:
+            raise ConfigError(
+                f"metadata {given[0]} needs Kubernetes discovery, which is off on this server: the pages read"
+                " are the --inference-url and --gateway-url addresses; remove it"
+            )
+        pod_keys = [g for g in given if not g.startswith("gateway")]
+        if pod_keys and self.source_of(spec) is Source.PROMETHEUS:
+            raise ConfigError(
+                f"metadata {pod_keys[0]} is not read with source=prometheus (Prometheus scrapes the pods);"
+                " remove it, or read the pages with source=scrape"
             )
 
     def _check_window(self, spec: TriggerSpec) -> None:

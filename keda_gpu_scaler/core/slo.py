@@ -145,3 +145,17 @@ def check_measured(slo: SloTarget | None, engine: str, stated: dict[str, str]) -
                 f"metadata {stated[field]}: engine {engine} prints no histogram of this latency, so it could"
                 f" never be read; with {engine} state {can}"
             )
+
+
+def check_learnable(engine: str, stated_threshold: str) -> None:
+    """ConfigError for `threshold: auto` with a named engine that prints no time per output token: the
+    learner samples a pod only with it, so the target would stay at thresholdStart for good."""
+    measured = measured_latencies(engine)
+    if measured is None or measured & {TPOT, ITL}:
+        return
+    able = ", ".join(e.value for e in Engine if (measured_latencies(e) or frozenset()) & {TPOT, ITL})
+    raise ConfigError(
+        f"metadata {stated_threshold} with engine={engine}: {engine} prints no histogram of the time per"
+        f" output token, which the target is learned from, so it would stay at thresholdStart; give a"
+        f" number, or an engine that prints one ({able})"
+    )

@@ -9,7 +9,7 @@ from typing import Any
 
 from keda_gpu_scaler.core.demand import DemandUnit
 from keda_gpu_scaler.core.errors import ConfigError, quoted
-from keda_gpu_scaler.core.slo import check_measured, take_slo
+from keda_gpu_scaler.core.slo import check_learnable, check_measured, take_slo
 from keda_gpu_scaler.core.trigger import (
     DEFAULT_METRIC_NAMES,
     FROM_ENV,
@@ -275,4 +275,5 @@ def settle_auto_threshold(
             f" target ({MIN_THRESHOLD_START:g} <= thresholdStart <= {MAX_THRESHOLD_START:g}), from which"
             " the learned one moves"
         )
+    check_learnable(fields["engine"], f"{given['threshold']}=auto")
     fields["threshold"] = fields["threshold_start"]

@@ -278,6 +278,16 @@ BAD_METADATA = [
     ({"threshold": "70"}, "podNamePrefix"),
     ({"threshold": "70", "podSelector": "app=vllm"}, "podSelector"),
     ({"threshold": "70", "podNamePrefix": "vllm-", "source": "prometheus"}, "source"),
+    # Without Kubernetes the pages are --inference-url's and --gateway-url's: read by nothing, refused.
+    (
+        {"metric": "requests", "threshold": "8", "podNamePrefix": "vllm-", "metricsPort": "8001"},
+        "metricsPort",
+    ),
+    ({"metric": "requests", "threshold": "8", "podNamePrefix": "vllm-", "metricsPath": "/m"}, "metricsPath"),
+    (
+        {"metric": "pending", "threshold": "8", "inferencePool": "p", "gatewayMetricsPort": "9443"},
+        "gatewayMetricsPort=9443 needs Kubernetes",
+    ),
 ]
 
 

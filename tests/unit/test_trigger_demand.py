@@ -105,6 +105,15 @@ def test_a_learned_threshold_starts_at_threshold_start(unit: str) -> None:
             ["thresholdStart='auto'", "not a number"],
         ),
         ({**DEMAND, "threshold": "Auto", "thresholdStart": "12"}, ["threshold='Auto'", "write it `auto`"]),
+        # The learner samples a pod with its time per output token: these engines print none.
+        (
+            {**DEMAND, "threshold": "auto", "thresholdStart": "5", "engine": "triton"},
+            ["threshold=auto with engine=triton", "stay at thresholdStart", "vllm"],
+        ),
+        (
+            {**DEMAND, "threshold": "auto", "thresholdStart": "5", "engine": "trtllm"},
+            ["threshold=auto with engine=trtllm", "stay at thresholdStart"],
+        ),
         (
             {**DEMAND, "metric": "requests", "threshold": "auto", "thresholdStart": "12"},
             ["threshold=auto", "metric=requests", "only demand"],
