@@ -206,14 +206,18 @@ def _problems(spec: TriggerSpec, snapshot: Snapshot, said: Collection[str] = ())
     """The problems of the sources this trigger reads: each source not tied to one pod, then the pod pages
     it reads but those in `said`. With discovery those are the target's own pods'; without it those its
     podNamePrefix names. Another workload's pages are not its to name, unless the prefix names no page
-    at all (then every page: the names may show a typo)."""
+    at all, failing or read (then every failing page: the names may show a typo)."""
     assert snapshot.view is not None
     view = snapshot.view
     pages = view.pod_problems
     if snapshot.targets is not None:
         pods = pages.keys() & snapshot.target_pods
     else:
-        pods = {pod for pod in pages if pod.startswith(spec.pod_name_prefix or "")} or set(pages)
+        prefix = spec.pod_name_prefix or ""
+        pods = {pod for pod in pages if pod.startswith(prefix)}
+        read = {pod for reading in view.readings if isinstance(pod := getattr(reading, "pod", None), str)}
+        if not pods and not any(pod.startswith(prefix) for pod in read):
+            pods = set(pages)
     own = [f"{pod}: {pages[pod]}" for pod in sorted(pods - set(said))]
     return "; ".join([*view.problems, *own][:5])
 

@@ -298,3 +298,26 @@ async def test_without_discovery_another_prefixs_failing_page_is_not_named(
         await value(scaler, REQUESTS)
     details = raised.value.details() or ""
     assert f"chat-0: {chat.url}" in details and code.url not in details and "code-0" not in details, details
+
+
+async def test_unavailable_never_names_another_workloads_failing_page(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
+    # code-0 and code-1 read, without the counter demand needs; chat-2, another workload's pod, still
+    # loading: its failing page was named to `code`'s ScaledObject (its pages failed none).
+    code0 = await make_exporter(vllm_page("qwen", [EngineLoad(2, 0, 0.1)]))
+    code1 = await make_exporter(vllm_page("qwen", [EngineLoad(2, 0, 0.1)]))
+    chat2 = await make_exporter(vllm_page("llama", []))
+    urls = (("llm", "code-0", code0.url), ("llm", "code-1", code1.url), ("llm", "chat-2", chat2.url))
+    scaler = await make_scaler(inference_urls=urls)
+    demand = {"metric": "demand", "threshold": "2", "podNamePrefix": "code-"}
+    ref = pb.ScaledObjectRef(name="code", namespace="llm", scalerMetadata=demand)
+    await scaler.stub.GetMetricSpec(ref)
+
+    async def unavailable() -> str:
+        with pytest.raises(grpc.aio.AioRpcError) as error:
+            await scaler.stub.GetMetrics(
+                pb.GetMetricsRequest(scaledObjectRef=ref, metricName="inference-demand")
+            )
+        assert error.value.code() is grpc.StatusCode.UNAVAILABLE and "code-0" in (error.value.details() or "")
+        return error.value.details() or ""
+
+    assert "chat-2" not in await eventually(unavailable)
