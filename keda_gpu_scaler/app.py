@@ -135,6 +135,7 @@ class App:
             gateway_max_staleness=gateway_max_staleness(settings),
             demand_forget_after=settings.interest_ttl,
             scrape_interval=settings.scrape_interval,
+            gateway_interval=settings.gateway_interval,
         )
         self.evaluator = Evaluator(snapshots=self.snapshots, telemetry=self.telemetry)
         self.registry = Registry(

@@ -21,7 +21,7 @@ from keda_gpu_scaler.collect.wanted import (
     pod_page_bindings,
 )
 from keda_gpu_scaler.config.settings import Settings
-from keda_gpu_scaler.core.errors import ScalerError
+from keda_gpu_scaler.core.errors import ConfigError, ScalerError
 from keda_gpu_scaler.core.trigger import Metric, TriggerSpec
 from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.server.evaluator import Evaluator
@@ -52,6 +52,12 @@ async def explain_once(
         try:
             spec = parse_trigger(metadata)
             evaluator.check(spec)
+            if spec.metric is Metric.DEMAND and rate_interval > spec.window:
+                # Its two reads are rate_interval apart: the rate would span more than the window says.
+                raise ConfigError(
+                    f"--rate-interval {rate_interval:g} is longer than metadata window={spec.window:g}: a"
+                    f" rate over the window needs two reads within it; give --rate-interval <= {spec.window:g}"
+                )
             followed = registry.follow(namespace, name, spec)
         except ScalerError as error:
             entries.append({"namespace": namespace, "scaledObject": name, "error": str(error)})

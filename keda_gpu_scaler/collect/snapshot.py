@@ -64,6 +64,7 @@ class Snapshots:
         gateway_max_staleness: float | None = None,
         demand_forget_after: float = 600.0,
         scrape_interval: float | None = None,
+        gateway_interval: float | None = None,
     ) -> None:
         self._store = store
         self._max_staleness = max_staleness
@@ -75,6 +76,7 @@ class Snapshots:
         self._gateway_pages = gateway_pages
         self._gateway_max_staleness = gateway_max_staleness or max_staleness
         self._scrape_interval = scrape_interval
+        self._gateway_interval = gateway_interval
         # `demand`'s rates: every pod page is told to the history as the store records it.
         self.demand_history = DemandHistory(forget_after=demand_forget_after)
         store.page_listeners.append(self.demand_history.on_page)
@@ -156,14 +158,20 @@ class Snapshots:
     def _check_window(self, spec: TriggerSpec) -> None:
         """A rate needs two pages within the window: one shorter than the scrape interval would be widened
         to two pages without a word, so it is refused naming both."""
-        interval = self._scrape_interval
-        if spec.metric is not Metric.DEMAND or interval is None or spec.window >= interval:
+        if spec.metric is not Metric.DEMAND:
             return
-        raise ConfigError(
-            f"metadata window={spec.window:g} is shorter than the scrape interval (--scrape-interval"
-            f" {interval:g} s): a rate needs two pages; allowed: {max(interval, MIN_WINDOW_SECONDS):g}-"
-            f"{MAX_WINDOW_SECONDS:g}"
-        )
+        # With inferencePool the pool's pending growth is a rate over the endpoint pickers' pages too.
+        pool = spec.inference_pool is not None
+        for flag, interval in (
+            ("--scrape-interval", self._scrape_interval),
+            ("--gateway-interval", self._gateway_interval if pool else None),
+        ):
+            if interval is not None and spec.window < interval:
+                raise ConfigError(
+                    f"metadata window={spec.window:g} is shorter than the interval its pages are read at"
+                    f" ({flag} {interval:g} s): a rate needs two pages; allowed:"
+                    f" {max(interval, MIN_WINDOW_SECONDS):g}-{MAX_WINDOW_SECONDS:g}"
+                )
 
     def now(self) -> float:
         """The time a snapshot taken now is taken at (the clock every collection time is on)."""

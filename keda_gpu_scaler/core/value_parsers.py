@@ -301,6 +301,10 @@ class NumberParser:
     def __call__(self, name: str, raw: Raw) -> float | None:
         if not isinstance(raw, str) or not raw:
             return None
+        # ASCII decimals only, as metadata and the one-shot commands take them: int() and float() also
+        # take `６`, `6_00` and surrounding whitespace.
+        if not _DECIMAL.fullmatch(raw) or (self.kind is int and not raw.lstrip("+-").isdigit()):
+            raise refuse_flag(name, raw, f"is not a{'n integer' if self.kind is int else ' number'}")
         try:
             value = self.kind(raw)
         except ValueError:

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -460,6 +461,17 @@ async def test_explain_refuses_a_rate_interval_that_is_not_a_finite_bounded_numb
     assert code == 2, err
     assert f"--rate-interval={value}" in err, err
     assert "0 < --rate-interval <= 600" in err or "a finite decimal number" in err, err
+
+
+async def test_explain_refuses_a_rate_interval_longer_than_a_demand_window_before_reading() -> None:
+    # Its two reads are --rate-interval apart: past the window the rate spanned more than it says.
+    started = time.monotonic()
+    code, out, _ = await run_cli(
+        "explain", "--inference-url", "llm/chat-0=http://127.0.0.1:9/metrics", "--namespace", "llm",
+        "--rate-interval", "10.5", "metric=demand", "threshold=5", "window=10", "podNamePrefix=chat-",
+    )  # fmt: skip
+    assert code == 1 and "--rate-interval 10.5 is longer than metadata window=10" in out, out
+    assert time.monotonic() - started < 5, "it read the pages before refusing"
 
 
 async def test_explain_says_activity_is_unknown_where_isactive_cannot_tell(make_exporter) -> None:  # type: ignore[no-untyped-def]

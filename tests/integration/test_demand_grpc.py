@@ -338,6 +338,22 @@ async def test_a_window_shorter_than_the_scrape_interval_is_invalid_argument(mak
         assert words in details, details
 
 
+async def test_a_window_shorter_than_the_gateway_interval_is_invalid_argument_with_a_pool(
+    make_scaler,
+) -> None:  # type: ignore[no-untyped-def]
+    # The pool's pending growth is a rate over the endpoint pickers' pages: it was widened without a word.
+    scaler = await make_scaler(gateway_interval=30.0, max_staleness=90.0)
+    pooled = {**DEMAND, "window": "15", "inferencePool": "chat-pool"}
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await scaler.stub.GetMetricSpec(ref(pooled))
+    assert raised.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    details = raised.value.details() or ""
+    for words in ("window=15", "--gateway-interval 30 s", "allowed: 30-600"):
+        assert words in details, details
+    # Without a pool only the pods' pages count.
+    await scaler.stub.GetMetricSpec(ref({**DEMAND, "window": "15"}))
+
+
 @pytest.mark.parametrize(
     ("metadata", "words"),
     [

@@ -33,6 +33,22 @@ def test_bad_durations_name_the_flag(flag: str) -> None:
         build_settings({flag: "-1"})
 
 
+@pytest.mark.parametrize(
+    ("flag", "raw", "words"),
+    [
+        ("scrape_interval", "５", "is not a number"),  # a full-width digit
+        ("max_scaledobjects", "٥٠٠٠", "is not an integer"),  # Arabic-Indic digits
+        ("interest_ttl", "6_00", "is not a number"),
+        ("scrape_timeout", " 3\n", "is not a number"),
+        ("max_scaledobjects", "5e3", "is not an integer"),
+    ],
+)
+def test_a_number_flag_takes_ascii_decimals_only_as_metadata_does(flag: str, raw: str, words: str) -> None:
+    # int() and float() take these; metadata and the one-shot commands refuse them.
+    with pytest.raises(SettingsError, match=words):
+        build_settings({flag: raw})
+
+
 @pytest.mark.parametrize("flag", ["keepalive_time", "keepalive_timeout"])
 @pytest.mark.parametrize("value", ["3000000", "1e306", "0.0001"])
 def test_a_keepalive_grpc_cannot_take_is_refused_naming_the_flag(flag: str, value: str) -> None:
