@@ -107,7 +107,22 @@ def resolve_kubernetes(settings: Settings, environ: Mapping[str, str]) -> Settin
     mode = settings.kubernetes
     if mode == "auto":
         mode = "on" if kubeconfig or kubernetes_available(environ) else "off"
+        _check_mode(mode, settings.inference_urls, None, "--kubernetes auto, found Kubernetes, so on")
     return dataclasses.replace(settings, kubernetes=mode, kubeconfig=kubeconfig)
+
+
+def _check_mode(mode: str, inference_urls: tuple[Any, ...], kubeconfig: str | None, said: str) -> None:
+    """Flags the Kubernetes mode never reads, refused naming both: silently ignored, a typo'd mode would
+    go unnoticed."""
+    if mode == "on" and inference_urls:
+        raise SettingsError(
+            f"--inference-url is read without Kubernetes only ({said}): with it, pods' pages are found"
+            " through discovery; remove --inference-url or set --kubernetes off"
+        )
+    if mode == "off" and kubeconfig is not None:
+        raise SettingsError(
+            f"--kubeconfig is read with Kubernetes only ({said}); remove it or set --kubernetes on"
+        )
 
 
 def _check_prometheus(v: dict[str, Any]) -> None:
@@ -205,6 +220,8 @@ def build_settings(values: Mapping[str, str | list[str] | None]) -> Settings:
         raise SettingsError("--tls-client-ca-file (mTLS) needs --tls-cert-file and --tls-key-file")
     _check_gateway_token(parsed)
     _check_prometheus(parsed)
+    mode = parsed["kubernetes"]
+    _check_mode(mode, parsed["inference_urls"], parsed["kubeconfig"], f"--kubernetes {mode}")
     return Settings(**parsed)
 
 

@@ -256,8 +256,16 @@ def flag_sample(flag: Any) -> Any:
     return "7"
 
 
+# Read without Kubernetes only, which "everything" has on: test_rendered_flags_build_the_settings_they_say
+# renders it with Kubernetes off.
+WITHOUT_KUBERNETES = {"inferenceUrl"}
+
+
 def all_flags() -> dict[str, Any]:
-    return {chart_docs.value_name(flag): flag_sample(flag) for flag in chart_docs.chart_flags()}
+    flags = (
+        flag for flag in chart_docs.chart_flags() if chart_docs.value_name(flag) not in WITHOUT_KUBERNETES
+    )
+    return {chart_docs.value_name(flag): flag_sample(flag) for flag in flags}
 
 
 EVERYTHING: dict[str, Any] = {
@@ -504,6 +512,11 @@ def test_an_empty_prometheus_flag_without_a_url_renders(flags: dict[str, Any]) -
         ({"defaultSource": "prometheus"}, r"flags\.defaultSource=prometheus needs flags\.prometheusUrl"),
         ({"prometheusMaxStaleness": 120}, r"flags\.prometheusMaxStaleness needs flags\.prometheusUrl"),
         ({"prometheusTimeout": 10}, r"flags\.prometheusTimeout needs flags\.prometheusUrl"),
+        (
+            {"inferenceUrl": ["llm/vllm-0=http://10.0.0.5:8000/metrics"]},
+            r"flags\.inferenceUrl is read without",
+        ),
+        ({"kubernetes": "off", "kubeconfig": "/k"}, r"flags\.kubeconfig is read with Kubernetes only"),
         ({"prometheusHeader": ["X-Scope-OrgID: a"]}, r"flags\.prometheusHeader needs flags\.prometheusUrl"),
     ],
 )
@@ -576,12 +589,16 @@ def test_every_flag_reaches_the_scaler(everything: list[dict[str, Any]]) -> None
     for flag in FLAGS:
         if flag.name == "--gateway-token-file":
             continue  # gateway.metricsToken.mode secret's, the alternative to minting: test_chart_gateway.py
+        if flag.name == "--inference-url":
+            continue  # without Kubernetes only: test_rendered_flags_build_the_settings_they_say
         assert flag.env in given, f"{flag.name}: {flag.env} not rendered"
     known = {flag.env for flag in FLAGS} | {f"{ENV_PREFIX}PROMETHEUS_PASSWORD"}
     assert {n for n in given if n.startswith(ENV_PREFIX)} <= known
     # What the scaler reads back from the environment is what the values said.
     parsed = env_values(given)
     for flag in chart_docs.chart_flags():
+        if chart_docs.value_name(flag) in WITHOUT_KUBERNETES:
+            continue
         sample = flag_sample(flag)
         raw = parsed[flag.dest]
         if flag.repeatable:
@@ -604,6 +621,7 @@ def test_rendered_flags_build_the_settings_they_say(tmp_path: Path) -> None:
     flags = {
         "exporterUrl": FLAG_SAMPLES["exporterUrl"],
         "inferenceUrl": FLAG_SAMPLES["inferenceUrl"],
+        "kubernetes": "off",  # the pages --inference-url gives are read without Kubernetes only
         "scrapeInterval": 2.5,
         "maxPageBytes": 16777216,
         "maxScaledobjects": 100,
@@ -620,7 +638,7 @@ def test_rendered_flags_build_the_settings_they_say(tmp_path: Path) -> None:
     assert settings.max_scaledobjects == 100 and settings.log_level == "debug"
     assert settings.prometheus_headers == (("X-Scope-OrgID", "team-a"), ("X-Other", "b"))
     assert settings.exporter_bearer_token_file == token and settings.prometheus_bearer_token_file == token
-    assert settings.kubernetes == "on" and settings.log_format == "json" and settings.explain is False
+    assert settings.kubernetes == "off" and settings.log_format == "json" and settings.explain is False
     assert settings.grpc_address == "0.0.0.0:6000" and settings.http_address == "0.0.0.0:8080"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -47,6 +48,27 @@ def test_a_number_flag_takes_ascii_decimals_only_as_metadata_does(flag: str, raw
     # int() and float() take these; metadata and the one-shot commands refuse them.
     with pytest.raises(SettingsError, match=words):
         build_settings({flag: raw})
+
+
+@pytest.mark.parametrize(
+    ("values", "words"),
+    [
+        (
+            {"kubernetes": "on", "inference_url": ["llm/vllm-0=http://10.0.0.5:8000/metrics"]},
+            "--inference-url is read without Kubernetes only (--kubernetes on)",
+        ),
+        (
+            {"kubernetes": "off", "kubeconfig": "/etc/kube/config"},
+            "--kubeconfig is read with Kubernetes only",
+        ),
+    ],
+)
+def test_a_flag_its_kubernetes_mode_never_reads_is_refused_naming_both(
+    values: dict[str, Any], words: str
+) -> None:
+    # Both started, and the flag was silently ignored.
+    with pytest.raises(SettingsError, match=re.escape(words)):
+        build_settings(values)
 
 
 @pytest.mark.parametrize("flag", ["keepalive_time", "keepalive_timeout"])
