@@ -26,6 +26,7 @@ from keda_gpu_scaler.collect.inference import POD_PAGE_NAMES
 from keda_gpu_scaler.collect.store import Page
 from keda_gpu_scaler.core.decide import decide
 from keda_gpu_scaler.core.demand import DEFAULT_PREFILL_WEIGHT, DemandUnit
+from keda_gpu_scaler.core.errors import ConfigError
 from keda_gpu_scaler.core.snapshot import NamespaceView, Snapshot, SourceKind, Track
 from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.core.value_parsers import MIN_THRESHOLD
@@ -276,3 +277,17 @@ async def run(
         await sleep(interval)
     out(summary(calibration))
     return calibration
+
+
+def check_choices(engine: str, model: str | None) -> str | None:
+    """Why `--engine`/`--model` can never be measured (as a `demand` trigger refuses them), or None."""
+    metadata = {"metric": "demand", "threshold": "1", "podNamePrefix": "calibrate-", "engine": engine}
+    if model is not None:
+        metadata["model"] = model
+    try:
+        parse_trigger(metadata)
+    except ConfigError as error:
+        said = str(error).removeprefix("metadata ")
+        flag = "--model" if model is not None and said.startswith("model") else "--engine"
+        return f"{flag}: {said}"
+    return None

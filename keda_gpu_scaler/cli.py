@@ -458,6 +458,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     from keda_gpu_scaler.collect.http import client_session, exporter_fetcher
 
     numbers = _calibrate_numbers(args)
+    if (why := calibrate.check_choices(args.engine, args.model)) is not None:
+        raise SettingsError(why)  # what a demand trigger refuses can never be measured
     configure_logging("warning", "text")
     settings = build_settings({"scrape_timeout": args.scrape_timeout, "kubernetes": "off"})
     calibration = calibrate.Calibration(

@@ -194,6 +194,25 @@ def test_calibrate_refuses_a_bad_number_naming_its_flag_and_value_before_reading
     assert f"{flag}={value} " in said.err and allowed in said.err, said.err
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--engine", "llamacpp"], "--engine: engine llamacpp does not export what metric demand needs"),
+        (["--engine", "tgi", "--model", "llama"], "--model: model='llama': engine tgi series carry no model"),
+        (["--model", ""], "--model: model='' is not a model name"),
+        (["--model", " llama"], "--model: model=' llama' is not a model name"),
+    ],
+)
+def test_calibrate_refuses_what_a_demand_trigger_refuses_before_reading(
+    capsys: pytest.CaptureFixture[str], args: list[str], said: str
+) -> None:
+    # Read for the whole --duration, then "start the ramp lower" (exit 1): it could never be measured.
+    short = ["--interval", "0.2", "--window", "0.5", "--duration", "1"]
+    assert main(["calibrate", "http://127.0.0.1:9/metrics", *short, *args]) == 2
+    out = capsys.readouterr()
+    assert "reading http" not in out.out and said in out.err, out.err
+
+
 @pytest.mark.parametrize("url", ["10.0.3.7:8000/metrics", "http://[fd00::7:8000/metrics", "ftp://h/m"])
 def test_calibrate_refuses_a_url_it_could_never_read_before_reading(
     capsys: pytest.CaptureFixture[str], url: str
