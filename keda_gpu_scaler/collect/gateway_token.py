@@ -169,6 +169,11 @@ def _expiry(answer: dict[str, Any]) -> tuple[str, float]:
     return token, when.timestamp()
 
 
+# A namespace's tokens whose pickers were not read for this long (its ScaledObjects forgotten: the
+# default --interest-ttl is 600 s) go with their renewal task; read again, minting starts anew.
+IDLE_SECONDS = 900.0
+
+
 class MintedToken:
     """Tokens of a ServiceAccount for one audience, minted through the TokenRequest API and renewed in the
     background; read() only looks at what the last mint left."""
@@ -182,8 +187,11 @@ class MintedToken:
         audience: str,
         seconds: int = TOKEN_SECONDS,
         clock: Callable[[], float] = time.time,
+        on_idle: Callable[[], None] | None = None,
     ) -> None:
         self.namespace = namespace
+        # Told when nothing read a token for IDLE_SECONDS since the last mint: its renewal ends.
+        self._on_idle = on_idle
         self.name = name
         self.audience = audience
         self._mint = mint
@@ -275,10 +283,20 @@ class MintedToken:
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
 
+    def cancel(self) -> None:
+        """Stop renewing, without waiting for the task to end (from within it)."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
     async def _renew_forever(self) -> None:
         retry = FIRST_RETRY_SECONDS
         while True:
-            await self._until_read()
+            if not await self._until_read(IDLE_SECONDS):
+                if self._on_idle is not None:
+                    self._on_idle()  # forgets these tokens and cancels this task
+                    await asyncio.Event().wait()  # until cancelled (a supervised task that returns restarts)
+                continue
             life = await self.mint_once()
             if life is not None:
                 retry = FIRST_RETRY_SECONDS
@@ -288,13 +306,17 @@ class MintedToken:
             await asyncio.sleep(retry)
             retry = min(retry * 2, MAX_RETRY_SECONDS, max(FIRST_RETRY_SECONDS, self._life / 10))
 
-    async def _until_read(self) -> None:
+    async def _until_read(self, idle: float) -> bool:
         """Until a picker page is read with these tokens since the last mint: once a namespace's
         ScaledObjects are forgotten (SPEC §2) its pool is no longer read, and it is minted no more tokens
-        (nor retried while minting fails) until it is read again."""
+        (nor retried while minting fails) until it is read again. False: not read for `idle` seconds."""
         while not self._read_since_mint:
             self._read_again.clear()
-            await self._read_again.wait()
+            try:
+                await asyncio.wait_for(self._read_again.wait(), idle)
+            except TimeoutError:
+                return False
+        return True
 
     async def _until_renewal(self, seconds: float) -> None:
         """Wait `seconds`, or less when a picker refused the token: until the gap since the last mint has
@@ -388,10 +410,22 @@ class MintedTokens:
         tokens = self.of.get(namespace)
         if tokens is None:
             tokens = self.of[namespace] = MintedToken(
-                self.namespace, self.name, self._mint, audience=audience(namespace), **self._options
+                self.namespace,
+                self.name,
+                self._mint,
+                audience=audience(namespace),
+                on_idle=lambda: self._forget(namespace, tokens),
+                **self._options,
             )
             tokens.start()
         return tokens
+
+    def _forget(self, namespace: str, tokens: MintedToken | None) -> None:
+        """A namespace whose pickers nobody read for IDLE_SECONDS: its tokens go (read again, it starts
+        anew), or every namespace ever read would keep a token and its renewal for good."""
+        if tokens is not None and self.of.get(namespace) is tokens:
+            del self.of[namespace]
+            tokens.cancel()
 
     def read(self, namespace: str) -> str:
         return self._tokens(namespace).read()

@@ -94,6 +94,11 @@ class PendingHistory:
                     self._add(key, pool, at, queue)
         pool.windows[window] = now
         _keep_newest(pool.windows, lambda asked: asked)
+        if now - self._swept_at >= SWEEP_EVERY:
+            # Here too, not only as gateway pages come: forgotten triggers' pools stayed for good once
+            # their pages stopped, while new ones kept being asked about. (Not the one asked for now: what
+            # it remembers is pruned once its evaluation has asked for it, at the next page.)
+            self._sweep(now, keep=key)
 
     def growth(self, key: PendingKey, replicas: Collection[str], window: float, now: float) -> float:
         """The pool's pending requests' growth per second over `window` (page times), summed over the
@@ -161,9 +166,14 @@ class PendingHistory:
         if len(keep) < len(points) or len(points) > MAX_POINTS:
             pool.replicas[queue.replica] = keep[-MAX_POINTS:]
 
-    def _sweep(self, now: float) -> None:
+    def _sweep(self, now: float, keep: PendingKey | None = None) -> None:
         self._swept_at = now
-        for key in [k for k, pool in self._pools.items() if not pool.kept_window(now, self._forget_after)]:
+        gone = [
+            k
+            for k, pool in self._pools.items()
+            if k != keep and not pool.kept_window(now, self._forget_after)
+        ]
+        for key in gone:
             del self._pools[key]
 
 

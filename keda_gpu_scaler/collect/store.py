@@ -73,6 +73,7 @@ class Store:
         # waking all of them on every scrape of every exporter would cost an evaluation each.
         self._versions: defaultdict[str, int] = defaultdict(int)
         self._changed: dict[str, asyncio.Event] = {}
+        self._waiters: defaultdict[str, int] = defaultdict(int)  # per namespace, how many wait on it
         self._closed = False
         # Told of every page recorded and of every source removed with its last page (kind, page): what
         # keeps a history of pages (`metric: demand`'s rates) follows the store without a copy of it.
@@ -221,8 +222,18 @@ class Store:
         if self._closed or self._versions.get(namespace, 0) != seen_version:
             return
         event = self._changed.setdefault(namespace, asyncio.Event())
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout)
+        self._waiters[namespace] += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout)
+        finally:
+            # The last waiter of a namespace takes its event along: a namespace whose data never changes
+            # (no pods yet, a typo) kept one for good after its stream ended.
+            self._waiters[namespace] -= 1
+            if not self._waiters[namespace]:
+                del self._waiters[namespace]
+                if self._changed.get(namespace) is event:
+                    del self._changed[namespace]
 
     def wake(self, namespace: str) -> None:
         """Wake the namespace's waiters now, its data unchanged (a stream that must end at once)."""

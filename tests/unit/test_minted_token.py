@@ -206,3 +206,31 @@ async def test_a_refusal_while_the_renewal_is_minted_is_answered_by_that_renewal
 
 async def _count(tokens: list[str], count: int) -> None:
     assert len(tokens) == count
+
+
+async def test_a_namespace_whose_pickers_are_no_longer_read_loses_its_tokens_and_renewal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its ScaledObjects forgotten, nothing reads its pickers: its MintedToken and renewal task were kept
+    # for good, one per namespace ever read. Read again, it starts anew.
+    monkeypatch.setattr(gateway_token, "IDLE_SECONDS", 0.2)
+
+    async def mint(namespace: str, name: str, seconds: int, audience: str) -> dict[str, Any]:
+        return answer(f"for-{audience}", "2027-01-15T08:00:01Z")  # a 1 s life: renewed at once
+
+    tokens = gateway_token.MintedTokens("keda", "epp-metrics", mint, clock=Clock())
+    try:
+        with contextlib.suppress(TokenUnavailable):
+            tokens.read("tenant-a")  # the first read starts its minting
+        first = tokens.of["tenant-a"]
+
+        async def read_then_idle() -> None:
+            assert "tenant-a" not in tokens.of
+
+        await eventually(read_then_idle, timeout=10)
+        assert first._task is None  # its renewal ended
+        with contextlib.suppress(TokenUnavailable):
+            tokens.read("tenant-a")
+        assert tokens.of["tenant-a"] is not first
+    finally:
+        await tokens.stop()

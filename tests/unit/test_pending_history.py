@@ -46,6 +46,15 @@ def test_a_pool_nobody_asks_about_is_forgotten() -> None:
     assert history.growth(KEY, ["epp-0"], 30, 400) == pytest.approx(1)
 
 
+def test_pools_of_forgotten_triggers_go_as_others_are_asked_about_without_any_page() -> None:
+    # They were swept only as gateway pages came: once their pages stopped, 30 models' pools stayed.
+    history = PendingHistory(forget_after=100)
+    for model in range(30):
+        history.want(("llm", "chat-pool", f"m{model}"), 30, 0)
+    history.want(("llm", "other-pool", None), 30, 500)
+    assert len(history) == 1
+
+
 def test_a_remembered_request_size_is_kept_per_prefill_weight() -> None:
     """Two triggers on one pool weighing prompt tokens differently (prefillWeight 0.25 and 4) size the same
     requests at 450 and 4,200 tokens: neither is handed the other's."""

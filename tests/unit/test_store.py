@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from hypothesis import given, settings
@@ -98,6 +99,19 @@ async def test_waiters_wake_on_their_namespace_and_on_close() -> None:
     store.close()
     await asyncio.wait_for(waiter_b, 1)
     await asyncio.wait_for(store.wait_for_change("b", store.version("b"), 30), 1)  # closed: no waiting
+
+
+async def test_a_namespace_waited_on_keeps_nothing_once_its_last_waiter_is_done() -> None:
+    # A stream of a namespace without data (no pods yet, a typo) left its event behind for good.
+    store = Store()
+    waiters = [asyncio.create_task(store.wait_for_change(f"ns-{i}", 0, 0.05)) for i in range(40)]
+    both = [asyncio.create_task(store.wait_for_change("shared", 0, t)) for t in (0.05, 30)]
+    await asyncio.gather(*waiters, both[0])
+    assert set(store._changed) == {"shared"}  # its other waiter is still there
+    both[1].cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await both[1]
+    assert store._changed == {} and store._waiters == {}
 
 
 def test_asking_about_namespaces_without_data_keeps_nothing() -> None:
