@@ -148,11 +148,17 @@ class Snapshots:
                 f"metadata {given[0]} needs Kubernetes discovery, which is off on this server: the pages read"
                 " are the --inference-url and --gateway-url addresses; remove it"
             )
-        pod_keys = [g for g in given if not g.startswith("gateway")]
-        if pod_keys and self.source_of(spec) is Source.PROMETHEUS:
+        # Through Prometheus the pods' pages are not read, nor (for `pending`) the endpoint pickers'.
+        read_by_prometheus = [
+            g
+            for g in given
+            if (self.kind_of(spec) is SourceKind.PROMETHEUS_GATEWAY)
+            or (not g.startswith("gateway") and self.source_of(spec) is Source.PROMETHEUS)
+        ]
+        if read_by_prometheus:
             raise ConfigError(
-                f"metadata {pod_keys[0]} is not read with source=prometheus (Prometheus scrapes the pods);"
-                " remove it, or read the pages with source=scrape"
+                f"metadata {read_by_prometheus[0]} is not read with source=prometheus (Prometheus scrapes"
+                " the pages); remove it, or read the pages with source=scrape"
             )
 
     def _check_window(self, spec: TriggerSpec) -> None:

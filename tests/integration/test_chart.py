@@ -498,6 +498,18 @@ def test_schema_takes_the_range_ends_the_scaler_takes() -> None:
     assert (settings.scrape_interval, settings.keepalive_time, settings.max_streams) == (300, 2147483, 10**6)
 
 
+def test_inference_urls_render_with_kubernetes_auto_where_no_token_is_mounted() -> None:
+    # auto resolves to off in a pod without a service account token: the scaler reads --inference-url.
+    url = "llm/vllm-0=http://10.0.0.5:8000/metrics"
+    values = {
+        "flags": {"kubernetes": "auto", "inferenceUrl": [url]},
+        "serviceAccount": {"automountServiceAccountToken": False},
+    }
+    assert env(render(values))[f"{ENV_PREFIX}INFERENCE_URL"] == url
+    with pytest.raises(helm.HelmError, match=r"flags\.inferenceUrl is read without"):
+        render_files({"flags": {"kubernetes": "auto", "inferenceUrl": [url]}})  # a token mounted: on
+
+
 @pytest.mark.parametrize("flags", [{"prometheusUrl": ""}, {"prometheusHeader": []}])
 def test_an_empty_prometheus_flag_without_a_url_renders(flags: dict[str, Any]) -> None:
     # `--set flags.prometheusUrl=` switches it off; an empty header list is no header: the scaler starts.

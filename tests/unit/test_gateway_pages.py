@@ -149,3 +149,26 @@ def test_a_replica_read_for_another_pool_or_for_none_is_unread_never_left_out() 
     decision = decide(spec, snapshots.take("llm", "chat", spec))
     # epp-0 holds nothing: without epp-1 that read 0 and inactive.
     assert isinstance(decision.error, NoData) and "epp-1" in str(decision.error), decision
+
+
+class _Discovery:
+    """Stands for Kubernetes discovery (a gateway trigger never asks it about pods)."""
+
+
+def test_a_picker_port_is_refused_where_prometheus_reads_the_pool_instead() -> None:
+    # `pending` through Prometheus never fetches the pickers' pages: a typo'd gatewayMetricsPort went unnoticed.
+    import pytest
+
+    from keda_gpu_scaler.core.errors import ConfigError
+
+    snapshots = Snapshots(
+        store=Store(),
+        max_staleness=15.0,
+        clock=lambda: 0.0,
+        targets=_Discovery(),
+        prometheus_enabled=True,  # type: ignore[arg-type]
+    )
+    pending = {"metric": "pending", "threshold": "1", "inferencePool": "chat", "gatewayMetricsPort": "9443"}
+    with pytest.raises(ConfigError, match="gatewayMetricsPort=9443 is not read with source=prometheus"):
+        snapshots.check(parse_trigger({**pending, "source": "prometheus"}))
+    snapshots.check(parse_trigger(pending))  # its pickers' pages, read on that port
