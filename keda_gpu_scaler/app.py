@@ -36,10 +36,11 @@ from keda_gpu_scaler.kubernetes.api import ConnectError, KubeApi, connect
 from keda_gpu_scaler.kubernetes.resolver import DiscoveryConfig, KubeDiscovery
 from keda_gpu_scaler.server import http_endpoints
 from keda_gpu_scaler.server.evaluator import Evaluator, publish
+from keda_gpu_scaler.server.health import HealthStatus
 from keda_gpu_scaler.server.http_endpoints import http_app
 from keda_gpu_scaler.server.logs import quiet_non_http_clients
 from keda_gpu_scaler.server.registry import Explanation, Followed, Registry, Subscription
-from keda_gpu_scaler.server.service import ExternalScalerService, HealthStatus, add_services
+from keda_gpu_scaler.server.service import SERVICE_NAME, ExternalScalerService, add_services
 from keda_gpu_scaler.server.subscriptions import Subscriptions
 from keda_gpu_scaler.server.tls import ReloadingServerCredentials
 from keda_gpu_scaler.telemetry import Telemetry
@@ -145,6 +146,9 @@ class App:
             tracker=self.discovery,
             on_drop=self._dropped,
             on_subscribe=self._subscribed,
+            # A StreamIsActive of a forgotten ScaledObject waits on its namespace's data: woken now, it
+            # ends (or follows it again) at once, not at its next round.
+            on_forget=lambda followed: self.store.wake(followed.namespace),
         )
         self.subscriptions = Subscriptions(
             wanted=self.wanted,
@@ -165,7 +169,7 @@ class App:
             stream_recheck_seconds=settings.scrape_interval,
             max_streams=settings.max_streams,
         )
-        self.health = HealthStatus()
+        self.health = HealthStatus(SERVICE_NAME)
         self.grpc_port = 0
         self.tls: ReloadingServerCredentials | None = None
         self.http_port = 0

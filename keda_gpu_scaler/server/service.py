@@ -13,7 +13,7 @@ from typing import Any, NoReturn, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Gauge
 
@@ -32,6 +32,7 @@ from keda_gpu_scaler.core.trigger_parse import parse_trigger
 from keda_gpu_scaler.externalscaler import externalscaler_pb2 as pb
 from keda_gpu_scaler.externalscaler import externalscaler_pb2_grpc as pb_grpc
 from keda_gpu_scaler.server.evaluator import Evaluator
+from keda_gpu_scaler.server.health import HealthStatus
 from keda_gpu_scaler.server.registry import Followed, Registry
 from keda_gpu_scaler.telemetry import Telemetry
 
@@ -39,7 +40,6 @@ log = logging.getLogger(__name__)
 Message = TypeVar("Message")
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ExternalScaler"].full_name
-HEALTH_SERVICES = ("", "liveness", "readiness")
 # Looked up along the class hierarchy, so a new subclass of a domain error maps like its parent.
 _STATUS_FOR_ERROR: dict[type[Exception], grpc.StatusCode] = {
     ConfigError: grpc.StatusCode.INVALID_ARGUMENT,
@@ -218,6 +218,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                     yield response
                     if self._closing:  # closed while the message was sent: no waiter was there to wake
                         break
+                    slot.check()  # its place taken while the message was sent: no waiter to wake either
                     if self._registry.get(ref.namespace, ref.name) is not followed:
                         continue  # forgotten meanwhile: its targets' wakes (a move, shutdown) are over
                 await targets.wait_for_change(seen, self._stream_recheck)
@@ -249,6 +250,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                     active = was_active
                 if active and not was_active:
                     yield None
+                    slot.check()  # its place taken while the message was sent: no waiter was there to wake
                 was_active = active
                 # Data also ages without any change, so re-check at least every recheck interval.
                 await self._store.wait_for_change(ref.namespace, seen, self._stream_recheck)
@@ -402,21 +404,6 @@ async def _ended_with_status(method: str, context: grpc.aio.ServicerContext[Any,
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: ScalerError) -> NoReturn:
     await context.abort(status_for(error), str(error))
     raise AssertionError("unreachable: abort raises")
-
-
-class HealthStatus:
-    """The grpc.health.v1 services of the scaler: SERVING while running, NOT_SERVING once shutting down."""
-
-    def __init__(self) -> None:
-        # grpc-stubs predates grpc_health's asyncio servicer.
-        self.servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
-
-    async def set_serving(self, serving: bool) -> None:
-        status = (
-            health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        for name in (*HEALTH_SERVICES, SERVICE_NAME):
-            await self.servicer.set(name, status)
 
 
 class Undecodable:

@@ -505,3 +505,37 @@ async def test_demo_control_port_out_of_range_is_one_line_naming_the_flag(port: 
     )
     assert code == 2 and "Traceback" not in err, err[-500:]
     assert f"--control-port={port} is out of range; allowed: 0 to 65535" in err, err
+
+
+async def test_sigterm_with_a_health_watch_open_exits_at_once_and_the_watch_ends_ok() -> None:
+    # A client with client-side health checking holds a Watch open: it got NOT_SERVING but never ended,
+    # and the server waited the whole --shutdown-grace with nothing in flight, then cut it (UNAVAILABLE).
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    ready = re.compile(r"serving gRPC on \S+ \(port (\d+), \w+\)")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "keda_gpu_scaler", "serve", "--grpc-address", "127.0.0.1:0",
+        "--http-address", "127.0.0.1:0", "--kubernetes", "off", "--exporter-url",
+        "http://127.0.0.1:9/metrics", "--shutdown-grace", "8", stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert process.stderr is not None
+        async with asyncio.timeout(20):
+            while not (match := ready.search((await process.stderr.readline()).decode())):
+                pass
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{match.group(1)}") as channel:
+            request = health_pb2.HealthCheckRequest(service="readiness")
+            watch = health_pb2_grpc.HealthStub(channel).Watch(request)
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.SERVING
+            started = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            assert (await watch.read()).status == health_pb2.HealthCheckResponse.NOT_SERVING
+            assert await asyncio.wait_for(process.wait(), 20) == 0
+            assert time.monotonic() - started < 4, "it waited out --shutdown-grace 8 with nothing in flight"
+            assert await asyncio.wait_for(watch.read(), 5) is grpc.aio.EOF
+            assert await watch.code() is grpc.StatusCode.OK
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

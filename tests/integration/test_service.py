@@ -804,7 +804,8 @@ async def test_a_stream_of_a_scaledobject_the_fair_share_forgot_ends_and_frees_i
     # Namespace busy fills --max-scaledobjects, each ScaledObject with its StreamIsActive; team-b comes and
     # one of busy's gives way. Its stream kept its --max-streams place for a ScaledObject no longer
     # collected, and team-b's push wake was refused RESOURCE_EXHAUSTED for as long as it stayed open.
-    scaler = await make_scaler(max_scaledobjects=2, max_streams=2)
+    # A scrape interval (the streams' recheck) longer than the test waits: the stream must be woken.
+    scaler = await make_scaler(max_scaledobjects=2, max_streams=2, scrape_interval=30.0, max_staleness=90.0)
     busy = {name: scaler.stub.StreamIsActive(ref(name=name, namespace="busy")) for name in ("one", "two")}
 
     async def open_streams(count: int) -> None:
@@ -814,7 +815,7 @@ async def test_a_stream_of_a_scaledobject_the_fair_share_forgot_ends_and_frees_i
     await scaler.stub.GetMetricSpec(ref(name="wake", namespace="team-b"))
     (evicted,) = [name for name in busy if scaler.app.registry.get("busy", name) is None]
     with pytest.raises(grpc.aio.AioRpcError) as ended:
-        await asyncio.wait_for(busy[evicted].read(), 10)
+        await asyncio.wait_for(busy[evicted].read(), 5)  # its recheck is 30 s
     assert ended.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
     await eventually(lambda: open_streams(1))
     wake = scaler.stub.StreamIsActive(ref(name="wake", namespace="team-b"))
@@ -898,3 +899,51 @@ async def test_a_stream_whose_place_was_taken_ends_at_once_not_at_its_next_round
     finally:
         for call in (wake, *busy):
             call.cancel()
+
+
+class _Aborted(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+
+
+class _Context:
+    """The servicer context as grpc.aio hands it to a handler: abort raises, as grpc's does."""
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        raise _Aborted(code, details)
+
+
+async def test_a_stream_whose_place_is_taken_while_its_message_is_sent_ends_at_once(
+    make_exporter, make_scaler
+) -> None:  # type: ignore[no-untyped-def]
+    # grpc.aio awaits the send after each `yield`, and other calls run meanwhile: a place taken then found
+    # no waiter to wake, and the stream ended at its next recheck (--scrape-interval, 30 s here).
+    exporter = await make_exporter(dcgm_page([GpuLine("llm", "vllm-0", 90)]))
+    scaler = await make_scaler(exporter, max_streams=2, scrape_interval=30.0, max_staleness=90.0)
+
+    async def active() -> None:
+        assert (await scaler.stub.IsActive(ref())).result is True
+
+    await eventually(active)
+    other = scaler.stub.StreamIsActive(ref(name="other"))
+    assert (await other.read()).result is True
+    # The newest stream of the namespace holding the most, held at its yield as while grpc sends it.
+    victim = scaler.app.service.StreamIsActive(ref(), _Context())
+    assert (await victim.__anext__()).result is True
+    wake = scaler.stub.StreamIsActive(ref(name="wake", namespace="team-b"))
+    try:
+
+        async def place_taken() -> None:
+            assert scaler.app.registry.get("team-b", "wake") is not None
+            assert scaler.app.service.open_streams == 2
+
+        await eventually(place_taken)
+        with pytest.raises(_Aborted) as ended:
+            await asyncio.wait_for(victim.__anext__(), 5)
+        assert ended.value.code is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert not wake.done() and not other.done()
+    finally:
+        wake.cancel()
+        other.cancel()
+        await victim.aclose()
