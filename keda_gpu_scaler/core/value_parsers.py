@@ -305,12 +305,7 @@ class NumberParser:
         # take `６`, `6_00` and surrounding whitespace.
         if not _DECIMAL.fullmatch(raw) or (self.kind is int and not raw.lstrip("+-").isdigit()):
             raise refuse_flag(name, raw, f"is not a{'n integer' if self.kind is int else ' number'}")
-        try:
-            value = self.kind(raw)
-        except ValueError:
-            raise refuse_flag(
-                name, raw, f"is not a{'n integer' if self.kind is int else ' number'}"
-            ) from None
+        value = self.kind(raw)
         if not value > 0 or value != value or value == float("inf"):
             raise refuse_flag(name, raw, "must be a finite number > 0")
         if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):

@@ -59,7 +59,9 @@ def status_for(error: BaseException) -> grpc.StatusCode:
 
 
 def round_half_up(value: float) -> int:
-    return math.floor(value + 0.5)
+    # Not floor(value + 0.5): 0.49999999999999994 + 0.5 is 1.0 in floating point.
+    whole = math.floor(value)
+    return whole + (value - whole >= 0.5)
 
 
 class ExternalScalerService(pb_grpc.ExternalScalerServicer):

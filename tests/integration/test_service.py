@@ -150,6 +150,19 @@ async def test_value_rounded_half_up(make_exporter, make_scaler) -> None:  # typ
     await eventually(check)
 
 
+@pytest.mark.parametrize(
+    ("value", "rounded"),
+    [(0.49999999999999994, 0), (0.5, 1), (2.5, 3), (2.4999, 2), (0.0, 0), (1e15, 10**15)],
+)
+def test_the_int_value_is_rounded_half_up_even_where_adding_a_half_rounds_up(
+    value: float, rounded: int
+) -> None:
+    # KEDA before 2.17 reads only this field: 0.49999999999999994 read 1.
+    from keda_gpu_scaler.server.service import round_half_up
+
+    assert round_half_up(value) == rounded
+
+
 async def test_unknown_metric_name_is_not_found(make_exporter, make_scaler) -> None:  # type: ignore[no-untyped-def]
     scaler = await make_scaler(await make_exporter(four_pods_at(90)))
     with pytest.raises(grpc.aio.AioRpcError) as raised:
