@@ -163,7 +163,7 @@ class PrometheusCollector:
 
     async def _loop(self, namespace: str, collect: Callable[[str], Awaitable[bool]], what: str) -> None:
         """Collect now and every interval (backing off while it fails) until cancelled."""
-        failures = 0
+        failures, said = 0, None
         PAGE_OWNER.set(namespace)  # this task's: its answers are worked through in the namespace's turn
         while True:
             try:
@@ -171,11 +171,16 @@ class PrometheusCollector:
                 # once it has one, so time spent waiting for it never counts as the data's age.
                 async with self._client.slot(namespace):
                     ok = await collect(namespace)
-            except Exception:
-                # A bug must not end the namespace's collection for good: its data goes stale and
-                # the calls say UNAVAILABLE, the log says why, and the next round tries again.
-                log.exception("Prometheus source, namespace %s: %s failed", namespace, what)
-                ok = False
+            except Exception as error:
+                # A bug must not end the namespace's collection for good: its data goes stale and the
+                # calls say UNAVAILABLE, the log says why (once, until a round succeeds), and the next
+                # round tries again.
+                why = f"{type(error).__name__}: {error}"
+                if why != said:
+                    log.exception("Prometheus source, namespace %s: %s failed", namespace, what)
+                said, ok = why, False
+            else:
+                said = None if ok else said
             failures = 0 if ok else failures + 1
             delay = backoff_delay(failures, first=self._interval, cap=self._interval * MAX_BACKOFF_INTERVALS)
             # Jitter only shortens the wait: data must never be older than one interval because of it.

@@ -28,21 +28,28 @@ def supervised(
 
     async def keep_running() -> None:
         ends = 0
+        said = None  # the last end logged with its traceback
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
+            failure: Exception | None = None
             try:
                 await make()
-                reason = "returned"
+                reason = "ended unexpectedly"
             except asyncio.CancelledError:
                 raise
             except Exception as error:
-                reason = f"failed: {type(error).__name__}: {error}"
-                log.exception("background task %s %s; restarting it", name, reason)
+                failure, reason = error, f"failed: {type(error).__name__}: {error}"
+            quick = loop.time() - started < MAX_RESTART_DELAY
+            if quick and reason == said:
+                # Said once per outage, as a failing scrape is: a task failing the same way at every
+                # restart logged its traceback every 30 s for as long as it lasted.
+                log.debug("background task %s %s again; restarting it", name, reason)
             else:
-                log.error("background task %s ended unexpectedly; restarting it", name)
+                log.error("background task %s %s; restarting it", name, reason, exc_info=failure)
+                said = reason
             # Only ends in quick succession back off: one that ran for a while starts again after 1 s.
-            ends = ends + 1 if loop.time() - started < MAX_RESTART_DELAY else 1
+            ends = ends + 1 if quick else 1
             if on_restart is not None:
                 on_restart(reason)
             await asyncio.sleep(backoff_delay(ends, first=1.0, cap=MAX_RESTART_DELAY))

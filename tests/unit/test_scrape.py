@@ -543,3 +543,37 @@ def test_a_page_reader_reads_from_its_samples_or_its_body_never_both_or_neither(
         PageReader(names, None, names, "nothing")
     with pytest.raises(ValueError, match="either from its samples or from its body"):
         PageReader(names, lambda samples: [], names, "both", read_body=lambda body, samples: [])
+
+
+async def test_a_task_failing_the_same_way_at_every_restart_logs_its_traceback_once(  # type: ignore[no-untyped-def]
+    monkeypatch, caplog
+) -> None:
+    # Every restart logged a traceback (1 s, 2 s … then every 30 s) for as long as the bug lasted: said
+    # once per outage, as a failing scrape is; a new reason is said again.
+    import logging
+
+    from keda_gpu_scaler.collect import supervise
+
+    monkeypatch.setattr(supervise, "backoff_delay", lambda *args, **kwargs: 0.001)
+    runs: list[int] = []
+
+    async def buggy() -> None:
+        runs.append(1)
+        raise RuntimeError("a bug in a reader" if len(runs) < 20 else "another bug")
+
+    caplog.set_level(logging.DEBUG, logger=supervise.__name__)
+    task = supervise.supervised(buggy, "scrape of http://a/metrics")
+    try:
+
+        async def restarted_often() -> None:
+            assert len(runs) >= 30
+
+        await eventually(restarted_often)
+    finally:
+        await supervise.cancel_all([task])
+    said = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage().split("failed: ")[1].split(";")[0] for r in said] == [
+        "RuntimeError: a bug in a reader",
+        "RuntimeError: another bug",
+    ]
+    assert all(r.exc_info for r in said)
