@@ -1160,3 +1160,32 @@ def test_a_sample_time_that_is_no_time_is_a_prometheus_error(when: float) -> Non
     ]
     with pytest.raises(PrometheusError, match="not a time"):
         samples_with_times(elements)
+
+
+async def test_a_round_failing_the_same_unexpected_way_logs_its_traceback_once(  # type: ignore[no-untyped-def]
+    monkeypatch, caplog
+) -> None:
+    # Logged at every round (every 1–3 intervals) for as long as the bug lasted; a new reason is said again.
+    import logging
+
+    monkeypatch.setattr(prometheus_module, "jittered", lambda delay: 0.001)
+    rounds: list[int] = []
+
+    async def buggy(namespace: str) -> bool:
+        rounds.append(1)
+        raise RuntimeError("a bug" if len(rounds) < 10 else "another bug")
+
+    caplog.set_level(logging.INFO, logger=prometheus_module.__name__)
+    task = asyncio.create_task(collector(ScriptedPrometheus(), Store())._loop("llm", buggy, "GPU collection"))
+    try:
+
+        async def many_rounds() -> None:
+            assert len(rounds) >= 20
+
+        await eventually(many_rounds)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    said = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [str(r.exc_info[1]) for r in said if r.exc_info] == ["a bug", "another bug"], said
