@@ -275,7 +275,12 @@ class ScrapeCollector:
             self._namespaces[url] = namespace
         self._store.add_source(url, kind, namespace, pod)
         # Supervised: a loop that ended on a bug would leave the URL registered but never scraped again.
-        self._tasks[url] = supervised(lambda: self._run(url), f"scrape {url}")
+        # Its failure is the page's, so an answer without its data says why, not only how old it is.
+        self._tasks[url] = supervised(
+            lambda: self._run(url),
+            f"scrape {url}",
+            on_restart=lambda reason: self._store.record_failure(url, f"its scrape {reason} (restarted)"),
+        )
 
     def namespace_of(self, url: str) -> str | None:
         """The namespace url's page is filed under, if any."""

@@ -412,6 +412,11 @@ async def test_a_scrape_loop_that_raises_is_restarted(serve, monkeypatch) -> Non
     rig.collector.add(server.url())
     try:
 
+        async def failed_saying_why() -> None:
+            assert rig.error(server.url()) == "its scrape failed: RuntimeError: a bug in a reader (restarted)"
+
+        await eventually(failed_saying_why)
+
         async def scraped_after_the_bug() -> None:
             assert len(calls) >= 2
             assert rig.pods(server.url()) == {"vllm-0", "vllm-1"}
