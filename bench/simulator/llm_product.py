@@ -285,7 +285,9 @@ class SimulatedScaler:
         ready, starting = frozenset(ready), frozenset(starting)
         # Each pod as discovery hands it over: its address and the port its page is read at (pod_url).
         endpoints = {pod: pod_endpoint(pod, pod in ready) for pod in ready | starting}
-        targets = Targets(ready, "AverageValue", starting, endpoints)
+        # With no pod its /scale says 0: the simulated fleet makes a starting pod for every replica asked.
+        at_zero = 0 if not ready and not starting else None
+        targets = Targets(ready, "AverageValue", starting, endpoints, replicas=at_zero)
         for gone in self._pods - targets.pods - targets.starting:
             self._pods.discard(gone)
             self.collector.remove(pod_url(gone))

@@ -126,6 +126,13 @@ def _pods(spec: TriggerSpec, snapshot: Snapshot, decision: Decision) -> Evaluati
         # but for the requests the gateway holds for a `demand` trigger's pool.
         # A target with pods that are not Ready yet is not at zero: evaluate() says UNAVAILABLE.
         assert targets is not None
+        if targets.replicas is None and not targets.starting:
+            # No /scale read since the pods went yet: a scale to zero cannot be told from pods evicted
+            # while the target still asks for them (read as 0 and inactive until the read came back).
+            raise NoData(
+                "the target has no pod and its scale target's replicas are being read again since its"
+                " pods went: never 0 until it says none are asked for"
+            )
         if targets.replicas and not targets.starting:
             many = "replica" if targets.replicas == 1 else "replicas"
             what, why = (

@@ -1015,3 +1015,35 @@ async def test_exporter_urls_replace_the_exporter_pod_watch(  # type: ignore[no-
     assert await value(scaler) == 180
     restarts = scaler.app.discovery.watch_restarts.labels("error")._value.get()
     assert (cluster.kube.count("/api/v1/pods"), restarts) == (0, 0)
+
+
+async def test_pods_gone_before_the_scale_target_is_read_again_is_never_zero(  # type: ignore[no-untyped-def]
+    cluster: Cluster, kube_scaler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The only pod evicted while its Deployment asks for 1: until a /scale read begun after it went came
+    # back (a slow API server: up to its 10 s timeout), GetMetrics read 0 and IsActive false.
+    from keda_gpu_scaler.kubernetes import api as kube_api
+
+    scaler = await serving_one_pod(cluster, kube_scaler)
+    real_scale = kube_api.KubeApi.scale
+
+    async def slow_scale(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(3.0)  # an API server slow to answer
+        return await real_scale(self, *args, **kwargs)
+
+    monkeypatch.setattr(kube_api.KubeApi, "scale", slow_scale)
+    cluster.remove("vllm-0")
+    answers: list[object] = []
+    deadline = asyncio.get_running_loop().time() + 2.5
+    while asyncio.get_running_loop().time() < deadline:
+        try:
+            got: object = await value(scaler)
+        except grpc.aio.AioRpcError as error:
+            got = error.code()
+        if got != 40:
+            answers.append(got)
+        await asyncio.sleep(0.05)
+    assert answers and set(answers) == {grpc.StatusCode.UNAVAILABLE}, answers[:5]
+    with pytest.raises(grpc.aio.AioRpcError) as raised:
+        await scaler.stub.IsActive(ref())
+    assert raised.value.code() is grpc.StatusCode.UNAVAILABLE

@@ -161,7 +161,8 @@ def test_a_pending_part_beyond_the_wire_at_zero_replicas_is_unavailable_never_se
     )
     table = page_queue(epp_page("chat-pool", {Queued("m"): 1e15}))
     pool = PoolSnapshot((ReplicaInput("epp-0", table),), "no replica", growth={"epp-0": 1e16})
-    decision = decide(spec, Snapshot("llm", 0.0, SourceKind.INFERENCE, Targets(frozenset()), None, pool=pool))
+    at_zero = Targets(frozenset(), replicas=0)  # its /scale read since the pods went: none asked for
+    decision = decide(spec, Snapshot("llm", 0.0, SourceKind.INFERENCE, at_zero, None, pool=pool))
     assert isinstance(decision.error, NoData) and "KEDA cannot carry" in str(decision.error)
     assert decision.evaluation is None
 

@@ -23,7 +23,7 @@ def at_zero(held: int, tokens_per_request: float | None = None) -> Snapshot:
         growth={"epp-0": 0.0},
         tokens_per_request=tokens_per_request,
     )
-    return Snapshot("llm", 0.0, SourceKind.INFERENCE, Targets(frozenset()), None, pool=pool)
+    return Snapshot("llm", 0.0, SourceKind.INFERENCE, Targets(frozenset(), replicas=0), None, pool=pool)
 
 
 def test_a_lower_bound_below_the_activation_rate_is_no_false() -> None:

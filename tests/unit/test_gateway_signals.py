@@ -283,7 +283,9 @@ def test_demand_at_zero_wakes_on_requests_turned_away_beside_an_unread_replica()
         {"metric": "demand", "threshold": "5", "inferencePool": "chat-pool", "podSelector": "a=b"}
     )
     pool = PoolSnapshot((ReplicaInput("epp-0", turned_away), lost), "no replica", growth={"epp-0": 0.0})
-    decision = decide(spec, Snapshot("llm", 0.0, SourceKind.INFERENCE, Targets(frozenset()), None, pool=pool))
+    decision = decide(
+        spec, Snapshot("llm", 0.0, SourceKind.INFERENCE, Targets(frozenset(), replicas=0), None, pool=pool)
+    )
     assert decision.evaluation is not None and decision.evaluation.active, decision.error
     assert decision.evaluation.activity_unknown is None  # IsActive: true
     assert "epp-1" in (decision.evaluation.value_unknown or "")  # GetMetrics: a lower bound of 0, no value
@@ -309,6 +311,8 @@ def test_demand_at_zero_wakes_on_requests_turned_away_as_pending_does() -> None:
         {"metric": "demand", "threshold": "5", "inferencePool": "chat-pool", "podSelector": "a=b"}
     )
     pool = PoolSnapshot((ReplicaInput("epp-0", turned_away),), "no replica", growth={"epp-0": 0.0})
-    decision = decide(spec, Snapshot("llm", 0.0, SourceKind.INFERENCE, Targets(frozenset()), None, pool=pool))
+    decision = decide(
+        spec, Snapshot("llm", 0.0, SourceKind.INFERENCE, Targets(frozenset(), replicas=0), None, pool=pool)
+    )
     assert decision.evaluation is not None and decision.evaluation.active, decision
     assert evaluate(turned_away).evaluation.active  # what `pending` answers on the same page
