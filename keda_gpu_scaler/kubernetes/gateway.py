@@ -131,7 +131,9 @@ class GatewayDiscovery:
         self._probe = probe
         self._on_restart = on_restart
         self._namespaces: dict[str, _Namespace] = {}
-        self._probes: dict[tuple[str, int], _Probe] = {}  # (pod IP, port) → its scheme
+        # (namespace, pod IP, port) → its scheme: by namespace too, so that a pod IP another namespace's
+        # picker reuses (the old pod still Terminating) is never handed the other's answer.
+        self._probes: dict[tuple[str, str, int], _Probe] = {}
 
     @property
     def pools(self) -> Mapping[tuple[str, str], object]:
@@ -273,7 +275,7 @@ class GatewayDiscovery:
         if old is not None and old.ip is not None and (new is None or new.ip != old.ip):
             # The address went with the pod: another pod may get it, serving otherwise.
             for port in entry.ports:
-                probe = self._probes.pop((old.ip, port), None)
+                probe = self._probes.pop((entry.namespace, old.ip, port), None)
                 if probe is not None and probe.task is not None:
                     probe.task.cancel()
         self._publish(entry)
@@ -282,7 +284,7 @@ class GatewayDiscovery:
     def _end_unused_probes(self) -> None:
         """Probes of addresses no wanted pool reads any more end (and are forgotten)."""
         used = {
-            (pod.ip, port)
+            (entry.namespace, pod.ip, port)
             for space in self._namespaces.values()
             for entry in space.wanted.values()
             if entry.pods is not None
@@ -295,11 +297,11 @@ class GatewayDiscovery:
             if probe.task is not None:
                 probe.task.cancel()
 
-    def _scheme(self, ip: str, port: int) -> _Probe:
-        """What is known of (ip, port); starts finding out if nothing is."""
-        probe = self._probes.get((ip, port))
+    def _scheme(self, namespace: str, ip: str, port: int) -> _Probe:
+        """What is known of (ip, port) in `namespace`; starts finding out if nothing is."""
+        probe = self._probes.get((namespace, ip, port))
         if probe is None:
-            probe = self._probes[(ip, port)] = _Probe()
+            probe = self._probes[(namespace, ip, port)] = _Probe()
             # A task that ends once it knows (supervised() is for tasks that must never end).
             probe.task = asyncio.create_task(
                 self._find_scheme(ip, port, probe), name=f"TLS probe {ip}:{port}"
@@ -399,7 +401,7 @@ class GatewayDiscovery:
         unreachable: dict[str, str] = {}
         for pod in ready:
             assert pod.ip is not None
-            probe = self._scheme(pod.ip, port)
+            probe = self._scheme(entry.namespace, pod.ip, port)
             if probe.https is None:
                 unreachable[pod.name] = probe.error or f"connecting to {pod.ip}:{port}"
             else:

@@ -465,3 +465,39 @@ async def test_a_pool_name_matching_no_pool_names_the_pools_that_exist(
     # The closest first: the trigger most likely meant chat-pool.
     await sink.has_problem("does not exist", "those that exist: chat-pool, code-pool", pool="chat-pol")
     assert ("llm", "chat-pol") in sink.absent
+
+
+async def test_a_pod_ip_another_namespaces_picker_reuses_gets_its_own_scheme(
+    kube: FakeKube, api: KubeApi
+) -> None:
+    # a's picker at 10.0.0.7 serves plain HTTP and is Terminating; b's new picker gets the same IP and
+    # serves HTTPS. Probes were shared by address: b was handed a's http, and kept it once a's pod went.
+    serves_tls = {"a": False, "b": True}
+    asked: list[str] = []
+
+    async def probe(host: str, port: int) -> bool:
+        asked.append(host)
+        return serves_tls["b" if len(asked) > 1 else "a"]
+
+    sink = Sink()
+    discovery = GatewayDiscovery(api, sink, probe=probe)
+    try:
+        for namespace in ("a", "b"):
+            kube.put(INFERENCE_POOL, inference_pool("chat-pool", namespace, "chat-pool-epp"))
+            kube.put(SERVICE, service("chat-pool-epp", namespace, {"app": f"epp-{namespace}"}))
+        a_pod = pod("epp-a", "a", {"app": "epp-a"}, "node-a", ip="10.0.0.7", ports=[("metrics", 9090)])
+        kube.put(POD, a_pod)
+        discovery.set_wanted([EppPool("a", "chat-pool", 9090), EppPool("b", "chat-pool", 9090)])
+
+        async def a_read() -> None:
+            assert sink.replicas.get(("a", "chat-pool")) == {"epp-a": "http://10.0.0.7:9090/metrics"}
+
+        await eventually(a_read)
+        kube.put(POD, pod("epp-b", "b", {"app": "epp-b"}, "node-b", ip="10.0.0.7", ports=[("metrics", 9090)]))
+
+        async def b_https() -> None:
+            assert sink.replicas.get(("b", "chat-pool")) == {"epp-b": "https://10.0.0.7:9090/metrics"}
+
+        await eventually(b_https)
+    finally:
+        await discovery.stop()
