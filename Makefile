@@ -38,9 +38,13 @@ proto: keda_gpu_scaler/externalscaler/externalscaler_pb2.py ## generate the gRPC
 run: proto ## start the demo on loopback: the scaler, simulated GPU nodes, LLM servers and an inference gateway (installs grpcurl in .venv/bin)
 	$(PY) -m keda_gpu_scaler demo
 
+# Two test workers per core: the tests mostly wait on their servers (one core busy on average with a
+# worker per core). On 2 cores: 187 s with 4 workers against 278-293 s with 2, the same 2,075 tests.
+TEST_WORKERS ?= $(shell echo $$(( 2 * $$(nproc) )))
+
 test: proto $(STAMP) ## install what is missing and run the whole test suite
 	bash scripts/ensure-system-deps.sh $(VENV)
-	$(PY) -m pytest -q -n auto --dist loadfile
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-container: proto $(STAMP) ## build the image and run its tests in Docker (starts dockerd if none runs; see README)
 	PY=$(PY) bash scripts/container-test.sh
