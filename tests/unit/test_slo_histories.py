@@ -3,7 +3,7 @@ evaluator per trigger, read by age, each window counted as one consistent pair."
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
@@ -184,6 +184,24 @@ def rated_pods(
     )  # fmt: skip
 
 
+def demand_through(
+    times: Iterable[float], fleet_at: Callable[[float], tuple[dict[str, float | None], tuple[str, ...]]]
+) -> tuple[tuple[float, ...], float]:
+    """DEMAND evaluated at each of `times` on the fleet `fleet_at(time)` gives (rates, pods): the recent
+    summed demands the last evaluation read, and its value."""
+    clock = [0.0]
+
+    def fleet(recent: tuple[float, ...], _: Any) -> Snapshot:
+        rates, pods = fleet_at(clock[0])
+        return rated_pods(clock[0], rates, pods, recent)
+
+    evaluator, followed, snapshots = run(clock, fleet, DEMAND)
+    for at in times:
+        clock[0] = at
+        found = evaluator.evaluate(followed, DEMAND).value
+    return snapshots.asked[-1][0], found
+
+
 def test_a_pod_without_a_rate_of_its_own_adds_no_variability_to_the_arrivals() -> None:
     """10 requests/s arrive throughout: two pods at 5/s, then a third is Ready without a rate yet (it
     counts as the others' mean, 5/s), then the three share the 10/s. Kept, that 15 read as noise and
@@ -196,16 +214,8 @@ def test_a_pod_without_a_rate_of_its_own_adds_no_variability_to_the_arrivals() -
         60.0: {"vllm-0": third, "vllm-1": third, "vllm-2": third},
         80.0: {"vllm-0": third, "vllm-1": third, "vllm-2": third},
     }
-    clock = [0.0]
-
-    def fleet(recent: tuple[float, ...], _: Any) -> Snapshot:
-        return rated_pods(clock[0], phases[clock[0]], tuple(phases[clock[0]]), recent)
-
-    evaluator, followed, snapshots = run(clock, fleet, DEMAND)
-    for at in phases:
-        clock[0] = at
-        found = evaluator.evaluate(followed, DEMAND).value
-    assert snapshots.asked[-1][0] == pytest.approx((10.0, 10.0, 10.0)), snapshots.asked[-1][0]
+    recent, found = demand_through(phases, lambda at: (phases[at], tuple(phases[at])))
+    assert recent == pytest.approx((10.0, 10.0, 10.0)), recent
     assert found == pytest.approx(10.0)
 
 
@@ -214,16 +224,8 @@ def test_a_pod_missing_for_one_evaluation_adds_no_variability_to_the_arrivals() 
     rate left that sum (10), read as noise: 35 % headroom for ten minutes on a steady rate."""
     pods = ("vllm-0", "vllm-1", "vllm-2")
     fresh_at = {0.0: pods, 20.0: pods, 40.0: pods[:2], 60.0: pods, 80.0: pods}
-    clock = [0.0]
-
-    def fleet(recent: tuple[float, ...], _: Any) -> Snapshot:
-        return rated_pods(clock[0], dict.fromkeys(fresh_at[clock[0]], 5.0), pods, recent)
-
-    evaluator, followed, snapshots = run(clock, fleet, DEMAND)
-    for at in fresh_at:
-        clock[0] = at
-        found = evaluator.evaluate(followed, DEMAND).value
-    assert snapshots.asked[-1][0] == pytest.approx((15.0, 15.0, 15.0)), snapshots.asked[-1][0]
+    recent, found = demand_through(fresh_at, lambda at: (dict.fromkeys(fresh_at[at], 5.0), pods))
+    assert recent == pytest.approx((15.0, 15.0, 15.0)), recent
     assert found == pytest.approx(15.0)
 
 
