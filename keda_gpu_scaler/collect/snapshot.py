@@ -149,12 +149,12 @@ class Snapshots:
                 " are the --inference-url and --gateway-url addresses; remove it"
             )
         # Through Prometheus the pods' pages are not read, nor (for `pending`) the endpoint pickers'.
-        read_by_prometheus = [
-            g
-            for g in given
-            if (self.kind_of(spec) is SourceKind.PROMETHEUS_GATEWAY)
-            or (not g.startswith("gateway") and self.source_of(spec) is Source.PROMETHEUS)
-        ]
+        if self.kind_of(spec) is SourceKind.PROMETHEUS_GATEWAY:
+            read_by_prometheus = given
+        elif self.source_of(spec) is Source.PROMETHEUS:
+            read_by_prometheus = [g for g in given if not g.startswith("gateway")]
+        else:
+            read_by_prometheus = []
         if read_by_prometheus:
             raise ConfigError(
                 f"metadata {read_by_prometheus[0]} is not read with source=prometheus (Prometheus scrapes"
